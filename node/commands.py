@@ -1,0 +1,387 @@
+"""From request bodies to state-machine commands: validation exactly as API.md lists it.
+
+Runs on the leader before proposing (so a bad request costs no Raft round and changes nothing)
+and is pure: the caller passes `now_ms` and a `new_id` function. Request-level problems raise
+`ApiError` (400 `invalid_argument`, 409 `unknown_queues`); everything wrong with one job of an
+enqueue becomes that job's rejection, first failing check wins, in API.md's order. Checks that
+depend on the state (dedup, `queue_full`) happen at apply.
+
+A command is `(op, request_id, *args)` of builtins; see `node.machine` for what each op does.
+"""
+from __future__ import annotations
+
+import binascii
+import sys
+
+from .errors import ApiError, invalid
+from .limits import Limits, check_queue_name
+from .machine import ATOMIC, BATCH, SINGLE
+
+INT64_MAX = 2**63 - 1
+INT64_MIN = -(2**63)
+MAX_ADMIN_IDS = 1000
+_HEX = frozenset("0123456789abcdefABCDEF")
+
+
+def is_int(v) -> bool:
+    return type(v) is int and INT64_MIN <= v <= INT64_MAX
+
+
+def canonical_uuid(value) -> str | None:
+    """The lowercase form of a canonical UUID text, or None (API.md conventions)."""
+    if not isinstance(value, str) or len(value) != 36:
+        return None
+    for i, c in enumerate(value):
+        if i in (8, 13, 18, 23):
+            if c != "-":
+                return None
+        elif c not in _HEX:
+            return None
+    return value.lower()
+
+
+def job_id_arg(value) -> str:
+    jid = canonical_uuid(value)
+    if jid is None:
+        raise invalid(f"job id must be a canonical UUID (36 characters, hyphens at 8, 13, 18, 23), got {value!r}")
+    return jid
+
+
+def require_object(body) -> dict:
+    if not isinstance(body, dict):
+        raise invalid("the request body must be a JSON object")
+    return body
+
+
+def _opt_int(body: dict, key: str, default, minimum: int, what: str = ""):
+    v = body.get(key, default)
+    if v is None and default is None:
+        return None
+    if not is_int(v) or v < minimum:
+        raise invalid(f"{key} must be an integer >= {minimum}{what}, got {v!r}")
+    return v
+
+
+class _Reject(Exception):
+    def __init__(self, rejection: dict):
+        self.rejection = rejection
+
+
+def _bad(message: str):
+    raise _Reject({"reason": "invalid_request", "message": message})
+
+
+def _utf8_len(s: str) -> int:
+    return len(s.encode("utf-8")) if not s.isascii() else len(s)
+
+
+def _structure(job) -> tuple:
+    """Structural checks (rejection `invalid_request`); returns the parsed fields."""
+    if not isinstance(job, dict):
+        _bad("each job must be a JSON object")
+    queue = job.get("queue")
+    if not isinstance(queue, str) or not queue:
+        _bad("queue is required and must be a non-empty string")
+    why = check_queue_name(queue, 0)
+    if why:
+        _bad(why)
+    job_type = job.get("job_type")
+    if not isinstance(job_type, str) or not job_type:
+        _bad("job_type is required and must be a non-empty string")
+    payload = encoding = None
+    p = job.get("payload")
+    if p is not None:
+        if not isinstance(p, dict):
+            _bad("payload must be an object {data_b64, encoding}")
+        data = p.get("data_b64")
+        encoding = p.get("encoding")
+        if not isinstance(data, str):
+            _bad("payload.data_b64 must be a base64 string")
+        if not isinstance(encoding, str) or not encoding:
+            _bad("payload.encoding must be a non-empty string")
+        try:
+            payload = binascii.a2b_base64(data, strict_mode=True)
+        except (binascii.Error, ValueError):
+            _bad("payload.data_b64 is not valid base64")
+        if not payload:
+            _bad("payload.data_b64 must decode to at least one byte (omit payload for a job without data)")
+        encoding = sys.intern(encoding)
+    key = job.get("idempotency_key")
+    if key is not None and (not isinstance(key, str) or not key):
+        _bad("idempotency_key must be a non-empty string")
+    priority = job.get("priority")
+    if priority is not None and (not is_int(priority) or not 0 <= priority <= 9):
+        _bad(f"priority must be an integer 0..9, got {priority!r}")
+    max_attempts = job.get("max_attempts")
+    if max_attempts is not None and (not is_int(max_attempts) or max_attempts < 1):
+        _bad(f"max_attempts must be an integer >= 1, got {max_attempts!r}")
+    custom = job.get("custom")
+    if custom is not None:
+        if not isinstance(custom, dict):
+            _bad("custom must be an object of string, integer, float or boolean values")
+        for k, v in custom.items():
+            if not k:
+                _bad("custom keys must be non-empty")
+            if not (isinstance(v, (str, bool, float)) or is_int(v)):
+                _bad(f"custom[{k!r}] must be a string, integer, float or boolean")
+        if not custom:
+            custom = None
+    scheduled = job.get("scheduled_at_ms")
+    if scheduled is not None and not is_int(scheduled):
+        _bad(f"scheduled_at_ms must be an integer (ms since the epoch), got {scheduled!r}")
+    delay = job.get("delay_ms")
+    if delay is not None and (not is_int(delay) or delay < 0):
+        _bad(f"delay_ms must be an integer >= 0, got {delay!r}")
+    if scheduled is not None and delay is not None:
+        _bad("give scheduled_at_ms or delay_ms, not both")
+    trace = job.get("trace_context")
+    if trace is not None:
+        if not isinstance(trace, dict):
+            _bad("trace_context must be an object {traceparent, tracestate}")
+        tp, ts = trace.get("traceparent"), trace.get("tracestate")
+        if not isinstance(tp, str) or not tp:
+            _bad("trace_context.traceparent must be a non-empty string")
+        if ts is not None and not isinstance(ts, str):
+            _bad("trace_context.tracestate must be a string or null")
+        trace = (tp, ts)
+    deadline = job.get("deadline_at_ms")
+    if deadline is not None and not is_int(deadline):
+        _bad(f"deadline_at_ms must be an integer (ms since the epoch), got {deadline!r}")
+    return (queue, job_type, payload, encoding, key, priority, max_attempts, custom,
+            scheduled, delay, trace, deadline)
+
+
+def check_job(job, limits: Limits, now_ms: int, new_id) -> tuple:
+    """One EnqueueRequest → the machine's job tuple; raises _Reject with the first failing check."""
+    (queue, job_type, payload, encoding, key, priority, max_attempts, custom,
+     scheduled, delay, trace, deadline) = _structure(job)
+    if limits.strict_queues and queue not in limits.queues:
+        raise _Reject({"reason": "unknown_queue", "queue": queue})
+    n = _utf8_len(queue)
+    if n > limits.max_queue_name_bytes:
+        raise _Reject({"reason": "queue_name_too_long", "limit": limits.max_queue_name_bytes, "actual": n})
+    n = _utf8_len(job_type)
+    if n > limits.max_job_type_bytes:
+        raise _Reject({"reason": "job_type_name_too_long", "limit": limits.max_job_type_bytes, "actual": n})
+    ql = limits.queue(queue)
+    if ql.allowed_job_types is not None and job_type not in ql.allowed_job_types:
+        raise _Reject({"reason": "job_type_not_allowed", "job_type": job_type, "allowed": list(ql.allowed_job_types)})
+    if key is not None:
+        n = _utf8_len(key)
+        if n > limits.max_idempotency_key_bytes:
+            raise _Reject({"reason": "idempotency_key_too_long", "limit": limits.max_idempotency_key_bytes, "actual": n})
+    if payload is not None:
+        if len(payload) > ql.max_payload_bytes:
+            raise _Reject({"reason": "payload_too_large", "limit": ql.max_payload_bytes, "actual": len(payload)})
+        if ql.allowed_encodings is not None and encoding not in ql.allowed_encodings:
+            raise _Reject({"reason": "encoding_not_allowed", "encoding": encoding, "allowed": list(ql.allowed_encodings)})
+    if custom is not None:
+        if len(custom) > ql.max_custom_entries:
+            raise _Reject({"reason": "custom_entries_too_many", "limit": ql.max_custom_entries, "actual": len(custom)})
+        total = 0
+        for k, v in custom.items():
+            kn = _utf8_len(k)
+            if kn > ql.max_custom_key_bytes:
+                raise _Reject({"reason": "custom_key_too_long", "key": k, "limit": ql.max_custom_key_bytes, "actual": kn})
+            total += kn + (_utf8_len(v) if isinstance(v, str) else 1 if isinstance(v, bool) else 8)
+        if total > ql.max_custom_total_bytes:
+            raise _Reject({"reason": "custom_map_too_large", "limit": ql.max_custom_total_bytes, "actual": total})
+    if delay is not None:
+        scheduled = now_ms + delay
+    if scheduled is not None and scheduled > now_ms + ql.max_schedule_horizon_ms:
+        raise _Reject({"reason": "scheduled_too_far", "horizon_ms": ql.max_schedule_horizon_ms,
+                       "scheduled_at_ms": scheduled})
+    if scheduled is not None and scheduled <= now_ms:
+        scheduled = None          # past = now: an immediate job
+    if priority is None:
+        priority = ql.default_priority
+    max_attempts = min(max_attempts if max_attempts is not None else ql.default_max_attempts,
+                       ql.max_attempts_ceiling)
+    return (new_id(), sys.intern(queue), sys.intern(job_type), payload, encoding, priority,
+            max_attempts, custom, trace, scheduled, deadline, key)
+
+
+def _jobs_list(body: dict, limits: Limits) -> list:
+    jobs = body.get("jobs")
+    if not isinstance(jobs, list):
+        raise invalid("jobs must be a list of EnqueueRequest objects")
+    if not jobs:
+        raise invalid("batch must contain at least one job")
+    if len(jobs) > limits.max_enqueue_batch:
+        raise invalid(f"batch exceeds max_enqueue_batch ({limits.max_enqueue_batch}): {len(jobs)} jobs")
+    return jobs
+
+
+def enqueue(body, limits: Limits, now_ms: int, new_id, rid=None) -> tuple:
+    """POST /v1/jobs. Raises ApiError; a refused job raises ApiError('rejected')."""
+    require_object(body)
+    try:
+        job = check_job(body, limits, now_ms, new_id)
+    except _Reject as r:
+        raise ApiError("rejected", f"job refused: {r.rejection['reason']}", rejection=r.rejection)
+    return ("enq", rid, SINGLE, [job])
+
+
+def enqueue_batch(body, limits: Limits, now_ms: int, new_id, rid=None) -> tuple:
+    """POST /v1/jobs/batch: refused jobs ride along as their rejection, so the stored result of
+    a request id is the whole answer."""
+    jobs = _jobs_list(require_object(body), limits)
+    items = []
+    for j in jobs:
+        try:
+            items.append(check_job(j, limits, now_ms, new_id))
+        except _Reject as r:
+            items.append(r.rejection)
+    return ("enq", rid, BATCH, items)
+
+
+def enqueue_atomic(body, limits: Limits, now_ms: int, new_id, rid=None) -> tuple:
+    jobs = _jobs_list(require_object(body), limits)
+    items, errors = [], []
+    for i, j in enumerate(jobs):
+        try:
+            items.append(check_job(j, limits, now_ms, new_id))
+        except _Reject as r:
+            errors.append({"index": i, "rejection": r.rejection})
+    if errors:
+        raise ApiError("batch_rejected", f"the batch was refused: {len(errors)} job(s) failed validation",
+                       errors=errors)
+    return ("enq", rid, ATOMIC, items)
+
+
+def _queue_list(body: dict, limits: Limits) -> tuple:
+    queues = body.get("queues")
+    if not isinstance(queues, list) or not queues:
+        raise invalid("queues must be a non-empty list of queue names")
+    if len(queues) > limits.max_reserve_queues:
+        raise invalid(f"too many queues: {len(queues)} > max_reserve_queues ({limits.max_reserve_queues})")
+    for q in queues:
+        why = check_queue_name(q, 0)
+        if why:
+            raise invalid(f"queues: {why}")
+        if _utf8_len(q) > limits.max_queue_name_bytes:
+            raise invalid(f"queues: name longer than max_queue_name_bytes ({limits.max_queue_name_bytes})")
+    if limits.strict_queues:
+        unknown = [q for q in queues if q not in limits.queues]
+        if unknown:
+            raise ApiError("unknown_queues", f"queue(s) not declared (strict mode): {unknown}", queues=unknown)
+    return tuple(sys.intern(q) for q in queues)
+
+
+def reserve(body, limits: Limits, rid=None) -> tuple[tuple, int]:
+    """POST /v1/reserve → (command, wait_ms). The lease is clamped to the smallest
+    max_lease_duration_ms of the listed queues, wait and max_jobs to their global maxima."""
+    body = require_object(body)
+    queues = _queue_list(body, limits)
+    lease = body.get("lease_ms")
+    if not is_int(lease) or lease <= 0:
+        raise invalid(f"lease_ms is required and must be an integer > 0, got {lease!r}")
+    wait = _opt_int(body, "wait_ms", 0, 0)
+    max_jobs = _opt_int(body, "max_jobs", 1, 1)
+    worker = body.get("worker_id")
+    if worker is not None and (not isinstance(worker, str) or not worker):
+        raise invalid("worker_id must be a non-empty string")
+    lease = min(lease, min(limits.queue(q).max_lease_duration_ms for q in queues))
+    return (("res", rid, queues, lease, min(max_jobs, limits.max_reserve_batch)),
+            min(wait, limits.max_wait_timeout_ms))
+
+
+def _attempt(body: dict) -> int:
+    a = body.get("attempt")
+    if not is_int(a) or a < 1:
+        raise invalid(f"attempt is required and must be an integer >= 1, got {a!r}")
+    return a
+
+
+def ack(job_id, body, rid=None) -> tuple:
+    body = require_object(body)
+    return ("ack", rid, job_id_arg(job_id), _attempt(body))
+
+
+def ack_batch(body, limits: Limits, rid=None) -> tuple:
+    acks = require_object(body).get("acks")
+    if not isinstance(acks, list) or not acks:
+        raise invalid("acks must be a non-empty list of {job_id, attempt}")
+    if len(acks) > limits.max_reserve_batch:
+        raise invalid(f"too many acks: {len(acks)} > max_reserve_batch ({limits.max_reserve_batch})")
+    pairs = []
+    for a in acks:
+        if not isinstance(a, dict):
+            raise invalid("each ack must be an object {job_id, attempt}")
+        pairs.append((job_id_arg(a.get("job_id")), _attempt(a)))
+    return ("acks", rid, tuple(pairs))
+
+
+def nack(job_id, body, rid=None) -> tuple:
+    body = require_object(body)
+    jid, attempt = job_id_arg(job_id), _attempt(body)
+    reason = body.get("reason")
+    if reason is not None and not isinstance(reason, str):
+        raise invalid("reason must be a string")
+    if reason == "":
+        reason = None           # sepp's clients send an empty reason as absent
+    retry = body.get("retry")
+    strategy, delay = "default", None
+    if retry is not None:
+        if not isinstance(retry, dict):
+            raise invalid("retry must be an object {strategy, delay_ms}")
+        strategy = retry.get("strategy")
+        if strategy not in ("default", "delay", "dead_letter"):
+            raise invalid(f"retry.strategy must be \"default\", \"delay\" or \"dead_letter\", got {strategy!r}")
+        if strategy == "delay":
+            delay = retry.get("delay_ms")
+            if not is_int(delay) or delay < 0:
+                raise invalid(f"retry.delay_ms is required with strategy \"delay\" and must be an integer >= 0, got {delay!r}")
+    return ("nack", rid, jid, attempt, reason, strategy, delay)
+
+
+def extend(job_id, body, rid=None) -> tuple:
+    body = require_object(body)
+    jid, attempt = job_id_arg(job_id), _attempt(body)
+    lease = body.get("lease_ms")
+    if not is_int(lease) or lease <= 0:
+        raise invalid(f"lease_ms is required and must be an integer > 0, got {lease!r}")
+    return ("ext", rid, jid, attempt, lease)
+
+
+def drain(body, limits: Limits, rid=None) -> tuple:
+    body = require_object(body) if body is not None else {}
+    queue = body.get("queue")
+    if queue is not None and (not isinstance(queue, str) or not queue):
+        raise invalid("queue must be a non-empty string")
+    mx = _opt_int(body, "max", 1, 1)
+    return ("drain", rid, queue, min(mx, limits.max_reserve_batch))
+
+
+def _ids(body) -> tuple:
+    ids = require_object(body).get("ids")
+    if not isinstance(ids, list) or not ids:
+        raise invalid("ids must be a non-empty list of job ids")
+    if len(ids) > MAX_ADMIN_IDS:
+        raise invalid(f"too many ids: {len(ids)} > {MAX_ADMIN_IDS}")
+    return tuple(job_id_arg(i) for i in ids)
+
+
+def requeue(body, rid=None) -> tuple:
+    return ("requeue", rid, _ids(body))
+
+
+def delete_dead_letters(body, rid=None) -> tuple:
+    return ("dldel", rid, _ids(body))
+
+
+def cancel(job_id, rid=None) -> tuple:
+    return ("cancel", rid, job_id_arg(job_id))
+
+
+def pause(queue, paused: bool, limits: Limits, rid=None) -> tuple:
+    why = check_queue_name(queue, 0)
+    if why:
+        raise invalid(why)
+    if limits.strict_queues and queue not in limits.queues:
+        raise ApiError("not_found", f"queue {queue!r} is not declared (strict mode)", queue=queue)
+    return ("pause", rid, sys.intern(queue), paused)
+
+
+def sweep() -> tuple:
+    return ("sweep", None)

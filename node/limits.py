@@ -1,0 +1,257 @@
+"""Queue limits: sepp's `[limits]`, `[storage]` and `[[queues]]` keys, defaults and checks.
+
+A `Limits` object is immutable once built and identical on every node of a cluster (nodes
+compare `fingerprint()`), because validation and apply both depend on it. Anything wrong in it
+raises `ConfigError` naming the key: a queue server that silently ignores a typo in a limit is
+worse than one that refuses to start.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+
+MIB = 1024 * 1024
+
+# Keys a [[queues]] entry may override (sepp notes §2.7), with the global defaults (§2.3).
+QUEUE_KEYS: dict[str, object] = {
+    "max_lease_duration_ms": 300_000,
+    "default_max_attempts": 3,
+    "max_attempts_ceiling": 100,
+    "default_priority": 0,
+    "retry_delay_ms": 0,
+    "retry_backoff": "none",
+    "retry_delay_max_ms": 3_600_000,
+    "max_queue_depth": None,          # None = unlimited
+    "max_payload_bytes": MIB,
+    "max_custom_entries": 64,
+    "max_custom_total_bytes": 16_384,
+    "max_custom_key_bytes": 256,
+    "max_schedule_horizon_ms": 2_592_000_000,
+    "allowed_encodings": None,        # None = any; [] = no payload at all
+}
+# Keys that only exist globally.
+GLOBAL_KEYS: dict[str, object] = {
+    "max_reserve_batch": 256,
+    "max_reserve_queues": 32,
+    "max_wait_timeout_ms": 300_000,
+    "max_enqueue_batch": 256,
+    "max_queue_name_bytes": 512,
+    "max_job_type_bytes": 256,
+    "max_idempotency_key_bytes": 256,
+    "strict_queues": False,
+    "max_request_bytes": 16 * MIB,
+    "request_id_window_ms": 60_000,
+}
+STORAGE_KEYS: dict[str, object] = {
+    "dead_letter_retention_ms": 0,    # 0 = no dead-letter store
+    "dedup_window_ms": 86_400_000,
+    "sweep_interval_ms": 1000,
+    "sweep_limit": 10_000,
+}
+QUEUE_ONLY_KEYS = ("name", "allowed_job_types", "dedup_window_ms")
+
+
+class ConfigError(ValueError):
+    """A configuration value that cannot be used; the message names the key and why."""
+
+
+def _int(where: str, value, minimum: int | None = 1, maximum: int | None = None) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(f"{where}: must be an integer, got {value!r}")
+    if minimum is not None and value < minimum:
+        raise ConfigError(f"{where}: must be >= {minimum}, got {value}")
+    if maximum is not None and value > maximum:
+        raise ConfigError(f"{where}: must be <= {maximum}, got {value}")
+    return value
+
+
+def _str_list(where: str, value, allow_empty: bool = True) -> tuple[str, ...]:
+    if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
+        raise ConfigError(f"{where}: must be a list of non-empty strings, got {value!r}")
+    if not value and not allow_empty:
+        raise ConfigError(f"{where}: must not be empty")
+    return tuple(value)
+
+
+def check_queue_name(name, max_bytes: int) -> str | None:
+    """Why `name` is not a usable queue name, or None when it is (API.md EnqueueRequest)."""
+    if not isinstance(name, str) or not name:
+        return "queue name must be a non-empty string"
+    if name in (".", "..") or "/" in name:
+        return "queue name must not be '.' or '..' or contain '/'"
+    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in name):
+        return "queue name must not contain control characters"
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class QueueLimits:
+    """The effective limits of one queue: its overrides merged over `[limits]`."""
+    name: str | None                    # None for the shared view of undeclared queues
+    declared: bool
+    max_lease_duration_ms: int
+    default_max_attempts: int
+    max_attempts_ceiling: int
+    default_priority: int
+    retry_delay_ms: int
+    retry_backoff: str
+    retry_delay_max_ms: int
+    max_queue_depth: int | None
+    max_payload_bytes: int
+    max_custom_entries: int
+    max_custom_total_bytes: int
+    max_custom_key_bytes: int
+    max_schedule_horizon_ms: int
+    allowed_encodings: tuple[str, ...] | None
+    allowed_job_types: tuple[str, ...] | None
+    dedup_window_ms: int
+
+    def describe(self) -> dict:
+        """The effective limits and retry policy as shown by GET /v1/queues/{name}."""
+        out = {k: getattr(self, k) for k in QUEUE_KEYS}
+        out["allowed_encodings"] = list(self.allowed_encodings) if self.allowed_encodings is not None else None
+        out["allowed_job_types"] = list(self.allowed_job_types) if self.allowed_job_types is not None else None
+        out["dedup_window_ms"] = self.dedup_window_ms
+        return out
+
+
+def _check_queue_values(where: str, v: dict, max_request_bytes: int) -> None:
+    _int(f"{where}.max_lease_duration_ms", v["max_lease_duration_ms"])
+    _int(f"{where}.max_attempts_ceiling", v["max_attempts_ceiling"])
+    _int(f"{where}.default_max_attempts", v["default_max_attempts"])
+    if v["default_max_attempts"] > v["max_attempts_ceiling"]:
+        raise ConfigError(
+            f"{where}.default_max_attempts: {v['default_max_attempts']} is above "
+            f"max_attempts_ceiling ({v['max_attempts_ceiling']})")
+    _int(f"{where}.default_priority", v["default_priority"], 0, 9)
+    _int(f"{where}.retry_delay_max_ms", v["retry_delay_max_ms"])
+    _int(f"{where}.retry_delay_ms", v["retry_delay_ms"], 0)
+    if v["retry_delay_ms"] > v["retry_delay_max_ms"]:
+        raise ConfigError(
+            f"{where}.retry_delay_ms: {v['retry_delay_ms']} is above retry_delay_max_ms "
+            f"({v['retry_delay_max_ms']})")
+    if v["retry_backoff"] not in ("none", "exponential"):
+        raise ConfigError(f"{where}.retry_backoff: must be \"none\" or \"exponential\", got {v['retry_backoff']!r}")
+    if v["max_queue_depth"] is not None:
+        _int(f"{where}.max_queue_depth", v["max_queue_depth"], 0)
+    _int(f"{where}.max_payload_bytes", v["max_payload_bytes"])
+    if v["max_payload_bytes"] > max_request_bytes:
+        raise ConfigError(
+            f"{where}.max_payload_bytes: {v['max_payload_bytes']} is above max_request_bytes "
+            f"({max_request_bytes}); such a payload could never be sent")
+    _int(f"{where}.max_custom_entries", v["max_custom_entries"])
+    _int(f"{where}.max_custom_total_bytes", v["max_custom_total_bytes"])
+    _int(f"{where}.max_custom_key_bytes", v["max_custom_key_bytes"])
+    _int(f"{where}.max_schedule_horizon_ms", v["max_schedule_horizon_ms"])
+    if v["allowed_encodings"] is not None:
+        v["allowed_encodings"] = _str_list(f"{where}.allowed_encodings", v["allowed_encodings"])
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Everything the state machine and the request validation read from the config."""
+    globals: dict = field(default_factory=dict)
+    storage: dict = field(default_factory=dict)
+    queues: dict = field(default_factory=dict)          # name -> QueueLimits (declared)
+    default_queue: QueueLimits | None = None            # view for undeclared queues
+
+    @classmethod
+    def build(cls, limits: dict | None = None, storage: dict | None = None,
+              queues: list | None = None) -> "Limits":
+        """Check and merge the `[limits]`, `[storage]` and `[[queues]]` tables."""
+        limits, storage, queues = dict(limits or {}), dict(storage or {}), list(queues or [])
+        for key in limits:
+            if key not in QUEUE_KEYS and key not in GLOBAL_KEYS:
+                raise ConfigError(f"limits.{key}: unknown key")
+        for key in storage:
+            if key not in STORAGE_KEYS:
+                raise ConfigError(f"storage.{key}: unknown key")
+        g = {**GLOBAL_KEYS, **{k: v for k, v in limits.items() if k in GLOBAL_KEYS}}
+        for key in ("max_reserve_batch", "max_reserve_queues", "max_wait_timeout_ms",
+                    "max_enqueue_batch", "max_job_type_bytes", "max_idempotency_key_bytes",
+                    "max_request_bytes", "request_id_window_ms"):
+            _int(f"limits.{key}", g[key])
+        _int("limits.max_queue_name_bytes", g["max_queue_name_bytes"], 1, 65535)
+        if not isinstance(g["strict_queues"], bool):
+            raise ConfigError(f"limits.strict_queues: must be true or false, got {g['strict_queues']!r}")
+        s = {**STORAGE_KEYS, **storage}
+        _int("storage.dead_letter_retention_ms", s["dead_letter_retention_ms"], 0)
+        _int("storage.dedup_window_ms", s["dedup_window_ms"])
+        _int("storage.sweep_interval_ms", s["sweep_interval_ms"])
+        _int("storage.sweep_limit", s["sweep_limit"])
+
+        base = {**QUEUE_KEYS, **{k: v for k, v in limits.items() if k in QUEUE_KEYS}}
+        _check_queue_values("limits", base, g["max_request_bytes"])
+        default_queue = QueueLimits(name=None, declared=False, **base, allowed_job_types=None,
+                                    dedup_window_ms=s["dedup_window_ms"])
+        declared: dict[str, QueueLimits] = {}
+        for i, entry in enumerate(queues):
+            where = f"queues[{i}]"
+            if not isinstance(entry, dict):
+                raise ConfigError(f"{where}: must be a table")
+            name = entry.get("name")
+            why = check_queue_name(name, g["max_queue_name_bytes"])
+            if why:
+                raise ConfigError(f"{where}.name: {why}")
+            if len(name.encode()) > g["max_queue_name_bytes"]:
+                raise ConfigError(f"{where}.name: longer than max_queue_name_bytes ({g['max_queue_name_bytes']})")
+            if name in declared:
+                raise ConfigError(f"{where}.name: queue {name!r} is declared twice")
+            where = f"queues[{name}]"
+            for key in entry:
+                if key not in QUEUE_KEYS and key not in QUEUE_ONLY_KEYS:
+                    raise ConfigError(f"{where}.{key}: unknown key (or not overridable per queue)")
+            merged = {**base, **{k: v for k, v in entry.items() if k in QUEUE_KEYS}}
+            _check_queue_values(where, merged, g["max_request_bytes"])
+            job_types = entry.get("allowed_job_types")
+            if job_types is not None:
+                job_types = _str_list(f"{where}.allowed_job_types", job_types, allow_empty=False)
+            window = _int(f"{where}.dedup_window_ms", entry.get("dedup_window_ms", s["dedup_window_ms"]))
+            declared[name] = QueueLimits(name=name, declared=True, **merged,
+                                         allowed_job_types=job_types, dedup_window_ms=window)
+        return cls(globals=g, storage=s, queues=declared, default_queue=default_queue)
+
+    def queue(self, name: str) -> QueueLimits:
+        return self.queues.get(name) or self.default_queue
+
+    def __getattr__(self, key):
+        # Global limits read like attributes: limits.max_enqueue_batch.
+        g = self.__dict__.get("globals")
+        if g is not None and key in g:
+            return g[key]
+        s = self.__dict__.get("storage")
+        if s is not None and key in s:
+            return s[key]
+        raise AttributeError(key)
+
+    def fingerprint(self) -> str:
+        """A hash of every limit; nodes of one cluster must agree on it."""
+        doc = {"limits": self.globals, "storage": self.storage,
+               "default": self.default_queue.describe(),
+               "queues": {n: q.describe() for n, q in sorted(self.queues.items())}}
+        return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:16]
+
+    def server_info(self) -> dict:
+        """The limits part of GET /v1/server-info (global values, as sepp advertises them)."""
+        d = self.default_queue
+        return {
+            "max_payload_bytes": d.max_payload_bytes,
+            "max_custom_entries": d.max_custom_entries,
+            "max_custom_total_bytes": d.max_custom_total_bytes,
+            "max_custom_key_bytes": d.max_custom_key_bytes,
+            "max_queue_name_bytes": self.max_queue_name_bytes,
+            "max_job_type_bytes": self.max_job_type_bytes,
+            "max_idempotency_key_bytes": self.max_idempotency_key_bytes,
+            "max_schedule_horizon_ms": d.max_schedule_horizon_ms,
+            "max_enqueue_batch": self.max_enqueue_batch,
+            "max_reserve_batch": self.max_reserve_batch,
+            "max_reserve_queues": self.max_reserve_queues,
+            "max_wait_timeout_ms": self.max_wait_timeout_ms,
+            "max_lease_duration_ms": d.max_lease_duration_ms,
+            "max_request_bytes": self.max_request_bytes,
+            "restricts_encodings": d.allowed_encodings is not None,
+            "allowed_encodings": list(d.allowed_encodings or ()),
+            "strict_queues": self.strict_queues,
+            "dead_letter_retention_enabled": self.dead_letter_retention_ms > 0,
+        }

@@ -1,0 +1,782 @@
+"""The replicated queue state machine: every rule of SEMANTICS.md, and nothing else.
+
+Pure and deterministic: no I/O, no clock, no randomness, no threads. Time and job ids arrive in
+commands (built by `node.commands`), so every node that applies the same commands in the same
+order holds the same state, and `digest()` proves it.
+
+Commands are tuples `(op, request_id, *args)` of builtins (they cross Raft as pickles); results
+are `(http_status, body)`, ready to serialize.
+
+Two rules shape the code:
+* `apply` never raises. pysyncobj wedges the whole cluster when an apply raises, so each command
+  runs under an undo log: every mutation goes through a primitive that records how to revert
+  it, and an unexpected exception reverts the command and yields an `internal` result.
+* Cost does not grow with the work. Ready jobs sit in one heap per queue keyed by
+  (-priority, enqueued_at, sequence); schedules, leases, deadlines and dedup windows in heaps
+  keyed by time. Heaps are lazy: an entry whose job has moved on is skipped when it surfaces
+  (`_live_*` checks), which keeps cancel, extend and requeue O(log n) too.
+"""
+from __future__ import annotations
+
+import hashlib
+import heapq
+from base64 import b64encode
+from collections import OrderedDict, deque
+
+import orjson
+
+from .errors import error
+from .limits import Limits
+from .retry import policy_delay_ms
+
+READY, SCHEDULED, IN_FLIGHT, DEAD, GONE = 0, 1, 2, 3, 4
+STATE_NAMES = ("ready", "scheduled", "in_flight", "dead_lettered", "gone")
+
+# Enqueue modes.
+SINGLE, BATCH, ATOMIC = 0, 1, 2
+
+
+class Job:
+    """One job. `run_at` is when a scheduled job becomes ready; `scheduled_at` is what the
+    producer asked for (shown to workers); `deadline` is cleared by the first delivery."""
+    __slots__ = ("id", "queue", "job_type", "payload", "encoding", "priority", "custom", "trace",
+                 "enqueued_at", "scheduled_at", "attempt", "max_attempts", "lease_expires",
+                 "state", "seq", "run_at", "deadline", "last_reason")
+
+    FIELDS = __slots__
+
+    def to_tuple(self) -> tuple:
+        return tuple(getattr(self, f) for f in Job.FIELDS)
+
+    @classmethod
+    def from_tuple(cls, t) -> "Job":
+        job = cls.__new__(cls)
+        for f, v in zip(Job.FIELDS, t):
+            setattr(job, f, v)
+        return job
+
+    def render(self) -> dict:
+        """The Job shape of API.md."""
+        out = {"id": self.id, "queue": self.queue, "job_type": self.job_type}
+        if self.payload is not None:
+            out["payload"] = {"data_b64": b64encode(self.payload).decode("ascii"), "encoding": self.encoding}
+        out["priority"] = self.priority
+        out["custom"] = self.custom if self.custom is not None else {}
+        if self.trace is not None:
+            out["trace_context"] = {"traceparent": self.trace[0], "tracestate": self.trace[1]}
+        out["enqueued_at_ms"] = self.enqueued_at
+        out["scheduled_at_ms"] = self.scheduled_at
+        out["attempt"] = self.attempt
+        out["max_attempts"] = self.max_attempts
+        out["lease_expires_at_ms"] = self.lease_expires
+        if self.deadline is not None:
+            out["deadline_at_ms"] = self.deadline
+        return out
+
+
+class Queue:
+    """Per-queue index and counters. Counts are exact; `ready_heap` may hold stale entries."""
+    __slots__ = ("name", "ready_heap", "ready", "scheduled", "in_flight", "dead",
+                 "enqueued", "acked", "nacked", "dead_total", "paused")
+    COUNTERS = ("ready", "scheduled", "in_flight", "dead", "enqueued", "acked", "nacked",
+                "dead_total", "paused")
+
+    def __init__(self, name: str):
+        self.name = name
+        self.ready_heap: list = []
+        self.ready = self.scheduled = self.in_flight = self.dead = 0
+        self.enqueued = self.acked = self.nacked = self.dead_total = 0
+        self.paused = False
+
+    def depth(self) -> int:
+        return self.ready + self.scheduled + self.in_flight
+
+    def stats(self, declared: bool) -> dict:
+        return {"name": self.name, "declared": declared, "paused": self.paused,
+                "ready": self.ready, "scheduled": self.scheduled, "in_flight": self.in_flight,
+                "dead_lettered": self.dead, "enqueued": self.enqueued, "acked": self.acked,
+                "nacked": self.nacked, "dead_lettered_total": self.dead_total}
+
+
+class InjectedFault(Exception):
+    """Raised by the fault-injection hook in tests."""
+
+
+class QueueMachine:
+    def __init__(self, limits: Limits):
+        self.limits = limits
+        self.clock = 0                  # replicated time: max of every command's now_ms
+        self.seq = 0                    # order of jobs within a priority and millisecond
+        self.ctr = 0                    # unique tie-break for lease heap entries
+        self.jobs: dict[str, Job] = {}
+        self.queues: dict[str, Queue] = {}
+        self.sched_heap: list = []      # (run_at, seq, job)
+        self.lease_heap: list = []      # (lease_expires, ctr, job)
+        self.deadline_heap: list = []   # (deadline, seq, job)
+        self.dedup: dict[tuple[str, str], tuple[str, int]] = {}   # (queue, key) -> (job_id, expires)
+        self.dedup_heap: list = []      # (expires, queue, key)
+        self.rids: dict[str, tuple[str, tuple, int]] = {}          # request id -> (op, result, expires)
+        self.rid_fifo: deque = deque()  # (expires, request id); expiry order = insertion order
+        self.dlq: OrderedDict[str, tuple] = OrderedDict()          # job id -> (job, cause, failed_at, final_attempt, reason)
+        self.dlq_by_queue: dict[str, OrderedDict] = {}
+        self.applied = 0                # commands applied (for diagnostics, part of the state)
+        self._undo: list = []
+        self._fault_after: int | None = None   # tests: raise at the n-th mutation of a command
+
+    # ------------------------------------------------------------------ undo log primitives
+    def _note(self, fn, *args):
+        if self._fault_after is not None:
+            if self._fault_after <= 0:
+                self._fault_after = None
+                raise InjectedFault("injected fault")
+            self._fault_after -= 1
+        self._undo.append((fn, args))
+
+    def _set(self, obj, name: str, value):
+        self._note(setattr, obj, name, getattr(obj, name))
+        setattr(obj, name, value)
+
+    def _add(self, obj, name: str, delta: int):
+        self._note(_add_back, obj, name, delta)
+        setattr(obj, name, getattr(obj, name) + delta)
+
+    def _put(self, d: dict, key, value):
+        if key in d:
+            self._note(d.__setitem__, key, d[key])
+        else:
+            self._note(d.pop, key, None)
+        d[key] = value
+
+    def _pop(self, d: dict, key):
+        value = d.pop(key)
+        self._note(d.__setitem__, key, value)
+        return value
+
+    def _push(self, heap: list, entry):
+        self._note(_heap_remove, heap, entry)
+        heapq.heappush(heap, entry)
+
+    def _heappop(self, heap: list):
+        entry = heapq.heappop(heap)
+        self._note(heapq.heappush, heap, entry)
+        return entry
+
+    def _odict_pop(self, od: OrderedDict, key):
+        # Dead letters keep their order on undo: a reverted drain must not reorder the store.
+        value = od.pop(key)
+        self._note(_odict_restore, od, key, value)
+        return value
+
+    def _new_seq(self) -> int:
+        self._note(setattr, self, "seq", self.seq)
+        self.seq += 1
+        return self.seq
+
+    def _queue(self, name: str) -> Queue:
+        q = self.queues.get(name)
+        if q is None:
+            q = Queue(name)
+            self._put(self.queues, name, q)
+        return q
+
+    # ------------------------------------------------------------------ apply
+    def apply_batch(self, now_ms: int, cmds) -> list:
+        """Apply commands that share one leader stamp. Never raises."""
+        try:
+            if now_ms > self.clock:
+                self.clock = now_ms
+        except Exception:       # a non-integer stamp: keep the clock, still answer every command
+            pass
+        return [self.apply_one(cmd) for cmd in cmds]
+
+    def apply(self, now_ms: int, cmd):
+        return self.apply_batch(now_ms, (cmd,))[0]
+
+    def apply_one(self, cmd):
+        try:
+            op, rid = cmd[0], cmd[1]
+            handler = _HANDLERS[op]
+        except Exception:
+            return error("internal", "malformed command")
+        self.applied += 1
+        if rid is not None:
+            stored = self.rids.get(rid)
+            if stored is not None and stored[2] > self.clock:
+                if stored[0] != op:
+                    return error("invalid_argument",
+                                 f"Request-Id {rid!r} was already used for a different operation ({stored[0]})")
+                return stored[1]
+        self._undo.clear()
+        try:
+            result = handler(self, *cmd[2:])
+        except Exception as exc:
+            self._revert()
+            return error("internal", f"command {op!r} failed and was not applied: {type(exc).__name__}")
+        self._undo.clear()
+        if rid is not None:
+            expires = self.clock + self.limits.request_id_window_ms
+            self.rids[rid] = (op, result, expires)
+            self.rid_fifo.append((expires, rid))
+        return result
+
+    def _revert(self):
+        undo, self._undo = self._undo, []
+        self._fault_after = None
+        for fn, args in reversed(undo):
+            fn(*args)
+
+    # ------------------------------------------------------------------ enqueue
+    def _op_enq(self, mode: int, items):
+        now = self.clock
+        if mode == ATOMIC:
+            # Capacity is checked up front for the whole batch, dedup hits counted as new jobs
+            # (sepp's conservative rule), so the batch either fits entirely or not at all.
+            wanted: dict[str, int] = {}
+            for item in items:
+                wanted[item[1]] = wanted.get(item[1], 0) + 1
+            full = {}
+            for qname, n in wanted.items():
+                limit = self.limits.queue(qname).max_queue_depth
+                q = self.queues.get(qname)
+                depth = q.depth() if q is not None else 0
+                if limit is not None and depth + n > limit:
+                    full[qname] = limit
+            if full:
+                errors = [{"index": i, "rejection": {"reason": "queue_full", "queue": item[1], "limit": full[item[1]]}}
+                          for i, item in enumerate(items) if item[1] in full]
+                return error("batch_rejected", "the batch was refused: queue full", errors=errors)
+            return 200, {"results": [self._enqueue_one(item, now, check_depth=False) for item in items]}
+        results = []
+        for item in items:
+            if isinstance(item, dict):            # refused by validation before proposing
+                results.append({"rejection": item})
+            else:
+                results.append(self._enqueue_one(item, now, check_depth=True))
+        if mode == SINGLE:
+            r = results[0]
+            if "rejection" in r:
+                return error("rejected", f"job refused: {r['rejection']['reason']}", rejection=r["rejection"])
+            return 200, r
+        return 200, {"results": results}
+
+    def _enqueue_one(self, item, now: int, check_depth: bool) -> dict:
+        (job_id, qname, job_type, payload, encoding, priority, max_attempts, custom, trace,
+         scheduled_at, deadline, idem_key) = item
+        ql = self.limits.queue(qname)
+        if idem_key is not None:
+            rec = self.dedup.get((qname, idem_key))
+            if rec is not None and rec[1] > now:
+                return {"job_id": rec[0], "deduplicated": True}
+        q = self.queues.get(qname)
+        if check_depth and ql.max_queue_depth is not None:
+            depth = q.depth() if q is not None else 0
+            if depth >= ql.max_queue_depth:
+                return {"rejection": {"reason": "queue_full", "queue": qname, "limit": ql.max_queue_depth}}
+        if q is None:
+            q = self._queue(qname)
+        if job_id in self.jobs:
+            raise ValueError("job id collision")   # the leader's ids are fresh UUIDs
+        job = Job()
+        job.id, job.queue, job.job_type = job_id, qname, job_type
+        job.payload, job.encoding, job.priority = payload, encoding, priority
+        job.custom, job.trace = custom, trace
+        job.enqueued_at, job.scheduled_at = now, scheduled_at
+        job.attempt, job.max_attempts, job.lease_expires = 1, max_attempts, None
+        job.seq = self._new_seq()
+        job.deadline, job.last_reason = deadline, None
+        self._put(self.jobs, job_id, job)
+        if scheduled_at is not None and scheduled_at > now:
+            job.state, job.run_at = SCHEDULED, scheduled_at
+            self._push(self.sched_heap, (scheduled_at, job.seq, job))
+            self._add(q, "scheduled", 1)
+        else:
+            job.state, job.run_at = READY, None
+            self._push(q.ready_heap, (-priority, now, job.seq, job))
+            self._add(q, "ready", 1)
+        if deadline is not None:
+            self._push(self.deadline_heap, (deadline, job.seq, job))
+        self._add(q, "enqueued", 1)
+        if idem_key is not None:
+            expires = now + ql.dedup_window_ms
+            self._put(self.dedup, (qname, idem_key), (job_id, expires))
+            self._push(self.dedup_heap, (expires, qname, idem_key))
+        return {"job_id": job_id, "deduplicated": False}
+
+    # ------------------------------------------------------------------ reserve
+    def _op_res(self, queue_names, lease_ms: int, max_jobs: int):
+        now = self.clock
+        out = []
+        for qname in queue_names:
+            q = self.queues.get(qname)
+            if q is None or q.paused:
+                continue
+            heap = q.ready_heap
+            while heap and len(out) < max_jobs:
+                entry = heap[0]
+                job = entry[3]
+                if job.state != READY or job.seq != entry[2] or self.jobs.get(job.id) is not job:
+                    heapq.heappop(heap)     # stale: dropping it changes nothing logical
+                    continue
+                self._heappop(heap)
+                if job.deadline is not None and job.deadline <= now:
+                    self._add(q, "ready", -1)
+                    self._dead_letter(job, q, "expired", None)   # too late to ever run
+                    continue
+                expires = now + lease_ms
+                self._set(job, "state", IN_FLIGHT)
+                self._set(job, "lease_expires", expires)
+                if job.deadline is not None:
+                    self._set(job, "deadline", None)
+                self._add(q, "ready", -1)
+                self._add(q, "in_flight", 1)
+                self._lease(job, expires)
+                out.append(job.render())
+            if len(out) >= max_jobs:
+                break
+        return 200, {"jobs": out}
+
+    def _lease(self, job: Job, expires: int):
+        self._note(setattr, self, "ctr", self.ctr)
+        self.ctr += 1
+        self._push(self.lease_heap, (expires, self.ctr, job))
+
+    # ------------------------------------------------------------------ ack / nack / extend
+    def _fenced(self, job_id: str, attempt: int):
+        job = self.jobs.get(job_id)
+        if job is None or job.state != IN_FLIGHT:
+            return None, error("job_not_found", "job not found: it is not in flight (acked, expired, dead-lettered or unknown)",
+                               job_id=job_id)
+        if job.attempt != attempt:
+            return None, error("attempt_mismatch",
+                               f"attempt mismatch: the job is in flight under attempt {job.attempt}, not {attempt}",
+                               job_id=job_id, attempt=job.attempt)
+        return job, None
+
+    def _op_ack(self, job_id: str, attempt: int):
+        job, err = self._fenced(job_id, attempt)
+        if err:
+            return err
+        self._remove_in_flight(job)
+        self._add(self.queues[job.queue], "acked", 1)
+        return 200, {"job_id": job_id}
+
+    def _op_acks(self, pairs):
+        return 200, {"results": [self._op_ack(job_id, attempt)[1] for job_id, attempt in pairs]}
+
+    def _remove_in_flight(self, job: Job):
+        self._set(job, "state", GONE)
+        self._pop(self.jobs, job.id)
+        self._add(self.queues[job.queue], "in_flight", -1)
+
+    def _op_nack(self, job_id: str, attempt: int, reason, strategy: str, delay_ms):
+        job, err = self._fenced(job_id, attempt)
+        if err:
+            return err
+        q = self.queues[job.queue]
+        self._add(q, "nacked", 1)
+        self._set(job, "last_reason", reason)
+        if strategy == "dead_letter":
+            self._add(q, "in_flight", -1)
+            self._dead_letter(job, q, "rejected", reason)
+            return 200, {"job_id": job_id, "dead_lettered": True}
+        if job.attempt >= job.max_attempts:
+            self._add(q, "in_flight", -1)
+            self._dead_letter(job, q, "attempts_exhausted", reason)
+            return 200, {"job_id": job_id, "dead_lettered": True}
+        ql = self.limits.queue(job.queue)
+        if strategy == "delay":
+            delay = min(delay_ms, ql.max_schedule_horizon_ms)
+        else:
+            delay = policy_delay_ms(job.id, job.attempt, ql.retry_delay_ms, ql.retry_backoff,
+                                    ql.retry_delay_max_ms, ql.max_schedule_horizon_ms)
+        self._set(job, "attempt", job.attempt + 1)
+        self._add(q, "in_flight", -1)
+        if delay <= 0:
+            self._make_ready(job, q)
+        else:
+            run_at = self.clock + delay
+            self._set(job, "state", SCHEDULED)
+            self._set(job, "run_at", run_at)
+            self._push(self.sched_heap, (run_at, job.seq, job))
+            self._add(q, "scheduled", 1)
+        return 200, {"job_id": job_id, "dead_lettered": False}
+
+    def _make_ready(self, job: Job, q: Queue):
+        # A retried job keeps its enqueued_at and sequence: it goes ahead of newer jobs.
+        self._set(job, "state", READY)
+        self._push(q.ready_heap, (-job.priority, job.enqueued_at, job.seq, job))
+        self._add(q, "ready", 1)
+
+    def _op_ext(self, job_id: str, attempt: int, lease_ms: int):
+        job, err = self._fenced(job_id, attempt)
+        if err:
+            return err
+        lease = max(1, min(lease_ms, self.limits.queue(job.queue).max_lease_duration_ms))
+        expires = self.clock + lease
+        self._set(job, "lease_expires", expires)
+        self._lease(job, expires)
+        return 200, {"job_id": job_id, "lease_expires_at_ms": expires}
+
+    # ------------------------------------------------------------------ dead letters
+    def _dead_letter(self, job: Job, q: Queue, cause: str, reason):
+        """Move a job that has already left its ready/scheduled/in-flight count."""
+        self._add(q, "dead_total", 1)
+        if self.limits.dead_letter_retention_ms <= 0:
+            self._set(job, "state", GONE)
+            self._pop(self.jobs, job.id)
+            return
+        self._set(job, "state", DEAD)
+        self._add(q, "dead", 1)
+        self._note(setattr, self, "ctr", self.ctr)
+        self.ctr += 1
+        rec = (job, cause, self.clock, job.attempt, reason, self.ctr)
+        self._put(self.dlq, job.id, rec)
+        per_queue = self.dlq_by_queue.get(job.queue)
+        if per_queue is None:
+            per_queue = OrderedDict()
+            self._put(self.dlq_by_queue, job.queue, per_queue)
+        self._put(per_queue, job.id, rec)
+
+    def _drop_dead_letter(self, job_id: str):
+        rec = self._odict_pop(self.dlq, job_id)
+        job = rec[0]
+        self._odict_pop(self.dlq_by_queue[job.queue], job_id)
+        self._add(self.queues[job.queue], "dead", -1)
+        return rec
+
+    def _op_drain(self, qname, max_records: int):
+        source = self.dlq if qname is None else self.dlq_by_queue.get(qname, ())
+        ids = []
+        for job_id in source:
+            if len(ids) >= max_records:
+                break
+            ids.append(job_id)
+        records = []
+        for job_id in ids:
+            rec = self._drop_dead_letter(job_id)
+            self._set(rec[0], "state", GONE)
+            self._pop(self.jobs, job_id)
+            records.append(render_dead_letter(rec))
+        return 200, {"records": records}
+
+    def _op_requeue(self, ids):
+        requeued, missing = [], []
+        for job_id in ids:
+            if job_id not in self.dlq:
+                missing.append(job_id)
+                continue
+            job = self._drop_dead_letter(job_id)[0]
+            q = self.queues[job.queue]
+            self._set(job, "attempt", 1)
+            self._set(job, "enqueued_at", self.clock)
+            self._set(job, "scheduled_at", None)
+            self._set(job, "deadline", None)
+            self._set(job, "seq", self._new_seq())
+            self._make_ready(job, q)
+            requeued.append(job_id)
+        return 200, {"requeued": requeued, "missing": missing}
+
+    def _op_dldel(self, ids):
+        deleted, missing = [], []
+        for job_id in ids:
+            if job_id not in self.dlq:
+                missing.append(job_id)
+                continue
+            job = self._drop_dead_letter(job_id)[0]
+            self._set(job, "state", GONE)
+            self._pop(self.jobs, job_id)
+            deleted.append(job_id)
+        return 200, {"deleted": deleted, "missing": missing}
+
+    # ------------------------------------------------------------------ admin
+    def _op_cancel(self, job_id: str):
+        job = self.jobs.get(job_id)
+        if job is None or job.state == DEAD:
+            return error("not_found", "no ready or scheduled job with this id", job_id=job_id)
+        if job.state == IN_FLIGHT:
+            return error("failed_precondition", "the job is in flight; it can only be acked, nacked or left to expire",
+                         job_id=job_id)
+        q = self.queues[job.queue]
+        self._add(q, "ready" if job.state == READY else "scheduled", -1)
+        self._set(job, "state", GONE)
+        self._pop(self.jobs, job_id)
+        return 200, {"job_id": job_id}
+
+    def _op_pause(self, qname: str, paused: bool):
+        q = self._queue(qname)
+        self._set(q, "paused", paused)
+        return 200, {"queue": qname, "paused": paused}
+
+    # ------------------------------------------------------------------ sweep
+    def _op_sweep(self):
+        now, budget = self.clock, self.limits.sweep_limit
+        counts = {"promoted": 0, "leases_expired": 0, "deadlines_expired": 0,
+                  "dedup_expired": 0, "request_ids_expired": 0, "dead_letters_expired": 0}
+        heap, n = self.sched_heap, 0
+        while heap and heap[0][0] <= now and n < budget:
+            n += 1
+            run_at, seq, job = self._heappop(heap)
+            if job.state == SCHEDULED and job.run_at == run_at and self.jobs.get(job.id) is job:
+                q = self.queues[job.queue]
+                self._add(q, "scheduled", -1)
+                self._set(job, "run_at", None)
+                self._make_ready(job, q)
+                counts["promoted"] += 1
+        heap, n = self.lease_heap, 0
+        while heap and heap[0][0] <= now and n < budget:
+            n += 1
+            expires, _, job = self._heappop(heap)
+            if job.state == IN_FLIGHT and job.lease_expires == expires and self.jobs.get(job.id) is job:
+                q = self.queues[job.queue]
+                self._add(q, "in_flight", -1)
+                counts["leases_expired"] += 1
+                if job.attempt >= job.max_attempts:
+                    self._set(job, "last_reason", None)
+                    self._dead_letter(job, q, "lease_expired", None)
+                else:
+                    self._set(job, "attempt", job.attempt + 1)
+                    self._make_ready(job, q)
+        heap, n = self.deadline_heap, 0
+        while heap and heap[0][0] <= now and n < budget:
+            n += 1
+            deadline, _, job = self._heappop(heap)
+            if (job.deadline == deadline and job.state in (READY, SCHEDULED)
+                    and self.jobs.get(job.id) is job):
+                q = self.queues[job.queue]
+                self._add(q, "ready" if job.state == READY else "scheduled", -1)
+                counts["deadlines_expired"] += 1
+                self._dead_letter(job, q, "expired", None)
+        heap, n = self.dedup_heap, 0
+        while heap and heap[0][0] <= now and n < budget:
+            n += 1
+            expires, qname, key = self._heappop(heap)
+            rec = self.dedup.get((qname, key))
+            if rec is not None and rec[1] == expires:
+                self._pop(self.dedup, (qname, key))
+                counts["dedup_expired"] += 1
+        fifo, n = self.rid_fifo, 0
+        while fifo and fifo[0][0] <= now and n < budget:
+            n += 1
+            expires, rid = fifo.popleft()
+            self._note(fifo.appendleft, (expires, rid))
+            rec = self.rids.get(rid)
+            if rec is not None and rec[2] == expires:
+                self._pop(self.rids, rid)
+                counts["request_ids_expired"] += 1
+        retention = self.limits.dead_letter_retention_ms
+        if retention > 0:
+            n = 0
+            while self.dlq and n < budget:
+                first = next(iter(self.dlq))
+                rec = self.dlq[first]
+                if rec[2] > now - retention:
+                    break
+                n += 1
+                self._drop_dead_letter(first)
+                self._set(rec[0], "state", GONE)
+                self._pop(self.jobs, first)
+                counts["dead_letters_expired"] += 1
+        return 200, counts
+
+    def next_due_ms(self) -> int | None:
+        """The earliest replicated time at which a sweep has work (stale entries may make it
+        early, never late)."""
+        due = [h[0][0] for h in (self.sched_heap, self.lease_heap, self.deadline_heap, self.dedup_heap) if h]
+        if self.rid_fifo:
+            due.append(self.rid_fifo[0][0])
+        if self.limits.dead_letter_retention_ms > 0 and self.dlq:
+            due.append(self.dlq[next(iter(self.dlq))][2] + self.limits.dead_letter_retention_ms)
+        return min(due) if due else None
+
+    # ------------------------------------------------------------------ reads (not replicated)
+    def queue_names(self) -> list[str]:
+        names = set(self.queues) | set(self.limits.queues)
+        return sorted(names)
+
+    def queue_stats(self, name: str) -> dict | None:
+        q = self.queues.get(name)
+        declared = name in self.limits.queues
+        if q is None:
+            return Queue(name).stats(declared) if declared else None
+        return q.stats(declared)
+
+    def job_view(self, job_id: str) -> dict | None:
+        job = self.jobs.get(job_id)
+        if job is None:
+            return None
+        out = job.render()
+        out["state"] = STATE_NAMES[job.state]
+        out["last_reason"] = job.last_reason
+        if job.state == SCHEDULED:
+            out["run_at_ms"] = job.run_at
+        if job.state != IN_FLIGHT:
+            out["lease_expires_at_ms"] = None
+        return out
+
+    def list_jobs(self, qname: str, state: int, limit: int, after: tuple | None):
+        """Jobs of one queue in one state, in delivery order (ready), run time (scheduled) or
+        lease expiry (in flight); `after` is the sort key of the last job of the previous page."""
+        if state == READY:
+            q = self.queues.get(qname)
+            cands = [((e[0], e[1], e[2]), e[3]) for e in (q.ready_heap if q else ())
+                     if e[3].state == READY and e[3].seq == e[2] and self.jobs.get(e[3].id) is e[3]]
+        else:
+            key = (lambda j: (j.run_at, j.seq)) if state == SCHEDULED else (lambda j: (j.lease_expires, j.seq))
+            cands = [(key(j), j) for j in self.jobs.values() if j.queue == qname and j.state == state]
+        if after is not None:
+            cands = [c for c in cands if c[0] > after]
+        page = heapq.nsmallest(limit + 1, cands, key=lambda c: c[0])
+        more = len(page) > limit
+        page = page[:limit]
+        return [self.job_view(j.id) for _, j in page], (list(page[-1][0]) if more else None)
+
+    def list_dead_letters(self, qname, limit: int, after_id):
+        source = self.dlq if qname is None else self.dlq_by_queue.get(qname, OrderedDict())
+        it = iter(source)
+        if after_id is not None:
+            if after_id not in source:
+                return [], None
+            for job_id in it:
+                if job_id == after_id:
+                    break
+        page = []
+        for job_id in it:
+            if len(page) > limit:
+                break
+            page.append(source[job_id])
+        more = len(page) > limit
+        page = page[:limit]
+        return [render_dead_letter(r) for r in page], (page[-1][0].id if more else None)
+
+    def counts(self) -> dict:
+        return {"jobs": len(self.jobs), "dead_letters": len(self.dlq), "dedup_records": len(self.dedup),
+                "request_ids": len(self.rids), "clock_ms": self.clock}
+
+    # ------------------------------------------------------------------ snapshot and digest
+    def to_builtins(self) -> dict:
+        """The whole state as plain builtins (for Raft snapshots); heaps keep only live entries."""
+        jobs = [j.to_tuple() for j in self.jobs.values()]
+        return {
+            "v": 1, "clock": self.clock, "seq": self.seq, "ctr": self.ctr, "applied": self.applied,
+            "jobs": jobs,
+            "queues": [(q.name, [getattr(q, c) for c in Queue.COUNTERS],
+                        [(e[0], e[1], e[2], e[3].id) for e in q.ready_heap
+                         if e[3].state == READY and e[3].seq == e[2] and self.jobs.get(e[3].id) is e[3]])
+                       for q in self.queues.values()],
+            "sched": [(e[0], e[1], e[2].id) for e in self.sched_heap
+                      if e[2].state == SCHEDULED and e[2].run_at == e[0] and self.jobs.get(e[2].id) is e[2]],
+            "leases": [(e[0], e[1], e[2].id) for e in self.lease_heap
+                       if e[2].state == IN_FLIGHT and e[2].lease_expires == e[0] and self.jobs.get(e[2].id) is e[2]],
+            "deadlines": [(e[0], e[1], e[2].id) for e in self.deadline_heap
+                          if e[2].deadline == e[0] and self.jobs.get(e[2].id) is e[2]],
+            "dedup": [(k[0], k[1], v[0], v[1]) for k, v in self.dedup.items()],
+            "dedup_heap": [e for e in self.dedup_heap if self.dedup.get((e[1], e[2]), (0, None))[1] == e[0]],
+            "rids": [(rid, op, result, exp) for rid, (op, result, exp) in self.rids.items()],
+            "rid_fifo": [e for e in self.rid_fifo if self.rids.get(e[1], (0, 0, None))[2] == e[0]],
+            "dlq": [(rec[0].id,) + rec[1:] for rec in self.dlq.values()],
+        }
+
+    @classmethod
+    def from_builtins(cls, limits: Limits, data: dict) -> "QueueMachine":
+        m = cls(limits)
+        if data.get("v") != 1:
+            raise ValueError(f"unknown snapshot version {data.get('v')!r}")
+        m.clock, m.seq, m.ctr, m.applied = data["clock"], data["seq"], data["ctr"], data["applied"]
+        for t in data["jobs"]:
+            job = Job.from_tuple(t)
+            m.jobs[job.id] = job
+        for rec in data["dlq"]:
+            job = m.jobs[rec[0]]
+            r = (job,) + tuple(rec[1:])
+            m.dlq[job.id] = r
+            m.dlq_by_queue.setdefault(job.queue, OrderedDict())[job.id] = r
+        for name, counters, heap in data["queues"]:
+            q = Queue(name)
+            for c, v in zip(Queue.COUNTERS, counters):
+                setattr(q, c, v)
+            q.ready_heap = [(a, b, c, m.jobs[i]) for a, b, c, i in heap]
+            heapq.heapify(q.ready_heap)
+            m.queues[name] = q
+        m.sched_heap = [(a, b, m.jobs[i]) for a, b, i in data["sched"]]
+        m.lease_heap = [(a, b, m.jobs[i]) for a, b, i in data["leases"]]
+        m.deadline_heap = [(a, b, m.jobs[i]) for a, b, i in data["deadlines"]]
+        for h in (m.sched_heap, m.lease_heap, m.deadline_heap):
+            heapq.heapify(h)
+        m.dedup = {(a, b): (c, d) for a, b, c, d in data["dedup"]}
+        m.dedup_heap = [tuple(e) for e in data["dedup_heap"]]
+        heapq.heapify(m.dedup_heap)
+        m.rids = {rid: (op, result, exp) for rid, op, result, exp in data["rids"]}
+        m.rid_fifo = deque(tuple(e) for e in data["rid_fifo"])
+        return m
+
+    def __getstate__(self):
+        # Pickling (pysyncobj snapshots) goes through the builtins form; limits come from config.
+        return {"limits": self.limits, "state": self.to_builtins()}
+
+    def __setstate__(self, data):
+        other = QueueMachine.from_builtins(data["limits"], data["state"])
+        self.__dict__.update(other.__dict__)
+
+    def digest(self) -> str:
+        """A hash of the logical state, independent of heap layout and dict order where those do
+        not change behaviour; equal on every node at the same applied index."""
+        h = hashlib.sha256()
+        h.update(orjson.dumps([self.clock, self.seq, self.applied]))
+        for job_id in sorted(self.jobs):
+            j = self.jobs[job_id]
+            h.update(repr(j.to_tuple()).encode())
+        for name in sorted(self.queues):
+            q = self.queues[name]
+            h.update(repr((name, [getattr(q, c) for c in Queue.COUNTERS])).encode())
+        for k in sorted(self.dedup):
+            h.update(repr((k, self.dedup[k])).encode())
+        for rid in sorted(self.rids):
+            op, result, exp = self.rids[rid]
+            h.update(repr((rid, op, exp)).encode())
+            h.update(orjson.dumps(result, option=orjson.OPT_SORT_KEYS))
+        for job_id, rec in self.dlq.items():       # order matters: drain is oldest first
+            h.update(repr((job_id,) + rec[1:]).encode())
+        return h.hexdigest()[:32]
+
+
+def render_dead_letter(rec) -> dict:
+    job, cause, failed_at, final_attempt, reason, _order = rec
+    return {"job": job.render(), "cause": cause, "failed_at_ms": failed_at,
+            "final_attempt": final_attempt, "last_reason": reason}
+
+
+def _add_back(obj, name, delta):
+    setattr(obj, name, getattr(obj, name) - delta)
+
+
+def _heap_remove(heap: list, entry):
+    for i, e in enumerate(heap):
+        if e is entry:
+            heap[i] = heap[-1]
+            heap.pop()
+            heapq.heapify(heap)
+            return
+
+
+def _odict_restore(od: OrderedDict, key, value):
+    """Put a dead-letter record back in its place (records carry their order last)."""
+    od[key] = value
+    for k in [k for k, v in od.items() if v[-1] > value[-1]]:
+        od.move_to_end(k)
+
+
+_HANDLERS = {
+    "enq": QueueMachine._op_enq,
+    "res": QueueMachine._op_res,
+    "ack": QueueMachine._op_ack,
+    "acks": QueueMachine._op_acks,
+    "nack": QueueMachine._op_nack,
+    "ext": QueueMachine._op_ext,
+    "drain": QueueMachine._op_drain,
+    "requeue": QueueMachine._op_requeue,
+    "dldel": QueueMachine._op_dldel,
+    "cancel": QueueMachine._op_cancel,
+    "pause": QueueMachine._op_pause,
+    "sweep": QueueMachine._op_sweep,
+}
+OPS = tuple(_HANDLERS)
