@@ -1,0 +1,1 @@
+"""raftq cluster tools: everything that talks to a cluster from outside."""

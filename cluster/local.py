@@ -1,0 +1,249 @@
+"""A local cluster on loopback: configs, node processes, faults. Used by `raftq up`, the tests,
+the benchmark and the chaos tool, so every one of them runs real node processes."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+
+def free_ports(n: int) -> list[int]:
+    socks, ports = [], []
+    try:
+        for _ in range(n):
+            s = socket.socket()
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+            ports.append(s.getsockname()[1])
+    finally:
+        for s in socks:
+            s.close()
+    return ports
+
+
+def toml_value(v) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        return repr(v)
+    if isinstance(v, str):
+        return json.dumps(v)
+    if isinstance(v, (list, tuple)):
+        return "[" + ", ".join(toml_value(x) for x in v) + "]"
+    if isinstance(v, dict):
+        return "{ " + ", ".join(f"{k} = {toml_value(x)}" for k, x in v.items()) + " }"
+    raise TypeError(f"cannot write {type(v).__name__} as TOML")
+
+
+def toml_table(name: str, d: dict) -> str:
+    lines = [f"[{name}]"] + [f"{k} = {toml_value(v)}" for k, v in d.items() if v is not None]
+    return "\n".join(lines) + "\n"
+
+
+def http_json(method: str, url: str, body=None, timeout: float = 2.0, headers: dict | None = None):
+    """(status, json body) without following redirects; (None, error text) on connection errors."""
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(url, data=data, method=method,
+                                 headers={"Content-Type": "application/json", **(headers or {})})
+
+    class NoRedirect(urllib.request.HTTPRedirectHandler):
+        def redirect_request(self, *a, **k):
+            return None
+
+    opener = urllib.request.build_opener(NoRedirect)
+    try:
+        with opener.open(req, timeout=timeout) as resp:
+            return resp.status, json.loads(resp.read() or b"null")
+    except urllib.error.HTTPError as e:
+        raw = e.read()
+        try:
+            return e.code, json.loads(raw or b"null")
+        except ValueError:
+            return e.code, raw.decode(errors="replace")
+    except (urllib.error.URLError, OSError, ValueError) as e:
+        return None, str(e)
+
+
+class LocalCluster:
+    def __init__(self, directory, nodes: int = 3, durability: str = "fsync", limits: dict | None = None,
+                 storage: dict | None = None, queues: list | None = None, tuning: dict | None = None,
+                 secret: str | None = "local-secret", base_port: int | None = None,
+                 python: str | None = None, env: dict | None = None):
+        self.dir = Path(directory).absolute()
+        self.n = nodes
+        self.durability = durability
+        self.limits, self.storage, self.queues = limits or {}, storage or {}, queues or []
+        self.tuning = tuning or {}
+        self.secret = secret
+        self.python = python or sys.executable
+        self.env = env or {}
+        self.node_env: dict[int, dict] = {}
+        if base_port:
+            http = [base_port + i for i in range(nodes)]
+            raft = [base_port + 100 + i for i in range(nodes)]
+        else:
+            ports = free_ports(2 * nodes)
+            http, raft = ports[:nodes], ports[nodes:]
+        self.ids = [f"n{i + 1}" for i in range(nodes)]
+        self.http_ports, self.raft_ports = http, raft
+        self.urls = [f"http://127.0.0.1:{p}" for p in http]
+        self.procs: dict[int, subprocess.Popen] = {}
+        self.logs: dict[int, object] = {}
+
+    # ------------------------------------------------------------ configs
+    def config_path(self, i: int) -> Path:
+        return self.dir / f"{self.ids[i]}.toml"
+
+    def data_dir(self, i: int) -> Path:
+        return self.dir / "data" / self.ids[i]
+
+    def write_configs(self):
+        self.dir.mkdir(parents=True, exist_ok=True)
+        peers = [{"id": self.ids[j], "raft": f"127.0.0.1:{self.raft_ports[j]}", "url": self.urls[j]}
+                 for j in range(self.n)]
+        for i in range(self.n):
+            text = toml_table("node", {"id": self.ids[i], "http": f"127.0.0.1:{self.http_ports[i]}",
+                                       "url": self.urls[i], "raft": f"127.0.0.1:{self.raft_ports[i]}",
+                                       "data_dir": str(self.data_dir(i))})
+            text += "\n[cluster]\npeers = [\n" + "".join(f"  {toml_value(p)},\n" for p in peers) + "]\n"
+            if self.secret:
+                text += f"secret = {toml_value(self.secret)}\n"
+            text += f"durability = {toml_value(self.durability)}\n"
+            if self.limits:
+                text += "\n" + toml_table("limits", self.limits)
+            if self.storage:
+                text += "\n" + toml_table("storage", self.storage)
+            if self.tuning:
+                text += "\n" + toml_table("tuning", self.tuning)
+            for q in self.queues:
+                text += "\n[[queues]]\n" + "".join(f"{k} = {toml_value(v)}\n" for k, v in q.items())
+            self.config_path(i).write_text(text)
+
+    # ------------------------------------------------------------ processes
+    def start(self, i: int):
+        if i in self.procs and self.procs[i].poll() is None:
+            return
+        log = open(self.dir / f"{self.ids[i]}.log", "ab")
+        self.logs[i] = log
+        env = {**os.environ, **self.env, **self.node_env.get(i, {})}
+        root = str(Path(__file__).resolve().parent.parent)
+        env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
+        self.procs[i] = subprocess.Popen([self.python, "-m", "node", "--config", str(self.config_path(i))],
+                                         stdout=log, stderr=subprocess.STDOUT, env=env, cwd=str(self.dir),
+                                         start_new_session=True)
+
+    def start_all(self):
+        if not self.config_path(0).exists():
+            self.write_configs()
+        for i in range(self.n):
+            self.start(i)
+
+    def alive(self, i: int) -> bool:
+        p = self.procs.get(i)
+        return p is not None and p.poll() is None
+
+    def signal(self, i: int, sig):
+        p = self.procs.get(i)
+        if p is not None and p.poll() is None:
+            os.kill(p.pid, sig)
+
+    def kill(self, i: int):
+        p = self.procs.get(i)
+        if p is not None and p.poll() is None:
+            p.send_signal(signal.SIGCONT)
+            p.kill()
+            p.wait(10)
+
+    def pause(self, i: int):
+        self.signal(i, signal.SIGSTOP)
+
+    def resume(self, i: int):
+        self.signal(i, signal.SIGCONT)
+
+    def stop(self, i: int, timeout: float = 15.0) -> int | None:
+        p = self.procs.get(i)
+        if p is None:
+            return None
+        if p.poll() is None:
+            p.send_signal(signal.SIGCONT)
+            p.terminate()
+            try:
+                p.wait(timeout)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait(5)
+        return p.returncode
+
+    def stop_all(self):
+        for i in list(self.procs):
+            self.signal(i, signal.SIGCONT)
+        for i in list(self.procs):
+            self.stop(i)
+
+    def kill_all(self):
+        for i in list(self.procs):
+            self.kill(i)
+
+    def wipe(self, i: int):
+        shutil.rmtree(self.data_dir(i), ignore_errors=True)
+
+    def close(self):
+        self.kill_all()
+        for log in self.logs.values():
+            try:
+                log.close()
+            except Exception:
+                pass
+
+    # ------------------------------------------------------------ observation
+    def cluster_view(self, i: int, timeout: float = 1.0):
+        status, body = http_json("GET", self.urls[i] + "/v1/cluster", timeout=timeout)
+        return body if status == 200 else None
+
+    def leader(self, among=None) -> int | None:
+        """The index of the node that says it leads and that the others agree on, or None."""
+        among = range(self.n) if among is None else among
+        views = {i: self.cluster_view(i) for i in among if self.alive(i)}
+        leaders = [i for i, v in views.items() if v and v["role"] == "leader"]
+        if len(leaders) != 1:
+            return None
+        lid = self.ids[leaders[0]]
+        agree = sum(1 for v in views.values() if v and v["leader"] and v["leader"]["id"] == lid)
+        return leaders[0] if agree * 2 > self.n else None
+
+    def wait_leader(self, timeout: float = 20.0, among=None, exclude=None) -> int:
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            i = self.leader(among)
+            if i is not None and i != exclude:
+                return i
+            time.sleep(0.05)
+        raise TimeoutError(f"no leader within {timeout}s; node logs are in {self.dir}")
+
+    def wait_converged(self, timeout: float = 20.0, among=None) -> list[dict]:
+        """Wait until every (listed, running) node reports the same applied index and digest."""
+        among = [i for i in (range(self.n) if among is None else among)]
+        end = time.monotonic() + timeout
+        views = []
+        while time.monotonic() < end:
+            views = [self.cluster_view(i) for i in among]
+            if all(views) and len({(v["last_applied"], v["digest"]) for v in views}) == 1 \
+                    and views[0]["last_applied"] >= views[0]["commit_index"]:
+                return views
+            time.sleep(0.1)
+        raise TimeoutError(f"nodes did not converge within {timeout}s: "
+                           + str([(v or {}).get("last_applied") for v in views]))
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()

@@ -1,0 +1,1 @@
+"""raftq node: everything that runs inside one server process."""

@@ -1,0 +1,176 @@
+"""The HTTP/JSON API of API.md over aiohttp: thin adapters around `NodeService`."""
+from __future__ import annotations
+
+import logging
+
+import orjson
+from aiohttp import web
+
+from .errors import error
+from .service import NodeService
+
+log = logging.getLogger("raftq.http")
+JSON = "application/json"
+
+
+def respond(status: int, body: dict, headers: dict | None = None) -> web.Response:
+    if status in (429, 503) and (headers is None or "Retry-After" not in headers):
+        headers = {**(headers or {}), "Retry-After": "1"}
+    return web.Response(body=orjson.dumps(body), status=status, content_type=JSON, headers=headers)
+
+
+def request_id(request: web.Request):
+    rid = request.headers.get("Request-Id")
+    if rid is None:
+        return None
+    if not 1 <= len(rid) <= 128 or not all(0x21 <= ord(c) <= 0x7E for c in rid):
+        raise ValueError("Request-Id must be 1..128 visible ASCII characters")
+    return rid
+
+
+async def read_json(request: web.Request, optional: bool = False):
+    """The body as JSON; (None, response) on failure."""
+    try:
+        raw = await request.read()
+    except web.HTTPRequestEntityTooLarge:
+        limit = request.app["service"].limits.max_request_bytes
+        return None, respond(*error("request_too_large", f"the request body is larger than max_request_bytes ({limit})",
+                                    limit=limit))
+    if not raw:
+        if optional:
+            return {}, None
+        return None, respond(*error("invalid_argument", "a JSON object body is required"))
+    try:
+        return orjson.loads(raw), None
+    except orjson.JSONDecodeError as e:
+        return None, respond(*error("invalid_argument", f"the body is not valid JSON: {e}"))
+
+
+def build_app(service: NodeService) -> web.Application:
+    app = web.Application(client_max_size=service.limits.max_request_bytes, middlewares=[_errors])
+    app["service"] = service
+    r = app.router
+    leader_post = [
+        ("/v1/jobs", lambda s, req, b, rid: s.enqueue(b, rid)),
+        ("/v1/jobs/batch", lambda s, req, b, rid: s.enqueue_batch(b, rid)),
+        ("/v1/jobs/atomic", lambda s, req, b, rid: s.enqueue_atomic(b, rid)),
+        ("/v1/reserve", lambda s, req, b, rid: s.reserve(b, rid, alive=_alive(req))),
+        ("/v1/acks", lambda s, req, b, rid: s.ack_batch(b, rid)),
+        ("/v1/jobs/{id}/ack", lambda s, req, b, rid: s.ack(req.match_info["id"], b, rid)),
+        ("/v1/jobs/{id}/nack", lambda s, req, b, rid: s.nack(req.match_info["id"], b, rid)),
+        ("/v1/jobs/{id}/extend", lambda s, req, b, rid: s.extend(req.match_info["id"], b, rid)),
+        ("/v1/dead-letters/requeue", lambda s, req, b, rid: s.requeue(b, rid)),
+        ("/v1/dead-letters/delete", lambda s, req, b, rid: s.delete_dead_letters(b, rid)),
+    ]
+    for path, fn in leader_post:
+        r.add_post(path, _leader_write(fn))
+    optional_body = [
+        ("/v1/dead-letters/drain", lambda s, req, b, rid: s.drain(b, rid)),
+        ("/v1/queues/{name}/pause", lambda s, req, b, rid: s.pause(req.match_info["name"], True, rid)),
+        ("/v1/queues/{name}/resume", lambda s, req, b, rid: s.pause(req.match_info["name"], False, rid)),
+    ]
+    for path, fn in optional_body:
+        r.add_post(path, _leader_write(fn, optional=True))
+    r.add_delete("/v1/jobs/{id}", _leader_write(lambda s, req, b, rid: s.cancel(req.match_info["id"], rid),
+                                                optional=True))
+    leader_get = [
+        ("/v1/queues", lambda s, req: s.queues()),
+        ("/v1/queues/{name}", lambda s, req: s.queue(req.match_info["name"])),
+        ("/v1/queues/{name}/jobs", lambda s, req: s.queue_jobs(req.match_info["name"], req.query)),
+        ("/v1/jobs/{id}", lambda s, req: s.job(req.match_info["id"])),
+        ("/v1/dead-letters", lambda s, req: s.dead_letters(req.query)),
+    ]
+    for path, fn in leader_get:
+        r.add_get(path, _leader_read(fn))
+    r.add_get("/v1/server-info", _any(lambda s: s.server_info()))
+    r.add_get("/v1/cluster", _any(lambda s: s.cluster()))
+    r.add_get("/healthz", _healthz)
+    r.add_get("/readyz", _readyz)
+    return app
+
+
+def _alive(request: web.Request):
+    def alive() -> bool:
+        t = request.transport
+        return t is not None and not t.is_closing()
+    return alive
+
+
+def _not_leader(service: NodeService, request: web.Request) -> web.Response | None:
+    """None when this node should serve a leader-only request, else the redirect or 503."""
+    if service.stopping:
+        return respond(*error("no_leader", "this node is shutting down; retry on another node"))
+    if service.is_leader():
+        return None
+    url = service.leader_url()
+    if url is None or url == service.settings.url:
+        return respond(*error("no_leader", "no leader is known right now (election in progress?); retry shortly"))
+    body = {"error": {"code": "not_leader", "message": f"this node is a follower; the leader is {url}",
+                      "leader_url": url}}
+    return web.Response(body=orjson.dumps(body), status=307, content_type=JSON,
+                        headers={"Location": url + request.path_qs, "Leader-Url": url})
+
+
+def _leader_write(fn, optional: bool = False):
+    async def handler(request: web.Request) -> web.Response:
+        service: NodeService = request.app["service"]
+        redirect = _not_leader(service, request)
+        if redirect is not None:
+            return redirect
+        try:
+            rid = request_id(request)
+        except ValueError as e:
+            return respond(*error("invalid_argument", str(e)))
+        body, err = await read_json(request, optional=optional)
+        if err is not None:
+            return err
+        status, out = await fn(service, request, body, rid)
+        return respond(status, out)
+    return handler
+
+
+def _leader_read(fn):
+    async def handler(request: web.Request) -> web.Response:
+        service: NodeService = request.app["service"]
+        redirect = _not_leader(service, request)
+        if redirect is not None:
+            return redirect
+        return respond(*fn(service, request))
+    return handler
+
+
+def _any(fn):
+    async def handler(request: web.Request) -> web.Response:
+        return respond(*fn(request.app["service"]))
+    return handler
+
+
+async def _healthz(request: web.Request) -> web.Response:
+    return respond(200, {"status": "ok"})
+
+
+async def _readyz(request: web.Request) -> web.Response:
+    service: NodeService = request.app["service"]
+    if service.ready() and not service.stopping:
+        return respond(200, {"status": "ready", "leader": service.leader_url()})
+    return respond(503, {"status": "not_ready", "leader": service.leader_url()})
+
+
+@web.middleware
+async def _errors(request: web.Request, handler):
+    try:
+        return await handler(request)
+    except web.HTTPException as exc:
+        if exc.status == 404:
+            return respond(*error("not_found", f"no route for {request.method} {request.path}"))
+        if exc.status == 405:
+            return respond(*error("invalid_argument", f"method {request.method} not allowed on {request.path}"),
+                           headers=None)
+        if exc.status == 413:
+            limit = request.app["service"].limits.max_request_bytes
+            return respond(*error("request_too_large", f"the request body is larger than max_request_bytes ({limit})",
+                                  limit=limit))
+        raise
+    except Exception:
+        log.exception("unhandled error in %s %s", request.method, request.path)
+        return respond(*error("internal", "internal error (a bug): see the node's log"))

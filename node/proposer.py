@@ -1,0 +1,142 @@
+"""Group commit: many requests, one Raft entry; and the bridge back into asyncio.
+
+Requests hand their command to `Proposer.submit`, which returns a future. All commands that
+arrive during one turn of the event loop (up to a count and byte bound) go out as one
+replicated `apply_batch(now_ms, cmds)`. pysyncobj calls back on its tick thread; the bridge
+queues the outcome and wakes the loop once per drain, not once per command.
+"""
+from __future__ import annotations
+
+import asyncio
+import collections
+import threading
+import time
+
+from pysyncobj import FAIL_REASON
+
+from .errors import error
+
+# Outcomes that guarantee the command was never applied: safe to retry anywhere.
+NOT_APPLIED = {FAIL_REASON.QUEUE_FULL, FAIL_REASON.MISSING_LEADER, FAIL_REASON.NOT_LEADER,
+               FAIL_REASON.DISCARDED, FAIL_REASON.REQUEST_DENIED}
+
+
+def outcome_error(fail_reason) -> tuple[int, dict]:
+    if fail_reason == FAIL_REASON.QUEUE_FULL:
+        return error("overloaded", "the node's proposal queue is full; retry after a moment")
+    if fail_reason in (FAIL_REASON.MISSING_LEADER, FAIL_REASON.NOT_LEADER):
+        return error("no_leader", "no leader is known right now (election in progress?); retry shortly")
+    if fail_reason in NOT_APPLIED:
+        return error("unavailable", "the request was not applied (leadership changed before commit); "
+                     "it is safe to retry", applied=False)
+    return error("unavailable", "the outcome is unknown (leadership changed while the request was in flight); "
+                 "retry with the same Request-Id", applied=None)
+
+
+class Bridge:
+    """Resolve asyncio futures from pysyncobj's tick thread with at most one loop wake-up per
+    drain (notes/pysyncobj.md §1.4: 24 µs instead of 44 µs per operation)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop):
+        self.loop = loop
+        self.q: collections.deque = collections.deque()
+        self.lock = threading.Lock()
+        self.scheduled = False
+
+    def complete(self, futures, results, fail_reason):
+        self.q.append((futures, results, fail_reason))
+        with self.lock:
+            if self.scheduled:
+                return
+            self.scheduled = True
+        try:
+            self.loop.call_soon_threadsafe(self._drain)
+        except RuntimeError:        # loop closed during shutdown
+            pass
+
+    def _drain(self):
+        with self.lock:
+            self.scheduled = False
+        while self.q:
+            futures, results, fail_reason = self.q.popleft()
+            for i, fut in enumerate(futures):
+                if fut.done():
+                    continue
+                if fail_reason == FAIL_REASON.SUCCESS and results is not None:
+                    fut.set_result(results[i])
+                else:
+                    fut.set_result(outcome_error(fail_reason))
+
+
+class Proposer:
+    def __init__(self, state, loop, clock_ms, *, max_batch_commands=512, max_batch_bytes=262144,
+                 max_inflight=20000, request_timeout_s=5.0):
+        self.state = state                  # QueueState (its apply_batch is @replicated)
+        self.loop = loop
+        self.clock_ms = clock_ms            # () -> leader's stamp, never behind replicated time
+        self.bridge = Bridge(loop)
+        self.max_batch_commands = max_batch_commands
+        self.max_batch_bytes = max_batch_bytes
+        self.max_inflight = max_inflight
+        self.request_timeout_s = request_timeout_s
+        self.pending: list = []             # (cmd, future) waiting for the flush
+        self.pending_bytes = 0
+        self.inflight = 0
+        self.flush_scheduled = False
+        self.stats = collections.Counter()
+
+    def submit(self, cmd, size_hint: int = 64) -> asyncio.Future:
+        fut = self.loop.create_future()
+        if self.inflight >= self.max_inflight:
+            fut.set_result(error("overloaded", f"more than {self.max_inflight} requests in flight on this node; "
+                                               "retry after a moment"))
+            self.stats["overloaded"] += 1
+            return fut
+        self.inflight += 1
+        fut.add_done_callback(self._done)
+        self.pending.append((cmd, fut))
+        self.pending_bytes += size_hint
+        if len(self.pending) >= self.max_batch_commands or self.pending_bytes >= self.max_batch_bytes:
+            self.flush()
+        elif not self.flush_scheduled:
+            self.flush_scheduled = True
+            self.loop.call_soon(self.flush)
+        return fut
+
+    def _done(self, _fut):
+        self.inflight -= 1
+
+    def flush(self):
+        self.flush_scheduled = False
+        if not self.pending:
+            return
+        batch, self.pending, self.pending_bytes = self.pending, [], 0
+        cmds = [c for c, _ in batch]
+        futures = [f for _, f in batch]
+        self.stats["batches"] += 1
+        self.stats["commands"] += len(cmds)
+        bridge = self.bridge
+
+        def callback(results, fail_reason):
+            bridge.complete(futures, results, fail_reason)
+
+        try:
+            self.state.apply_batch(self.clock_ms(), cmds, callback=callback)
+        except Exception as exc:            # e.g. pickling failure: nothing was proposed
+            for f in futures:
+                if not f.done():
+                    f.set_result(error("internal", f"could not propose: {type(exc).__name__}: {exc}"))
+
+    async def run(self, cmd, size_hint: int = 64, timeout: float | None = None) -> tuple[int, dict]:
+        """Propose one command and wait for its committed result, or a mapped failure."""
+        fut = self.submit(cmd, size_hint)
+        try:
+            return await asyncio.wait_for(asyncio.shield(fut), timeout or self.request_timeout_s)
+        except asyncio.TimeoutError:
+            self.stats["timeouts"] += 1
+            return error("unavailable", "the request was not committed in time (lost quorum or leadership?); "
+                         "the outcome is unknown: retry with the same Request-Id", applied=None)
+
+
+def wall_ms() -> int:
+    return time.time_ns() // 1_000_000

@@ -1,0 +1,206 @@
+"""The state machine inside pysyncobj: the replicated consumer, its SyncObj and durability.
+
+Threads: pysyncobj's tick thread does all Raft work and runs `apply_batch` on every node; the
+asyncio loop only proposes and reads. `lock` keeps readers from seeing a half-applied batch.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import threading
+
+from pysyncobj import SyncObj, SyncObjConf, SyncObjConsumer, replicated
+from pysyncobj.journal import MetaStorer
+from pysyncobj.transport import TCPTransport
+
+from .machine import QueueMachine
+from .settings import Settings
+
+log = logging.getLogger("raftq.replica")
+
+
+class QueueState(SyncObjConsumer):
+    """The replicated consumer. Attributes set before `SyncObjConsumer.__init__` are left out of
+    snapshots (pysyncobj's rule), which is where the lock and the hooks belong."""
+
+    def __init__(self, limits):
+        self.lock = threading.Lock()
+        self.limits = limits
+        self.after_apply = None          # called on the tick thread after each applied batch
+        super().__init__()
+        self.machine = QueueMachine(limits)
+
+    @replicated
+    def apply_batch(self, now_ms, cmds):
+        # Never raises: QueueMachine.apply_batch answers `internal` for a broken command and
+        # reverts it; this guard covers anything around it, because an exception here would
+        # wedge every node of the cluster for good.
+        try:
+            with self.lock:
+                results = self.machine.apply_batch(now_ms, cmds)
+        except Exception:                               # pragma: no cover - defence in depth
+            log.exception("apply_batch failed outside the state machine")
+            results = [(500, {"error": {"code": "internal", "message": "apply failed"}})] * len(cmds)
+        hook = self.after_apply
+        if hook is not None:
+            try:
+                hook(cmds, results)
+            except Exception:                           # pragma: no cover
+                log.exception("after_apply hook failed")
+        return results
+
+    def _serialize(self):
+        # Runs on the tick thread, right before pysyncobj forks to write the snapshot; the
+        # child pickles the machine through QueueMachine.__getstate__.
+        return {"machine": self.machine}
+
+    def _deserialize(self, data):
+        machine = data["machine"]
+        if machine.limits.fingerprint() != self.limits.fingerprint():
+            log.warning("snapshot was written with different limits; using this node's limits")
+        machine.limits = self.limits
+        with self.lock:
+            self.machine = machine
+
+
+def _durable_transport(journal_holder: dict):
+    """A transport that makes `durability = "fsync"` true: the journal is synced before a
+    follower acknowledges entries and before the leader sends them (so it is on the leader's
+    disk before the leader can count itself toward a commit). pysyncobj never syncs itself."""
+
+    class DurableTransport(TCPTransport):
+        def send(self, node, message):
+            kind = message.get("type")
+            if (kind == "next_node_idx" and message.get("success")) or \
+                    (kind == "append_entries" and (message.get("entries") or message.get("data"))):
+                sync = journal_holder.get("sync")
+                if sync is not None:
+                    sync()
+            return super().send(node, message)
+
+    return DurableTransport
+
+
+def _fsync_meta_storer():
+    """Term and vote must be on disk before a vote is cast (Raft safety across power loss)."""
+    import shutil
+    from pysyncobj.pickle import dumps
+
+    def storeMeta(self, meta):
+        tmp = self.getPath() + ".tmp"
+        with open(tmp, "wb") as f:
+            f.write(dumps(meta))
+            f.flush()
+            os.fsync(f.fileno())
+        shutil.move(tmp, self.getPath())
+        dfd = os.open(os.path.dirname(self.getPath()) or ".", os.O_RDONLY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+
+    MetaStorer.storeMeta = storeMeta
+
+
+class Replica:
+    """One node's SyncObj around a QueueState."""
+
+    def __init__(self, settings: Settings, on_state_changed=None, on_ready=None):
+        self.settings = settings
+        self.state = QueueState(settings.limits)
+        settings.data_dir.mkdir(parents=True, exist_ok=True)
+        t = settings.tuning
+        self.syncs = 0
+        conf = SyncObjConf(
+            journalFile=str(settings.data_dir / "raft.journal"),
+            fullDumpFile=str(settings.data_dir / "raft.dump"),
+            password=settings.secret,
+            bindAddress=settings.raft,
+            autoTickPeriod=t["auto_tick_period_s"],
+            appendEntriesPeriod=t["append_entries_period_s"],
+            raftMinTimeout=t["raft_min_timeout_s"],
+            raftMaxTimeout=t["raft_max_timeout_s"],
+            leaderFallbackTimeout=t["leader_fallback_timeout_s"],
+            connectionRetryTime=t["connection_retry_s"],
+            connectionTimeout=max(3.5, t["raft_max_timeout_s"]),
+            commandsWaitLeader=False,
+            commandsQueueSize=int(t["max_inflight"]),
+            logCompactionMinEntries=int(t["log_compaction_min_entries"]),
+            logCompactionMinTime=300,
+            logCompactionSplit=True,
+            appendEntriesBatchSizeBytes=1 << 20,
+            logCompactionBatchSize=1 << 20,
+            sendBufferSize=1 << 21,
+            recvBufferSize=1 << 21,
+            onStateChanged=on_state_changed,
+            onReady=on_ready,
+            dynamicMembershipChange=False,
+        )
+        holder: dict = {}
+        transport = TCPTransport
+        if settings.durability == "fsync":
+            _fsync_meta_storer()
+            transport = _durable_transport(holder)
+        others = [p.raft for p in settings.others]
+        self.syncobj = SyncObj(settings.raft, others, conf=conf, consumers=[self.state],
+                               transportClass=transport)
+        if settings.durability == "fsync":
+            self._install_journal_sync(holder)
+
+    def _install_journal_sync(self, holder: dict):
+        # Sync only when something was appended since the last sync: one msync per
+        # append-entries round, shared by every command in it (group commit).
+        journal = self.syncobj._SyncObj__raftLog
+        dirty = [False]
+        original_add = journal.add
+
+        def add(*args, **kwargs):
+            dirty[0] = True
+            return original_add(*args, **kwargs)
+
+        def sync():
+            if dirty[0]:
+                dirty[0] = False
+                journal.flush()
+                self.syncs += 1
+
+        journal.add = add
+        holder["sync"] = sync
+
+    # ---------------------------------------------------------------- status
+    def is_leader(self) -> bool:
+        return self.syncobj._isLeader()
+
+    def leader_raft(self) -> str | None:
+        leader = self.syncobj._getLeader()
+        return None if leader is None else str(leader.id if hasattr(leader, "id") else leader)
+
+    def role(self) -> str:
+        try:
+            state = self.syncobj._SyncObj__raftState
+        except AttributeError:
+            state = 0
+        return {0: "follower", 1: "candidate", 2: "leader"}.get(state, "follower")
+
+    def connected(self, raft_addr: str) -> bool:
+        try:
+            for node in self.syncobj.otherNodes:
+                if node.id == raft_addr:
+                    return bool(self.syncobj.isNodeConnected(node))
+        except Exception:
+            return False
+        return False
+
+    def status(self) -> dict:
+        s = self.syncobj
+        return {"term": s.raftCurrentTerm, "commit_index": s.raftCommitIndex,
+                "last_applied": s.raftLastApplied}
+
+    def transfer_leadership(self, callback=None):
+        try:
+            self.syncobj.transferLeadership(callback=callback)
+        except Exception:
+            log.exception("leadership transfer failed")
+
+    def destroy(self):
+        self.syncobj.destroy()

@@ -1,0 +1,61 @@
+"""The node process: `raftq node --config FILE` / `python -m node --config FILE`."""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+
+from aiohttp import web
+
+from .http import build_app
+from .limits import ConfigError
+from .service import NodeService
+from .settings import Settings, load
+
+log = logging.getLogger("raftq.node")
+
+
+async def serve(settings: Settings) -> int:
+    loop = asyncio.get_running_loop()
+    service = NodeService(settings, loop)
+    app = build_app(service)
+    runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=5.0)
+    await runner.setup()
+    site = web.TCPSite(runner, settings.http_host, settings.http_port, reuse_address=True)
+    try:
+        await site.start()
+    except OSError as e:
+        print(f"raftq node {settings.node_id}: cannot listen on {settings.http_host}:{settings.http_port}: "
+              f"{e.strerror}; is another node using that port?", file=sys.stderr, flush=True)
+        service.replica.destroy()
+        return 1
+    service.start()
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    log.info("node %s serving %s (raft %s, data %s, durability %s)", settings.node_id, settings.url,
+             settings.raft, settings.data_dir, settings.durability)
+    await stop.wait()
+    log.info("node %s stopping", settings.node_id)
+    await service.stop()
+    await runner.cleanup()
+    log.info("node %s stopped", settings.node_id)
+    return 0
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="raftq node", description="Run one raftq node.")
+    parser.add_argument("--config", required=True, help="the node's TOML config file")
+    parser.add_argument("--log-level", default="INFO")
+    args = parser.parse_args(argv)
+    try:
+        settings = load(args.config)
+    except ConfigError as e:
+        print(f"raftq node: config error: {e}", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=args.log_level.upper(),
+                        format=f"%(asctime)s {settings.node_id} %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("pysyncobj").setLevel(logging.WARNING)
+    return asyncio.run(serve(settings))

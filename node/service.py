@@ -1,0 +1,388 @@
+"""One node's operations: each API operation once, shared by HTTP (and the session transport).
+
+Every method returns `(status, body)`. Leader-only operations assume the caller checked
+leadership (the HTTP layer redirects otherwise); if leadership is lost in between, the proposal
+fails and maps to 503, never to a false success.
+"""
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import os
+import time
+import uuid
+
+from . import commands
+from .errors import ApiError, error
+from .machine import READY, SCHEDULED, IN_FLIGHT
+from .proposer import Proposer, wall_ms
+from .replica import Replica
+from .settings import Settings
+
+log = logging.getLogger("raftq.node")
+VERSION = "0.1.0"
+# Test hook for chaos runs: shift this node's idea of "now" (never the system clock).
+CLOCK_OFFSET_MS = int(os.environ.get("RAFTQ_CLOCK_OFFSET_MS", "0") or 0)
+WAKING_OPS = frozenset(("enq", "nack", "sweep", "requeue", "pause"))
+
+
+def _new_id() -> str:
+    return str(uuid.uuid4())
+
+
+class NodeService:
+    def __init__(self, settings: Settings, loop: asyncio.AbstractEventLoop):
+        self.settings = settings
+        self.limits = settings.limits
+        self.loop = loop
+        self.started = time.time()
+        self.last_stamp = 0
+        self.replica = Replica(settings, on_state_changed=self._on_state_changed_thread)
+        self.state = self.replica.state
+        t = settings.tuning
+        self.proposer = Proposer(self.state, loop, self.stamp,
+                                 max_batch_commands=int(t["max_batch_commands"]),
+                                 max_batch_bytes=int(t["max_batch_bytes"]),
+                                 max_inflight=int(t["max_inflight"]),
+                                 request_timeout_s=float(t["request_timeout_s"]))
+        self.waiters: dict[str, collections.deque] = {}
+        self.wake_scheduled = False
+        self.stopping = False
+        self.leader_epoch = 0
+        self.state.after_apply = self._after_apply_thread
+        self.sweeper: asyncio.Task | None = None
+        self.stats = collections.Counter()
+        self._digest_cache = (None, None)
+
+    # ---------------------------------------------------------------- time and roles
+    def stamp(self) -> int:
+        """The leader's stamp: wall clock, never behind replicated time or an earlier stamp."""
+        now = max(wall_ms() + CLOCK_OFFSET_MS, self.state.machine.clock, self.last_stamp)
+        self.last_stamp = now
+        return now
+
+    def is_leader(self) -> bool:
+        return self.replica.is_leader() and not self.stopping
+
+    def leader_url(self) -> str | None:
+        raft = self.replica.leader_raft()
+        if raft is None:
+            return None
+        peer = self.settings.peer_by_raft(raft)
+        return peer.url if peer else None
+
+    def _on_state_changed_thread(self, old, new):
+        try:
+            self.loop.call_soon_threadsafe(self._on_state_changed, old, new)
+        except RuntimeError:
+            pass
+
+    def _on_state_changed(self, old, new):
+        self.leader_epoch += 1
+        log.info("raft state %s -> %s", old, new)
+        self._wake_all()
+
+    # ---------------------------------------------------------------- long-poll wake-ups
+    def _after_apply_thread(self, cmds, results):
+        if self.wake_scheduled or not self.waiters:
+            return
+        for c in cmds:
+            if c[0] in WAKING_OPS:
+                self.wake_scheduled = True
+                try:
+                    self.loop.call_soon_threadsafe(self._wake)
+                except RuntimeError:
+                    pass
+                return
+
+    def _wake(self):
+        self.wake_scheduled = False
+        queues = self.state.machine.queues
+        for name, dq in list(self.waiters.items()):
+            q = queues.get(name)
+            n = 0 if q is None or q.paused else q.ready
+            while dq and n > 0:
+                fut = dq.popleft()
+                if not fut.done():
+                    fut.set_result(True)
+                    n -= 1
+            if not dq:
+                del self.waiters[name]
+
+    def _wake_all(self):
+        for dq in self.waiters.values():
+            for fut in dq:
+                if not fut.done():
+                    fut.set_result(False)
+        self.waiters.clear()
+
+    def _has_ready(self, queue_names) -> bool:
+        queues = self.state.machine.queues
+        for name in queue_names:
+            q = queues.get(name)
+            if q is not None and q.ready > 0 and not q.paused:
+                return True
+        return False
+
+    # ---------------------------------------------------------------- job operations
+    async def _propose(self, cmd, size_hint=64):
+        return await self.proposer.run(cmd, size_hint)
+
+    async def enqueue(self, body, rid=None, size_hint=256):
+        try:
+            cmd = commands.enqueue(body, self.limits, self.stamp(), _new_id, rid)
+        except ApiError as e:
+            return e.result
+        return await self._propose(cmd, size_hint)
+
+    async def enqueue_batch(self, body, rid=None, size_hint=4096):
+        try:
+            cmd = commands.enqueue_batch(body, self.limits, self.stamp(), _new_id, rid)
+        except ApiError as e:
+            return e.result
+        return await self._propose(cmd, size_hint)
+
+    async def enqueue_atomic(self, body, rid=None, size_hint=4096):
+        try:
+            cmd = commands.enqueue_atomic(body, self.limits, self.stamp(), _new_id, rid)
+        except ApiError as e:
+            return e.result
+        return await self._propose(cmd, size_hint)
+
+    async def reserve(self, body, rid=None, alive=None):
+        try:
+            cmd, wait_ms = commands.reserve(body, self.limits, rid)
+        except ApiError as e:
+            return e.result
+        queue_names = cmd[2]
+        deadline = self.loop.time() + wait_ms / 1000.0
+        epoch = self.leader_epoch
+        while True:
+            if alive is not None and not alive():
+                return 200, {"jobs": []}        # the client has gone: take nothing for it
+            if self.stopping or epoch != self.leader_epoch:
+                return 200, {"jobs": []}        # leadership moved while parked
+            if rid is not None and rid in self.state.machine.rids or self._has_ready(queue_names):
+                result = await self._propose(cmd)
+                if result[0] != 200 or result[1]["jobs"]:
+                    return result
+            remaining = deadline - self.loop.time()
+            if remaining <= 0:
+                return 200, {"jobs": []}
+            fut = self.loop.create_future()
+            for name in queue_names:
+                self.waiters.setdefault(name, collections.deque()).append(fut)
+            if self._has_ready(queue_names):    # an apply slipped in before we parked
+                fut.set_result(True)
+            try:
+                await asyncio.wait_for(fut, remaining)
+            except asyncio.TimeoutError:
+                return 200, {"jobs": []}
+            finally:
+                if not fut.done():
+                    fut.cancel()
+
+    async def ack(self, job_id, body, rid=None):
+        return await self._run(commands.ack, job_id, body, rid)
+
+    async def ack_batch(self, body, rid=None):
+        try:
+            cmd = commands.ack_batch(body, self.limits, rid)
+        except ApiError as e:
+            return e.result
+        return await self._propose(cmd, 64 * len(cmd[2]))
+
+    async def nack(self, job_id, body, rid=None):
+        return await self._run(commands.nack, job_id, body, rid)
+
+    async def extend(self, job_id, body, rid=None):
+        return await self._run(commands.extend, job_id, body, rid)
+
+    async def drain(self, body, rid=None):
+        try:
+            cmd = commands.drain(body, self.limits, rid)
+        except ApiError as e:
+            return e.result
+        return await self._propose(cmd)
+
+    async def requeue(self, body, rid=None):
+        return await self._run(commands.requeue, body, rid)
+
+    async def delete_dead_letters(self, body, rid=None):
+        return await self._run(commands.delete_dead_letters, body, rid)
+
+    async def cancel(self, job_id, rid=None):
+        return await self._run(commands.cancel, job_id, rid)
+
+    async def pause(self, queue, paused: bool, rid=None):
+        try:
+            cmd = commands.pause(queue, paused, self.limits, rid)
+        except ApiError as e:
+            return e.result
+        return await self._propose(cmd)
+
+    async def _run(self, build, *args):
+        try:
+            cmd = build(*args)
+        except ApiError as e:
+            return e.result
+        return await self._propose(cmd)
+
+    # ---------------------------------------------------------------- sweeps
+    async def sweep_loop(self):
+        """While leader: propose a sweep when something is due, and at least every
+        sweep_interval_ms while anything is pending."""
+        interval = self.limits.sweep_interval_ms / 1000.0
+        last = 0.0
+        while not self.stopping:
+            delay = interval
+            try:
+                if self.replica.is_leader():
+                    m = self.state.machine
+                    due = m.next_due_ms()
+                    now = wall_ms() + CLOCK_OFFSET_MS
+                    mono = self.loop.time()
+                    if due is not None and (due <= now or mono - last >= interval):
+                        last = mono
+                        status, body = await self.proposer.run(commands.sweep())
+                        self.stats["sweeps"] += 1
+                        if status == 200 and any(v >= self.limits.sweep_limit for v in body.values()):
+                            delay = 0            # a phase hit its budget: go again at once
+                            continue
+                        due = m.next_due_ms()
+                        now = wall_ms() + CLOCK_OFFSET_MS
+                    if due is not None:
+                        delay = min(interval, max(0.0, (due - now) / 1000.0))
+            except Exception:
+                log.exception("sweep loop error")
+            await asyncio.sleep(max(delay, 0.002))
+
+    # ---------------------------------------------------------------- reads
+    def server_info(self):
+        info = {"server_version": VERSION, "protocol_versions": ["v1"],
+                "server_time_ms": wall_ms() + CLOCK_OFFSET_MS, "node_id": self.settings.node_id}
+        info.update(self.limits.server_info())
+        return 200, info
+
+    def cluster(self):
+        r = self.replica
+        status = r.status()
+        leader_raft = r.leader_raft()
+        leader = None
+        if leader_raft is not None:
+            p = self.settings.peer_by_raft(leader_raft)
+            if p is not None:
+                leader = {"id": p.id, "url": p.url}
+        members = []
+        for p in self.settings.peers:
+            members.append({"id": p.id, "url": p.url, "raft_addr": p.raft,
+                            "connected": True if p.id == self.settings.node_id else r.connected(p.raft)})
+        with self.state.lock:
+            applied = r.syncobj.raftLastApplied
+            cached_at, digest = self._digest_cache
+            if cached_at != (applied, self.state.machine.applied):
+                digest = self.state.machine.digest()
+                self._digest_cache = ((applied, self.state.machine.applied), digest)
+            machine_counts = self.state.machine.counts()
+        return 200, {"node_id": self.settings.node_id, "role": "leader" if self.is_leader() else r.role(),
+                     "leader": leader, "term": status["term"], "commit_index": status["commit_index"],
+                     "last_applied": applied, "members": members, "ready": self.ready(),
+                     "digest": digest, "durability": self.settings.durability,
+                     "limits_fingerprint": self.limits.fingerprint(), "state": machine_counts}
+
+    def ready(self) -> bool:
+        r = self.replica
+        if r.leader_raft() is None:
+            return False
+        s = r.syncobj
+        try:
+            leader_commit = s._SyncObj__leaderCommitIndex
+        except AttributeError:
+            leader_commit = s.raftCommitIndex
+        return s.raftLastApplied >= (leader_commit or 0)
+
+    def queues(self):
+        with self.state.lock:
+            m = self.state.machine
+            out = [m.queue_stats(n) for n in m.queue_names()]
+        return 200, {"queues": [q for q in out if q is not None]}
+
+    def queue(self, name):
+        with self.state.lock:
+            stats = self.state.machine.queue_stats(name)
+        if stats is None:
+            if name in self.limits.queues or not self.limits.strict_queues:
+                from .machine import Queue
+                stats = Queue(name).stats(name in self.limits.queues)
+            else:
+                return error("not_found", f"queue {name!r} is not declared", queue=name)
+        stats["limits"] = self.limits.queue(name).describe()
+        return 200, stats
+
+    def queue_jobs(self, name, query):
+        state = query.get("state", "ready")
+        states = {"ready": READY, "scheduled": SCHEDULED, "in_flight": IN_FLIGHT}
+        if state not in states:
+            return error("invalid_argument", "state must be ready, scheduled or in_flight")
+        try:
+            limit = int(query.get("limit", "50"))
+        except ValueError:
+            return error("invalid_argument", "limit must be an integer 1..100")
+        if not 1 <= limit <= 100:
+            return error("invalid_argument", "limit must be an integer 1..100")
+        after = None
+        cursor = query.get("cursor")
+        if cursor:
+            try:
+                after = tuple(int(x) for x in cursor.split("."))
+            except ValueError:
+                return error("invalid_argument", "cursor is not one this server returned")
+        with self.state.lock:
+            jobs, nxt = self.state.machine.list_jobs(name, states[state], limit, after)
+        return 200, {"jobs": jobs, "next_cursor": ".".join(str(x) for x in nxt) if nxt else None}
+
+    def job(self, job_id):
+        jid = commands.canonical_uuid(job_id)
+        if jid is None:
+            return error("invalid_argument", f"job id must be a canonical UUID, got {job_id!r}")
+        with self.state.lock:
+            view = self.state.machine.job_view(jid)
+        if view is None:
+            return error("not_found", "no such job (acked, dropped, or never existed)", job_id=jid)
+        return 200, view
+
+    def dead_letters(self, query):
+        queue = query.get("queue") or None
+        try:
+            limit = int(query.get("limit", "50"))
+        except ValueError:
+            return error("invalid_argument", "limit must be an integer 1..100")
+        if not 1 <= limit <= 100:
+            return error("invalid_argument", "limit must be an integer 1..100")
+        cursor = query.get("cursor") or None
+        if cursor is not None and commands.canonical_uuid(cursor) is None:
+            return error("invalid_argument", "cursor is not one this server returned")
+        with self.state.lock:
+            records, nxt = self.state.machine.list_dead_letters(queue, limit, cursor)
+        return 200, {"records": records, "next_cursor": nxt}
+
+    # ---------------------------------------------------------------- lifecycle
+    def start(self):
+        self.sweeper = self.loop.create_task(self.sweep_loop())
+
+    async def stop(self, transfer_timeout_s: float = 3.0):
+        """Stop taking requests, hand leadership over if leader, let in-flight work finish."""
+        self.stopping = True
+        self._wake_all()
+        if self.replica.is_leader() and len(self.settings.peers) > 1:
+            self.replica.transfer_leadership()
+            end = self.loop.time() + transfer_timeout_s
+            while self.replica.is_leader() and self.loop.time() < end:
+                await asyncio.sleep(0.02)
+        end = self.loop.time() + self.proposer.request_timeout_s
+        while self.proposer.inflight and self.loop.time() < end:
+            await asyncio.sleep(0.02)
+        if self.sweeper:
+            self.sweeper.cancel()
+        self.replica.destroy()

@@ -1,0 +1,235 @@
+"""The node's TOML config file (CLUSTER.md "Node config and commands").
+
+Unknown keys are errors so that typos do not pass silently; every error names the key.
+"""
+from __future__ import annotations
+
+import ipaddress
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .limits import ConfigError, Limits
+
+NODE_KEYS = {"id", "http", "url", "raft", "data_dir"}
+CLUSTER_KEYS = {"peers", "secret", "durability"}
+PEER_KEYS = {"id", "raft", "url"}
+ROLES = ("viewer", "worker", "operator", "admin")
+
+
+@dataclass(frozen=True)
+class Peer:
+    id: str
+    raft: str        # host:port
+    url: str         # http(s)://host:port advertised to clients
+
+
+@dataclass(frozen=True)
+class Settings:
+    node_id: str
+    http_host: str
+    http_port: int
+    url: str
+    raft: str
+    data_dir: Path
+    peers: tuple[Peer, ...]
+    secret: str | None
+    durability: str
+    limits: Limits
+    api_keys: tuple[dict, ...] | None = None
+    source: str = ""
+    tuning: dict = field(default_factory=dict)
+
+    @property
+    def others(self) -> tuple[Peer, ...]:
+        return tuple(p for p in self.peers if p.id != self.node_id)
+
+    def peer_by_raft(self, raft_addr: str) -> Peer | None:
+        for p in self.peers:
+            if p.raft == raft_addr:
+                return p
+        return None
+
+
+def _hostport(where: str, value) -> tuple[str, int]:
+    if not isinstance(value, str) or ":" not in value:
+        raise ConfigError(f"{where}: must be \"host:port\", got {value!r}")
+    host, _, port = value.rpartition(":")
+    host = host.strip("[]")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ConfigError(f"{where}: must be \"host:port\" with a port 1..65535, got {value!r}")
+    return host, int(port)
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _str(where: str, value) -> str:
+    if not isinstance(value, str) or not value:
+        raise ConfigError(f"{where}: must be a non-empty string, got {value!r}")
+    return value
+
+
+def parse(doc: dict, source: str = "", base_dir: Path | None = None) -> Settings:
+    """Check a parsed TOML document and build the node's settings."""
+    for key in doc:
+        if key not in ("node", "cluster", "limits", "storage", "auth", "queues", "tuning"):
+            raise ConfigError(f"{key}: unknown section")
+    node = doc.get("node")
+    if not isinstance(node, dict):
+        raise ConfigError("node: missing section [node]")
+    for key in node:
+        if key not in NODE_KEYS:
+            raise ConfigError(f"node.{key}: unknown key")
+    for key in ("id", "http", "raft", "data_dir"):
+        if key not in node:
+            raise ConfigError(f"node.{key}: missing (required)")
+    node_id = _str("node.id", node["id"])
+    http_host, http_port = _hostport("node.http", node["http"])
+    raft = node["raft"]
+    raft_host, _ = _hostport("node.raft", raft)
+    url = _str("node.url", node.get("url", f"http://{node['http']}")).rstrip("/")
+    data_dir = Path(_str("node.data_dir", node["data_dir"]))
+    if base_dir is not None and not data_dir.is_absolute():
+        data_dir = base_dir / data_dir
+
+    cluster = doc.get("cluster")
+    if not isinstance(cluster, dict):
+        raise ConfigError("cluster: missing section [cluster]")
+    for key in cluster:
+        if key not in CLUSTER_KEYS:
+            raise ConfigError(f"cluster.{key}: unknown key")
+    peers_raw = cluster.get("peers")
+    if not isinstance(peers_raw, list) or not peers_raw:
+        raise ConfigError("cluster.peers: missing or empty; list every member, this node included")
+    peers, ids, rafts = [], set(), set()
+    for i, p in enumerate(peers_raw):
+        where = f"cluster.peers[{i}]"
+        if not isinstance(p, dict):
+            raise ConfigError(f"{where}: must be a table {{id, raft, url}}")
+        for key in p:
+            if key not in PEER_KEYS:
+                raise ConfigError(f"{where}.{key}: unknown key")
+        for key in PEER_KEYS:
+            if key not in p:
+                raise ConfigError(f"{where}.{key}: missing (required)")
+        pid = _str(f"{where}.id", p["id"])
+        _hostport(f"{where}.raft", p["raft"])
+        purl = _str(f"{where}.url", p["url"]).rstrip("/")
+        if pid in ids:
+            raise ConfigError(f"{where}.id: duplicate peer id {pid!r}")
+        if p["raft"] in rafts:
+            raise ConfigError(f"{where}.raft: duplicate raft address {p['raft']!r}")
+        ids.add(pid)
+        rafts.add(p["raft"])
+        peers.append(Peer(pid, p["raft"], purl))
+    me = [p for p in peers if p.id == node_id]
+    if not me:
+        raise ConfigError(f"cluster.peers: this node ({node_id!r}) is not in the peer list; every member must be listed, this node included")
+    if me[0].raft != raft:
+        raise ConfigError(f"cluster.peers: this node's raft address is {me[0].raft!r} there but node.raft is {raft!r}")
+    if len(peers) % 2 == 0:
+        raise ConfigError(f"cluster.peers: {len(peers)} members; use an odd number (3 or 5) so a majority survives a split")
+    secret = cluster.get("secret")
+    if secret is not None:
+        secret = _str("cluster.secret", secret)
+    if secret is None:
+        for p in peers:
+            if not is_loopback(_hostport("cluster.peers.raft", p.raft)[0]):
+                raise ConfigError(
+                    f"cluster.secret: required because raft address {p.raft!r} is not loopback "
+                    "(the Raft port speaks pickle: without a secret anyone who reaches it runs code on the node)")
+    durability = cluster.get("durability", "fsync")
+    if durability not in ("fsync", "memory"):
+        raise ConfigError(f"cluster.durability: must be \"fsync\" or \"memory\", got {durability!r}")
+
+    queues = doc.get("queues", [])
+    if not isinstance(queues, list):
+        raise ConfigError("queues: must be an array of tables [[queues]]")
+    storage = doc.get("storage", {})
+    limits = Limits.build(doc.get("limits", {}), storage, queues)
+
+    api_keys = None
+    auth = doc.get("auth")
+    if auth is not None:
+        if not isinstance(auth, dict):
+            raise ConfigError("auth: must be a table")
+        for key in auth:
+            if key != "api_keys":
+                raise ConfigError(f"auth.{key}: unknown key")
+        raw = auth.get("api_keys")
+        if raw is not None:
+            if not isinstance(raw, list):
+                raise ConfigError("auth.api_keys: must be a list of {name, key, role}")
+            names, secrets, keys = set(), set(), []
+            for i, k in enumerate(raw):
+                where = f"auth.api_keys[{i}]"
+                if not isinstance(k, dict):
+                    raise ConfigError(f"{where}: must be a table {{name, key, role}}")
+                for kk in k:
+                    if kk not in ("name", "key", "role"):
+                        raise ConfigError(f"{where}.{kk}: unknown key")
+                name = _str(f"{where}.name", k.get("name"))
+                key = _str(f"{where}.key", k.get("key"))
+                if not all(0x21 <= ord(c) <= 0x7E for c in key):
+                    raise ConfigError(f"{where}.key: must be visible ASCII characters only")
+                role = k.get("role", "admin")
+                if role not in ROLES:
+                    raise ConfigError(f"{where}.role: must be one of {', '.join(ROLES)}, got {role!r}")
+                if name in names or key in secrets:
+                    raise ConfigError(f"{where}: duplicate name or key")
+                names.add(name)
+                secrets.add(key)
+                keys.append({"name": name, "key": key, "role": role})
+            api_keys = tuple(keys)
+    if api_keys is None and not is_loopback(http_host):
+        # Not fatal (a firewalled private network is a valid setup) but worth saying.
+        pass
+
+    tuning = doc.get("tuning", {})
+    if not isinstance(tuning, dict):
+        raise ConfigError("tuning: must be a table")
+    for key, value in tuning.items():
+        if key not in TUNING_DEFAULTS:
+            raise ConfigError(f"tuning.{key}: unknown key (known: {', '.join(sorted(TUNING_DEFAULTS))})")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+            raise ConfigError(f"tuning.{key}: must be a positive number, got {value!r}")
+    tuning = {**TUNING_DEFAULTS, **tuning}
+    return Settings(node_id=node_id, http_host=http_host, http_port=http_port, url=url, raft=raft,
+                    data_dir=data_dir, peers=tuple(peers), secret=secret, durability=durability,
+                    limits=limits, api_keys=api_keys, source=source, tuning=tuning)
+
+
+# Timers and bounds of the node process. Defaults follow notes/pysyncobj.md §9 (measured there).
+TUNING_DEFAULTS = {
+    "auto_tick_period_s": 0.005,
+    "append_entries_period_s": 0.02,
+    "raft_min_timeout_s": 1.0,
+    "raft_max_timeout_s": 2.0,
+    "leader_fallback_timeout_s": 3.0,
+    "connection_retry_s": 1.0,
+    "request_timeout_s": 5.0,
+    "max_batch_commands": 512,
+    "max_batch_bytes": 262144,
+    "max_inflight": 20000,
+    "log_compaction_min_entries": 50000,
+}
+
+
+def load(path: str | Path) -> Settings:
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read the config file ({e.strerror})")
+    try:
+        doc = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{path}: not valid TOML: {e}")
+    return parse(doc, source=str(path), base_dir=path.parent)
