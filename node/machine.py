@@ -213,7 +213,9 @@ class QueueMachine:
             self._revert()
             return error("internal", f"command {op!r} failed and was not applied: {type(exc).__name__}")
         self._undo.clear()
-        if rid is not None:
+        if rid is not None and not (op == "res" and not result[1].get("jobs")):
+            # An empty reserve is not remembered: a long poll re-proposes the same request id
+            # until it gets jobs, and only that answer must be replayed.
             expires = self.clock + self.limits.request_id_window_ms
             self.rids[rid] = (op, result, expires)
             self.rid_fifo.append((expires, rid))
