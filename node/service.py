@@ -289,7 +289,8 @@ class NodeService:
                      "leader": leader, "term": status["term"], "commit_index": status["commit_index"],
                      "last_applied": applied, "members": members, "ready": self.ready(),
                      "digest": digest, "durability": self.settings.durability,
-                     "limits_fingerprint": self.limits.fingerprint(), "state": machine_counts}
+                     "limits_fingerprint": self.limits.fingerprint(), "state": machine_counts,
+                     "cpu": r.cpu(), "proposer": dict(self.proposer.stats), "journal_syncs": r.syncs}
 
     def ready(self) -> bool:
         r = self.replica

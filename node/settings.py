@@ -219,6 +219,7 @@ TUNING_DEFAULTS = {
     "max_batch_bytes": 262144,
     "max_inflight": 20000,
     "log_compaction_min_entries": 50000,
+    "log_compaction_min_time_s": 300,
 }
 
 

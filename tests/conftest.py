@@ -1,0 +1,71 @@
+import base64
+import time
+
+import pytest
+
+from cluster.local import LocalCluster, http_json
+
+
+class Api:
+    """A tiny synchronous client for tests: follows 307 like any HTTP client would."""
+
+    def __init__(self, cluster: LocalCluster):
+        self.cluster = cluster
+
+    def call(self, method, path, body=None, node=None, headers=None, timeout=10.0, follow=True):
+        if node is None:
+            node = self.cluster.wait_leader(20)
+        url = self.cluster.urls[node] + path
+        for _ in range(5):
+            status, out = http_json(method, url, body, timeout=timeout, headers=headers)
+            if status == 307 and follow:
+                url = out["error"]["leader_url"] + path
+                continue
+            return status, out
+        raise AssertionError("redirect loop")
+
+    def post(self, path, body=None, **kw):
+        return self.call("POST", path, body if body is not None else {}, **kw)
+
+    def get(self, path, **kw):
+        return self.call("GET", path, **kw)
+
+    def enqueue(self, queue="q", job_type="t", data=b"x" * 16, headers=None, node=None, **fields):
+        body = {"queue": queue, "job_type": job_type, **fields}
+        if data is not None:
+            body["payload"] = {"data_b64": base64.b64encode(data).decode(), "encoding": "application/octet-stream"}
+        return self.post("/v1/jobs", body, headers=headers, node=node)
+
+    def reserve(self, queues=("q",), lease_ms=30000, max_jobs=1, wait_ms=0, **kw):
+        return self.post("/v1/reserve", {"queues": list(queues), "lease_ms": lease_ms, "max_jobs": max_jobs,
+                                         "wait_ms": wait_ms}, **kw)
+
+
+def poll(fn, timeout=10.0, interval=0.05, what="condition"):
+    """Poll until fn() returns something truthy; return it."""
+    end = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < end:
+        last = fn()
+        if last:
+            return last
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what} (last value {last!r})")
+
+
+@pytest.fixture
+def make_cluster(tmp_path):
+    made = []
+
+    def make(**kw):
+        kw.setdefault("tuning", {})
+        c = LocalCluster(tmp_path / f"c{len(made)}", **kw)
+        c.write_configs()
+        c.start_all()
+        made.append(c)
+        c.wait_leader(30)
+        return c
+
+    yield make
+    for c in made:
+        c.close()
