@@ -69,11 +69,12 @@ class Bridge:
 
 
 class Proposer:
-    def __init__(self, state, loop, clock_ms, *, max_batch_commands=512, max_batch_bytes=262144,
+    def __init__(self, state, loop, clock_ms, *, kick=None, max_batch_commands=512, max_batch_bytes=262144,
                  max_inflight=20000, request_timeout_s=5.0):
         self.state = state                  # QueueState (its apply_batch is @replicated)
         self.loop = loop
         self.clock_ms = clock_ms            # () -> leader's stamp, never behind replicated time
+        self.kick = kick                    # wakes the Raft tick thread after a proposal
         self.bridge = Bridge(loop)
         self.max_batch_commands = max_batch_commands
         self.max_batch_bytes = max_batch_bytes
@@ -122,6 +123,8 @@ class Proposer:
 
         try:
             self.state.apply_batch(self.clock_ms(), cmds, callback=callback)
+            if self.kick is not None:
+                self.kick()
         except Exception as exc:            # e.g. pickling failure: nothing was proposed
             for f in futures:
                 if not f.done():

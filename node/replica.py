@@ -12,6 +12,7 @@ import time
 
 from pysyncobj import SyncObj, SyncObjConf, SyncObjConsumer, replicated
 from pysyncobj.journal import MetaStorer
+from pysyncobj.poller import POLL_EVENT_TYPE
 from pysyncobj.transport import TCPTransport
 
 from .machine import QueueMachine
@@ -150,6 +151,13 @@ class Replica:
                                transportClass=transport)
         if settings.durability == "fsync":
             self._install_journal_sync(holder)
+        # Event-driven replication: pysyncobj in batch mode sends new entries only on its
+        # append-entries timer; a proposal instead wakes the tick thread through a pipe and
+        # the tick sends the new entries at once (tens of ms less per write).
+        self._wake_w = None
+        self._kicked = False
+        self._sent_index = 0
+        self.syncobj.addOnTickCallback(self._on_tick)
 
     def _install_journal_sync(self, holder: dict):
         # Sync only when something was appended since the last sync: one msync per
@@ -170,6 +178,41 @@ class Replica:
 
         journal.add = add
         holder["sync"] = sync
+
+    def _on_tick(self):
+        s = self.syncobj
+        if self._wake_w is None:
+            # Subscribed from the tick thread itself, so the poller is never changed mid-poll.
+            r, w = os.pipe()
+            os.set_blocking(r, False)
+            os.set_blocking(w, False)
+
+            def drain(fd, mask):
+                try:
+                    while os.read(r, 4096):
+                        pass
+                except BlockingIOError:
+                    pass
+
+            s._poller.subscribe(r, drain, POLL_EVENT_TYPE.READ)
+            self._wake_w = w
+        self._kicked = False
+        if s._isLeader():
+            last = s._SyncObj__getCurrentLogIndex()
+            if last > self._sent_index:
+                self._sent_index = last
+                s._SyncObj__sendAppendEntries()
+        else:
+            self._sent_index = 0
+
+    def kick(self):
+        """Wake the tick thread now (called after proposing)."""
+        if self._wake_w is not None and not self._kicked:
+            self._kicked = True
+            try:
+                os.write(self._wake_w, b"k")
+            except (BlockingIOError, OSError):
+                pass
 
     # ---------------------------------------------------------------- status
     def is_leader(self) -> bool:

@@ -41,7 +41,7 @@ class NodeService:
         self.replica = Replica(settings, on_state_changed=self._on_state_changed_thread)
         self.state = self.replica.state
         t = settings.tuning
-        self.proposer = Proposer(self.state, loop, self.stamp,
+        self.proposer = Proposer(self.state, loop, self.stamp, kick=self.replica.kick,
                                  max_batch_commands=int(t["max_batch_commands"]),
                                  max_batch_bytes=int(t["max_batch_bytes"]),
                                  max_inflight=int(t["max_inflight"]),
