@@ -8,6 +8,7 @@ from aiohttp import web
 
 from .errors import error
 from .service import NodeService
+from .session import Sessions
 
 log = logging.getLogger("raftq.http")
 JSON = "application/json"
@@ -82,6 +83,17 @@ def build_app(service: NodeService) -> web.Application:
     ]
     for path, fn in leader_get:
         r.add_get(path, _leader_read(fn))
+    sessions = Sessions(service)
+    app["sessions"] = sessions
+    service.leadership_lost_hooks.append(sessions.close_all)
+
+    async def session(request: web.Request) -> web.StreamResponse:
+        redirect = _not_leader(service, request)
+        if redirect is not None:
+            return redirect
+        return await sessions.handle(request)
+
+    r.add_get("/v1/session", session)
     r.add_get("/v1/server-info", _any(lambda s: s.server_info()))
     r.add_get("/v1/cluster", _any(lambda s: s.cluster()))
     r.add_get("/healthz", _healthz)

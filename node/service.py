@@ -54,6 +54,7 @@ class NodeService:
         self.sweeper: asyncio.Task | None = None
         self.stats = collections.Counter()
         self._digest_cache = (None, None)
+        self.leadership_lost_hooks: list = []     # coroutine functions(new_leader_url or "")
 
     # ---------------------------------------------------------------- time and roles
     def stamp(self) -> int:
@@ -82,6 +83,13 @@ class NodeService:
         self.leader_epoch += 1
         log.info("raft state %s -> %s", old, new)
         self._wake_all()
+        if old == 2 and new != 2:
+            self._leadership_lost()
+
+    def _leadership_lost(self):
+        url = self.leader_url() or ""
+        for hook in self.leadership_lost_hooks:
+            self.loop.create_task(hook(url if url != self.settings.url else ""))
 
     # ---------------------------------------------------------------- long-poll wake-ups
     def _after_apply_thread(self, cmds, results):
@@ -381,6 +389,10 @@ class NodeService:
             end = self.loop.time() + transfer_timeout_s
             while self.replica.is_leader() and self.loop.time() < end:
                 await asyncio.sleep(0.02)
+        end = self.loop.time() + 1.0
+        while self.leader_url() in (None, self.settings.url) and self.loop.time() < end:
+            await asyncio.sleep(0.02)
+        self._leadership_lost()      # sessions learn where to go (the state change may not have fired)
         end = self.loop.time() + self.proposer.request_timeout_s
         while self.proposer.inflight and self.loop.time() < end:
             await asyncio.sleep(0.02)

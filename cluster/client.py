@@ -1,0 +1,634 @@
+"""The raftq client: finds the leader by itself and survives failover without losing or
+duplicating work.
+
+    async with Client(["http://127.0.0.1:7001", "http://127.0.0.1:7002"]) as c:
+        r = await c.enqueue("emails", "welcome", b'{"user": 42}', encoding="application/json")
+        for job in await c.reserve(["emails"], lease_ms=30_000, wait_ms=5_000):
+            await c.ack(job)
+
+* Transport: `"session"` (default) multiplexes every call over one WebSocket to the leader
+  (`GET /v1/session`); `"http"` sends plain requests. Calls the session does not carry go over
+  HTTP either way.
+* Leader discovery: asks any node `GET /v1/cluster`, sends to the leader, follows 307s and
+  remembers the new leader; on connection errors, `no_leader`, `unavailable` and `overloaded`
+  it retries across nodes with capped, jittered backoff until the call's deadline.
+* Exactly-once in effect: every mutating call carries a `Request-Id` that stays the same across
+  its retries, and an enqueue without an idempotency key gets a generated one (opt out with
+  `auto_idempotency=False`), so a retry after an ambiguous failure cannot create a second job.
+"""
+from __future__ import annotations
+
+import asyncio
+import base64
+import random
+import threading
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+import orjson
+
+SESSION_OPS = frozenset(("enqueue", "enqueue_batch", "enqueue_atomic", "reserve", "ack", "ack_batch",
+                         "nack", "extend", "drain", "server_info", "cluster"))
+RETRYABLE_CODES = frozenset(("no_leader", "unavailable", "overloaded"))
+
+
+# ---------------------------------------------------------------------------- errors
+class RaftqError(Exception):
+    """An error answered by the cluster (or the client's own deadline)."""
+
+    def __init__(self, code: str, message: str, status: int | None = None, details: dict | None = None):
+        super().__init__(f"{code}: {message}")
+        self.code, self.message, self.status, self.details = code, message, status, details or {}
+
+
+class Unavailable(RaftqError):
+    """No leader answered in time (election, lost quorum, overload). Safe to retry the call."""
+
+
+class LeaseLost(RaftqError):
+    """`job_not_found` or `attempt_mismatch`: this worker no longer owns the job; stop."""
+
+
+class Rejected(RaftqError):
+    """An enqueue refused; `rejection` is the reason object (`reason` plus its fields)."""
+
+    @property
+    def rejection(self) -> dict:
+        return self.details.get("rejection", {})
+
+    @property
+    def reason(self) -> str | None:
+        return self.rejection.get("reason")
+
+
+class BatchRejected(RaftqError):
+    """An atomic batch refused; `errors` lists `{"index", "rejection"}` for every failing job."""
+
+    @property
+    def errors(self) -> list:
+        return self.details.get("errors", [])
+
+
+class InvalidArgument(RaftqError):
+    pass
+
+
+class NotFound(RaftqError):
+    pass
+
+
+class Conflict(RaftqError):
+    """409 `failed_precondition` / `unknown_queues`."""
+
+
+class RequestTooLarge(RaftqError):
+    pass
+
+
+class Unauthenticated(RaftqError):
+    pass
+
+
+class PermissionDenied(RaftqError):
+    pass
+
+
+class Internal(RaftqError):
+    """A 500: a bug in the server. Not retried."""
+
+
+_ERRORS = {
+    "job_not_found": LeaseLost, "attempt_mismatch": LeaseLost, "rejected": Rejected,
+    "batch_rejected": BatchRejected, "invalid_argument": InvalidArgument, "not_found": NotFound,
+    "failed_precondition": Conflict, "unknown_queues": Conflict, "request_too_large": RequestTooLarge,
+    "unauthenticated": Unauthenticated, "permission_denied": PermissionDenied, "internal": Internal,
+    "no_leader": Unavailable, "unavailable": Unavailable, "overloaded": Unavailable,
+}
+
+
+def error_from(status: int, body) -> RaftqError:
+    err = body.get("error", {}) if isinstance(body, dict) else {}
+    code = err.get("code", "internal" if status >= 500 else "invalid_argument")
+    details = {k: v for k, v in err.items() if k not in ("code", "message")}
+    return _ERRORS.get(code, RaftqError)(code, err.get("message", str(body)), status, details)
+
+
+# ---------------------------------------------------------------------------- types
+@dataclass
+class EnqueueResult:
+    job_id: str
+    deduplicated: bool
+
+
+@dataclass
+class Job:
+    """A reserved job and its context. `lease_expires_at_ms` is the real, clamped deadline:
+    budget against it, not against the lease you asked for."""
+    id: str
+    queue: str
+    job_type: str
+    payload: bytes | None
+    encoding: str | None
+    priority: int
+    attempt: int
+    max_attempts: int
+    enqueued_at_ms: int
+    lease_expires_at_ms: int | None
+    scheduled_at_ms: int | None = None
+    custom: dict = field(default_factory=dict)
+    trace_context: dict | None = None
+    deadline_at_ms: int | None = None
+    state: str | None = None            # only from job inspection
+
+    @classmethod
+    def from_wire(cls, d: dict) -> "Job":
+        p = d.get("payload")
+        return cls(id=d["id"], queue=d["queue"], job_type=d["job_type"],
+                   payload=base64.b64decode(p["data_b64"]) if p else None,
+                   encoding=p["encoding"] if p else None, priority=d["priority"], attempt=d["attempt"],
+                   max_attempts=d["max_attempts"], enqueued_at_ms=d["enqueued_at_ms"],
+                   lease_expires_at_ms=d.get("lease_expires_at_ms"), scheduled_at_ms=d.get("scheduled_at_ms"),
+                   custom=d.get("custom") or {}, trace_context=d.get("trace_context"),
+                   deadline_at_ms=d.get("deadline_at_ms"), state=d.get("state"))
+
+    @property
+    def is_last_attempt(self) -> bool:
+        return self.attempt >= self.max_attempts
+
+
+@dataclass
+class DeadLetterRecord:
+    job: Job
+    cause: str
+    failed_at_ms: int
+    final_attempt: int
+    last_reason: str | None
+
+    @classmethod
+    def from_wire(cls, d: dict) -> "DeadLetterRecord":
+        return cls(Job.from_wire(d["job"]), d["cause"], d["failed_at_ms"], d["final_attempt"], d.get("last_reason"))
+
+    def to_enqueue_request(self) -> dict:
+        """An EnqueueRequest that replays this job as a NEW job (new id, attempt 1): same queue,
+        type, payload, priority, max_attempts, custom and trace context; no schedule."""
+        j = self.job
+        req: dict[str, Any] = {"queue": j.queue, "job_type": j.job_type, "priority": j.priority,
+                               "max_attempts": j.max_attempts, "custom": dict(j.custom)}
+        if j.payload is not None:
+            req["payload"] = {"data_b64": base64.b64encode(j.payload).decode(), "encoding": j.encoding}
+        if j.trace_context:
+            req["trace_context"] = dict(j.trace_context)
+        return req
+
+
+class Retry:
+    """Nack directives."""
+
+    @staticmethod
+    def default() -> dict:
+        return {"strategy": "default"}
+
+    @staticmethod
+    def delay(delay_ms: int) -> dict:
+        return {"strategy": "delay", "delay_ms": int(delay_ms)}
+
+    @staticmethod
+    def dead_letter() -> dict:
+        return {"strategy": "dead_letter"}
+
+
+def job_request(queue: str, job_type: str, payload: bytes | str | None = None, *,
+                encoding: str = "application/octet-stream", priority: int | None = None,
+                idempotency_key: str | None = None, max_attempts: int | None = None,
+                custom: dict | None = None, scheduled_at_ms: int | None = None, delay_ms: int | None = None,
+                trace_context: dict | None = None, deadline_at_ms: int | None = None) -> dict:
+    """Build an EnqueueRequest body."""
+    req: dict[str, Any] = {"queue": queue, "job_type": job_type}
+    if payload is not None:
+        if isinstance(payload, str):
+            payload = payload.encode()
+        req["payload"] = {"data_b64": base64.b64encode(payload).decode(), "encoding": encoding}
+    for k, v in (("priority", priority), ("idempotency_key", idempotency_key), ("max_attempts", max_attempts),
+                 ("custom", custom), ("scheduled_at_ms", scheduled_at_ms), ("delay_ms", delay_ms),
+                 ("trace_context", trace_context), ("deadline_at_ms", deadline_at_ms)):
+        if v is not None:
+            req[k] = v
+    return req
+
+
+# ---------------------------------------------------------------------------- transport
+class SessionLost(Exception):
+    def __init__(self, leader_url: str | None):
+        super().__init__(f"session closed (leader now {leader_url or 'unknown'})")
+        self.leader_url = leader_url
+
+
+class _Session:
+    """One WebSocket to the leader, many requests in flight, answered in any order."""
+
+    def __init__(self, url: str, ws: aiohttp.ClientWebSocketResponse):
+        self.url = url
+        self.ws = ws
+        self.pending: dict[int, asyncio.Future] = {}
+        self.next_id = 0
+        self.closed = False
+        self.reader = asyncio.get_running_loop().create_task(self._read())
+
+    async def _read(self):
+        leader = None
+        try:
+            while True:
+                msg = await self.ws.receive()
+                if msg.type in (aiohttp.WSMsgType.BINARY, aiohttp.WSMsgType.TEXT):
+                    frame = orjson.loads(msg.data)
+                    fut = self.pending.pop(frame.get("id"), None)
+                    if fut is not None and not fut.done():
+                        fut.set_result((frame["status"], frame["body"]))
+                    continue
+                if msg.type == aiohttp.WSMsgType.CLOSE and msg.data == 4001 and msg.extra:
+                    leader = str(msg.extra)      # the node moved leadership to this URL
+                break
+        except Exception:
+            pass
+        finally:
+            self.closed = True
+            err = SessionLost(leader)
+            for fut in self.pending.values():
+                if not fut.done():
+                    fut.set_exception(err)
+            self.pending.clear()
+            if not self.ws.closed:
+                try:
+                    await self.ws.close()
+                except Exception:
+                    pass
+
+    async def call(self, op: str, body, rid: str | None, timeout: float):
+        if self.closed:
+            raise SessionLost(None)
+        self.next_id += 1
+        fid = self.next_id
+        fut = asyncio.get_running_loop().create_future()
+        self.pending[fid] = fut
+        frame = {"id": fid, "op": op, "body": body}
+        if rid is not None:
+            frame["request_id"] = rid
+        try:
+            await self.ws.send_bytes(orjson.dumps(frame))
+            return await asyncio.wait_for(fut, timeout)
+        finally:
+            self.pending.pop(fid, None)
+
+    async def close(self):
+        self.closed = True
+        await self.ws.close()
+
+
+class Client:
+    def __init__(self, urls, api_key: str | None = None, transport: str = "session", *,
+                 timeout: float = 30.0, connect_timeout: float = 5.0, backoff_base: float = 0.05,
+                 backoff_max: float = 1.0, auto_idempotency: bool = True, connections: int = 100):
+        if isinstance(urls, str):
+            urls = [u for u in urls.split(",") if u]
+        if not urls:
+            raise ValueError("give at least one node URL")
+        if transport not in ("session", "http"):
+            raise ValueError("transport must be 'session' or 'http'")
+        self.urls = [u.rstrip("/") for u in urls]
+        self.api_key = api_key
+        self.transport = transport
+        self.timeout = timeout
+        self.connect_timeout = connect_timeout
+        self.backoff_base, self.backoff_max = backoff_base, backoff_max
+        self.auto_idempotency = auto_idempotency
+        self.connections = connections
+        self.leader: str | None = None
+        self._http: aiohttp.ClientSession | None = None
+        self._session: _Session | None = None
+        self._connect_lock: asyncio.Lock | None = None
+        self._next = 0
+        self.stats = {"retries": 0, "redirects": 0, "sessions": 0}
+
+    # ------------------------------------------------------------------ lifecycle
+    async def __aenter__(self):
+        return self
+
+    async def __aexit__(self, *exc):
+        await self.close()
+
+    async def close(self):
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+        if self._http is not None:
+            await self._http.close()
+            self._http = None
+
+    def _headers(self, rid: str | None) -> dict:
+        h = {"Content-Type": "application/json"}
+        if self.api_key:
+            h["Authorization"] = f"Bearer {self.api_key}"
+        if rid is not None:
+            h["Request-Id"] = rid
+        return h
+
+    def _http_session(self) -> aiohttp.ClientSession:
+        if self._http is None or self._http.closed:
+            self._http = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=self.connections),
+                                               json_serialize=lambda o: orjson.dumps(o).decode())
+        return self._http
+
+    # ------------------------------------------------------------------ leader discovery
+    async def _find_leader(self, timeout: float) -> str | None:
+        http = self._http_session()
+        order = self.urls[self._next:] + self.urls[:self._next]
+        self._next = (self._next + 1) % len(self.urls)
+        for url in order:
+            try:
+                async with http.get(url + "/v1/cluster", headers=self._headers(None),
+                                    timeout=aiohttp.ClientTimeout(total=min(timeout, self.connect_timeout))) as r:
+                    if r.status != 200:
+                        continue
+                    view = orjson.loads(await r.read())
+            except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError):
+                continue
+            for m in view.get("members", []):
+                if m.get("url") and m["url"].rstrip("/") not in self.urls:
+                    self.urls.append(m["url"].rstrip("/"))
+            if view.get("leader"):
+                return view["leader"]["url"].rstrip("/")
+        return None
+
+    async def _session_to(self, leader: str, timeout: float) -> _Session:
+        if self._connect_lock is None:
+            self._connect_lock = asyncio.Lock()
+        async with self._connect_lock:
+            s = self._session
+            if s is not None and not s.closed and s.url == leader:
+                return s
+            if s is not None:
+                await s.close()
+                self._session = None
+            ws = await self._http_session().ws_connect(
+                leader + "/v1/session", headers=self._headers(None), max_msg_size=0,
+                timeout=aiohttp.ClientWSTimeout(ws_close=5.0), autoping=True, heartbeat=20.0)
+            self._session = _Session(leader, ws)
+            self.stats["sessions"] += 1
+            return self._session
+
+    # ------------------------------------------------------------------ the call loop
+    async def call(self, op: str, method: str, path: str, body=None, *, mutating: bool,
+                   request_id: str | None = None, timeout: float | None = None, leader_only: bool = True):
+        """One API call with leader discovery, redirects and retries; returns the 200 body."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + (timeout if timeout is not None else self.timeout)
+        rid = request_id or (uuid.uuid4().hex if mutating else None)
+        attempt = 0
+        last: Exception | None = None
+        while True:
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                raise Unavailable("unavailable", f"no answer within the call's deadline; last error: {last}",
+                                  None, {"request_id": rid})
+            try:
+                target = self.leader if leader_only else (self.leader or self.urls[0])
+                if target is None:
+                    target = self.leader = await self._find_leader(remaining)
+                    if target is None:
+                        raise Unavailable("no_leader", "no node knows a leader (election in progress, or nodes down)")
+                if self.transport == "session" and op in SESSION_OPS and leader_only:
+                    try:
+                        session = await self._session_to(target, remaining)
+                    except aiohttp.WSServerHandshakeError as e:
+                        if e.status == 307 and e.headers and e.headers.get("Leader-Url"):
+                            self.leader = e.headers["Leader-Url"].rstrip("/")
+                            self.stats["redirects"] += 1
+                            continue
+                        self.leader = None
+                        raise Unavailable("unavailable", f"session refused: {e.status}")
+                    status, out = await session.call(op, body, rid, remaining)
+                else:
+                    status, out = await self._http_call(method, target + path, body, rid, remaining)
+            except SessionLost as e:
+                self.leader = e.leader_url.rstrip("/") if e.leader_url else None
+                last = e
+            except (aiohttp.ClientError, asyncio.TimeoutError, OSError, Unavailable) as e:
+                self.leader = None
+                last = e
+            else:
+                if status == 200:
+                    return out
+                if status == 307:
+                    self.leader = (out.get("error", {}).get("leader_url") or "").rstrip("/") or None
+                    self.stats["redirects"] += 1
+                    continue
+                err = error_from(status, out)
+                if err.code not in RETRYABLE_CODES:
+                    raise err
+                if err.code == "no_leader":
+                    self.leader = None
+                last = err
+            attempt += 1
+            self.stats["retries"] += 1
+            pause = min(self.backoff_max, self.backoff_base * (2 ** min(attempt, 10))) * random.uniform(0.5, 1.0)
+            if loop.time() + pause >= deadline:
+                raise Unavailable("unavailable", f"no answer within the call's deadline; last error: {last}",
+                                  None, {"request_id": rid})
+            await asyncio.sleep(pause)
+
+    async def _http_call(self, method, url, body, rid, timeout):
+        data = None if body is None else orjson.dumps(body)
+        async with self._http_session().request(method, url, data=data, headers=self._headers(rid),
+                                                allow_redirects=False,
+                                                timeout=aiohttp.ClientTimeout(total=timeout)) as r:
+            raw = await r.read()
+            try:
+                return r.status, orjson.loads(raw) if raw else {}
+            except orjson.JSONDecodeError:
+                return r.status, {"error": {"code": "internal", "message": raw[:200].decode(errors="replace")}}
+
+    # ------------------------------------------------------------------ jobs
+    def _with_key(self, req: dict) -> dict:
+        if self.auto_idempotency and "idempotency_key" not in req:
+            req = {**req, "idempotency_key": "auto-" + uuid.uuid4().hex}
+        return req
+
+    async def enqueue(self, queue: str, job_type: str, payload: bytes | str | None = None, *,
+                      request_id: str | None = None, timeout: float | None = None, **fields) -> EnqueueResult:
+        req = self._with_key(job_request(queue, job_type, payload, **fields))
+        out = await self.call("enqueue", "POST", "/v1/jobs", req, mutating=True, request_id=request_id, timeout=timeout)
+        return EnqueueResult(out["job_id"], out["deduplicated"])
+
+    async def enqueue_request(self, req: dict, *, request_id: str | None = None,
+                              timeout: float | None = None) -> EnqueueResult:
+        out = await self.call("enqueue", "POST", "/v1/jobs", self._with_key(req), mutating=True,
+                              request_id=request_id, timeout=timeout)
+        return EnqueueResult(out["job_id"], out["deduplicated"])
+
+    async def enqueue_batch(self, reqs: list[dict], *, request_id: str | None = None,
+                            timeout: float | None = None) -> list:
+        """Best effort: one EnqueueResult or Rejected per job, in order."""
+        out = await self.call("enqueue_batch", "POST", "/v1/jobs/batch", {"jobs": [self._with_key(r) for r in reqs]},
+                              mutating=True, request_id=request_id, timeout=timeout)
+        return [EnqueueResult(r["job_id"], r["deduplicated"]) if "job_id" in r
+                else Rejected("rejected", r["rejection"].get("reason", ""), 422, {"rejection": r["rejection"]})
+                for r in out["results"]]
+
+    async def enqueue_atomic(self, reqs: list[dict], *, request_id: str | None = None,
+                             timeout: float | None = None) -> list[EnqueueResult]:
+        """All or nothing; raises BatchRejected listing every failing job."""
+        out = await self.call("enqueue_atomic", "POST", "/v1/jobs/atomic", {"jobs": [self._with_key(r) for r in reqs]},
+                              mutating=True, request_id=request_id, timeout=timeout)
+        return [EnqueueResult(r["job_id"], r["deduplicated"]) for r in out["results"]]
+
+    async def reserve(self, queues, lease_ms: int, *, wait_ms: int = 0, max_jobs: int = 1,
+                      worker_id: str | None = None, request_id: str | None = None) -> list[Job]:
+        body = {"queues": [queues] if isinstance(queues, str) else list(queues), "lease_ms": int(lease_ms),
+                "wait_ms": int(wait_ms), "max_jobs": int(max_jobs)}
+        if worker_id:
+            body["worker_id"] = worker_id
+        out = await self.call("reserve", "POST", "/v1/reserve", body, mutating=True, request_id=request_id,
+                              timeout=wait_ms / 1000.0 + self.timeout)
+        return [Job.from_wire(j) for j in out["jobs"]]
+
+    @staticmethod
+    def _fence(job, attempt):
+        if isinstance(job, Job):
+            return job.id, job.attempt if attempt is None else attempt
+        if attempt is None:
+            raise ValueError("give a Job, or a job id and its attempt")
+        return job, attempt
+
+    async def ack(self, job, attempt: int | None = None, *, request_id: str | None = None) -> None:
+        job_id, attempt = self._fence(job, attempt)
+        await self.call("ack", "POST", f"/v1/jobs/{job_id}/ack", {"job_id": job_id, "attempt": attempt},
+                        mutating=True, request_id=request_id)
+
+    async def ack_batch(self, jobs, *, request_id: str | None = None) -> list[LeaseLost | None]:
+        """Ack many jobs in one replicated command: None per success, LeaseLost per failure."""
+        acks = [{"job_id": j.id, "attempt": j.attempt} if isinstance(j, Job) else {"job_id": j[0], "attempt": j[1]}
+                for j in jobs]
+        out = await self.call("ack_batch", "POST", "/v1/acks", {"acks": acks}, mutating=True, request_id=request_id)
+        return [None if "error" not in r else LeaseLost(r["error"]["code"], r["error"].get("message", ""), None,
+                                                         {"job_id": r["error"].get("job_id")})
+                for r in out["results"]]
+
+    async def nack(self, job, attempt: int | None = None, *, reason: str | None = None, retry: dict | None = None,
+                   request_id: str | None = None) -> bool:
+        """Returns True when the job was dead-lettered."""
+        job_id, attempt = self._fence(job, attempt)
+        body: dict[str, Any] = {"job_id": job_id, "attempt": attempt}
+        if reason is not None:
+            body["reason"] = reason
+        if retry is not None:
+            body["retry"] = retry
+        out = await self.call("nack", "POST", f"/v1/jobs/{job_id}/nack", body, mutating=True, request_id=request_id)
+        return out["dead_lettered"]
+
+    async def extend(self, job, lease_ms: int, attempt: int | None = None, *,
+                     request_id: str | None = None) -> int:
+        """Returns the new (clamped) lease expiry and updates a Job's `lease_expires_at_ms`."""
+        job_id, attempt = self._fence(job, attempt)
+        out = await self.call("extend", "POST", f"/v1/jobs/{job_id}/extend",
+                              {"job_id": job_id, "attempt": attempt, "lease_ms": int(lease_ms)},
+                              mutating=True, request_id=request_id)
+        if isinstance(job, Job):
+            job.lease_expires_at_ms = out["lease_expires_at_ms"]
+        return out["lease_expires_at_ms"]
+
+    async def drain(self, queue: str | None = None, max_records: int = 1, *,
+                    request_id: str | None = None) -> list[DeadLetterRecord]:
+        """Destructive: the returned dead letters are deleted. Retried only with its request id,
+        so a retry returns the same records."""
+        body: dict[str, Any] = {"max": int(max_records)}
+        if queue is not None:
+            body["queue"] = queue
+        out = await self.call("drain", "POST", "/v1/dead-letters/drain", body, mutating=True, request_id=request_id)
+        return [DeadLetterRecord.from_wire(r) for r in out["records"]]
+
+    # ------------------------------------------------------------------ operations
+    async def server_info(self, url: str | None = None) -> dict:
+        if url:
+            return await self._get_from(url, "/v1/server-info")
+        return await self.call("server_info", "GET", "/v1/server-info", mutating=False)
+
+    async def cluster(self, url: str | None = None) -> dict:
+        if url:
+            return await self._get_from(url, "/v1/cluster")
+        return await self.call("cluster", "GET", "/v1/cluster", mutating=False)
+
+    async def _get_from(self, url: str, path: str) -> dict:
+        status, out = await self._http_call("GET", url.rstrip("/") + path, None, None, self.connect_timeout)
+        if status != 200:
+            raise error_from(status, out)
+        return out
+
+    async def queues(self) -> list[dict]:
+        return (await self.call("queues", "GET", "/v1/queues", mutating=False))["queues"]
+
+    async def queue(self, name: str) -> dict:
+        return await self.call("queue", "GET", f"/v1/queues/{name}", mutating=False)
+
+    async def queue_jobs(self, name: str, state: str = "ready", limit: int = 50, cursor: str | None = None) -> dict:
+        q = f"?state={state}&limit={limit}" + (f"&cursor={cursor}" if cursor else "")
+        out = await self.call("queue_jobs", "GET", f"/v1/queues/{name}/jobs{q}", mutating=False)
+        return {"jobs": [Job.from_wire(j) for j in out["jobs"]], "next_cursor": out["next_cursor"]}
+
+    async def job(self, job_id: str) -> Job:
+        return Job.from_wire(await self.call("job", "GET", f"/v1/jobs/{job_id}", mutating=False))
+
+    async def cancel(self, job_id: str, *, request_id: str | None = None) -> None:
+        await self.call("cancel", "DELETE", f"/v1/jobs/{job_id}", None, mutating=True, request_id=request_id)
+
+    async def pause(self, queue: str) -> None:
+        await self.call("pause", "POST", f"/v1/queues/{queue}/pause", {}, mutating=True)
+
+    async def resume(self, queue: str) -> None:
+        await self.call("resume", "POST", f"/v1/queues/{queue}/resume", {}, mutating=True)
+
+    async def dead_letters(self, queue: str | None = None, limit: int = 50, cursor: str | None = None) -> dict:
+        q = f"?limit={limit}" + (f"&queue={queue}" if queue else "") + (f"&cursor={cursor}" if cursor else "")
+        out = await self.call("dead_letters", "GET", f"/v1/dead-letters{q}", mutating=False)
+        return {"records": [DeadLetterRecord.from_wire(r) for r in out["records"]], "next_cursor": out["next_cursor"]}
+
+    async def requeue(self, ids: list[str]) -> dict:
+        return await self.call("requeue", "POST", "/v1/dead-letters/requeue", {"ids": list(ids)}, mutating=True)
+
+    async def delete_dead_letters(self, ids: list[str]) -> dict:
+        return await self.call("dldel", "POST", "/v1/dead-letters/delete", {"ids": list(ids)}, mutating=True)
+
+
+class SyncClient:
+    """A blocking facade for scripts: the same methods, run on a private event loop thread."""
+
+    def __init__(self, urls, **kwargs):
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="raftq-client", daemon=True)
+        self._thread.start()
+        self._client = self._run(self._make(urls, kwargs))
+
+    @staticmethod
+    async def _make(urls, kwargs):
+        return Client(urls, **kwargs)
+
+    def _run(self, coro):
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+
+    def __getattr__(self, name):
+        attr = getattr(self._client, name)
+        if asyncio.iscoroutinefunction(attr):
+            return lambda *a, **k: self._run(attr(*a, **k))
+        return attr
+
+    def close(self):
+        self._run(self._client.close())
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(5)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()

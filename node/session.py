@@ -1,0 +1,146 @@
+"""`GET /v1/session`: the operations of the HTTP API as WebSocket frames, many in flight.
+
+An HTTP request costs far more CPU than the work behind it; one WebSocket carrying many small
+frames is where per-operation speed comes from (API.md "Session transport"). Each frame is
+answered by the same `NodeService` method as the matching endpoint, with the same status and
+body. When this node stops leading, every session is closed with code 4001 and the new
+leader's URL as the reason, and the client re-sends its unanswered requests there.
+"""
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+
+import orjson
+from aiohttp import WSMsgType, web
+
+from .errors import error
+from .service import NodeService
+
+log = logging.getLogger("raftq.session")
+CLOSE_NOT_LEADER = 4001
+
+
+def _job_op(method):
+    async def run(service: NodeService, body, rid, alive):
+        if not isinstance(body, dict):
+            return error("invalid_argument", "body must be a JSON object with job_id")
+        return await method(service, body.get("job_id"), body, rid)
+    return run
+
+
+OPS = {
+    "enqueue": lambda s, b, rid, alive: s.enqueue(b, rid),
+    "enqueue_batch": lambda s, b, rid, alive: s.enqueue_batch(b, rid),
+    "enqueue_atomic": lambda s, b, rid, alive: s.enqueue_atomic(b, rid),
+    "reserve": lambda s, b, rid, alive: s.reserve(b, rid, alive=alive),
+    "ack": _job_op(NodeService.ack),
+    "ack_batch": lambda s, b, rid, alive: s.ack_batch(b, rid),
+    "nack": _job_op(NodeService.nack),
+    "extend": _job_op(NodeService.extend),
+    "drain": lambda s, b, rid, alive: s.drain(b, rid),
+}
+READ_OPS = {
+    "server_info": lambda s: s.server_info(),
+    "cluster": lambda s: s.cluster(),
+}
+
+
+class Sessions:
+    """The open sessions of this node, closed together when leadership moves."""
+
+    def __init__(self, service: NodeService):
+        self.service = service
+        self.open: set[web.WebSocketResponse] = set()
+
+    async def close_all(self, reason: str = ""):
+        for ws in list(self.open):
+            try:
+                await ws.close(code=CLOSE_NOT_LEADER, message=reason.encode()[:120])
+            except Exception:
+                pass
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        service = self.service
+        ws = web.WebSocketResponse(max_msg_size=service.limits.max_request_bytes + 4096, heartbeat=20.0,
+                                   autoping=True)
+        await ws.prepare(request)
+        self.open.add(ws)
+        outbox: collections.deque = collections.deque()
+        wake = asyncio.Event()
+        tasks: set[asyncio.Task] = set()
+
+        def alive() -> bool:
+            return not ws.closed
+
+        def reply(frame_id, status, body, binary):
+            outbox.append((orjson.dumps({"id": frame_id, "status": status, "body": body}), binary))
+            wake.set()
+
+        async def writer():
+            # One writer: aiohttp's WebSocket sends must not interleave.
+            while True:
+                await wake.wait()
+                wake.clear()
+                while outbox:
+                    data, binary = outbox.popleft()
+                    if ws.closed:
+                        return
+                    if binary:
+                        await ws.send_bytes(data)
+                    else:
+                        await ws.send_str(data.decode())
+
+        async def serve(frame_id, op, body, rid, binary):
+            try:
+                if not service.is_leader():
+                    status, out = error("unavailable", "this node is no longer the leader; reconnect",
+                                        applied=False)
+                elif op in OPS:
+                    status, out = await OPS[op](service, body, rid, alive)
+                else:
+                    status, out = READ_OPS[op](service)
+            except Exception:
+                log.exception("session op %s failed", op)
+                status, out = error("internal", "internal error (a bug): see the node's log")
+            reply(frame_id, status, out, binary)
+
+        writer_task = asyncio.create_task(writer())
+        try:
+            async for msg in ws:
+                if msg.type == WSMsgType.BINARY:
+                    raw, binary = msg.data, True
+                elif msg.type == WSMsgType.TEXT:
+                    raw, binary = msg.data, False
+                else:
+                    break
+                try:
+                    frame = orjson.loads(raw)
+                    frame_id = frame["id"]
+                    op = frame["op"]
+                except (orjson.JSONDecodeError, KeyError, TypeError):
+                    reply(None, *error("invalid_argument", "a frame is {\"id\", \"op\", \"request_id\"?, \"body\"}"), binary)
+                    continue
+                rid = frame.get("request_id")
+                if rid is not None and (not isinstance(rid, str) or not 1 <= len(rid) <= 128
+                                        or not all(0x21 <= ord(c) <= 0x7E for c in rid)):
+                    reply(frame_id, *error("invalid_argument", "request_id must be 1..128 visible ASCII characters"), binary)
+                    continue
+                if op not in OPS and op not in READ_OPS:
+                    reply(frame_id, *error("invalid_argument", f"unknown op {op!r}; one of "
+                                                               f"{', '.join(list(OPS) + list(READ_OPS))}"), binary)
+                    continue
+                t = asyncio.create_task(serve(frame_id, op, frame.get("body"), rid, binary))
+                tasks.add(t)
+                t.add_done_callback(tasks.discard)
+        finally:
+            self.open.discard(ws)
+            # Unanswered requests are abandoned: a proposal still commits (the client re-sends
+            # it with its request id and gets the stored answer); a parked reserve takes nothing.
+            for t in list(tasks):
+                t.cancel()
+            writer_task.cancel()
+            if not ws.closed:
+                await ws.close()
+        return ws
