@@ -67,7 +67,8 @@ def _int(where: str, value, minimum: int | None = 1, maximum: int | None = None)
 
 
 def _str_list(where: str, value, allow_empty: bool = True) -> tuple[str, ...]:
-    if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
+    # a tuple is a list already checked at [limits] and merged into a [[queues]] entry
+    if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) and v for v in value):
         raise ConfigError(f"{where}: must be a list of non-empty strings, got {value!r}")
     if not value and not allow_empty:
         raise ConfigError(f"{where}: must not be empty")
@@ -80,7 +81,7 @@ def check_queue_name(name, max_bytes: int) -> str | None:
         return "queue name must be a non-empty string"
     if name in (".", "..") or "/" in name:
         return "queue name must not be '.' or '..' or contain '/'"
-    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in name):
+    if any(ord(c) < 0x20 or 0x7F <= ord(c) <= 0x9F for c in name):   # Unicode Cc: C0, DEL, C1
         return "queue name must not contain control characters"
     return None
 

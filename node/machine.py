@@ -231,10 +231,17 @@ class QueueMachine:
     def _op_enq(self, mode: int, items):
         now = self.clock
         if mode == ATOMIC:
-            # Capacity is checked up front for the whole batch, dedup hits counted as new jobs
-            # (sepp's conservative rule), so the batch either fits entirely or not at all.
+            # Capacity is checked up front for the whole batch, so it either fits entirely or
+            # not at all. Dedup hits never count (SEMANTICS.md), neither against a live record
+            # nor against an earlier job of this batch with the same key.
             wanted: dict[str, int] = {}
+            keys: set = set()
             for item in items:
+                if item[11] is not None:
+                    rec = self.dedup.get((item[1], item[11]))
+                    if (rec is not None and rec[1] > now) or (item[1], item[11]) in keys:
+                        continue
+                    keys.add((item[1], item[11]))
                 wanted[item[1]] = wanted.get(item[1], 0) + 1
             full = {}
             for qname, n in wanted.items():

@@ -5,6 +5,7 @@ asyncio loop only proposes and reads. `lock` keeps readers from seeing a half-ap
 """
 from __future__ import annotations
 
+import json
 import logging
 import os
 import threading
@@ -13,6 +14,8 @@ import time
 from pysyncobj import SyncObj, SyncObjConf, SyncObjConsumer, replicated
 from pysyncobj.journal import MetaStorer
 from pysyncobj.poller import POLL_EVENT_TYPE
+from pysyncobj.monotonic import monotonic as monotonicTime
+from pysyncobj.tcp_connection import CONNECTION_STATE
 from pysyncobj.transport import TCPTransport
 
 from .machine import QueueMachine
@@ -66,6 +69,29 @@ class QueueState(SyncObjConsumer):
         machine.limits = self.limits
         with self.lock:
             self.machine = machine
+
+
+def _dialing_transport(base, dial_map: dict):
+    """Test hook (chaos proxies): dial a peer at another address than its identity. Each Raft
+    link is one TCP connection dialed by the peer with the larger address, so a proxy per link
+    sees exactly one pair of nodes."""
+    if not dial_map:
+        return base
+
+    class DialingTransport(base):
+        def _connectIfNecessarySingle(self, node):
+            if node in self._connections and self._connections[node].state != CONNECTION_STATE.DISCONNECTED:
+                return True
+            if not self._shouldConnect(node):
+                return False
+            if node in self._lastConnectAttempt and \
+                    monotonicTime() - self._lastConnectAttempt[node] < self._syncObj.conf.connectionRetryTime:
+                return False
+            self._lastConnectAttempt[node] = monotonicTime()
+            host, port = dial_map.get(node.address, f"{node.ip}:{node.port}").rsplit(":", 1)
+            return self._connections[node].connect(host, int(port))
+
+    return DialingTransport
 
 
 def _durable_transport(journal_holder: dict):
@@ -146,6 +172,8 @@ class Replica:
         if settings.durability == "fsync":
             _fsync_meta_storer()
             transport = _durable_transport(holder)
+        dial_map = json.loads(os.environ.get("RAFTQ_RAFT_DIAL_MAP", "{}") or "{}")
+        transport = _dialing_transport(transport, dial_map)
         others = [p.raft for p in settings.others]
         self.syncobj = SyncObj(settings.raft, others, conf=conf, consumers=[self.state],
                                transportClass=transport)
