@@ -18,12 +18,10 @@ import sys
 import tempfile
 import time
 
-import aiohttp
-import orjson
-
+from .client import Client, EnqueueResult, job_request
 from .local import LocalCluster
 
-PAYLOAD = {"data_b64": base64.b64encode(os.urandom(256)).decode(), "encoding": "application/octet-stream"}
+PAYLOAD = os.urandom(256)
 
 
 class Progress:
@@ -40,157 +38,184 @@ class Progress:
             if now - self.last > 0.5 or self.done >= self.total:
                 self.last = now
                 rate = self.done / max(now - self.t0, 1e-9)
-                print(f"\r  {self.label}: {self.done}/{self.total} ({rate:,.0f}/s)   ", end="", file=sys.stderr, flush=True)
+                pct = 100 * self.done / max(self.total, 1)
+                bar = "#" * int(pct / 5)
+                print(f"\r  {self.label:<14} [{bar:<20}] {pct:5.1f}% {self.done}/{self.total} {rate:,.0f} jobs/s ",
+                      end="", file=sys.stderr, flush=True)
 
     def end(self):
         if self.enabled:
             print(file=sys.stderr)
 
 
-async def _leader_url(urls: list[str]) -> str:
-    async with aiohttp.ClientSession() as s:
-        for _ in range(200):
-            for u in urls:
-                try:
-                    async with s.get(u + "/v1/cluster", timeout=aiohttp.ClientTimeout(total=2)) as r:
-                        view = await r.json()
-                        if view.get("leader"):
-                            return view["leader"]["url"]
-                except (aiohttp.ClientError, asyncio.TimeoutError):
-                    pass
-            await asyncio.sleep(0.1)
-    raise RuntimeError("no leader found; is the cluster up? (raftq status)")
+class Clients:
+    """Session transport: one client shared by every producer and worker of the process (as
+    users would). HTTP: one client and one connection per producer/worker."""
+
+    def __init__(self, urls, transport: str):
+        self.urls, self.transport = urls, transport
+        self.shared = Client(urls, transport="session") if transport == "session" else None
+        self.made: list[Client] = []
+
+    def get(self) -> Client:
+        if self.shared is not None:
+            return self.shared
+        c = Client(self.urls, transport="http", connections=1)
+        self.made.append(c)
+        return c
+
+    async def close(self):
+        for c in self.made + ([self.shared] if self.shared else []):
+            await c.close()
 
 
-async def _post(s: aiohttp.ClientSession, url: str, body) -> tuple[int, dict]:
-    for _ in range(50):
-        async with s.post(url, data=orjson.dumps(body), headers={"Content-Type": "application/json"}) as r:
-            data = orjson.loads(await r.read())
-            if r.status in (429, 503):
-                await asyncio.sleep(0.05)
-                continue
-            return r.status, data
-    return r.status, data
+async def phase_enqueue(clients: Clients, queue, jobs, producers, batch, progress) -> float:
+    left = [jobs]
 
-
-def _session() -> aiohttp.ClientSession:
-    return aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=1),
-                                 timeout=aiohttp.ClientTimeout(total=60))
-
-
-async def phase_enqueue(url, queue, jobs, producers, batch, progress) -> float:
-    per = [jobs // producers + (1 if i < jobs % producers else 0) for i in range(producers)]
-
-    async def producer(n):
-        async with _session() as s:
-            sent = 0
-            while sent < n:
-                if batch > 1:
-                    k = min(batch, n - sent)
-                    st, body = await _post(s, url + "/v1/jobs/batch",
-                                           {"jobs": [{"queue": queue, "job_type": "bench", "payload": PAYLOAD}] * k})
-                else:
-                    k = 1
-                    st, body = await _post(s, url + "/v1/jobs", {"queue": queue, "job_type": "bench", "payload": PAYLOAD})
-                if st != 200:
-                    raise RuntimeError(f"enqueue failed: {st} {body}")
-                sent += k
-                progress.add(k)
+    async def producer():
+        c = clients.get()
+        while left[0] > 0:
+            k = min(batch, left[0])
+            left[0] -= k
+            if batch > 1:
+                res = await c.enqueue_batch([job_request(queue, "bench", PAYLOAD)] * k)
+                bad = [r for r in res if not isinstance(r, EnqueueResult)]
+                if bad:
+                    raise RuntimeError(f"enqueue refused: {bad[0]}")
+            else:
+                await c.enqueue(queue, "bench", PAYLOAD)
+            progress.add(k)
 
     t0 = time.perf_counter()
-    await asyncio.gather(*(producer(n) for n in per if n))
+    await asyncio.gather(*(producer() for _ in range(producers)))
     return time.perf_counter() - t0
 
 
-async def phase_drain(url, queue, jobs, workers, batch, progress, stop_when_acked=None) -> float:
+async def phase_drain(clients: Clients, queue, jobs, workers, batch, progress) -> float:
     acked = [0]
-    target = stop_when_acked or jobs
 
     async def worker():
-        async with _session() as s:
-            while acked[0] < target:
-                st, body = await _post(s, url + "/v1/reserve", {"queues": [queue], "lease_ms": 60000,
-                                                                "max_jobs": batch, "wait_ms": 200})
-                if st != 200:
-                    raise RuntimeError(f"reserve failed: {st} {body}")
-                got = body["jobs"]
-                if not got:
-                    continue
-                if batch > 1:
-                    st, body = await _post(s, url + "/v1/acks", {"acks": [{"job_id": j["id"], "attempt": j["attempt"]}
-                                                                          for j in got]})
-                else:
-                    j = got[0]
-                    st, body = await _post(s, url + f"/v1/jobs/{j['id']}/ack", {"attempt": j["attempt"]})
-                if st != 200:
-                    raise RuntimeError(f"ack failed: {st} {body}")
-                acked[0] += len(got)
-                progress.add(len(got))
+        c = clients.get()
+        while acked[0] < jobs:
+            got = await c.reserve([queue], 60_000, max_jobs=batch, wait_ms=200)
+            if not got:
+                continue
+            if batch > 1:
+                res = await c.ack_batch(got)
+                if any(r is not None for r in res):
+                    raise RuntimeError(f"ack failed: {[r for r in res if r][0]}")
+            else:
+                await c.ack(got[0])
+            acked[0] += len(got)
+            progress.add(len(got))
 
     t0 = time.perf_counter()
     await asyncio.gather(*(worker() for _ in range(workers)))
     return time.perf_counter() - t0
 
 
-async def phase_latency(url, queue, rounds) -> dict:
+async def phase_latency(clients: Clients, queue, rounds) -> dict:
+    c = clients.get()
     lat = []
-    async with _session() as s:
-        for _ in range(rounds):
-            t0 = time.perf_counter()
-            await _post(s, url + "/v1/jobs", {"queue": queue, "job_type": "bench", "payload": PAYLOAD})
-            st, body = await _post(s, url + "/v1/reserve", {"queues": [queue], "lease_ms": 60000, "wait_ms": 1000})
-            j = body["jobs"][0]
-            await _post(s, url + f"/v1/jobs/{j['id']}/ack", {"attempt": j["attempt"]})
-            lat.append((time.perf_counter() - t0) * 1000)
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        await c.enqueue(queue, "bench", PAYLOAD)
+        got = await c.reserve([queue], 60_000, wait_ms=1000)
+        await c.ack(got[0])
+        lat.append((time.perf_counter() - t0) * 1000)
     lat.sort()
     q = lambda p: lat[min(len(lat) - 1, int(p * len(lat)))]
     return {"p50_ms": round(q(0.50), 3), "p99_ms": round(q(0.99), 3), "p999_ms": round(q(0.999), 3)}
 
 
-async def cpu_of(url) -> dict:
-    async with aiohttp.ClientSession() as s:
-        async with s.get(url + "/v1/cluster") as r:
-            return (await r.json())["cpu"]
+async def _cpu(url) -> dict:
+    async with Client([url], transport="http") as c:
+        try:
+            return (await c.cluster(url=url)).get("cpu") or {}
+        except Exception:
+            return {}
 
 
 def cpu_split(before: dict, after: dict) -> dict:
-    d = {k: (after[k] or 0) - (before[k] or 0) for k in ("process_s", "http_s", "raft_s", "apply_s")}
+    keys = ("process_s", "http_s", "raft_s", "apply_s")
+    if not all(before.get(k) is not None and after.get(k) is not None for k in keys):
+        return {}
+    d = {k: after[k] - before[k] for k in keys}
     total = max(d["process_s"], 1e-9)
     return {"leader_cpu_s": round(d["process_s"], 2),
             "http_share": round(d["http_s"] / total, 3), "raft_share": round(d["raft_s"] / total, 3),
             "apply_share": round(d["apply_s"] / total, 3)}
 
 
-async def run(urls, jobs, producers, workers, phases, latency_rounds, progress) -> dict:
-    url = await _leader_url(urls)
-    out = {"leader": url}
+async def run(urls, jobs, producers, workers, phases, latency_rounds, transport, progress) -> dict:
+    probe = Client(urls, transport="http")
+    try:
+        view = await probe.cluster()
+    finally:
+        await probe.close()
+    leader = (view.get("leader") or {}).get("url") or urls[0]
+    out = {"leader": leader}
     tag = f"{int(time.time())}-{os.getpid()}"
+    clients = Clients(urls, transport)
 
     async def measured(name, coro_fn, n):
-        c0 = await cpu_of(url)
+        c0 = await _cpu(leader)
         p = Progress(name, n, progress)
         secs = await coro_fn(p)
         p.end()
-        c1 = await cpu_of(url)
+        c1 = await _cpu(leader)
         out[name] = {"jobs": n, "seconds": round(secs, 2), "jobs_per_s": round(n / secs, 1), **cpu_split(c0, c1)}
 
-    if "enqueue" in phases:
-        await measured("enqueue", lambda p: phase_enqueue(url, f"b-{tag}", jobs, producers, 1, p), jobs)
-    if "drain" in phases:
-        await measured("drain", lambda p: phase_drain(url, f"b-{tag}", jobs, workers, 1, p), jobs)
-    if "mixed" in phases:
-        async def mixed(p):
-            t0 = time.perf_counter()
-            await asyncio.gather(phase_enqueue(url, f"m-{tag}", jobs, producers, 1, Progress("", jobs, False)),
-                                 phase_drain(url, f"m-{tag}", jobs, workers, 1, p))
-            return time.perf_counter() - t0
-        await measured("mixed", mixed, jobs)
-    if "batch" in phases:
-        await measured("batch_enqueue", lambda p: phase_enqueue(url, f"bb-{tag}", jobs, producers, 256, p), jobs)
-        await measured("batch_drain", lambda p: phase_drain(url, f"bb-{tag}", jobs, workers, 256, p), jobs)
-    if "latency" in phases:
-        out["latency"] = await phase_latency(url, f"l-{tag}", latency_rounds)
+    try:
+        if "enqueue" in phases:
+            await measured("enqueue", lambda p: phase_enqueue(clients, f"b-{tag}", jobs, producers, 1, p), jobs)
+        if "drain" in phases:
+            await measured("drain", lambda p: phase_drain(clients, f"b-{tag}", jobs, workers, 1, p), jobs)
+        if "mixed" in phases:
+            async def mixed(p):
+                t0 = time.perf_counter()
+                await asyncio.gather(phase_enqueue(clients, f"m-{tag}", jobs, producers, 1, Progress("", jobs, False)),
+                                     phase_drain(clients, f"m-{tag}", jobs, workers, 1, p))
+                return time.perf_counter() - t0
+            await measured("mixed", mixed, jobs)
+        if "batch" in phases:
+            await measured("batch_enqueue", lambda p: phase_enqueue(clients, f"bb-{tag}", jobs, max(1, producers // 10),
+                                                                    256, p), jobs)
+            await measured("batch_drain", lambda p: phase_drain(clients, f"bb-{tag}", jobs, max(1, workers // 10),
+                                                                256, p), jobs)
+        if "latency" in phases:
+            out["latency"] = await phase_latency(clients, f"l-{tag}", latency_rounds)
+    finally:
+        await clients.close()
     return out
+
+
+async def run_baseline(jobs, producers, workers, progress) -> dict:
+    """The mixed phase over HTTP against a bare aiohttp server that does nothing."""
+    from .local import free_ports
+    port = free_ports(1)[0]
+    proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "cluster.bare_server", "--port", str(port))
+    url = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(100):
+            try:
+                async with Client([url], transport="http") as c:
+                    await c.cluster(url=url)
+                break
+            except Exception:
+                await asyncio.sleep(0.1)
+        clients = Clients([url], "http")
+        p = Progress("bare mixed", jobs, progress)
+        t0 = time.perf_counter()
+        await asyncio.gather(phase_enqueue(clients, "bare", jobs, producers, 1, Progress("", jobs, False)),
+                             phase_drain(clients, "bare", jobs, workers, 1, p))
+        secs = time.perf_counter() - t0
+        p.end()
+        await clients.close()
+        return {"jobs": jobs, "seconds": round(secs, 2), "jobs_per_s": round(jobs / secs, 1)}
+    finally:
+        proc.terminate()
+        await proc.wait()
 
 
 def main(argv=None) -> int:
@@ -203,6 +228,9 @@ def main(argv=None) -> int:
     p.add_argument("--workers", type=int, default=50)
     p.add_argument("--phases", default="enqueue,drain,mixed,batch,latency")
     p.add_argument("--latency-rounds", type=int, default=500)
+    p.add_argument("--transport", choices=("session", "http"), default="session")
+    p.add_argument("--baseline", action="store_true",
+                   help="also run the mixed phase over HTTP against a bare aiohttp server that does nothing")
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
     if not args.urls and not args.local:
@@ -219,8 +247,13 @@ def main(argv=None) -> int:
         else:
             urls = [u.strip().rstrip("/") for u in args.urls.split(",") if u.strip()]
         result = asyncio.run(run(urls, args.jobs, args.producers, args.workers, phases, args.latency_rounds,
-                                 progress=not args.json))
-        result.update({"durability": args.durability if args.local else None, "transport": "http",
+                                 args.transport, progress=not args.json))
+        if args.baseline:
+            result["bare_http_mixed"] = asyncio.run(run_baseline(args.jobs, args.producers, args.workers,
+                                                                 progress=not args.json))
+            if "mixed" in result and args.transport == "http":
+                result["mixed_vs_bare"] = round(result["mixed"]["jobs_per_s"] / result["bare_http_mixed"]["jobs_per_s"], 3)
+        result.update({"durability": args.durability if args.local else None, "transport": args.transport,
                        "producers": args.producers, "workers": args.workers, "cores": os.cpu_count()})
     finally:
         if cluster is not None:
@@ -230,13 +263,20 @@ def main(argv=None) -> int:
         print(json.dumps(result))
     else:
         print(f"raftq bench: {args.jobs} jobs, {args.producers} producers, {args.workers} workers, "
-              f"durability {result['durability']}, transport http, leader {result['leader']}")
+              f"durability {result['durability']}, transport {args.transport}, leader {result['leader']}")
         print(f"{'phase':<14}{'jobs/s':>10}{'seconds':>9}{'leader cpu':>11}{'http':>7}{'raft':>7}{'apply':>7}")
         for k in ("enqueue", "drain", "mixed", "batch_enqueue", "batch_drain"):
             if k in result:
                 r = result[k]
-                print(f"{k:<14}{r['jobs_per_s']:>10,.0f}{r['seconds']:>9}{r['leader_cpu_s']:>10}s"
-                      f"{r['http_share']:>7.0%}{r['raft_share']:>7.0%}{r['apply_share']:>7.0%}")
+                if "leader_cpu_s" in r:
+                    print(f"{k:<14}{r['jobs_per_s']:>10,.0f}{r['seconds']:>9}{r['leader_cpu_s']:>10}s"
+                          f"{r['http_share']:>7.0%}{r['raft_share']:>7.0%}{r['apply_share']:>7.0%}")
+                else:
+                    print(f"{k:<14}{r['jobs_per_s']:>10,.0f}{r['seconds']:>9}")
+        if "bare_http_mixed" in result:
+            b = result["bare_http_mixed"]
+            extra = f" (raftq http mixed = {result['mixed_vs_bare']:.0%} of it)" if "mixed_vs_bare" in result else ""
+            print(f"bare aiohttp server, mixed over http: {b['jobs_per_s']:,.0f} jobs/s{extra}")
         if "latency" in result:
             l = result["latency"]
             print(f"latency (enqueue->reserve->ack): p50 {l['p50_ms']} ms, p99 {l['p99_ms']} ms, p999 {l['p999_ms']} ms")

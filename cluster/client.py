@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import collections
 import random
 import threading
 import uuid
@@ -232,9 +233,33 @@ class _Session:
         self.url = url
         self.ws = ws
         self.pending: dict[int, asyncio.Future] = {}
+        self.deadlines: collections.deque = collections.deque()   # (deadline, frame id), FIFO
         self.next_id = 0
         self.closed = False
-        self.reader = asyncio.get_running_loop().create_task(self._read())
+        loop = asyncio.get_running_loop()
+        self.loop = loop
+        self.reader = loop.create_task(self._read())
+        self.reaper = loop.create_task(self._reap())
+
+    async def _reap(self):
+        # One timer for every request of the session instead of an asyncio.wait_for each.
+        # Deadlines are not monotone in the deque (calls differ), so expired ones are found
+        # by a scan bounded by the queue's length.
+        while not self.closed:
+            await asyncio.sleep(0.1)
+            now = self.loop.time()
+            keep = collections.deque()
+            while self.deadlines:
+                deadline, fid = self.deadlines.popleft()
+                fut = self.pending.get(fid)
+                if fut is None or fut.done():
+                    continue
+                if deadline <= now:
+                    self.pending.pop(fid, None)
+                    fut.set_exception(asyncio.TimeoutError())
+                else:
+                    keep.append((deadline, fid))
+            self.deadlines = keep
 
     async def _read(self):
         leader = None
@@ -275,14 +300,16 @@ class _Session:
         frame = {"id": fid, "op": op, "body": body}
         if rid is not None:
             frame["request_id"] = rid
+        self.deadlines.append((self.loop.time() + timeout, fid))
         try:
             await self.ws.send_bytes(orjson.dumps(frame))
-            return await asyncio.wait_for(fut, timeout)
+            return await fut
         finally:
             self.pending.pop(fid, None)
 
     async def close(self):
         self.closed = True
+        self.reaper.cancel()
         await self.ws.close()
 
 

@@ -85,6 +85,10 @@ class Proposer:
         self.inflight = 0
         self.flush_scheduled = False
         self.stats = collections.Counter()
+        # (deadline, futures) per proposed batch, in deadline order: one reaper answers what
+        # timed out, instead of an asyncio.wait_for timer per request.
+        self.outstanding: collections.deque = collections.deque()
+        self.reaper: asyncio.Task | None = None
 
     def submit(self, cmd, size_hint: int = 64) -> asyncio.Future:
         fut = self.loop.create_future()
@@ -114,6 +118,9 @@ class Proposer:
         batch, self.pending, self.pending_bytes = self.pending, [], 0
         cmds = [c for c, _ in batch]
         futures = [f for _, f in batch]
+        self.outstanding.append((self.loop.time() + self.request_timeout_s, futures))
+        if self.reaper is None or self.reaper.done():
+            self.reaper = self.loop.create_task(self._reap())
         self.stats["batches"] += 1
         self.stats["commands"] += len(cmds)
         bridge = self.bridge
@@ -130,15 +137,25 @@ class Proposer:
                 if not f.done():
                     f.set_result(error("internal", f"could not propose: {type(exc).__name__}: {exc}"))
 
-    async def run(self, cmd, size_hint: int = 64, timeout: float | None = None) -> tuple[int, dict]:
-        """Propose one command and wait for its committed result, or a mapped failure."""
-        fut = self.submit(cmd, size_hint)
-        try:
-            return await asyncio.wait_for(asyncio.shield(fut), timeout or self.request_timeout_s)
-        except asyncio.TimeoutError:
-            self.stats["timeouts"] += 1
-            return error("unavailable", "the request was not committed in time (lost quorum or leadership?); "
-                         "the outcome is unknown: retry with the same Request-Id", applied=None)
+    async def _reap(self):
+        while self.outstanding:
+            await asyncio.sleep(0.1)
+            now = self.loop.time()
+            while self.outstanding and self.outstanding[0][0] <= now:
+                _, futures = self.outstanding.popleft()
+                for fut in futures:
+                    if not fut.done():
+                        self.stats["timeouts"] += 1
+                        fut.set_result(error("unavailable", "the request was not committed in time (lost quorum or "
+                                             "leadership?); the outcome is unknown: retry with the same Request-Id",
+                                             applied=None))
+            while self.outstanding and all(f.done() for f in self.outstanding[0][1]):
+                self.outstanding.popleft()
+
+    async def run(self, cmd, size_hint: int = 64) -> tuple[int, dict]:
+        """Propose one command and wait for its committed result, or a mapped failure (a
+        request that is not committed within request_timeout_s is answered `unavailable`)."""
+        return await self.submit(cmd, size_hint)
 
 
 def wall_ms() -> int:

@@ -134,6 +134,33 @@ class NodeService:
         return False
 
     # ---------------------------------------------------------------- job operations
+    def prepare(self, op: str, body, rid):
+        """The command for a session op (everything but reserve), or an immediate error result:
+        (cmd, size_hint) or (None, (status, body))."""
+        try:
+            if op == "enqueue":
+                return commands.enqueue(body, self.limits, self.stamp(), _new_id, rid), 256
+            if op == "enqueue_batch":
+                return commands.enqueue_batch(body, self.limits, self.stamp(), _new_id, rid), 4096
+            if op == "enqueue_atomic":
+                return commands.enqueue_atomic(body, self.limits, self.stamp(), _new_id, rid), 4096
+            if op == "ack_batch":
+                cmd = commands.ack_batch(body, self.limits, rid)
+                return cmd, 64 * len(cmd[2])
+            if op == "drain":
+                return commands.drain(body, self.limits, rid), 64
+            if not isinstance(body, dict):
+                raise ApiError("invalid_argument", "body must be a JSON object with job_id")
+            if op == "ack":
+                return commands.ack(body.get("job_id"), body, rid), 64
+            if op == "nack":
+                return commands.nack(body.get("job_id"), body, rid), 64
+            if op == "extend":
+                return commands.extend(body.get("job_id"), body, rid), 64
+        except ApiError as e:
+            return None, e.result
+        return None, error("invalid_argument", f"unknown op {op!r}")
+
     async def _propose(self, cmd, size_hint=64):
         return await self.proposer.run(cmd, size_hint)
 

@@ -41,6 +41,7 @@ OPS = {
     "extend": _job_op(NodeService.extend),
     "drain": lambda s, b, rid, alive: s.drain(b, rid),
 }
+FAST_OPS = frozenset(("enqueue", "enqueue_batch", "enqueue_atomic", "ack", "ack_batch", "nack", "extend", "drain"))
 READ_OPS = {
     "server_info": lambda s: s.server_info(),
     "cluster": lambda s: s.cluster(),
@@ -130,6 +131,19 @@ class Sessions:
                 if op not in OPS and op not in READ_OPS:
                     reply(frame_id, *error("invalid_argument", f"unknown op {op!r}; one of "
                                                                f"{', '.join(list(OPS) + list(READ_OPS))}"), binary)
+                    continue
+                if op in FAST_OPS:
+                    # No task per request: prepare, propose, answer from the future's callback.
+                    if not service.is_leader():
+                        reply(frame_id, *error("unavailable", "this node is no longer the leader; reconnect",
+                                               applied=False), binary)
+                        continue
+                    cmd, extra = service.prepare(op, frame.get("body"), rid)
+                    if cmd is None:
+                        reply(frame_id, *extra, binary)
+                        continue
+                    fut = service.proposer.submit(cmd, extra)
+                    fut.add_done_callback(lambda f, i=frame_id, b=binary: reply(i, *f.result(), b))
                     continue
                 t = asyncio.create_task(serve(frame_id, op, frame.get("body"), rid, binary))
                 tasks.add(t)
