@@ -131,7 +131,7 @@ async def phase_latency(clients: Clients, queue, rounds) -> dict:
 async def _cpu(url) -> dict:
     async with Client([url], transport="http") as c:
         try:
-            return (await c.cluster(url=url)).get("cpu") or {}
+            return (await c._get_from(url, "/v1/cluster?digest=false")).get("cpu") or {}
         except Exception:
             return {}
 

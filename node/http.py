@@ -95,7 +95,10 @@ def build_app(service: NodeService) -> web.Application:
 
     r.add_get("/v1/session", session)
     r.add_get("/v1/server-info", _any(lambda s: s.server_info()))
-    r.add_get("/v1/cluster", _any(lambda s: s.cluster()))
+    async def cluster(request: web.Request) -> web.Response:
+        return respond(*service.cluster(request.query.get("digest", "true").lower() not in ("false", "0", "no")))
+
+    r.add_get("/v1/cluster", cluster)
     r.add_get("/healthz", _healthz)
     r.add_get("/readyz", _readyz)
     return app

@@ -300,7 +300,9 @@ class NodeService:
         info.update(self.limits.server_info())
         return 200, info
 
-    def cluster(self):
+    def cluster(self, with_digest: bool = True):
+        """This node's view. The state digest costs O(state) (cached per applied index);
+        `with_digest=False` skips it for frequent polling."""
         r = self.replica
         status = r.status()
         leader_raft = r.leader_raft()
@@ -316,7 +318,9 @@ class NodeService:
         with self.state.lock:
             applied = r.syncobj.raftLastApplied
             cached_at, digest = self._digest_cache
-            if cached_at != (applied, self.state.machine.applied):
+            if not with_digest:
+                digest = None
+            elif cached_at != (applied, self.state.machine.applied):
                 digest = self.state.machine.digest()
                 self._digest_cache = ((applied, self.state.machine.applied), digest)
             machine_counts = self.state.machine.counts()
