@@ -31,8 +31,8 @@ async def serve(settings: Settings) -> int:
               f"{e.strerror}; is another node using that port?", file=sys.stderr, flush=True)
         service.replica.destroy()
         return 1
-    service.start()
     stop = asyncio.Event()
+    service.start(on_fatal=stop.set)
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     log.info("node %s serving %s (raft %s, data %s, durability %s)", settings.node_id, settings.url,
@@ -41,6 +41,9 @@ async def serve(settings: Settings) -> int:
     log.info("node %s stopping", settings.node_id)
     await service.stop()
     await runner.cleanup()
+    if service.fatal:
+        print(f"raftq node {settings.node_id}: {service.fatal}", file=sys.stderr, flush=True)
+        return 2
     log.info("node %s stopped", settings.node_id)
     return 0
 

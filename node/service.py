@@ -55,6 +55,7 @@ class NodeService:
         self.stats = collections.Counter()
         self._digest_cache = (None, None)
         self.leadership_lost_hooks: list = []     # coroutine functions(new_leader_url or "")
+        self.fatal: str | None = None
 
     # ---------------------------------------------------------------- time and roles
     def stamp(self) -> int:
@@ -408,8 +409,35 @@ class NodeService:
         return 200, {"records": records, "next_cursor": nxt}
 
     # ---------------------------------------------------------------- lifecycle
-    def start(self):
+    def start(self, on_fatal=None):
         self.sweeper = self.loop.create_task(self.sweep_loop())
+        self.limits_check = self.loop.create_task(self.check_peer_limits(on_fatal))
+
+    async def check_peer_limits(self, on_fatal):
+        """Every node of a cluster must run the same limits (validation and apply depend on
+        them): refuse to serve next to a peer whose limits fingerprint differs."""
+        import aiohttp
+        mine = self.limits.fingerprint()
+        pending = {p.id: p.url for p in self.settings.others}
+        async with aiohttp.ClientSession() as http:
+            while pending and not self.stopping:
+                for pid, url in list(pending.items()):
+                    try:
+                        async with http.get(url + "/v1/cluster?digest=false",
+                                            timeout=aiohttp.ClientTimeout(total=2)) as r:
+                            view = await r.json()
+                    except Exception:
+                        continue
+                    theirs = view.get("limits_fingerprint")
+                    del pending[pid]
+                    if theirs is not None and theirs != mine:
+                        self.fatal = (f"limits differ from node {pid}'s ({theirs} != {mine}); every node of a cluster "
+                                      "must have the same [limits], [storage] and [[queues]]: fix the configs and restart")
+                        log.critical(self.fatal)
+                        if on_fatal is not None:
+                            on_fatal()
+                        return
+                await asyncio.sleep(2.0)
 
     async def stop(self, transfer_timeout_s: float = 3.0):
         """Stop taking requests, hand leadership over if leader, let in-flight work finish."""

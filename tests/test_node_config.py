@@ -68,3 +68,18 @@ def test_good_config_defaults():
     assert s.url == "http://127.0.0.1:7001" and s.durability == "fsync" and s.secret is None
     assert [p.id for p in s.others] == ["n2", "n3"]
     assert s.limits.max_enqueue_batch == 256 and s.limits.queue("x").default_max_attempts == 3
+
+
+def test_node_refuses_a_cluster_with_different_limits(make_cluster):
+    c = make_cluster()
+    # Restart one node with a different limit: it must stop with exit code 2 and say why.
+    victim = (c.wait_leader() + 1) % 3
+    c.stop(victim)
+    text = c.config_path(victim).read_text() + "\n[limits]\nmax_enqueue_batch = 7\n"
+    c.config_path(victim).write_text(text)
+    c.start(victim)
+    proc = c.procs[victim]
+    proc.wait(30)
+    assert proc.returncode == 2
+    log = (c.dir / f"{c.ids[victim]}.log").read_text()
+    assert "limits differ" in log
