@@ -415,28 +415,37 @@ class NodeService:
 
     async def check_peer_limits(self, on_fatal):
         """Every node of a cluster must run the same limits (validation and apply depend on
-        them): refuse to serve next to a peer whose limits fingerprint differs."""
+        them). A node whose limits differ from a majority of the cluster refuses to serve; one
+        that agrees with a majority carries on (a single misconfigured node cannot stop the rest)."""
         import aiohttp
         mine = self.limits.fingerprint()
-        pending = {p.id: p.url for p in self.settings.others}
+        n = len(self.settings.peers)
+        seen: dict[str, str] = {}
         async with aiohttp.ClientSession() as http:
-            while pending and not self.stopping:
-                for pid, url in list(pending.items()):
+            while not self.stopping:
+                for p in self.settings.others:
+                    if p.id in seen:
+                        continue
                     try:
-                        async with http.get(url + "/v1/cluster?digest=false",
+                        async with http.get(p.url + "/v1/cluster?digest=false",
                                             timeout=aiohttp.ClientTimeout(total=2)) as r:
-                            view = await r.json()
+                            theirs = (await r.json()).get("limits_fingerprint")
                     except Exception:
                         continue
-                    theirs = view.get("limits_fingerprint")
-                    del pending[pid]
-                    if theirs is not None and theirs != mine:
-                        self.fatal = (f"limits differ from node {pid}'s ({theirs} != {mine}); every node of a cluster "
-                                      "must have the same [limits], [storage] and [[queues]]: fix the configs and restart")
-                        log.critical(self.fatal)
-                        if on_fatal is not None:
-                            on_fatal()
-                        return
+                    if theirs:
+                        seen[p.id] = theirs
+                agree = 1 + sum(1 for f in seen.values() if f == mine)
+                if agree * 2 > n:
+                    return
+                differ = {pid: f for pid, f in seen.items() if f != mine}
+                if len(differ) * 2 > n - 1 or (len(seen) == n - 1 and agree * 2 <= n):
+                    self.fatal = (f"limits differ from those of {', '.join(sorted(differ))} ({mine} here); every node "
+                                  "of a cluster must have the same [limits], [storage] and [[queues]]: fix this node's "
+                                  "config and restart it")
+                    log.critical(self.fatal)
+                    if on_fatal is not None:
+                        on_fatal()
+                    return
                 await asyncio.sleep(2.0)
 
     async def stop(self, transfer_timeout_s: float = 3.0):
