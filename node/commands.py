@@ -11,6 +11,7 @@ A command is `(op, request_id, *args)` of builtins; see `node.machine` for what 
 from __future__ import annotations
 
 import binascii
+import re
 import sys
 
 from .errors import ApiError, invalid
@@ -21,6 +22,7 @@ INT64_MAX = 2**63 - 1
 INT64_MIN = -(2**63)
 MAX_ADMIN_IDS = 1000
 _HEX = frozenset("0123456789abcdefABCDEF")
+_UUID = re.compile(r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}")
 
 
 def is_int(v) -> bool:
@@ -29,14 +31,8 @@ def is_int(v) -> bool:
 
 def canonical_uuid(value) -> str | None:
     """The lowercase form of a canonical UUID text, or None (API.md conventions)."""
-    if not isinstance(value, str) or len(value) != 36:
+    if not isinstance(value, str) or len(value) != 36 or _UUID.fullmatch(value) is None:
         return None
-    for i, c in enumerate(value):
-        if i in (8, 13, 18, 23):
-            if c != "-":
-                return None
-        elif c not in _HEX:
-            return None
     return value.lower()
 
 
@@ -157,10 +153,10 @@ def check_job(job, limits: Limits, now_ms: int, new_id) -> tuple:
      scheduled, delay, trace, deadline) = _structure(job)
     if limits.strict_queues and queue not in limits.queues:
         raise _Reject({"reason": "unknown_queue", "queue": queue})
-    n = _utf8_len(queue)
+    n = len(queue) if queue.isascii() else len(queue.encode("utf-8"))        # _utf8_len, inline
     if n > limits.max_queue_name_bytes:
         raise _Reject({"reason": "queue_name_too_long", "limit": limits.max_queue_name_bytes, "actual": n})
-    n = _utf8_len(job_type)
+    n = len(job_type) if job_type.isascii() else len(job_type.encode("utf-8"))
     if n > limits.max_job_type_bytes:
         raise _Reject({"reason": "job_type_name_too_long", "limit": limits.max_job_type_bytes, "actual": n})
     ql = limits.queue(queue)

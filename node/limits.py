@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 MIB = 1024 * 1024
 
@@ -81,6 +81,8 @@ def check_queue_name(name, max_bytes: int) -> str | None:
         return "queue name must be a non-empty string"
     if name in (".", "..") or "/" in name:
         return "queue name must not be '.' or '..' or contain '/'"
+    if name.isascii() and name.isprintable():   # fast path: printable ASCII has no control character
+        return None
     if any(ord(c) < 0x20 or 0x7F <= ord(c) <= 0x9F for c in name):   # Unicode Cc: C0, DEL, C1
         return "queue name must not contain control characters"
     return None
@@ -212,6 +214,17 @@ class Limits:
             declared[name] = QueueLimits(name=name, declared=True, **merged,
                                          allowed_job_types=job_types, dedup_window_ms=window)
         return cls(globals=g, storage=s, queues=declared, default_queue=default_queue)
+
+    def __post_init__(self):
+        # Global and storage limits are read on every request: store them as plain attributes
+        # (globals win, as in __getattr__) so a read does not cost a failed lookup + __getattr__.
+        # Names that are fields or class attributes keep their meaning, exactly as before.
+        taken = {f.name for f in fields(self)} | set(dir(type(self)))
+        for source in (self.storage, self.globals):
+            if isinstance(source, dict):
+                for key, value in source.items():
+                    if isinstance(key, str) and key not in taken:
+                        object.__setattr__(self, key, value)
 
     def queue(self, name: str) -> QueueLimits:
         return self.queues.get(name) or self.default_queue

@@ -20,8 +20,11 @@ from __future__ import annotations
 
 import hashlib
 import heapq
-from base64 import b64encode
+from binascii import b2a_base64
+from heapq import heappop, heappush
 from collections import OrderedDict, deque
+from itertools import chain
+from operator import attrgetter
 
 import orjson
 
@@ -46,20 +49,39 @@ class Job:
     FIELDS = __slots__
 
     def to_tuple(self) -> tuple:
-        return tuple(getattr(self, f) for f in Job.FIELDS)
+        return _job_fields(self)        # tuple(getattr(self, f) for f in Job.FIELDS), in C
 
     @classmethod
     def from_tuple(cls, t) -> "Job":
         job = cls.__new__(cls)
+        if type(t) is tuple and len(t) == 18:      # the snapshot's own form: one unpacking
+            (job.id, job.queue, job.job_type, job.payload, job.encoding, job.priority, job.custom,
+             job.trace, job.enqueued_at, job.scheduled_at, job.attempt, job.max_attempts,
+             job.lease_expires, job.state, job.seq, job.run_at, job.deadline, job.last_reason) = t
+            return job
         for f, v in zip(Job.FIELDS, t):
             setattr(job, f, v)
         return job
 
     def render(self) -> dict:
         """The Job shape of API.md."""
+        if self.payload is not None and self.trace is None:
+            # The common shape, built in one go (same keys, same order as below).
+            out = {"id": self.id, "queue": self.queue, "job_type": self.job_type,
+                   "payload": {"data_b64": b2a_base64(self.payload, newline=False).decode("ascii"),
+                               "encoding": self.encoding},
+                   "priority": self.priority,
+                   "custom": self.custom if self.custom is not None else {},
+                   "enqueued_at_ms": self.enqueued_at, "scheduled_at_ms": self.scheduled_at,
+                   "attempt": self.attempt, "max_attempts": self.max_attempts,
+                   "lease_expires_at_ms": self.lease_expires}
+            if self.deadline is not None:
+                out["deadline_at_ms"] = self.deadline
+            return out
         out = {"id": self.id, "queue": self.queue, "job_type": self.job_type}
         if self.payload is not None:
-            out["payload"] = {"data_b64": b64encode(self.payload).decode("ascii"), "encoding": self.encoding}
+            out["payload"] = {"data_b64": b2a_base64(self.payload, newline=False).decode("ascii"),
+                              "encoding": self.encoding}
         out["priority"] = self.priority
         out["custom"] = self.custom if self.custom is not None else {}
         if self.trace is not None:
@@ -74,9 +96,22 @@ class Job:
         return out
 
 
+_job_fields = attrgetter(*Job.FIELDS)
+if Job.FIELDS != ("id", "queue", "job_type", "payload", "encoding", "priority", "custom", "trace",
+                  "enqueued_at", "scheduled_at", "attempt", "max_attempts", "lease_expires",
+                  "state", "seq", "run_at", "deadline", "last_reason"):
+    raise RuntimeError("Job.from_tuple unpacks the fields in this order: keep it in step with __slots__")
+
+
 class Queue:
-    """Per-queue index and counters. Counts are exact; `ready_heap` may hold stale entries."""
-    __slots__ = ("name", "ready_heap", "ready", "scheduled", "in_flight", "dead",
+    """Per-queue index and counters. Counts are exact; the ready index may hold stale entries.
+
+    Ready entries `(-priority, enqueued_at, seq, job)` live in `ready_fifo`, a deque kept in
+    ascending order, when they sort after its last entry (every new job of a queue that uses one
+    priority: sequences only grow), and in the heap `ready_heap` otherwise (retries, which keep
+    their place, and jobs of a higher priority than the last one). The next job is the smaller
+    of the two heads, so a deep backlog costs O(1) per reserve instead of O(log n)."""
+    __slots__ = ("name", "ready_heap", "ready_fifo", "ready", "scheduled", "in_flight", "dead",
                  "enqueued", "acked", "nacked", "dead_total", "paused")
     COUNTERS = ("ready", "scheduled", "in_flight", "dead", "enqueued", "acked", "nacked",
                 "dead_total", "paused")
@@ -84,6 +119,7 @@ class Queue:
     def __init__(self, name: str):
         self.name = name
         self.ready_heap: list = []
+        self.ready_fifo: deque = deque()
         self.ready = self.scheduled = self.in_flight = self.dead = 0
         self.enqueued = self.acked = self.nacked = self.dead_total = 0
         self.paused = False
@@ -124,53 +160,92 @@ class QueueMachine:
         self._fault_after: int | None = None   # tests: raise at the n-th mutation of a command
 
     # ------------------------------------------------------------------ undo log primitives
+    # The undo log is a flat list of quadruples `fn, a, b, c`: reverting calls fn(a, b, c),
+    # newest first. Each mutation is recorded *before* it is made, with one `undo += (...)`, so
+    # logging allocates nothing that outlives the statement (no per-mutation tuples for the
+    # cyclic GC to chase). Hot paths (enqueue, reserve, ack) write these entries inline; the
+    # primitives below do the same for the rest.
+
+    @property
+    def _fault_after(self) -> int | None:
+        """Tests: raise InjectedFault at the n-th mutation of a command (0 = the first)."""
+        undo = self._undo
+        return undo.left if type(undo) is _FaultLog else None
+
+    @_fault_after.setter
+    def _fault_after(self, n: int | None):
+        undo = self._undo
+        if n is None:
+            if type(undo) is _FaultLog:
+                self._undo = list(undo)
+        else:
+            log = _FaultLog(undo)
+            log.left = n
+            self._undo = log
+
     def _note(self, fn, *args):
-        if self._fault_after is not None:
-            if self._fault_after <= 0:
-                self._fault_after = None
-                raise InjectedFault("injected fault")
-            self._fault_after -= 1
-        self._undo.append((fn, args))
+        """Record `fn(*args)` as the undo of the mutation about to be made."""
+        undo = self._undo
+        undo += (_call, fn, args, None)
 
     def _set(self, obj, name: str, value):
-        self._note(setattr, obj, name, getattr(obj, name))
+        undo = self._undo
+        undo += (setattr, obj, name, getattr(obj, name))
         setattr(obj, name, value)
 
     def _add(self, obj, name: str, delta: int):
-        self._note(_add_back, obj, name, delta)
-        setattr(obj, name, getattr(obj, name) + delta)
+        old = getattr(obj, name)
+        undo = self._undo
+        undo += (setattr, obj, name, old)
+        setattr(obj, name, old + delta)
 
     def _put(self, d: dict, key, value):
+        undo = self._undo
         if key in d:
-            self._note(d.__setitem__, key, d[key])
+            undo += (_restore_item, d, key, d[key])
         else:
-            self._note(d.pop, key, None)
+            undo += (_drop_item, d, key, None)
         d[key] = value
 
     def _pop(self, d: dict, key):
-        value = d.pop(key)
-        self._note(d.__setitem__, key, value)
+        value = d[key]
+        undo = self._undo
+        undo += (_restore_item, d, key, value)
+        del d[key]
         return value
 
     def _push(self, heap: list, entry):
-        self._note(_heap_remove, heap, entry)
-        heapq.heappush(heap, entry)
+        undo = self._undo
+        undo += (_heap_remove, heap, entry, None)
+        heappush(heap, entry)
 
     def _heappop(self, heap: list):
-        entry = heapq.heappop(heap)
-        self._note(heapq.heappush, heap, entry)
-        return entry
+        entry = heap[0]
+        undo = self._undo
+        undo += (_heap_restore, heap, entry, None)
+        return heappop(heap)
 
     def _odict_pop(self, od: OrderedDict, key):
         # Dead letters keep their order on undo: a reverted drain must not reorder the store.
-        value = od.pop(key)
-        self._note(_odict_restore, od, key, value)
+        value = od[key]
+        undo = self._undo
+        undo += (_odict_restore, od, key, value)
+        del od[key]
         return value
 
     def _new_seq(self) -> int:
-        self._note(setattr, self, "seq", self.seq)
-        self.seq += 1
-        return self.seq
+        seq = self.seq
+        undo = self._undo
+        undo += (setattr, self, "seq", seq)
+        self.seq = seq = seq + 1
+        return seq
+
+    def _new_ctr(self) -> int:
+        ctr = self.ctr
+        undo = self._undo
+        undo += (setattr, self, "ctr", ctr)
+        self.ctr = ctr = ctr + 1
+        return ctr
 
     def _queue(self, name: str) -> Queue:
         q = self.queues.get(name)
@@ -190,7 +265,12 @@ class QueueMachine:
         return [self.apply_one(cmd) for cmd in cmds]
 
     def apply(self, now_ms: int, cmd):
-        return self.apply_batch(now_ms, (cmd,))[0]
+        try:                    # as apply_batch, for one command
+            if now_ms > self.clock:
+                self.clock = now_ms
+        except Exception:
+            pass
+        return self.apply_one(cmd)
 
     def apply_one(self, cmd):
         try:
@@ -222,10 +302,9 @@ class QueueMachine:
         return result
 
     def _revert(self):
-        undo, self._undo = self._undo, []
-        self._fault_after = None
-        for fn, args in reversed(undo):
-            fn(*args)
+        undo, self._undo = self._undo, []       # also ends fault injection
+        for i in range(len(undo) - 4, -1, -4):
+            undo[i](undo[i + 1], undo[i + 2], undo[i + 3])
 
     # ------------------------------------------------------------------ enqueue
     def _op_enq(self, mode: int, items):
@@ -260,7 +339,7 @@ class QueueMachine:
             if isinstance(item, dict):            # refused by validation before proposing
                 results.append({"rejection": item})
             else:
-                results.append(self._enqueue_one(item, now, check_depth=True))
+                results.append(self._enqueue_one(item, now, True))
         if mode == SINGLE:
             r = results[0]
             if "rejection" in r:
@@ -291,20 +370,39 @@ class QueueMachine:
         job.custom, job.trace = custom, trace
         job.enqueued_at, job.scheduled_at = now, scheduled_at
         job.attempt, job.max_attempts, job.lease_expires = 1, max_attempts, None
-        job.seq = self._new_seq()
         job.deadline, job.last_reason = deadline, None
-        self._put(self.jobs, job_id, job)
+        # The hot path: the undo log is written inline (see the primitives).
+        undo = self._undo
+        seq = self.seq
+        undo += (setattr, self, "seq", seq)
+        self.seq = seq = seq + 1
+        job.seq = seq
+        jobs = self.jobs
+        undo += (_drop_item, jobs, job_id, None)
+        jobs[job_id] = job
         if scheduled_at is not None and scheduled_at > now:
             job.state, job.run_at = SCHEDULED, scheduled_at
-            self._push(self.sched_heap, (scheduled_at, job.seq, job))
+            self._push(self.sched_heap, (scheduled_at, seq, job))
             self._add(q, "scheduled", 1)
         else:
             job.state, job.run_at = READY, None
-            self._push(q.ready_heap, (-priority, now, job.seq, job))
-            self._add(q, "ready", 1)
+            entry = (-priority, now, seq, job)
+            fifo = q.ready_fifo
+            if not fifo or fifo[-1] < entry:        # self._ready_push(q, entry), inline
+                undo += (_fifo_remove, fifo, entry, None)
+                fifo.append(entry)
+            else:
+                heap = q.ready_heap
+                undo += (_heap_remove, heap, entry, None)
+                heappush(heap, entry)
+            n = q.ready
+            undo += (setattr, q, "ready", n)
+            q.ready = n + 1
         if deadline is not None:
-            self._push(self.deadline_heap, (deadline, job.seq, job))
-        self._add(q, "enqueued", 1)
+            self._push(self.deadline_heap, (deadline, seq, job))
+        n = q.enqueued
+        undo += (setattr, q, "enqueued", n)
+        q.enqueued = n + 1
         if idem_key is not None:
             expires = now + ql.dedup_window_ms
             self._put(self.dedup, (qname, idem_key), (job_id, expires))
@@ -315,39 +413,74 @@ class QueueMachine:
     def _op_res(self, queue_names, lease_ms: int, max_jobs: int):
         now = self.clock
         out = []
+        jobs, lease_heap = self.jobs, self.lease_heap
+        undo = self._undo       # the hot path: the undo log is written inline
         for qname in queue_names:
             q = self.queues.get(qname)
             if q is None or q.paused:
                 continue
-            heap = q.ready_heap
-            while heap and len(out) < max_jobs:
-                entry = heap[0]
+            heap, fifo = q.ready_heap, q.ready_fifo
+            while len(out) < max_jobs:
+                # The next job is the smaller head of the FIFO and the heap. Stale heads are
+                # dropped on the way: that changes nothing logical, so it is not logged.
+                while fifo:
+                    entry = fifo[0]
+                    job = entry[3]
+                    if job.state == READY and job.seq == entry[2] and jobs.get(job.id) is job:
+                        break
+                    fifo.popleft()
+                while heap:
+                    entry = heap[0]
+                    job = entry[3]
+                    if job.state == READY and job.seq == entry[2] and jobs.get(job.id) is job:
+                        break
+                    heappop(heap)
+                if fifo and not (heap and heap[0] < fifo[0]):
+                    entry = fifo[0]
+                    undo += (_appendleft, fifo, entry, None)
+                    fifo.popleft()
+                elif heap:
+                    entry = heap[0]
+                    undo += (_heap_restore, heap, entry, None)
+                    heappop(heap)
+                else:
+                    break
                 job = entry[3]
-                if job.state != READY or job.seq != entry[2] or self.jobs.get(job.id) is not job:
-                    heapq.heappop(heap)     # stale: dropping it changes nothing logical
-                    continue
-                self._heappop(heap)
                 if job.deadline is not None and job.deadline <= now:
                     self._add(q, "ready", -1)
                     self._dead_letter(job, q, "expired", None)   # too late to ever run
                     continue
                 expires = now + lease_ms
-                self._set(job, "state", IN_FLIGHT)
-                self._set(job, "lease_expires", expires)
+                undo += (setattr, job, "state", job.state)
+                job.state = IN_FLIGHT
+                undo += (setattr, job, "lease_expires", job.lease_expires)
+                job.lease_expires = expires
                 if job.deadline is not None:
                     self._set(job, "deadline", None)
-                self._add(q, "ready", -1)
-                self._add(q, "in_flight", 1)
-                self._lease(job, expires)
+                n = q.ready
+                undo += (setattr, q, "ready", n)
+                q.ready = n - 1
+                n = q.in_flight
+                undo += (setattr, q, "in_flight", n)
+                q.in_flight = n + 1
+                # self._lease(job, expires), inline
+                ctr = self.ctr
+                undo += (setattr, self, "ctr", ctr)
+                self.ctr = ctr = ctr + 1
+                lease = (expires, ctr, job)
+                undo += (_heap_remove, lease_heap, lease, None)
+                heappush(lease_heap, lease)
                 out.append(job.render())
             if len(out) >= max_jobs:
                 break
         return 200, {"jobs": out}
 
     def _lease(self, job: Job, expires: int):
-        self._note(setattr, self, "ctr", self.ctr)
-        self.ctr += 1
-        self._push(self.lease_heap, (expires, self.ctr, job))
+        ctr = self.ctr
+        undo = self._undo
+        undo += (setattr, self, "ctr", ctr)
+        self.ctr = ctr = ctr + 1
+        self._push(self.lease_heap, (expires, ctr, job))
 
     # ------------------------------------------------------------------ ack / nack / extend
     def _fenced(self, job_id: str, attempt: int):
@@ -362,11 +495,23 @@ class QueueMachine:
         return job, None
 
     def _op_ack(self, job_id: str, attempt: int):
-        job, err = self._fenced(job_id, attempt)
-        if err:
-            return err
-        self._remove_in_flight(job)
-        self._add(self.queues[job.queue], "acked", 1)
+        job = self.jobs.get(job_id)
+        if job is None or job.state != IN_FLIGHT or job.attempt != attempt:
+            return self._fenced(job_id, attempt)[1]
+        # self._remove_in_flight(job) and the acked count, with the undo log written inline
+        undo = self._undo
+        undo += (setattr, job, "state", job.state)
+        job.state = GONE
+        jobs = self.jobs
+        undo += (_restore_item, jobs, job.id, job)
+        del jobs[job.id]
+        q = self.queues[job.queue]
+        n = q.in_flight
+        undo += (setattr, q, "in_flight", n)
+        q.in_flight = n - 1
+        n = q.acked
+        undo += (setattr, q, "acked", n)
+        q.acked = n + 1
         return 200, {"job_id": job_id}
 
     def _op_acks(self, pairs):
@@ -413,8 +558,18 @@ class QueueMachine:
     def _make_ready(self, job: Job, q: Queue):
         # A retried job keeps its enqueued_at and sequence: it goes ahead of newer jobs.
         self._set(job, "state", READY)
-        self._push(q.ready_heap, (-job.priority, job.enqueued_at, job.seq, job))
+        self._ready_push(q, (-job.priority, job.enqueued_at, job.seq, job))
         self._add(q, "ready", 1)
+
+    def _ready_push(self, q: Queue, entry):
+        fifo = q.ready_fifo
+        undo = self._undo
+        if not fifo or fifo[-1] < entry:
+            undo += (_fifo_remove, fifo, entry, None)
+            fifo.append(entry)
+        else:
+            undo += (_heap_remove, q.ready_heap, entry, None)
+            heappush(q.ready_heap, entry)
 
     def _op_ext(self, job_id: str, attempt: int, lease_ms: int):
         job, err = self._fenced(job_id, attempt)
@@ -436,8 +591,7 @@ class QueueMachine:
             return
         self._set(job, "state", DEAD)
         self._add(q, "dead", 1)
-        self._note(setattr, self, "ctr", self.ctr)
-        self.ctr += 1
+        self._new_ctr()
         rec = (job, cause, self.clock, job.attempt, reason, self.ctr)
         self._put(self.dlq, job.id, rec)
         per_queue = self.dlq_by_queue.get(job.queue)
@@ -566,8 +720,10 @@ class QueueMachine:
         fifo, n = self.rid_fifo, 0
         while fifo and fifo[0][0] <= now and n < budget:
             n += 1
+            entry = fifo[0]
+            undo = self._undo
+            undo += (_appendleft, fifo, entry, None)
             expires, rid = fifo.popleft()
-            self._note(fifo.appendleft, (expires, rid))
             rec = self.rids.get(rid)
             if rec is not None and rec[2] == expires:
                 self._pop(self.rids, rid)
@@ -627,7 +783,7 @@ class QueueMachine:
         lease expiry (in flight); `after` is the sort key of the last job of the previous page."""
         if state == READY:
             q = self.queues.get(qname)
-            cands = [((e[0], e[1], e[2]), e[3]) for e in (q.ready_heap if q else ())
+            cands = [((e[0], e[1], e[2]), e[3]) for e in (chain(q.ready_heap, q.ready_fifo) if q else ())
                      if e[3].state == READY and e[3].seq == e[2] and self.jobs.get(e[3].id) is e[3]]
         else:
             key = (lambda j: (j.run_at, j.seq)) if state == SCHEDULED else (lambda j: (j.lease_expires, j.seq))
@@ -669,7 +825,7 @@ class QueueMachine:
             "v": 1, "clock": self.clock, "seq": self.seq, "ctr": self.ctr, "applied": self.applied,
             "jobs": jobs,
             "queues": [(q.name, [getattr(q, c) for c in Queue.COUNTERS],
-                        [(e[0], e[1], e[2], e[3].id) for e in q.ready_heap
+                        [(e[0], e[1], e[2], e[3].id) for e in chain(q.ready_heap, q.ready_fifo)
                          if e[3].state == READY and e[3].seq == e[2] and self.jobs.get(e[3].id) is e[3]])
                        for q in self.queues.values()],
             "sched": [(e[0], e[1], e[2].id) for e in self.sched_heap
@@ -703,8 +859,15 @@ class QueueMachine:
             q = Queue(name)
             for c, v in zip(Queue.COUNTERS, counters):
                 setattr(q, c, v)
-            q.ready_heap = [(a, b, c, m.jobs[i]) for a, b, c, i in heap]
+            # The ascending tail of the list (what was the FIFO) becomes the FIFO again; the rest
+            # is heapified.
+            k = len(heap) - 1
+            while k > 0 and tuple(heap[k - 1]) < tuple(heap[k]):
+                k -= 1
+            k = max(k, 0)
+            q.ready_heap = [(a, b, c, m.jobs[i]) for a, b, c, i in heap[:k]]
             heapq.heapify(q.ready_heap)
+            q.ready_fifo = deque([(a, b, c, m.jobs[i]) for a, b, c, i in heap[k:]])
             m.queues[name] = q
         m.sched_heap = [(a, b, m.jobs[i]) for a, b, i in data["sched"]]
         m.lease_heap = [(a, b, m.jobs[i]) for a, b, i in data["leases"]]
@@ -754,11 +917,48 @@ def render_dead_letter(rec) -> dict:
             "final_attempt": final_attempt, "last_reason": reason}
 
 
-def _add_back(obj, name, delta):
-    setattr(obj, name, getattr(obj, name) - delta)
+class _FaultLog(list):
+    """The undo log while a test injects a fault: the n-th mutation raises before it is made."""
+    __slots__ = ("left",)
+
+    def __iadd__(self, entry):
+        if self.left <= 0:
+            raise InjectedFault("injected fault")
+        self.left -= 1
+        return list.__iadd__(self, entry)
 
 
-def _heap_remove(heap: list, entry):
+def _call(fn, args, _):
+    fn(*args)
+
+
+def _restore_item(d, key, value):
+    d[key] = value
+
+
+def _drop_item(d, key, _):
+    d.pop(key, None)
+
+
+def _fifo_remove(fifo: deque, entry, _):
+    if fifo and fifo[-1] is entry:
+        fifo.pop()
+        return
+    for i, e in enumerate(fifo):
+        if e is entry:
+            del fifo[i]
+            return
+
+
+def _heap_restore(heap: list, entry, _):
+    heappush(heap, entry)
+
+
+def _appendleft(dq: deque, entry, _):
+    dq.appendleft(entry)
+
+
+def _heap_remove(heap: list, entry, _=None):
     for i, e in enumerate(heap):
         if e is entry:
             heap[i] = heap[-1]

@@ -1,0 +1,321 @@
+"""In-process benchmark of the state machine through the command interface (not a test).
+
+    python -m node.bench [--json] [--quick]
+
+Every figure goes through what the leader does for a request: `node.commands` turns a request
+body dict into a command, `QueueMachine.apply` applies it. No HTTP, no Raft, no JSON encoding of
+the answer. Jobs carry a 256-byte payload, base64 in the request body as a client sends it.
+
+Figures:
+* cycle_jobs_per_s        enqueue one, reserve one (max_jobs 1), ack it; one job per command.
+                          Includes uuid4 generation (the leader makes the ids), see
+                          uuid4_us; cycle_jobs_per_s_pregen_ids is the same with ids made
+                          before the clock starts.
+* batch_cycle_jobs_per_s  the same in batches of 256: enqueue_batch, reserve max_jobs 256,
+                          ack_batch.
+* reserve_us_at_1k/_1m    median cost of one reserve (parse + apply, max_jobs 1) with 1,000 and
+                          1,000,000 ready jobs; each reserved job is acked and replaced outside
+                          the timed region, so the depth stays constant.
+* bytes_per_job           tracemalloc: memory held by 100,000 ready jobs (payload included),
+                          enqueued from request bodies in batches of 256.
+* snapshot_s_at_100k      to_builtins + pickle.dumps of the 100k-job machine;
+  restore_s_at_100k       pickle.loads + from_builtins; the digest must survive.
+"""
+from __future__ import annotations
+
+import argparse
+import base64
+import gc
+import json
+import os
+import pickle
+import platform
+import statistics
+import sys
+import time
+import tracemalloc
+import uuid
+
+import orjson
+
+from . import commands
+from .limits import Limits
+from .machine import QueueMachine
+
+PAYLOAD_BYTES = 256
+QUEUE = "email-outbound"
+JOB_TYPE = "send_transactional_email"
+LEASE_MS = 30_000
+T0 = 1_760_000_000_000          # simulated leader clock, ms since the epoch
+JOBS_PER_MS = 32                # the simulated clock advances 1 ms per 32 jobs
+SWEEP_EVERY_MS = 1_000          # the leader proposes a sweep about once per sweep_interval_ms
+
+TARGETS = {
+    "cycle_jobs_per_s": (">=", 30_000),
+    "batch_cycle_jobs_per_s": (">=", 100_000),
+    "reserve_ratio_1m_over_1k": ("<=", 1.5),
+    "bytes_per_job": ("<=", 1_000),
+    "snapshot_s_at_100k": ("<=", 1.0),
+}
+
+
+def new_id() -> str:
+    return str(uuid.uuid4())
+
+
+def job_body(i: int) -> dict:
+    """A realistic EnqueueRequest: queue, job type and a fresh 256-byte payload in base64."""
+    return {
+        "queue": QUEUE,
+        "job_type": JOB_TYPE,
+        "payload": {"data_b64": base64.b64encode(os.urandom(PAYLOAD_BYTES)).decode("ascii"),
+                    "encoding": "application/json"},
+    }
+
+
+def bodies(n: int) -> list[dict]:
+    # A pool of distinct bodies reused round-robin: parsing costs the same, building them doesn't.
+    pool = [job_body(i) for i in range(min(n, 1024))]
+    return [pool[i % len(pool)] for i in range(n)]
+
+
+class IdSource:
+    """Pre-generated uuid4 ids, handed out as `new_id` for the fill phases."""
+    def __init__(self, n: int):
+        self.ids = [str(uuid.uuid4()) for _ in range(n)]
+        self.i = 0
+
+    def __call__(self) -> str:
+        i = self.i
+        self.i = i + 1
+        return self.ids[i]
+
+
+def fill(m: QueueMachine, limits: Limits, n: int, now: int) -> int:
+    """Enqueue n ready jobs with enqueue_batch commands of 256; returns the clock used."""
+    ids = IdSource(n)
+    body_list = bodies(n)
+    for start in range(0, n, 256):
+        cmd = commands.enqueue_batch({"jobs": body_list[start:start + 256]}, limits, now, ids)
+        status, res = m.apply(now, cmd)
+        assert status == 200 and all("job_id" in r for r in res["results"]), res
+        now += 1
+    return now
+
+
+def _check(result, what):
+    if result[0] != 200:
+        raise RuntimeError(f"{what} failed: {result}")
+    return result[1]
+
+
+# ---------------------------------------------------------------------------------- measures
+def bench_cycle(n: int, pregen: bool) -> tuple[float, float]:
+    limits = Limits.build()
+    m = QueueMachine(limits)
+    body_list = bodies(n)
+    rbody = {"queues": [QUEUE], "lease_ms": LEASE_MS, "max_jobs": 1}
+    make_id = IdSource(n) if pregen else new_id
+    enqueue, reserve, ack, apply = commands.enqueue, commands.reserve, commands.ack, m.apply
+    sweep = commands.sweep()
+    now = T0
+    next_sweep = now + SWEEP_EVERY_MS
+    gc.collect()
+    t, c = time.perf_counter(), time.process_time()
+    for i in range(n):
+        if i % JOBS_PER_MS == 0:
+            now += 1
+            if now >= next_sweep:
+                apply(now, sweep)
+                next_sweep = now + SWEEP_EVERY_MS
+        _check(apply(now, enqueue(body_list[i], limits, now, make_id)), "enqueue")
+        cmd, _ = reserve(rbody, limits)
+        job = _check(apply(now, cmd), "reserve")["jobs"][0]
+        _check(apply(now, ack(job["id"], {"attempt": job["attempt"]})), "ack")
+    elapsed, cpu = time.perf_counter() - t, time.process_time() - c
+    assert not m.queues[QUEUE].ready and not m.queues[QUEUE].in_flight and m.queues[QUEUE].acked == n
+    return n / elapsed, n / cpu
+
+
+def bench_batch_cycle(n: int, batch: int = 256) -> tuple[float, float]:
+    limits = Limits.build()
+    m = QueueMachine(limits)
+    body_list = bodies(n)
+    rbody = {"queues": [QUEUE], "lease_ms": LEASE_MS, "max_jobs": batch}
+    enqueue_batch, reserve, ack_batch, apply = commands.enqueue_batch, commands.reserve, commands.ack_batch, m.apply
+    sweep = commands.sweep()
+    now = T0
+    next_sweep = now + SWEEP_EVERY_MS
+    done = 0
+    gc.collect()
+    t, c = time.perf_counter(), time.process_time()
+    for start in range(0, n, batch):
+        now += max(1, batch // JOBS_PER_MS)
+        if now >= next_sweep:
+            apply(now, sweep)
+            next_sweep = now + SWEEP_EVERY_MS
+        res = _check(apply(now, enqueue_batch({"jobs": body_list[start:start + batch]}, limits, now, new_id)),
+                     "enqueue_batch")
+        cmd, _ = reserve(rbody, limits)
+        jobs = _check(apply(now, cmd), "reserve")["jobs"]
+        acks = {"acks": [{"job_id": j["id"], "attempt": j["attempt"]} for j in jobs]}
+        _check(apply(now, ack_batch(acks, limits)), "ack_batch")
+        done += len(jobs)
+    elapsed, cpu = time.perf_counter() - t, time.process_time() - c
+    assert done == n == m.queues[QUEUE].acked and not m.queues[QUEUE].ready
+    return done / elapsed, done / cpu
+
+
+def bench_reserve_at(depth: int, samples: int) -> float:
+    """Median microseconds of one reserve (parse + apply) at a constant ready depth."""
+    limits = Limits.build()
+    m = QueueMachine(limits)
+    now = fill(m, limits, depth, T0)
+    rbody = {"queues": [QUEUE], "lease_ms": LEASE_MS, "max_jobs": 1}
+    refill = bodies(256)
+    ids = IdSource(samples)
+    reserve, ack, apply, enqueue = commands.reserve, commands.ack, m.apply, commands.enqueue
+    perf = time.perf_counter
+    times = []
+    gc.collect()
+    for i in range(samples):
+        t = perf()
+        cmd, _ = reserve(rbody, limits)
+        res = apply(now, cmd)
+        times.append(perf() - t)
+        job = res[1]["jobs"][0]
+        # Untimed: ack it and put a fresh job in, so the ready depth stays `depth`.
+        apply(now, ack(job["id"], {"attempt": job["attempt"]}))
+        apply(now, enqueue(refill[i & 255], limits, now, ids))
+        if i % JOBS_PER_MS == 0:
+            now += 1
+    assert m.queues[QUEUE].ready == depth
+    return statistics.median(times) * 1e6
+
+
+def bench_memory_and_snapshot(n: int) -> dict:
+    # Request bodies arrive as JSON bytes and are parsed per request (as the server does), so
+    # every stored string and bytes object is the job's own; ids are fresh uuid4 texts.
+    limits = Limits.build()
+    blobs = [orjson.dumps({"jobs": [job_body(i) for i in range(256)]}) for _ in range(16)]
+    gc.collect()
+    tracemalloc.start()
+    before = tracemalloc.get_traced_memory()[0]
+    m = QueueMachine(limits)
+    now = T0
+    for k, start in enumerate(range(0, n, 256)):
+        body = orjson.loads(blobs[k % len(blobs)])
+        body["jobs"] = body["jobs"][:n - start]
+        cmd = commands.enqueue_batch(body, limits, now, new_id)
+        _check(m.apply(now, cmd), "enqueue_batch")
+        now += 8
+        cmd = body = None
+    gc.collect()
+    after = tracemalloc.get_traced_memory()[0]
+    tracemalloc.stop()
+    assert len(m.jobs) == n
+    out = {"bytes_per_job": round((after - before) / n, 1)}
+
+    digest = m.digest()
+    snap, restore = [], []
+    for _ in range(3):          # best of 3, as the rest
+        gc.collect()
+        t = time.perf_counter()
+        blob = pickle.dumps(m.to_builtins(), protocol=pickle.HIGHEST_PROTOCOL)
+        snap.append(time.perf_counter() - t)
+        m2 = None
+        gc.collect()
+        t = time.perf_counter()
+        m2 = QueueMachine.from_builtins(limits, pickle.loads(blob))
+        restore.append(time.perf_counter() - t)
+    out["snapshot_s_at_100k"] = round(min(snap), 4)
+    out["snapshot_bytes_per_job"] = round(len(blob) / n, 1)
+    out["restore_s_at_100k"] = round(min(restore), 4)
+    out["digest_survives_snapshot"] = m2.digest() == digest
+    if not out["digest_survives_snapshot"]:
+        raise RuntimeError("digest changed across snapshot/restore")
+    return out
+
+
+def bench_uuid(n: int = 100_000) -> float:
+    t = time.perf_counter()
+    for _ in range(n):
+        str(uuid.uuid4())
+    return (time.perf_counter() - t) / n * 1e6
+
+
+# ---------------------------------------------------------------------------------- main
+def machine_info() -> dict:
+    try:
+        load = os.getloadavg()
+    except OSError:
+        load = (None, None, None)
+    return {"python": platform.python_version(), "implementation": platform.python_implementation(),
+            "platform": platform.platform(), "processor": _cpu_model(), "nproc": os.cpu_count(),
+            "loadavg": [round(x, 2) if x is not None else None for x in load]}
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _best(runs) -> tuple[int, int]:
+    """Best wall-clock rate of the runs, and the best CPU-time rate (this process only)."""
+    runs = list(runs)
+    return round(max(r[0] for r in runs)), round(max(r[1] for r in runs))
+
+
+def run(quick: bool = False, repeat: int = 5) -> dict:
+    scale = 10 if quick else 1
+    out = machine_info()
+    out["uuid4_us"] = round(bench_uuid(), 3)
+    # Best of `repeat` runs: the machine is shared, the best run is the least disturbed one.
+    # The *_cpu figures divide by this process's CPU time instead of the wall clock: they show
+    # what the code costs when other processes steal the core.
+    out["cycle_jobs_per_s"], out["cycle_jobs_per_cpu_s"] = _best(
+        bench_cycle(50_000 // scale, False) for _ in range(repeat))
+    out["cycle_jobs_per_s_pregen_ids"], _ = _best(bench_cycle(50_000 // scale, True) for _ in range(repeat))
+    out["batch_cycle_jobs_per_s"], out["batch_cycle_jobs_per_cpu_s"] = _best(
+        bench_batch_cycle(256 * 400 // scale) for _ in range(repeat))
+    samples = 20_000 // scale
+    out["reserve_us_at_1k"] = round(min(bench_reserve_at(1_000, samples) for _ in range(repeat)), 2)
+    out["reserve_us_at_1m"] = round(bench_reserve_at(1_000_000 // scale, samples), 2)
+    out["reserve_ratio_1m_over_1k"] = round(out["reserve_us_at_1m"] / out["reserve_us_at_1k"], 3)
+    out.update(bench_memory_and_snapshot(100_000))
+    out["loadavg_after"] = [round(x, 2) for x in os.getloadavg()]
+    out["targets_met"] = {k: (out[k] >= v if op == ">=" else out[k] <= v) for k, (op, v) in TARGETS.items()}
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m node.bench", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--json", action="store_true", help="print one JSON line")
+    ap.add_argument("--quick", action="store_true", help="a tenth of the work, one run each (smoke test)")
+    ap.add_argument("--repeat", type=int, default=5, help="runs per throughput figure; the best is kept")
+    args = ap.parse_args(argv)
+    out = run(quick=args.quick, repeat=1 if args.quick else args.repeat)
+    if args.json:
+        print(json.dumps(out, separators=(",", ":")))
+        return 0
+    width = max(len(k) for k in out)
+    for k, v in out.items():
+        if k == "targets_met":
+            continue
+        target = TARGETS.get(k)
+        note = ""
+        if target:
+            note = f"   target {target[0]} {target[1]:,}  {'ok' if out['targets_met'][k] else 'MISSED'}"
+        shown = f"{v:,}" if isinstance(v, (int, float)) and not isinstance(v, bool) else str(v)
+        print(f"{k:<{width}}  {shown}{note}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
