@@ -10,6 +10,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from . import commands as C
+from .commands import DEFAULT_URLS
 from .local import LocalCluster, http_json
 
 
@@ -99,9 +101,33 @@ def cmd_up(args) -> int:
             shutil.rmtree(directory, ignore_errors=True)
 
 
+COMMON_WITH_VALUE = ("--urls", "--timeout", "--api-key")
+
+
+def add_common(p: argparse.ArgumentParser, top: bool) -> None:
+    """The options every client command takes. On the subcommands their default is SUPPRESS, so
+    `raftq --json status` and `raftq status --json` both work (a subparser default would
+    otherwise overwrite what was given before the command)."""
+    d = (lambda v: v) if top else (lambda v: argparse.SUPPRESS)
+    g = p.add_argument_group("cluster options") if not top else p
+    g.add_argument("--urls", default=d(None), metavar="URL,...",
+                   help="comma-separated node URLs (default: $RAFTQ_URLS, else the `raftq up` defaults "
+                        f"{DEFAULT_URLS})")
+    g.add_argument("--json", action="store_true", default=d(False), help="print JSON for scripts instead of tables")
+    g.add_argument("--timeout", type=float, default=d(10.0), metavar="SECONDS",
+                   help="how long to wait for the cluster to serve a request (default 10)")
+    g.add_argument("--api-key", default=d(None), metavar="KEY", help="API key (default: $RAFTQ_API_KEY)")
+    g.add_argument("--progress", action="store_true", default=d(False),
+                   help="draw progress bars on stderr even when it is not a terminal")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="raftq", description="raftq: a replicated job queue")
-    sub = p.add_subparsers(dest="command", required=True)
+    p = argparse.ArgumentParser(
+        prog="raftq", description="raftq: a replicated job queue",
+        epilog="exit codes: 0 ok; 1 the cluster refused (rejected, not found, no leader for `status`); "
+               "2 usage error or no node reachable; 3 no leader served the request in time")
+    add_common(p, top=True)
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     n = sub.add_parser("node", help="run one node from its TOML config")
     n.add_argument("--config", required=True)
     n.add_argument("--log-level", default=None)
@@ -116,10 +142,122 @@ def build_parser() -> argparse.ArgumentParser:
     u.add_argument("--demo", action="store_true", help="enqueue, reserve and ack a few jobs once the cluster is up")
     u.add_argument("--exit-after-demo", action="store_true", help=argparse.SUPPRESS)
     u.set_defaults(fn=cmd_up)
+
+    def client_cmd(name, fn, help, needs_client=True):
+        c = sub.add_parser(name, help=help, description=help)
+        add_common(c, top=False)
+        c.set_defaults(fn=lambda a, fn=fn: C.run(a, fn, needs_client=needs_client))
+        return c
+
+    client_cmd("status", C.cmd_status, "every node's own view of the cluster: role, term, indexes, digest, "
+               "peers, leader (exit 1 when no node knows a leader)", needs_client=False)
+
+    e = client_cmd("enqueue", C.cmd_enqueue, "enqueue a job (or --count N jobs) and print the job id(s)")
+    e.add_argument("queue", metavar="QUEUE")
+    e.add_argument("job_type", metavar="JOB_TYPE")
+    data = e.add_argument_group("payload (at most one)")
+    data.add_argument("--data", metavar="TEXT", help="the payload as text (encoding application/json when it is a "
+                      "JSON object or array, else text/plain)")
+    data.add_argument("--data-file", metavar="PATH", help="the payload from a file, `-` for stdin "
+                      "(encoding application/octet-stream)")
+    data.add_argument("--data-b64", metavar="B64", help="the payload as base64 (encoding application/octet-stream)")
+    data.add_argument("--encoding", help="the payload's encoding hint, usually a MIME type")
+    e.add_argument("--priority", type=int, help="0..9, 9 served first (default: the queue's default_priority)")
+    e.add_argument("--idempotency-key", metavar="KEY", help="deduplicate: a second enqueue with this key "
+                   "returns the first job's id")
+    e.add_argument("--max-attempts", type=int, metavar="N")
+    when = e.add_mutually_exclusive_group()
+    when.add_argument("--delay-ms", type=int, metavar="MS", help="run no earlier than now + MS")
+    when.add_argument("--scheduled-at-ms", type=int, metavar="EPOCH_MS", help="run no earlier than this instant")
+    e.add_argument("--deadline-at-ms", type=int, metavar="EPOCH_MS",
+                   help="dead-letter the job (cause expired) if it is not reserved by then")
+    e.add_argument("--custom", action="append", metavar="KEY=VALUE", help="a custom field (repeatable); "
+                   'numbers and true/false are typed, quote to keep a string: k=\'"42"\'')
+    e.add_argument("--count", type=int, default=1, metavar="N",
+                   help="enqueue N identical jobs in batches, with a progress bar")
+    e.add_argument("--batch-size", type=int, default=256, metavar="N", help=argparse.SUPPRESS)
+
+    q = client_cmd("queues", C.cmd_queues, "every queue with its counts and totals, or one queue with its limits")
+    q.add_argument("name", nargs="?", metavar="NAME", help="show this queue in detail, limits included")
+
+    j = client_cmd("job", C.cmd_job, "one job: state, attempts, times, payload")
+    j.add_argument("id", metavar="ID")
+    j.add_argument("--payload", action="store_true", help="write only the raw payload bytes to stdout")
+
+    c = client_cmd("cancel", C.cmd_cancel, "cancel ready or scheduled jobs (in-flight jobs cannot be cancelled)")
+    c.add_argument("ids", nargs="+", metavar="ID", help="job ids; `-` reads them from stdin")
+
+    for name, help in (("pause", "pause a queue: reserve skips it, enqueues are still accepted"),
+                       ("resume", "resume a paused queue")):
+        pr = client_cmd(name, C.cmd_pause, help)
+        pr.add_argument("queue", metavar="QUEUE")
+
+    d = sub.add_parser("dlq", help="dead letters: list, drain, requeue, delete",
+                       description="dead letters: list, drain, requeue, delete")
+    dsub = d.add_subparsers(dest="dlq_command", required=True, metavar="ACTION")
+
+    def dlq_cmd(name, fn, help):
+        c = dsub.add_parser(name, help=help, description=help)
+        add_common(c, top=False)
+        c.set_defaults(fn=lambda a, fn=fn: C.run(a, fn), command=f"dlq {name}")
+        return c
+
+    dl = dlq_cmd("list", C.cmd_dlq_list, "list dead letters, oldest first (non-destructive)")
+    dl.add_argument("--queue", help="only this queue")
+    dl.add_argument("--limit", type=int, default=50, help="show at most this many (default 50)")
+    dl.add_argument("--all", action="store_true", help="show every dead letter")
+    dd = dlq_cmd("drain", C.cmd_dlq_drain, "remove dead letters and write them out as JSON lines (destructive)")
+    dd.add_argument("--queue", help="only this queue")
+    dd.add_argument("--max", type=int, metavar="N", help="drain at most N (default: all)")
+    dd.add_argument("--out", metavar="FILE", help="append the records to FILE (default: stdout)")
+    dd.add_argument("--yes", "-y", action="store_true", help="do not ask for confirmation")
+    dr = dlq_cmd("requeue", C.cmd_dlq_requeue, "put dead letters back as ready jobs (same id, attempt 1)")
+    dr.add_argument("ids", nargs="*", metavar="ID", help="job ids; `-` reads them from stdin")
+    dr.add_argument("--all", action="store_true", help="requeue every dead letter (of --queue)")
+    dr.add_argument("--queue", help="with --all: only this queue")
+    dx = dlq_cmd("delete", C.cmd_dlq_delete, "delete dead letters by id")
+    dx.add_argument("ids", nargs="+", metavar="ID", help="job ids; `-` reads them from stdin")
+
+    b = sub.add_parser("bench", help="benchmark a cluster (`raftq bench --help` for its options)", add_help=False)
+    b.add_argument("bench_args", nargs=argparse.REMAINDER)
+    b.set_defaults(fn=lambda a: cmd_bench(a.bench_args))
     return p
 
 
+def cmd_bench(argv: list[str]) -> int:
+    from .bench import main as bench_main
+    return bench_main(list(argv)) or 0
+
+
+def _bench_split(argv: list[str]):
+    """When the command is `bench`: (options before it, everything after it), else None.
+    `raftq bench ...` hands its arguments to cluster/bench.py untouched."""
+    i = 0
+    while i < len(argv):
+        a = argv[i]
+        if a == "bench":
+            return argv[:i], argv[i + 1:]
+        if a in COMMON_WITH_VALUE:
+            i += 2
+            continue
+        if a.startswith("-"):
+            i += 1
+            continue
+        return None
+    return None
+
+
 def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    split = _bench_split(argv)
+    if split is not None:
+        before, rest = split
+        top = build_parser().parse_args(before + ["status"])     # validates the options before `bench`
+        if top.urls and "--urls" not in rest and "--local" not in rest:
+            rest = ["--urls", top.urls] + rest
+        if top.json and "--json" not in rest:
+            rest = rest + ["--json"]
+        return cmd_bench(rest)
     args = build_parser().parse_args(argv)
     return args.fn(args) or 0
 

@@ -247,8 +247,18 @@ class Replica:
         return self.syncobj._isLeader()
 
     def leader_raft(self) -> str | None:
-        leader = self.syncobj._getLeader()
-        return None if leader is None else str(leader.id if hasattr(leader, "id") else leader)
+        s = self.syncobj
+        leader = s._getLeader()
+        if leader is None:
+            return None
+        if not s._isLeader():
+            # pysyncobj starts an election only while connected to some peer, so a follower cut
+            # off from everyone keeps its last leader forever. A leader not heard from for longer
+            # than the election timeout is not known any more.
+            deadline = getattr(s, "_SyncObj__raftElectionDeadline", None)
+            if deadline is not None and deadline < monotonicTime():
+                return None
+        return str(leader.id if hasattr(leader, "id") else leader)
 
     def role(self) -> str:
         try:

@@ -1,0 +1,340 @@
+"""The `raftq` command line against a real cluster, run as subprocesses like a user would."""
+import base64
+import json
+import os
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from cluster.client import Retry, SyncClient
+from cluster.local import LocalCluster, free_ports
+from tests.conftest import poll
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    c = LocalCluster(tmp_path_factory.mktemp("cli"), storage={"dead_letter_retention_ms": 3_600_000},
+                     queues=[{"name": "jsononly", "allowed_encodings": ["application/json"]},
+                             {"name": "tiny", "max_queue_depth": 5}])
+    c.write_configs()
+    c.start_all()
+    c.wait_leader(30)
+    yield c
+    c.close()
+
+
+@pytest.fixture(scope="module")
+def client(cluster):
+    with SyncClient(cluster.urls, transport="http", timeout=15) as c:
+        yield c
+
+
+def raftq(*args, urls=None, input=None, env=None, timeout=60):
+    """Run `python -m cluster.cli ARGS`; return (exit code, stdout, stderr)."""
+    cmd = [sys.executable, "-m", "cluster.cli", *args]
+    if urls is not None:
+        cmd += ["--urls", ",".join(urls)]
+    e = {k: v for k, v in os.environ.items() if k not in ("RAFTQ_URLS", "RAFTQ_API_KEY")}
+    e["PYTHONPATH"] = str(ROOT) + os.pathsep + e.get("PYTHONPATH", "")
+    e.update(env or {})
+    p = subprocess.run(cmd, input=input if input is not None else "", capture_output=True, text=True,
+                       env=e, cwd=str(ROOT), timeout=timeout)
+    assert "Traceback" not in p.stderr, p.stderr
+    return p.returncode, p.stdout, p.stderr
+
+
+def qname():
+    return "cli-" + uuid.uuid4().hex[:8]
+
+
+def make_dead_letters(client, queue, n):
+    ids = [client.enqueue(queue, "fail", f"payload {i}".encode()).job_id for i in range(n)]
+    jobs = client.reserve([queue], 30_000, max_jobs=n)
+    assert sorted(j.id for j in jobs) == sorted(ids)
+    for j in jobs:
+        assert client.nack(j, reason="boom", retry=Retry.dead_letter()) is True
+    return ids
+
+
+# ---------------------------------------------------------------------------- status
+def test_status_table_and_json(cluster):
+    code, out, err = raftq("status", urls=cluster.urls)
+    assert code == 0, err
+    leader = cluster.ids[cluster.wait_leader()]
+    lines = out.splitlines()
+    assert lines[0].split() == ["NODE", "URL", "ROLE", "TERM", "COMMIT", "APPLIED", "DIGEST", "PEERS", "LEADER"]
+    for i, node in enumerate(cluster.ids):
+        row = next(line.split() for line in lines[1:] if line.split()[:1] == [node])
+        assert row[1] == cluster.urls[i]
+        assert row[2] == ("leader" if node == leader else "follower")
+        assert row[7] == "2/2" and row[8] == leader
+    assert f"leader: {leader} at {cluster.urls[cluster.ids.index(leader)]}" in out
+
+    # One URL is enough: the others are found through the members list. Options work before the command.
+    code, out, err = raftq("--json", "status", "--urls", cluster.urls[0])
+    assert code == 0, err
+    views = json.loads(out)
+    assert sorted(v["node_id"] for v in views) == cluster.ids
+    assert sorted(v["url"] for v in views) == sorted(cluster.urls)
+    assert [v["role"] for v in views].count("leader") == 1
+    assert all(v["leader"]["id"] == leader and v["digest"] for v in views)
+
+
+# ---------------------------------------------------------------------------- enqueue, job, queues
+def test_enqueue_one_and_inspect_it(cluster):
+    q = qname()
+    code, out, err = raftq("enqueue", q, "welcome", "--data", '{"user": 42}', "--priority", "7",
+                           "--custom", "tenant=acme", "--custom", "n=3", "--custom", 'zip="01234"',
+                           "--max-attempts", "5", urls=cluster.urls)
+    assert code == 0, err
+    job_id = out.strip()
+    assert str(uuid.UUID(job_id)) == job_id
+
+    code, out, err = raftq("job", job_id, urls=cluster.urls)
+    assert code == 0, err
+    assert "state        ready" in out and "priority     7" in out and "attempt      1 of 5" in out
+    assert "12 bytes, application/json" in out and '{\\"user\\": 42}' in out
+
+    code, out, err = raftq("job", job_id, "--json", urls=cluster.urls)
+    job = json.loads(out)
+    assert job["id"] == job_id and job["queue"] == q and job["state"] == "ready"
+    assert job["custom"] == {"tenant": "acme", "n": 3, "zip": "01234"}
+    assert base64.b64decode(job["payload"]["data_b64"]) == b'{"user": 42}'
+
+    code, out, err = raftq("job", job_id, "--payload", urls=cluster.urls)
+    assert code == 0 and out == '{"user": 42}'
+
+    # A delayed job; an idempotency key deduplicates, and --json shows it.
+    code, out, err = raftq("enqueue", q, "later", "--delay-ms", "60000", "--idempotency-key", "k1", "--json",
+                           urls=cluster.urls)
+    first = json.loads(out)
+    assert code == 0 and first["deduplicated"] is False
+    code, out, err = raftq("enqueue", q, "later", "--delay-ms", "60000", "--idempotency-key", "k1", "--json",
+                           urls=cluster.urls)
+    assert json.loads(out) == {"job_id": first["job_id"], "deduplicated": True}
+    code, out, err = raftq("job", first["job_id"], urls=cluster.urls)
+    fields = dict(line.split(None, 1) for line in out.splitlines() if not line.startswith(("job type", "scheduled")))
+    assert fields["state"] == "scheduled" and "scheduled at" in out and "(in 5" in out
+
+
+def test_enqueue_count_uses_batches_and_shows_progress(cluster):
+    q = qname()
+    code, out, err = raftq("enqueue", q, "bulk", "--data", "x", "--count", "300", "--batch-size", "64",
+                           "--progress", urls=cluster.urls)
+    assert code == 0, err
+    ids = out.split()
+    assert len(ids) == len(set(ids)) == 300
+    assert "300/300" in err and "[####" in err and "enqueued 300 jobs" in err
+    code, out, err = raftq("queues", q, "--json", urls=cluster.urls)
+    assert json.loads(out)["ready"] == 300 and json.loads(out)["enqueued"] == 300
+
+
+def test_rejections_say_why(cluster):
+    code, out, err = raftq("enqueue", "jsononly", "t", "--data", "plain text", urls=cluster.urls)
+    assert code == 1 and out == ""
+    assert "enqueue rejected: encoding_not_allowed" in err and "application/json" in err and "--encoding" in err
+
+    # Best-effort batches stop at the first rejection and report what went in.
+    code, out, err = raftq("enqueue", "tiny", "t", "--count", "8", "--batch-size", "3", urls=cluster.urls)
+    assert code == 1
+    assert len(out.split()) == 5
+    assert "enqueued 5 of 8" in err and "queue_full" in err
+
+    code, out, err = raftq("enqueue", "q", "t", "--count", "2", "--idempotency-key", "k", urls=cluster.urls)
+    assert code == 2 and "--idempotency-key" in err
+    code, out, err = raftq("enqueue", "q", "t", "--data", "", urls=cluster.urls)
+    assert code == 2 and "at least one byte" in err
+
+
+def test_queues_table_detail_and_json(cluster, client):
+    q = qname()
+    for _ in range(2):
+        client.enqueue(q, "t", b"x")
+    code, out, err = raftq("queues", urls=cluster.urls)
+    assert code == 0, err
+    assert out.splitlines()[0].split()[:6] == ["QUEUE", "PAUSED", "READY", "SCHEDULED", "IN_FLIGHT", "DEAD"]
+    row = next(line.split() for line in out.splitlines() if line.startswith(q + " "))
+    assert row[1:4] == ["no", "2", "0"]
+    assert "queue(s);" in out.splitlines()[-1]
+    code, out, err = raftq("queues", "--json", urls=cluster.urls)
+    assert next(x for x in json.loads(out) if x["name"] == q)["enqueued"] == 2
+
+    code, out, err = raftq("queues", "tiny", urls=cluster.urls)
+    assert code == 0 and "declared               yes" in out and "limits:" in out
+    assert "max_queue_depth          5" in out
+    code, out, err = raftq("queues", "tiny", "--json", urls=cluster.urls)
+    assert json.loads(out)["limits"]["max_queue_depth"] == 5
+
+
+def test_pause_and_resume(cluster, client):
+    q = qname()
+    client.enqueue(q, "t", b"x")
+    code, out, err = raftq("pause", q, urls=cluster.urls)
+    assert code == 0 and f"queue {q} paused" in out
+    code, out, err = raftq("queues", q, "--json", urls=cluster.urls)
+    assert json.loads(out)["paused"] is True
+    assert client.reserve([q], 10_000) == []
+    code, out, err = raftq("resume", q, "--json", urls=cluster.urls)
+    assert code == 0 and json.loads(out) == {"queue": q, "paused": False}
+    assert len(client.reserve([q], 10_000)) == 1
+
+
+def test_cancel(cluster, client):
+    q = qname()
+    ready = client.enqueue(q, "t", b"x").job_id
+    code, out, err = raftq("cancel", ready, urls=cluster.urls)
+    assert code == 0 and f"cancelled {ready}" in out
+    code, out, err = raftq("cancel", ready, urls=cluster.urls)
+    assert code == 1 and "cannot cancel" in err
+
+
+# ---------------------------------------------------------------------------- dead letters
+def test_dlq_list_requeue_delete_drain(cluster, client, tmp_path):
+    q = qname()
+    ids = make_dead_letters(client, q, 3)
+
+    code, out, err = raftq("dlq", "list", "--queue", q, urls=cluster.urls)
+    assert code == 0, err
+    assert out.splitlines()[0].split()[:4] == ["JOB", "QUEUE", "TYPE", "CAUSE"]
+    assert all(i in out for i in ids) and "rejected" in out and "boom" in out and "3 dead letter(s)" in out
+    code, out, err = raftq("dlq", "list", "--queue", q, "--json", urls=cluster.urls)
+    records = json.loads(out)
+    assert [r["job"]["id"] for r in records] == ids and records[0]["last_reason"] == "boom"
+    code, out, err = raftq("dlq", "list", "--queue", q, "--limit", "2", urls=cluster.urls)
+    assert "2 dead letter(s) shown; more remain" in out
+
+    # requeue: the job is ready again under the same id; an unknown id is reported and fails the command.
+    missing = str(uuid.uuid4())
+    code, out, err = raftq("dlq", "requeue", ids[0], missing, urls=cluster.urls)
+    assert code == 1
+    assert f"requeued {ids[0]}" in out and f"missing {missing}" in out and "not dead letters" in err
+    code, out, err = raftq("job", ids[0], "--json", urls=cluster.urls)
+    assert json.loads(out)["state"] == "ready" and json.loads(out)["attempt"] == 1
+
+    code, out, err = raftq("dlq", "delete", ids[1], "--json", urls=cluster.urls)
+    assert code == 0 and json.loads(out) == {"deleted": [ids[1]], "missing": []}
+
+    # drain is destructive: without --yes and without a terminal it refuses and changes nothing.
+    code, out, err = raftq("dlq", "drain", "--queue", q, urls=cluster.urls)
+    assert code == 2 and "--yes" in err
+    code, out, err = raftq("dlq", "list", "--queue", q, "--json", urls=cluster.urls)
+    assert [r["job"]["id"] for r in json.loads(out)] == [ids[2]]
+
+    dest = tmp_path / "drained.jsonl"
+    code, out, err = raftq("dlq", "drain", "--queue", q, "--yes", "--out", str(dest), urls=cluster.urls)
+    assert code == 0, err
+    lines = dest.read_text().splitlines()
+    assert [json.loads(x)["job"]["id"] for x in lines] == [ids[2]]
+    assert "drained 1 dead letter(s)" in err
+    code, out, err = raftq("dlq", "list", "--queue", q, urls=cluster.urls)
+    assert code == 0 and "no dead letters" in out
+
+    # Drain to stdout: JSON lines, at most --max.
+    q2 = qname()
+    more = make_dead_letters(client, q2, 2)
+    code, out, err = raftq("dlq", "drain", "--queue", q2, "--max", "1", "-y", urls=cluster.urls)
+    assert code == 0, err
+    assert [json.loads(x)["job"]["id"] for x in out.splitlines()] == more[:1]
+    code, out, err = raftq("dlq", "drain", "--queue", q2, "--yes", urls=cluster.urls)
+    assert [json.loads(x)["job"]["id"] for x in out.splitlines()] == more[1:]
+    code, out, err = raftq("dlq", "drain", "--queue", q2, "--yes", urls=cluster.urls)
+    assert code == 0 and out == "" and "nothing drained" in err
+
+
+# ---------------------------------------------------------------------------- errors
+def test_errors_say_what_to_do(cluster):
+    code, out, err = raftq("job", str(uuid.uuid4()), urls=cluster.urls)
+    assert code == 1 and "not found" in err
+    code, out, err = raftq("job", "not-a-uuid", urls=cluster.urls)
+    assert code == 1 and "invalid argument" in err and "canonical UUID" in err
+
+    dead = [f"http://127.0.0.1:{p}" for p in free_ports(2)]
+    for args in (["status"], ["enqueue", "q", "t"], ["queues"], ["dlq", "list"]):
+        code, out, err = raftq(*args, urls=dead)
+        assert code == 2, (args, err)
+        assert "cannot reach any node at " + dead[0] in err and "raftq up" in err, err
+    # RAFTQ_URLS is the default for --urls.
+    code, out, err = raftq("queues", env={"RAFTQ_URLS": ",".join(dead)})
+    assert code == 2 and dead[1] in err
+
+
+def test_bench_passes_its_arguments_through():
+    code, out, err = raftq("bench", "--help")
+    assert code == 0 and "raftq bench" in out and "--jobs" in out
+
+
+def test_status_and_requests_without_a_leader(make_cluster):
+    c = make_cluster(durability="memory")
+    leader = c.wait_leader()
+    survivor = (leader + 1) % 3
+    for i in range(3):
+        if i != survivor:
+            c.kill(i)
+
+    def no_leader():
+        code, out, err = raftq("status", urls=c.urls)
+        return (code, out, err) if code == 1 else None
+
+    code, out, err = poll(no_leader, timeout=20, interval=0.5, what="status to report no leader")
+    assert "no leader" in out
+    assert out.count(" down ") == 2 or out.count("down") >= 2
+    code, out, err = raftq("status", "--json", urls=c.urls)
+    views = json.loads(out)
+    assert code == 1 and sorted(v["role"] for v in views).count("down") == 2
+
+    t0 = time.monotonic()
+    code, out, err = raftq("enqueue", "q", "t", "--timeout", "2", urls=c.urls)
+    assert code == 3, err
+    assert "raftq status" in err and "outcome is unknown" in err and time.monotonic() - t0 < 15
+
+
+def test_progress_bar_helper():
+    import io
+    from cluster.progress import Progress
+
+    quiet = io.StringIO()
+    with Progress(10, "x", stream=quiet) as bar:       # not a terminal: draws nothing
+        bar.update(10)
+    assert quiet.getvalue() == ""
+
+    out = io.StringIO()
+    bar = Progress(200, "copy", unit="jobs", stream=out, enabled=True, min_interval=0, width=80)
+    bar.update(50)
+    assert "\rcopy [" in out.getvalue() and "50/200 jobs  25%" in out.getvalue() and "ETA" in out.getvalue()
+    bar.update(150)
+    bar.close("done")
+    text = out.getvalue()
+    assert "200/200 jobs 100%" in text and text.endswith("\ndone\n") and text.count("200/200") == 1
+    assert "[" + "#" * 10 in text
+
+    counter = io.StringIO()
+    with Progress(None, "scan", stream=counter, enabled=True, min_interval=0) as bar:
+        bar.update(7)
+    assert "scan 7 (" in counter.getvalue()
+
+
+def test_status_warns_when_digests_differ_at_one_index(monkeypatch, capsys):
+    """Synthetic views (a real divergence is a bug we cannot provoke): the warning names the nodes."""
+    from cluster import cli, commands
+
+    def view(node, role, digest, applied=7):
+        members = [{"id": f"n{i}", "url": f"http://h{i}", "raft_addr": "", "connected": True} for i in (1, 2, 3)]
+        return {"node_id": node, "role": role, "leader": {"id": "n1", "url": "http://h1"}, "term": 4,
+                "commit_index": 7, "last_applied": applied, "members": members, "ready": True, "digest": digest}
+
+    async def probe(self, urls):
+        views = {"http://h1": view("n1", "leader", "a" * 64), "http://h2": view("n2", "follower", "a" * 64),
+                 "http://h3": view("n3", "follower", "b" * 64)}
+        return [commands.NodeAnswer(u, 200, views[u]) for u in urls]
+
+    monkeypatch.setattr(commands.Ctx, "probe", probe)
+    assert cli.main(["status", "--urls", "http://h1,http://h2,http://h3"]) == 0
+    out, err = capsys.readouterr()
+    assert "leader: n1 at http://h1, term 4; 3/3 nodes up" in out and "aaaaaaaaaaaa" in out
+    assert "disagree on the state at applied index 7" in err and "n3: bbbbbbbbbbbb" in err
