@@ -398,9 +398,18 @@ class Client:
             if s is not None:
                 await s.close()
                 self._session = None
-            ws = await self._http_session().ws_connect(
+            # Bounded: a paused (SIGSTOP) node accepts the TCP connection and never answers.
+            ws = await asyncio.wait_for(self._http_session().ws_connect(
                 leader + "/v1/session", headers=self._headers(None), max_msg_size=0,
-                timeout=aiohttp.ClientWSTimeout(ws_close=5.0), autoping=True, heartbeat=20.0)
+                timeout=aiohttp.ClientWSTimeout(ws_close=5.0), autoping=True, heartbeat=20.0),
+                min(timeout, self.connect_timeout))
+            # aiohttp follows a follower's 307 during the handshake by itself: remember where
+            # the session really went, or the client keeps calling the follower the leader.
+            resp = getattr(ws, "_response", None)
+            final = str(resp.url) if resp is not None and resp.history else ""
+            if final.endswith("/v1/session") and final[:-len("/v1/session")] != leader:
+                leader = self.leader = final[:-len("/v1/session")]
+                self.stats["redirects"] += 1
             self._session = _Session(leader, ws)
             self.stats["sessions"] += 1
             return self._session
