@@ -344,3 +344,25 @@ async def test_shutdown_deadline_interrupts_and_requeues_stuck_jobs(client):
     assert stats.extended >= 1                    # the grace period outlived the 1.5 s lease
     view = await client.job(job_id)
     assert (view.state, view.attempt) == ("ready", 2)
+
+
+# ---------------------------------------------------------------------------- lease budget
+async def test_lease_budget_uses_the_real_expiry_and_never_trusts_more_than_was_asked():
+    from cluster.worker import _InFlight
+    w = Worker(Client(["http://127.0.0.1:9"]), ["q"], {}, lease_ms=3000, extend_margin=1 / 3)
+    loop = asyncio.get_running_loop()
+    now_ms = time.time() * 1000
+    rec = _InFlight(None)
+    # Clamped grant (server says 1.5 s left, the worker asked 3 s): budget the 1.5 s.
+    w._set_lease(rec, int(now_ms + 1500))
+    assert 1.3 < rec.deadline - loop.time() <= 1.5
+    assert abs((rec.deadline - rec.extend_at) - 0.5) < 0.05          # extend at 1/3 left
+    # A wrong clock estimate that makes the grant look longer than asked is capped at lease_ms.
+    w.clock_offset_ms = -60_000
+    w._set_lease(rec, int(now_ms + 1500))
+    assert rec.deadline - loop.time() <= 3.0
+    # The estimate's uncertainty is taken off the budget; a short lease keeps a minimum margin.
+    w.clock_offset_ms, w.clock_error_ms = 0.0, 200.0
+    w._set_lease(rec, int(now_ms + 600))
+    assert rec.deadline - loop.time() <= 0.4
+    assert abs((rec.deadline - rec.extend_at) - w.min_extend_margin_ms / 1000) < 0.01
