@@ -147,7 +147,7 @@ class QueueMachine:
         self.jobs: dict[str, Job] = {}
         self.queues: dict[str, Queue] = {}
         self.sched_heap: list = []      # (run_at, seq, job)
-        self.lease_heap: list = []      # (lease_expires, ctr, job)
+        self.lease_heap: list = []      # (lease_expires, ctr, job id): see _lease
         self.deadline_heap: list = []   # (deadline, seq, job)
         self.dedup: dict[tuple[str, str], tuple[str, int]] = {}   # (queue, key) -> (job_id, expires)
         self.dedup_heap: list = []      # (expires, queue, key)
@@ -467,7 +467,7 @@ class QueueMachine:
                 ctr = self.ctr
                 undo += (setattr, self, "ctr", ctr)
                 self.ctr = ctr = ctr + 1
-                lease = (expires, ctr, job)
+                lease = (expires, ctr, job.id)
                 undo += (_heap_remove, lease_heap, lease, None)
                 heappush(lease_heap, lease)
                 out.append(job.render())
@@ -476,11 +476,15 @@ class QueueMachine:
         return 200, {"jobs": out}
 
     def _lease(self, job: Job, expires: int):
+        # A lease entry names its job by id, not by reference: an acked job is freed at once
+        # (payload included) instead of living on in its stale entry until the lease would
+        # have expired, and the entry, all atomic, is nothing the cyclic GC has to traverse.
+        # An entry is live while jobs[id] is in flight with this expiry (ids are fresh UUIDs).
         ctr = self.ctr
         undo = self._undo
         undo += (setattr, self, "ctr", ctr)
         self.ctr = ctr = ctr + 1
-        self._push(self.lease_heap, (expires, ctr, job))
+        self._push(self.lease_heap, (expires, ctr, job.id))
 
     # ------------------------------------------------------------------ ack / nack / extend
     def _fenced(self, job_id: str, attempt: int):
@@ -688,8 +692,9 @@ class QueueMachine:
         heap, n = self.lease_heap, 0
         while heap and heap[0][0] <= now and n < budget:
             n += 1
-            expires, _, job = self._heappop(heap)
-            if job.state == IN_FLIGHT and job.lease_expires == expires and self.jobs.get(job.id) is job:
+            expires, _, job_id = self._heappop(heap)
+            job = self.jobs.get(job_id)
+            if job is not None and job.state == IN_FLIGHT and job.lease_expires == expires:
                 q = self.queues[job.queue]
                 self._add(q, "in_flight", -1)
                 counts["leases_expired"] += 1
@@ -830,8 +835,8 @@ class QueueMachine:
                        for q in self.queues.values()],
             "sched": [(e[0], e[1], e[2].id) for e in self.sched_heap
                       if e[2].state == SCHEDULED and e[2].run_at == e[0] and self.jobs.get(e[2].id) is e[2]],
-            "leases": [(e[0], e[1], e[2].id) for e in self.lease_heap
-                       if e[2].state == IN_FLIGHT and e[2].lease_expires == e[0] and self.jobs.get(e[2].id) is e[2]],
+            "leases": [e for e in self.lease_heap
+                       if (j := self.jobs.get(e[2])) is not None and j.state == IN_FLIGHT and j.lease_expires == e[0]],
             "deadlines": [(e[0], e[1], e[2].id) for e in self.deadline_heap
                           if e[2].deadline == e[0] and self.jobs.get(e[2].id) is e[2]],
             "dedup": [(k[0], k[1], v[0], v[1]) for k, v in self.dedup.items()],
@@ -870,7 +875,7 @@ class QueueMachine:
             q.ready_fifo = deque([(a, b, c, m.jobs[i]) for a, b, c, i in heap[k:]])
             m.queues[name] = q
         m.sched_heap = [(a, b, m.jobs[i]) for a, b, i in data["sched"]]
-        m.lease_heap = [(a, b, m.jobs[i]) for a, b, i in data["leases"]]
+        m.lease_heap = [(a, b, m.jobs[i].id) for a, b, i in data["leases"]]
         m.deadline_heap = [(a, b, m.jobs[i]) for a, b, i in data["deadlines"]]
         for h in (m.sched_heap, m.lease_heap, m.deadline_heap):
             heapq.heapify(h)
