@@ -316,7 +316,8 @@ class _Session:
 class Client:
     def __init__(self, urls, api_key: str | None = None, transport: str = "session", *,
                  timeout: float = 30.0, connect_timeout: float = 5.0, backoff_base: float = 0.05,
-                 backoff_max: float = 1.0, auto_idempotency: bool = True, connections: int = 100):
+                 backoff_max: float = 1.0, auto_idempotency: bool = True, connections: int = 100,
+                 attempt_timeout: float = 8.0):
         if isinstance(urls, str):
             urls = [u for u in urls.split(",") if u]
         if not urls:
@@ -331,6 +332,7 @@ class Client:
         self.backoff_base, self.backoff_max = backoff_base, backoff_max
         self.auto_idempotency = auto_idempotency
         self.connections = connections
+        self.attempt_timeout = attempt_timeout
         self.leader: str | None = None
         self._http: aiohttp.ClientSession | None = None
         self._session: _Session | None = None
@@ -416,9 +418,13 @@ class Client:
 
     # ------------------------------------------------------------------ the call loop
     async def call(self, op: str, method: str, path: str, body=None, *, mutating: bool,
-                   request_id: str | None = None, timeout: float | None = None, leader_only: bool = True):
-        """One API call with leader discovery, redirects and retries; returns the 200 body."""
+                   request_id: str | None = None, timeout: float | None = None, leader_only: bool = True,
+                   extra_wait: float = 0.0):
+        """One API call with leader discovery, redirects and retries; returns the 200 body.
+        Each attempt gets at most `attempt_timeout` (+ `extra_wait` for a long poll), so a
+        paused or partitioned node costs one attempt, not the whole deadline."""
         loop = asyncio.get_running_loop()
+        attempt_timeout = self.attempt_timeout + extra_wait
         deadline = loop.time() + (timeout if timeout is not None else self.timeout)
         rid = request_id or (uuid.uuid4().hex if mutating else None)
         attempt = 0
@@ -444,9 +450,10 @@ class Client:
                             continue
                         self.leader = None
                         raise Unavailable("unavailable", f"session refused: {e.status}")
-                    status, out = await session.call(op, body, rid, remaining)
+                    status, out = await session.call(op, body, rid, min(remaining, attempt_timeout))
                 else:
-                    status, out = await self._http_call(method, target + path, body, rid, remaining)
+                    status, out = await self._http_call(method, target + path, body, rid,
+                                                        min(remaining, attempt_timeout))
             except SessionLost as e:
                 self.leader = e.leader_url.rstrip("/") if e.leader_url else None
                 last = e
@@ -526,7 +533,7 @@ class Client:
         if worker_id:
             body["worker_id"] = worker_id
         out = await self.call("reserve", "POST", "/v1/reserve", body, mutating=True, request_id=request_id,
-                              timeout=wait_ms / 1000.0 + self.timeout)
+                              timeout=wait_ms / 1000.0 + self.timeout, extra_wait=wait_ms / 1000.0)
         return [Job.from_wire(j) for j in out["jobs"]]
 
     @staticmethod
