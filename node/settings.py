@@ -220,6 +220,8 @@ TUNING_DEFAULTS = {
     "max_inflight": 20000,
     "log_compaction_min_entries": 50000,
     "log_compaction_min_time_s": 300,
+    "dns_cache_time_s": 30,          # pysyncobj caches peer addresses (default 600 s): a peer
+    "dns_fail_cache_time_s": 5,      # that comes back on a new IP must be found quickly
 }
 
 
