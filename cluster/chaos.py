@@ -1,0 +1,366 @@
+"""`raftq chaos`: prove that failover loses nothing.
+
+Starts a local cluster (real node processes, every Raft link through a fault-injecting proxy),
+runs a mixed workload through the client while a nemesis injects faults, heals, drains
+everything, and checks the history against the invariants (cluster/chaos_checker.py).
+
+    python -m cluster.chaos --duration 600                # all fault kinds, 3 nodes, fsync
+    python -m cluster.chaos --duration 60 --faults kill-leader,pause-leader --seed 7 --json
+    python -m cluster.chaos --nodes 5 --durability memory --dir /tmp/run1
+
+Exit status: 0 when every invariant holds, 1 on any violation, 2 when the run itself could not
+be set up. A run's directory (kept on failure, or with --dir/--keep) holds the node configs and
+logs, `history.jsonl` (every op's invoke and completion) and `report.json`.
+
+Power loss: kill -9 of every node (`kill-all`) loses nothing in either durability mode,
+because the page cache survives a process crash. Losing unsynced writes for real needs a
+power cut or a filesystem that drops them (LazyFS, root), so `memory` vs `fsync` differ only in
+what CLUSTER.md promises, not in what this tool can show.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import shutil
+import sys
+import tempfile
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .chaos_checker import check, percentile, unavailability
+from .chaos_nemesis import KINDS, Env, Nemesis, Sampler, ScheduleConfig
+from .chaos_proxy import ProxyNet
+from .chaos_workload import History, WorkloadConfig, Workload, final_drain, lease_liveness_probe, wall_ms
+from .local import LocalCluster, http_json
+
+RETRY_LIMITS = {"retry_delay_ms": 100, "retry_backoff": "exponential", "retry_delay_max_ms": 1000}
+
+
+@dataclass
+class ChaosOptions:
+    duration: float = 60.0
+    nodes: int = 3
+    seed: int | None = None
+    faults: tuple = KINDS
+    durability: str = "fsync"
+    dir: str | None = None
+    keep: bool = False
+    progress: bool = True
+    schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
+    workload: WorkloadConfig = field(default_factory=WorkloadConfig)
+    sweep_interval_ms: int = 500
+    leader_bound_s: float = 10.0
+    lease_probe: bool = True
+    tuning: dict = field(default_factory=dict)
+
+
+class Progress:
+    def __init__(self, enabled: bool, stream=sys.stderr):
+        self.enabled = enabled
+        self.stream = stream
+        self.tty = enabled and stream.isatty()
+        self.last_line = 0.0
+
+    def line(self, text: str, force: bool = False):
+        if not self.enabled:
+            return
+        if self.tty:
+            self.stream.write("\r\x1b[K" + text)
+            self.stream.flush()
+        elif force or time.monotonic() - self.last_line >= 10:
+            self.last_line = time.monotonic()
+            self.stream.write(text + "\n")
+            self.stream.flush()
+
+    def event(self, text: str):
+        if not self.enabled:
+            return
+        if self.tty:
+            self.stream.write("\r\x1b[K" + text + "\n")
+        else:
+            self.stream.write(text + "\n")
+        self.stream.flush()
+
+    def done(self):
+        if self.tty:
+            self.stream.write("\n")
+            self.stream.flush()
+
+
+async def _progress_loop(h: History, nemesis: Nemesis, sampler: Sampler, progress: Progress, duration: float,
+                         phase: dict):
+    while True:
+        c = Counter()
+        for (f, outcome), n in h.counts.items():
+            c[outcome] += n
+        leader, term = sampler.leader_now()
+        active = ",".join(f.kind for f in nemesis.active) or "-"
+        progress.line(f"[{h.now():6.1f}/{duration:.0f}s {phase['name']}] faults {len(nemesis.faults)} "
+                      f"active {active} | ops ok {c['ok']} fail {c['fail']} unknown {c['unknown']} | "
+                      f"leader {leader or '-'} term {term if term is not None else '-'}")
+        await asyncio.sleep(1.0)
+
+
+async def _wait_clock_sane(env: Env, timeout: float) -> float:
+    """After a forward clock skew the replicated clock runs ahead of the wall clock until real
+    time catches up (it never goes back). Wait for that, so the liveness probe measures leases,
+    not the skew."""
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout:
+        views = await env.views()
+        clocks = [((v or {}).get("state") or {}).get("clock_ms") for v in views.values()]
+        clocks = [c for c in clocks if c]
+        if clocks and max(clocks) <= wall_ms() + 200:
+            break
+        await asyncio.sleep(0.2)
+    return time.monotonic() - t0
+
+
+async def run_chaos(opts: ChaosOptions) -> dict:
+    seed = opts.seed if opts.seed is not None else random.randrange(1 << 31)
+    made_dir = opts.dir is None
+    directory = Path(opts.dir) if opts.dir else Path(tempfile.mkdtemp(prefix="raftq-chaos-"))
+    directory.mkdir(parents=True, exist_ok=True)
+    progress = Progress(opts.progress)
+    wcfg = opts.workload
+    wcfg.sweep_interval_ms = opts.sweep_interval_ms
+    scfg = opts.schedule
+    scfg.kinds = tuple(opts.faults)
+    cluster = LocalCluster(directory, nodes=opts.nodes, durability=opts.durability, limits=dict(RETRY_LIMITS),
+                           storage={"dead_letter_retention_ms": 3_600_000, "sweep_interval_ms": opts.sweep_interval_ms},
+                           tuning=dict(opts.tuning))
+    raft_addrs = [f"127.0.0.1:{p}" for p in cluster.raft_ports]
+    net = ProxyNet(raft_addrs, encrypted=bool(cluster.secret), seed=seed)
+    net.start()
+    for i, m in net.dial_maps().items():
+        if m:
+            cluster.node_env[i] = {"RAFTQ_RAFT_DIAL_MAP": json.dumps(m)}
+    sink = open(directory / "history.jsonl", "wb")
+    h = History({u: cluster.ids[i] for i, u in enumerate(cluster.urls)}, sink=sink)
+    env = Env(cluster, net, h)
+    report: dict = {"seed": seed, "nodes": opts.nodes, "durability": opts.durability, "duration_s": opts.duration,
+                    "fault_kinds": list(opts.faults), "dir": str(directory)}
+    phase = {"name": "start"}
+    nemesis = Nemesis(env, seed, scfg, on_event=lambda m: progress.event(f"[{h.now():6.1f}s] {m}"))
+    sampler = Sampler(env)
+    workload = None
+    ptask = None
+    t_start = time.monotonic()
+    try:
+        cluster.write_configs()
+        cluster.start_all()
+        await asyncio.to_thread(cluster.wait_leader, 40)
+        status, info = http_json("GET", cluster.urls[0] + "/v1/server-info")
+        horizon = info.get("max_schedule_horizon_ms", 2_592_000_000) if status == 200 else 2_592_000_000
+        await env.open()
+        sampler.start()
+        workload = Workload(cluster.urls, h, seed, wcfg)
+        workload.start()
+        phase["name"] = "run"
+        ptask = asyncio.get_running_loop().create_task(_progress_loop(h, nemesis, sampler, progress, opts.duration, phase))
+        stop_at = h.now() + opts.duration
+        await nemesis.run(stop_at)
+        if h.now() < stop_at:
+            await asyncio.sleep(stop_at - h.now())
+
+        # ---- heal, then liveness
+        phase["name"] = "heal"
+        await nemesis.heal_all()
+        t_heal = h.now()
+        healthy = await env.wait_healthy(timeout=max(opts.leader_bound_s * 3, 30))
+        leader_after = None if healthy is None else round(h.now() - t_heal, 3)
+        phase["name"] = "stop workload"
+        await workload.stop()
+        h.close_open()
+        phase["name"] = "clock"
+        clock_wait = await _wait_clock_sane(env, 15 + env.max_forward_skew_ms / 1000)
+        lease_probe = None
+        if opts.lease_probe:
+            phase["name"] = "lease probe"
+            lease_probe = await lease_liveness_probe(cluster.urls, h, lease_ms=1000,
+                                                     sweep_interval_ms=opts.sweep_interval_ms)
+        phase["name"] = "drain"
+        drain = await final_drain(cluster.urls, h)
+        phase["name"] = "converge"
+        try:
+            views = await asyncio.to_thread(cluster.wait_converged, 30)
+        except TimeoutError:
+            views = [cluster.cluster_view(i) for i in range(cluster.n)]
+        await sampler.sample_once()
+        await sampler.stop()
+        phase["name"] = "check"
+        liveness = {"leader_after_heal_s": leader_after, "leader_bound_s": opts.leader_bound_s,
+                    "lease_probe": lease_probe, "clock_wait_s": round(clock_wait, 3)}
+        retry = dict(RETRY_LIMITS, max_schedule_horizon_ms=horizon)
+        result = check(h.ops, dead_letters=drain["dead_letters"], drain=drain, views=views,
+                       leader_claims={t: sorted(s) for t, s in sampler.claims.items()}, liveness=liveness,
+                       retry=retry, clock_tolerance_ms=env.max_forward_skew_ms + 100,
+                       internal_errors=h.internal_errors)
+        faults = nemesis.records()
+        unav = unavailability(h.ops, [f for f in faults if not f.get("skipped")])
+        for u in unav:          # when a leader of a newer term was first seen after the fault
+            later = [(t, s) for t, s in sampler.first_seen.items() if s[1] >= u["t_inject"]]
+            if later:
+                term, (node, t) = min(later, key=lambda x: x[1][1])
+                u["next_leader"] = {"node": node, "term": term, "after_s": round(t - u["t_inject"], 3)}
+        by_kind: dict = {}
+        for u in unav:
+            by_kind.setdefault(u["kind"], []).append(u["unavailable_s"])
+        report.update({
+            "valid": result["valid"],
+            "elapsed_s": round(time.monotonic() - t_start, 1),
+            "faults": {"total": sum(1 for f in faults if not f.get("skipped")),
+                       "by_kind": dict(Counter(f["kind"] for f in faults if not f.get("skipped"))),
+                       "skipped": sum(1 for f in faults if f.get("skipped")),
+                       "mixed_steps": sum(1 for s in nemesis.steps if len(s["faults"]) > 1),
+                       "list": faults},
+            "steps": nemesis.steps,
+            "ops": result["stats"]["ops"],
+            "stats": result["stats"] | {"worker_stalls": workload.stalls, "leader_samples": sampler.samples,
+                                        "terms_seen": len(sampler.claims)},
+            "invariants": result["invariants"],
+            "violations": sum(i["count"] for i in result["invariants"]),
+            "unavailability": {
+                "by_kind": {k: {"n": len(v), "p50": percentile(v, 50), "p99": percentile(v, 99),
+                                "max": max((x for x in v if x is not None), default=None),
+                                "never": sum(1 for x in v if x is None)}
+                            for k, v in sorted(by_kind.items())},
+                "list": unav},
+            "liveness": liveness,
+            "drain": {"ok": drain["ok"], "seconds": round(drain["seconds"], 3),
+                      "dead_letters": len(drain["dead_letters"])},
+            "final_views": [{"node": (v or {}).get("node_id"), "last_applied": (v or {}).get("last_applied"),
+                             "digest": (v or {}).get("digest"), "term": (v or {}).get("term")} for v in views],
+            "proxy": await asyncio.to_thread(net.stats),
+        })
+        return report
+    finally:
+        progress.done()
+        if ptask is not None:
+            ptask.cancel()
+        if workload is not None and not workload.stopping.is_set():
+            try:
+                await workload.stop(grace_s=2)
+            except Exception:
+                pass
+        await sampler.stop()
+        await env.close()
+        await asyncio.to_thread(cluster.stop_all)
+        cluster.close()
+        net.close()
+        sink.close()
+        try:
+            (directory / "report.json").write_text(json.dumps(report, indent=1, default=str))
+        except OSError:
+            pass
+        if made_dir and not opts.keep and report.get("valid"):
+            shutil.rmtree(directory, ignore_errors=True)
+            report["dir"] = None
+
+
+# ---------------------------------------------------------------------------- the report
+def _fmt(x, nd=2):
+    return "-" if x is None else f"{x:.{nd}f}"
+
+
+def format_report(r: dict) -> str:
+    out = []
+    out.append(f"raftq chaos: seed {r['seed']}, {r['nodes']} nodes, durability {r['durability']}, "
+               f"{r['duration_s']:.0f} s of faults (elapsed {r.get('elapsed_s', 0):.0f} s)")
+    f = r["faults"]
+    out.append(f"\nfaults injected: {f['total']} ({f['mixed_steps']} mixed steps, {f['skipped']} skipped)")
+    out.append(f"  {'kind':20} {'count':>5}  {'unavail p50':>11} {'p99':>6} {'max':>6} {'never':>5}")
+    ub = r["unavailability"]["by_kind"]
+    for kind in sorted(f["by_kind"]):
+        u = ub.get(kind, {})
+        out.append(f"  {kind:20} {f['by_kind'][kind]:>5}  {_fmt(u.get('p50')):>11} {_fmt(u.get('p99')):>6} "
+                   f"{_fmt(u.get('max')):>6} {u.get('never', 0):>5}")
+    out.append("  (unavailability: seconds from the fault to the first successful write invoked after it)")
+    out.append("\noperations by outcome")
+    out.append(f"  {'op':10} {'ok':>8} {'fail':>8} {'unknown':>8}")
+    for op, c in r["ops"].items():
+        out.append(f"  {op:10} {c.get('ok', 0):>8} {c.get('fail', 0):>8} {c.get('unknown', 0):>8}")
+    s = r["stats"]
+    out.append(f"  jobs enqueued ok {s['enqueued_ok_jobs']}, recovered (unknown enqueue, delivered anyway) "
+               f"{s['recovered']}, deliveries {s['deliveries']}, redeliveries {s['redeliveries']}, "
+               f"dead letters {s['dead_letters']}, worker stalls {s.get('worker_stalls')}")
+    lv = r["liveness"]
+    lp = lv.get("lease_probe") or {}
+    out.append(f"\nliveness: leader {_fmt(lv.get('leader_after_heal_s'))} s after healing (bound "
+               f"{lv.get('leader_bound_s')} s); expired leases redelivered after {lp.get('samples')} s "
+               f"(bound {lp.get('bound_s')} s)")
+    out.append("\ninvariants")
+    for inv in r["invariants"]:
+        mark = "PASS" if inv["ok"] else "FAIL"
+        extra = f" (skipped: {inv['skipped']})" if inv.get("skipped") else ""
+        out.append(f"  {mark} {inv['name']:22} {inv['count']:>5}  {inv['about']}{extra}")
+        for ex in inv["examples"]:
+            out.append(f"         e.g. {json.dumps(ex, default=str)[:300]}")
+    verdict = "PASS" if r["valid"] else f"FAIL: {r['violations']} violation(s)"
+    out.append(f"\nresult: {verdict}" + (f"; run directory kept: {r['dir']}" if r.get("dir") else ""))
+    return "\n".join(out)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="raftq chaos", description="Chaos test a local raftq cluster: faults, a "
+                                "recorded workload, and a check of every invariant")
+    p.add_argument("--duration", type=float, default=60.0, help="seconds of faults (default 60)")
+    p.add_argument("--nodes", type=int, default=3, choices=(3, 5))
+    p.add_argument("--seed", type=int, default=None, help="replay a schedule (default: random, printed)")
+    p.add_argument("--faults", default="all", help=f"comma-separated kinds, or 'all': {','.join(KINDS)}")
+    p.add_argument("--durability", choices=("fsync", "memory"), default="fsync")
+    p.add_argument("--dir", default=None, help="run directory (kept); default: a temporary one, removed if the run passes")
+    p.add_argument("--keep", action="store_true", help="keep the temporary run directory")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.add_argument("--quiet", default=None, help="quiet period between steps, MIN,MAX seconds (default 2,6)")
+    p.add_argument("--mix", type=float, default=None, help="probability that a step mixes faults (default 0.35)")
+    p.add_argument("--producers", type=int, default=None)
+    p.add_argument("--workers", type=int, default=None)
+    p.add_argument("--no-progress", action="store_true", help="no progress line on stderr")
+    return p
+
+
+def options_from_args(args) -> ChaosOptions:
+    kinds = KINDS if args.faults in ("all", "") else tuple(k.strip() for k in args.faults.split(",") if k.strip())
+    unknown = [k for k in kinds if k not in KINDS]
+    if unknown:
+        raise SystemExit(f"raftq chaos: unknown fault kind(s) {', '.join(unknown)}; known: {', '.join(KINDS)}")
+    opts = ChaosOptions(duration=args.duration, nodes=args.nodes, seed=args.seed, faults=kinds,
+                        durability=args.durability, dir=args.dir, keep=args.keep, progress=not args.no_progress)
+    if args.quiet:
+        lo, hi = (float(x) for x in args.quiet.split(","))
+        opts.schedule.quiet_s = (lo, hi)
+    if args.mix is not None:
+        opts.schedule.mix_prob = args.mix
+    if args.producers is not None:
+        opts.workload.producers = args.producers
+    if args.workers is not None:
+        opts.workload.workers = args.workers
+    return opts
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    opts = options_from_args(args)
+    try:
+        report = asyncio.run(run_chaos(opts))
+    except KeyboardInterrupt:
+        print("raftq chaos: interrupted", file=sys.stderr)
+        return 2
+    except (TimeoutError, OSError) as e:
+        print(f"raftq chaos: the run could not be set up: {e}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(report, indent=1, default=str))
+    else:
+        print(format_report(report))
+    return 0 if report.get("valid") else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

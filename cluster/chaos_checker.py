@@ -1,0 +1,459 @@
+"""The chaos checker: pure functions over a recorded history, the final drained state and the
+nodes' own views. No cluster needed, so every invariant is unit-tested on hand-made histories.
+
+An *op* (see chaos_workload.History) is a dict with `f` (enqueue, reserve, ack, nack, extend,
+dlq_drain), `outcome` (ok / fail / unknown), `t0`/`t1` (monotonic invoke/complete seconds) and
+`w0`/`w1` (wall ms), plus per-kind fields:
+* enqueue: `items` [{value, key, queue, job_type, max_attempts, scheduled_at, delay_ms}] and,
+  when ok, `results` [{job_id, dedup} | {rejected}] in the same order;
+* reserve: `lease_ms`, and when ok `jobs` [{job_id, attempt, max_attempts, value, key, job_type,
+  lease_expires, scheduled_at, enqueued_at}];
+* ack / nack / extend: `job_id`, `attempt`; nack also `strategy`, `delay_ms`, `reason` and, when
+  ok, `dead_lettered`; extend `lease_ms` and, when ok, `lease_expires`.
+
+Unknown outcomes follow Jepsen: an unknown enqueue may or may not have created its job (a job
+delivered anyway is "recovered"); an unknown ack may or may not have completed the job.
+
+`check(...)` returns {"valid": bool, "invariants": [{name, ok, count, examples, about}], "stats"}.
+"""
+from __future__ import annotations
+
+import bisect
+from collections import defaultdict
+
+from node.retry import policy_delay_ms
+
+MAX_EXAMPLES = 5
+
+
+class Inv:
+    def __init__(self, name: str, about: str):
+        self.name, self.about = name, about
+        self.count = 0
+        self.examples: list = []
+        self.skipped: str | None = None
+
+    def bad(self, example: dict):
+        self.count += 1
+        if len(self.examples) < MAX_EXAMPLES:
+            self.examples.append(example)
+
+    def out(self) -> dict:
+        d = {"name": self.name, "ok": self.count == 0, "count": self.count, "examples": self.examples,
+             "about": self.about}
+        if self.skipped:
+            d["skipped"] = self.skipped
+        return d
+
+
+def _ok(op) -> bool:
+    return op.get("outcome") == "ok"
+
+
+class Index:
+    """The history indexed by value and job id."""
+
+    def __init__(self, ops: list[dict], dead_letters: list[dict]):
+        self.ops = ops
+        self.attempted: dict[str, dict] = {}          # value -> item (any outcome)
+        self.enq_op_of: dict[str, dict] = {}          # value -> enqueue op
+        self.ok_items: list[tuple] = []               # (op, item, result) for ok enqueues, not rejected
+        self.unknown_values: set = set()
+        self.deliveries: dict[str, list] = defaultdict(list)   # job id -> [(op, job)] ok reserves
+        self.acks: dict[str, list] = defaultdict(list)
+        self.nacks: dict[str, list] = defaultdict(list)
+        self.extends: dict[str, list] = defaultdict(list)
+        self.dlq: dict[str, list] = defaultdict(list)
+        self.job_value: dict[str, set] = defaultdict(set)      # job id -> payload values seen
+        self.job_key: dict[str, set] = defaultdict(set)
+        self.job_type: dict[str, str] = {}
+        self.job_queue: dict[str, str] = {}
+        self.job_max: dict[str, int] = {}
+        for op in ops:
+            f = op.get("f")
+            if f == "enqueue":
+                items = op.get("items") or []
+                for i, item in enumerate(items):
+                    self.attempted[item["value"]] = item
+                    self.enq_op_of[item["value"]] = op
+                    if op.get("outcome") == "ok":
+                        res = (op.get("results") or [])[i] if i < len(op.get("results") or []) else None
+                        if res and "job_id" in res:
+                            self.ok_items.append((op, item, res))
+                    elif op.get("outcome") == "unknown":
+                        self.unknown_values.add(item["value"])
+            elif f == "reserve" and _ok(op):
+                for j in op.get("jobs") or []:
+                    self.deliveries[j["job_id"]].append((op, j))
+                    self._learn(j)
+            elif f == "ack":
+                self.acks[op["job_id"]].append(op)
+            elif f == "nack":
+                self.nacks[op["job_id"]].append(op)
+            elif f == "extend":
+                self.extends[op["job_id"]].append(op)
+        for rec in dead_letters:
+            self.dlq[rec["job_id"]].append(rec)
+            self._learn(rec)
+
+    def _learn(self, j: dict):
+        jid = j["job_id"]
+        self.job_value[jid].add(j.get("value"))
+        self.job_key[jid].add(j.get("key"))
+        if j.get("job_type") is not None:
+            self.job_type[jid] = j["job_type"]
+        if j.get("queue") is not None:
+            self.job_queue[jid] = j["queue"]
+        if j.get("max_attempts") is not None:
+            self.job_max[jid] = j["max_attempts"]
+
+
+def reserve_now(op: dict, job: dict):
+    """The replicated time at which the reserve was applied: lease expiry minus the lease."""
+    if job.get("lease_expires") is None or op.get("lease_ms") is None:
+        return None
+    return job["lease_expires"] - op["lease_ms"]
+
+
+def check(ops: list[dict], *, dead_letters: list[dict], drain: dict | None = None, views: list | None = None,
+          leader_claims: dict | None = None, liveness: dict | None = None, retry: dict | None = None,
+          clock_tolerance_ms: int = 100, internal_errors: list | None = None) -> dict:
+    """All invariants. `retry` = {retry_delay_ms, retry_backoff, retry_delay_max_ms,
+    max_schedule_horizon_ms}: the cluster's retry policy (to check default-nack delays).
+    `leader_claims` = {term: [node ids that said they lead in that term]}."""
+    ix = Index(ops, dead_letters)
+    invs = {name: Inv(name, about) for name, about in (
+        ("lost", "every enqueue answered ok was acked, is dead-lettered, or is still there (drained at the end)"),
+        ("unexpected", "every delivered or dead-lettered job was enqueue-attempted in this run"),
+        ("duplicate_jobs", "one value never becomes two jobs, and a job carries the value that created it"),
+        ("idempotency", "one job per idempotency key inside its window; at most one non-deduplicated answer per key"),
+        ("redelivery_attempts", "each redelivery of a job carries a strictly higher attempt (no attempt delivered twice)"),
+        ("stale_attempt", "no ok ack/nack/extend with an attempt older than one already delivered"),
+        ("no_delivery_after_ack", "after an ok ack the job is never delivered again, never dead-lettered, never acked or nacked again"),
+        ("attempts_bound", "1 <= attempt <= max_attempts on every delivery and dead letter"),
+        ("schedule", "no job leased before its scheduled time (replicated clock; wall clock within the skew tolerance)"),
+        ("retry_delay", "a nacked job is not redelivered before its retry delay (replicated clock)"),
+        ("lease_honoured", "a lease is not expired early: a redelivery without a nack comes after the (extended) lease end"),
+        ("dead_letters", "dead letters have the right cause, attempt and reason; every ok dead-lettering nack shows up"),
+        ("drained", "after healing everything drains: no job left on any node, no dead letter left"),
+        ("replicas_agree", "every node ends at the same applied index with the same state digest"),
+        ("one_leader_per_term", "at most one node claims leadership in any term"),
+        ("liveness", "a leader within the bound after healing; expired leases redelivered within lease + sweep"),
+        ("no_internal_errors", "the cluster never answered `internal`"),
+    )}
+
+    # ------------------------------------------------------------------ identity
+    value_jobs: dict[str, set] = defaultdict(set)
+    for op, item, res in ix.ok_items:
+        if not res.get("dedup"):
+            value_jobs[item["value"]].add(res["job_id"])
+    for jid, values in ix.job_value.items():
+        for v in values:
+            if v is not None:
+                value_jobs[v].add(jid)
+    for v, jobs in value_jobs.items():
+        if len(jobs) > 1:
+            invs["duplicate_jobs"].bad({"value": v, "job_ids": sorted(jobs)})
+    for jid, values in ix.job_value.items():
+        if len(values) > 1:
+            invs["duplicate_jobs"].bad({"job_id": jid, "payload_values": sorted(map(str, values))})
+    for op, item, res in ix.ok_items:
+        if not res.get("dedup"):
+            seen = ix.job_value.get(res["job_id"])
+            if seen and item["value"] not in seen:
+                invs["duplicate_jobs"].bad({"job_id": res["job_id"], "enqueued_value": item["value"],
+                                            "delivered_values": sorted(map(str, seen))})
+
+    # unexpected: delivered values never attempted
+    for jid, values in ix.job_value.items():
+        for v in values:
+            if v is None or v not in ix.attempted:
+                invs["unexpected"].bad({"job_id": jid, "value": v})
+
+    # idempotency
+    key_jobs: dict[str, set] = defaultdict(set)
+    key_fresh: dict[str, list] = defaultdict(list)
+    for op, item, res in ix.ok_items:
+        if item.get("key"):
+            k = (item.get("queue"), item["key"])          # keys are scoped to their queue
+            key_jobs[k].add(res["job_id"])
+            if not res.get("dedup"):
+                key_fresh[k].append(op["id"])
+    for jid, keys in ix.job_key.items():
+        for k in keys:
+            if k:
+                key_jobs[(ix.job_queue.get(jid), k)].add(jid)
+    for k, jobs in key_jobs.items():
+        if len(jobs) > 1:
+            invs["idempotency"].bad({"queue": k[0], "key": k[1], "job_ids": sorted(jobs)})
+    for k, opids in key_fresh.items():
+        if len(opids) > 1:
+            invs["idempotency"].bad({"queue": k[0], "key": k[1], "non_deduplicated_answers": opids})
+
+    # ------------------------------------------------------------------ deliveries
+    redeliveries = 0
+    for jid, ds in ix.deliveries.items():
+        redeliveries += len(ds) - 1
+        by_attempt = defaultdict(list)
+        for op, j in ds:
+            by_attempt[j["attempt"]].append(op["id"])
+            mx = j.get("max_attempts")
+            if not (1 <= j["attempt"] and (mx is None or j["attempt"] <= mx)):
+                invs["attempts_bound"].bad({"job_id": jid, "attempt": j["attempt"], "max_attempts": mx, "op": op["id"]})
+        for a, opids in by_attempt.items():
+            if len(opids) > 1:
+                invs["redelivery_attempts"].bad({"job_id": jid, "attempt": a, "delivered_by_ops": opids})
+        for op1, j1 in ds:
+            for op2, j2 in ds:
+                if op1["t1"] < op2["t0"] and j1["attempt"] > j2["attempt"]:
+                    invs["redelivery_attempts"].bad({"job_id": jid, "first": {"op": op1["id"], "attempt": j1["attempt"]},
+                                                     "later": {"op": op2["id"], "attempt": j2["attempt"]}})
+
+    def delivered_before(jid, t, attempt_gt):
+        for op, j in ix.deliveries.get(jid, ()):
+            if op["t1"] < t and j["attempt"] > attempt_gt:
+                return op, j
+        return None
+
+    for table in (ix.acks, ix.nacks, ix.extends):
+        for jid, lst in table.items():
+            for op in lst:
+                if not _ok(op):
+                    continue
+                hit = delivered_before(jid, op["t0"], op["attempt"])
+                if hit:
+                    invs["stale_attempt"].bad({"job_id": jid, "op": op["id"], "f": op["f"], "attempt": op["attempt"],
+                                               "newer_delivery": {"op": hit[0]["id"], "attempt": hit[1]["attempt"]}})
+
+    # ------------------------------------------------------------------ acks
+    for jid, lst in ix.acks.items():
+        oks = [op for op in lst if _ok(op)]
+        if len(oks) > 1:
+            invs["no_delivery_after_ack"].bad({"job_id": jid, "ok_acks": [op["id"] for op in oks]})
+        for ack in oks:
+            a = ack["attempt"]
+            for op, j in ix.deliveries.get(jid, ()):
+                if j["attempt"] > a or (j["attempt"] <= a and op["t0"] > ack["t1"]):
+                    invs["no_delivery_after_ack"].bad({"job_id": jid, "ack": ack["id"], "ack_attempt": a,
+                                                       "delivery": op["id"], "attempt": j["attempt"]})
+            if jid in ix.dlq:
+                invs["no_delivery_after_ack"].bad({"job_id": jid, "ack": ack["id"], "dead_letter": ix.dlq[jid][0]})
+            for n in ix.nacks.get(jid, ()):
+                if _ok(n) and n["attempt"] >= a:
+                    invs["no_delivery_after_ack"].bad({"job_id": jid, "ack": ack["id"], "ok_nack": n["id"]})
+
+    # ------------------------------------------------------------------ lost
+    recovered = 0
+    for v in ix.unknown_values:
+        if value_jobs.get(v):
+            recovered += 1
+    ok_jobs: dict[str, tuple] = {}
+    for op, item, res in ix.ok_items:
+        ok_jobs.setdefault(res["job_id"], (op, item))
+    for jid, (op, item) in ok_jobs.items():
+        if jid in ix.dlq:
+            continue
+        top = max((j["attempt"] for _, j in ix.deliveries.get(jid, ())), default=0)
+        acked = any(_ok(a) for a in ix.acks.get(jid, ())) or \
+            any(a["outcome"] == "unknown" and a["attempt"] >= top for a in ix.acks.get(jid, ()))
+        if not acked:
+            last = None
+            if ix.deliveries.get(jid):
+                lop, lj = ix.deliveries[jid][-1]
+                last = {"op": lop["id"], "attempt": lj["attempt"], "t": round(lop["t1"], 3)}
+            invs["lost"].bad({"job_id": jid, "value": item["value"], "enqueue_op": op["id"], "proc": op.get("proc"),
+                              "t": round(op["t1"], 3), "last_delivery": last})
+
+    # ------------------------------------------------------------------ schedule
+    for jid, ds in ix.deliveries.items():
+        for op, j in ds:
+            sched = j.get("scheduled_at")
+            now = reserve_now(op, j)
+            if sched is not None and now is not None and now < sched:
+                invs["schedule"].bad({"job_id": jid, "op": op["id"], "scheduled_at": sched, "leased_at": now,
+                                      "early_ms": sched - now, "clock": "replicated"})
+            item = ix.attempted.get(j.get("value"))
+            if item and item.get("scheduled_at") is not None:
+                if sched is not None and sched != item["scheduled_at"]:
+                    invs["schedule"].bad({"job_id": jid, "op": op["id"], "asked": item["scheduled_at"], "got": sched})
+                if op["w1"] is not None and op["w1"] < item["scheduled_at"] - clock_tolerance_ms:
+                    invs["schedule"].bad({"job_id": jid, "op": op["id"], "scheduled_at": item["scheduled_at"],
+                                          "answered_at_wall": op["w1"], "early_ms": item["scheduled_at"] - op["w1"],
+                                          "clock": "wall"})
+
+    # ------------------------------------------------------------------ retry delay, lease honoured
+    for jid, ds in ix.deliveries.items():
+        at = {}
+        for op, j in ds:
+            at.setdefault(j["attempt"], (op, j))
+        nacks = ix.nacks.get(jid, ())
+        for a, (op, j) in at.items():
+            nxt = at.get(a + 1)
+            if nxt is None:
+                continue
+            now_a, now_b = reserve_now(op, j), reserve_now(*nxt)
+            if now_a is None or now_b is None:
+                continue
+            ok_nacks = [n for n in nacks if n["attempt"] == a and _ok(n) and not n.get("dead_lettered")]
+            maybe_nacks = [n for n in nacks if n["attempt"] == a and n["outcome"] == "unknown"]
+            if ok_nacks:
+                n = ok_nacks[0]
+                if n["strategy"] == "delay":
+                    horizon = (retry or {}).get("max_schedule_horizon_ms")
+                    want = min(n["delay_ms"] or 0, horizon) if horizon else (n["delay_ms"] or 0)
+                elif retry is not None:
+                    want = policy_delay_ms(jid, a, retry["retry_delay_ms"], retry["retry_backoff"],
+                                           retry["retry_delay_max_ms"], retry["max_schedule_horizon_ms"])
+                else:
+                    want = 0
+                if now_b < now_a + want:
+                    invs["retry_delay"].bad({"job_id": jid, "attempt": a, "nack": n["id"], "delay_ms": want,
+                                             "redelivered_after_ms": now_b - now_a})
+            elif not maybe_nacks:
+                expiry = j.get("lease_expires")
+                for e in ix.extends.get(jid, ()):
+                    if e["attempt"] == a and _ok(e) and e.get("lease_expires") is not None:
+                        expiry = max(expiry, e["lease_expires"])
+                if expiry is not None and now_b < expiry:
+                    invs["lease_honoured"].bad({"job_id": jid, "attempt": a, "lease_end": expiry,
+                                                "redelivered_at": now_b, "early_ms": expiry - now_b})
+
+    # ------------------------------------------------------------------ dead letters
+    causes = defaultdict(int)
+    for jid, recs in ix.dlq.items():
+        if len(recs) > 1:
+            invs["dead_letters"].bad({"job_id": jid, "records": len(recs)})
+        rec = recs[0]
+        causes[rec["cause"]] += 1
+        fa, mx, cause = rec["final_attempt"], rec.get("max_attempts") or ix.job_max.get(jid), rec["cause"]
+        if not (1 <= fa and (mx is None or fa <= mx)):
+            invs["attempts_bound"].bad({"job_id": jid, "dead_letter_final_attempt": fa, "max_attempts": mx})
+        nacks_at = [n for n in ix.nacks.get(jid, ()) if n["attempt"] == fa and n["outcome"] in ("ok", "unknown")]
+        if cause == "rejected":
+            match = [n for n in nacks_at if n["strategy"] == "dead_letter" and n["reason"] == rec.get("last_reason")]
+            if not match:
+                invs["dead_letters"].bad({"job_id": jid, "cause": cause, "final_attempt": fa,
+                                          "why": "no dead_letter nack for this attempt with this reason",
+                                          "last_reason": rec.get("last_reason")})
+        elif cause == "attempts_exhausted":
+            match = [n for n in nacks_at if n["strategy"] != "dead_letter" and n["reason"] == rec.get("last_reason")]
+            if mx is not None and fa < mx or not match:
+                invs["dead_letters"].bad({"job_id": jid, "cause": cause, "final_attempt": fa, "max_attempts": mx,
+                                          "why": "not the last attempt, or no nack for it with this reason",
+                                          "last_reason": rec.get("last_reason")})
+        elif cause == "lease_expired":
+            done = [x for x in list(ix.acks.get(jid, ())) + list(ix.nacks.get(jid, ()))
+                    if x["attempt"] == fa and _ok(x)]
+            if (mx is not None and fa < mx) or rec.get("last_reason") is not None or done:
+                invs["dead_letters"].bad({"job_id": jid, "cause": cause, "final_attempt": fa, "max_attempts": mx,
+                                          "why": "not the last attempt, has a reason, or was acked/nacked ok",
+                                          "ok_ops": [x["id"] for x in done]})
+        else:
+            invs["dead_letters"].bad({"job_id": jid, "cause": cause, "why": "a cause this workload never produces"})
+    for jid, lst in ix.nacks.items():
+        for n in lst:
+            if not _ok(n):
+                continue
+            mx = n.get("max_attempts") or ix.job_max.get(jid)
+            expect = n["strategy"] == "dead_letter" or (mx is not None and n["attempt"] >= mx)
+            if n.get("dead_lettered") != expect:
+                invs["dead_letters"].bad({"job_id": jid, "nack": n["id"], "attempt": n["attempt"], "max_attempts": mx,
+                                          "strategy": n["strategy"], "dead_lettered": n.get("dead_lettered"),
+                                          "why": "dead_lettered flag differs from the rules"})
+            if n.get("dead_lettered"):
+                recs = ix.dlq.get(jid)
+                want = "rejected" if n["strategy"] == "dead_letter" else "attempts_exhausted"
+                if not recs or recs[0]["cause"] != want or recs[0]["final_attempt"] != n["attempt"]:
+                    invs["dead_letters"].bad({"job_id": jid, "nack": n["id"], "want_cause": want,
+                                              "found": recs[0] if recs else None,
+                                              "why": "an ok dead-lettering nack without its dead letter"})
+
+    # ------------------------------------------------------------------ final state
+    if drain is not None:
+        if not drain.get("ok"):
+            invs["drained"].bad({"why": "the final drain did not finish", "queues": drain.get("queues")})
+        for q in drain.get("queues") or []:
+            left = {k: q.get(k, 0) for k in ("ready", "scheduled", "in_flight", "dead_lettered") if q.get(k, 0)}
+            if left:
+                invs["drained"].bad({"queue": q.get("name"), "left": left})
+    else:
+        invs["drained"].skipped = "no final drain"
+    if views is not None:
+        for i, v in enumerate(views):
+            if not v:
+                invs["replicas_agree"].bad({"node": i, "why": "no view (node down or not answering)"})
+                continue
+            st = v.get("state") or {}
+            if st.get("jobs", 0) or st.get("dead_letters", 0):
+                invs["drained"].bad({"node": v.get("node_id"), "jobs": st.get("jobs"), "dead_letters": st.get("dead_letters")})
+        got = [(v.get("node_id"), v.get("last_applied"), v.get("digest")) for v in views if v]
+        if len({(a, d) for _, a, d in got}) > 1:
+            invs["replicas_agree"].bad({"views": got})
+    else:
+        invs["replicas_agree"].skipped = "no node views"
+
+    if leader_claims is not None:
+        for term, nodes in sorted(leader_claims.items(), key=lambda kv: int(kv[0])):
+            if len(set(nodes)) > 1:
+                invs["one_leader_per_term"].bad({"term": term, "leaders": sorted(set(nodes))})
+    else:
+        invs["one_leader_per_term"].skipped = "no samples"
+
+    if liveness is not None:
+        la, bound = liveness.get("leader_after_heal_s"), liveness.get("leader_bound_s")
+        if la is None or (bound is not None and la > bound):
+            invs["liveness"].bad({"leader_after_heal_s": la, "bound_s": bound})
+        lp = liveness.get("lease_probe")
+        if lp is not None and not lp.get("ok"):
+            invs["liveness"].bad({"lease_probe": lp})
+    else:
+        invs["liveness"].skipped = "not measured"
+
+    for e in internal_errors or []:
+        invs["no_internal_errors"].bad(e)
+    for op in ops:
+        if op.get("error") == "internal":
+            invs["no_internal_errors"].bad({"op": op["id"], "f": op["f"]})
+
+    # ------------------------------------------------------------------ stats
+    by_outcome: dict = defaultdict(lambda: defaultdict(int))
+    for op in ops:
+        by_outcome[op["f"]][op.get("outcome") or "open"] += 1
+    stats = {
+        "ops": {f: dict(v) for f, v in sorted(by_outcome.items())},
+        "enqueued_ok_jobs": len(ok_jobs),
+        "attempted_values": len(ix.attempted),
+        "recovered": recovered,
+        "jobs_delivered": len(ix.deliveries),
+        "deliveries": sum(len(d) for d in ix.deliveries.values()),
+        "redeliveries": redeliveries,
+        "acked_ok_jobs": sum(1 for lst in ix.acks.values() if any(_ok(a) for a in lst)),
+        "dead_letters": dict(causes),
+    }
+    out = [inv.out() for inv in invs.values()]
+    return {"valid": all(i["ok"] for i in out), "invariants": out, "stats": stats}
+
+
+# ---------------------------------------------------------------------------- availability
+def unavailability(ops: list[dict], faults: list[dict]) -> list[dict]:
+    """For each fault: seconds from its injection to the completion of the first successful
+    write (enqueue) invoked at or after the injection; None if none before the run ended."""
+    writes = sorted((op["t0"], op["t1"]) for op in ops if op.get("f") == "enqueue" and _ok(op))
+    out = []
+    starts = [w[0] for w in writes]
+    for f in faults:
+        t = f.get("t_inject")
+        if t is None:
+            continue
+        i = bisect.bisect_left(starts, t)
+        best = min((w[1] for w in writes[i:]), default=None)
+        out.append({"kind": f["kind"], "t_inject": t, "unavailable_s": None if best is None else round(best - t, 3)})
+    return out
+
+
+def percentile(xs: list[float], p: float):
+    xs = sorted(x for x in xs if x is not None)
+    if not xs:
+        return None
+    k = max(0, min(len(xs) - 1, int(round(p / 100 * len(xs) + 0.5)) - 1))
+    return xs[k]

@@ -1,0 +1,675 @@
+"""The nemesis: a fault schedule drawn from a seed, faults that inject and heal themselves, and a
+sampler that records who claims leadership in which term.
+
+Fault kinds (`KINDS`):
+
+| kind | inject | heal |
+|---|---|---|
+| kill-leader | SIGKILL the leader | restart it |
+| kill-follower | SIGKILL a follower | restart it |
+| kill-all | SIGKILL every node | restart them all |
+| pause-leader | SIGSTOP the leader past the election timeout | SIGCONT |
+| wipe-node | SIGKILL a node once the others provably hold every committed entry, delete its data dir | restart it empty |
+| partition-leader | cut the leader off from every peer (both directions) | reconnect |
+| partition-minority | a clean split: a random minority (with or without the leader) vs the rest | reconnect |
+| partition-oneway | one node's outgoing (or incoming) Raft traffic stalls | reconnect (connections cut) |
+| partition-ring | non-transitive: A-B and B-C work, A-C does not (5 nodes: each sees only its ring neighbours) | reconnect |
+| latency | 50-400 ms (with jitter) on the Raft links | back to 0 |
+| reset | connection resets (RST) on random Raft links every 0.2-1 s | stop |
+| clock-skew | restart one node with its clock shifted (RAFTQ_CLOCK_OFFSET_MS), then nudge leadership | restart it without |
+
+Steps alternate a quiet period with either one fault or a mix of up to three compatible ones
+(kill-all, wipe-node and clock-skew always run alone; at most one partition at a time). The
+schedule (kinds, timings, holds) comes from `random.Random(seed)`; targets that depend on who
+leads are resolved when the fault fires, with a second seeded stream for the random picks.
+"""
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from dataclasses import dataclass, field
+
+import aiohttp
+import orjson
+
+from .chaos_proxy import NetState, ProxyNet
+from .local import LocalCluster
+
+KINDS = ("kill-leader", "kill-follower", "kill-all", "pause-leader", "wipe-node", "partition-leader",
+         "partition-minority", "partition-oneway", "partition-ring", "latency", "reset", "clock-skew")
+EXCLUSIVE = frozenset(("kill-all", "wipe-node", "clock-skew"))
+PARTITIONS = frozenset(("partition-leader", "partition-minority", "partition-oneway", "partition-ring"))
+HOLD_S = {"kill-leader": (0.5, 5.0), "kill-follower": (0.5, 5.0), "kill-all": (0.5, 3.0),
+          "pause-leader": (2.5, 6.0), "wipe-node": (0.5, 2.0), "partition-leader": (3.0, 8.0),
+          "partition-minority": (3.0, 8.0), "partition-oneway": (3.0, 8.0), "partition-ring": (3.0, 8.0),
+          "latency": (3.0, 8.0), "reset": (3.0, 8.0), "clock-skew": (4.0, 8.0)}
+CLOCK_OFFSETS_MS = (2000, 3000, -3000, -8000)
+
+
+# ---------------------------------------------------------------------------- the cluster side
+class Env:
+    """What faults act on: the node processes (through LocalCluster, in threads), the proxies,
+    and fresh views of every node."""
+
+    def __init__(self, cluster: LocalCluster, net: ProxyNet, history, log=None):
+        self.cluster = cluster
+        self.net = net
+        self.h = history
+        self.n = cluster.n
+        self.log = log or (lambda msg: None)
+        self.down: set[int] = set()
+        self.paused: set[int] = set()
+        self.skewed: dict[int, int] = {}
+        self.max_forward_skew_ms = 0
+        self.net_faults: dict[int, NetState] = {}
+        self.http: aiohttp.ClientSession | None = None
+        self.proc_lock = asyncio.Lock()
+
+    async def open(self):
+        self.http = aiohttp.ClientSession()
+
+    async def close(self):
+        if self.http is not None:
+            await self.http.close()
+
+    # ---------------------------------------------------------------- views
+    async def view(self, i: int, timeout: float = 0.6):
+        if i in self.down or i in self.paused:
+            return None
+        try:
+            async with self.http.get(self.cluster.urls[i] + "/v1/cluster",
+                                     timeout=aiohttp.ClientTimeout(total=timeout)) as r:
+                if r.status != 200:
+                    return None
+                return orjson.loads(await r.read())
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError):
+            return None
+
+    async def views(self, timeout: float = 0.6) -> dict:
+        res = await asyncio.gather(*(self.view(i, timeout) for i in range(self.n)))
+        return dict(enumerate(res))
+
+    async def leader(self, wait: float = 5.0, among=None) -> int | None:
+        """The node that says it leads (highest term wins), waiting up to `wait` seconds."""
+        end = time.monotonic() + wait
+        while True:
+            views = await self.views()
+            best = None
+            for i, v in views.items():
+                if v and v.get("role") == "leader" and (among is None or i in among):
+                    if best is None or v["term"] > views[best]["term"]:
+                        best = i
+            if best is not None or time.monotonic() >= end:
+                return best
+            await asyncio.sleep(0.1)
+
+    def up(self) -> list[int]:
+        return [i for i in range(self.n) if i not in self.down and i not in self.paused]
+
+    # ---------------------------------------------------------------- processes
+    async def kill(self, i: int):
+        async with self.proc_lock:
+            self.down.add(i)
+            self.paused.discard(i)
+            await asyncio.to_thread(self.cluster.kill, i)
+
+    async def start(self, i: int):
+        async with self.proc_lock:
+            await asyncio.to_thread(self.cluster.start, i)
+            self.down.discard(i)
+
+    async def pause(self, i: int):
+        async with self.proc_lock:
+            self.cluster.pause(i)
+            self.paused.add(i)
+
+    async def resume(self, i: int):
+        async with self.proc_lock:
+            self.cluster.resume(i)
+            self.paused.discard(i)
+
+    async def wipe(self, i: int):
+        await asyncio.to_thread(self.cluster.wipe, i)
+
+    # ---------------------------------------------------------------- network
+    async def apply_net(self):
+        blocked: set = set()
+        latency: dict = {}
+        for st in self.net_faults.values():
+            blocked |= st.blocked
+            for pair, lat in st.latency.items():
+                if lat[0] + lat[1] > sum(latency.get(pair, (0.0, 0.0))):
+                    latency[pair] = lat
+        await asyncio.to_thread(self.net.apply, NetState(blocked, latency))
+
+    async def set_net(self, key: int, state: NetState | None):
+        if state is None:
+            self.net_faults.pop(key, None)
+        else:
+            self.net_faults[key] = state
+        await self.apply_net()
+
+    # ---------------------------------------------------------------- waiting
+    async def wait_write_after(self, t: float, timeout: float) -> bool:
+        """Wait for an ok write invoked at or after history time t."""
+        end = time.monotonic() + timeout
+        scanned = 0
+        while time.monotonic() < end:
+            ops = self.h.ops
+            for op in ops[max(scanned - 50, 0):]:
+                if op["f"] == "enqueue" and op["t0"] >= t and op.get("outcome") == "ok":
+                    return True
+            scanned = len(ops)
+            await asyncio.sleep(0.05)
+        return False
+
+    async def wait_healthy(self, timeout: float = 30.0) -> float | None:
+        """Wait for every node up and one leader; seconds it took, or None."""
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < timeout:
+            if not self.down and not self.paused:
+                views = await self.views()
+                if all(views.values()):
+                    leaders = [i for i, v in views.items() if v["role"] == "leader"]
+                    agree = leaders and sum(1 for v in views.values()
+                                            if v.get("leader") and v["leader"]["id"] == views[leaders[0]]["node_id"])
+                    if len(leaders) == 1 and agree * 2 > self.n:
+                        return time.monotonic() - t0
+            await asyncio.sleep(0.1)
+        return None
+
+
+# ---------------------------------------------------------------------------- faults
+class Fault:
+    kind = ""
+
+    def __init__(self, env: Env, rng: random.Random, fid: int):
+        self.env, self.rng, self.fid = env, rng, fid
+        self.t_inject: float | None = None
+        self.t_heal: float | None = None
+        self.details: dict = {}
+        self.skipped: str | None = None
+
+    def mark(self):
+        self.t_inject = self.env.h.now()
+
+    def name(self, i: int) -> str:
+        return self.env.cluster.ids[i]
+
+    async def inject(self):
+        raise NotImplementedError
+
+    async def heal(self):
+        raise NotImplementedError
+
+    def record(self) -> dict:
+        d = {"id": self.fid, "kind": self.kind, "t_inject": self.t_inject, "t_heal": self.t_heal, **self.details}
+        if self.skipped:
+            d["skipped"] = self.skipped
+        return d
+
+    async def _leader_or_any(self, exclude=()) -> int | None:
+        env = self.env
+        cands = [i for i in env.up() if i not in exclude]
+        i = await env.leader(wait=3.0, among=cands)
+        if i is None and cands:
+            i = self.rng.choice(cands)
+            self.details["leader_unknown"] = True
+        return i
+
+
+class KillLeader(Fault):
+    kind = "kill-leader"
+
+    async def inject(self):
+        i = await self._leader_or_any()
+        if i is None:
+            self.skipped = "no node up"
+            return
+        self.target = i
+        self.details["node"] = self.name(i)
+        self.mark()
+        await self.env.kill(i)
+
+    async def heal(self):
+        if not self.skipped:
+            await self.env.start(self.target)
+
+
+class KillFollower(Fault):
+    kind = "kill-follower"
+
+    async def inject(self):
+        env = self.env
+        leader = await env.leader(wait=2.0)
+        cands = [i for i in env.up() if i != leader]
+        if not cands:
+            self.skipped = "no follower up"
+            return
+        self.target = self.rng.choice(cands)
+        self.details["node"] = self.name(self.target)
+        self.mark()
+        await env.kill(self.target)
+
+    async def heal(self):
+        if not self.skipped:
+            await self.env.start(self.target)
+
+
+class KillAll(Fault):
+    kind = "kill-all"
+
+    async def inject(self):
+        order = list(range(self.env.n))
+        self.rng.shuffle(order)
+        self.details["nodes"] = [self.name(i) for i in order]
+        self.mark()
+        for i in order:
+            await self.env.kill(i)
+
+    async def heal(self):
+        for i in range(self.env.n):
+            await self.env.start(i)
+
+
+class PauseLeader(Fault):
+    kind = "pause-leader"
+
+    async def inject(self):
+        i = await self._leader_or_any()
+        if i is None:
+            self.skipped = "no node up"
+            return
+        self.target = i
+        self.details["node"] = self.name(i)
+        self.mark()
+        await self.env.pause(i)
+
+    async def heal(self):
+        if not self.skipped:
+            await self.env.resume(self.target)
+
+
+class WipeNode(Fault):
+    """Kill a node, make sure the others hold every committed entry (an ok write after the kill,
+    then every other node applied up to the leader's commit index), delete its data, restart it.
+    Without that wait a wiped node could help elect a leader that lacks committed entries,
+    which Raft does not promise to survive (a wipe is a lost disk, not a crash)."""
+    kind = "wipe-node"
+
+    async def inject(self):
+        env = self.env
+        ups = env.up()
+        if len(ups) < env.n:
+            self.skipped = "not every node is up"
+            return
+        self.target = self.rng.choice(ups)
+        self.details["node"] = self.name(self.target)
+        self.mark()
+        await env.kill(self.target)
+        others = [i for i in range(env.n) if i != self.target]
+        t = env.h.now()
+        ok = await env.wait_write_after(t, 20.0)
+        safe = False
+        if ok:
+            end = time.monotonic() + 20.0
+            while time.monotonic() < end and not safe:
+                views = await env.views()
+                lead = [views[i] for i in others if views[i] and views[i]["role"] == "leader"]
+                if lead and all(views[i] for i in others):
+                    c = lead[0]["commit_index"]
+                    safe = all(views[i]["last_applied"] >= c for i in others)
+                if not safe:
+                    await asyncio.sleep(0.1)
+        self.details["others_caught_up"] = safe
+        if safe:
+            await env.wipe(self.target)
+            self.details["wiped"] = True
+        else:
+            self.details["wiped"] = False     # restarted with its data: a plain crash
+
+    async def heal(self):
+        if not self.skipped:
+            await self.env.start(self.target)
+
+
+class NetFault(Fault):
+    async def heal(self):
+        if not self.skipped:
+            await self.env.set_net(self.fid, None)
+
+    def pairs_between(self, a: list[int], b: list[int]) -> set:
+        return {(x, y) for x in a for y in b} | {(y, x) for x in a for y in b}
+
+
+class PartitionLeader(NetFault):
+    kind = "partition-leader"
+
+    async def inject(self):
+        env = self.env
+        i = await self._leader_or_any()
+        if i is None:
+            self.skipped = "no node up"
+            return
+        rest = [j for j in range(env.n) if j != i]
+        self.details["isolated"] = self.name(i)
+        self.mark()
+        await env.set_net(self.fid, NetState(blocked=self.pairs_between([i], rest)))
+
+
+class PartitionMinority(NetFault):
+    kind = "partition-minority"
+
+    async def inject(self):
+        env = self.env
+        size = 1 if env.n <= 3 else self.rng.choice(range(1, (env.n - 1) // 2 + 1))
+        leader = await env.leader(wait=2.0)
+        nodes = list(range(env.n))
+        self.rng.shuffle(nodes)
+        if leader is not None and self.rng.random() < 0.5:
+            nodes.remove(leader)
+            nodes.insert(0, leader)
+        minority, majority = nodes[:size], nodes[size:]
+        self.details["minority"] = [self.name(i) for i in minority]
+        self.details["with_leader"] = leader in minority
+        self.mark()
+        await env.set_net(self.fid, NetState(blocked=self.pairs_between(minority, majority)))
+
+
+class PartitionOneway(NetFault):
+    kind = "partition-oneway"
+
+    async def inject(self):
+        env = self.env
+        leader = await env.leader(wait=2.0)
+        i = leader if leader is not None and self.rng.random() < 0.6 else self.rng.randrange(env.n)
+        direction = self.rng.choice(("out", "in"))
+        rest = [j for j in range(env.n) if j != i]
+        blocked = {(i, j) for j in rest} if direction == "out" else {(j, i) for j in rest}
+        self.details.update(node=self.name(i), direction=direction, leader=i == leader)
+        self.mark()
+        await env.set_net(self.fid, NetState(blocked=blocked))
+
+
+class PartitionRing(NetFault):
+    kind = "partition-ring"
+
+    async def inject(self):
+        env = self.env
+        leader = await env.leader(wait=2.0)
+        if env.n == 3:
+            a = leader if leader is not None and self.rng.random() < 0.6 else self.rng.randrange(3)
+            b = self.rng.choice([j for j in range(3) if j != a])
+            blocked = {(a, b), (b, a)}
+            self.details["cut"] = [self.name(a), self.name(b)]
+        else:
+            ring = list(range(env.n))
+            self.rng.shuffle(ring)
+            adjacent = {frozenset((ring[k], ring[(k + 1) % env.n])) for k in range(env.n)}
+            blocked = {(x, y) for x in range(env.n) for y in range(env.n)
+                       if x != y and frozenset((x, y)) not in adjacent}
+            self.details["ring"] = [self.name(i) for i in ring]
+        self.mark()
+        await env.set_net(self.fid, NetState(blocked=blocked))
+
+
+class Latency(NetFault):
+    kind = "latency"
+
+    async def inject(self):
+        env = self.env
+        lat, jit = self.rng.choice(((0.05, 0.02), (0.1, 0.05), (0.2, 0.1), (0.4, 0.2)))
+        pairs = [(a, b) for a in range(env.n) for b in range(a + 1, env.n)]
+        if self.rng.random() < 0.4:
+            pairs = self.rng.sample(pairs, self.rng.randint(1, len(pairs)))
+        self.details.update(latency_ms=int(lat * 1000), jitter_ms=int(jit * 1000),
+                            links=[f"{self.name(a)}-{self.name(b)}" for a, b in pairs])
+        self.mark()
+        await env.set_net(self.fid, NetState(latency={p: (lat, jit) for p in pairs}))
+
+
+class Reset(Fault):
+    kind = "reset"
+
+    async def inject(self):
+        self.details["resets"] = 0
+        self.mark()
+        self.task = asyncio.get_running_loop().create_task(self._run())
+
+    async def _run(self):
+        env = self.env
+        pairs = [(a, b) for a in range(env.n) for b in range(a + 1, env.n)]
+        while True:
+            chosen = None if self.rng.random() < 0.3 else [self.rng.choice(pairs)]
+            await asyncio.to_thread(env.net.reset, chosen)
+            self.details["resets"] += 1
+            await asyncio.sleep(self.rng.uniform(0.2, 1.0))
+
+    async def heal(self):
+        self.task.cancel()
+        try:
+            await self.task
+        except (asyncio.CancelledError, Exception):
+            pass
+
+
+class ClockSkew(Fault):
+    """Restart a node with its clock shifted, then (usually) kill the leader once so the skewed
+    node may take over; heal restarts it with the true clock."""
+    kind = "clock-skew"
+
+    async def inject(self):
+        env = self.env
+        leader = await env.leader(wait=2.0)
+        i = leader if leader is not None and self.rng.random() < 0.5 else self.rng.randrange(env.n)
+        offset = self.rng.choice(CLOCK_OFFSETS_MS)
+        self.target = i
+        self.details.update(node=self.name(i), offset_ms=offset)
+        env.max_forward_skew_ms = max(env.max_forward_skew_ms, offset)
+        self.mark()
+        await env.kill(i)
+        env.cluster.node_env.setdefault(i, {})["RAFTQ_CLOCK_OFFSET_MS"] = str(offset)
+        env.skewed[i] = offset
+        await env.start(i)
+        # Let it catch up, then maybe move leadership so the skewed clock stamps commands.
+        end = time.monotonic() + 10
+        while time.monotonic() < end and not await env.view(i):
+            await asyncio.sleep(0.1)
+        lead = await env.leader(wait=5.0)
+        if lead is not None and lead != i and self.rng.random() < 0.7:
+            self.details["nudged"] = self.name(lead)
+            await env.kill(lead)
+            await asyncio.sleep(self.rng.uniform(0.0, 0.5))
+            await env.start(lead)
+        lead = await env.leader(wait=5.0)
+        self.details["skewed_leads"] = lead == i
+
+    async def heal(self):
+        env = self.env
+        await env.kill(self.target)
+        env.cluster.node_env.get(self.target, {}).pop("RAFTQ_CLOCK_OFFSET_MS", None)
+        env.skewed.pop(self.target, None)
+        await env.start(self.target)
+
+
+FAULTS = {cls.kind: cls for cls in (KillLeader, KillFollower, KillAll, PauseLeader, WipeNode, PartitionLeader,
+                                      PartitionMinority, PartitionOneway, PartitionRing, Latency, Reset, ClockSkew)}
+
+
+# ---------------------------------------------------------------------------- the schedule
+@dataclass
+class ScheduleConfig:
+    kinds: tuple = KINDS
+    quiet_s: tuple = (2.0, 6.0)
+    mix_prob: float = 0.35
+    max_mix: int = 3
+    stagger_s: tuple = (0.0, 1.5)
+    hold_scale: float = 1.0
+    recovery_timeout_s: float = 30.0
+
+
+@dataclass
+class Step:
+    quiet_s: float
+    faults: list = field(default_factory=list)      # [(kind, offset_s, hold_s)]
+
+
+def plan_step(rng: random.Random, cfg: ScheduleConfig) -> Step:
+    """The next step of the schedule; depends only on the seeded rng and the config."""
+    step = Step(quiet_s=rng.uniform(*cfg.quiet_s))
+    kinds = list(cfg.kinds)
+    mixable = [k for k in kinds if k not in EXCLUSIVE]
+    chosen: list[str] = []
+    if len(mixable) >= 2 and rng.random() < cfg.mix_prob:
+        want = rng.randint(2, max(2, cfg.max_mix))
+        pool = list(mixable)
+        rng.shuffle(pool)
+        for k in pool:
+            if len(chosen) >= want:
+                break
+            if k in PARTITIONS and any(c in PARTITIONS for c in chosen):
+                continue
+            chosen.append(k)
+    else:
+        chosen = [rng.choice(kinds)]
+    for n, k in enumerate(chosen):
+        lo, hi = HOLD_S[k]
+        hold = rng.uniform(lo, hi) * cfg.hold_scale
+        if k == "pause-leader":
+            hold = max(hold, 2.5)                    # past the election timeout
+        offset = 0.0 if n == 0 else rng.uniform(*cfg.stagger_s)
+        step.faults.append((k, offset, hold))
+    return step
+
+
+class Nemesis:
+    def __init__(self, env: Env, seed: int, cfg: ScheduleConfig | None = None, on_event=None):
+        self.env = env
+        self.cfg = cfg or ScheduleConfig()
+        self.sched = random.Random(seed)
+        self.targets = random.Random(f"{seed}-targets")
+        self.faults: list[Fault] = []
+        self.active: list[Fault] = []
+        self.steps: list[dict] = []
+        self.on_event = on_event or (lambda msg: None)
+        self.stop_at: float | None = None
+
+    def records(self) -> list[dict]:
+        return [f.record() for f in self.faults]
+
+    async def run(self, stop_at: float):
+        """Steps until history time `stop_at` (a step that started always finishes healing)."""
+        self.stop_at = stop_at
+        env = self.env
+        while True:
+            step = plan_step(self.sched, self.cfg)
+            if env.h.now() + step.quiet_s >= stop_at:
+                break
+            await asyncio.sleep(step.quiet_s)
+            await self.run_step(step)
+            t = env.h.now()
+            rec = await env.wait_healthy(self.cfg.recovery_timeout_s)
+            self.steps[-1]["recovered_s"] = None if rec is None else round(env.h.now() - t, 3)
+            if rec is None:
+                self.on_event("cluster not healthy after a step; healing everything")
+                await self.heal_all()
+            if env.h.now() >= stop_at:
+                break
+
+    async def run_step(self, step: Step):
+        fids = []
+
+        async def one(kind, offset, hold):
+            await asyncio.sleep(offset)
+            fault = FAULTS[kind](self.env, self.targets, len(self.faults))
+            self.faults.append(fault)
+            fids.append(fault.fid)
+            self.active.append(fault)
+            try:
+                await fault.inject()
+                if fault.skipped:
+                    self.on_event(f"{kind} skipped: {fault.skipped}")
+                    return
+                self.on_event(f"inject {kind} {fault.details}")
+                await asyncio.sleep(hold)
+                await fault.heal()
+                fault.t_heal = self.env.h.now()
+                self.on_event(f"heal {kind}")
+            except Exception as e:                       # a fault must never kill the run
+                fault.details["error"] = f"{type(e).__name__}: {e}"
+                self.on_event(f"{kind} failed: {e}")
+            finally:
+                self.active.remove(fault)
+
+        await asyncio.gather(*(one(*f) for f in step.faults))
+        self.steps.append({"quiet_s": round(step.quiet_s, 3), "faults": fids,
+                           "kinds": [f[0] for f in step.faults]})
+
+    async def heal_all(self):
+        """Make everything normal again: network, paused and dead nodes, clock offsets."""
+        env = self.env
+        env.net_faults.clear()
+        await env.apply_net()
+        for i in list(env.paused):
+            await env.resume(i)
+        for i in list(env.skewed):
+            await env.kill(i)
+            env.cluster.node_env.get(i, {}).pop("RAFTQ_CLOCK_OFFSET_MS", None)
+            env.skewed.pop(i, None)
+        for i in range(env.n):
+            if i in env.down or not env.cluster.alive(i):
+                await env.start(i)
+
+
+# ---------------------------------------------------------------------------- leader sampler
+class Sampler:
+    """Polls every node's /v1/cluster and records every (term, leader) claim."""
+
+    def __init__(self, env: Env, interval_s: float = 0.15):
+        self.env = env
+        self.interval_s = interval_s
+        self.claims: dict[int, set] = {}
+        self.first_seen: dict[int, tuple] = {}     # term -> (leader, history time first seen)
+        self.samples = 0
+        self.last: dict = {}
+        self.task: asyncio.Task | None = None
+
+    def start(self):
+        self.task = asyncio.get_running_loop().create_task(self._run())
+
+    async def sample_once(self):
+        views = await self.env.views(timeout=0.5)
+        self.samples += 1
+        for i, v in views.items():
+            self.last[i] = v
+            if v is None:
+                continue
+            if v.get("role") == "leader":
+                term = int(v["term"])
+                self.claims.setdefault(term, set()).add(v["node_id"])
+                self.first_seen.setdefault(term, (v["node_id"], round(self.env.h.now(), 3)))
+        return views
+
+    async def _run(self):
+        while True:
+            try:
+                await self.sample_once()
+            except Exception:
+                pass
+            await asyncio.sleep(self.interval_s)
+
+    async def stop(self):
+        if self.task is not None:
+            self.task.cancel()
+            try:
+                await self.task
+            except (asyncio.CancelledError, Exception):
+                pass
+
+    def leader_now(self) -> tuple[str | None, int | None]:
+        best = None
+        for v in self.last.values():
+            if v and v.get("role") == "leader" and (best is None or v["term"] > best["term"]):
+                best = v
+        return (best["node_id"], best["term"]) if best else (None, None)

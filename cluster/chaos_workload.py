@@ -1,0 +1,541 @@
+"""The chaos workload: producers and workers on the real client, recording a history.
+
+Every client operation becomes one *op* in the history: its invoke time, its completion time and
+its outcome, Jepsen-style:
+* `ok`      it happened (the cluster answered success);
+* `fail`    it definitely did not happen (a definite refusal: `job_not_found`,
+            `attempt_mismatch`, `rejected`, ...);
+* `unknown` it may or may not have happened (the call's deadline passed: timeouts, lost
+            leaders, lost quorum).
+
+Producers enqueue unique values `"<proc>-<n>"` (in the payload, with the idempotency key when
+there is one), so a delivered job can be traced back to the enqueue that made it even when that
+enqueue's outcome was unknown. Three kinds of producers: `keyed` (explicit idempotency keys, and
+now and then a deliberate re-send of an earlier key with a new value, which must deduplicate),
+`auto` (the client's automatic keys) and `raw` (no key at all, plain HTTP: only request ids make
+retries safe). Some jobs are scheduled, some are `poison` (workers never ack them, so they must
+end dead-lettered). Workers ack, ack in batches, nack with each directive, extend, and sometimes
+stall past their lease and then ack (a zombie that must be fenced off). A probe writes one small
+job every 100 ms so that the report can say when writes work again after each fault.
+"""
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from dataclasses import dataclass
+
+import orjson
+
+from .client import (BatchRejected, Client, Conflict, Internal, InvalidArgument, Job, LeaseLost, NotFound,
+                     RaftqError, Rejected, Retry, job_request)
+
+QUEUES = ("a", "b")
+PROBE_QUEUE = "probe"
+LIVE_QUEUE = "live"
+
+
+def wall_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+# ---------------------------------------------------------------------------- history
+class History:
+    """Ops in invoke order. Times: `t0`/`t1` are monotonic seconds since the run started (one
+    clock for the whole process, so real-time order between ops is exact); `w0`/`w1` are wall
+    milliseconds (for comparisons with the cluster's clock)."""
+
+    def __init__(self, url_to_node: dict | None = None, sink=None):
+        self.ops: list[dict] = []
+        self.start = time.monotonic()
+        self.url_to_node = url_to_node or {}
+        self.sink = sink                   # a file for JSONL events, or None
+        self.counts: dict[tuple, int] = {}
+        self.internal_errors: list[dict] = []
+
+    def now(self) -> float:
+        return time.monotonic() - self.start
+
+    def _node(self, client: Client | None):
+        if client is None or client.leader is None:
+            return None
+        return self.url_to_node.get(client.leader, client.leader)
+
+    def invoke(self, proc: str, f: str, client: Client | None = None, **fields) -> dict:
+        op = {"id": len(self.ops), "proc": proc, "f": f, "t0": self.now(), "w0": wall_ms(),
+              "t1": None, "w1": None, "outcome": None, "node": self._node(client), **fields}
+        self.ops.append(op)
+        if self.sink is not None:
+            self.sink.write(orjson.dumps({"type": "invoke", **op}) + b"\n")
+        return op
+
+    def complete(self, op: dict, outcome: str, client: Client | None = None, **fields) -> dict:
+        op["t1"], op["w1"], op["outcome"] = self.now(), wall_ms(), outcome
+        node = self._node(client)
+        if node is not None:
+            op["node"] = node
+        op.update(fields)
+        key = (op["f"], outcome)
+        self.counts[key] = self.counts.get(key, 0) + 1
+        if self.sink is not None:
+            self.sink.write(orjson.dumps({"type": outcome, "id": op["id"], "t1": op["t1"], "w1": op["w1"],
+                                          "node": op.get("node"), **fields}) + b"\n")
+        return op
+
+    def fail_from(self, op: dict, exc: BaseException, client: Client | None = None) -> dict:
+        outcome, code = classify(exc)
+        if isinstance(exc, Internal):
+            self.internal_errors.append({"op": op["id"], "f": op["f"], "message": str(exc)})
+        return self.complete(op, outcome, client, error=code)
+
+    def close_open(self):
+        """Ops that never completed (cancelled at shutdown) are unknown."""
+        for op in self.ops:
+            if op["outcome"] is None:
+                self.complete(op, "unknown", error="cancelled")
+
+
+DEFINITE_FAILURES = (LeaseLost, Rejected, BatchRejected, InvalidArgument, NotFound, Conflict)
+
+
+def classify(exc: BaseException) -> tuple[str, str]:
+    """(outcome, error code) of a failed call: a definite refusal is `fail`, anything that may
+    have been applied (deadline passed, connection lost, internal error) is `unknown`."""
+    if isinstance(exc, DEFINITE_FAILURES):
+        return "fail", exc.code
+    if isinstance(exc, RaftqError):
+        return "unknown", exc.code
+    if isinstance(exc, asyncio.CancelledError):
+        return "unknown", "cancelled"
+    return "unknown", type(exc).__name__
+
+
+def payload_of(value: str, key: str | None, job_type: str) -> bytes:
+    return orjson.dumps({"v": value, "k": key, "t": job_type})
+
+
+def delivery(job: Job) -> dict:
+    """What the history keeps of a delivered job."""
+    try:
+        p = orjson.loads(job.payload) if job.payload else {}
+    except orjson.JSONDecodeError:
+        p = {}
+    return {"job_id": job.id, "attempt": job.attempt, "max_attempts": job.max_attempts, "queue": job.queue,
+            "job_type": job.job_type, "value": p.get("v"), "key": p.get("k"),
+            "lease_expires": job.lease_expires_at_ms, "scheduled_at": job.scheduled_at_ms,
+            "enqueued_at": job.enqueued_at_ms}
+
+
+# ---------------------------------------------------------------------------- workload
+@dataclass
+class WorkloadConfig:
+    producers: int = 3                 # cycled through the kinds keyed, auto, raw
+    workers: int = 4
+    think_s: tuple = (0.03, 0.12)      # producer pause between enqueues
+    op_timeout_s: float = 8.0          # a call's deadline (the client retries within it)
+    lease_ms: int = 2000
+    wait_ms: int = 500
+    probe_interval_s: float = 0.1
+    probe_timeout_s: float = 3.0
+    probe_max_outstanding: int = 12
+    sweep_interval_ms: int = 500
+    poison_rate: float = 0.06
+    scheduled_rate: float = 0.15
+    max_schedule_ms: int = 2500
+    transports: tuple = ("session", "http")
+
+
+class Workload:
+    def __init__(self, urls: list[str], history: History, seed: int, config: WorkloadConfig | None = None):
+        self.urls = list(urls)
+        self.h = history
+        self.cfg = config or WorkloadConfig()
+        self.seed = seed
+        self.stopping = asyncio.Event()
+        self.tasks: list[asyncio.Task] = []
+        self.clients: list[Client] = []
+        self.stalls = 0
+
+    def client(self, **kw) -> Client:
+        kw.setdefault("timeout", self.cfg.op_timeout_s)
+        kw.setdefault("connect_timeout", 1.0)
+        c = Client(self.urls, **kw)
+        self.clients.append(c)
+        return c
+
+    def start(self):
+        loop = asyncio.get_running_loop()
+        kinds = ("keyed", "auto", "raw")
+        for i in range(self.cfg.producers):
+            kind = kinds[i % len(kinds)]
+            self.tasks.append(loop.create_task(self.producer(f"p{i}", kind, random.Random(f"{self.seed}-p{i}"))))
+        for i in range(self.cfg.workers):
+            self.tasks.append(loop.create_task(self.worker(f"w{i}", random.Random(f"{self.seed}-w{i}"))))
+        self.tasks.append(loop.create_task(self.probe()))
+
+    async def stop(self, grace_s: float = 15.0):
+        """Stop producing and working; let the ops in flight finish (bounded), then cancel."""
+        self.stopping.set()
+        done, pending = await asyncio.wait(self.tasks, timeout=grace_s) if self.tasks else (set(), set())
+        for t in pending:
+            t.cancel()
+        if pending:
+            await asyncio.wait(pending, timeout=5)
+        for c in self.clients:
+            try:
+                await c.close()
+            except Exception:
+                pass
+        self.clients.clear()
+
+    async def _sleep(self, s: float):
+        try:
+            await asyncio.wait_for(self.stopping.wait(), s)
+        except asyncio.TimeoutError:
+            pass
+
+    # ------------------------------------------------------------------ producers
+    def _request(self, rng: random.Random, value: str, key: str | None) -> dict:
+        cfg = self.cfg
+        job_type = "poison" if rng.random() < cfg.poison_rate else "work"
+        fields = {"priority": rng.randint(0, 9), "max_attempts": rng.choice((1, 2, 3, 3, 4))}
+        r = rng.random()
+        if r < cfg.scheduled_rate * 0.6:
+            fields["scheduled_at_ms"] = wall_ms() + rng.randint(200, cfg.max_schedule_ms)
+        elif r < cfg.scheduled_rate:
+            fields["delay_ms"] = rng.randint(200, cfg.max_schedule_ms)
+        req = job_request(rng.choice(QUEUES), job_type, payload_of(value, key, job_type),
+                          encoding="application/json", idempotency_key=key, **fields)
+        return req
+
+    @staticmethod
+    def _req_record(req: dict, value: str, key: str | None) -> dict:
+        return {"value": value, "key": key, "queue": req["queue"], "job_type": req["job_type"],
+                "max_attempts": req.get("max_attempts"), "scheduled_at": req.get("scheduled_at_ms"),
+                "delay_ms": req.get("delay_ms")}
+
+    async def producer(self, proc: str, kind: str, rng: random.Random):
+        transport = "http" if kind == "raw" and "http" in self.cfg.transports else "session"
+        c = self.client(auto_idempotency=(kind != "raw"), transport=transport)
+        n = 0
+        keys: list[str] = []
+        while not self.stopping.is_set():
+            r = rng.random()
+            reqs, recs = [], []
+            if kind == "keyed" and keys and r < 0.12:
+                # Re-send an earlier key (to its queue: keys are per queue) with a new value: it
+                # must deduplicate to the first job.
+                key, queue = rng.choice(keys[-200:])
+                value = f"{proc}-{n}"
+                n += 1
+                req = self._request(rng, value, key)
+                req["queue"] = queue
+                reqs.append(req)
+                recs.append(self._req_record(req, value, key) | {"dup_of_key": True})
+            else:
+                count = rng.randint(2, 4) if r < 0.2 else 1
+                for _ in range(count):
+                    value = f"{proc}-{n}"
+                    n += 1
+                    key = f"k-{value}" if kind == "keyed" else None
+                    req = self._request(rng, value, key)
+                    if key:
+                        keys.append((key, req["queue"]))
+                    reqs.append(req)
+                    recs.append(self._req_record(req, value, key))
+            await self._enqueue(c, proc, reqs, recs, batch=len(reqs) > 1)
+            await self._sleep(rng.uniform(*self.cfg.think_s))
+
+    async def _enqueue(self, c: Client, proc: str, reqs: list[dict], recs: list[dict], batch: bool,
+                       timeout: float | None = None) -> dict:
+        op = self.h.invoke(proc, "enqueue", c, items=recs, batch=batch)
+        try:
+            if batch:
+                results = await c.enqueue_batch(reqs, timeout=timeout)
+                out = [{"job_id": r.job_id, "dedup": r.deduplicated} if not isinstance(r, Exception)
+                       else {"rejected": r.reason} for r in results]
+            else:
+                r = await c.enqueue_request(reqs[0], timeout=timeout)
+                out = [{"job_id": r.job_id, "dedup": r.deduplicated}]
+        except Rejected as e:
+            return self.h.complete(op, "fail", c, error="rejected", results=[{"rejected": e.reason}])
+        except Exception as e:
+            return self.h.fail_from(op, e, c)
+        return self.h.complete(op, "ok", c, results=out)
+
+    async def probe(self):
+        """One small write every `probe_interval_s` (bounded in flight): the availability signal."""
+        c = self.client(timeout=self.cfg.probe_timeout_s)
+        n = 0
+        outstanding: set[asyncio.Task] = set()
+        loop = asyncio.get_running_loop()
+        try:
+            while not self.stopping.is_set():
+                if len(outstanding) < self.cfg.probe_max_outstanding:
+                    value = f"probe-{n}"
+                    n += 1
+                    req = job_request(PROBE_QUEUE, "probe", payload_of(value, None, "probe"), encoding="application/json")
+                    t = loop.create_task(self._enqueue(c, "probe", [req], [self._req_record(req, value, None)], False))
+                    outstanding.add(t)
+                    t.add_done_callback(outstanding.discard)
+                await self._sleep(self.cfg.probe_interval_s)
+        finally:
+            if outstanding:
+                await asyncio.wait(outstanding, timeout=self.cfg.probe_timeout_s + 2)
+
+    # ------------------------------------------------------------------ workers
+    async def worker(self, proc: str, rng: random.Random):
+        c = self.client(transport=rng.choice(self.cfg.transports))
+        queues = list(QUEUES) + [PROBE_QUEUE]
+        while not self.stopping.is_set():
+            rng.shuffle(queues)             # reserve polls in order: vary it so no queue starves
+            jobs = await self.reserve(c, proc, queues, self.cfg.lease_ms, rng.choice((1, 1, 1, 2, 4)),
+                                      self.cfg.wait_ms)
+            if jobs is None:
+                await self._sleep(0.1)
+                continue
+            batch: list[Job] = []
+            for job in jobs:
+                await self.handle(c, proc, rng, job, batch)
+            if batch:
+                await self.ack_batch(c, proc, batch)
+
+    async def reserve(self, c: Client, proc: str, queues, lease_ms: int, max_jobs: int, wait_ms: int):
+        op = self.h.invoke(proc, "reserve", c, queues=list(queues), lease_ms=lease_ms, max_jobs=max_jobs)
+        try:
+            jobs = await c.reserve(queues, lease_ms, wait_ms=wait_ms, max_jobs=max_jobs, worker_id=proc)
+        except Exception as e:
+            self.h.fail_from(op, e, c)
+            return None
+        self.h.complete(op, "ok", c, jobs=[delivery(j) for j in jobs])
+        return jobs
+
+    async def handle(self, c: Client, proc: str, rng: random.Random, job: Job, batch: list):
+        cfg = self.cfg
+        stall_s = cfg.lease_ms / 1000 + cfg.sweep_interval_ms / 1000 + rng.uniform(0.2, 1.0)
+        await asyncio.sleep(rng.uniform(0, 0.02))            # "work"
+        r = rng.random()
+        if job.job_type == "poison":
+            if r < 0.55:
+                await self.nack(c, proc, job, Retry.default())
+            elif r < 0.75:
+                await self.nack(c, proc, job, Retry.delay(rng.randint(0, 800)))
+            elif r < 0.85:
+                await self.nack(c, proc, job, Retry.dead_letter())
+            else:
+                self.stalls += 1
+                await self._sleep(stall_s)              # crash-looping worker: the lease lapses
+                await self.nack(c, proc, job, Retry.default())
+            return
+        if r < 0.62:
+            await self.ack(c, proc, job)
+        elif r < 0.72:
+            batch.append(job)
+        elif r < 0.77:
+            await self.nack(c, proc, job, Retry.default())
+        elif r < 0.82:
+            await self.nack(c, proc, job, Retry.delay(rng.randint(50, 1500)))
+        elif r < 0.85:
+            await self.nack(c, proc, job, Retry.dead_letter())
+        elif r < 0.95:
+            for _ in range(rng.randint(1, 2)):
+                await asyncio.sleep(rng.uniform(0, cfg.lease_ms / 2000))
+                if not await self.extend(c, proc, job, cfg.lease_ms):
+                    break
+            await self.ack(c, proc, job)
+        else:
+            self.stalls += 1
+            await self._sleep(stall_s)                  # a zombie: acks after its lease lapsed
+            await self.ack(c, proc, job)
+
+    async def ack(self, c: Client, proc: str, job: Job) -> bool:
+        op = self.h.invoke(proc, "ack", c, job_id=job.id, attempt=job.attempt)
+        try:
+            await c.ack(job)
+        except Exception as e:
+            self.h.fail_from(op, e, c)
+            return False
+        self.h.complete(op, "ok", c)
+        return True
+
+    async def ack_batch(self, c: Client, proc: str, jobs: list[Job]):
+        """One call, recorded as one `ack` op per job (same times, `batch` set)."""
+        ops = [self.h.invoke(proc, "ack", c, job_id=j.id, attempt=j.attempt, batch=True) for j in jobs]
+        try:
+            results = await c.ack_batch(jobs)
+        except Exception as e:
+            for op in ops:
+                self.h.fail_from(op, e, c)
+            return
+        for op, r in zip(ops, results):
+            if r is None:
+                self.h.complete(op, "ok", c)
+            else:
+                self.h.complete(op, "fail", c, error=r.code)
+
+    async def nack(self, c: Client, proc: str, job: Job, retry: dict) -> bool:
+        reason = f"{proc}:{job.id[:8]}:a{job.attempt}"
+        op = self.h.invoke(proc, "nack", c, job_id=job.id, attempt=job.attempt, strategy=retry["strategy"],
+                           delay_ms=retry.get("delay_ms"), reason=reason, max_attempts=job.max_attempts)
+        try:
+            dead = await c.nack(job, reason=reason, retry=retry)
+        except Exception as e:
+            self.h.fail_from(op, e, c)
+            return False
+        self.h.complete(op, "ok", c, dead_lettered=dead)
+        return True
+
+    async def extend(self, c: Client, proc: str, job: Job, lease_ms: int) -> bool:
+        op = self.h.invoke(proc, "extend", c, job_id=job.id, attempt=job.attempt, lease_ms=lease_ms)
+        try:
+            expires = await c.extend(job, lease_ms)
+        except Exception as e:
+            self.h.fail_from(op, e, c)
+            return False
+        self.h.complete(op, "ok", c, lease_expires=expires)
+        return True
+
+
+# ---------------------------------------------------------------------------- the final phase
+async def final_drain(urls: list[str], h: History, *, timeout_s: float = 90.0, lease_ms: int = 30_000,
+                      op_timeout_s: float = 15.0) -> dict:
+    """After healing: take every job left (waiting out leases and schedules), ack it (poison
+    jobs are nacked until they are dead-lettered), then drain the dead letters. Returns what it
+    saw: {"ok": bool, "dead_letters": [...], "queues": [...], "seconds": s}."""
+    c = Client(urls, timeout=op_timeout_s, connect_timeout=1.0)
+    t0 = time.monotonic()
+    queues = list(QUEUES) + [PROBE_QUEUE, LIVE_QUEUE]
+    empty_rounds = 0
+    stats: list = []
+    ok = False
+    try:
+        while time.monotonic() - t0 < timeout_s:
+            op = h.invoke("drain", "reserve", c, queues=queues, lease_ms=lease_ms, max_jobs=64)
+            try:
+                jobs = await c.reserve(queues, lease_ms, wait_ms=300, max_jobs=64, worker_id="drain")
+            except Exception as e:
+                h.fail_from(op, e, c)
+                await asyncio.sleep(0.2)
+                continue
+            h.complete(op, "ok", c, jobs=[delivery(j) for j in jobs])
+            acks = [j for j in jobs if j.job_type != "poison"]
+            for j in jobs:
+                if j.job_type == "poison":
+                    reason = f"drain:{j.id[:8]}:a{j.attempt}"
+                    nop = h.invoke("drain", "nack", c, job_id=j.id, attempt=j.attempt, strategy="default",
+                                   delay_ms=None, reason=reason, max_attempts=j.max_attempts)
+                    try:
+                        dead = await c.nack(j, reason=reason, retry=Retry.default())
+                        h.complete(nop, "ok", c, dead_lettered=dead)
+                    except Exception as e:
+                        h.fail_from(nop, e, c)
+            if acks:
+                aops = [h.invoke("drain", "ack", c, job_id=j.id, attempt=j.attempt, batch=True) for j in acks]
+                try:
+                    results = await c.ack_batch(acks)
+                    for aop, r in zip(aops, results):
+                        h.complete(aop, "ok" if r is None else "fail", c, **({} if r is None else {"error": r.code}))
+                except Exception as e:
+                    for aop in aops:
+                        h.fail_from(aop, e, c)
+            if jobs:
+                empty_rounds = 0
+                continue
+            try:
+                stats = await c.queues()
+            except Exception:
+                await asyncio.sleep(0.2)
+                continue
+            live = sum(q["ready"] + q["scheduled"] + q["in_flight"] for q in stats)
+            if live == 0:
+                empty_rounds += 1
+                if empty_rounds >= 2:
+                    ok = True
+                    break
+            else:
+                empty_rounds = 0
+                await asyncio.sleep(0.1)
+        # The dead letters, all of them (each call with its own request id: a retry returns the
+        # same records, never loses them).
+        records = []
+        while True:
+            op = h.invoke("drain", "dlq_drain", c)
+            try:
+                got = await c.drain(max_records=500)
+            except Exception as e:
+                h.fail_from(op, e, c)
+                ok = False
+                break
+            recs = []
+            for r in got:
+                d = delivery(r.job)
+                recs.append({"job_id": r.job.id, "cause": r.cause, "final_attempt": r.final_attempt,
+                             "last_reason": r.last_reason, "failed_at": r.failed_at_ms, "value": d["value"],
+                             "key": d["key"], "queue": r.job.queue, "job_type": r.job.job_type, "max_attempts": r.job.max_attempts,
+                             "attempt": r.job.attempt})
+            h.complete(op, "ok", c, records=recs)
+            records += recs
+            if not got:
+                break
+        try:
+            stats = await c.queues()
+        except Exception:
+            pass
+        return {"ok": ok, "dead_letters": records, "queues": stats, "seconds": time.monotonic() - t0}
+    finally:
+        await c.close()
+
+
+async def lease_liveness_probe(urls: list[str], h: History, *, jobs: int = 3, lease_ms: int = 1000,
+                               sweep_interval_ms: int = 500, slack_s: float = 1.5) -> dict:
+    """Lease jobs and let the leases lapse: each must be redelivered (attempt + 1) within
+    lease + sweep interval (+ slack for the apply path on a busy machine)."""
+    c = Client(urls, timeout=15.0, connect_timeout=1.0)
+    out = {"ok": False, "bound_s": lease_ms / 1000 + sweep_interval_ms / 1000 + slack_s, "samples": []}
+    try:
+        for i in range(jobs):
+            req = job_request(LIVE_QUEUE, "live", payload_of(f"live-{i}", None, "live"), encoding="application/json",
+                              max_attempts=5)
+            op = h.invoke("live", "enqueue", c, items=[Workload._req_record(req, f"live-{i}", None)], batch=False)
+            try:
+                r = await c.enqueue_request(req)
+                h.complete(op, "ok", c, results=[{"job_id": r.job_id, "dedup": r.deduplicated}])
+            except Exception as e:
+                h.fail_from(op, e, c)
+                out["error"] = f"enqueue: {e}"
+                return out
+        op = h.invoke("live", "reserve", c, queues=[LIVE_QUEUE], lease_ms=lease_ms, max_jobs=jobs)
+        try:
+            got = await c.reserve([LIVE_QUEUE], lease_ms, wait_ms=2000, max_jobs=jobs)
+        except Exception as e:
+            h.fail_from(op, e, c)
+            out["error"] = f"reserve: {e}"
+            return out
+        h.complete(op, "ok", c, jobs=[delivery(j) for j in got])
+        t_leased = time.monotonic()
+        pending = {j.id: j.attempt for j in got}
+        deadline = t_leased + out["bound_s"] * 3
+        while pending and time.monotonic() < deadline:
+            op = h.invoke("live", "reserve", c, queues=[LIVE_QUEUE], lease_ms=30_000, max_jobs=jobs)
+            try:
+                again = await c.reserve([LIVE_QUEUE], 30_000, wait_ms=500, max_jobs=jobs)
+            except Exception as e:
+                h.fail_from(op, e, c)
+                continue
+            h.complete(op, "ok", c, jobs=[delivery(j) for j in again])
+            for j in again:
+                if j.id in pending and j.attempt > pending[j.id]:
+                    out["samples"].append(round(time.monotonic() - t_leased, 3))
+                    del pending[j.id]
+                aop = h.invoke("live", "ack", c, job_id=j.id, attempt=j.attempt)
+                try:
+                    await c.ack(j)
+                    h.complete(aop, "ok", c)
+                except Exception as e:
+                    h.fail_from(aop, e, c)
+        out["redelivered"] = len(got) - len(pending)
+        out["leased"] = len(got)
+        out["ok"] = bool(got) and not pending and all(s <= out["bound_s"] for s in out["samples"])
+        return out
+    finally:
+        await c.close()
