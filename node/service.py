@@ -305,7 +305,14 @@ class NodeService:
         """This node's view. The state digest costs O(state) (cached per applied index);
         `with_digest=False` skips it for frequent polling."""
         r = self.replica
-        status = r.status()
+        # Role and term must belong together ("at most one leader per term" is checked from
+        # these views): the tick thread may win an election between the two reads, so read the
+        # term again and retry if it moved.
+        for _ in range(5):
+            status = r.status()
+            role = "leader" if self.is_leader() else r.role()
+            if r.status()["term"] == status["term"]:
+                break
         leader_raft = r.leader_raft()
         leader = None
         if leader_raft is not None:
@@ -325,7 +332,7 @@ class NodeService:
                 digest = self.state.machine.digest()
                 self._digest_cache = ((applied, self.state.machine.applied), digest)
             machine_counts = self.state.machine.counts()
-        return 200, {"node_id": self.settings.node_id, "role": "leader" if self.is_leader() else r.role(),
+        return 200, {"node_id": self.settings.node_id, "role": role,
                      "leader": leader, "term": status["term"], "commit_index": status["commit_index"],
                      "last_applied": applied, "members": members, "ready": self.ready(),
                      "digest": digest, "durability": self.settings.durability,
