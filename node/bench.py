@@ -1,6 +1,6 @@
 """In-process benchmark of the state machine through the command interface (not a test).
 
-    python -m node.bench [--json] [--quick]
+    python -m node.bench [--json] [--quick] [--repeat N]
 
 Every figure goes through what the leader does for a request: `node.commands` turns a request
 body dict into a command, `QueueMachine.apply` applies it. No HTTP, no Raft, no JSON encoding of
@@ -17,9 +17,15 @@ Figures:
                           1,000,000 ready jobs; each reserved job is acked and replaced outside
                           the timed region, so the depth stays constant.
 * bytes_per_job           tracemalloc: memory held by 100,000 ready jobs (payload included),
-                          enqueued from request bodies in batches of 256.
+                          enqueued from JSON request bodies (orjson) in batches of 256.
 * snapshot_s_at_100k      to_builtins + pickle.dumps of the 100k-job machine;
   restore_s_at_100k       pickle.loads + from_builtins; the digest must survive.
+
+Throughput figures are the best of --repeat runs (the machine may be shared); *_per_cpu_s
+divide by this process's CPU time instead, to show the code's cost when other processes steal
+the core. loadavg (before) and loadavg_after say how busy the machine was. Request ids are
+not used (rid None), and the simulated leader clock advances 1 ms per 32 jobs, with a sweep
+command every 1000 ms of it, as the leader proposes one per sweep_interval_ms.
 """
 from __future__ import annotations
 

@@ -9,12 +9,13 @@ are `(http_status, body)`, ready to serialize.
 
 Two rules shape the code:
 * `apply` never raises. pysyncobj wedges the whole cluster when an apply raises, so each command
-  runs under an undo log: every mutation goes through a primitive that records how to revert
-  it, and an unexpected exception reverts the command and yields an `internal` result.
-* Cost does not grow with the work. Ready jobs sit in one heap per queue keyed by
-  (-priority, enqueued_at, sequence); schedules, leases, deadlines and dedup windows in heaps
-  keyed by time. Heaps are lazy: an entry whose job has moved on is skipped when it surfaces
-  (`_live_*` checks), which keeps cancel, extend and requeue O(log n) too.
+  runs under an undo log: every mutation is recorded, before it is made, with how to revert
+  it (through a primitive, or inline on the hot paths), and an unexpected exception reverts
+  the command and yields an `internal` result.
+* Cost does not grow with the work. Ready jobs are ordered by (-priority, enqueued_at,
+  sequence) in a FIFO plus a heap per queue (see `Queue`); schedules, leases, deadlines and
+  dedup windows sit in heaps keyed by time. Indexes are lazy: an entry whose job has moved on
+  is skipped when it surfaces, which keeps cancel, extend and requeue O(log n) too.
 """
 from __future__ import annotations
 
