@@ -277,6 +277,8 @@ class QueueMachine:
         try:
             op, rid = cmd[0], cmd[1]
             handler = _HANDLERS[op]
+            if rid is not None and type(rid) is not str:
+                raise TypeError("request id")     # (an unhashable one would raise below)
         except Exception:
             return error("internal", "malformed command")
         self.applied += 1
@@ -292,6 +294,7 @@ class QueueMachine:
             result = handler(self, *cmd[2:])
         except Exception as exc:
             self._revert()
+            self.applied -= 1                   # not applied: the state is exactly as before
             return error("internal", f"command {op!r} failed and was not applied: {type(exc).__name__}")
         self._undo.clear()
         if rid is not None and not (op == "res" and not result[1].get("jobs")):
@@ -680,11 +683,13 @@ class QueueMachine:
         now, budget = self.clock, self.limits.sweep_limit
         counts = {"promoted": 0, "leases_expired": 0, "deadlines_expired": 0,
                   "dedup_expired": 0, "request_ids_expired": 0, "dead_letters_expired": 0}
+        # Budgets count live entries only: a node restored from a snapshot holds no stale heap
+        # entries, so counting those would let replicas expire different sets in one sweep.
         heap, n = self.sched_heap, 0
         while heap and heap[0][0] <= now and n < budget:
-            n += 1
             run_at, seq, job = self._heappop(heap)
             if job.state == SCHEDULED and job.run_at == run_at and self.jobs.get(job.id) is job:
+                n += 1
                 q = self.queues[job.queue]
                 self._add(q, "scheduled", -1)
                 self._set(job, "run_at", None)
@@ -692,10 +697,10 @@ class QueueMachine:
                 counts["promoted"] += 1
         heap, n = self.lease_heap, 0
         while heap and heap[0][0] <= now and n < budget:
-            n += 1
             expires, _, job_id = self._heappop(heap)
             job = self.jobs.get(job_id)
             if job is not None and job.state == IN_FLIGHT and job.lease_expires == expires:
+                n += 1
                 q = self.queues[job.queue]
                 self._add(q, "in_flight", -1)
                 counts["leases_expired"] += 1
@@ -707,31 +712,31 @@ class QueueMachine:
                     self._make_ready(job, q)
         heap, n = self.deadline_heap, 0
         while heap and heap[0][0] <= now and n < budget:
-            n += 1
             deadline, _, job = self._heappop(heap)
             if (job.deadline == deadline and job.state in (READY, SCHEDULED)
                     and self.jobs.get(job.id) is job):
+                n += 1
                 q = self.queues[job.queue]
                 self._add(q, "ready" if job.state == READY else "scheduled", -1)
                 counts["deadlines_expired"] += 1
                 self._dead_letter(job, q, "expired", None)
         heap, n = self.dedup_heap, 0
         while heap and heap[0][0] <= now and n < budget:
-            n += 1
             expires, qname, key = self._heappop(heap)
             rec = self.dedup.get((qname, key))
             if rec is not None and rec[1] == expires:
+                n += 1
                 self._pop(self.dedup, (qname, key))
                 counts["dedup_expired"] += 1
         fifo, n = self.rid_fifo, 0
         while fifo and fifo[0][0] <= now and n < budget:
-            n += 1
             entry = fifo[0]
             undo = self._undo
             undo += (_appendleft, fifo, entry, None)
             expires, rid = fifo.popleft()
             rec = self.rids.get(rid)
             if rec is not None and rec[2] == expires:
+                n += 1
                 self._pop(self.rids, rid)
                 counts["request_ids_expired"] += 1
         retention = self.limits.dead_letter_retention_ms
