@@ -92,6 +92,20 @@ class Progress:
             self.stream.flush()
 
 
+class Phases(dict):
+    """The current phase's name (for the progress line) and how long each one took."""
+
+    def __init__(self):
+        super().__init__(name="start")
+        self.t = time.monotonic()
+        self.took: dict = {}
+
+    def enter(self, name: str):
+        now = time.monotonic()
+        self.took[self["name"]] = round(self.took.get(self["name"], 0) + now - self.t, 3)
+        self["name"], self.t = name, now
+
+
 async def _progress_loop(h: History, nemesis: Nemesis, sampler: Sampler, progress: Progress, duration: float,
                          phase: dict):
     while True:
@@ -145,7 +159,7 @@ async def run_chaos(opts: ChaosOptions) -> dict:
     env = Env(cluster, net, h)
     report: dict = {"seed": seed, "nodes": opts.nodes, "durability": opts.durability, "duration_s": opts.duration,
                     "fault_kinds": list(opts.faults), "dir": str(directory)}
-    phase = {"name": "start"}
+    phase = Phases()
     nemesis = Nemesis(env, seed, scfg, on_event=lambda m: progress.event(f"[{h.now():6.1f}s] {m}"))
     sampler = Sampler(env)
     workload = None
@@ -161,7 +175,7 @@ async def run_chaos(opts: ChaosOptions) -> dict:
         sampler.start()
         workload = Workload(cluster.urls, h, seed, wcfg)
         workload.start()
-        phase["name"] = "run"
+        phase.enter("run")
         ptask = asyncio.get_running_loop().create_task(_progress_loop(h, nemesis, sampler, progress, opts.duration, phase))
         stop_at = h.now() + opts.duration
         await nemesis.run(stop_at)
@@ -169,31 +183,31 @@ async def run_chaos(opts: ChaosOptions) -> dict:
             await asyncio.sleep(stop_at - h.now())
 
         # ---- heal, then liveness
-        phase["name"] = "heal"
+        phase.enter("heal")
         await nemesis.heal_all()
         t_heal = h.now()
         healthy = await env.wait_healthy(timeout=max(opts.leader_bound_s * 3, 30))
         leader_after = None if healthy is None else round(h.now() - t_heal, 3)
-        phase["name"] = "stop workload"
+        phase.enter("stop workload")
         await workload.stop()
         h.close_open()
-        phase["name"] = "clock"
+        phase.enter("clock")
         clock_wait = await _wait_clock_sane(env, 15 + env.max_forward_skew_ms / 1000)
         lease_probe = None
         if opts.lease_probe:
-            phase["name"] = "lease probe"
+            phase.enter("lease probe")
             lease_probe = await lease_liveness_probe(cluster.urls, h, lease_ms=1000,
                                                      sweep_interval_ms=opts.sweep_interval_ms)
-        phase["name"] = "drain"
+        phase.enter("drain")
         drain = await final_drain(cluster.urls, h)
-        phase["name"] = "converge"
+        phase.enter("converge")
         try:
             views = await asyncio.to_thread(cluster.wait_converged, 30)
         except TimeoutError:
             views = [cluster.cluster_view(i) for i in range(cluster.n)]
         await sampler.sample_once()
         await sampler.stop()
-        phase["name"] = "check"
+        phase.enter("check")
         liveness = {"leader_after_heal_s": leader_after, "leader_bound_s": opts.leader_bound_s,
                     "lease_probe": lease_probe, "clock_wait_s": round(clock_wait, 3)}
         retry = dict(RETRY_LIMITS, max_schedule_horizon_ms=horizon)
@@ -209,8 +223,18 @@ async def run_chaos(opts: ChaosOptions) -> dict:
                 term, (node, t) = min(later, key=lambda x: x[1][1])
                 u["next_leader"] = {"node": node, "term": term, "after_s": round(t - u["t_inject"], 3)}
         by_kind: dict = {}
+        alone: dict = {}
         for u in unav:
             by_kind.setdefault(u["kind"], []).append(u["unavailable_s"])
+            if not u["mixed"]:
+                alone.setdefault(u["kind"], []).append(u["unavailable_s"])
+
+        def summary(groups):
+            return {k: {"n": len(v), "p50": percentile(v, 50), "p99": percentile(v, 99),
+                        "max": max((x for x in v if x is not None), default=None),
+                        "never": sum(1 for x in v if x is None)}
+                    for k, v in sorted(groups.items())}
+
         report.update({
             "valid": result["valid"],
             "elapsed_s": round(time.monotonic() - t_start, 1),
@@ -225,12 +249,7 @@ async def run_chaos(opts: ChaosOptions) -> dict:
                                         "terms_seen": len(sampler.claims)},
             "invariants": result["invariants"],
             "violations": sum(i["count"] for i in result["invariants"]),
-            "unavailability": {
-                "by_kind": {k: {"n": len(v), "p50": percentile(v, 50), "p99": percentile(v, 99),
-                                "max": max((x for x in v if x is not None), default=None),
-                                "never": sum(1 for x in v if x is None)}
-                            for k, v in sorted(by_kind.items())},
-                "list": unav},
+            "unavailability": {"by_kind": summary(by_kind), "alone_by_kind": summary(alone), "list": unav},
             "liveness": liveness,
             "drain": {"ok": drain["ok"], "seconds": round(drain["seconds"], 3),
                       "dead_letters": len(drain["dead_letters"])},
@@ -238,6 +257,8 @@ async def run_chaos(opts: ChaosOptions) -> dict:
                              "digest": (v or {}).get("digest"), "term": (v or {}).get("term")} for v in views],
             "proxy": await asyncio.to_thread(net.stats),
         })
+        phase.enter("report")
+        report["phases_s"] = phase.took
         return report
     finally:
         progress.done()
@@ -250,8 +271,7 @@ async def run_chaos(opts: ChaosOptions) -> dict:
                 pass
         await sampler.stop()
         await env.close()
-        await asyncio.to_thread(cluster.stop_all)
-        cluster.close()
+        cluster.close()             # kill -9: the final views are taken, nothing else matters
         net.close()
         sink.close()
         try:
@@ -274,13 +294,17 @@ def format_report(r: dict) -> str:
                f"{r['duration_s']:.0f} s of faults (elapsed {r.get('elapsed_s', 0):.0f} s)")
     f = r["faults"]
     out.append(f"\nfaults injected: {f['total']} ({f['mixed_steps']} mixed steps, {f['skipped']} skipped)")
-    out.append(f"  {'kind':20} {'count':>5}  {'unavail p50':>11} {'p99':>6} {'max':>6} {'never':>5}")
+    out.append(f"  {'kind':20} {'count':>5}  {'unavail p50':>11} {'p99':>6} {'max':>6} {'never':>5}   "
+               f"{'alone: n':>8} {'p50':>6} {'p99':>6}")
     ub = r["unavailability"]["by_kind"]
+    ua = r["unavailability"].get("alone_by_kind", {})
     for kind in sorted(f["by_kind"]):
-        u = ub.get(kind, {})
+        u, a = ub.get(kind, {}), ua.get(kind, {})
         out.append(f"  {kind:20} {f['by_kind'][kind]:>5}  {_fmt(u.get('p50')):>11} {_fmt(u.get('p99')):>6} "
-                   f"{_fmt(u.get('max')):>6} {u.get('never', 0):>5}")
-    out.append("  (unavailability: seconds from the fault to the first successful write invoked after it)")
+                   f"{_fmt(u.get('max')):>6} {u.get('never', 0):>5}   {a.get('n', 0):>8} {_fmt(a.get('p50')):>6} "
+                   f"{_fmt(a.get('p99')):>6}")
+    out.append("  (unavailability: seconds from the fault to the first successful write invoked after it;\n"
+               "   'alone' = the fault was the only one of its step)")
     out.append("\noperations by outcome")
     out.append(f"  {'op':10} {'ok':>8} {'fail':>8} {'unknown':>8}")
     for op, c in r["ops"].items():

@@ -447,7 +447,8 @@ def unavailability(ops: list[dict], faults: list[dict]) -> list[dict]:
             continue
         i = bisect.bisect_left(starts, t)
         best = min((w[1] for w in writes[i:]), default=None)
-        out.append({"kind": f["kind"], "t_inject": t, "unavailable_s": None if best is None else round(best - t, 3)})
+        out.append({"kind": f["kind"], "t_inject": t, "mixed": bool(f.get("mixed")),
+                    "unavailable_s": None if best is None else round(best - t, 3)})
     return out
 
 

@@ -78,7 +78,7 @@ class Env:
         if i in self.down or i in self.paused:
             return None
         try:
-            async with self.http.get(self.cluster.urls[i] + "/v1/cluster",
+            async with self.http.get(self.cluster.urls[i] + "/v1/cluster?digest=false",
                                      timeout=aiohttp.ClientTimeout(total=timeout)) as r:
                 if r.status != 200:
                     return None
@@ -477,12 +477,15 @@ class ClockSkew(Fault):
         while time.monotonic() < end and not await env.view(i):
             await asyncio.sleep(0.1)
         lead = await env.leader(wait=5.0)
-        if lead is not None and lead != i and self.rng.random() < 0.7:
-            self.details["nudged"] = self.name(lead)
+        nudges = []
+        while lead is not None and lead != i and len(nudges) < 2 and self.rng.random() < 0.8:
+            nudges.append(self.name(lead))
             await env.kill(lead)
             await asyncio.sleep(self.rng.uniform(0.0, 0.5))
             await env.start(lead)
-        lead = await env.leader(wait=5.0)
+            lead = await env.leader(wait=5.0, among=[j for j in range(env.n) if j != lead])
+        if nudges:
+            self.details["nudged"] = nudges
         self.details["skewed_leads"] = lead == i
 
     async def heal(self):
@@ -507,6 +510,8 @@ class ScheduleConfig:
     stagger_s: tuple = (0.0, 1.5)
     hold_scale: float = 1.0
     recovery_timeout_s: float = 30.0
+    # Leader kills are the scenario that matters most (peers.md (b) #1): drawn more often alone.
+    weights: dict = field(default_factory=lambda: {"kill-leader": 2.5})
 
 
 @dataclass
@@ -532,7 +537,7 @@ def plan_step(rng: random.Random, cfg: ScheduleConfig) -> Step:
                 continue
             chosen.append(k)
     else:
-        chosen = [rng.choice(kinds)]
+        chosen = rng.choices(kinds, weights=[cfg.weights.get(k, 1.0) for k in kinds])
     for n, k in enumerate(chosen):
         lo, hi = HOLD_S[k]
         hold = rng.uniform(lo, hi) * cfg.hold_scale
@@ -583,6 +588,7 @@ class Nemesis:
         async def one(kind, offset, hold):
             await asyncio.sleep(offset)
             fault = FAULTS[kind](self.env, self.targets, len(self.faults))
+            fault.details["mixed"] = len(step.faults) > 1
             self.faults.append(fault)
             fids.append(fault.fid)
             self.active.append(fault)

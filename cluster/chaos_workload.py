@@ -133,6 +133,7 @@ class WorkloadConfig:
     workers: int = 4
     think_s: tuple = (0.03, 0.12)      # producer pause between enqueues
     op_timeout_s: float = 8.0          # a call's deadline (the client retries within it)
+    attempt_timeout_s: float = 2.0     # one try against one node (a paused leader costs this much)
     lease_ms: int = 2000
     wait_ms: int = 500
     probe_interval_s: float = 0.1
@@ -159,6 +160,7 @@ class Workload:
     def client(self, **kw) -> Client:
         kw.setdefault("timeout", self.cfg.op_timeout_s)
         kw.setdefault("connect_timeout", 1.0)
+        kw.setdefault("attempt_timeout", self.cfg.attempt_timeout_s)
         c = Client(self.urls, **kw)
         self.clients.append(c)
         return c
@@ -265,7 +267,7 @@ class Workload:
 
     async def probe(self):
         """One small write every `probe_interval_s` (bounded in flight): the availability signal."""
-        c = self.client(timeout=self.cfg.probe_timeout_s)
+        c = self.client(timeout=self.cfg.probe_timeout_s, attempt_timeout=1.0)
         n = 0
         outstanding: set[asyncio.Task] = set()
         loop = asyncio.get_running_loop()
