@@ -160,6 +160,36 @@ def _fsync_meta_storer():
     MetaStorer.storeMeta = storeMeta
 
 
+def _fsync_snapshots():
+    """Snapshots must be on disk before the journal entries they replace are dropped.
+    pysyncobj writes `raft.dump` (its own snapshot, in a forked child, and one received from the
+    leader) to a temporary file and renames it without any fsync, then compacts the journal; a
+    power cut after the compacted journal reached the disk but before the snapshot did would
+    lose committed entries. Sync the file before the rename and the directory after it."""
+    import pysyncobj.serializer as serializer
+
+    if getattr(serializer.atomicReplace, "raftq_durable", False):
+        return
+    original = serializer.atomicReplace
+
+    def atomicReplace(old_path, new_path):
+        fd = os.open(old_path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        result = original(old_path, new_path)
+        dfd = os.open(os.path.dirname(new_path) or ".", os.O_RDONLY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+        return result
+
+    atomicReplace.raftq_durable = True
+    serializer.atomicReplace = atomicReplace
+
+
 class Replica:
     """One node's SyncObj around a QueueState."""
 
@@ -200,6 +230,7 @@ class Replica:
         transport = TCPTransport
         if settings.durability == "fsync":
             _fsync_meta_storer()
+            _fsync_snapshots()
             transport = _durable_transport(holder)
         dial_map = json.loads(os.environ.get("RAFTQ_RAFT_DIAL_MAP", "{}") or "{}")
         transport = _dialing_transport(_keepalive_transport(transport), dial_map)

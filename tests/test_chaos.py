@@ -508,3 +508,29 @@ def test_election_after_idle_follower_links_takes_one_round(make_cluster):
         assert c.cluster_view(new)["term"] == term + 1
         assert took < 2.6, f"election took {took:.2f}s"
         c.start(old)
+
+
+def test_fsync_mode_syncs_snapshots_before_the_rename(tmp_path, monkeypatch):
+    """Found while working out what a power cut would lose: pysyncobj renamed its snapshot into
+    place without fsync, then compacted the journal. In fsync mode the snapshot file and its
+    directory are now synced around the rename."""
+    import pysyncobj.serializer as serializer
+
+    from node import replica
+
+    replica._fsync_snapshots()
+    replica._fsync_snapshots()                       # idempotent: wrapped once
+    assert serializer.atomicReplace.raftq_durable
+    synced = []
+    real_fsync = os.fsync
+
+    def fsync(fd):
+        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    tmp, dst = tmp_path / "raft.dump.tmp", tmp_path / "raft.dump"
+    tmp.write_bytes(b"snapshot")
+    serializer.atomicReplace(str(tmp), str(dst))
+    assert dst.read_bytes() == b"snapshot" and not tmp.exists()
+    assert synced == [str(tmp), str(tmp_path)]
