@@ -122,15 +122,15 @@ def _keepalive_transport(base):
 
 
 def _durable_transport(journal_holder: dict):
-    """A transport that makes `durability = "fsync"` true: the journal is synced before a
-    follower acknowledges entries and before the leader sends them (so it is on the leader's
-    disk before the leader can count itself toward a commit). pysyncobj never syncs itself."""
+    """A transport that makes `durability = "fsync"` true on followers: the journal is synced
+    before a follower acknowledges entries. (The leader syncs in its tick callback, after
+    sending, so its disk write overlaps the followers'; see Replica._on_tick.) pysyncobj never
+    syncs by itself."""
 
     class DurableTransport(TCPTransport):
         def send(self, node, message):
             kind = message.get("type")
-            if (kind == "next_node_idx" and message.get("success")) or \
-                    (kind == "append_entries" and (message.get("entries") or message.get("data"))):
+            if kind == "next_node_idx" and message.get("success"):
                 sync = journal_holder.get("sync")
                 if sync is not None:
                     sync()
@@ -242,10 +242,14 @@ class Replica:
         # Event-driven replication: pysyncobj in batch mode sends new entries only on its
         # append-entries timer; a proposal instead wakes the tick thread through a pipe and
         # the tick sends the new entries at once (tens of ms less per write).
+        self._sync = holder.get("sync")
         self._wake_w = None
         self._kicked = False
         self._sent_index = 0
         self._keepalive_at = 0.0
+        # (raft state, term) as the tick thread saw them between two rounds of message handling,
+        # so the pair belongs together; see raft_role_term().
+        self.raft_view: tuple | None = None
         self.syncobj.addOnTickCallback(self._on_tick)
 
     def _install_journal_sync(self, holder: dict):
@@ -286,6 +290,7 @@ class Replica:
             s._poller.subscribe(r, drain, POLL_EVENT_TYPE.READ)
             self._wake_w = w
         self._kicked = False
+        self.raft_view = (getattr(s, "_SyncObj__raftState", 0), s.raftCurrentTerm)
         now = monotonicTime()
         if now - self._keepalive_at >= KEEPALIVE_PERIOD_S:
             self._keepalive_at = now
@@ -297,6 +302,12 @@ class Replica:
             if last > self._sent_index:
                 self._sent_index = last
                 s._SyncObj__sendAppendEntries()
+            # The leader's own copy is synced here, after the send: its disk write overlaps the
+            # followers'. It is still durable before it counts: entries are appended in this
+            # tick (step 8 of pysyncobj's _onTick) and the commit index is computed at the start
+            # of a later tick, after this callback (step 10) has synced them.
+            if self._sync is not None:
+                self._sync()
         else:
             self._sent_index = 0
 
@@ -326,6 +337,15 @@ class Replica:
             if deadline is not None and deadline < monotonicTime():
                 return None
         return str(leader.id if hasattr(leader, "id") else leader)
+
+    def raft_role_term(self) -> tuple[str, int]:
+        """Role and term as one consistent pair. Read separately they can mix two moments:
+        pysyncobj sets a higher term before it steps down (and fsyncs the term in between), so a
+        reader could see a leader in the new term that it never led."""
+        view = self.raft_view
+        if view is None:
+            return self.role(), self.syncobj.raftCurrentTerm
+        return {0: "follower", 1: "candidate", 2: "leader"}.get(view[0], "follower"), view[1]
 
     def role(self) -> str:
         try:
