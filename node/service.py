@@ -318,14 +318,10 @@ class NodeService:
         """This node's view. The state digest costs O(state) (cached per applied index);
         `with_digest=False` skips it for frequent polling."""
         r = self.replica
+        status = r.status()
         # Role and term must belong together ("at most one leader per term" is checked from
-        # these views): the tick thread may win an election between the two reads, so read the
-        # term again and retry if it moved.
-        for _ in range(5):
-            status = r.status()
-            role = "leader" if self.is_leader() else r.role()
-            if r.status()["term"] == status["term"]:
-                break
+        # these views), so both come from one snapshot the tick thread takes between messages.
+        role, term = r.raft_role_term()
         leader_raft = r.leader_raft()
         leader = None
         if leader_raft is not None:
@@ -346,7 +342,7 @@ class NodeService:
                 self._digest_cache = ((applied, self.state.machine.applied), digest)
             machine_counts = self.state.machine.counts()
         return 200, {"node_id": self.settings.node_id, "role": role,
-                     "leader": leader, "term": status["term"], "commit_index": status["commit_index"],
+                     "leader": leader, "term": term, "commit_index": status["commit_index"],
                      "last_applied": applied, "members": members, "ready": self.ready(),
                      "digest": digest, "durability": self.settings.durability,
                      "limits_fingerprint": self.limits.fingerprint(), "state": machine_counts,

@@ -534,3 +534,54 @@ def test_fsync_mode_syncs_snapshots_before_the_rename(tmp_path, monkeypatch):
     serializer.atomicReplace(str(tmp), str(dst))
     assert dst.read_bytes() == b"snapshot" and not tmp.exists()
     assert synced == [str(tmp), str(tmp_path)]
+
+
+@skip_cluster
+def test_cluster_view_never_pairs_a_new_term_with_the_old_role(tmp_path):
+    """Regression (seed 41 of the chaos run reported two leaders in term 10): a leader that
+    hears a higher term sets the term, fsyncs it, then steps down; /v1/cluster read role and
+    term separately and could report "leader" in a term the node never led. Step a leader down
+    repeatedly (its outgoing Raft traffic stalls, a follower takes over) while polling every
+    node as fast as possible: no term may have two claimed leaders."""
+    import json as _json
+
+    from cluster.local import LocalCluster, http_json
+
+    c = LocalCluster(tmp_path / "c", nodes=3)
+    net = ProxyNet([f"127.0.0.1:{p}" for p in c.raft_ports])
+    net.start()
+    for i, m in net.dial_maps().items():
+        if m:
+            c.node_env[i] = {"RAFTQ_RAFT_DIAL_MAP": _json.dumps(m)}
+    claims: dict = {}
+    stop = threading.Event()
+
+    def poll(i):
+        while not stop.is_set():
+            s, v = http_json("GET", c.urls[i] + "/v1/cluster?digest=false", timeout=1)
+            if s == 200 and v["role"] == "leader":
+                claims.setdefault(v["term"], set()).add(v["node_id"])
+
+    try:
+        c.write_configs()
+        c.start_all()
+        c.wait_leader(30)
+        threads = [threading.Thread(target=poll, args=(i,), daemon=True) for i in range(3) for _ in range(2)]
+        for t in threads:
+            t.start()
+        for _ in range(3):
+            old = c.wait_leader(20)
+            net.apply(NetState(blocked={(old, j) for j in range(3) if j != old}))
+            c.wait_leader(15, among=[j for j in range(3) if j != old])
+            time.sleep(0.5)
+            net.apply(NetState())
+            time.sleep(1.0)
+        stop.set()
+        for t in threads:
+            t.join(5)
+    finally:
+        stop.set()
+        c.close()
+        net.close()
+    assert len(claims) >= 3
+    assert {t: sorted(n) for t, n in claims.items() if len(n) > 1} == {}
