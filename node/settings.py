@@ -198,7 +198,10 @@ def parse(doc: dict, source: str = "", base_dir: Path | None = None) -> Settings
     for key, value in tuning.items():
         if key not in TUNING_DEFAULTS:
             raise ConfigError(f"tuning.{key}: unknown key (known: {', '.join(sorted(TUNING_DEFAULTS))})")
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+        if key == "raft_compression_level":
+            if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 9:
+                raise ConfigError(f"tuning.{key}: must be an integer 0..9, got {value!r}")
+        elif isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
             raise ConfigError(f"tuning.{key}: must be a positive number, got {value!r}")
     tuning = {**TUNING_DEFAULTS, **tuning}
     return Settings(node_id=node_id, http_host=http_host, http_port=http_port, url=url, raft=raft,
@@ -220,6 +223,7 @@ TUNING_DEFAULTS = {
     "max_inflight": 20000,
     "log_compaction_min_entries": 50000,
     "log_compaction_min_time_s": 300,
+    "raft_compression_level": 0,     # zlib level of Raft messages (pysyncobj's own default: 3)
     "dns_cache_time_s": 30,          # pysyncobj caches peer addresses (default 600 s): a peer
     "dns_fail_cache_time_s": 5,      # that comes back on a new IP must be found quickly
 }
