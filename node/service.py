@@ -148,9 +148,10 @@ class NodeService:
         return False
 
     # ---------------------------------------------------------------- job operations
-    def prepare(self, op: str, body, rid):
-        """The command for a session op (everything but reserve), or an immediate error result:
-        (cmd, size_hint) or (None, (status, body))."""
+    def prepare(self, op: str, body, rid, job_id=None):
+        """The command for one operation (everything but reserve), or an immediate error:
+        (cmd, size_hint) or (None, (status, body)). `job_id` comes from the HTTP path; a
+        session frame carries it in the body."""
         try:
             if op == "enqueue":
                 return commands.enqueue(body, self.limits, self.stamp(), _new_id, rid), 256
@@ -163,41 +164,35 @@ class NodeService:
                 return cmd, 64 * len(cmd[2])
             if op == "drain":
                 return commands.drain(body, self.limits, rid), 64
-            if not isinstance(body, dict):
-                raise ApiError("invalid_argument", "body must be a JSON object with job_id")
-            if op == "ack":
-                return commands.ack(body.get("job_id"), body, rid), 64
-            if op == "nack":
-                return commands.nack(body.get("job_id"), body, rid), 64
-            if op == "extend":
-                return commands.extend(body.get("job_id"), body, rid), 64
+            if op in ("ack", "nack", "extend"):
+                if job_id is None:
+                    if not isinstance(body, dict):
+                        raise ApiError("invalid_argument", "body must be a JSON object with job_id")
+                    job_id = body.get("job_id")
+                build = {"ack": commands.ack, "nack": commands.nack, "extend": commands.extend}[op]
+                return build(job_id, body, rid), 64
         except ApiError as e:
             return None, e.result
         return None, error("invalid_argument", f"unknown op {op!r}")
 
+    async def run(self, op: str, body, rid=None, job_id=None):
+        """Prepare and propose one operation; its committed result or the error."""
+        cmd, extra = self.prepare(op, body, rid, job_id)
+        if cmd is None:
+            return extra
+        return await self.proposer.run(cmd, extra)
+
     async def _propose(self, cmd, size_hint=64):
         return await self.proposer.run(cmd, size_hint)
 
-    async def enqueue(self, body, rid=None, size_hint=256):
-        try:
-            cmd = commands.enqueue(body, self.limits, self.stamp(), _new_id, rid)
-        except ApiError as e:
-            return e.result
-        return await self._propose(cmd, size_hint)
+    async def enqueue(self, body, rid=None):
+        return await self.run("enqueue", body, rid)
 
-    async def enqueue_batch(self, body, rid=None, size_hint=4096):
-        try:
-            cmd = commands.enqueue_batch(body, self.limits, self.stamp(), _new_id, rid)
-        except ApiError as e:
-            return e.result
-        return await self._propose(cmd, size_hint)
+    async def enqueue_batch(self, body, rid=None):
+        return await self.run("enqueue_batch", body, rid)
 
-    async def enqueue_atomic(self, body, rid=None, size_hint=4096):
-        try:
-            cmd = commands.enqueue_atomic(body, self.limits, self.stamp(), _new_id, rid)
-        except ApiError as e:
-            return e.result
-        return await self._propose(cmd, size_hint)
+    async def enqueue_atomic(self, body, rid=None):
+        return await self.run("enqueue_atomic", body, rid)
 
     async def reserve(self, body, rid=None, alive=None):
         try:
@@ -233,27 +228,19 @@ class NodeService:
                     fut.cancel()
 
     async def ack(self, job_id, body, rid=None):
-        return await self._run(commands.ack, job_id, body, rid)
+        return await self.run("ack", body, rid, job_id)
 
     async def ack_batch(self, body, rid=None):
-        try:
-            cmd = commands.ack_batch(body, self.limits, rid)
-        except ApiError as e:
-            return e.result
-        return await self._propose(cmd, 64 * len(cmd[2]))
+        return await self.run("ack_batch", body, rid)
 
     async def nack(self, job_id, body, rid=None):
-        return await self._run(commands.nack, job_id, body, rid)
+        return await self.run("nack", body, rid, job_id)
 
     async def extend(self, job_id, body, rid=None):
-        return await self._run(commands.extend, job_id, body, rid)
+        return await self.run("extend", body, rid, job_id)
 
     async def drain(self, body, rid=None):
-        try:
-            cmd = commands.drain(body, self.limits, rid)
-        except ApiError as e:
-            return e.result
-        return await self._propose(cmd)
+        return await self.run("drain", body, rid)
 
     async def requeue(self, body, rid=None):
         return await self._run(commands.requeue, body, rid)
