@@ -135,6 +135,20 @@ async def _wait_clock_sane(env: Env, timeout: float) -> float:
     return time.monotonic() - t0
 
 
+def scan_node_logs(directory: Path, ids: list[str]) -> dict:
+    """CRITICAL lines and traceback counts from the node logs of a run."""
+    out = {"critical": [], "tracebacks": {}}
+    for nid in ids:
+        path = directory / f"{nid}.log"
+        try:
+            text = path.read_text(errors="replace")
+        except OSError:
+            continue
+        out["tracebacks"][nid] = text.count("Traceback (most recent call last)")
+        out["critical"] += [line.strip()[:300] for line in text.splitlines() if " CRITICAL " in line]
+    return out
+
+
 async def run_chaos(opts: ChaosOptions) -> dict:
     seed = opts.seed if opts.seed is not None else random.randrange(1 << 31)
     made_dir = opts.dir is None
@@ -166,6 +180,8 @@ async def run_chaos(opts: ChaosOptions) -> dict:
     ptask = None
     t_start = time.monotonic()
     try:
+        progress.event(f"raftq chaos: seed {seed}, {opts.nodes} nodes, durability {opts.durability}, "
+                       f"{opts.duration:.0f} s of faults ({', '.join(opts.faults)}); run directory {directory}")
         cluster.write_configs()
         cluster.start_all()
         await asyncio.to_thread(cluster.wait_leader, 40)
@@ -211,10 +227,11 @@ async def run_chaos(opts: ChaosOptions) -> dict:
         liveness = {"leader_after_heal_s": leader_after, "leader_bound_s": opts.leader_bound_s,
                     "lease_probe": lease_probe, "clock_wait_s": round(clock_wait, 3)}
         retry = dict(RETRY_LIMITS, max_schedule_horizon_ms=horizon)
+        node_logs = scan_node_logs(directory, cluster.ids)
         result = check(h.ops, dead_letters=drain["dead_letters"], drain=drain, views=views,
                        leader_claims={t: sorted(s) for t, s in sampler.claims.items()}, liveness=liveness,
                        retry=retry, clock_tolerance_ms=env.max_forward_skew_ms + 100,
-                       internal_errors=h.internal_errors)
+                       internal_errors=h.internal_errors, node_logs=node_logs)
         faults = nemesis.records()
         unav = unavailability(h.ops, [f for f in faults if not f.get("skipped")])
         for u in unav:          # when a leader of a newer term was first seen after the fault
@@ -251,6 +268,7 @@ async def run_chaos(opts: ChaosOptions) -> dict:
             "violations": sum(i["count"] for i in result["invariants"]),
             "unavailability": {"by_kind": summary(by_kind), "alone_by_kind": summary(alone), "list": unav},
             "liveness": liveness,
+            "node_logs": {"critical": len(node_logs["critical"]), "tracebacks": node_logs["tracebacks"]},
             "drain": {"ok": drain["ok"], "seconds": round(drain["seconds"], 3),
                       "dead_letters": len(drain["dead_letters"])},
             "final_views": [{"node": (v or {}).get("node_id"), "last_applied": (v or {}).get("last_applied"),
@@ -341,7 +359,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dir", default=None, help="run directory (kept); default: a temporary one, removed if the run passes")
     p.add_argument("--keep", action="store_true", help="keep the temporary run directory")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
-    p.add_argument("--quiet", default=None, help="quiet period between steps, MIN,MAX seconds (default 2,6)")
+    p.add_argument("--quiet-period", default=None, help="quiet time between fault steps, MIN,MAX seconds (default 2,6)")
     p.add_argument("--mix", type=float, default=None, help="probability that a step mixes faults (default 0.35)")
     p.add_argument("--producers", type=int, default=None)
     p.add_argument("--workers", type=int, default=None)
@@ -356,8 +374,8 @@ def options_from_args(args) -> ChaosOptions:
         raise SystemExit(f"raftq chaos: unknown fault kind(s) {', '.join(unknown)}; known: {', '.join(KINDS)}")
     opts = ChaosOptions(duration=args.duration, nodes=args.nodes, seed=args.seed, faults=kinds,
                         durability=args.durability, dir=args.dir, keep=args.keep, progress=not args.no_progress)
-    if args.quiet:
-        lo, hi = (float(x) for x in args.quiet.split(","))
+    if args.quiet_period:
+        lo, hi = (float(x) for x in args.quiet_period.split(","))
         opts.schedule.quiet_s = (lo, hi)
     if args.mix is not None:
         opts.schedule.mix_prob = args.mix

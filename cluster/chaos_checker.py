@@ -117,7 +117,8 @@ def reserve_now(op: dict, job: dict):
 
 def check(ops: list[dict], *, dead_letters: list[dict], drain: dict | None = None, views: list | None = None,
           leader_claims: dict | None = None, liveness: dict | None = None, retry: dict | None = None,
-          clock_tolerance_ms: int = 100, internal_errors: list | None = None) -> dict:
+          clock_tolerance_ms: int = 100, internal_errors: list | None = None,
+          node_logs: dict | None = None) -> dict:
     """All invariants. `retry` = {retry_delay_ms, retry_backoff, retry_delay_max_ms,
     max_schedule_horizon_ms}: the cluster's retry policy (to check default-nack delays).
     `leader_claims` = {term: [node ids that said they lead in that term]}."""
@@ -140,6 +141,7 @@ def check(ops: list[dict], *, dead_letters: list[dict], drain: dict | None = Non
         ("one_leader_per_term", "at most one node claims leadership in any term"),
         ("liveness", "a leader within the bound after healing; expired leases redelivered within lease + sweep"),
         ("no_internal_errors", "the cluster never answered `internal`"),
+        ("no_critical_node_logs", "no node logged CRITICAL (e.g. pysyncobj truncating already-applied entries)"),
     )}
 
     # ------------------------------------------------------------------ identity
@@ -409,6 +411,11 @@ def check(ops: list[dict], *, dead_letters: list[dict], drain: dict | None = Non
     else:
         invs["liveness"].skipped = "not measured"
 
+    if node_logs is not None:
+        for line in node_logs.get("critical", []):
+            invs["no_critical_node_logs"].bad({"line": line})
+    else:
+        invs["no_critical_node_logs"].skipped = "no node logs"
     for e in internal_errors or []:
         invs["no_internal_errors"].bad(e)
     for op in ops:

@@ -121,6 +121,80 @@ def _keepalive_transport(base):
     return KeepaliveTransport
 
 
+def _append_keeps_matching_tail(base):
+    """Raft's follower rule (Figure 2, AppendEntries step 3): delete existing entries only from
+    the first one that *conflicts* with a new one. pysyncobj instead deletes everything after
+    `prevLogIdx` whenever the follower has more, even when every new entry matches. A leader
+    whose nextIndex went stale (a reset reply that arrived late, a cut connection, a 1 MB
+    batch) then makes a follower drop entries it had already acknowledged and applied, and
+    the follower stays without them until the leader sends them again; were the leader to die
+    in between, an election could pass over committed entries (chaos runs with connection
+    resets logged "truncating already-applied log entries").
+
+    Before pysyncobj sees an append, the entries the follower already holds are cut from it:
+    * a conflict at index k: the message starts at k (pysyncobj truncates from k, as Raft does);
+    * no conflict, the log shorter than the message: it starts after the follower's last entry;
+    * no conflict, the log as long or longer: it becomes a heartbeat at the follower's last
+      entry (nothing truncated), the commit index capped at the message's last entry, and the
+      success reply names that entry + 1, as Raft's would (the follower's own tail beyond it
+      is not known to match the leader's).
+    A mismatching prevLogIdx, a heartbeat or a chunked transmission goes through unchanged."""
+
+    class AppendTransport(base):
+        def _onMessageReceived(self, node, message):
+            if type(message) is dict and message.get("type") == "append_entries" and message.get("entries"):
+                message, next_idx = self._skip_held_entries(message)
+                if next_idx is not None:
+                    replies = self.__dict__.setdefault("_reply_next", {})
+                    replies[node] = next_idx
+                    try:
+                        return super()._onMessageReceived(node, message)
+                    finally:
+                        replies.pop(node, None)
+            return super()._onMessageReceived(node, message)
+
+        def _skip_held_entries(self, m: dict):
+            s = self._syncObj
+            try:
+                if "prevLogIdx" not in m or "transmission" in m or m["term"] < s.raftCurrentTerm:
+                    return m, None
+                entries = m["entries"]
+                prev = m["prevLogIdx"]
+                last = s._SyncObj__getCurrentLogIndex()
+                if last <= prev:
+                    return m, None                      # nothing held after prev: nothing to keep
+                have = s._SyncObj__getEntries(prev, len(entries) + 1)
+                if not have or have[0][1] != prev or have[0][2] != m["prevLogTerm"]:
+                    return m, None                      # pysyncobj rejects it as before
+                skip = 0
+                for mine, theirs in zip(have[1:], entries):
+                    if mine[1] != theirs[1] or mine[2] != theirs[2]:
+                        break                           # first conflict: truncate from here
+                    skip += 1
+                if skip == 0:
+                    return m, None
+                if skip < len(entries):
+                    held = entries[skip - 1]
+                    return dict(m, prevLogIdx=held[1], prevLogTerm=held[2], entries=entries[skip:]), None
+                last_new = entries[-1][1]
+                tail = s._SyncObj__getEntries(last, 1)
+                if not tail or tail[0][1] != last:
+                    return m, None
+                return dict(m, prevLogIdx=last, prevLogTerm=tail[0][2], entries=[],
+                            commit_index=min(m["commit_index"], last_new)), last_new + 1
+            except Exception:                           # pragma: no cover - never worse than before
+                return m, None
+
+        def send(self, node, message):
+            replies = self.__dict__.get("_reply_next")
+            if replies and node in replies and type(message) is dict and \
+                    message.get("type") == "next_node_idx" and message.get("success"):
+                message = dict(message, next_node_idx=replies[node])
+            return super().send(node, message)
+
+    return AppendTransport
+
+
 def _durable_transport(journal_holder: dict):
     """A transport that makes `durability = "fsync"` true on followers: the journal is synced
     before a follower acknowledges entries. (The leader syncs in its tick callback, after
@@ -251,7 +325,7 @@ class Replica:
             _fsync_snapshots()
             transport = _durable_transport(holder)
         dial_map = json.loads(os.environ.get("RAFTQ_RAFT_DIAL_MAP", "{}") or "{}")
-        transport = _dialing_transport(_keepalive_transport(transport), dial_map)
+        transport = _dialing_transport(_keepalive_transport(_append_keeps_matching_tail(transport)), dial_map)
         others = [p.raft for p in settings.others]
         self.syncobj = SyncObj(settings.raft, others, conf=conf, consumers=[self.state],
                                transportClass=transport)
