@@ -830,7 +830,8 @@ class QueueMachine:
 
     # ------------------------------------------------------------------ snapshot and digest
     def to_builtins(self) -> dict:
-        """The whole state as plain builtins (for Raft snapshots); heaps keep only live entries."""
+        """The whole state as plain builtins (for Raft snapshots); heaps keep only the entries
+        that are or can become live."""
         jobs = [j.to_tuple() for j in self.jobs.values()]
         return {
             "v": 1, "clock": self.clock, "seq": self.seq, "ctr": self.ctr, "applied": self.applied,
@@ -839,10 +840,12 @@ class QueueMachine:
                         [(e[0], e[1], e[2], e[3].id) for e in chain(q.ready_heap, q.ready_fifo)
                          if e[3].state == READY and e[3].seq == e[2] and self.jobs.get(e[3].id) is e[3]])
                        for q in self.queues.values()],
-            "sched": [(e[0], e[1], e[2].id) for e in self.sched_heap
-                      if e[2].state == SCHEDULED and e[2].run_at == e[0] and self.jobs.get(e[2].id) is e[2]],
-            "leases": [e for e in self.lease_heap
-                       if (j := self.jobs.get(e[2])) is not None and j.state == IN_FLIGHT and j.lease_expires == e[0]],
+            # Schedule and lease timers of a job that still exists are kept even when stale: the
+            # job can get the same time again (re-reserved or re-extended to the same expiry,
+            # requeued and nacked to the same run time), which makes the old timer live again
+            # and orders it by its older tie-break on every node, so also on a restored one.
+            "sched": [(e[0], e[1], e[2].id) for e in self.sched_heap if self.jobs.get(e[2].id) is e[2]],
+            "leases": [e for e in self.lease_heap if e[2] in self.jobs],
             "deadlines": [(e[0], e[1], e[2].id) for e in self.deadline_heap
                           if e[2].deadline == e[0] and self.jobs.get(e[2].id) is e[2]],
             "dedup": [(k[0], k[1], v[0], v[1]) for k, v in self.dedup.items()],

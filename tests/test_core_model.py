@@ -1,0 +1,1083 @@
+"""Model-based test of the queue state machine (node/machine.py) against a naive reference model.
+
+Hypothesis drives random request sequences through the real path (`node.commands` validation ->
+`QueueMachine.apply_batch`) and through `Model`, a deliberately simple reimplementation of
+SEMANTICS.md and API.md written for obviousness, not speed: plain dicts and lists, O(n) scans,
+"sort every ready job of the queue and take the first". The model never uses node.machine (nor
+node.retry: it recomputes the documented jitter formula itself).
+
+After every step every answer (status and body; error `message` texts aside, they are prose) must
+match, and invariants compare per-queue stats, a job-by-job view, the dead-letter store, the
+paged listings, the bookkeeping counts, the sweep due time, and the snapshot round trip.
+
+Where the spec is silent the model follows the code's choice; each such place is marked
+"(code's choice)" below.
+
+Run size: RAFTQ_MODEL_EXAMPLES (default 300) x RAFTQ_MODEL_STEPS (default 100) steps, e.g.
+    RAFTQ_MODEL_EXAMPLES=2000 RAFTQ_MODEL_STEPS=100 .venv/bin/python -m pytest -q tests/test_core_model.py
+"""
+from __future__ import annotations
+
+import base64
+import hashlib
+import os
+import pickle
+from collections import Counter
+from dataclasses import dataclass, field
+
+import hypothesis.strategies as st
+import pytest
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
+
+from node import commands as C
+from node.errors import ApiError
+from node.limits import Limits
+from node.machine import IN_FLIGHT, READY, SCHEDULED, QueueMachine   # system under test only
+from node.retry import policy_delay_ms                                 # checked against the spec formula
+
+T0 = 1_764_500_000_000
+NAMES = ("a", "b", "c")
+UNKNOWN_ID = "ffffffff-ffff-4fff-bfff-ffffffffffff"
+EXAMPLES = int(os.environ.get("RAFTQ_MODEL_EXAMPLES", "300"))
+STEPS = int(os.environ.get("RAFTQ_MODEL_STEPS", "100"))
+
+# (name, [limits], [storage], [[queues]]) over queues "a", "b", "c"; an undeclared one runs on [limits].
+CONFIGS = [
+    ("no-retention, immediate retries",
+     {"max_reserve_batch": 3, "request_id_window_ms": 4000},
+     {"dead_letter_retention_ms": 0, "dedup_window_ms": 5000},
+     [{"name": "a", "max_queue_depth": 3, "max_lease_duration_ms": 2000},
+      {"name": "b", "default_priority": 3, "max_attempts_ceiling": 2, "default_max_attempts": 2,
+       "max_schedule_horizon_ms": 20000}]),
+    ("retention, exponential retry policy, sweep budget of 2 per phase",
+     {"max_reserve_batch": 3, "request_id_window_ms": 4000, "retry_delay_ms": 1000, "max_schedule_horizon_ms": 25000,
+      "retry_backoff": "exponential", "retry_delay_max_ms": 3000},
+     {"dead_letter_retention_ms": 8000, "dedup_window_ms": 6000, "sweep_limit": 2},
+     [{"name": "a", "max_queue_depth": 2, "dedup_window_ms": 2500, "max_lease_duration_ms": 3000},
+      {"name": "b", "retry_backoff": "none", "retry_delay_ms": 400, "retry_delay_max_ms": 400,
+       "max_attempts_ceiling": 2, "default_max_attempts": 2}]),
+    ("short retention, policy capped by the schedule horizon",
+     {"request_id_window_ms": 3000, "max_schedule_horizon_ms": 8000, "retry_delay_ms": 2000,
+      "retry_backoff": "exponential", "retry_delay_max_ms": 60000, "default_priority": 5},
+     {"dead_letter_retention_ms": 3000, "dedup_window_ms": 4000},
+     [{"name": "b", "max_queue_depth": 1, "default_max_attempts": 1}]),
+    ("long retention, immediate retries (jobs die after several attempts and get requeued)",
+     {"max_reserve_batch": 4, "request_id_window_ms": 5000, "max_lease_duration_ms": 3000},
+     {"dead_letter_retention_ms": 60_000, "dedup_window_ms": 3000},
+     [{"name": "a", "max_queue_depth": 5, "default_max_attempts": 2},
+      {"name": "c", "max_schedule_horizon_ms": 10_000, "retry_delay_ms": 100}]),
+]
+
+
+def build_limits(i: int) -> Limits:
+    _, lim, sto, qs = CONFIGS[i]
+    return Limits.build(limits=lim, storage=sto, queues=qs)
+
+
+def counter_id(n: int) -> str:
+    return f"00000000-0000-4000-8000-{n:012x}"
+
+
+def b64(data: bytes) -> str:
+    return base64.b64encode(data).decode("ascii")
+
+
+# ====================================================================================== model
+# Everything from here to the harness is the reference model. It reads its own copy of the
+# config (not node.limits) and knows the documented defaults.
+
+DEFAULTS = {
+    "max_lease_duration_ms": 300_000, "default_max_attempts": 3, "max_attempts_ceiling": 100,
+    "default_priority": 0, "retry_delay_ms": 0, "retry_backoff": "none",
+    "retry_delay_max_ms": 3_600_000, "max_queue_depth": None,
+    "max_schedule_horizon_ms": 2_592_000_000, "max_reserve_batch": 256,
+    "request_id_window_ms": 60_000, "dead_letter_retention_ms": 0, "dedup_window_ms": 86_400_000,
+}
+# API.md's error table.
+STATUS = {"invalid_argument": 400, "job_not_found": 404, "not_found": 404, "attempt_mismatch": 409,
+          "failed_precondition": 409, "rejected": 422, "batch_rejected": 422, "internal": 500}
+# Request ids are remembered per replicated operation; the three enqueue endpoints are one
+# operation, and so are pause and resume (code's choice: API.md does not say what a request id
+# reused on a different endpoint does).
+OP_OF = {"enqueue": "enq", "batch": "enq", "atomic": "enq", "reserve": "res", "ack": "ack",
+         "acks": "acks", "nack": "nack", "extend": "ext", "drain": "drain", "requeue": "requeue",
+         "dldel": "dldel", "cancel": "cancel", "pause": "pause", "sweep": "sweep"}
+
+
+def err(code: str, **details):
+    return STATUS[code], {"error": {"code": code, **details}}
+
+
+def spec_policy_delay(job_id: str, attempt: int, base: int, backoff: str, max_ms: int, horizon: int) -> int:
+    """SEMANTICS.md "Retry policy", with H as documented in node/retry.py (blake2b-64 of
+    "<job_id>:<attempt>", big-endian)."""
+    if base == 0:
+        return 0
+    grown = base * 2 ** (attempt - 1) if backoff == "exponential" else base
+    capped = min(grown, max_ms, horizon)
+    h = int.from_bytes(hashlib.blake2b(f"{job_id}:{attempt}".encode(), digest_size=8).digest(), "big")
+    delay = capped - h % (capped // 4 + 1)
+    assert 0.75 * capped <= delay <= capped          # "up to 25 % subtracted"
+    return delay
+
+
+@dataclass
+class MJob:
+    id: str
+    queue: str
+    job_type: str
+    payload: dict | None          # as sent: {"data_b64", "encoding"}
+    priority: int
+    custom: dict | None
+    trace: dict | None            # {"traceparent", "tracestate"}
+    enqueued_at: int
+    scheduled_at: int | None      # what the producer asked for (after "past = now")
+    attempt: int
+    max_attempts: int
+    state: str                    # ready | scheduled | in_flight | dead_lettered
+    order: int                    # per-enqueue (and per-requeue) sequence: the stable tie-break
+    deadline: int | None
+    run_at: int | None = None     # when a scheduled job becomes ready
+    lease_expires: int | None = None   # last lease given (kept after the job leaves in-flight)
+    last_reason: str | None = None
+    # Tie-breaks among jobs due in the same ms (code's choice): a lease by the first lease given
+    # to this job with that expiry, a schedule by the job's sequence when it was first
+    # scheduled for that time. (An earlier grant with the same time counts: its timer is live
+    # again once the job has that time again.)
+    first_lease: dict = field(default_factory=dict)   # expiry -> lease grant number
+    first_sched: dict = field(default_factory=dict)   # run at -> job order at the time
+
+
+@dataclass
+class MDead:
+    id: str
+    cause: str
+    failed_at: int
+    final_attempt: int
+    reason: str | None
+
+
+class Model:
+    def __init__(self, limits: dict, storage: dict, queues: list):
+        self.glob, self.storage = limits, storage
+        self.qconf = {q["name"]: q for q in queues}
+        self.clock = 0
+        self.seq = 0
+        self.lease_seq = 0
+        self.jobs: dict[str, MJob] = {}        # every live job, dead letters included
+        self.dead: list[MDead] = []            # oldest first
+        self.dedup: dict[tuple, tuple] = {}    # (queue, key) -> (job id, expires)
+        self.rids: dict[str, tuple] = {}       # request id -> (op, result, expires, order stored)
+        self.rid_order = 0
+        self.known_queues: set[str] = set()    # queues that exist (a job was created, or paused)
+        self.paused: set[str] = set()
+        self.totals: dict[str, Counter] = {}
+
+    # ---------------------------------------------------------------- config
+    def qv(self, queue: str, key: str):
+        if key in self.qconf.get(queue, {}):
+            return self.qconf[queue][key]
+        if key == "dedup_window_ms":
+            return self.storage.get(key, DEFAULTS[key])
+        return self.glob.get(key, DEFAULTS[key])
+
+    def gv(self, key: str):
+        return self.glob.get(key, DEFAULTS[key])
+
+    @property
+    def retention(self) -> int:
+        return self.storage.get("dead_letter_retention_ms", 0)
+
+    @property
+    def sweep_limit(self) -> int:
+        return self.storage.get("sweep_limit", 10_000)
+
+    # ---------------------------------------------------------------- helpers
+    def next_seq(self) -> int:
+        self.seq += 1
+        return self.seq
+
+    def total(self, q: str) -> Counter:
+        return self.totals.setdefault(q, Counter())
+
+    def in_queue(self, q: str, state: str) -> list[MJob]:
+        return [j for j in self.jobs.values() if j.queue == q and j.state == state]
+
+    def depth(self, q: str) -> int:
+        return sum(len(self.in_queue(q, s)) for s in ("ready", "scheduled", "in_flight"))
+
+    def render(self, j: MJob) -> dict:
+        out = {"id": j.id, "queue": j.queue, "job_type": j.job_type}
+        if j.payload is not None:
+            out["payload"] = dict(j.payload)
+        out["priority"] = j.priority
+        out["custom"] = dict(j.custom or {})
+        if j.trace is not None:
+            out["trace_context"] = dict(j.trace)
+        out.update(enqueued_at_ms=j.enqueued_at, scheduled_at_ms=j.scheduled_at, attempt=j.attempt,
+                   max_attempts=j.max_attempts, lease_expires_at_ms=j.lease_expires)
+        if j.deadline is not None:
+            out["deadline_at_ms"] = j.deadline
+        return out
+
+    def render_dead(self, d: MDead) -> dict:
+        return {"job": self.render(self.jobs[d.id]), "cause": d.cause, "failed_at_ms": d.failed_at,
+                "final_attempt": d.final_attempt, "last_reason": d.reason}
+
+    def dead_letter(self, j: MJob, cause: str, reason):
+        self.total(j.queue)["dead_total"] += 1
+        if self.retention == 0:
+            del self.jobs[j.id]           # no store: dropped
+            return
+        j.state = "dead_lettered"
+        self.dead.append(MDead(j.id, cause, self.clock, j.attempt, reason))
+
+    def find_dead(self, jid: str):
+        for d in self.dead:
+            if d.id == jid:
+                return d
+        return None
+
+    # ---------------------------------------------------------------- validation (before apply)
+    def prepare_job(self, now: int, body: dict, new_ids: list):
+        """An EnqueueRequest -> ("job", fields) or ("reject", rejection). Only checks my
+        generator can fail are modelled (scheduled_too_far); `now` is the leader's stamp."""
+        q = body["queue"]
+        sched = body.get("scheduled_at_ms")
+        if body.get("delay_ms") is not None:
+            sched = now + body["delay_ms"]
+        horizon = self.qv(q, "max_schedule_horizon_ms")
+        if sched is not None and sched > now + horizon:
+            return "reject", {"reason": "scheduled_too_far", "horizon_ms": horizon, "scheduled_at_ms": sched}
+        if sched is not None and sched <= now:
+            sched = None                                  # past = now
+        prio = body.get("priority")
+        if prio is None:
+            prio = self.qv(q, "default_priority")
+        ma = body.get("max_attempts")
+        if ma is None:
+            ma = self.qv(q, "default_max_attempts")
+        ma = min(ma, self.qv(q, "max_attempts_ceiling"))
+        trace = None
+        if body.get("trace_context") is not None:
+            tc = body["trace_context"]
+            trace = {"traceparent": tc["traceparent"], "tracestate": tc.get("tracestate")}
+        return "job", dict(id=new_ids.pop(0), queue=q, job_type=body["job_type"],
+                           payload=body.get("payload"), priority=prio, custom=body.get("custom") or None,
+                           trace=trace, scheduled_at=sched, max_attempts=ma,
+                           deadline=body.get("deadline_at_ms"), key=body.get("idempotency_key"))
+
+    def handle(self, now: int, kind: str, args: dict, rid, new_ids: list):
+        """One request: validation, then (if it passes) apply at the replicated clock."""
+        if kind in ("enqueue", "batch", "atomic"):
+            bodies = [args["body"]] if kind == "enqueue" else args["body"]["jobs"]
+            items = [self.prepare_job(now, b, new_ids) for b in bodies]
+            if kind == "enqueue" and items[0][0] == "reject":
+                return err("rejected", rejection=items[0][1])
+            if kind == "atomic" and any(t == "reject" for t, _ in items):
+                return err("batch_rejected", errors=[{"index": i, "rejection": r}
+                                                     for i, (t, r) in enumerate(items) if t == "reject"])
+            run = lambda: self.enqueue(kind, items)                              # noqa: E731
+        elif kind == "reserve":
+            b = args["body"]
+            lease = min([b["lease_ms"]] + [self.qv(q, "max_lease_duration_ms") for q in b["queues"]])
+            max_jobs = min(b.get("max_jobs", 1), self.gv("max_reserve_batch"))
+            run = lambda: self.reserve(b["queues"], lease, max_jobs)             # noqa: E731
+        elif kind in ("ack", "nack", "extend"):
+            jid, b = args["job_id"].lower(), args["body"]
+            if kind == "ack":
+                run = lambda: self.ack(jid, b["attempt"])                        # noqa: E731
+            elif kind == "extend":
+                run = lambda: self.extend(jid, b["attempt"], b["lease_ms"])      # noqa: E731
+            else:
+                retry = b.get("retry") or {"strategy": "default"}
+                reason = b.get("reason") or None                  # "" is sent as absent
+                run = lambda: self.nack(jid, b["attempt"], reason, retry["strategy"],  # noqa: E731
+                                        retry.get("delay_ms"))
+        elif kind == "acks":
+            pairs = [(a["job_id"].lower(), a["attempt"]) for a in args["body"]["acks"]]
+            run = lambda: (200, {"results": [self.ack(j, a)[1] for j, a in pairs]})  # noqa: E731
+        elif kind == "drain":
+            b = args["body"]
+            # `max` is clamped to max_reserve_batch (code's choice; API.md gives no maximum).
+            run = lambda: self.drain(b.get("queue"), min(b.get("max", 1), self.gv("max_reserve_batch")))  # noqa: E731
+        elif kind in ("requeue", "dldel"):
+            ids = [i.lower() for i in args["body"]["ids"]]
+            run = (lambda: self.requeue(ids)) if kind == "requeue" else (lambda: self.dldel(ids))
+        elif kind == "cancel":
+            run = lambda: self.cancel(args["job_id"].lower())                    # noqa: E731
+        elif kind == "pause":
+            run = lambda: self.pause(args["queue"], args["paused"])              # noqa: E731
+        elif kind == "sweep":
+            run = self.sweep
+        else:
+            raise AssertionError(kind)
+        assert not new_ids, "the model did not account for every id the leader assigned"
+
+        # ---- apply: the replicated clock never goes back
+        self.clock = max(self.clock, now)
+        op = OP_OF[kind]
+        if rid is not None:
+            stored = self.rids.get(rid)
+            if stored is not None and stored[2] > self.clock:
+                if stored[0] != op:
+                    return err("invalid_argument")
+                event(f"model: request id replayed ({kind})")
+                return stored[1]
+        result = run()
+        # An empty reserve is not remembered (code's choice, for long polls that re-propose).
+        if rid is not None and not (kind == "reserve" and not result[1]["jobs"]):
+            self.rid_order += 1
+            self.rids[rid] = (op, result, self.clock + self.gv("request_id_window_ms"), self.rid_order)
+        return result
+
+    # ---------------------------------------------------------------- operations
+    def enqueue(self, kind: str, items: list):
+        if kind == "atomic":
+            # Capacity for the whole batch up front: all or nothing. Dedup hits never count
+            # (SEMANTICS.md), whether they hit a live record or an earlier job of the batch.
+            wanted, seen = Counter(), set()
+            for _, f in items:
+                k = (f["queue"], f["key"])
+                if f["key"] is not None and (k in seen or (k in self.dedup and self.clock < self.dedup[k][1])):
+                    continue
+                seen.add(k)
+                wanted[f["queue"]] += 1
+            full = {}
+            for q, n in wanted.items():
+                limit = self.qv(q, "max_queue_depth")
+                if limit is not None and self.depth(q) + n > limit:
+                    full[q] = limit
+            if full:
+                return err("batch_rejected", errors=[
+                    {"index": i, "rejection": {"reason": "queue_full", "queue": f["queue"], "limit": full[f["queue"]]}}
+                    for i, (_, f) in enumerate(items) if f["queue"] in full])
+            return 200, {"results": [self.enqueue_one(f, check_depth=False) for _, f in items]}
+        results = [{"rejection": f} if t == "reject" else self.enqueue_one(f, check_depth=True)
+                   for t, f in items]
+        if kind == "enqueue":
+            if "rejection" in results[0]:
+                return err("rejected", rejection=results[0]["rejection"])
+            return 200, results[0]
+        return 200, {"results": results}
+
+    def enqueue_one(self, f: dict, check_depth: bool) -> dict:
+        q, key = f["queue"], f["key"]
+        if key is not None:
+            rec = self.dedup.get((q, key))
+            if rec is not None and self.clock < rec[1]:
+                return {"job_id": rec[0], "deduplicated": True}
+            if rec is not None:
+                event("model: dedup record past its window, not yet swept")
+        limit = self.qv(q, "max_queue_depth")
+        if check_depth and limit is not None and self.depth(q) + 1 > limit:
+            return {"rejection": {"reason": "queue_full", "queue": q, "limit": limit}}
+        sched = f["scheduled_at"]
+        j = MJob(id=f["id"], queue=q, job_type=f["job_type"], payload=f["payload"], priority=f["priority"],
+                 custom=f["custom"], trace=f["trace"], enqueued_at=self.clock, scheduled_at=sched,
+                 attempt=1, max_attempts=f["max_attempts"], state="ready", order=self.next_seq(),
+                 deadline=f["deadline"])
+        if sched is not None and sched > self.clock:
+            j.state, j.run_at = "scheduled", sched
+            j.first_sched.setdefault(sched, j.order)
+        self.jobs[j.id] = j
+        self.known_queues.add(q)
+        self.total(q)["enqueued"] += 1
+        if key is not None:
+            self.dedup[(q, key)] = (j.id, self.clock + self.qv(q, "dedup_window_ms"))
+        return {"job_id": j.id, "deduplicated": False}
+
+    def reserve(self, queues: list, lease: int, max_jobs: int):
+        out = []
+        for q in queues:
+            if q in self.paused:
+                continue
+            while len(out) < max_jobs:
+                ready = sorted(self.in_queue(q, "ready"), key=lambda j: (-j.priority, j.enqueued_at, j.order))
+                if not ready:
+                    break
+                j = ready[0]
+                if j.deadline is not None and j.deadline <= self.clock:
+                    event("model: deadline passed at reserve")
+                    self.dead_letter(j, "expired", None)      # too late: it never runs
+                    continue
+                self.lease_seq += 1
+                j.state, j.lease_expires, j.deadline = "in_flight", self.clock + lease, None
+                j.first_lease.setdefault(j.lease_expires, self.lease_seq)
+                out.append(self.render(j))
+        return 200, {"jobs": out}
+
+    def fenced(self, jid: str, attempt: int):
+        j = self.jobs.get(jid)
+        if j is None or j.state != "in_flight":
+            return None, err("job_not_found", job_id=jid)
+        if j.attempt != attempt:
+            return None, err("attempt_mismatch", job_id=jid, attempt=j.attempt)
+        return j, None
+
+    def ack(self, jid: str, attempt: int):
+        j, e = self.fenced(jid, attempt)
+        if e:
+            return e
+        del self.jobs[jid]
+        self.total(j.queue)["acked"] += 1
+        return 200, {"job_id": jid}
+
+    def nack(self, jid: str, attempt: int, reason, strategy: str, delay_ms):
+        j, e = self.fenced(jid, attempt)
+        if e:
+            return e
+        self.total(j.queue)["nacked"] += 1          # every accepted nack (code's choice)
+        j.last_reason = reason
+        if strategy == "dead_letter":
+            self.dead_letter(j, "rejected", reason)
+            return 200, {"job_id": jid, "dead_lettered": True}
+        if j.attempt >= j.max_attempts:
+            self.dead_letter(j, "attempts_exhausted", reason)
+            return 200, {"job_id": jid, "dead_lettered": True}
+        q = j.queue
+        if strategy == "delay":
+            delay = min(delay_ms, self.qv(q, "max_schedule_horizon_ms"))
+            if delay < delay_ms:
+                event("model: nack delay clamped to the horizon")
+        else:
+            delay = spec_policy_delay(jid, j.attempt, self.qv(q, "retry_delay_ms"), self.qv(q, "retry_backoff"),
+                                      self.qv(q, "retry_delay_max_ms"), self.qv(q, "max_schedule_horizon_ms"))
+            event(f"model: policy delay {'0' if delay == 0 else '> 0'}")
+        j.attempt += 1
+        if delay == 0:
+            j.state = "ready"            # keeps enqueued_at and order: ahead of newer jobs
+        else:
+            j.state, j.run_at = "scheduled", self.clock + delay
+            j.first_sched.setdefault(j.run_at, j.order)
+        return 200, {"job_id": jid, "dead_lettered": False}
+
+    def extend(self, jid: str, attempt: int, lease_ms: int):
+        j, e = self.fenced(jid, attempt)
+        if e:
+            return e
+        self.lease_seq += 1
+        j.lease_expires = self.clock + max(1, min(lease_ms, self.qv(j.queue, "max_lease_duration_ms")))
+        j.first_lease.setdefault(j.lease_expires, self.lease_seq)
+        return 200, {"job_id": jid, "lease_expires_at_ms": j.lease_expires}
+
+    def drain(self, queue, mx: int):
+        picked = [d for d in self.dead if queue is None or self.jobs[d.id].queue == queue][:mx]
+        out = []
+        for d in picked:
+            out.append(self.render_dead(d))
+            self.dead.remove(d)
+            del self.jobs[d.id]
+        return 200, {"records": out}
+
+    def requeue(self, ids: list):
+        requeued, missing = [], []
+        for jid in ids:
+            d = self.find_dead(jid)
+            if d is None:
+                missing.append(jid)
+                continue
+            event(f"model: requeued a job that died on attempt {'1' if self.jobs[jid].attempt == 1 else '2+'}")
+            self.dead.remove(d)
+            j = self.jobs[jid]
+            j.attempt, j.enqueued_at, j.scheduled_at, j.deadline = 1, self.clock, None, None
+            j.order, j.state = self.next_seq(), "ready"
+            requeued.append(jid)
+        return 200, {"requeued": requeued, "missing": missing}
+
+    def dldel(self, ids: list):
+        deleted, missing = [], []
+        for jid in ids:
+            d = self.find_dead(jid)
+            if d is None:
+                missing.append(jid)
+                continue
+            self.dead.remove(d)
+            del self.jobs[jid]
+            deleted.append(jid)
+        return 200, {"deleted": deleted, "missing": missing}
+
+    def cancel(self, jid: str):
+        j = self.jobs.get(jid)
+        # A dead letter is "not found" for cancel (code's choice; API.md only names in-flight).
+        if j is None or j.state == "dead_lettered":
+            return err("not_found", job_id=jid)
+        if j.state == "in_flight":
+            return err("failed_precondition", job_id=jid)
+        del self.jobs[jid]
+        return 200, {"job_id": jid}
+
+    def pause(self, q: str, paused: bool):
+        self.known_queues.add(q)
+        (self.paused.add if paused else self.paused.discard)(q)
+        return 200, {"queue": q, "paused": paused}
+
+    def sweep(self):
+        """The phases in SEMANTICS.md's order (deadlines after leases); each phase handles at
+        most `sweep_limit` due entries, earliest due first, and leaves the rest to the next
+        sweep. (Ties within one ms: see MJob; deadlines by enqueue order, dedup records by
+        (queue, key), request ids by when they were stored: code's choice.)"""
+        now, budget = self.clock, self.sweep_limit
+        n = Counter()
+        for j in sorted((j for j in self.jobs.values() if j.state == "scheduled" and j.run_at <= now),
+                        key=lambda j: (j.run_at, j.first_sched[j.run_at]))[:budget]:
+            j.state = "ready"
+            n["promoted"] += 1
+        for j in sorted((j for j in self.jobs.values() if j.state == "in_flight" and j.lease_expires <= now),
+                        key=lambda j: (j.lease_expires, j.first_lease[j.lease_expires]))[:budget]:
+            n["leases_expired"] += 1
+            if j.attempt >= j.max_attempts:
+                event("model: lease expired on the final attempt")
+                j.last_reason = None
+                self.dead_letter(j, "lease_expired", None)
+            else:
+                event("model: lease expired, retried")
+                j.attempt += 1
+                j.state = "ready"        # at once: the retry policy does not apply to expiries
+        for j in sorted((j for j in self.jobs.values()
+                         if j.state in ("ready", "scheduled") and j.deadline is not None and j.deadline <= now),
+                        key=lambda j: (j.deadline, j.order))[:budget]:
+            n["deadlines_expired"] += 1
+            self.dead_letter(j, "expired", None)
+        for expires, q, key in sorted((e, q, k) for (q, k), (_, e) in self.dedup.items() if e <= now)[:budget]:
+            del self.dedup[(q, key)]
+            n["dedup_expired"] += 1
+        for expires, _, rid in sorted((e, i, rid) for rid, (_, _, e, i) in self.rids.items() if e <= now)[:budget]:
+            del self.rids[rid]
+            n["request_ids_expired"] += 1
+        if self.retention > 0:
+            for d in [d for d in self.dead if d.failed_at <= now - self.retention][:budget]:
+                self.dead.remove(d)
+                del self.jobs[d.id]
+                n["dead_letters_expired"] += 1
+        if any(v >= budget for v in n.values()):
+            event("model: a sweep phase used its whole budget")
+        keys = ("promoted", "leases_expired", "deadlines_expired", "dedup_expired",
+                "request_ids_expired", "dead_letters_expired")
+        return 200, {k: n[k] for k in keys}
+
+    # ---------------------------------------------------------------- reads
+    def stats(self, q: str):
+        declared = q in self.qconf
+        if q not in self.known_queues and not declared:
+            return None
+        t = self.total(q)
+        return {"name": q, "declared": declared, "paused": q in self.paused,
+                "ready": len(self.in_queue(q, "ready")), "scheduled": len(self.in_queue(q, "scheduled")),
+                "in_flight": len(self.in_queue(q, "in_flight")),
+                "dead_lettered": len(self.in_queue(q, "dead_lettered")),
+                "enqueued": t["enqueued"], "acked": t["acked"], "nacked": t["nacked"],
+                "dead_lettered_total": t["dead_total"]}
+
+    def view(self, jid: str):
+        j = self.jobs.get(jid)
+        if j is None:
+            return None
+        out = self.render(j)
+        out["state"] = j.state
+        out["last_reason"] = j.last_reason
+        if j.state == "scheduled":
+            out["run_at_ms"] = j.run_at
+        if j.state != "in_flight":
+            out["lease_expires_at_ms"] = None
+        return out
+
+    def listing(self, q: str, state: str) -> list[str]:
+        key = {"ready": lambda j: (-j.priority, j.enqueued_at, j.order),
+               "scheduled": lambda j: (j.run_at, j.order),
+               "in_flight": lambda j: (j.lease_expires, j.order)}[state]
+        return [j.id for j in sorted(self.in_queue(q, state), key=key)]
+
+    def dead_records(self, q=None) -> list:
+        return [self.render_dead(d) for d in self.dead if q is None or self.jobs[d.id].queue == q]
+
+    def counts(self) -> dict:
+        return {"jobs": len(self.jobs), "dead_letters": len(self.dead), "dedup_records": len(self.dedup),
+                "request_ids": len(self.rids), "clock_ms": self.clock}
+
+    def pending_times(self) -> dict[str, list[int]]:
+        """Every instant at which something falls due (sweep work, or a dedup / request-id
+        window end that changes an answer), by kind."""
+        return {
+            "schedule": [j.run_at for j in self.jobs.values() if j.state == "scheduled"],
+            "lease": [j.lease_expires for j in self.jobs.values() if j.state == "in_flight"],
+            "deadline": [j.deadline for j in self.jobs.values()
+                         if j.state in ("ready", "scheduled") and j.deadline is not None],
+            "dedup": [e for _, e in self.dedup.values()],
+            "request id": [e for _, _, e, _ in self.rids.values()],
+            "retention": [d.failed_at + self.retention for d in self.dead] if self.retention > 0 else [],
+        }
+
+    def next_due(self):
+        due = [t for times in self.pending_times().values() for t in times]
+        return min(due) if due else None
+
+
+# ====================================================================================== harness
+
+def norm(x):
+    """Results as comparable plain data; error `message` texts are prose and left out."""
+    if isinstance(x, dict):
+        out = {}
+        for k, v in x.items():
+            if k == "error" and isinstance(v, dict):
+                v = {kk: vv for kk, vv in v.items() if kk != "message"}
+            out[k] = norm(v)
+        return out
+    if isinstance(x, (list, tuple)):
+        return [norm(v) for v in x]
+    return x
+
+
+def outcome(kind: str, result) -> str:
+    """A label for --hypothesis-show-statistics: what the step exercised."""
+    status, body = result
+    if status != 200:
+        return f"{kind}: {body['error']['code']}"
+    if kind == "reserve":
+        return f"reserve: {min(len(body['jobs']), 2)} jobs"
+    if kind == "nack":
+        return f"nack: dead_lettered={body['dead_lettered']}"
+    if kind in ("enqueue", "batch", "atomic"):
+        rs = body.get("results", [body])
+        return f"{kind}: " + ",".join(sorted({"rejected" if "rejection" in r else
+                                              "dedup" if r["deduplicated"] else "new" for r in rs}))
+    if kind == "sweep":
+        return "sweep: " + (",".join(k for k, v in body.items() if v) or "nothing")
+    if kind == "drain":
+        return f"drain: {min(len(body['records']), 2)} records"
+    if kind in ("requeue", "dldel"):
+        return f"{kind}: {'hit' if body.get('requeued') or body.get('deleted') else 'all missing'}"
+    if kind == "acks":
+        return "acks: " + ",".join(sorted({r.get("error", {}).get("code", "ok") for r in body["results"]}))
+    return f"{kind}: ok"
+
+
+def build_command(kind: str, args: dict, rid, limits: Limits, now: int, new_id):
+    """The leader's side: request -> command (may raise ApiError)."""
+    if kind == "enqueue":
+        return C.enqueue(args["body"], limits, now, new_id, rid=rid)
+    if kind == "batch":
+        return C.enqueue_batch(args["body"], limits, now, new_id, rid=rid)
+    if kind == "atomic":
+        return C.enqueue_atomic(args["body"], limits, now, new_id, rid=rid)
+    if kind == "reserve":
+        cmd, wait = C.reserve(args["body"], limits, rid=rid)
+        assert wait == 0
+        return cmd
+    if kind == "ack":
+        return C.ack(args["job_id"], args["body"], rid=rid)
+    if kind == "acks":
+        return C.ack_batch(args["body"], limits, rid=rid)
+    if kind == "nack":
+        return C.nack(args["job_id"], args["body"], rid=rid)
+    if kind == "extend":
+        return C.extend(args["job_id"], args["body"], rid=rid)
+    if kind == "drain":
+        return C.drain(args["body"], limits, rid=rid)
+    if kind == "requeue":
+        return C.requeue(args["body"], rid=rid)
+    if kind == "dldel":
+        return C.delete_dead_letters(args["body"], rid=rid)
+    if kind == "cancel":
+        return C.cancel(args["job_id"], rid=rid)
+    if kind == "pause":
+        return C.pause(args["queue"], args["paused"], limits, rid=rid)
+    if kind == "sweep":
+        return C.sweep()
+    raise AssertionError(kind)
+
+
+@st.composite
+def job_bodies(draw, now: int):
+    body = {"queue": draw(st.sampled_from(NAMES)), "job_type": draw(st.sampled_from(("t1", "t2")))}
+    body.update(draw(st.fixed_dictionaries({}, optional={
+        "priority": st.sampled_from((0, 1, 5, 9)),
+        "idempotency_key": st.sampled_from(("k1", "k2", "k3")),
+        "max_attempts": st.integers(1, 3),
+        "payload": st.binary(min_size=1, max_size=4).map(
+            lambda b: {"data_b64": b64(b), "encoding": "application/octet-stream"}),
+        "custom": st.dictionaries(st.sampled_from(("x", "y")),
+                                  st.one_of(st.integers(-5, 5), st.text(max_size=3), st.booleans()), max_size=2),
+        "trace_context": st.sampled_from(({"traceparent": "00-aa-bb-01"},
+                                          {"traceparent": "00-cc-dd-01", "tracestate": "k=v"})),
+        "deadline_at_ms": st.sampled_from((-100, 0, 400, 2500, 9000, 60_000)).map(lambda d: now + d),
+    })))
+    sched = draw(st.sampled_from(("none", "none", "delay", "at")))
+    if sched == "delay":
+        body["delay_ms"] = draw(st.sampled_from((0, 300, 2000, 12000, 30000)))
+    elif sched == "at":
+        body["scheduled_at_ms"] = now + draw(st.sampled_from((-1500, 0, 1000, 5000, 25000)))
+    return body
+
+
+class CoreModel(RuleBasedStateMachine):
+
+    @initialize(config=st.sampled_from(range(len(CONFIGS))))
+    def setup(self, config):
+        _, lim, sto, qs = CONFIGS[config]
+        self.limits = build_limits(config)
+        self.m = QueueMachine(self.limits)
+        self.model = Model(lim, sto, qs)
+        self.now = T0
+        self.ids_given = 0
+        self.all_ids: list[str] = []
+        self.rids_used: dict[str, list[str]] = {}     # kind -> request ids used with it
+        self.rid_count = 0
+        self.requests = 0
+
+    # ---------------------------------------------------------------- plumbing
+    def run(self, reqs: list):
+        """Validate every request at the leader's `now`, apply the valid ones as one batch (one
+        Raft entry), and compare each answer with the model's."""
+        self.requests += len(reqs)
+        cmds, slots, id_lists = [], [], []
+        for kind, args, rid in reqs:
+            given: list[str] = []
+
+            def new_id(given=given):
+                self.ids_given += 1
+                given.append(counter_id(self.ids_given))
+                return given[-1]
+            try:
+                slots.append(("cmd", len(cmds)))
+                cmds.append(build_command(kind, args, rid, self.limits, self.now, new_id))
+            except ApiError as e:
+                slots[-1] = ("pre", e.result)
+            id_lists.append(given)
+            self.all_ids.extend(given)
+        results = self.m.apply_batch(self.now, cmds) if cmds else []
+        answers = []
+        for (kind, args, rid), (how, v), given in zip(reqs, slots, id_lists):
+            got = results[v] if how == "cmd" else v
+            answers.append(got)
+            want = self.model.handle(self.now, kind, args, rid, list(given))
+            assert norm(got) == norm(want), f"{kind} {args} rid={rid}\n machine: {got}\n model:   {want}"
+            event(outcome(kind, got))
+        return answers
+
+    def rid(self, data, kind: str):
+        """No request id, a fresh one, or a replay: mostly of the same endpoint (a client's
+        retry), sometimes of another one (a client bug)."""
+        c = data.draw(st.integers(0, 19), label="rid choice")
+        same = self.rids_used.get(kind, [])
+        every = [r for rs in self.rids_used.values() for r in rs]
+        if c <= 11:
+            return None
+        if c <= 16 and same:
+            return data.draw(st.sampled_from(same), label="replayed rid")
+        if c == 19 and every:
+            return data.draw(st.sampled_from(every), label="reused rid")
+        self.rid_count += 1
+        rid = f"rid-{self.rid_count}"
+        self.rids_used.setdefault(kind, []).append(rid)
+        return rid
+
+    def pick_id(self, data, prefer: tuple = ("in_flight",)):
+        pool = [j.id for j in self.model.jobs.values() if j.state in prefer]
+        how = data.draw(st.sampled_from(("preferred", "preferred", "preferred", "any", "unknown")), label="id kind")
+        if how == "preferred" and pool:
+            jid = data.draw(st.sampled_from(pool), label="id")
+        elif how != "unknown" and self.all_ids:
+            jid = data.draw(st.sampled_from(self.all_ids), label="id")
+        else:
+            jid = UNKNOWN_ID
+        return jid.upper() if data.draw(st.integers(0, 15), label="upper") == 0 else jid
+
+    def pick_attempt(self, data, jid: str) -> int:
+        j = self.model.jobs.get(jid.lower())
+        cur = j.attempt if j is not None else 1
+        return data.draw(st.sampled_from((cur, cur, cur, cur + 1, max(1, cur - 1), 3)), label="attempt")
+
+    # ---------------------------------------------------------------- request makers
+    def job_body(self, data) -> dict:
+        body = data.draw(job_bodies(self.now))
+        if self.model.dedup and data.draw(st.integers(0, 3), label="reuse a key?") == 0:
+            # the (queue, key) of a dedup record, live or past its window
+            body["queue"], body["idempotency_key"] = data.draw(st.sampled_from(sorted(self.model.dedup)), label="key")
+        return body
+
+    def mk_enqueue(self, data):
+        return "enqueue", {"body": self.job_body(data)}, self.rid(data, "enqueue")
+
+    def mk_batch(self, data, atomic=False):
+        jobs = [self.job_body(data) for _ in range(data.draw(st.integers(1, 4), label="batch size"))]
+        kind = "atomic" if atomic else "batch"
+        return kind, {"body": {"jobs": jobs}}, self.rid(data, kind)
+
+    def mk_reserve(self, data):
+        body = {"queues": data.draw(st.lists(st.sampled_from(NAMES), min_size=1, max_size=3)),
+                "lease_ms": data.draw(st.sampled_from((1, 400, 1500, 5000, 100_000)))}
+        if data.draw(st.booleans()):
+            body["max_jobs"] = data.draw(st.integers(1, 4))
+        return "reserve", {"body": body}, self.rid(data, "reserve")
+
+    def mk_ack(self, data):
+        jid = self.pick_id(data)
+        return "ack", {"job_id": jid, "body": {"attempt": self.pick_attempt(data, jid)}}, self.rid(data, "ack")
+
+    def mk_acks(self, data):
+        acks = []
+        for _ in range(data.draw(st.integers(1, 3))):
+            jid = self.pick_id(data)
+            acks.append({"job_id": jid, "attempt": self.pick_attempt(data, jid)})
+        return "acks", {"body": {"acks": acks}}, self.rid(data, "acks")
+
+    def mk_nack(self, data, jid=None, attempt=None):
+        jid = jid or self.pick_id(data)
+        body = {"attempt": attempt or self.pick_attempt(data, jid)}
+        reason = data.draw(st.sampled_from((None, "", "boom", "again")))
+        if reason is not None:
+            body["reason"] = reason
+        retry = data.draw(st.sampled_from((None, {"strategy": "default"}, {"strategy": "dead_letter"},
+                                           {"strategy": "delay", "delay_ms": 0},
+                                           {"strategy": "delay", "delay_ms": 700},
+                                           {"strategy": "delay", "delay_ms": 30_000})))
+        if retry is not None:
+            body["retry"] = retry
+        return "nack", {"job_id": jid, "body": body}, self.rid(data, "nack")
+
+    def mk_extend(self, data, jid=None, attempt=None):
+        jid = jid or self.pick_id(data)
+        body = {"attempt": attempt or self.pick_attempt(data, jid),
+                "lease_ms": data.draw(st.sampled_from((1, 500, 2500, 100_000)))}
+        return "extend", {"job_id": jid, "body": body}, self.rid(data, "extend")
+
+    def mk_sweep(self, data):
+        return "sweep", {}, None
+
+    # ---------------------------------------------------------------- rules
+    def sweep_now(self):
+        (status, counts), = self.run([("sweep", {}, None)])
+        if all(v < self.model.sweep_limit for v in counts.values()):
+            due = self.m.next_due_ms()
+            assert due is None or due > self.m.clock, "a sweep within its budgets left due work behind"
+
+    @rule(delta=st.one_of(st.integers(-3000, 6000), st.sampled_from((0, 1, 1000, 2500, 4000))), sweep=st.booleans())
+    def tick(self, delta, sweep):
+        """The leader's wall clock moves, forward or (failover to a slower clock) backward; the
+        leader sweeps when something is due."""
+        self.now += delta
+        if sweep:
+            self.sweep_now()
+
+    @rule(data=st.data(), sweep=st.booleans())
+    def tick_to_due(self, data, sweep):
+        """Jump to just before, at or just after something falls due (boundaries: < vs <=)."""
+        pending = {k: v for k, v in self.model.pending_times().items() if v}
+        if pending:
+            times = pending[data.draw(st.sampled_from(sorted(pending)), label="due kind")]
+            self.now = data.draw(st.sampled_from(sorted(set(times))), label="due") + data.draw(st.sampled_from((-1, 0, 1)))
+        if sweep:
+            self.sweep_now()
+
+    @rule()
+    def sweep(self):
+        self.sweep_now()
+
+    @rule(data=st.data())
+    def enqueue(self, data):
+        kind = data.draw(st.sampled_from(("enqueue", "enqueue", "batch", "atomic")), label="enqueue kind")
+        self.run([self.mk_enqueue(data) if kind == "enqueue" else self.mk_batch(data, atomic=kind == "atomic")])
+
+    @rule(data=st.data())
+    def reserve(self, data):
+        self.run([self.mk_reserve(data)])
+
+    @rule(data=st.data())
+    def worker(self, data):
+        """A worker: reserve, then ack / nack / extend / abandon each job, mostly with the
+        attempt it was given."""
+        (status, body), = self.run([self.mk_reserve(data)])
+        if status != 200:
+            return
+        # a worker whose handler keeps failing drives jobs through retries to exhaustion
+        failing = data.draw(st.booleans(), label="failing worker")
+        for job in body["jobs"]:
+            jid, attempt = job["id"], job["attempt"]
+            if data.draw(st.integers(0, 5), label="stale?") == 0:
+                attempt = data.draw(st.sampled_from((attempt + 1, max(1, attempt - 1))), label="stale attempt")
+            what = data.draw(st.sampled_from(("nack", "nack", "abandon") if failing else
+                                             ("ack", "nack", "extend", "abandon")), label="outcome")
+            if what == "ack":
+                self.run([("ack", {"job_id": jid, "body": {"attempt": attempt}}, self.rid(data, "ack"))])
+            elif what == "nack":
+                self.run([self.mk_nack(data, jid, attempt)])
+            elif what == "extend":
+                self.run([self.mk_extend(data, jid, attempt)])
+
+    @rule(data=st.data())
+    def fenced(self, data):
+        """ack / batch ack / nack / extend of any job: in flight, gone, unknown, stale."""
+        mk = data.draw(st.sampled_from((self.mk_ack, self.mk_acks, self.mk_nack, self.mk_extend)), label="op")
+        self.run([mk(data)])
+
+    @rule(data=st.data())
+    def admin(self, data):
+        """cancel a job (ready, scheduled, in flight, dead, unknown) or pause / resume a queue."""
+        if data.draw(st.booleans(), label="cancel?"):
+            jid = self.pick_id(data, prefer=("ready", "scheduled", "ready", "scheduled", "in_flight"))
+            self.run([("cancel", {"job_id": jid}, self.rid(data, "cancel"))])
+        else:
+            queue, paused = data.draw(st.sampled_from(NAMES)), data.draw(st.booleans())
+            self.run([("pause", {"queue": queue, "paused": paused}, self.rid(data, "pause"))])
+
+    @rule(data=st.data())
+    def dead_letters(self, data):
+        """drain, requeue or delete dead letters."""
+        kind = data.draw(st.sampled_from(("drain", "requeue", "dldel")), label="dead-letter op")
+        if kind == "drain":
+            body = data.draw(st.fixed_dictionaries({}, optional={"queue": st.sampled_from(NAMES),
+                                                                 "max": st.integers(1, 5)}))
+        else:
+            body = {"ids": [self.pick_id(data, prefer=("dead_lettered",)) for _ in range(data.draw(st.integers(1, 3)))]}
+        self.run([(kind, {"body": body}, self.rid(data, kind))])
+
+    @rule(data=st.data())
+    def group_commit(self, data):
+        """Several requests in one replicated batch (one leader stamp)."""
+        makers = data.draw(st.lists(st.sampled_from((self.mk_enqueue, self.mk_reserve, self.mk_ack, self.mk_nack,
+                                                     self.mk_extend, self.mk_sweep, self.mk_batch)),
+                                    min_size=2, max_size=4))
+        self.run([mk(data) for mk in makers])
+
+    @rule(how=st.sampled_from(("builtins", "pickle")))
+    def restore_snapshot(self, how):
+        """Continue on a machine rebuilt from a snapshot (what a restarted node does)."""
+        if how == "builtins":
+            m2 = QueueMachine.from_builtins(self.limits, self.m.to_builtins())
+        else:
+            m2 = pickle.loads(pickle.dumps(self.m))
+        assert m2.digest() == self.m.digest()
+        self.m = m2
+
+    def teardown(self):
+        if hasattr(self, "model"):
+            n = self.requests
+            event(f"requests in the run: {'<20' if n < 20 else '<50' if n < 50 else '<100' if n < 100 else '100+'}")
+
+    # ---------------------------------------------------------------- invariants
+    @invariant()
+    def same_state(self):
+        m, model = self.m, self.model
+        for q in NAMES:
+            assert m.queue_stats(q) == model.stats(q), q
+        for jid in self.all_ids:
+            assert m.job_view(jid) == model.view(jid), jid
+        assert m.counts() == model.counts()
+        for q in (None,) + NAMES:
+            assert norm(m.list_dead_letters(q, 10_000, None)[0]) == norm(model.dead_records(q)), q
+        # paged dead-letter listing: pages of 2 concatenate to the whole
+        pages, after = [], None
+        while True:
+            recs, after = m.list_dead_letters(None, 2, after)
+            pages += recs
+            if after is None:
+                break
+        assert norm(pages) == norm(model.dead_records())
+        for q in NAMES:
+            for state, code in (("ready", READY), ("scheduled", SCHEDULED), ("in_flight", IN_FLIGHT)):
+                want = model.listing(q, state)
+                views, cursor = m.list_jobs(q, code, 10_000, None)
+                assert [v["id"] for v in views] == want, (q, state)
+                assert cursor is None
+                got, cursor = [], None
+                while True:
+                    views, cursor = m.list_jobs(q, code, 2, None if cursor is None else tuple(cursor))
+                    got += [v["id"] for v in views]
+                    if cursor is None:
+                        break
+                assert got == want, (q, state, "paged")
+        due = model.next_due()
+        if due is not None:               # stale heap entries may make it early, never late
+            assert m.next_due_ms() is not None and m.next_due_ms() <= due
+
+    @invariant()
+    def snapshot_round_trip(self):
+        assert QueueMachine.from_builtins(self.limits, self.m.to_builtins()).digest() == self.m.digest()
+
+
+CoreModel.TestCase.settings = settings(
+    max_examples=EXAMPLES, stateful_step_count=STEPS, deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much])
+TestCoreModel = CoreModel.TestCase
+
+
+# ====================================================================================== retry formula
+
+@settings(max_examples=300, deadline=None)
+@given(job=st.integers(1, 2**40).map(counter_id), attempt=st.integers(1, 80),
+       base=st.integers(0, 10_000_000), backoff=st.sampled_from(("none", "exponential")),
+       max_ms=st.integers(1, 10**10), horizon=st.integers(1, 10**10))
+def test_retry_policy_matches_spec_formula(job, attempt, base, backoff, max_ms, horizon):
+    d = policy_delay_ms(job, attempt, base, backoff, max_ms, horizon)
+    assert d == spec_policy_delay(job, attempt, base, backoff, max_ms, horizon)
+
+
+@pytest.mark.parametrize("n", range(50))
+def test_retry_policy_spec_examples(n):
+    jid = counter_id(n + 1)
+    # SEMANTICS.md: base 1 s exponential, failing attempt 3 -> between 3 s and 4 s.
+    assert 3000 <= policy_delay_ms(jid, 3, 1000, "exponential", 3_600_000, 2_592_000_000) <= 4000
+    # sepp's tests: base 10 s fixed -> 7.5-10 s; a 10 s cap -> 7.5-10 s.
+    assert 7500 <= policy_delay_ms(jid, 5, 10_000, "none", 3_600_000, 2_592_000_000) <= 10_000
+    assert 7500 <= policy_delay_ms(jid, 30, 1000, "exponential", 10_000, 2_592_000_000) <= 10_000
+    assert policy_delay_ms(jid, 3, 0, "exponential", 10_000, 2_592_000_000) == 0
+
+
+# ====================================================================================== regressions
+
+def _two_nodes_after(setup, then):
+    """Run `setup` on a machine, restore a second one from its snapshot, run `then` on both;
+    return both machines (a restored node must stay identical to the others)."""
+    limits = Limits.build(storage={"sweep_limit": 1, "dead_letter_retention_ms": 60_000})
+    ids = iter(counter_id(n) for n in range(1, 100))
+    m = QueueMachine(limits)
+    ctx = setup(m, limits, ids.__next__)
+    r = QueueMachine.from_builtins(limits, m.to_builtins())
+    for node in (m, r):
+        then(node, limits, ctx)
+    return m, r
+
+
+def test_a_restored_node_keeps_a_stale_lease_timer_that_comes_back():
+    """X and Y lease until 6000 (X's timer first); X is nacked and reserved again until 6000.
+    X's first timer is live again and a sweep with budget 1 expires X first, on every node:
+    the snapshot must carry that timer (it used to drop it, and a restored node expired Y)."""
+    res = lambda limits: C.reserve({"queues": ["q"], "lease_ms": 5000}, limits)[0]   # noqa: E731
+
+    def setup(m, limits, new_id):
+        x = m.apply(1000, C.enqueue({"queue": "q", "job_type": "t", "priority": 9}, limits, 1000, new_id))[1]["job_id"]
+        m.apply(1000, C.enqueue({"queue": "q", "job_type": "t"}, limits, 1000, new_id))
+        m.apply(1000, res(limits))
+        m.apply(1000, res(limits))
+        assert m.apply(1000, C.nack(x, {"attempt": 1}))[0] == 200
+        return x
+
+    def then(node, limits, x):
+        assert node.apply(1000, res(limits))[1]["jobs"][0]["id"] == x
+        assert node.apply(6000, C.sweep())[1]["leases_expired"] == 1
+    m, r = _two_nodes_after(setup, then)
+    assert m.digest() == r.digest()
+
+
+def test_a_restored_node_keeps_a_stale_schedule_timer_that_comes_back():
+    """X is scheduled for 6000, dies of its deadline, is requeued, reserved and nacked to run at
+    6000 again; Y is scheduled for 6000 in between. X's first timer is live again and orders X
+    before Y on every node, restored ones included."""
+    def setup(m, limits, new_id):
+        x = m.apply(1000, C.enqueue({"queue": "q", "job_type": "t", "delay_ms": 5000, "deadline_at_ms": 1100},
+                                    limits, 1000, new_id))[1]["job_id"]
+        m.apply(1000, C.enqueue({"queue": "q", "job_type": "t", "delay_ms": 5000}, limits, 1000, new_id))
+        assert m.apply(1100, C.sweep())[1]["deadlines_expired"] == 1
+        assert m.apply(1100, C.requeue({"ids": [x]}))[1]["requeued"] == [x]
+        return x
+
+    def then(node, limits, x):
+        assert node.apply(1100, C.reserve({"queues": ["q"], "lease_ms": 5000}, limits)[0])[1]["jobs"][0]["id"] == x
+        node.apply(1100, C.nack(x, {"attempt": 1, "retry": {"strategy": "delay", "delay_ms": 4900}}))
+        assert node.apply(6000, C.sweep())[1]["promoted"] == 1
+        assert node.job_view(x)["state"] == "ready"
+    m, r = _two_nodes_after(setup, then)
+    assert m.digest() == r.digest()
