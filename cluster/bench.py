@@ -179,10 +179,8 @@ async def run(urls, jobs, producers, workers, phases, latency_rounds, transport,
                 return time.perf_counter() - t0
             await measured("mixed", mixed, jobs)
         if "batch" in phases:
-            await measured("batch_enqueue", lambda p: phase_enqueue(clients, f"bb-{tag}", jobs, max(1, producers // 10),
-                                                                    256, p), jobs)
-            await measured("batch_drain", lambda p: phase_drain(clients, f"bb-{tag}", jobs, max(1, workers // 10),
-                                                                256, p), jobs)
+            await measured("batch_enqueue", lambda p: phase_enqueue(clients, f"bb-{tag}", jobs, producers, 256, p), jobs)
+            await measured("batch_drain", lambda p: phase_drain(clients, f"bb-{tag}", jobs, workers, 256, p), jobs)
         if "latency" in phases:
             out["latency"] = await phase_latency(clients, f"l-{tag}", latency_rounds)
     finally:

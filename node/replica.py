@@ -18,6 +18,7 @@ from pysyncobj.monotonic import monotonic as monotonicTime
 from pysyncobj.tcp_connection import CONNECTION_STATE
 from pysyncobj.transport import TCPTransport
 
+from . import wire
 from .machine import QueueMachine
 from .settings import Settings
 
@@ -318,6 +319,7 @@ class Replica:
         )
         import pysyncobj.tcp_connection as tcp_connection
         tcp_connection.zlib = _Zlib(int(t["raft_compression_level"]))
+        wire.install()
         holder: dict = {}
         transport = TCPTransport
         if settings.durability == "fsync":
