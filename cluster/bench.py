@@ -1,10 +1,12 @@
-"""Cluster benchmark after sepp's published method (notes/sepp.md §7), over plain HTTP.
+"""Cluster benchmark after sepp's published method (notes/sepp.md §7).
 
 Phases: enqueue (P producers, one 256-byte job per request), drain (W workers, reserve one +
 ack), mixed (P producers and W workers at once until N jobs are acked), latency (one connection,
 sequential enqueue -> reserve -> ack), and batched enqueue/drain (256 per request). Closed loop:
-each connection has one request in flight. Also reports the leader's CPU split (HTTP / Raft /
-apply) from its /v1/cluster view.
+each producer and worker has one request in flight; with the session transport they all share
+one client (as users would), over HTTP each has its own connection. Also reports the leader's
+CPU split (HTTP / Raft / apply) from its /v1/cluster view, and with --baseline the mixed phase
+against a bare aiohttp server that does nothing (what HTTP alone costs here).
 """
 from __future__ import annotations
 
