@@ -12,10 +12,14 @@ Exit status: 0 when every invariant holds, 1 on any violation, 2 when the run it
 be set up. A run's directory (kept on failure, or with --dir/--keep) holds the node configs and
 logs, `history.jsonl` (every op's invoke and completion) and `report.json`.
 
-Power loss: kill -9 of every node (`kill-all`) loses nothing in either durability mode,
-because the page cache survives a process crash. Losing unsynced writes for real needs a
-power cut or a filesystem that drops them (LazyFS, root), so `memory` vs `fsync` differ only in
-what CLUSTER.md promises, not in what this tool can show.
+Power loss: kill -9 of every node (`kill-all`) must lose nothing in either durability mode,
+and does, because the page cache survives a process crash. Losing unsynced writes for real
+needs a power cut or a filesystem that drops them (LazyFS, FUSE; root), so here `memory` vs
+`fsync` differ in what CLUSTER.md promises, not in what this tool can show. A root-free way
+would be a node test hook that keeps, at every journal sync, a copy of what a disk honouring
+only fsync would hold (journal bytes up to the synced offset, the fsynced meta and snapshot),
+which the harness restores after kill -9 of every node: fsync mode must then lose nothing,
+memory mode may lose recent writes.
 """
 from __future__ import annotations
 
@@ -175,7 +179,8 @@ async def run_chaos(opts: ChaosOptions) -> dict:
                     "fault_kinds": list(opts.faults), "dir": str(directory)}
     phase = Phases()
     nemesis = Nemesis(env, seed, scfg, on_event=lambda m: progress.event(f"[{h.now():6.1f}s] {m}"))
-    sampler = Sampler(env)
+    views_sink = open(directory / "views.jsonl", "wb")
+    sampler = Sampler(env, sink=views_sink)
     workload = None
     ptask = None
     t_start = time.monotonic()
@@ -292,6 +297,7 @@ async def run_chaos(opts: ChaosOptions) -> dict:
         cluster.close()             # kill -9: the final views are taken, nothing else matters
         net.close()
         sink.close()
+        views_sink.close()
         try:
             (directory / "report.json").write_text(json.dumps(report, indent=1, default=str))
         except OSError:

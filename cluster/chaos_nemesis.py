@@ -632,8 +632,10 @@ class Nemesis:
 class Sampler:
     """Polls every node's /v1/cluster and records every (term, leader) claim."""
 
-    def __init__(self, env: Env, interval_s: float = 0.15):
+    def __init__(self, env: Env, interval_s: float = 0.15, sink=None):
         self.env = env
+        self.sink = sink            # a file: one JSON line per node view that changed (diagnostics)
+        self._prev: dict = {}
         self.interval_s = interval_s
         self.claims: dict[int, set] = {}
         self.first_seen: dict[int, tuple] = {}     # term -> (leader, history time first seen)
@@ -647,8 +649,16 @@ class Sampler:
     async def sample_once(self):
         views = await self.env.views(timeout=0.5)
         self.samples += 1
+        now = round(self.env.h.now(), 3)
         for i, v in views.items():
             self.last[i] = v
+            if self.sink is not None:
+                brief = None if v is None else (
+                    v.get("role"), v.get("term"), (v.get("leader") or {}).get("id"), v.get("commit_index"),
+                    v.get("last_applied"), "".join("1" if m.get("connected") else "0" for m in v.get("members", [])))
+                if self._prev.get(i, "-") != brief:
+                    self._prev[i] = brief
+                    self.sink.write(orjson.dumps({"t": now, "node": self.env.cluster.ids[i], "view": brief}) + b"\n")
             if v is None:
                 continue
             if v.get("role") == "leader":

@@ -668,3 +668,38 @@ def test_chaos_regression_seed_3_resets_with_partitions(tmp_path):
     CRITICAL (12 lines on this machine before the fix in node/replica.py; seed 7 over 60 s
     with kills added gave 165). `no_critical_node_logs` fails the run if it comes back."""
     chaos_run(tmp_path, ["reset", "partition-minority"], mix=1.0, duration=15.0, seed=3)
+
+
+def test_apply_is_sliced_so_a_replaying_node_keeps_handling_messages():
+    """A node replaying a long journal applied it all in one pysyncobj tick, deaf to heartbeats
+    and votes (the 600 s chaos run: a follower kill cost 6-7 s of writes because the other
+    follower was replaying). Now each tick applies for at most APPLY_BUDGET_S."""
+    from pysyncobj import FAIL_REASON as FR
+
+    from node.replica import APPLY_BUDGET_S, APPLY_CHUNK, BoundedApplySyncObj
+
+    class Fake:
+        pass
+
+    f = Fake()
+    f._SyncObj__raftCommitIndex, f._SyncObj__raftLastApplied = 200, 0
+    log = [(f"cmd{i}".encode(), i, 1) for i in range(1, 201)]
+    f._SyncObj__getEntries = lambda start, count: log[start - 1:start - 1 + count]
+    done = []
+    f._SyncObj__commandsWaitingCommit = {5: [(1, lambda res, err: done.append((res, err)))]}
+
+    def apply(cmd):
+        time.sleep(0.002)
+        return cmd
+
+    f._SyncObj__doApplyCommand = apply
+    f._SyncObj__conf = type("Conf", (), {"appendEntriesUseBatch": True})()
+    BoundedApplySyncObj._SyncObj__applyLogEntries(f)
+    first = f._SyncObj__raftLastApplied
+    assert APPLY_CHUNK <= first < 200 and first <= (APPLY_BUDGET_S / 0.002 + 2 * APPLY_CHUNK)
+    assert done == [(b"cmd5", FR.SUCCESS)]
+    ticks = 1
+    while f._SyncObj__raftLastApplied < 200:
+        BoundedApplySyncObj._SyncObj__applyLogEntries(f)
+        ticks += 1
+    assert ticks > 2 and f._SyncObj__raftLastApplied == 200
