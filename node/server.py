@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import logging
 import signal
 import sys
@@ -61,4 +62,9 @@ def main(argv=None) -> int:
     logging.basicConfig(level=args.log_level.upper(),
                         format=f"%(asctime)s {settings.node_id} %(levelname)s %(name)s: %(message)s")
     logging.getLogger("pysyncobj").setLevel(logging.WARNING)
+    # The queue state is millions of long-lived containers (jobs, heap entries, dedup and
+    # request-id records) with almost no reference cycles. CPython's default thresholds make
+    # the cyclic GC walk them again and again, in pauses that stall the Raft tick thread;
+    # collect the young often, the old rarely.
+    gc.set_threshold(50_000, 50, 1000)
     return asyncio.run(serve(settings))
