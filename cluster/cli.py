@@ -221,7 +221,16 @@ def build_parser() -> argparse.ArgumentParser:
     b = sub.add_parser("bench", help="benchmark a cluster (`raftq bench --help` for its options)", add_help=False)
     b.add_argument("bench_args", nargs=argparse.REMAINDER)
     b.set_defaults(fn=lambda a: cmd_bench(a.bench_args))
+    ch = sub.add_parser("chaos", help="chaos-test a local cluster (`raftq chaos --help` for its options)",
+                        add_help=False)
+    ch.add_argument("chaos_args", nargs=argparse.REMAINDER)
+    ch.set_defaults(fn=lambda a: cmd_chaos(a.chaos_args))
     return p
+
+
+def cmd_chaos(argv: list[str]) -> int:
+    from .chaos import main as chaos_main
+    return chaos_main(list(argv)) or 0
 
 
 def cmd_bench(argv: list[str]) -> int:
@@ -249,6 +258,8 @@ def _bench_split(argv: list[str]):
 
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "chaos":           # its own options, untouched
+        return cmd_chaos(argv[1:])
     split = _bench_split(argv)
     if split is not None:
         before, rest = split
