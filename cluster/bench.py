@@ -239,10 +239,7 @@ def main(argv=None) -> int:
     cluster = None
     try:
         if args.local:
-            cluster = LocalCluster(tempfile.mkdtemp(prefix="raftq-bench-"), durability=args.durability)
-            cluster.write_configs()
-            cluster.start_all()
-            cluster.wait_leader(30)
+            cluster = LocalCluster(tempfile.mkdtemp(prefix="raftq-bench-"), durability=args.durability).launch()
             urls = cluster.urls
         else:
             urls = [u.strip().rstrip("/") for u in args.urls.split(",") if u.strip()]

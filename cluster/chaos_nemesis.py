@@ -219,42 +219,54 @@ class Fault:
         return i
 
 
-class KillLeader(Fault):
-    kind = "kill-leader"
+class OneNodeFault(Fault):
+    """A fault on one node: `pick` chooses it (None = skip, with `skip_reason`), `act` hurts it,
+    `undo` heals it."""
+    skip_reason = "no node up"
+
+    async def pick(self) -> int | None:
+        raise NotImplementedError
+
+    async def act(self, i: int):
+        raise NotImplementedError
+
+    async def undo(self, i: int):
+        raise NotImplementedError
 
     async def inject(self):
-        i = await self._leader_or_any()
+        i = await self.pick()
         if i is None:
-            self.skipped = "no node up"
+            self.skipped = self.skip_reason
             return
         self.target = i
         self.details["node"] = self.name(i)
         self.mark()
+        await self.act(i)
+
+    async def heal(self):
+        if not self.skipped:
+            await self.undo(self.target)
+
+
+class KillLeader(OneNodeFault):
+    kind = "kill-leader"
+    pick = Fault._leader_or_any
+
+    async def act(self, i):
         await self.env.kill(i)
 
-    async def heal(self):
-        if not self.skipped:
-            await self.env.start(self.target)
+    async def undo(self, i):
+        await self.env.start(i)
 
 
-class KillFollower(Fault):
+class KillFollower(KillLeader):
     kind = "kill-follower"
+    skip_reason = "no follower up"
 
-    async def inject(self):
-        env = self.env
-        leader = await env.leader(wait=2.0)
-        cands = [i for i in env.up() if i != leader]
-        if not cands:
-            self.skipped = "no follower up"
-            return
-        self.target = self.rng.choice(cands)
-        self.details["node"] = self.name(self.target)
-        self.mark()
-        await env.kill(self.target)
-
-    async def heal(self):
-        if not self.skipped:
-            await self.env.start(self.target)
+    async def pick(self):
+        leader = await self.env.leader(wait=2.0)
+        cands = [i for i in self.env.up() if i != leader]
+        return self.rng.choice(cands) if cands else None
 
 
 class KillAll(Fault):
@@ -273,22 +285,15 @@ class KillAll(Fault):
             await self.env.start(i)
 
 
-class PauseLeader(Fault):
+class PauseLeader(OneNodeFault):
     kind = "pause-leader"
+    pick = Fault._leader_or_any
 
-    async def inject(self):
-        i = await self._leader_or_any()
-        if i is None:
-            self.skipped = "no node up"
-            return
-        self.target = i
-        self.details["node"] = self.name(i)
-        self.mark()
+    async def act(self, i):
         await self.env.pause(i)
 
-    async def heal(self):
-        if not self.skipped:
-            await self.env.resume(self.target)
+    async def undo(self, i):
+        await self.env.resume(i)
 
 
 class WipeNode(Fault):

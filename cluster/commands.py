@@ -361,6 +361,15 @@ async def _run(ctx: Ctx, fn, needs_client: bool):
 
 
 # ---------------------------------------------------------------------------- status
+def _no_leader(ctx, msg: str) -> int:
+    """`status` without a leader: the message on stdout (on stderr with --json), exit 1."""
+    if ctx.json:
+        ctx.err(f"raftq: {msg}")
+    else:
+        ctx.out(msg)
+    return EXIT_FAILED
+
+
 async def cmd_status(ctx: Ctx) -> int:
     answers = await ctx.probe(ctx.urls)
     asked = {a.url for a in answers}
@@ -431,14 +440,9 @@ async def cmd_status(ctx: Ctx) -> int:
 
     seen = Counter(a.view["leader"]["id"] for a in up if a.view.get("leader"))
     if not seen:
-        msg = (f"no leader: none of the {len(up)} answering node(s) knows a leader "
-               f"({len(answers) - len(up)} of {len(answers)} down); an election may be in progress, "
-               "or a majority of nodes is down or cut off")
-        if ctx.json:
-            ctx.err(f"raftq: {msg}")
-        else:
-            ctx.out(msg)
-        return EXIT_FAILED
+        return _no_leader(ctx, f"no leader: none of the {len(up)} answering node(s) knows a leader "
+                               f"({len(answers) - len(up)} of {len(answers)} down); an election may be in "
+                               "progress, or a majority of nodes is down or cut off")
     leader_id, votes = seen.most_common(1)[0]
     leader_url = next(a.view["leader"]["url"] for a in up if a.view.get("leader", {}) and
                       a.view["leader"]["id"] == leader_id)
@@ -449,13 +453,8 @@ async def cmd_status(ctx: Ctx) -> int:
     if not any(a.view.get("node_id") == leader_id for a in up):
         # The followers have not noticed yet (they wait an election timeout), but a leader that
         # does not answer cannot serve anything: report no leader.
-        msg = (f"no leader: the nodes still name {leader_id} ({leader_url}), but it does not answer; "
-               "an election should follow within seconds if a majority is up")
-        if ctx.json:
-            ctx.err(f"raftq: {msg}")
-        else:
-            ctx.out(msg)
-        return EXIT_FAILED
+        return _no_leader(ctx, f"no leader: the nodes still name {leader_id} ({leader_url}), but it does not "
+                               "answer; an election should follow within seconds if a majority is up")
     if not ctx.json:
         ctx.out(f"leader: {leader_id} at {leader_url}" + (f", term {term}" if term is not None else "")
                 + f"; {len(up)}/{len(answers)} nodes up")

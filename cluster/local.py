@@ -146,6 +146,17 @@ class LocalCluster:
         for i in range(self.n):
             self.start(i)
 
+    def launch(self, timeout: float = 30.0) -> "LocalCluster":
+        """Write the configs, start every node and wait for a leader (closing it all on failure)."""
+        self.write_configs()
+        self.start_all()
+        try:
+            self.wait_leader(timeout)
+        except BaseException:
+            self.close()
+            raise
+        return self
+
     def alive(self, i: int) -> bool:
         p = self.procs.get(i)
         return p is not None and p.poll() is None

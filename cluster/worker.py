@@ -495,36 +495,34 @@ class Worker:
             self._set_lease(rec, expires)
 
     async def _ack(self, job: Job):
-        try:
-            await self.client.ack(job)
-        except LeaseLost as e:
-            self.stats.lease_lost += 1
-            self._report(job, "lease_lost", e)
-        except Exception as e:
-            self.stats.errors += 1
-            log.warning("worker %s: ack of job %s failed (it will be redelivered): %s", self.worker_id, job.id, e)
-            self._report(job, "error", e)
-        else:
+        if await self._settle(job, "ack", self.client.ack(job)) is not None:
             self.stats.acked += 1
             self._report(job, "acked", None)
 
     async def _nack(self, job: Job, retry: dict, reason: str | None):
         if reason is not None:
             reason = reason[:MAX_REASON]
+        answer = await self._settle(job, "nack", self.client.nack(job, reason=reason, retry=retry))
+        if answer is not None:
+            dead = answer[0]
+            self.stats.nacked += 1
+            if dead:
+                self.stats.dead_lettered += 1
+            self._report(job, "dead_lettered" if dead else "nacked", None)
+
+    async def _settle(self, job: Job, what: str, call) -> tuple | None:
+        """Await an ack or nack: (its answer,) on success, None after counting and reporting a
+        lease loss or an error (the job is then redelivered by the cluster)."""
         try:
-            dead = await self.client.nack(job, reason=reason, retry=retry)
+            return (await call,)
         except LeaseLost as e:
             self.stats.lease_lost += 1
             self._report(job, "lease_lost", e)
         except Exception as e:
             self.stats.errors += 1
-            log.warning("worker %s: nack of job %s failed (it will be redelivered): %s", self.worker_id, job.id, e)
+            log.warning("worker %s: %s of job %s failed (it will be redelivered): %s", self.worker_id, what, job.id, e)
             self._report(job, "error", e)
-        else:
-            self.stats.nacked += 1
-            if dead:
-                self.stats.dead_lettered += 1
-            self._report(job, "dead_lettered" if dead else "nacked", None)
+        return None
 
     def _report(self, job: Job, outcome: str, error: BaseException | None):
         if self.on_outcome is not None:

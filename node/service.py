@@ -10,12 +10,10 @@ import asyncio
 import collections
 import logging
 import os
-import time
-import uuid
 
 from . import commands
 from .errors import ApiError, error
-from .machine import READY, SCHEDULED, IN_FLIGHT
+from .machine import IN_FLIGHT, READY, SCHEDULED, Queue
 from .proposer import Proposer, wall_ms
 from .replica import Replica
 from .settings import Settings
@@ -44,12 +42,20 @@ def _new_id() -> str:
     return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
 
 
+def _page_limit(query) -> int | None:
+    """A listing's `limit` (default 50), or None when it is not an integer 1..100."""
+    try:
+        limit = int(query.get("limit", "50"))
+    except ValueError:
+        return None
+    return limit if 1 <= limit <= 100 else None
+
+
 class NodeService:
     def __init__(self, settings: Settings, loop: asyncio.AbstractEventLoop):
         self.settings = settings
         self.limits = settings.limits
         self.loop = loop
-        self.started = time.time()
         self.last_stamp = 0
         self.replica = Replica(settings, on_state_changed=self._on_state_changed_thread)
         self.state = self.replica.state
@@ -182,9 +188,6 @@ class NodeService:
             return extra
         return await self.proposer.run(cmd, extra)
 
-    async def _propose(self, cmd, size_hint=64):
-        return await self.proposer.run(cmd, size_hint)
-
     async def enqueue(self, body, rid=None):
         return await self.run("enqueue", body, rid)
 
@@ -208,7 +211,7 @@ class NodeService:
             if self.stopping or epoch != self.leader_epoch:
                 return 200, {"jobs": []}        # leadership moved while parked
             if rid is not None and rid in self.state.machine.rids or self._has_ready(queue_names):
-                result = await self._propose(cmd)
+                result = await self.proposer.run(cmd)
                 if result[0] != 200 or result[1]["jobs"]:
                     return result
             remaining = deadline - self.loop.time()
@@ -252,18 +255,14 @@ class NodeService:
         return await self._run(commands.cancel, job_id, rid)
 
     async def pause(self, queue, paused: bool, rid=None):
-        try:
-            cmd = commands.pause(queue, paused, self.limits, rid)
-        except ApiError as e:
-            return e.result
-        return await self._propose(cmd)
+        return await self._run(commands.pause, queue, paused, self.limits, rid)
 
     async def _run(self, build, *args):
         try:
             cmd = build(*args)
         except ApiError as e:
             return e.result
-        return await self._propose(cmd)
+        return await self.proposer.run(cmd)
 
     # ---------------------------------------------------------------- sweeps
     async def sweep_loop(self):
@@ -357,7 +356,6 @@ class NodeService:
             stats = self.state.machine.queue_stats(name)
         if stats is None:
             if name in self.limits.queues or not self.limits.strict_queues:
-                from .machine import Queue
                 stats = Queue(name).stats(name in self.limits.queues)
             else:
                 return error("not_found", f"queue {name!r} is not declared", queue=name)
@@ -369,11 +367,8 @@ class NodeService:
         states = {"ready": READY, "scheduled": SCHEDULED, "in_flight": IN_FLIGHT}
         if state not in states:
             return error("invalid_argument", "state must be ready, scheduled or in_flight")
-        try:
-            limit = int(query.get("limit", "50"))
-        except ValueError:
-            return error("invalid_argument", "limit must be an integer 1..100")
-        if not 1 <= limit <= 100:
+        limit = _page_limit(query)
+        if limit is None:
             return error("invalid_argument", "limit must be an integer 1..100")
         after = None
         cursor = query.get("cursor")
@@ -398,11 +393,8 @@ class NodeService:
 
     def dead_letters(self, query):
         queue = query.get("queue") or None
-        try:
-            limit = int(query.get("limit", "50"))
-        except ValueError:
-            return error("invalid_argument", "limit must be an integer 1..100")
-        if not 1 <= limit <= 100:
+        limit = _page_limit(query)
+        if limit is None:
             return error("invalid_argument", "limit must be an integer 1..100")
         cursor = query.get("cursor") or None
         if cursor is not None and commands.canonical_uuid(cursor) is None:

@@ -22,25 +22,7 @@ log = logging.getLogger("raftq.session")
 CLOSE_NOT_LEADER = 4001
 
 
-def _job_op(method):
-    async def run(service: NodeService, body, rid, alive):
-        if not isinstance(body, dict):
-            return error("invalid_argument", "body must be a JSON object with job_id")
-        return await method(service, body.get("job_id"), body, rid)
-    return run
-
-
-OPS = {
-    "enqueue": lambda s, b, rid, alive: s.enqueue(b, rid),
-    "enqueue_batch": lambda s, b, rid, alive: s.enqueue_batch(b, rid),
-    "enqueue_atomic": lambda s, b, rid, alive: s.enqueue_atomic(b, rid),
-    "reserve": lambda s, b, rid, alive: s.reserve(b, rid, alive=alive),
-    "ack": _job_op(NodeService.ack),
-    "ack_batch": lambda s, b, rid, alive: s.ack_batch(b, rid),
-    "nack": _job_op(NodeService.nack),
-    "extend": _job_op(NodeService.extend),
-    "drain": lambda s, b, rid, alive: s.drain(b, rid),
-}
+# Answered without a task: prepared, proposed, and replied to from the future's callback.
 FAST_OPS = frozenset(("enqueue", "enqueue_batch", "enqueue_atomic", "ack", "ack_batch", "nack", "extend", "drain"))
 READ_OPS = {
     "server_info": lambda s: s.server_info(),
@@ -109,8 +91,8 @@ class Sessions:
                 if not service.is_leader():
                     status, out = error("unavailable", "this node is no longer the leader; reconnect",
                                         applied=False)
-                elif op in OPS:
-                    status, out = await OPS[op](service, body, rid, alive)
+                elif op == "reserve":          # a long poll: needs its own task
+                    status, out = await service.reserve(body, rid, alive=alive)
                 else:
                     status, out = READ_OPS[op](service)
             except Exception:
@@ -131,7 +113,6 @@ class Sessions:
                 reply(frame_id, *error("invalid_argument", "request_id must be 1..128 visible ASCII characters"), binary)
                 return
             if op in FAST_OPS:
-                # No task per request: prepare, propose, answer from the future's callback.
                 if not service.is_leader():
                     reply(frame_id, *error("unavailable", "this node is no longer the leader; reconnect",
                                            applied=False), binary)
@@ -143,9 +124,10 @@ class Sessions:
                 fut = service.proposer.submit(cmd, extra)
                 fut.add_done_callback(lambda f, i=frame_id, b=binary: reply(i, *f.result(), b))
                 return
-            if op not in OPS and op not in READ_OPS:
+            if op != "reserve" and op not in READ_OPS:
                 reply(frame_id, *error("invalid_argument", f"unknown op {op!r}; one of "
-                                                           f"{', '.join(list(OPS) + list(READ_OPS))}"), binary)
+                                                           f"{', '.join(sorted(FAST_OPS) + ['reserve'] + list(READ_OPS))}"),
+                      binary)
                 return
             t = asyncio.create_task(serve(frame_id, op, frame.get("body"), rid, binary))
             tasks.add(t)

@@ -59,11 +59,8 @@ def make_cluster(tmp_path):
 
     def make(**kw):
         kw.setdefault("tuning", {})
-        c = LocalCluster(tmp_path / f"c{len(made)}", **kw)
-        c.write_configs()
-        c.start_all()
+        c = LocalCluster(tmp_path / f"c{len(made)}", **kw).launch()
         made.append(c)
-        c.wait_leader(30)
         return c
 
     yield make

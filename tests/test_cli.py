@@ -22,10 +22,7 @@ ROOT = Path(__file__).resolve().parent.parent
 def cluster(tmp_path_factory):
     c = LocalCluster(tmp_path_factory.mktemp("cli"), storage={"dead_letter_retention_ms": 3_600_000},
                      queues=[{"name": "jsononly", "allowed_encodings": ["application/json"]},
-                             {"name": "tiny", "max_queue_depth": 5}])
-    c.write_configs()
-    c.start_all()
-    c.wait_leader(30)
+                             {"name": "tiny", "max_queue_depth": 5}]).launch()
     yield c
     c.close()
 

@@ -24,10 +24,8 @@ WF_LEASE = 2000
 def cluster(tmp_path_factory):
     c = LocalCluster(tmp_path_factory.mktemp("failover"),
                      queues=[{"name": "wf", "max_lease_duration_ms": WF_LEASE}])
-    c.write_configs()
-    c.start_all()
+    c.launch()
     try:
-        c.wait_leader(30)
         yield c
     finally:
         c.close()

@@ -14,10 +14,7 @@ from tests.conftest import Api, poll
 def cluster(tmp_path_factory):
     c = LocalCluster(tmp_path_factory.mktemp("api"), storage={"dead_letter_retention_ms": 3_600_000},
                      limits={"max_request_bytes": 200_000, "max_payload_bytes": 100_000},
-                     queues=[{"name": "short", "max_lease_duration_ms": 1000}])
-    c.write_configs()
-    c.start_all()
-    c.wait_leader(30)
+                     queues=[{"name": "short", "max_lease_duration_ms": 1000}]).launch()
     yield c
     c.close()
 

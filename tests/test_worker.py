@@ -23,10 +23,8 @@ def cluster(tmp_path_factory):
     c = LocalCluster(tmp_path_factory.mktemp("worker"),
                      queues=[{"name": n, "max_lease_duration_ms": LEASE} for n in ("fast", "lost", "stuck")],
                      storage={"dead_letter_retention_ms": 3_600_000})
-    c.write_configs()
-    c.start_all()
+    c.launch()
     try:
-        c.wait_leader(30)
         yield c
     finally:
         c.close()
