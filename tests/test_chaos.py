@@ -497,7 +497,8 @@ def test_election_after_idle_follower_links_takes_one_round(make_cluster):
     idle follower-follower connection on the first send after its timeout, and the request_vote
     with it, so every election needed a second round. With the keepalive it takes one."""
     c = make_cluster()
-    for _ in range(2):
+    one_round = []
+    for _ in range(3):
         time.sleep(4.5)                    # longer than connectionTimeout (3.5 s) with no traffic
         old = c.wait_leader()
         term = c.cluster_view(old)["term"]
@@ -505,9 +506,13 @@ def test_election_after_idle_follower_links_takes_one_round(make_cluster):
         c.kill(old)
         new = c.wait_leader(10, among=[i for i in range(3) if i != old])
         took = time.monotonic() - t0
-        assert c.cluster_view(new)["term"] == term + 1
-        assert took < 2.6, f"election took {took:.2f}s"
+        if c.cluster_view(new)["term"] == term + 1:
+            assert took < 2.6, f"election took {took:.2f}s"
+            one_round.append(took)
         c.start(old)
+    # With randomised timeouts two candidates can still split a vote now and then (legal Raft);
+    # before the fix no election ever finished in one round.
+    assert len(one_round) >= 2, one_round
 
 
 def test_fsync_mode_syncs_snapshots_before_the_rename(tmp_path, monkeypatch):
