@@ -395,7 +395,9 @@ class Client:
         self._next = (self._next + 1) % len(self.urls)
         for url in order:
             try:
-                async with http.get(url + "/v1/cluster", headers=self._headers(None),
+                # Without the digest: it is O(state) on the node, and a fleet of new clients
+                # asking for it at once stalled the leader's event loop for a second.
+                async with http.get(url + "/v1/cluster?digest=false", headers=self._headers(None),
                                     timeout=aiohttp.ClientTimeout(total=min(timeout, self.connect_timeout))) as r:
                     if r.status != 200:
                         continue

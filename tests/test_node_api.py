@@ -236,6 +236,10 @@ def test_bad_input_gets_clear_errors(cluster, api):
     assert status == 400
     status, body = api.get("/v1/nothing-here")
     assert status == 404 and body["error"]["code"] == "not_found"
+    status, body = api.call("PUT", "/v1/jobs")
+    assert status == 400 and body["error"]["code"] == "invalid_argument" and "not allowed" in body["error"]["message"]
+    status, body = api.call("DELETE", "/v1/queues")
+    assert status == 400 and "not allowed" in body["error"]["message"]
 
 
 def test_cancel_pause_resume_and_listing(api):

@@ -39,3 +39,15 @@ def test_install_switches_pysyncobj_to_protocol_5_and_aead():
     assert vars(pp)["__protocol"] == 5
     assert pp.loads(pp.dumps(b"\xff" * 10)) == b"\xff" * 10
     assert so.getEncryptor is AeadEncryptor
+
+
+def test_level_0_sends_the_bare_pickle_and_reads_both_forms():
+    import pickle
+    from node.replica import _Zlib
+    message = pickle.dumps({"type": "append_entries", "entries": [(b"x" * 300, 7, 2)]}, 5)
+    stored, deflated = _Zlib(0), _Zlib(3)
+    assert stored.compress(message) is message              # no zlib call at level 0
+    assert deflated.compress(message)[:1] == b"\x78" and len(deflated.compress(message)) < len(message)
+    for sender in (stored, deflated):
+        for receiver in (stored, deflated):
+            assert receiver.decompress(sender.compress(message)) == message
