@@ -190,3 +190,25 @@ def test_graceful_stop_hands_over_leadership(make_cluster):
     assert new != old
     assert time.monotonic() - t0 < 8
     assert api.enqueue("q", node=new)[0] == 200
+
+
+def test_an_entry_larger_than_a_socket_read_and_an_append_batch_reaches_every_node(make_cluster):
+    """Raft sockets are read 64 KB at a time and appends are cut at 1 MB: a 1.5 MB entry
+    crosses both, and a follower must still hold it byte for byte (it serves it after a kill)."""
+    import base64
+    import os
+    c = make_cluster(limits={"max_payload_bytes": 64 * 1024})
+    api = Api(c)
+    leader = c.wait_leader()
+    payloads = [os.urandom(24 * 1024) for _ in range(60)]
+    body = {"jobs": [{"queue": "big", "job_type": "t",
+                      "payload": {"data_b64": base64.b64encode(p).decode(), "encoding": "b"}} for p in payloads]}
+    s, out = api.post("/v1/jobs/batch", body)
+    assert s == 200 and len(out["results"]) == 60, out
+    views = c.wait_converged(20)
+    assert len({v["digest"] for v in views}) == 1
+    c.kill(leader)
+    new = c.wait_leader(10, among=[i for i in range(3) if i != leader])
+    s, got = api.reserve(["big"], max_jobs=60, node=new)
+    assert s == 200
+    assert sorted(base64.b64decode(j["payload"]["data_b64"]) for j in got["jobs"]) == sorted(payloads)
