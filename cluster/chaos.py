@@ -7,19 +7,25 @@ everything, and checks the history against the invariants (cluster/chaos_checker
     python -m cluster.chaos --duration 600                # all fault kinds, 3 nodes, fsync
     python -m cluster.chaos --duration 60 --faults kill-leader,pause-leader --seed 7 --json
     python -m cluster.chaos --nodes 5 --durability memory --dir /tmp/run1
+    python -m cluster.chaos --duration 120 --faults power-loss,kill-leader --durability memory
 
 Exit status: 0 when every invariant holds, 1 on any violation, 2 when the run itself could not
 be set up. A run's directory (kept on failure, or with --dir/--keep) holds the node configs and
 logs, `history.jsonl` (every op's invoke and completion) and `report.json`.
 
-Power loss: kill -9 of every node (`kill-all`) must lose nothing in either durability mode,
-and does, because the page cache survives a process crash. Losing unsynced writes for real
-needs a power cut or a filesystem that drops them (LazyFS, FUSE; root), so here `memory` vs
-`fsync` differ in what CLUSTER.md promises, not in what this tool can show. A root-free way
-would be a node test hook that keeps, at every journal sync, a copy of what a disk honouring
-only fsync would hold (journal bytes up to the synced offset, the fsynced meta and snapshot),
-which the harness restores after kill -9 of every node: fsync mode must then lose nothing,
-memory mode may lose recent writes.
+Power loss (`--faults power-loss`, opt-in): kill -9 of every node (`kill-all`) loses nothing in
+either durability mode, because the page cache survives a process crash. A real power cut needs
+root (LazyFS, dm-flakey), so the nodes run with a test hook instead (node/sync_shadow.py,
+RAFTQ_SYNC_SHADOW=1): at every durable point (a journal sync in fsync mode; a simulated page
+writeback every `--writeback` seconds, default 2, in memory mode) each node records what a disk
+honouring only fsync would hold. The fault freezes every node at once, SIGKILLs them, rolls each
+data dir back to its record (the journal's unsynced tail dropped, in memory mode the snapshot
+too; term and vote are synced in both modes) and restarts them. fsync mode must then pass every
+invariant. In memory mode, losing acknowledged writes is the documented cost: the report counts
+what the cuts explain (acknowledged jobs lost, and their echoes: a redelivery of a job whose ack
+was lost, a key that no longer deduplicates, ...) apart, as "lost after power loss (memory mode,
+expected)", and only for ops answered after the earliest last durable point of any node and
+before the restart; anything else is a violation as usual (chaos_checker.PowerCuts).
 """
 from __future__ import annotations
 
@@ -37,7 +43,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .chaos_checker import check, percentile, unavailability
-from .chaos_nemesis import KINDS, Env, Nemesis, Sampler, ScheduleConfig
+from node import sync_shadow
+
+from .chaos_nemesis import ALL_KINDS, KINDS, Env, Nemesis, Sampler, ScheduleConfig
 from .chaos_proxy import ProxyNet
 from .chaos_workload import History, WorkloadConfig, Workload, final_drain, lease_liveness_probe, wall_ms
 from .local import LocalCluster, http_json
@@ -61,6 +69,7 @@ class ChaosOptions:
     leader_bound_s: float = 10.0
     lease_probe: bool = True
     tuning: dict = field(default_factory=dict)
+    writeback_s: float = sync_shadow.DEFAULT_WRITEBACK_S   # memory mode's simulated page writeback (power-loss)
 
 
 class Progress:
@@ -166,6 +175,8 @@ async def run_chaos(opts: ChaosOptions) -> dict:
     cluster = LocalCluster(directory, nodes=opts.nodes, durability=opts.durability, limits=dict(RETRY_LIMITS),
                            storage={"dead_letter_retention_ms": 3_600_000, "sweep_interval_ms": opts.sweep_interval_ms},
                            tuning=dict(opts.tuning))
+    if "power-loss" in opts.faults:     # the nodes record what a disk honouring only fsync would hold
+        cluster.env.update({sync_shadow.ENV: "1", sync_shadow.ENV_WRITEBACK: str(opts.writeback_s)})
     raft_addrs = [f"127.0.0.1:{p}" for p in cluster.raft_ports]
     net = ProxyNet(raft_addrs, encrypted=bool(cluster.secret), seed=seed)
     net.start()
@@ -233,11 +244,12 @@ async def run_chaos(opts: ChaosOptions) -> dict:
                     "lease_probe": lease_probe, "clock_wait_s": round(clock_wait, 3)}
         retry = dict(RETRY_LIMITS, max_schedule_horizon_ms=horizon)
         node_logs = scan_node_logs(directory, cluster.ids)
+        faults = nemesis.records()
+        cuts = [f for f in faults if f["kind"] == "power-loss" and f.get("t_inject") is not None]
         result = check(h.ops, dead_letters=drain["dead_letters"], drain=drain, views=views,
                        leader_claims={t: sorted(s) for t, s in sampler.claims.items()}, liveness=liveness,
                        retry=retry, clock_tolerance_ms=env.max_forward_skew_ms + 100,
-                       internal_errors=h.internal_errors, node_logs=node_logs)
-        faults = nemesis.records()
+                       internal_errors=h.internal_errors, node_logs=node_logs, power_losses=cuts)
         unav = unavailability(h.ops, [f for f in faults if not f.get("skipped")])
         for u in unav:          # when a leader of a newer term was first seen after the fault
             later = [(t, s) for t, s in sampler.first_seen.items() if s[1] >= u["t_inject"]]
@@ -273,6 +285,7 @@ async def run_chaos(opts: ChaosOptions) -> dict:
             "violations": sum(i["count"] for i in result["invariants"]),
             "unavailability": {"by_kind": summary(by_kind), "alone_by_kind": summary(alone), "list": unav},
             "liveness": liveness,
+            "power_loss": _power_loss_summary(cuts, result) if cuts else None,
             "node_logs": {"critical": len(node_logs["critical"]), "tracebacks": node_logs["tracebacks"]},
             "drain": {"ok": drain["ok"], "seconds": round(drain["seconds"], 3),
                       "dead_letters": len(drain["dead_letters"])},
@@ -308,6 +321,22 @@ async def run_chaos(opts: ChaosOptions) -> dict:
 
 
 # ---------------------------------------------------------------------------- the report
+def _power_loss_summary(cuts: list, result: dict) -> dict:
+    """What the power cuts rolled back, and (memory mode) what they cost: counted apart from
+    the violations, because losing unsynced writes is what memory mode documents."""
+    nodes = [n for c in cuts for n in (c.get("nodes") or {}).values()]
+    expected = {i["name"]: i["expected_after_power_loss"] for i in result["invariants"]
+                if i.get("expected_after_power_loss")}
+    return {"cuts": len(cuts),
+            "cuts_with_unsynced_bytes": sum(1 for c in cuts if c.get("unsynced_at_cut")),
+            "entries_dropped": sum(n.get("entries_dropped", 0) for n in nodes),
+            "bytes_dropped": sum(n.get("bytes_dropped", 0) for n in nodes),
+            "max_entries_dropped_on_a_node": max((n.get("entries_dropped", 0) for n in nodes), default=0),
+            "restore_errors": sum(1 for n in nodes if n.get("error")),
+            "lost_after_power_loss": result["stats"].get("lost_after_power_loss", 0),
+            "expected_by_invariant": expected}
+
+
 def _fmt(x, nd=2):
     return "-" if x is None else f"{x:.{nd}f}"
 
@@ -342,10 +371,22 @@ def format_report(r: dict) -> str:
     out.append(f"\nliveness: leader {_fmt(lv.get('leader_after_heal_s'))} s after healing (bound "
                f"{lv.get('leader_bound_s')} s); expired leases redelivered after {lp.get('samples')} s "
                f"(bound {lp.get('bound_s')} s)")
+    pl = r.get("power_loss")
+    if pl:
+        out.append(f"\npower loss: {pl['cuts']} cut(s) of every node ({pl['cuts_with_unsynced_bytes']} with unsynced "
+                   f"journal bytes), rolled back to the last durable point: {pl['entries_dropped']} journal entries, "
+                   f"{pl['bytes_dropped']} bytes dropped (at most {pl['max_entries_dropped_on_a_node']} on one node)"
+                   + (f"; {pl['restore_errors']} restore error(s)" if pl.get("restore_errors") else ""))
+        if r["durability"] == "memory":
+            out.append(f"  lost after power loss (memory mode, expected): {pl['lost_after_power_loss']} acknowledged "
+                       f"job(s); other effects of lost writes (not violations): "
+                       + (", ".join(f"{k} {v}" for k, v in pl["expected_by_invariant"].items() if k != "lost") or "none"))
     out.append("\ninvariants")
     for inv in r["invariants"]:
         mark = "PASS" if inv["ok"] else "FAIL"
         extra = f" (skipped: {inv['skipped']})" if inv.get("skipped") else ""
+        if inv.get("expected_after_power_loss"):
+            extra += f" [+{inv['expected_after_power_loss']} after power loss, memory mode: expected]"
         out.append(f"  {mark} {inv['name']:22} {inv['count']:>5}  {inv['about']}{extra}")
         for ex in inv["examples"]:
             out.append(f"         e.g. {json.dumps(ex, default=str)[:300]}")
@@ -360,7 +401,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--duration", type=float, default=60.0, help="seconds of faults (default 60)")
     p.add_argument("--nodes", type=int, default=3, choices=(3, 5))
     p.add_argument("--seed", type=int, default=None, help="replay a schedule (default: random, printed)")
-    p.add_argument("--faults", default="all", help=f"comma-separated kinds, or 'all': {','.join(KINDS)}")
+    p.add_argument("--faults", default="all", help=f"comma-separated kinds; 'all' = {','.join(KINDS)}; "
+                   f"opt-in (only when listed, e.g. all,power-loss): {','.join(k for k in ALL_KINDS if k not in KINDS)}")
+    p.add_argument("--writeback", type=float, default=None,
+                   help="memory mode, power-loss: seconds between simulated page-cache writebacks (default "
+                        f"{sync_shadow.DEFAULT_WRITEBACK_S:g}; Linux writes dirty pages back after 5-30 s)")
     p.add_argument("--durability", choices=("fsync", "memory"), default="fsync")
     p.add_argument("--dir", default=None, help="run directory (kept); default: a temporary one, removed if the run passes")
     p.add_argument("--keep", action="store_true", help="keep the temporary run directory")
@@ -374,10 +419,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def options_from_args(args) -> ChaosOptions:
-    kinds = KINDS if args.faults in ("all", "") else tuple(k.strip() for k in args.faults.split(",") if k.strip())
-    unknown = [k for k in kinds if k not in KINDS]
+    kinds: list = []
+    for k in (x.strip() for x in (args.faults or "all").split(",")):
+        for kind in (KINDS if k == "all" else (k,) if k else ()):
+            if kind not in kinds:
+                kinds.append(kind)
+    kinds = tuple(kinds)
+    unknown = [k for k in kinds if k not in ALL_KINDS]
     if unknown:
-        raise SystemExit(f"raftq chaos: unknown fault kind(s) {', '.join(unknown)}; known: {', '.join(KINDS)}")
+        raise SystemExit(f"raftq chaos: unknown fault kind(s) {', '.join(unknown)}; known: {', '.join(ALL_KINDS)}")
     opts = ChaosOptions(duration=args.duration, nodes=args.nodes, seed=args.seed, faults=kinds,
                         durability=args.durability, dir=args.dir, keep=args.keep, progress=not args.no_progress)
     if args.quiet_period:
@@ -385,6 +435,8 @@ def options_from_args(args) -> ChaosOptions:
         opts.schedule.quiet_s = (lo, hi)
     if args.mix is not None:
         opts.schedule.mix_prob = args.mix
+    if args.writeback is not None:
+        opts.writeback_s = args.writeback
     if args.producers is not None:
         opts.workload.producers = args.producers
     if args.workers is not None:

@@ -32,22 +32,78 @@ class Inv:
         self.count = 0
         self.examples: list = []
         self.skipped: str | None = None
+        self.expected = 0                  # broken by a memory-mode power cut: documented, not a violation
+        self.expected_examples: list = []
 
     def bad(self, example: dict):
         self.count += 1
         if len(self.examples) < MAX_EXAMPLES:
             self.examples.append(example)
 
+    def bad_unless(self, excused: bool, example: dict):
+        """A violation, unless a memory-mode power cut explains it (see PowerCuts)."""
+        if not excused:
+            return self.bad(example)
+        self.expected += 1
+        if len(self.expected_examples) < MAX_EXAMPLES:
+            self.expected_examples.append(example)
+
     def out(self) -> dict:
         d = {"name": self.name, "ok": self.count == 0, "count": self.count, "examples": self.examples,
              "about": self.about}
         if self.skipped:
             d["skipped"] = self.skipped
+        if self.expected:
+            d["expected_after_power_loss"] = self.expected
+            d["expected_examples"] = self.expected_examples
         return d
 
 
 def _ok(op) -> bool:
     return op.get("outcome") == "ok"
+
+
+class PowerCuts:
+    """Which anomalies a memory-mode power cut explains.
+
+    `durability = "memory"` promises nothing across the power loss of a majority (CLUSTER.md):
+    what every node had not written back to disk is gone. The `power-loss` fault records, per
+    cut, the earliest last durable point of any node (`durable_from_wall_ms`, wall ms) and when
+    the nodes were restarted (`t_restart`, history time). An ok op is *in the window* of a cut
+    when it was answered at or after that durable point (w1 >= durable_from) and before the
+    restart (t1 <= t_restart: nothing answers in between, so it was answered before the cut):
+    its effect may not have been on any disk. An op answered before the earliest durable point
+    was on the disk of every node that had it, a majority, and must survive.
+
+    An anomaly is excused only when it is explained by such a loss: `lost_before(a, t)` says
+    op a's effect may have been lost by a cut that came before time t (a in the cut's window,
+    t after its restart). fsync-mode cuts excuse nothing."""
+
+    def __init__(self, cuts: list | None):
+        self.cuts = []
+        for c in cuts or []:
+            if c.get("durability") != "memory" or c.get("durable_from_wall_ms") is None:
+                continue
+            sep = c.get("t_restart", c.get("t_heal"))
+            if sep is None:
+                continue
+            self.cuts.append({"lo": c["durable_from_wall_ms"], "sep": sep, "t_cut": c.get("t_inject"),
+                              "w_cut": c.get("w_cut"), "id": c.get("id")})
+
+    def __bool__(self):
+        return bool(self.cuts)
+
+    def windows(self, op: dict) -> list:
+        if not self.cuts or not _ok(op) or op.get("w1") is None or op.get("t1") is None:
+            return []
+        return [c for c in self.cuts if op["w1"] >= c["lo"] and op["t1"] <= c["sep"]]
+
+    def lost_before(self, op: dict, t: float) -> bool:
+        return any(t > c["sep"] for c in self.windows(op))
+
+    def lost_before_wall(self, op: dict, w_ms) -> bool:
+        """The same with a replicated-clock stamp (e.g. a dead letter's failed_at) as the later time."""
+        return any(w_ms is None or c["w_cut"] is None or w_ms >= c["w_cut"] for c in self.windows(op))
 
 
 class Index:
@@ -118,11 +174,14 @@ def reserve_now(op: dict, job: dict):
 def check(ops: list[dict], *, dead_letters: list[dict], drain: dict | None = None, views: list | None = None,
           leader_claims: dict | None = None, liveness: dict | None = None, retry: dict | None = None,
           clock_tolerance_ms: int = 100, internal_errors: list | None = None,
-          node_logs: dict | None = None) -> dict:
+          node_logs: dict | None = None, power_losses: list | None = None) -> dict:
     """All invariants. `retry` = {retry_delay_ms, retry_backoff, retry_delay_max_ms,
     max_schedule_horizon_ms}: the cluster's retry policy (to check default-nack delays).
-    `leader_claims` = {term: [node ids that said they lead in that term]}."""
+    `leader_claims` = {term: [node ids that said they lead in that term]}. `power_losses` = the
+    `power-loss` fault records: in memory mode, what a cut explains is counted apart as expected
+    (PowerCuts), never hidden; fsync-mode cuts excuse nothing."""
     ix = Index(ops, dead_letters)
+    pc = PowerCuts(power_losses)
     invs = {name: Inv(name, about) for name, about in (
         ("lost", "every enqueue answered ok was acked, is dead-lettered, or is still there (drained at the end)"),
         ("unexpected", "every delivered or dead-lettered job was enqueue-attempted in this run"),
@@ -153,9 +212,43 @@ def check(ops: list[dict], *, dead_letters: list[dict], drain: dict | None = Non
         for v in values:
             if v is not None:
                 value_jobs[v].add(jid)
+
+    # Jobs a memory-mode power cut may have erased: every enqueue that could have created one was
+    # answered in a cut's window, and nothing shows the job after that cut's restart.
+    power_lost: set = set()
+    if pc:
+        job_values: dict[str, set] = defaultdict(set)
+        for v, jobs in value_jobs.items():
+            for jid in jobs:
+                job_values[jid].add(v)
+        value_ops: dict[str, list] = defaultdict(list)
+        job_ops: dict[str, list] = defaultdict(list)
+        for op in ops:
+            if op.get("f") == "enqueue":
+                for item in op.get("items") or []:
+                    value_ops[item["value"]].append(op)
+                for res in (op.get("results") or []) if _ok(op) else []:
+                    if res and "job_id" in res:
+                        job_ops[res["job_id"]].append(op)
+            elif op.get("f") in ("ack", "nack", "extend") and _ok(op):
+                job_ops[op["job_id"]].append(op)
+        for jid, ds in ix.deliveries.items():
+            job_ops[jid].extend(op for op, _ in ds)
+        for jid in set(job_ops) | set(job_values):
+            if jid in ix.dlq:
+                continue
+            creators = [op for v in job_values.get(jid, ()) for op in value_ops.get(v, ())] + \
+                [op for op in job_ops.get(jid, ()) if op.get("f") == "enqueue"]
+            w_first = min((op["w1"] for op in creators if op.get("w1") is not None), default=None)
+            seen = [op for op in job_ops.get(jid, ()) if _ok(op)]
+            if w_first is None or not seen:
+                continue
+            if any(w_first >= c["lo"] and all(op["t1"] <= c["sep"] for op in seen) for c in pc.cuts):
+                power_lost.add(jid)
+
     for v, jobs in value_jobs.items():
         if len(jobs) > 1:
-            invs["duplicate_jobs"].bad({"value": v, "job_ids": sorted(jobs)})
+            invs["duplicate_jobs"].bad_unless(len(jobs - power_lost) <= 1, {"value": v, "job_ids": sorted(jobs)})
     for jid, values in ix.job_value.items():
         if len(values) > 1:
             invs["duplicate_jobs"].bad({"job_id": jid, "payload_values": sorted(map(str, values))})
@@ -180,17 +273,20 @@ def check(ops: list[dict], *, dead_letters: list[dict], drain: dict | None = Non
             k = (item.get("queue"), item["key"])          # keys are scoped to their queue
             key_jobs[k].add(res["job_id"])
             if not res.get("dedup"):
-                key_fresh[k].append(op["id"])
+                key_fresh[k].append((op["id"], res["job_id"]))
     for jid, keys in ix.job_key.items():
         for k in keys:
             if k:
                 key_jobs[(ix.job_queue.get(jid), k)].add(jid)
     for k, jobs in key_jobs.items():
         if len(jobs) > 1:
-            invs["idempotency"].bad({"queue": k[0], "key": k[1], "job_ids": sorted(jobs)})
-    for k, opids in key_fresh.items():
-        if len(opids) > 1:
-            invs["idempotency"].bad({"queue": k[0], "key": k[1], "non_deduplicated_answers": opids})
+            invs["idempotency"].bad_unless(len(jobs - power_lost) <= 1,
+                                           {"queue": k[0], "key": k[1], "job_ids": sorted(jobs)})
+    for k, fresh in key_fresh.items():
+        if len(fresh) > 1:
+            kept = [jid for _, jid in fresh if jid not in power_lost]
+            invs["idempotency"].bad_unless(len(kept) <= 1, {"queue": k[0], "key": k[1],
+                                                            "non_deduplicated_answers": [i for i, _ in fresh]})
 
     # ------------------------------------------------------------------ deliveries
     redeliveries = 0
@@ -198,51 +294,63 @@ def check(ops: list[dict], *, dead_letters: list[dict], drain: dict | None = Non
         redeliveries += len(ds) - 1
         by_attempt = defaultdict(list)
         for op, j in ds:
-            by_attempt[j["attempt"]].append(op["id"])
+            by_attempt[j["attempt"]].append(op)
             mx = j.get("max_attempts")
             if not (1 <= j["attempt"] and (mx is None or j["attempt"] <= mx)):
                 invs["attempts_bound"].bad({"job_id": jid, "attempt": j["attempt"], "max_attempts": mx, "op": op["id"]})
-        for a, opids in by_attempt.items():
-            if len(opids) > 1:
-                invs["redelivery_attempts"].bad({"job_id": jid, "attempt": a, "delivered_by_ops": opids})
+        for a, same in by_attempt.items():
+            if len(same) > 1:
+                # Excused when each earlier delivery of the attempt was lost to a cut before the next.
+                same.sort(key=lambda op: op["t1"])
+                excused = all(pc.lost_before(x, y["t1"]) for x, y in zip(same, same[1:]))
+                invs["redelivery_attempts"].bad_unless(excused, {"job_id": jid, "attempt": a,
+                                                                 "delivered_by_ops": [op["id"] for op in same]})
         for op1, j1 in ds:
             for op2, j2 in ds:
                 if op1["t1"] < op2["t0"] and j1["attempt"] > j2["attempt"]:
-                    invs["redelivery_attempts"].bad({"job_id": jid, "first": {"op": op1["id"], "attempt": j1["attempt"]},
-                                                     "later": {"op": op2["id"], "attempt": j2["attempt"]}})
-
-    def delivered_before(jid, t, attempt_gt):
-        for op, j in ix.deliveries.get(jid, ()):
-            if op["t1"] < t and j["attempt"] > attempt_gt:
-                return op, j
-        return None
+                    invs["redelivery_attempts"].bad_unless(
+                        pc.lost_before(op1, op2["t1"]),
+                        {"job_id": jid, "first": {"op": op1["id"], "attempt": j1["attempt"]},
+                         "later": {"op": op2["id"], "attempt": j2["attempt"]}})
 
     for table in (ix.acks, ix.nacks, ix.extends):
         for jid, lst in table.items():
             for op in lst:
                 if not _ok(op):
                     continue
-                hit = delivered_before(jid, op["t0"], op["attempt"])
-                if hit:
-                    invs["stale_attempt"].bad({"job_id": jid, "op": op["id"], "f": op["f"], "attempt": op["attempt"],
-                                               "newer_delivery": {"op": hit[0]["id"], "attempt": hit[1]["attempt"]}})
+                newer = [(d, j) for d, j in ix.deliveries.get(jid, ()) if d["t1"] < op["t0"] and j["attempt"] > op["attempt"]]
+                if newer:
+                    hit = newer[0]
+                    invs["stale_attempt"].bad_unless(
+                        all(pc.lost_before(d, op["t1"]) for d, _ in newer),
+                        {"job_id": jid, "op": op["id"], "f": op["f"], "attempt": op["attempt"],
+                         "newer_delivery": {"op": hit[0]["id"], "attempt": hit[1]["attempt"]}})
 
     # ------------------------------------------------------------------ acks
+    def either_lost(x, y) -> bool:
+        """One of two ok ops that cannot both have happened was lost to a cut before the other."""
+        return pc.lost_before(x, y["t1"]) or pc.lost_before(y, x["t1"])
+
     for jid, lst in ix.acks.items():
-        oks = [op for op in lst if _ok(op)]
+        oks = sorted((op for op in lst if _ok(op)), key=lambda op: op["t1"])
         if len(oks) > 1:
-            invs["no_delivery_after_ack"].bad({"job_id": jid, "ok_acks": [op["id"] for op in oks]})
+            invs["no_delivery_after_ack"].bad_unless(all(pc.lost_before(x, y["t1"]) for x, y in zip(oks, oks[1:])),
+                                                     {"job_id": jid, "ok_acks": [op["id"] for op in oks]})
         for ack in oks:
             a = ack["attempt"]
             for op, j in ix.deliveries.get(jid, ()):
                 if j["attempt"] > a or (j["attempt"] <= a and op["t0"] > ack["t1"]):
-                    invs["no_delivery_after_ack"].bad({"job_id": jid, "ack": ack["id"], "ack_attempt": a,
-                                                       "delivery": op["id"], "attempt": j["attempt"]})
+                    invs["no_delivery_after_ack"].bad_unless(
+                        either_lost(ack, op), {"job_id": jid, "ack": ack["id"], "ack_attempt": a,
+                                               "delivery": op["id"], "attempt": j["attempt"]})
             if jid in ix.dlq:
-                invs["no_delivery_after_ack"].bad({"job_id": jid, "ack": ack["id"], "dead_letter": ix.dlq[jid][0]})
+                rec = ix.dlq[jid][0]
+                invs["no_delivery_after_ack"].bad_unless(pc.lost_before_wall(ack, rec.get("failed_at")),
+                                                         {"job_id": jid, "ack": ack["id"], "dead_letter": rec})
             for n in ix.nacks.get(jid, ()):
                 if _ok(n) and n["attempt"] >= a:
-                    invs["no_delivery_after_ack"].bad({"job_id": jid, "ack": ack["id"], "ok_nack": n["id"]})
+                    invs["no_delivery_after_ack"].bad_unless(either_lost(ack, n),
+                                                             {"job_id": jid, "ack": ack["id"], "ok_nack": n["id"]})
 
     # ------------------------------------------------------------------ lost
     recovered = 0
@@ -263,8 +371,9 @@ def check(ops: list[dict], *, dead_letters: list[dict], drain: dict | None = Non
             if ix.deliveries.get(jid):
                 lop, lj = ix.deliveries[jid][-1]
                 last = {"op": lop["id"], "attempt": lj["attempt"], "t": round(lop["t1"], 3)}
-            invs["lost"].bad({"job_id": jid, "value": item["value"], "enqueue_op": op["id"], "proc": op.get("proc"),
-                              "t": round(op["t1"], 3), "last_delivery": last})
+            invs["lost"].bad_unless(jid in power_lost,
+                                    {"job_id": jid, "value": item["value"], "enqueue_op": op["id"], "proc": op.get("proc"),
+                                     "t": round(op["t1"], 3), "last_delivery": last})
 
     # ------------------------------------------------------------------ schedule
     for jid, ds in ix.deliveries.items():
@@ -309,16 +418,24 @@ def check(ops: list[dict], *, dead_letters: list[dict], drain: dict | None = Non
                 else:
                     want = 0
                 if now_b < now_a + want:
-                    invs["retry_delay"].bad({"job_id": jid, "attempt": a, "nack": n["id"], "delay_ms": want,
-                                             "redelivered_after_ms": now_b - now_a})
+                    invs["retry_delay"].bad_unless(
+                        pc.lost_before(n, nxt[0]["t1"]) or pc.lost_before(op, nxt[0]["t1"]),
+                        {"job_id": jid, "attempt": a, "nack": n["id"], "delay_ms": want,
+                         "redelivered_after_ms": now_b - now_a})
             elif not maybe_nacks:
-                expiry = j.get("lease_expires")
+                expiry = kept = j.get("lease_expires")
+                if pc.lost_before(op, nxt[0]["t1"]):
+                    kept = None
                 for e in ix.extends.get(jid, ()):
                     if e["attempt"] == a and _ok(e) and e.get("lease_expires") is not None:
                         expiry = max(expiry, e["lease_expires"])
+                        if kept is not None and not pc.lost_before(e, nxt[0]["t1"]):
+                            kept = max(kept, e["lease_expires"])
                 if expiry is not None and now_b < expiry:
-                    invs["lease_honoured"].bad({"job_id": jid, "attempt": a, "lease_end": expiry,
-                                                "redelivered_at": now_b, "early_ms": expiry - now_b})
+                    # Excused when only lease ends that a cut may have erased come after it.
+                    invs["lease_honoured"].bad_unless(kept is None or now_b >= kept,
+                                                      {"job_id": jid, "attempt": a, "lease_end": expiry,
+                                                       "redelivered_at": now_b, "early_ms": expiry - now_b})
 
     # ------------------------------------------------------------------ dead letters
     causes = defaultdict(int)
@@ -347,9 +464,11 @@ def check(ops: list[dict], *, dead_letters: list[dict], drain: dict | None = Non
             done = [x for x in list(ix.acks.get(jid, ())) + list(ix.nacks.get(jid, ()))
                     if x["attempt"] == fa and _ok(x)]
             if (mx is not None and fa < mx) or rec.get("last_reason") is not None or done:
-                invs["dead_letters"].bad({"job_id": jid, "cause": cause, "final_attempt": fa, "max_attempts": mx,
-                                          "why": "not the last attempt, has a reason, or was acked/nacked ok",
-                                          "ok_ops": [x["id"] for x in done]})
+                excused = bool(done) and not ((mx is not None and fa < mx) or rec.get("last_reason") is not None) \
+                    and all(pc.lost_before_wall(x, rec.get("failed_at")) for x in done)
+                invs["dead_letters"].bad_unless(excused, {"job_id": jid, "cause": cause, "final_attempt": fa,
+                                                          "max_attempts": mx, "ok_ops": [x["id"] for x in done],
+                                                          "why": "not the last attempt, has a reason, or was acked/nacked ok"})
         else:
             invs["dead_letters"].bad({"job_id": jid, "cause": cause, "why": "a cause this workload never produces"})
     for jid, lst in ix.nacks.items():
@@ -366,9 +485,10 @@ def check(ops: list[dict], *, dead_letters: list[dict], drain: dict | None = Non
                 recs = ix.dlq.get(jid)
                 want = "rejected" if n["strategy"] == "dead_letter" else "attempts_exhausted"
                 if not recs or recs[0]["cause"] != want or recs[0]["final_attempt"] != n["attempt"]:
-                    invs["dead_letters"].bad({"job_id": jid, "nack": n["id"], "want_cause": want,
-                                              "found": recs[0] if recs else None,
-                                              "why": "an ok dead-lettering nack without its dead letter"})
+                    invs["dead_letters"].bad_unless(
+                        pc.lost_before_wall(n, recs[0].get("failed_at") if recs else None),
+                        {"job_id": jid, "nack": n["id"], "want_cause": want, "found": recs[0] if recs else None,
+                         "why": "an ok dead-lettering nack without its dead letter"})
 
     # ------------------------------------------------------------------ final state
     if drain is not None:
@@ -395,6 +515,8 @@ def check(ops: list[dict], *, dead_letters: list[dict], drain: dict | None = Non
         invs["replicas_agree"].skipped = "no node views"
 
     if leader_claims is not None:
+        # Strict in both modes: term and vote are synced before they are acted on in memory mode
+        # too (node/replica.py), so even a power cut cannot make a node vote twice in a term.
         for term, nodes in sorted(leader_claims.items(), key=lambda kv: int(kv[0])):
             if len(set(nodes)) > 1:
                 invs["one_leader_per_term"].bad({"term": term, "leaders": sorted(set(nodes))})
@@ -428,6 +550,8 @@ def check(ops: list[dict], *, dead_letters: list[dict], drain: dict | None = Non
         by_outcome[op["f"]][op.get("outcome") or "open"] += 1
     stats = {
         "ops": {f: dict(v) for f, v in sorted(by_outcome.items())},
+        "lost_after_power_loss": invs["lost"].expected,
+        "expected_after_power_loss": sum(i.expected for i in invs.values()),
         "enqueued_ok_jobs": len(ok_jobs),
         "attempted_values": len(ix.attempted),
         "recovered": recovered,

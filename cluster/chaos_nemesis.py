@@ -17,33 +17,45 @@ Fault kinds (`KINDS`):
 | latency | 50-400 ms (with jitter) on the Raft links | back to 0 |
 | reset | connection resets (RST) on random Raft links every 0.2-1 s | stop |
 | clock-skew | restart one node with its clock shifted (RAFTQ_CLOCK_OFFSET_MS), then nudge leadership | restart it without |
+| power-loss | (opt-in) freeze every node at once, SIGKILL them, roll each data dir back to its last durable point (node/sync_shadow.py) | restart them all |
 
 Steps alternate a quiet period with either one fault or a mix of up to three compatible ones
-(kill-all, wipe-node and clock-skew always run alone; at most one partition at a time). The
-schedule (kinds, timings, holds) comes from `random.Random(seed)`; targets that depend on who
-leads are resolved when the fault fires, with a second seeded stream for the random picks.
+(kill-all, wipe-node, clock-skew and power-loss always run alone; at most one partition at a
+time). The schedule (kinds, timings, holds) comes from `random.Random(seed)`; targets that
+depend on who leads are resolved when the fault fires, with a second seeded stream for the
+random picks. `KINDS` ("all") are the twelve kinds the tool started with; `OPT_IN_KINDS` are
+drawn only when listed, so every seed keeps replaying the schedule it always did.
 """
 from __future__ import annotations
 
 import asyncio
+import os
 import random
+import signal
 import time
 from dataclasses import dataclass, field
 
 import aiohttp
 import orjson
 
+from node import sync_shadow
+
 from .chaos_proxy import NetState, ProxyNet
 from .local import LocalCluster
 
 KINDS = ("kill-leader", "kill-follower", "kill-all", "pause-leader", "wipe-node", "partition-leader",
          "partition-minority", "partition-oneway", "partition-ring", "latency", "reset", "clock-skew")
-EXCLUSIVE = frozenset(("kill-all", "wipe-node", "clock-skew"))
+# Kinds drawn only when listed by name (`--faults all,power-loss`): "all" stays the twelve
+# above, so a seed replays the same schedule it always did (plan_step draws from the listed
+# kinds, in order), and runs without them do not pay for the test hook they need.
+OPT_IN_KINDS = ("power-loss",)
+ALL_KINDS = KINDS + OPT_IN_KINDS
+EXCLUSIVE = frozenset(("kill-all", "wipe-node", "clock-skew", "power-loss"))
 PARTITIONS = frozenset(("partition-leader", "partition-minority", "partition-oneway", "partition-ring"))
 HOLD_S = {"kill-leader": (0.5, 5.0), "kill-follower": (0.5, 5.0), "kill-all": (0.5, 3.0),
           "pause-leader": (2.5, 6.0), "wipe-node": (0.5, 2.0), "partition-leader": (3.0, 8.0),
           "partition-minority": (3.0, 8.0), "partition-oneway": (3.0, 8.0), "partition-ring": (3.0, 8.0),
-          "latency": (3.0, 8.0), "reset": (3.0, 8.0), "clock-skew": (4.0, 8.0)}
+          "latency": (3.0, 8.0), "reset": (3.0, 8.0), "clock-skew": (4.0, 8.0), "power-loss": (0.5, 3.0)}
 CLOCK_OFFSETS_MS = (2000, 3000, -3000, -8000)
 
 
@@ -501,8 +513,116 @@ class ClockSkew(Fault):
         await env.start(self.target)
 
 
+class PowerLoss(Fault):
+    """A power cut of the whole cluster, without root (node/sync_shadow.py). Every node runs with
+    RAFTQ_SYNC_SHADOW=1 and records, at each durable point (a journal sync in fsync mode, a
+    simulated page writeback every few seconds in memory mode), what a disk honouring only fsync
+    would hold. The cut: every node's process group is frozen at once (SIGSTOP), then SIGKILLed,
+    and each data dir is rolled back to its record: the journal to its last durable offset (and
+    the durable bytes that in-place rewrites had overwritten), in memory mode also the term/vote
+    file and the snapshot. Heal restarts them all.
+
+    The moment is chosen the way a nemesis would: the nodes are frozen every few ms until one of
+    them holds journal bytes that are not durable (in fsync mode that is a short window: appended
+    but not yet synced), for at most HUNT_S, then cut anyway. The whole cluster, because losing a
+    minority's unsynced tail is masked by the majority (that is kill-follower)."""
+    kind = "power-loss"
+    HUNT_S = 3.0
+
+    def _pgid(self, i):
+        p = self.env.cluster.procs.get(i)
+        if p is None or p.poll() is not None:
+            return None
+        return p.pid                     # start_new_session: the node leads its own group
+
+    def _signal_all(self, ids, sig):
+        for i in ids:
+            pg = self._pgid(i)
+            if pg is not None:
+                try:
+                    os.killpg(pg, sig)
+                except ProcessLookupError:
+                    pass
+
+    def _wait_stopped(self, ids, timeout: float = 1.0) -> bool:
+        """kill(SIGSTOP) returns before the target stops: wait until every thread of every node
+        is stopped, so that what is read next is what the cut leaves."""
+        end = time.monotonic() + timeout
+        tasks = []
+        for i in ids:
+            pg = self._pgid(i)
+            if pg is not None:
+                try:
+                    tasks += [f"/proc/{pg}/task/{t}/stat" for t in os.listdir(f"/proc/{pg}/task")]
+                except OSError:
+                    pass
+        while tasks and time.monotonic() < end:
+            running = []
+            for path in tasks:
+                try:
+                    with open(path, "rb") as f:
+                        state = f.read().rsplit(b")", 1)[1].split()[0]
+                except (OSError, IndexError):
+                    continue                      # gone: not running either
+                if state not in (b"T", b"t", b"Z", b"X"):
+                    running.append(path)
+            tasks = running
+            if tasks:
+                time.sleep(0.0005)
+        return not tasks
+
+    async def inject(self):
+        env = self.env
+        c = env.cluster
+        hunt = random.Random(self.rng.random())
+        ids = list(range(env.n))
+        tries = 0
+        async with env.proc_lock:
+            end = time.monotonic() + self.HUNT_S
+            while True:
+                tries += 1
+                t_cut, w_cut = env.h.now(), time.time_ns() // 1_000_000
+                self._signal_all(ids, signal.SIGSTOP)
+                if not self._wait_stopped(ids):
+                    self.details["not_stopped"] = self.details.get("not_stopped", 0) + 1
+                pending = {c.ids[i]: sync_shadow.unsynced(c.data_dir(i)) for i in ids}
+                if any(pending.values()) or time.monotonic() >= end:
+                    break
+                self._signal_all(ids, signal.SIGCONT)
+                await asyncio.sleep(hunt.uniform(0.002, 0.02))
+            self._signal_all(ids, signal.SIGKILL)
+            for i in ids:
+                p = c.procs.get(i)
+                if p is not None:
+                    await asyncio.to_thread(p.wait, 10)
+                env.down.add(i)
+                env.paused.discard(i)
+        self.t_inject = t_cut
+        nodes = {}
+        for i in ids:
+            try:
+                nodes[c.ids[i]] = await asyncio.to_thread(sync_shadow.restore, c.data_dir(i), c.durability)
+            except Exception as e:                # reported, never fatal to the run
+                nodes[c.ids[i]] = {"error": f"{type(e).__name__}: {e}"}
+        durable = [n.get("durable_wall_ms") for n in nodes.values()]
+        self.details.update(durability=c.durability, w_cut=w_cut, hunt_tries=tries,
+                            unsynced_at_cut=sorted(k for k, v in pending.items() if v), nodes=nodes,
+                            durable_from_wall_ms=min((x for x in durable if x is not None), default=None),
+                            entries_dropped=sum(n.get("entries_dropped", 0) for n in nodes.values()),
+                            bytes_dropped=sum(n.get("bytes_dropped", 0) for n in nodes.values()))
+        errors = {k: n["error"] for k, n in nodes.items() if n.get("error")}
+        if errors:
+            self.details["restore_errors"] = errors
+
+    async def heal(self):
+        self.details["t_restart"] = self.env.h.now()
+        for i in range(self.env.n):
+            await self.env.start(i)
+
+
 FAULTS = {cls.kind: cls for cls in (KillLeader, KillFollower, KillAll, PauseLeader, WipeNode, PartitionLeader,
-                                      PartitionMinority, PartitionOneway, PartitionRing, Latency, Reset, ClockSkew)}
+                                      PartitionMinority, PartitionOneway, PartitionRing, Latency, Reset, ClockSkew,
+                                      PowerLoss)}
 
 
 # ---------------------------------------------------------------------------- the schedule

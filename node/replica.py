@@ -21,7 +21,7 @@ from pysyncobj.monotonic import monotonic as monotonicTime
 from pysyncobj.tcp_connection import CONNECTION_STATE
 from pysyncobj.transport import TCPTransport
 
-from . import wire
+from . import sync_shadow, wire
 from .machine import QueueMachine
 from .settings import Settings
 
@@ -217,12 +217,26 @@ def _durable_transport(journal_holder: dict):
     return DurableTransport
 
 
-def _fsync_meta_storer():
-    """Term and vote must be on disk before a vote is cast (Raft safety across power loss)."""
+def _fsync_meta_storer(term_vote_only: bool = False):
+    """Term and vote must be on disk before a vote is cast (Raft safety across power loss).
+
+    pysyncobj keeps term, vote and its commit index in one small file (`raft.journal.meta`),
+    written with setCurrentTerm (before a vote or a new term is acted on) and once a second when
+    the commit index moved. fsync mode syncs every write. Memory mode (`term_vote_only`) writes
+    and syncs it only when the term or the vote changed (elections: rare), and never for the
+    commit index alone, which memory mode does not trust after a restart anyway (see
+    `_volatile_commit_index`). Without that, a power cut could take a node's term and vote
+    back (two leaders elected in one term, two different entries with the same index and term:
+    logs that Raft can never reconcile); an unsynced rewrite could even leave the file empty."""
     import shutil
     from pysyncobj.pickle import dumps
 
     def storeMeta(self, meta):
+        if term_vote_only:
+            key = (meta.get("currentTerm"), meta.get("votedForNodeId"))
+            if getattr(self, "_raftq_stored", None) == key:
+                return
+            self._raftq_stored = key
         tmp = self.getPath() + ".tmp"
         with open(tmp, "wb") as f:
             f.write(dumps(meta))
@@ -236,6 +250,46 @@ def _fsync_meta_storer():
             os.close(dfd)
 
     MetaStorer.storeMeta = storeMeta
+
+
+def _volatile_commit_index(journal):
+    """Memory mode: start with the commit index unknown (Raft's commitIndex is volatile state)
+    instead of the one pysyncobj stored. pysyncobj applies its journal up to the stored commit
+    index as soon as it starts, before it hears from any leader. That is safe only if the
+    entries it covers are on disk on a majority; in memory mode, after the power loss of a
+    majority, they may be on no other disk: the node applied entries that the new leader does
+    not have, then had to truncate them ("truncating already-applied log entries", a state
+    machine that differs from the others' until it restarts; the chaos `power-loss` fault found
+    it in every memory-mode run). With the index unknown, a restarted node applies only what the
+    current leader reports committed, so after a power cut every replica loses the same writes.
+    (Its snapshot, if any, is loaded as before. pysyncobj reads the stored index only here.)"""
+    journal.getRaftCommitIndex = lambda: 1
+    return journal
+
+
+class _JournalHooks:
+    """Run `hooks` on the journal pysyncobj creates in SyncObj.__init__, before the tick thread
+    starts and before the journal's first write or its first read of the commit index."""
+
+    def __init__(self, hooks):
+        import pysyncobj.syncobj as pso
+        self.pso, self.hooks = pso, hooks
+
+    def __enter__(self):
+        self.original = original = self.pso.createJournal
+
+        def create(path=None):
+            journal = original(path)
+            for hook in self.hooks:
+                hook(journal)
+            return journal
+
+        if self.hooks:
+            self.pso.createJournal = create
+        return self
+
+    def __exit__(self, *exc):
+        self.pso.createJournal = self.original
 
 
 def _fsync_snapshots():
@@ -415,11 +469,19 @@ class Replica:
             _fsync_meta_storer()
             _fsync_snapshots()
             transport = _durable_transport(holder)
+        else:
+            _fsync_meta_storer(term_vote_only=True)
         dial_map = json.loads(os.environ.get("RAFTQ_RAFT_DIAL_MAP", "{}") or "{}")
         transport = _dialing_transport(_keepalive_transport(_append_keeps_matching_tail(transport)), dial_map)
         others = [p.raft for p in settings.others]
-        self.syncobj = BoundedApplySyncObj(settings.raft, others, conf=conf, consumers=[self.state],
-                               transportClass=transport)
+        hooks = [] if settings.durability == "fsync" else [_volatile_commit_index]
+        self.shadow = None
+        if sync_shadow.enabled():           # the power-loss test hook (node/sync_shadow.py)
+            self.shadow = sync_shadow.SyncShadow(settings.data_dir, settings.durability)
+            hooks.append(self.shadow.attach)
+        with _JournalHooks(hooks):
+            self.syncobj = BoundedApplySyncObj(settings.raft, others, conf=conf, consumers=[self.state],
+                                               transportClass=transport)
         if settings.durability == "fsync":
             self._install_journal_sync(holder)
         # Event-driven replication: pysyncobj in batch mode sends new entries only on its
@@ -446,6 +508,8 @@ class Replica:
             dirty[0] = True
             return original_add(*args, **kwargs)
 
+        shadow = self.shadow
+
         # fdatasync, not pysyncobj's mmap.flush(): CPython's mmap.flush holds the GIL through
         # the whole msync, which froze the event loop for a third of the time under load. For a
         # shared file mapping Linux's msync(MS_SYNC) is fdatasync of the range, so this syncs
@@ -457,6 +521,8 @@ class Replica:
                 dirty[0] = False
                 _datasync(files._ResizableFile__f.fileno())
                 self.syncs += 1
+                if shadow is not None:
+                    shadow.durable()
 
         journal.add = add
         holder["sync"] = sync
@@ -486,6 +552,8 @@ class Replica:
             transport = getattr(s, "_SyncObj__transport", None)
             if hasattr(transport, "keepalive"):
                 transport.keepalive()
+        if self.shadow is not None:
+            self.shadow.tick()              # memory mode: the simulated page writeback
         if s._isLeader():
             last = s._SyncObj__getCurrentLogIndex()
             if last > self._sent_index:
