@@ -214,7 +214,7 @@ class NodeService:
             if self.stopping or epoch != self.leader_epoch:
                 return 200, {"jobs": []}        # leadership moved while parked
             if rid is not None and rid in self.state.machine.rids or self._has_ready(queue_names):
-                result = await self.proposer.run(cmd)
+                result = await self.proposer.submit(cmd)
                 if result[0] != 200 or result[1]["jobs"]:
                     return result
             remaining = deadline - self.loop.time()
