@@ -22,13 +22,21 @@ def test_leader_kill_keeps_leases_attempts_dedup_and_request_ids(make_cluster):
     job_a, job_b = got_a["jobs"][0], got_b["jobs"][0]
     assert {job_a["id"], job_b["id"]} == {a["job_id"], b["job_id"]}
     c.wait_converged(10)
+    term_before = c.cluster_view(leader)["term"]
 
     t0 = time.monotonic()
     c.kill(leader)
     survivors = [i for i in range(3) if i != leader]
     new = c.wait_leader(10, among=survivors)
     elected_after = time.monotonic() - t0
-    assert elected_after < 3.0, f"new leader after {elected_after:.2f}s"
+    rounds = c.cluster_view(new)["term"] - term_before
+    # One election round (election timeout 1-2 s) must finish well under 3 s. A split vote
+    # (both survivors stand at once) is legal Raft and costs another randomized timeout, so
+    # only then is more allowed.
+    if rounds == 1:
+        assert elected_after < 3.0, f"new leader after {elected_after:.2f}s in one round"
+    else:
+        assert elected_after < 2.0 + 2.5 * rounds, f"new leader after {elected_after:.2f}s, {rounds} rounds"
 
     # The job leased before the kill is still ours: ack it on the new leader with its attempt.
     s, out = api.post(f"/v1/jobs/{job_a['id']}/ack", {"attempt": job_a["attempt"]}, node=new)
