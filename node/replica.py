@@ -330,24 +330,25 @@ def _bounded_recv():
     the kernel's SO_RCVBUF (2 MB here, for bursts). A 2 MB recv allocates a 2 MB bytes object
     per call, message or not (each read also ends with one more recv that finds nothing), and
     costs ≈ 20 µs more per read than a 64 KB one on this machine. Reads take at most 64 KB at a
-    time; the kernel buffer stays large."""
+    time; the kernel buffer stays large. A read that returns less than it asked for has emptied
+    the socket, so the loop stops there instead of paying a failing recv (and pysyncobj's
+    SO_ERROR check after every read: data received means the socket is fine); the poller is
+    level-triggered and reports the socket again when more arrives."""
     from pysyncobj import tcp_connection as tc
 
     def processRead(self):
         try:
-            incoming = self._TcpConnection__socket.recv(min(self._TcpConnection__recvBufferSize, RECV_CHUNK))
+            chunk = min(self._TcpConnection__recvBufferSize, RECV_CHUNK)
+            incoming = self._TcpConnection__socket.recv(chunk)
         except socket.error as e:
             if e.errno not in (errno.EAGAIN, errno.EWOULDBLOCK):
                 self.disconnect()
-            return False
-        if self._TcpConnection__socket.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR):
-            self.disconnect()
             return False
         if not incoming:
             self.disconnect()
             return False
         self._TcpConnection__readBuffer += incoming
-        return True
+        return len(incoming) == chunk
 
     tc.TcpConnection._TcpConnection__processRead = processRead
 
