@@ -352,6 +352,33 @@ def _bounded_recv():
 
     tc.TcpConnection._TcpConnection__processRead = processRead
 
+    # pysyncobj also asks the kernel for SO_ERROR on every readiness event before it reads. That
+    # check is needed while connecting (a refused connect shows up only there) and before a
+    # write; for a read on a connected socket the recv itself reports any error.
+    original = tc.TcpConnection._TcpConnection__processConnection
+    R, W, E = POLL_EVENT_TYPE.READ, POLL_EVENT_TYPE.WRITE, POLL_EVENT_TYPE.ERROR
+
+    def processConnection(self, descr, eventType):
+        if (eventType & (R | W | E)) != R or descr != self._TcpConnection__fileno \
+                or self._TcpConnection__state != CONNECTION_STATE.CONNECTED:
+            return original(self, descr, eventType)
+        self._TcpConnection__processConnectionTimeout()
+        if self._TcpConnection__state == CONNECTION_STATE.DISCONNECTED:
+            return
+        self._TcpConnection__tryReadBuffer()
+        if self._TcpConnection__state == CONNECTION_STATE.DISCONNECTED:
+            return
+        while True:
+            message = self._TcpConnection__processParseMessage()
+            if message is None:
+                break
+            if self._TcpConnection__onMessageReceived is not None:
+                self._TcpConnection__onMessageReceived(message)
+            if self._TcpConnection__state == CONNECTION_STATE.DISCONNECTED:
+                return
+
+    tc.TcpConnection._TcpConnection__processConnection = processConnection
+
 
 _datasync = getattr(os, "fdatasync", os.fsync)     # macOS has no fdatasync
 
