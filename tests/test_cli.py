@@ -337,3 +337,15 @@ def test_status_warns_when_digests_differ_at_one_index(monkeypatch, capsys):
     out, err = capsys.readouterr()
     assert "leader: n1 at http://h1, term 4; 3/3 nodes up" in out and "aaaaaaaaaaaa" in out
     assert "disagree on the state at applied index 7" in err and "n3: bbbbbbbbbbbb" in err
+
+
+def test_bench_local_runs_every_phase_and_leaves_no_data_behind(tmp_path):
+    code, out, err = raftq("bench", "--local", "--jobs", "300", "--producers", "5", "--workers", "5",
+                           "--latency-rounds", "20", "--json", env={"TMPDIR": str(tmp_path)}, timeout=120)
+    assert code == 0, err
+    result = json.loads(out)
+    for phase in ("enqueue", "drain", "mixed", "batch_enqueue", "batch_drain"):
+        assert result[phase]["jobs"] == 300 and result[phase]["jobs_per_s"] > 0, (phase, result)
+    assert 0 < result["latency"]["p50_ms"] <= result["latency"]["p99_ms"]
+    assert result["durability"] == "fsync" and result["transport"] == "session"
+    assert not list(tmp_path.glob("raftq-bench-*")), "the local cluster's data dir was left behind"
