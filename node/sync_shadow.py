@@ -12,8 +12,8 @@ back to that record (`restore`) and restarts the nodes.
 Durable points of the journal
 * `fsync` mode: every real journal sync (Replica's `sync()`: a follower before it acknowledges
   entries, the leader after sending them and before it counts itself). It counts from when its
-  record is written, after msync returned and before anything acts on the sync, so a cut in
-  between drops entries that nobody has counted yet (as a cut during the msync would).
+  record is written, after the sync returned and before anything acts on the sync, so a cut in
+  between drops entries that nobody has counted yet (as a cut during the sync would).
 * `memory` mode: raftq never syncs the journal, so the kernel's dirty-page writeback is
   simulated: every RAFTQ_SYNC_SHADOW_WRITEBACK_S seconds (default 2, first one at a random
   phase; Linux writes dirty pages back 5-30 s after they were dirtied) the journal and the
