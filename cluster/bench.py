@@ -38,7 +38,7 @@ class Progress:
         self.done += n
         if self.enabled:
             now = time.monotonic()
-            if now - self.last > 0.5 or self.done >= self.total:
+            if now - self.last > 0.5 or self.done - n < self.total <= self.done:   # and once at 100 %
                 self.last = now
                 rate = self.done / max(now - self.t0, 1e-9)
                 pct = 100 * self.done / max(self.total, 1)
@@ -94,8 +94,11 @@ async def phase_enqueue(clients: Clients, queue, jobs, producers, batch, progres
     return time.perf_counter() - t0
 
 
-async def phase_drain(clients: Clients, queue, jobs, workers, batch, progress) -> float:
+async def phase_drain(clients: Clients, queue, jobs, workers, batch, progress, t0: float | None = None) -> float:
+    """Seconds from t0 (default: now) until the jobs-th ack. The clock stops there, not when
+    the other workers' long polls on the then empty queue come back (up to wait_ms later)."""
     acked = [0]
+    done_at: list[float] = []
 
     async def worker():
         c = clients.get()
@@ -111,10 +114,13 @@ async def phase_drain(clients: Clients, queue, jobs, workers, batch, progress) -
                 await c.ack(got[0])
             acked[0] += len(got)
             progress.add(len(got))
+            if acked[0] >= jobs and not done_at:
+                done_at.append(time.perf_counter())
 
-    t0 = time.perf_counter()
+    if t0 is None:
+        t0 = time.perf_counter()
     await asyncio.gather(*(worker() for _ in range(workers)))
-    return time.perf_counter() - t0
+    return (done_at[0] if done_at else time.perf_counter()) - t0
 
 
 async def phase_latency(clients: Clients, queue, rounds) -> dict:
@@ -177,9 +183,10 @@ async def run(urls, jobs, producers, workers, phases, latency_rounds, transport,
         if "mixed" in phases:
             async def mixed(p):
                 t0 = time.perf_counter()
-                await asyncio.gather(phase_enqueue(clients, f"m-{tag}", jobs, producers, 1, Progress("", jobs, False)),
-                                     phase_drain(clients, f"m-{tag}", jobs, workers, 1, p))
-                return time.perf_counter() - t0
+                _, secs = await asyncio.gather(
+                    phase_enqueue(clients, f"m-{tag}", jobs, producers, 1, Progress("", jobs, False)),
+                    phase_drain(clients, f"m-{tag}", jobs, workers, 1, p, t0=t0))
+                return secs
             await measured("mixed", mixed, jobs)
         if "batch" in phases:
             await measured("batch_enqueue", lambda p: phase_enqueue(clients, f"bb-{tag}", jobs, producers, 256, p), jobs)
@@ -208,9 +215,8 @@ async def run_baseline(jobs, producers, workers, progress) -> dict:
         clients = Clients([url], "http")
         p = Progress("bare mixed", jobs, progress)
         t0 = time.perf_counter()
-        await asyncio.gather(phase_enqueue(clients, "bare", jobs, producers, 1, Progress("", jobs, False)),
-                             phase_drain(clients, "bare", jobs, workers, 1, p))
-        secs = time.perf_counter() - t0
+        _, secs = await asyncio.gather(phase_enqueue(clients, "bare", jobs, producers, 1, Progress("", jobs, False)),
+                                       phase_drain(clients, "bare", jobs, workers, 1, p, t0=t0))
         p.end()
         await clients.close()
         return {"jobs": jobs, "seconds": round(secs, 2), "jobs_per_s": round(jobs / secs, 1)}
