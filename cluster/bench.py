@@ -123,6 +123,14 @@ async def phase_drain(clients: Clients, queue, jobs, workers, batch, progress, t
     return (done_at[0] if done_at else time.perf_counter()) - t0
 
 
+async def phase_mixed(clients: Clients, queue, jobs, producers, workers, progress) -> float:
+    """Producers and workers at once, until the jobs-th ack."""
+    t0 = time.perf_counter()
+    _, secs = await asyncio.gather(phase_enqueue(clients, queue, jobs, producers, 1, Progress("", jobs, False)),
+                                   phase_drain(clients, queue, jobs, workers, 1, progress, t0=t0))
+    return secs
+
+
 async def phase_latency(clients: Clients, queue, rounds) -> dict:
     c = clients.get()
     lat = []
@@ -181,13 +189,7 @@ async def run(urls, jobs, producers, workers, phases, latency_rounds, transport,
         if "drain" in phases:
             await measured("drain", lambda p: phase_drain(clients, f"b-{tag}", jobs, workers, 1, p), jobs)
         if "mixed" in phases:
-            async def mixed(p):
-                t0 = time.perf_counter()
-                _, secs = await asyncio.gather(
-                    phase_enqueue(clients, f"m-{tag}", jobs, producers, 1, Progress("", jobs, False)),
-                    phase_drain(clients, f"m-{tag}", jobs, workers, 1, p, t0=t0))
-                return secs
-            await measured("mixed", mixed, jobs)
+            await measured("mixed", lambda p: phase_mixed(clients, f"m-{tag}", jobs, producers, workers, p), jobs)
         if "batch" in phases:
             await measured("batch_enqueue", lambda p: phase_enqueue(clients, f"bb-{tag}", jobs, producers, 256, p), jobs)
             await measured("batch_drain", lambda p: phase_drain(clients, f"bb-{tag}", jobs, workers, 256, p), jobs)
@@ -214,9 +216,7 @@ async def run_baseline(jobs, producers, workers, progress) -> dict:
                 await asyncio.sleep(0.1)
         clients = Clients([url], "http")
         p = Progress("bare mixed", jobs, progress)
-        t0 = time.perf_counter()
-        _, secs = await asyncio.gather(phase_enqueue(clients, "bare", jobs, producers, 1, Progress("", jobs, False)),
-                                       phase_drain(clients, "bare", jobs, workers, 1, p, t0=t0))
+        secs = await phase_mixed(clients, "bare", jobs, producers, workers, p)
         p.end()
         await clients.close()
         return {"jobs": jobs, "seconds": round(secs, 2), "jobs_per_s": round(jobs / secs, 1)}

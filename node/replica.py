@@ -325,7 +325,7 @@ def _fsync_snapshots():
 RECV_CHUNK = 1 << 16
 
 
-def _bounded_recv():
+def _lean_socket_reads():
     """pysyncobj reads each Raft socket with recv(recvBufferSize), the same number it uses as
     the kernel's SO_RCVBUF (2 MB here, for bursts). A 2 MB recv allocates a 2 MB bytes object
     per call, message or not (each read also ends with one more recv that finds nothing), and
@@ -335,6 +335,9 @@ def _bounded_recv():
     SO_ERROR check after every read: data received means the socket is fine); the poller is
     level-triggered and reports the socket again when more arrives."""
     from pysyncobj import tcp_connection as tc
+    if getattr(tc.TcpConnection, "_raftq_lean_reads", False):
+        return                  # patched once per process (a second patch would wrap the first)
+    tc.TcpConnection._raftq_lean_reads = True
 
     def processRead(self):
         try:
@@ -489,7 +492,7 @@ class Replica:
         )
         import pysyncobj.tcp_connection as tcp_connection
         tcp_connection.zlib = _Zlib(int(t["raft_compression_level"]))
-        _bounded_recv()
+        _lean_socket_reads()
         wire.install()
         holder: dict = {}
         transport = TCPTransport

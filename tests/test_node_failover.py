@@ -1,4 +1,6 @@
 """Failures of real node processes: kill -9, restarts, wiped disks, SIGSTOP, lost majority."""
+import base64
+import os
 import threading
 import time
 import uuid
@@ -203,8 +205,6 @@ def test_graceful_stop_hands_over_leadership(make_cluster):
 def test_an_entry_larger_than_a_socket_read_and_an_append_batch_reaches_every_node(make_cluster):
     """Raft sockets are read 64 KB at a time and appends are cut at 1 MB: a 1.5 MB entry
     crosses both, and a follower must still hold it byte for byte (it serves it after a kill)."""
-    import base64
-    import os
     c = make_cluster(limits={"max_payload_bytes": 64 * 1024})
     api = Api(c)
     leader = c.wait_leader()
