@@ -200,29 +200,68 @@ async def run(urls, jobs, producers, workers, phases, latency_rounds, transport,
     return out
 
 
-async def run_baseline(jobs, producers, workers, progress) -> dict:
-    """The mixed phase over HTTP against a bare aiohttp server that does nothing."""
-    from .local import free_ports
-    port = free_ports(1)[0]
-    proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "cluster.bare_server", "--port", str(port))
-    url = f"http://127.0.0.1:{port}"
-    try:
+class BareServer:
+    """A bare aiohttp server that does nothing (cluster/bare_server.py), in its own process."""
+
+    async def __aenter__(self):
+        from .local import free_ports
+        port = free_ports(1)[0]
+        self.proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "cluster.bare_server",
+                                                         "--port", str(port))
+        self.url = f"http://127.0.0.1:{port}"
         for _ in range(100):
             try:
-                async with Client([url], transport="http") as c:
-                    await c.cluster(url=url)
-                break
+                async with Client([self.url], transport="http") as c:
+                    await c.cluster(url=self.url)
+                return self
             except Exception:
                 await asyncio.sleep(0.1)
-        clients = Clients([url], "http")
+        raise RuntimeError(f"the bare aiohttp server at {self.url} did not come up")
+
+    async def __aexit__(self, *exc):
+        self.proc.terminate()
+        await self.proc.wait()
+
+    async def mixed(self, jobs, producers, workers, progress) -> dict:
+        clients = Clients([self.url], "http")
         p = Progress("bare mixed", jobs, progress)
-        secs = await phase_mixed(clients, "bare", jobs, producers, workers, p)
-        p.end()
-        await clients.close()
+        try:
+            secs = await phase_mixed(clients, "bare", jobs, producers, workers, p)
+        finally:
+            p.end()
+            await clients.close()
         return {"jobs": jobs, "seconds": round(secs, 2), "jobs_per_s": round(jobs / secs, 1)}
-    finally:
-        proc.terminate()
-        await proc.wait()
+
+
+async def run_baseline(urls, jobs, producers, workers, rounds, transport, progress, first_mixed=None) -> dict:
+    """The mixed phase against a bare aiohttp server that does nothing, in `rounds` rounds
+    interleaved with raftq's own mixed phase (a fresh queue each round), the order flipping
+    every round: the machine's speed drifts over minutes, and a single pair of runs minutes
+    apart mostly measured that drift. Each round's ratio compares two runs taken side by side;
+    the figure is their median."""
+    out = {"rounds": []}
+    async with BareServer() as bare:
+        for i in range(rounds):
+            mixed = first_mixed if i == 0 else None
+            bare_first = i % 2 == 1
+            b = await bare.mixed(jobs, producers, workers, progress) if bare_first else None
+            if mixed is None:
+                tag = f"{int(time.time())}-{os.getpid()}-{i}"
+                clients = Clients(urls, transport)
+                p = Progress("mixed", jobs, progress)
+                try:
+                    secs = await phase_mixed(clients, f"m-{tag}", jobs, producers, workers, p)
+                finally:
+                    p.end()
+                    await clients.close()
+                mixed = {"jobs": jobs, "seconds": round(secs, 2), "jobs_per_s": round(jobs / secs, 1)}
+            if b is None:
+                b = await bare.mixed(jobs, producers, workers, progress)
+            out["rounds"].append({"raftq_jobs_per_s": mixed["jobs_per_s"], "bare_jobs_per_s": b["jobs_per_s"],
+                                  "ratio": round(mixed["jobs_per_s"] / b["jobs_per_s"], 3)})
+    out["jobs_per_s"] = statistics.median(r["bare_jobs_per_s"] for r in out["rounds"])
+    out["ratio"] = statistics.median(r["ratio"] for r in out["rounds"])
+    return out
 
 
 def main(argv=None) -> int:
@@ -238,10 +277,15 @@ def main(argv=None) -> int:
     p.add_argument("--transport", choices=("session", "http"), default="session")
     p.add_argument("--baseline", action="store_true",
                    help="also run the mixed phase over HTTP against a bare aiohttp server that does nothing")
+    p.add_argument("--baseline-rounds", type=int, default=1, metavar="K",
+                   help="with --baseline: K rounds of raftq's mixed phase and the bare server's, interleaved; "
+                        "the ratio reported is the median of the rounds' ratios (default 1)")
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
     if not args.urls and not args.local:
         p.error("give --urls of a running cluster or --local")
+    if args.baseline_rounds < 1:
+        p.error("--baseline-rounds must be at least 1")
     phases = set(args.phases.split(","))
     cluster = None
     try:
@@ -253,10 +297,11 @@ def main(argv=None) -> int:
         result = asyncio.run(run(urls, args.jobs, args.producers, args.workers, phases, args.latency_rounds,
                                  args.transport, progress=not args.json))
         if args.baseline:
-            result["bare_http_mixed"] = asyncio.run(run_baseline(args.jobs, args.producers, args.workers,
-                                                                 progress=not args.json))
-            if "mixed" in result and args.transport == "http":
-                result["mixed_vs_bare"] = round(result["mixed"]["jobs_per_s"] / result["bare_http_mixed"]["jobs_per_s"], 3)
+            base = asyncio.run(run_baseline(urls, args.jobs, args.producers, args.workers, args.baseline_rounds,
+                                            args.transport, not args.json, first_mixed=result.get("mixed")))
+            result["bare_http_mixed"] = base
+            if args.transport == "http":
+                result["mixed_vs_bare"] = base["ratio"]
         result.update({"durability": args.durability if args.local else None, "transport": args.transport,
                        "producers": args.producers, "workers": args.workers, "cores": os.cpu_count()})
     finally:
@@ -280,7 +325,14 @@ def main(argv=None) -> int:
                     print(f"{k:<14}{r['jobs_per_s']:>10,.0f}{r['seconds']:>9}")
         if "bare_http_mixed" in result:
             b = result["bare_http_mixed"]
-            extra = f" (raftq http mixed = {result['mixed_vs_bare']:.0%} of it)" if "mixed_vs_bare" in result else ""
+            rounds = b["rounds"]
+            if len(rounds) > 1:
+                print(f"{'round':<7}{'raftq mixed':>12}{'bare mixed':>12}{'ratio':>7}")
+                for i, r in enumerate(rounds, 1):
+                    print(f"{i:<7}{r['raftq_jobs_per_s']:>12,.0f}{r['bare_jobs_per_s']:>12,.0f}{r['ratio']:>7.0%}")
+            median = " (median of the rounds)" if len(rounds) > 1 else ""
+            extra = (f"; raftq {args.transport} mixed = {b['ratio']:.0%} of it{median}"
+                     if args.transport == "http" else "")
             print(f"bare aiohttp server, mixed over http: {b['jobs_per_s']:,.0f} jobs/s{extra}")
         if "latency" in result:
             l = result["latency"]

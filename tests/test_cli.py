@@ -349,3 +349,25 @@ def test_bench_local_runs_every_phase_and_leaves_no_data_behind(tmp_path):
     assert 0 < result["latency"]["p50_ms"] <= result["latency"]["p99_ms"]
     assert result["durability"] == "fsync" and result["transport"] == "session"
     assert not list(tmp_path.glob("raftq-bench-*")), "the local cluster's data dir was left behind"
+
+
+def test_bench_baseline_rounds_interleave_raftq_and_the_bare_server(tmp_path):
+    code, out, err = raftq("bench", "--local", "--jobs", "200", "--producers", "4", "--workers", "4",
+                           "--phases", "mixed", "--transport", "http", "--baseline", "--baseline-rounds", "3",
+                           "--json", env={"TMPDIR": str(tmp_path)}, timeout=120)
+    assert code == 0, err
+    result = json.loads(out)
+    base = result["bare_http_mixed"]
+    rounds = base["rounds"]
+    assert len(rounds) == 3
+    assert rounds[0]["raftq_jobs_per_s"] == result["mixed"]["jobs_per_s"]      # round 1 reuses the phase
+    for r in rounds:
+        assert r["raftq_jobs_per_s"] > 0 and r["bare_jobs_per_s"] > 0
+        assert r["ratio"] == round(r["raftq_jobs_per_s"] / r["bare_jobs_per_s"], 3)
+    assert result["mixed_vs_bare"] == base["ratio"] == sorted(r["ratio"] for r in rounds)[1]
+    assert base["jobs_per_s"] == sorted(r["bare_jobs_per_s"] for r in rounds)[1]
+
+
+def test_bench_refuses_zero_baseline_rounds():
+    code, out, err = raftq("bench", "--local", "--baseline", "--baseline-rounds", "0")
+    assert code == 2 and "--baseline-rounds must be at least 1" in err
