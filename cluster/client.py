@@ -399,6 +399,9 @@ class Client:
                 # asking for it at once stalled the leader's event loop for a second.
                 async with http.get(url + "/v1/cluster?digest=false", headers=self._headers(None),
                                     timeout=aiohttp.ClientTimeout(total=min(timeout, self.connect_timeout))) as r:
+                    if r.status in (401, 403):    # the same keys on every node: asking on won't help
+                        code = "unauthenticated" if r.status == 401 else "permission_denied"
+                        raise error_from(r.status, {"error": {"code": code, "message": f"{url}: {await r.text()}"}})
                     if r.status != 200:
                         continue
                     view = orjson.loads(await r.read())
@@ -469,6 +472,12 @@ class Client:
                             self.leader = e.headers["Leader-Url"].rstrip("/")
                             self.stats["redirects"] += 1
                             continue
+                        if e.status == 401:
+                            raise Unauthenticated("unauthenticated", "the session was refused: missing or unknown "
+                                                  "API key (give Client(api_key=...))", 401)
+                        if e.status == 403:
+                            raise PermissionDenied("permission_denied", "the session was refused: the API key's "
+                                                   "role is too low", 403)
                         self.leader = None
                         raise Unavailable("unavailable", f"session refused: {e.status}")
                     status, out = await session.call(op, body, rid, min(remaining, attempt_timeout))

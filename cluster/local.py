@@ -76,7 +76,7 @@ class LocalCluster:
     def __init__(self, directory, nodes: int = 3, durability: str = "fsync", limits: dict | None = None,
                  storage: dict | None = None, queues: list | None = None, tuning: dict | None = None,
                  secret: str | None = "local-secret", base_port: int | None = None,
-                 python: str | None = None, env: dict | None = None):
+                 python: str | None = None, env: dict | None = None, api_keys: list | None = None):
         self.dir = Path(directory).absolute()
         self.n = nodes
         self.durability = durability
@@ -85,6 +85,11 @@ class LocalCluster:
         self.secret = secret
         self.python = python or sys.executable
         self.env = env or {}
+        # [auth] api_keys ({name, key, role}); the launcher's own probes use the strongest key.
+        self.api_keys = api_keys or []
+        order = ("viewer", "worker", "operator", "admin")
+        best = max(self.api_keys, key=lambda k: order.index(k.get("role", "admin")), default=None)
+        self.probe_headers = {"Authorization": f"Bearer {best['key']}"} if best else {}
         self.node_env: dict[int, dict] = {}
         if base_port:
             http = [base_port + i for i in range(nodes)]
@@ -123,6 +128,8 @@ class LocalCluster:
                 text += "\n" + toml_table("storage", self.storage)
             if self.tuning:
                 text += "\n" + toml_table("tuning", self.tuning)
+            if self.api_keys:
+                text += "\n[auth]\napi_keys = [\n" + "".join(f"  {toml_value(k)},\n" for k in self.api_keys) + "]\n"
             for q in self.queues:
                 text += "\n[[queues]]\n" + "".join(f"{k} = {toml_value(v)}\n" for k, v in q.items())
             self.config_path(i).write_text(text)
@@ -216,7 +223,7 @@ class LocalCluster:
 
     # ------------------------------------------------------------ observation
     def cluster_view(self, i: int, timeout: float = 1.0):
-        status, body = http_json("GET", self.urls[i] + "/v1/cluster", timeout=timeout)
+        status, body = http_json("GET", self.urls[i] + "/v1/cluster", timeout=timeout, headers=self.probe_headers)
         return body if status == 200 else None
 
     def leader(self, among=None) -> int | None:

@@ -6,6 +6,7 @@ import logging
 import orjson
 from aiohttp import web
 
+from .auth import OPERATOR, VIEWER, WORKER, Auth
 from .errors import error
 from .service import NodeService
 from .session import Sessions
@@ -17,6 +18,8 @@ JSON = "application/json"
 def respond(status: int, body: dict, headers: dict | None = None) -> web.Response:
     if status in (429, 503) and (headers is None or "Retry-After" not in headers):
         headers = {**(headers or {}), "Retry-After": "1"}
+    elif status == 401:
+        headers = {**(headers or {}), "WWW-Authenticate": 'Bearer realm="raftq"'}
     return web.Response(body=orjson.dumps(body), status=status, content_type=JSON, headers=headers)
 
 
@@ -54,66 +57,80 @@ def build_app(service: NodeService) -> web.Application:
     # answers unknown paths and methods in the API's JSON error shape.
     app = web.Application(client_max_size=service.limits.max_request_bytes)
     app["service"] = service
+    # (path, the role it needs, handler)
     leader_post = [
-        ("/v1/jobs", lambda s, req, b, rid: s.enqueue(b, rid)),
-        ("/v1/jobs/batch", lambda s, req, b, rid: s.enqueue_batch(b, rid)),
-        ("/v1/jobs/atomic", lambda s, req, b, rid: s.enqueue_atomic(b, rid)),
-        ("/v1/reserve", lambda s, req, b, rid: s.reserve(b, rid, alive=_alive(req))),
-        ("/v1/acks", lambda s, req, b, rid: s.ack_batch(b, rid)),
-        ("/v1/jobs/{id}/ack", lambda s, req, b, rid: s.ack(req.match_info["id"], b, rid)),
-        ("/v1/jobs/{id}/nack", lambda s, req, b, rid: s.nack(req.match_info["id"], b, rid)),
-        ("/v1/jobs/{id}/extend", lambda s, req, b, rid: s.extend(req.match_info["id"], b, rid)),
-        ("/v1/dead-letters/requeue", lambda s, req, b, rid: s.requeue(b, rid)),
-        ("/v1/dead-letters/delete", lambda s, req, b, rid: s.delete_dead_letters(b, rid)),
+        ("/v1/jobs", WORKER, lambda s, req, b, rid: s.enqueue(b, rid)),
+        ("/v1/jobs/batch", WORKER, lambda s, req, b, rid: s.enqueue_batch(b, rid)),
+        ("/v1/jobs/atomic", WORKER, lambda s, req, b, rid: s.enqueue_atomic(b, rid)),
+        ("/v1/reserve", WORKER, lambda s, req, b, rid: s.reserve(b, rid, alive=_alive(req))),
+        ("/v1/acks", WORKER, lambda s, req, b, rid: s.ack_batch(b, rid)),
+        ("/v1/jobs/{id}/ack", WORKER, lambda s, req, b, rid: s.ack(req.match_info["id"], b, rid)),
+        ("/v1/jobs/{id}/nack", WORKER, lambda s, req, b, rid: s.nack(req.match_info["id"], b, rid)),
+        ("/v1/jobs/{id}/extend", WORKER, lambda s, req, b, rid: s.extend(req.match_info["id"], b, rid)),
+        ("/v1/dead-letters/requeue", OPERATOR, lambda s, req, b, rid: s.requeue(b, rid)),
+        ("/v1/dead-letters/delete", OPERATOR, lambda s, req, b, rid: s.delete_dead_letters(b, rid)),
     ]
     optional_body = [
-        ("/v1/dead-letters/drain", lambda s, req, b, rid: s.drain(b, rid)),
-        ("/v1/queues/{name}/pause", lambda s, req, b, rid: s.pause(req.match_info["name"], True, rid)),
-        ("/v1/queues/{name}/resume", lambda s, req, b, rid: s.pause(req.match_info["name"], False, rid)),
+        ("/v1/dead-letters/drain", OPERATOR, lambda s, req, b, rid: s.drain(b, rid)),
+        ("/v1/queues/{name}/pause", OPERATOR, lambda s, req, b, rid: s.pause(req.match_info["name"], True, rid)),
+        ("/v1/queues/{name}/resume", OPERATOR, lambda s, req, b, rid: s.pause(req.match_info["name"], False, rid)),
     ]
     leader_get = [
-        ("/v1/queues", lambda s, req: s.queues()),
-        ("/v1/queues/{name}", lambda s, req: s.queue(req.match_info["name"])),
-        ("/v1/queues/{name}/jobs", lambda s, req: s.queue_jobs(req.match_info["name"], req.query)),
-        ("/v1/jobs/{id}", lambda s, req: s.job(req.match_info["id"])),
-        ("/v1/dead-letters", lambda s, req: s.dead_letters(req.query)),
+        ("/v1/queues", VIEWER, lambda s, req: s.queues()),
+        ("/v1/queues/{name}", VIEWER, lambda s, req: s.queue(req.match_info["name"])),
+        ("/v1/queues/{name}/jobs", VIEWER, lambda s, req: s.queue_jobs(req.match_info["name"], req.query)),
+        ("/v1/jobs/{id}", VIEWER, lambda s, req: s.job(req.match_info["id"])),
+        ("/v1/dead-letters", VIEWER, lambda s, req: s.dead_letters(req.query)),
     ]
+    auth = Auth(service.settings.api_keys)
     sessions = Sessions(service)
     app["sessions"] = sessions
     service.leadership_lost_hooks.append(sessions.close_all)
 
     async def session(request: web.Request) -> web.StreamResponse:
+        who = None
+        if auth.enabled:                # at the upgrade; then each frame against its op's role
+            who = auth.who(request.headers.get("Authorization"))
+            if type(who[0]) is int:
+                return respond(*who)
         redirect = _not_leader(service, request)
         if redirect is not None:
             return redirect
-        return await sessions.handle(request)
+        return await sessions.handle(request, who)
 
     async def cluster(request: web.Request) -> web.Response:
         return respond(*service.cluster(request.query.get("digest", "true").lower() not in ("false", "0", "no")))
 
-    routes = [("POST", path, _leader_write(fn)) for path, fn in leader_post]
-    routes += [("POST", path, _leader_write(fn, optional=True)) for path, fn in optional_body]
+    routes = [("POST", path, _leader_write(fn, auth, role)) for path, role, fn in leader_post]
+    routes += [("POST", path, _leader_write(fn, auth, role, optional=True)) for path, role, fn in optional_body]
     routes.append(("DELETE", "/v1/jobs/{id}",
-                   _leader_write(lambda s, req, b, rid: s.cancel(req.match_info["id"], rid), optional=True)))
-    routes += [("GET", path, _leader_read(fn)) for path, fn in leader_get]
+                   _leader_write(lambda s, req, b, rid: s.cancel(req.match_info["id"], rid), auth, OPERATOR,
+                                 optional=True)))
+    routes += [("GET", path, _leader_read(fn, auth, role)) for path, role, fn in leader_get]
     # The hot handlers above guard themselves inline (one coroutine layer less per request).
     routes += [("GET", path, _guarded(handler)) for path, handler in (
-        ("/v1/session", session), ("/v1/server-info", _any(lambda s: s.server_info())),
-        ("/v1/cluster", cluster), ("/healthz", _healthz), ("/readyz", _readyz))]
+        ("/v1/session", session),
+        ("/v1/server-info", _authorized(auth, VIEWER, _any(lambda s: s.server_info()))),
+        ("/v1/cluster", _authorized(auth, VIEWER, cluster)), ("/healthz", _healthz), ("/readyz", _readyz))]
     r = app.router
     for method, path, handler in routes:
         if method == "GET":
             r.add_get(path, handler)            # and HEAD, as aiohttp does by default
         else:
             r.add_route(method, path, handler)
-    r.add_route("*", "/{tail:.*}", _guarded(_fallback(list(r.resources()))))
+    r.add_route("*", "/{tail:.*}", _guarded(_fallback(list(r.resources()), auth)))
     return app
 
 
-def _fallback(resources):
+def _fallback(resources, auth: Auth):
     """Unknown path: 404 not_found; known path, other method: 400 (as API.md answers a
-    request it cannot take), both in the API's JSON error shape."""
+    request it cannot take), both in the API's JSON error shape. Under /v1/ only for a
+    caller with a key: every /v1/ request needs one."""
     async def handler(request: web.Request) -> web.Response:
+        if auth.enabled and request.path.startswith("/v1/"):
+            denied = auth.check(request.headers.get("Authorization"), VIEWER)
+            if denied is not None:
+                return respond(*denied)
         allowed = set()
         for res in resources:
             _, methods = await res.resolve(request)
@@ -147,8 +164,12 @@ def _not_leader(service: NodeService, request: web.Request) -> web.Response | No
                         headers={"Location": url + request.path_qs, "Leader-Url": url})
 
 
-def _leader_write(fn, optional: bool = False):
+def _leader_write(fn, auth: Auth, need: int, optional: bool = False):
     async def handler(request: web.Request) -> web.Response:
+        if auth.enabled:
+            denied = auth.check(request.headers.get("Authorization"), need)
+            if denied is not None:
+                return respond(*denied)
         service: NodeService = request.app["service"]
         redirect = _not_leader(service, request)
         if redirect is not None:
@@ -168,8 +189,12 @@ def _leader_write(fn, optional: bool = False):
     return handler
 
 
-def _leader_read(fn):
+def _leader_read(fn, auth: Auth, need: int):
     async def handler(request: web.Request) -> web.Response:
+        if auth.enabled:
+            denied = auth.check(request.headers.get("Authorization"), need)
+            if denied is not None:
+                return respond(*denied)
         service: NodeService = request.app["service"]
         redirect = _not_leader(service, request)
         if redirect is not None:
@@ -179,6 +204,18 @@ def _leader_read(fn):
         except Exception as exc:
             return _failure(request, exc)
     return handler
+
+
+def _authorized(auth: Auth, need: int, handler):
+    if not auth.enabled:
+        return handler
+
+    async def authorized(request: web.Request) -> web.StreamResponse:
+        denied = auth.check(request.headers.get("Authorization"), need)
+        if denied is not None:
+            return respond(*denied)
+        return await handler(request)
+    return authorized
 
 
 def _any(fn):

@@ -15,6 +15,7 @@ import logging
 import orjson
 from aiohttp import WSMsgType, web
 
+from .auth import OPERATOR, VIEWER, WORKER, Auth
 from .errors import error
 from .service import NodeService
 
@@ -24,6 +25,8 @@ CLOSE_NOT_LEADER = 4001
 
 # Answered without a task: prepared, proposed, and replied to from the future's callback.
 FAST_OPS = frozenset(("enqueue", "enqueue_batch", "enqueue_atomic", "ack", "ack_batch", "nack", "extend", "drain"))
+# The role each op needs when API keys are on (API.md "Authentication"); read ops: viewer.
+OP_ROLES = {**{op: WORKER for op in FAST_OPS}, "reserve": WORKER, "drain": OPERATOR}
 READ_OPS = {
     "server_info": lambda s: s.server_info(),
     "cluster": lambda s: s.cluster(),
@@ -44,7 +47,8 @@ class Sessions:
             except Exception:
                 pass
 
-    async def handle(self, request: web.Request) -> web.StreamResponse:
+    async def handle(self, request: web.Request, who=None) -> web.StreamResponse:
+        """`who`: the caller's (key name, role level) when API keys are on, else None."""
         service = self.service
         ws = web.WebSocketResponse(max_msg_size=service.limits.max_request_bytes + 4096, heartbeat=20.0,
                                    autoping=True)
@@ -112,6 +116,11 @@ class Sessions:
                                     or not all(0x21 <= ord(c) <= 0x7E for c in rid)):
                 reply(frame_id, *error("invalid_argument", "request_id must be 1..128 visible ASCII characters"), binary)
                 return
+            if who is not None:
+                denied = Auth.permits(who, OP_ROLES.get(op, VIEWER))
+                if denied is not None:
+                    reply(frame_id, *denied, binary)
+                    return
             if op in FAST_OPS:
                 if not service.is_leader():
                     reply(frame_id, *error("unavailable", "this node is no longer the leader; reconnect",

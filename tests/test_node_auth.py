@@ -1,0 +1,119 @@
+"""API keys and roles (API.md "Authentication") against a real three-node cluster."""
+import asyncio
+import urllib.request
+import uuid
+
+import pytest
+
+from cluster.client import Client, PermissionDenied, Unauthenticated
+from cluster.local import LocalCluster, http_json
+from tests.conftest import Api
+
+KEYS = {role: f"{role}-key-{uuid.uuid4().hex[:8]}" for role in ("viewer", "worker", "operator", "admin")}
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    c = LocalCluster(tmp_path_factory.mktemp("auth"),
+                     api_keys=[{"name": f"{r}-app", "key": k, "role": r} for r, k in KEYS.items()]).launch()
+    yield c
+    c.close()
+
+
+@pytest.fixture
+def api(cluster):
+    return Api(cluster)
+
+
+def bearer(role):
+    return {"Authorization": f"Bearer {KEYS[role]}"}
+
+
+def job(queue):
+    return {"queue": queue, "job_type": "t"}
+
+
+def ready_count(api, queue):
+    status, out = api.get(f"/v1/queues/{queue}", headers=bearer("viewer"))
+    return out["ready"] if status == 200 else 0
+
+
+def test_no_key_unknown_key_and_malformed_header_are_401_on_every_node(cluster, api):
+    leader = cluster.wait_leader(20)
+    for node in range(3):                       # followers answer 401 too, before any redirect
+        url = cluster.urls[node] + "/v1/jobs"
+        for headers, words in (({}, "an API key is required"),
+                               ({"Authorization": "Bearer nope"}, "unknown API key"),
+                               ({"Authorization": f"Basic {KEYS['admin']}"}, "must be 'Bearer <key>'")):
+            status, out = http_json("POST", url, job("q-401"), headers=headers)
+            assert status == 401, (node, headers, out)
+            assert out["error"]["code"] == "unauthenticated" and words in out["error"]["message"]
+    assert ready_count(api, "q-401") == 0
+    req = urllib.request.Request(cluster.urls[leader] + "/v1/queues", method="GET")
+    with pytest.raises(urllib.error.HTTPError) as e:
+        urllib.request.urlopen(req, timeout=5)
+    assert e.value.code == 401 and e.value.headers["WWW-Authenticate"].startswith("Bearer")
+
+
+def test_each_role_reaches_what_api_md_gives_it_and_nothing_more(api):
+    q = "q-" + uuid.uuid4().hex[:8]
+    # viewer reads, but may not enqueue; the refused enqueue leaves no job behind
+    status, out = api.post("/v1/jobs", job(q), headers=bearer("viewer"))
+    assert status == 403 and out["error"]["code"] == "permission_denied"
+    assert out["error"]["role"] == "viewer" and out["error"]["required_role"] == "worker"
+    assert ready_count(api, q) == 0
+    assert api.get("/v1/queues", headers=bearer("viewer"))[0] == 200
+    assert api.get("/v1/cluster", headers=bearer("viewer"))[0] == 200
+    # worker: enqueue, reserve, ack; not drain, pause or cancel
+    status, out = api.post("/v1/jobs", job(q), headers=bearer("worker"))
+    assert status == 200, out
+    second = api.post("/v1/jobs", job(q), headers=bearer("worker"))[1]["job_id"]
+    status, out = api.post("/v1/reserve", {"queues": [q], "lease_ms": 30000}, headers=bearer("worker"))
+    got = out["jobs"][0]
+    assert api.post(f"/v1/jobs/{got['id']}/ack", {"attempt": got["attempt"]}, headers=bearer("worker"))[0] == 200
+    for method, path, body in (("POST", "/v1/dead-letters/drain", {}), ("POST", f"/v1/queues/{q}/pause", {}),
+                               ("DELETE", f"/v1/jobs/{second}", None)):
+        status, out = api.call(method, path, body, headers=bearer("worker"))
+        assert status == 403 and out["error"]["required_role"] == "operator", (path, out)
+    assert ready_count(api, q) == 1                     # the refused cancel left the job ready
+    # operator: all of those
+    assert api.post(f"/v1/queues/{q}/pause", {}, headers=bearer("operator"))[0] == 200
+    assert api.post(f"/v1/queues/{q}/resume", {}, headers=bearer("operator"))[0] == 200
+    assert api.call("DELETE", f"/v1/jobs/{second}", None, headers=bearer("operator"))[0] == 200
+    assert api.post("/v1/dead-letters/drain", {}, headers=bearer("admin"))[0] == 200
+    assert ready_count(api, q) == 0
+
+
+def test_health_checks_need_no_key_and_unknown_v1_paths_do(cluster):
+    url = cluster.urls[0]
+    assert http_json("GET", url + "/healthz")[0] == 200
+    assert http_json("GET", url + "/readyz")[0] in (200, 503)
+    assert http_json("GET", url + "/v1/nothing-here")[0] == 401
+    status, out = http_json("GET", url + "/v1/nothing-here", headers=bearer("viewer"))
+    assert status == 404 and out["error"]["code"] == "not_found"
+
+
+def test_client_sends_its_key_over_http_and_session_and_reports_refusals(cluster):
+    q = "q-" + uuid.uuid4().hex[:8]
+
+    async def go():
+        for transport in ("http", "session"):
+            async with Client(cluster.urls, api_key=KEYS["worker"], transport=transport, timeout=10) as c:
+                await c.enqueue(q, "t", b"x")
+                got = await c.reserve([q], 30000, wait_ms=1000)
+                await c.ack(got[0])
+                with pytest.raises(PermissionDenied):      # a session frame checked against its op
+                    await c.drain(q)
+            async with Client(cluster.urls, api_key=KEYS["viewer"], transport=transport, timeout=10) as c:
+                with pytest.raises(PermissionDenied):
+                    await c.enqueue(q, "t", b"x")
+            async with Client(cluster.urls, api_key="wrong", transport=transport, timeout=10) as c:
+                t0 = asyncio.get_running_loop().time()
+                with pytest.raises(Unauthenticated):
+                    await c.enqueue(q, "t", b"x")
+                assert asyncio.get_running_loop().time() - t0 < 5, "a refused key is not retried"
+            async with Client(cluster.urls, transport=transport, timeout=10) as c:
+                with pytest.raises(Unauthenticated):
+                    await c.queues()
+
+    asyncio.run(go())
