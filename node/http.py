@@ -8,6 +8,7 @@ from aiohttp import web
 
 from .auth import OPERATOR, VIEWER, WORKER, Auth
 from .errors import error
+from .metrics import CONTENT_TYPE, render as render_metrics
 from .service import NodeService
 from .session import Sessions
 
@@ -98,6 +99,12 @@ def build_app(service: NodeService) -> web.Application:
             return redirect
         return await sessions.handle(request, who)
 
+    async def metrics(request: web.Request) -> web.Response:
+        _, view = service.cluster(False)
+        _, queues = service.queues()
+        text = render_metrics(view, queues["queues"], service.proposer.inflight)
+        return web.Response(body=text.encode(), headers={"Content-Type": CONTENT_TYPE})
+
     async def cluster(request: web.Request) -> web.Response:
         return respond(*service.cluster(request.query.get("digest", "true").lower() not in ("false", "0", "no")))
 
@@ -111,7 +118,8 @@ def build_app(service: NodeService) -> web.Application:
     routes += [("GET", path, _guarded(handler)) for path, handler in (
         ("/v1/session", session),
         ("/v1/server-info", _authorized(auth, VIEWER, _any(lambda s: s.server_info()))),
-        ("/v1/cluster", _authorized(auth, VIEWER, cluster)), ("/healthz", _healthz), ("/readyz", _readyz))]
+        ("/v1/cluster", _authorized(auth, VIEWER, cluster)), ("/metrics", _authorized(auth, VIEWER, metrics)),
+        ("/healthz", _healthz), ("/readyz", _readyz))]
     r = app.router
     for method, path, handler in routes:
         if method == "GET":

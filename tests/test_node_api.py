@@ -1,6 +1,8 @@
 """The whole HTTP API against a real three-node cluster (real processes, Raft and HTTP)."""
 import base64
+import re
 import threading
+import urllib.request
 import time
 import uuid
 
@@ -270,3 +272,40 @@ def test_health_and_readiness(cluster, api):
     for i in range(3):
         assert http_json("GET", cluster.urls[i] + "/healthz")[0] == 200
         poll(lambda: http_json("GET", cluster.urls[i] + "/readyz")[0] == 200, what="readyz")
+
+
+def _metrics(url):
+    with urllib.request.urlopen(url + "/metrics", timeout=5) as r:
+        assert r.headers["Content-Type"].startswith("text/plain; version=0.0.4")
+        return r.read().decode()
+
+
+def test_metrics_in_prometheus_text_format(cluster, api):
+    queue = q()
+    for _ in range(2):
+        assert api.enqueue(queue)[0] == 200
+    status, out = api.reserve([queue])
+    job = out["jobs"][0]
+    assert api.post(f"/v1/jobs/{job['id']}/ack", {"attempt": job["attempt"]})[0] == 200
+    leader = cluster.wait_leader(20)
+    text = _metrics(cluster.urls[leader])
+    sample = re.compile(r'^(raftq_[a-z_]+)\{node="n\d"(,[a-z]+="[^"]*")*\} (NaN|-?\d+(\.\d+)?(e[+-]?\d+)?)$')
+    families, typed = set(), set()
+    for line in text.splitlines():
+        if line.startswith("# TYPE "):
+            typed.add(line.split()[2])
+        elif not line.startswith("# HELP "):
+            m = sample.match(line)
+            assert m, line
+            families.add(m.group(1))
+    assert families <= typed
+    values = {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if not line.startswith("#")}
+    node = cluster.ids[leader]
+    assert values[f'raftq_leader{{node="{node}"}}'] == 1
+    assert values[f'raftq_queue_enqueued_total{{node="{node}",queue="{queue}"}}'] == 2
+    assert values[f'raftq_queue_acked_total{{node="{node}",queue="{queue}"}}'] == 1
+    assert values[f'raftq_queue_ready{{node="{node}",queue="{queue}"}}'] == 1
+    assert sum(1 for k in values if k.startswith("raftq_peer_connected")) == 2
+    follower = next(i for i in range(3) if i != leader)
+    fvalues = _metrics(cluster.urls[follower])
+    assert f'raftq_leader{{node="{cluster.ids[follower]}"}} 0' in fvalues     # any node answers itself

@@ -89,6 +89,10 @@ def test_health_checks_need_no_key_and_unknown_v1_paths_do(cluster):
     assert http_json("GET", url + "/healthz")[0] == 200
     assert http_json("GET", url + "/readyz")[0] in (200, 503)
     assert http_json("GET", url + "/v1/nothing-here")[0] == 401
+    assert http_json("GET", url + "/metrics")[0] == 401
+    req = urllib.request.Request(url + "/metrics", headers=bearer("viewer"))
+    with urllib.request.urlopen(req, timeout=5) as r:
+        assert r.status == 200 and b"raftq_leader" in r.read()
     status, out = http_json("GET", url + "/v1/nothing-here", headers=bearer("viewer"))
     assert status == 404 and out["error"]["code"] == "not_found"
 

@@ -1,0 +1,90 @@
+"""`GET /metrics`: this node's view in the Prometheus text exposition format (version 0.0.4).
+
+Every node answers from its own state, like `/v1/cluster`: scrape all three and aggregate by the
+`node` label. The queue figures are the node's applied state (a follower's trail the leader's by
+its replication lag); take them from the node where `raftq_leader` is 1.
+"""
+from __future__ import annotations
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+# (metric suffix, key in the queue stats, help)
+_QUEUE_GAUGES = (("ready", "ready", "jobs ready to be reserved"),
+                 ("scheduled", "scheduled", "jobs waiting for their time"),
+                 ("in_flight", "in_flight", "jobs reserved under a lease"),
+                 ("dead_letters", "dead_lettered", "dead letters kept"))
+_QUEUE_COUNTERS = (("enqueued", "jobs enqueued"), ("acked", "jobs acked"), ("nacked", "nacks"),
+                   ("dead_lettered_total", "jobs dead-lettered"))
+
+
+def _label(v: str) -> str:
+    return str(v).replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+class _Text:
+    def __init__(self, node: str):
+        self.node = _label(node)
+        self.lines: list[str] = []
+
+    def family(self, name: str, kind: str, help_: str, samples):
+        """samples: [(labels dict, value)]; the node label is added to each."""
+        self.lines.append(f"# HELP {name} {help_}")
+        self.lines.append(f"# TYPE {name} {kind}")
+        for labels, value in samples:
+            extra = "".join(f',{k}="{_label(v)}"' for k, v in labels.items())
+            self.lines.append(f'{name}{{node="{self.node}"{extra}}} {_number(value)}')
+
+    def text(self) -> str:
+        return "\n".join(self.lines) + "\n"
+
+
+def _number(v) -> str:
+    if v is None:
+        return "NaN"
+    if isinstance(v, bool):
+        return "1" if v else "0"
+    return repr(float(v)) if isinstance(v, float) else str(int(v))
+
+
+def render(view: dict, queues: list[dict], inflight: int) -> str:
+    """`view` is NodeService.cluster()'s body (without digest), `queues` the queue stats."""
+    t = _Text(view["node_id"])
+    t.family("raftq_leader", "gauge", "1 on the node that leads the cluster", [({}, view["role"] == "leader")])
+    t.family("raftq_ready", "gauge", "1 when the node knows a leader and has applied what it knows is committed",
+             [({}, view["ready"])])
+    t.family("raftq_raft_term", "gauge", "the node's current Raft term", [({}, view["term"])])
+    t.family("raftq_raft_commit_index", "gauge", "the highest log index the node knows committed",
+             [({}, view["commit_index"])])
+    t.family("raftq_raft_last_applied", "gauge", "the highest log index applied to the node's state",
+             [({}, view["last_applied"])])
+    t.family("raftq_peer_connected", "gauge", "1 while the node's Raft link to the peer is up",
+             [({"peer": m["id"]}, m["connected"]) for m in view["members"] if m["id"] != view["node_id"]])
+    t.family("raftq_journal_syncs_total", "counter", "journal fsyncs (fsync durability)",
+             [({}, view.get("journal_syncs", 0))])
+    p = view.get("proposer", {})
+    t.family("raftq_proposals_total", "counter", "Raft entries proposed by this node (each a batch of requests)",
+             [({}, p.get("batches", 0))])
+    t.family("raftq_proposed_requests_total", "counter", "requests proposed by this node",
+             [({}, p.get("commands", 0))])
+    t.family("raftq_overloaded_total", "counter", "requests refused with 429 overloaded",
+             [({}, p.get("overloaded", 0))])
+    t.family("raftq_commit_timeouts_total", "counter", "requests not committed within the request timeout",
+             [({}, p.get("timeouts", 0))])
+    t.family("raftq_requests_in_flight", "gauge", "requests proposed and not yet answered", [({}, inflight)])
+    cpu = view.get("cpu", {})
+    t.family("raftq_cpu_seconds_total", "counter", "process CPU time by part (http: event loop, raft: tick "
+             "thread outside apply, apply: the state machine)",
+             [({"part": part}, cpu.get(f"{part}_s")) for part in ("http", "raft", "apply")])
+    state = view.get("state", {})
+    t.family("raftq_jobs", "gauge", "jobs held (ready, scheduled and in flight)", [({}, state.get("jobs", 0))])
+    t.family("raftq_dedup_records", "gauge", "idempotency records held", [({}, state.get("dedup_records", 0))])
+    t.family("raftq_request_id_records", "gauge", "request-id records held", [({}, state.get("request_ids", 0))])
+    for suffix, key, help_ in _QUEUE_GAUGES:
+        t.family(f"raftq_queue_{suffix}", "gauge", help_, [({"queue": q["name"]}, q[key]) for q in queues])
+    t.family("raftq_queue_paused", "gauge", "1 while the queue is paused", [({"queue": q["name"]}, q["paused"])
+                                                                          for q in queues])
+    for key, help_ in _QUEUE_COUNTERS:
+        name = key if key.endswith("_total") else f"{key}_total"
+        t.family(f"raftq_queue_{name}", "counter", f"{help_} since the queue was created",
+                 [({"queue": q["name"]}, q[key]) for q in queues])
+    return t.text()
