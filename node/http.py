@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 import orjson
 from aiohttp import web
@@ -119,7 +120,7 @@ def build_app(service: NodeService) -> web.Application:
         ("/v1/session", session),
         ("/v1/server-info", _authorized(auth, VIEWER, _any(lambda s: s.server_info()))),
         ("/v1/cluster", _authorized(auth, VIEWER, cluster)), ("/metrics", _authorized(auth, VIEWER, metrics)),
-        ("/healthz", _healthz), ("/readyz", _readyz))]
+        ("/healthz", _healthz), ("/readyz", _readyz), ("/", _admin_page))]
     r = app.router
     for method, path, handler in routes:
         if method == "GET":
@@ -230,6 +231,21 @@ def _any(fn):
     async def handler(request: web.Request) -> web.Response:
         return respond(*fn(request.app["service"]))
     return handler
+
+
+_ADMIN_PAGE: bytes | None = None
+
+
+async def _admin_page(request: web.Request) -> web.Response:
+    """The admin UI: one static page that calls this node's /v1 API from the browser (with the
+    key the user types in, when keys are on), so it needs no key itself."""
+    global _ADMIN_PAGE
+    if _ADMIN_PAGE is None:
+        _ADMIN_PAGE = (Path(__file__).parent / "admin.html").read_bytes()
+    return web.Response(body=_ADMIN_PAGE, content_type="text/html", charset="utf-8",
+                        headers={"Content-Security-Policy": "default-src 'self'; script-src 'self' 'unsafe-inline'; "
+                                                            "style-src 'unsafe-inline'; frame-ancestors 'none'",
+                                 "Cache-Control": "no-cache"})
 
 
 async def _healthz(request: web.Request) -> web.Response:

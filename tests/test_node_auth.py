@@ -1,5 +1,6 @@
 """API keys and roles (API.md "Authentication") against a real three-node cluster."""
 import asyncio
+import re
 import urllib.request
 import uuid
 
@@ -121,3 +122,24 @@ def test_client_sends_its_key_over_http_and_session_and_reports_refusals(cluster
                     await c.queues()
 
     asyncio.run(go())
+
+
+def test_admin_page_is_served_by_every_node_without_a_key_and_its_calls_exist(cluster):
+    for url in cluster.urls:
+        with urllib.request.urlopen(url + "/", timeout=5) as r:
+            assert r.status == 200 and r.headers["Content-Type"].startswith("text/html")
+            assert "frame-ancestors 'none'" in r.headers["Content-Security-Policy"]
+            page = r.read().decode()
+        assert "<title>raftq admin</title>" in page and "Authorization" in page
+    # Every API path the page calls is a real route that answers it (with a key).
+    leader = cluster.urls[cluster.wait_leader(20)]
+    paths = set(re.findall(r'"(/v1/[a-z-]+(?:/[a-z-]+)?)', page))
+    assert paths == {"/v1/cluster", "/v1/queues", "/v1/dead-letters", "/v1/dead-letters/requeue",
+                     "/v1/dead-letters/delete", "/v1/jobs"}, paths
+    for method, path, body in (("GET", "/v1/cluster?digest=false", None), ("GET", "/v1/queues", None),
+                               ("GET", "/v1/dead-letters?limit=50", None),
+                               ("POST", "/v1/dead-letters/requeue", {"ids": [str(uuid.uuid4())]}),
+                               ("POST", "/v1/dead-letters/delete", {"ids": [str(uuid.uuid4())]}),
+                               ("POST", "/v1/queues/ui-q/pause", {}), ("POST", "/v1/queues/ui-q/resume", {})):
+        status, out = http_json(method, leader + path, body, headers=bearer("operator"))
+        assert status == 200, (path, out)
