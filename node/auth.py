@@ -26,28 +26,27 @@ class Auth:
         self.enabled = bool(api_keys)
         self.keys = {_digest(k["key"]): (k["name"], ROLES.index(k["role"])) for k in api_keys or ()}
 
-    def who(self, header: str | None) -> tuple[str, int] | tuple[int, dict]:
-        """(name, role level) of the caller, or the 401 error to answer."""
+    def who(self, header: str | None) -> tuple[tuple[str, int] | None, tuple[int, dict] | None]:
+        """((key name, role level), None) for a known key, else (None, the 401 error)."""
         if not header:
-            return error("unauthenticated", "an API key is required: send the header 'Authorization: Bearer <key>'")
+            return None, error("unauthenticated", "an API key is required: send the header "
+                                                  "'Authorization: Bearer <key>'")
         scheme, _, key = header.partition(" ")
         key = key.strip()
         if scheme.lower() != "bearer" or not key:
-            return error("unauthenticated", "the Authorization header must be 'Bearer <key>'")
+            return None, error("unauthenticated", "the Authorization header must be 'Bearer <key>'")
         found = self.keys.get(_digest(key))
         if found is None:
-            return error("unauthenticated", "unknown API key")
-        return found
+            return None, error("unauthenticated", "unknown API key")
+        return found, None
 
     def check(self, header: str | None, need: int) -> tuple[int, dict] | None:
         """None when the caller may do an operation that needs role level `need`, else the
         401/403 error to answer."""
         if not self.enabled:
             return None
-        found = self.who(header)
-        if type(found[0]) is int:
-            return found
-        return self.permits(found, need)
+        found, refused = self.who(header)
+        return refused if found is None else self.permits(found, need)
 
     @staticmethod
     def permits(found: tuple[str, int], need: int) -> tuple[int, dict] | None:

@@ -92,9 +92,9 @@ def build_app(service: NodeService) -> web.Application:
     async def session(request: web.Request) -> web.StreamResponse:
         who = None
         if auth.enabled:                # at the upgrade; then each frame against its op's role
-            who = auth.who(request.headers.get("Authorization"))
-            if type(who[0]) is int:
-                return respond(*who)
+            who, refused = auth.who(request.headers.get("Authorization"))
+            if refused is not None:
+                return respond(*refused)
         redirect = _not_leader(service, request)
         if redirect is not None:
             return redirect
@@ -136,10 +136,9 @@ def _fallback(resources, auth: Auth):
     request it cannot take), both in the API's JSON error shape. Under /v1/ only for a
     caller with a key: every /v1/ request needs one."""
     async def handler(request: web.Request) -> web.Response:
-        if auth.enabled and request.path.startswith("/v1/"):
-            denied = auth.check(request.headers.get("Authorization"), VIEWER)
-            if denied is not None:
-                return respond(*denied)
+        if auth.enabled and request.path.startswith("/v1/") and \
+                (refused := _refusal(auth, request, VIEWER)) is not None:
+            return refused
         allowed = set()
         for res in resources:
             _, methods = await res.resolve(request)
@@ -175,10 +174,8 @@ def _not_leader(service: NodeService, request: web.Request) -> web.Response | No
 
 def _leader_write(fn, auth: Auth, need: int, optional: bool = False):
     async def handler(request: web.Request) -> web.Response:
-        if auth.enabled:
-            denied = auth.check(request.headers.get("Authorization"), need)
-            if denied is not None:
-                return respond(*denied)
+        if auth.enabled and (refused := _refusal(auth, request, need)) is not None:
+            return refused
         service: NodeService = request.app["service"]
         redirect = _not_leader(service, request)
         if redirect is not None:
@@ -200,10 +197,8 @@ def _leader_write(fn, auth: Auth, need: int, optional: bool = False):
 
 def _leader_read(fn, auth: Auth, need: int):
     async def handler(request: web.Request) -> web.Response:
-        if auth.enabled:
-            denied = auth.check(request.headers.get("Authorization"), need)
-            if denied is not None:
-                return respond(*denied)
+        if auth.enabled and (refused := _refusal(auth, request, need)) is not None:
+            return refused
         service: NodeService = request.app["service"]
         redirect = _not_leader(service, request)
         if redirect is not None:
@@ -220,11 +215,15 @@ def _authorized(auth: Auth, need: int, handler):
         return handler
 
     async def authorized(request: web.Request) -> web.StreamResponse:
-        denied = auth.check(request.headers.get("Authorization"), need)
-        if denied is not None:
-            return respond(*denied)
-        return await handler(request)
+        refused = _refusal(auth, request, need)
+        return refused if refused is not None else await handler(request)
     return authorized
+
+
+def _refusal(auth: Auth, request: web.Request, need: int) -> web.Response | None:
+    """The 401/403 answer for a caller whose key may not do what needs role level `need`."""
+    denied = auth.check(request.headers.get("Authorization"), need)
+    return None if denied is None else respond(*denied)
 
 
 def _any(fn):

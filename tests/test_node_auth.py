@@ -143,3 +143,15 @@ def test_admin_page_is_served_by_every_node_without_a_key_and_its_calls_exist(cl
                                ("POST", "/v1/queues/ui-q/pause", {}), ("POST", "/v1/queues/ui-q/resume", {})):
         status, out = http_json(method, leader + path, body, headers=bearer("operator"))
         assert status == 200, (path, out)
+
+
+def test_auth_rules_without_a_cluster():
+    from node.auth import ADMIN, OPERATOR, VIEWER, WORKER, Auth
+    assert Auth(None).check(None, ADMIN) is None                 # no keys configured: open
+    a = Auth([{"name": "w", "key": "k1", "role": "worker"}, {"name": "a", "key": "k2", "role": "admin"}])
+    assert a.check("Bearer k1", WORKER) is None and a.check("bearer  k1 ", VIEWER) is None
+    status, body = a.check("Bearer k1", OPERATOR)
+    assert status == 403 and body["error"]["required_role"] == "operator"
+    assert a.check("Bearer k2", ADMIN) is None
+    for header in (None, "", "Bearer", "Bearer ", "Token k1", "k1", "Bearer k3"):
+        assert a.check(header, VIEWER)[0] == 401, header
