@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import heapq
-from binascii import b2a_base64
+from binascii import a2b_base64, b2a_base64
 from heapq import heappop, heappush
 from collections import OrderedDict, deque
 from itertools import chain
@@ -66,35 +66,78 @@ class Job:
 
     def render(self) -> dict:
         """The Job shape of API.md."""
-        if self.payload is not None and self.trace is None:
-            # The common shape, built in one go (same keys, same order as below).
-            out = {"id": self.id, "queue": self.queue, "job_type": self.job_type,
-                   "payload": {"data_b64": b2a_base64(self.payload, newline=False).decode("ascii"),
-                               "encoding": self.encoding},
-                   "priority": self.priority,
-                   "custom": self.custom if self.custom is not None else {},
-                   "enqueued_at_ms": self.enqueued_at, "scheduled_at_ms": self.scheduled_at,
-                   "attempt": self.attempt, "max_attempts": self.max_attempts,
-                   "lease_expires_at_ms": self.lease_expires}
-            if self.deadline is not None:
-                out["deadline_at_ms"] = self.deadline
-            return out
-        out = {"id": self.id, "queue": self.queue, "job_type": self.job_type}
-        if self.payload is not None:
-            out["payload"] = {"data_b64": b2a_base64(self.payload, newline=False).decode("ascii"),
-                              "encoding": self.encoding}
-        out["priority"] = self.priority
-        out["custom"] = self.custom if self.custom is not None else {}
-        if self.trace is not None:
-            out["trace_context"] = {"traceparent": self.trace[0], "tracestate": self.trace[1]}
-        out["enqueued_at_ms"] = self.enqueued_at
-        out["scheduled_at_ms"] = self.scheduled_at
-        out["attempt"] = self.attempt
-        out["max_attempts"] = self.max_attempts
-        out["lease_expires_at_ms"] = self.lease_expires
-        if self.deadline is not None:
-            out["deadline_at_ms"] = self.deadline
+        return render_job(*_render_fields(self))
+
+
+# The fields the Job shape shows, in render_job's order. A reserve keeps these (a tuple of
+# atomic values, which the cyclic GC does not track) under its request id instead of the
+# rendered jobs: see QueueMachine.apply_one.
+RENDER_FIELDS = ("id", "queue", "job_type", "payload", "encoding", "priority", "custom", "trace",
+                 "enqueued_at", "scheduled_at", "attempt", "max_attempts", "lease_expires", "deadline")
+_render_fields = attrgetter(*RENDER_FIELDS)
+
+
+def render_job(id, queue, job_type, payload, encoding, priority, custom, trace, enqueued_at,
+               scheduled_at, attempt, max_attempts, lease_expires, deadline) -> dict:
+    """The Job shape of API.md from RENDER_FIELDS."""
+    if payload is not None and trace is None:
+        # The common shape, built in one go (same keys, same order as below).
+        out = {"id": id, "queue": queue, "job_type": job_type,
+               "payload": {"data_b64": b2a_base64(payload, newline=False).decode("ascii"), "encoding": encoding},
+               "priority": priority, "custom": custom if custom is not None else {},
+               "enqueued_at_ms": enqueued_at, "scheduled_at_ms": scheduled_at,
+               "attempt": attempt, "max_attempts": max_attempts, "lease_expires_at_ms": lease_expires}
+        if deadline is not None:
+            out["deadline_at_ms"] = deadline
         return out
+    out = {"id": id, "queue": queue, "job_type": job_type}
+    if payload is not None:
+        out["payload"] = {"data_b64": b2a_base64(payload, newline=False).decode("ascii"), "encoding": encoding}
+    out["priority"] = priority
+    out["custom"] = custom if custom is not None else {}
+    if trace is not None:
+        out["trace_context"] = {"traceparent": trace[0], "tracestate": trace[1]}
+    out["enqueued_at_ms"] = enqueued_at
+    out["scheduled_at_ms"] = scheduled_at
+    out["attempt"] = attempt
+    out["max_attempts"] = max_attempts
+    out["lease_expires_at_ms"] = lease_expires
+    if deadline is not None:
+        out["deadline_at_ms"] = deadline
+    return out
+
+
+def render_fields_of(shown: dict) -> tuple:
+    """RENDER_FIELDS back from a rendered job (render_job's inverse, for snapshots that kept
+    rendered jobs under request ids)."""
+    p = shown.get("payload")
+    t = shown.get("trace_context")
+    return (shown["id"], shown["queue"], shown["job_type"],
+            a2b_base64(p["data_b64"]) if p is not None else None, p["encoding"] if p is not None else None,
+            shown["priority"], shown["custom"] or None, (t["traceparent"], t["tracestate"]) if t is not None else None,
+            shown["enqueued_at_ms"], shown["scheduled_at_ms"], shown["attempt"], shown["max_attempts"],
+            shown["lease_expires_at_ms"], shown.get("deadline_at_ms"))
+
+
+# A reserve's answer as the request-id store keeps it: (RESERVED, (RENDER_FIELDS tuple, ...)).
+# Rendered, one job took ≈ 1.5 KB (the payload in base64 in a dict in a dict) for the whole
+# request_id_window_ms: at 7,000 requests/s, ≈ 650 MB per node; as fields it shares the job's
+# own strings and payload bytes.
+RESERVED = "reserved"
+
+
+def _kept(op: str, result):
+    """A snapshot's request-id entry in today's form (older snapshots kept rendered jobs)."""
+    if op == "res" and result and result[0] == 200 and isinstance(result[1], dict) and "jobs" in result[1]:
+        return RESERVED, tuple(render_fields_of(j) for j in result[1]["jobs"])
+    return tuple(result)
+
+
+def replayed(kept) -> tuple:
+    """What the request-id store holds, as the answer to replay: (status, body)."""
+    if kept[0] == RESERVED:
+        return 200, {"jobs": [render_job(*f) for f in kept[1]]}
+    return kept
 
 
 _job_fields = attrgetter(*Job.FIELDS)
@@ -154,6 +197,7 @@ class QueueMachine:
         self.dedup_heap: list = []      # (expires, queue, key)
         self.rids: dict[str, tuple[str, tuple, int]] = {}          # request id -> (op, result, expires)
         self.rid_fifo: deque = deque()  # (expires, request id); expiry order = insertion order
+        self.reserved: list | tuple = ()  # the last reserve's jobs as RENDER_FIELDS, for the rid store
         self.dlq: OrderedDict[str, tuple] = OrderedDict()          # job id -> (job, cause, failed_at, final_attempt, reason)
         self.dlq_by_queue: dict[str, OrderedDict] = {}
         self.applied = 0                # commands applied (for diagnostics, part of the state)
@@ -288,7 +332,7 @@ class QueueMachine:
                 if stored[0] != op:
                     return error("invalid_argument",
                                  f"Request-Id {rid!r} was already used for a different operation ({stored[0]})")
-                return stored[1]
+                return replayed(stored[1])
         self._undo.clear()
         try:
             result = handler(self, *cmd[2:])
@@ -301,7 +345,11 @@ class QueueMachine:
             # An empty reserve is not remembered: a long poll re-proposes the same request id
             # until it gets jobs, and only that answer must be replayed.
             expires = self.clock + self.limits.request_id_window_ms
-            self.rids[rid] = (op, result, expires)
+            if op == "res" and result[0] == 200:
+                kept, self.reserved = (RESERVED, tuple(self.reserved)), ()
+            else:
+                kept = result
+            self.rids[rid] = (op, kept, expires)
             self.rid_fifo.append((expires, rid))
         return result
 
@@ -416,7 +464,7 @@ class QueueMachine:
     # ------------------------------------------------------------------ reserve
     def _op_res(self, queue_names, lease_ms: int, max_jobs: int):
         now = self.clock
-        out = []
+        out, kept = [], []
         jobs, lease_heap = self.jobs, self.lease_heap
         undo = self._undo       # the hot path: the undo log is written inline
         for qname in queue_names:
@@ -474,9 +522,12 @@ class QueueMachine:
                 lease = (expires, ctr, job.id)
                 undo += (_heap_remove, lease_heap, lease, None)
                 heappush(lease_heap, lease)
-                out.append(job.render())
+                fields = _render_fields(job)
+                out.append(render_job(*fields))
+                kept.append(fields)
             if len(out) >= max_jobs:
                 break
+        self.reserved = kept
         return 200, {"jobs": out}
 
     def _lease(self, job: Job, expires: int):
@@ -891,7 +942,7 @@ class QueueMachine:
         m.dedup = {(a, b): (c, d) for a, b, c, d in data["dedup"]}
         m.dedup_heap = [tuple(e) for e in data["dedup_heap"]]
         heapq.heapify(m.dedup_heap)
-        m.rids = {rid: (op, result, exp) for rid, op, result, exp in data["rids"]}
+        m.rids = {rid: (op, _kept(op, result), exp) for rid, op, result, exp in data["rids"]}
         m.rid_fifo = deque(tuple(e) for e in data["rid_fifo"])
         return m
 
@@ -917,9 +968,9 @@ class QueueMachine:
         for k in sorted(self.dedup):
             h.update(repr((k, self.dedup[k])).encode())
         for rid in sorted(self.rids):
-            op, result, exp = self.rids[rid]
+            op, kept, exp = self.rids[rid]
             h.update(repr((rid, op, exp)).encode())
-            h.update(orjson.dumps(result, option=orjson.OPT_SORT_KEYS))
+            h.update(repr(kept).encode() if kept[0] == RESERVED else orjson.dumps(kept, option=orjson.OPT_SORT_KEYS))
         for job_id, rec in self.dlq.items():       # order matters: drain is oldest first
             h.update(repr((job_id,) + rec[1:]).encode())
         return h.hexdigest()[:32]
