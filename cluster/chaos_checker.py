@@ -96,7 +96,19 @@ class PowerCuts:
     def windows(self, op: dict) -> list:
         if not self.cuts or not _ok(op) or op.get("w1") is None or op.get("t1") is None:
             return []
-        return [c for c in self.cuts if op["w1"] >= c["lo"] and op["t1"] <= c["sep"]]
+        return self.at_risk(op["w1"], op["t1"])
+
+    def at_risk(self, w1, t1) -> list:
+        """The cuts that may have erased a write answered at wall ms w1, history time t1."""
+        hit = [c for c in self.cuts if w1 >= c["lo"] and t1 <= c["sep"]]
+        if hit:
+            # What one cut may have erased from some disks is not durable again when the next cut
+            # comes: a node restarted from its rolled-back disk (its "last durable point" is then
+            # the restart) holds a copy re-replicated after that, in memory only, until its next
+            # writeback. So an op at risk at one cut stays at risk at every later cut.
+            first = min(c["sep"] for c in hit)
+            hit += [c for c in self.cuts if c["sep"] > first and c not in hit]
+        return hit
 
     def lost_before(self, op: dict, t: float) -> bool:
         return any(t > c["sep"] for c in self.windows(op))
@@ -239,11 +251,12 @@ def check(ops: list[dict], *, dead_letters: list[dict], drain: dict | None = Non
                 continue
             creators = [op for v in job_values.get(jid, ()) for op in value_ops.get(v, ())] + \
                 [op for op in job_ops.get(jid, ()) if op.get("f") == "enqueue"]
-            w_first = min((op["w1"] for op in creators if op.get("w1") is not None), default=None)
+            first = min((op for op in creators if op.get("w1") is not None and op.get("t1") is not None),
+                        key=lambda op: op["w1"], default=None)
             seen = [op for op in job_ops.get(jid, ()) if _ok(op)]
-            if w_first is None or not seen:
+            if first is None or not seen:
                 continue
-            if any(w_first >= c["lo"] and all(op["t1"] <= c["sep"] for op in seen) for c in pc.cuts):
+            if any(all(op["t1"] <= c["sep"] for op in seen) for c in pc.at_risk(first["w1"], first["t1"])):
                 power_lost.add(jid)
 
     for v, jobs in value_jobs.items():

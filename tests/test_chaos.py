@@ -867,6 +867,26 @@ def test_memory_mode_power_cut_excuses_only_writes_after_the_last_durable_point(
     assert bad["count"] == 2
 
 
+def test_memory_mode_second_cut_may_erase_what_the_first_cut_put_at_risk():
+    """Two cuts: a write answered in the first cut's window that survived it (re-replicated
+    from a node that had written it back) may still be gone after the second, even though it
+    was answered before the second cut's durable point: the nodes restarted from rolled-back
+    disks held the re-replicated copy in memory only. Writes durable before the first cut, or
+    answered between the cuts before the second's durable point, must still survive."""
+    h = H()
+    h.enq("safe", "j-safe", t=(1.0, 1.1))            # before the first cut's durable point
+    h.enq("twice", "j-twice", t=(4.5, 4.6))          # in the first cut's window
+    h.enq("between", "j-between", t=(6.5, 6.6))      # after the first restart, before the second durable point
+    h.enq("late", "j-late", t=(7.5, 7.6))            # in the second cut's window
+    h.res([h.job(j, 1, v) for j, v in (("j-safe", "safe"), ("j-twice", "twice"), ("j-between", "between"),
+                                        ("j-late", "late"))], t=(8.0, 8.1))      # all four survived the first cut
+    cuts = [_cut(), _cut(t_inject=9.0, t_restart=10.0, durable_from=1_007_000, w_cut=1_009_000)]
+    cuts[1]["id"] = 1
+    bad = only(run(h, power_losses=cuts), "lost")
+    assert sorted(e["value"] for e in bad["examples"]) == ["between", "safe"]
+    assert bad["expected_after_power_loss"] == 2
+
+
 def test_memory_mode_power_cut_excuses_redelivery_of_a_lost_ack_only_across_the_cut():
     h = H()
     h.enq("v1", "j1", t=(1.0, 1.1))
