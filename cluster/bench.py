@@ -21,7 +21,7 @@ import sys
 import tempfile
 import time
 
-from .client import Client, EnqueueResult, job_request
+from .client import Client, EnqueueResult, PermissionDenied, Unauthenticated, job_request
 from .local import LocalCluster
 
 PAYLOAD = os.urandom(256)
@@ -55,15 +55,15 @@ class Clients:
     """Session transport: one client shared by every producer and worker of the process (as
     users would). HTTP: one client and one connection per producer/worker."""
 
-    def __init__(self, urls, transport: str):
-        self.urls, self.transport = urls, transport
-        self.shared = Client(urls, transport="session") if transport == "session" else None
+    def __init__(self, urls, transport: str, api_key: str | None = None):
+        self.urls, self.transport, self.api_key = urls, transport, api_key
+        self.shared = Client(urls, api_key=api_key, transport="session") if transport == "session" else None
         self.made: list[Client] = []
 
     def get(self) -> Client:
         if self.shared is not None:
             return self.shared
-        c = Client(self.urls, transport="http", connections=1)
+        c = Client(self.urls, api_key=self.api_key, transport="http", connections=1)
         self.made.append(c)
         return c
 
@@ -145,8 +145,8 @@ async def phase_latency(clients: Clients, queue, rounds) -> dict:
     return {"p50_ms": round(q(0.50), 3), "p99_ms": round(q(0.99), 3), "p999_ms": round(q(0.999), 3)}
 
 
-async def _cpu(url) -> dict:
-    async with Client([url], transport="http") as c:
+async def _cpu(url, api_key=None) -> dict:
+    async with Client([url], api_key=api_key, transport="http") as c:
         try:
             return (await c._get_from(url, "/v1/cluster?digest=false")).get("cpu") or {}
         except Exception:
@@ -164,8 +164,8 @@ def cpu_split(before: dict, after: dict) -> dict:
             "apply_share": round(d["apply_s"] / total, 3)}
 
 
-async def run(urls, jobs, producers, workers, phases, latency_rounds, transport, progress) -> dict:
-    probe = Client(urls, transport="http")
+async def run(urls, jobs, producers, workers, phases, latency_rounds, transport, progress, api_key=None) -> dict:
+    probe = Client(urls, api_key=api_key, transport="http")
     try:
         view = await probe.cluster()
     finally:
@@ -173,14 +173,14 @@ async def run(urls, jobs, producers, workers, phases, latency_rounds, transport,
     leader = (view.get("leader") or {}).get("url") or urls[0]
     out = {"leader": leader}
     tag = f"{int(time.time())}-{os.getpid()}"
-    clients = Clients(urls, transport)
+    clients = Clients(urls, transport, api_key)
 
     async def measured(name, coro_fn, n):
-        c0 = await _cpu(leader)
+        c0 = await _cpu(leader, api_key)
         p = Progress(name, n, progress)
         secs = await coro_fn(p)
         p.end()
-        c1 = await _cpu(leader)
+        c1 = await _cpu(leader, api_key)
         out[name] = {"jobs": n, "seconds": round(secs, 2), "jobs_per_s": round(n / secs, 1), **cpu_split(c0, c1)}
 
     try:
@@ -233,7 +233,8 @@ class BareServer:
         return {"jobs": jobs, "seconds": round(secs, 2), "jobs_per_s": round(jobs / secs, 1)}
 
 
-async def run_baseline(urls, jobs, producers, workers, rounds, transport, progress, first_mixed=None) -> dict:
+async def run_baseline(urls, jobs, producers, workers, rounds, transport, progress, first_mixed=None,
+                       api_key=None) -> dict:
     """The mixed phase against a bare aiohttp server that does nothing, in `rounds` rounds
     interleaved with raftq's own mixed phase (a fresh queue each round), the order flipping
     every round: the machine's speed drifts over minutes, and a single pair of runs minutes
@@ -247,7 +248,7 @@ async def run_baseline(urls, jobs, producers, workers, rounds, transport, progre
             b = await bare.mixed(jobs, producers, workers, progress) if bare_first else None
             if mixed is None:
                 tag = f"{int(time.time())}-{os.getpid()}-{i}"
-                clients = Clients(urls, transport)
+                clients = Clients(urls, transport, api_key)
                 p = Progress("mixed", jobs, progress)
                 try:
                     secs = await phase_mixed(clients, f"m-{tag}", jobs, producers, workers, p)
@@ -280,6 +281,8 @@ def main(argv=None) -> int:
     p.add_argument("--baseline-rounds", type=int, default=1, metavar="K",
                    help="with --baseline: K rounds of raftq's mixed phase and the bare server's, interleaved; "
                         "the ratio reported is the median of the rounds' ratios (default 1)")
+    p.add_argument("--api-key", default=os.environ.get("RAFTQ_API_KEY") or None,
+                   help="a worker (or higher) key for a cluster with API keys (default $RAFTQ_API_KEY)")
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
     if not args.urls and not args.local:
@@ -295,15 +298,20 @@ def main(argv=None) -> int:
         else:
             urls = [u.strip().rstrip("/") for u in args.urls.split(",") if u.strip()]
         result = asyncio.run(run(urls, args.jobs, args.producers, args.workers, phases, args.latency_rounds,
-                                 args.transport, progress=not args.json))
+                                 args.transport, progress=not args.json, api_key=args.api_key))
         if args.baseline:
             base = asyncio.run(run_baseline(urls, args.jobs, args.producers, args.workers, args.baseline_rounds,
-                                            args.transport, not args.json, first_mixed=result.get("mixed")))
+                                            args.transport, not args.json, first_mixed=result.get("mixed"),
+                                            api_key=args.api_key))
             result["bare_http_mixed"] = base
             if args.transport == "http":
                 result["mixed_vs_bare"] = base["ratio"]
         result.update({"durability": args.durability if args.local else None, "transport": args.transport,
                        "producers": args.producers, "workers": args.workers, "cores": os.cpu_count()})
+    except (Unauthenticated, PermissionDenied) as e:
+        print(f"raftq bench: the cluster refused the benchmark's requests ({e.message}); give a key with the "
+              "worker role or higher: --api-key KEY or $RAFTQ_API_KEY", file=sys.stderr)
+        return 1
     finally:
         if cluster is not None:
             cluster.stop_all()

@@ -400,8 +400,13 @@ class Client:
                 async with http.get(url + "/v1/cluster?digest=false", headers=self._headers(None),
                                     timeout=aiohttp.ClientTimeout(total=min(timeout, self.connect_timeout))) as r:
                     if r.status in (401, 403):    # the same keys on every node: asking on won't help
+                        raw = await r.read()
+                        try:
+                            why = orjson.loads(raw)["error"]["message"]
+                        except (ValueError, KeyError, TypeError):
+                            why = raw[:200].decode(errors="replace")
                         code = "unauthenticated" if r.status == 401 else "permission_denied"
-                        raise error_from(r.status, {"error": {"code": code, "message": f"{url}: {await r.text()}"}})
+                        raise error_from(r.status, {"error": {"code": code, "message": f"{url}: {why}"}})
                     if r.status != 200:
                         continue
                     view = orjson.loads(await r.read())

@@ -370,6 +370,10 @@ def _no_leader(ctx, msg: str) -> int:
     return EXIT_FAILED
 
 
+def _refused(a) -> bool:
+    return a.status in (401, 403)
+
+
 async def cmd_status(ctx: Ctx) -> int:
     answers = await ctx.probe(ctx.urls)
     asked = {a.url for a in answers}
@@ -403,14 +407,16 @@ async def cmd_status(ctx: Ctx) -> int:
             if a.view:
                 out.append({"url": a.url, **a.view})
             else:
-                out.append({"url": a.url, "node_id": ids.get(a.url), "role": "down", "error": a.error})
+                out.append({"url": a.url, "node_id": ids.get(a.url), "role": "refused" if _refused(a) else "down",
+                            "error": a.error})
         ctx.dump(out)
     else:
         rows = []
         for a in answers:
             v = a.view
             if v is None:
-                rows.append([ids.get(a.url) or "?", a.url, "down", None, None, None, None, None, None])
+                rows.append([ids.get(a.url) or "?", a.url, "refused" if _refused(a) else "down",
+                             None, None, None, None, None, None])
                 continue
             peers = [m for m in v.get("members", []) if m.get("id") != v.get("node_id")]
             connected = sum(1 for m in peers if m.get("connected"))
@@ -422,8 +428,13 @@ async def cmd_status(ctx: Ctx) -> int:
                              rows, right={3, 4, 5}))
         for a in answers:
             if a.view is None:
-                ctx.out(f"  {ids.get(a.url) or a.url} is down: {a.error}")
+                ctx.out(f"  {ids.get(a.url) or a.url} {'refused the key' if _refused(a) else 'is down'}: {a.error}")
 
+    if not up and answers and all(_refused(a) for a in answers):
+        raise CliError("the nodes answer but refuse the request: "
+                       + ("give an API key with --api-key KEY or $RAFTQ_API_KEY (a viewer key is enough for status)"
+                          if ctx.api_key is None else "the API key is unknown to them or its role is too low"),
+                       EXIT_FAILED)
     if not up:
         raise CliError(unreachable_message(ctx.urls), EXIT_UNREACHABLE)
 

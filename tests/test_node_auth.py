@@ -1,5 +1,6 @@
 """API keys and roles (API.md "Authentication") against a real three-node cluster."""
 import asyncio
+import json
 import re
 import urllib.request
 import uuid
@@ -155,3 +156,18 @@ def test_auth_rules_without_a_cluster():
     assert a.check("Bearer k2", ADMIN) is None
     for header in (None, "", "Bearer", "Bearer ", "Token k1", "k1", "Bearer k3"):
         assert a.check(header, VIEWER)[0] == 401, header
+
+
+def test_command_line_status_and_bench_with_and_without_a_key(cluster):
+    from tests.test_cli import raftq
+    code, out, err = raftq("status", urls=cluster.urls)
+    assert code == 1 and "refused" in out and "give an API key with --api-key KEY or $RAFTQ_API_KEY" in err
+    code, out, err = raftq("status", "--api-key", KEYS["viewer"], urls=cluster.urls)
+    assert code == 0 and "3/3 nodes up" in out
+    code, out, err = raftq("bench", "--jobs", "40", "--producers", "2", "--workers", "2", "--phases", "enqueue",
+                           urls=cluster.urls)
+    assert code == 1 and "give a key with the worker role or higher" in err and "an API key is required" in err
+    code, out, err = raftq("bench", "--jobs", "40", "--producers", "2", "--workers", "2", "--phases", "mixed",
+                           "--transport", "http", "--json", urls=cluster.urls, env={"RAFTQ_API_KEY": KEYS["worker"]})
+    assert code == 0, err
+    assert json.loads(out)["mixed"]["jobs"] == 40
