@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import base64
 import json
 import os
 import shutil
@@ -131,6 +130,21 @@ async def phase_mixed(clients: Clients, queue, jobs, producers, workers, progres
     return secs
 
 
+def figure(jobs: int, secs: float) -> dict:
+    return {"jobs": jobs, "seconds": round(secs, 2), "jobs_per_s": round(jobs / secs, 1)}
+
+
+async def mixed_round(urls, transport, api_key, queue, jobs, producers, workers, label, progress) -> dict:
+    """One mixed phase on fresh clients (a baseline round, against raftq or the bare server)."""
+    clients = Clients(urls, transport, api_key)
+    p = Progress(label, jobs, progress)
+    try:
+        return figure(jobs, await phase_mixed(clients, queue, jobs, producers, workers, p))
+    finally:
+        p.end()
+        await clients.close()
+
+
 async def phase_latency(clients: Clients, queue, rounds) -> dict:
     c = clients.get()
     lat = []
@@ -181,7 +195,7 @@ async def run(urls, jobs, producers, workers, phases, latency_rounds, transport,
         secs = await coro_fn(p)
         p.end()
         c1 = await _cpu(leader, api_key)
-        out[name] = {"jobs": n, "seconds": round(secs, 2), "jobs_per_s": round(n / secs, 1), **cpu_split(c0, c1)}
+        out[name] = {**figure(n, secs), **cpu_split(c0, c1)}
 
     try:
         if "enqueue" in phases:
@@ -223,14 +237,7 @@ class BareServer:
         await self.proc.wait()
 
     async def mixed(self, jobs, producers, workers, progress) -> dict:
-        clients = Clients([self.url], "http")
-        p = Progress("bare mixed", jobs, progress)
-        try:
-            secs = await phase_mixed(clients, "bare", jobs, producers, workers, p)
-        finally:
-            p.end()
-            await clients.close()
-        return {"jobs": jobs, "seconds": round(secs, 2), "jobs_per_s": round(jobs / secs, 1)}
+        return await mixed_round([self.url], "http", None, "bare", jobs, producers, workers, "bare mixed", progress)
 
 
 async def run_baseline(urls, jobs, producers, workers, rounds, transport, progress, first_mixed=None,
@@ -247,15 +254,8 @@ async def run_baseline(urls, jobs, producers, workers, rounds, transport, progre
             bare_first = i % 2 == 1
             b = await bare.mixed(jobs, producers, workers, progress) if bare_first else None
             if mixed is None:
-                tag = f"{int(time.time())}-{os.getpid()}-{i}"
-                clients = Clients(urls, transport, api_key)
-                p = Progress("mixed", jobs, progress)
-                try:
-                    secs = await phase_mixed(clients, f"m-{tag}", jobs, producers, workers, p)
-                finally:
-                    p.end()
-                    await clients.close()
-                mixed = {"jobs": jobs, "seconds": round(secs, 2), "jobs_per_s": round(jobs / secs, 1)}
+                queue = f"m-{int(time.time())}-{os.getpid()}-{i}"
+                mixed = await mixed_round(urls, transport, api_key, queue, jobs, producers, workers, "mixed", progress)
             if b is None:
                 b = await bare.mixed(jobs, producers, workers, progress)
             out["rounds"].append({"raftq_jobs_per_s": mixed["jobs_per_s"], "bare_jobs_per_s": b["jobs_per_s"],

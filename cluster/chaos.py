@@ -32,7 +32,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import random
 import shutil
 import sys
@@ -329,8 +328,8 @@ def _power_loss_summary(cuts: list, result: dict) -> dict:
                 if i.get("expected_after_power_loss")}
     return {"cuts": len(cuts),
             "cuts_with_unsynced_bytes": sum(1 for c in cuts if c.get("unsynced_at_cut")),
-            "entries_dropped": sum(n.get("entries_dropped", 0) for n in nodes),
-            "bytes_dropped": sum(n.get("bytes_dropped", 0) for n in nodes),
+            "entries_dropped": sum(c.get("entries_dropped", 0) for c in cuts),
+            "bytes_dropped": sum(c.get("bytes_dropped", 0) for c in cuts),
             "max_entries_dropped_on_a_node": max((n.get("entries_dropped", 0) for n in nodes), default=0),
             "restore_errors": sum(1 for n in nodes if n.get("error")),
             "lost_after_power_loss": result["stats"].get("lost_after_power_loss", 0),

@@ -87,8 +87,7 @@ class PowerCuts:
             sep = c.get("t_restart", c.get("t_heal"))
             if sep is None:
                 continue
-            self.cuts.append({"lo": c["durable_from_wall_ms"], "sep": sep, "t_cut": c.get("t_inject"),
-                              "w_cut": c.get("w_cut"), "id": c.get("id")})
+            self.cuts.append({"lo": c["durable_from_wall_ms"], "sep": sep, "w_cut": c.get("w_cut")})
 
     def __bool__(self):
         return bool(self.cuts)

@@ -519,8 +519,8 @@ class PowerLoss(Fault):
     simulated page writeback every few seconds in memory mode), what a disk honouring only fsync
     would hold. The cut: every node's process group is frozen at once (SIGSTOP), then SIGKILLed,
     and each data dir is rolled back to its record: the journal to its last durable offset (and
-    the durable bytes that in-place rewrites had overwritten), in memory mode also the term/vote
-    file and the snapshot. Heal restarts them all.
+    the durable bytes that in-place rewrites had overwritten), in memory mode also the snapshot
+    (term and vote are synced in both modes). Heal restarts them all.
 
     The moment is chosen the way a nemesis would: the nodes are frozen every few ms until one of
     them holds journal bytes that are not durable (in fsync mode that is a short window: appended
@@ -529,20 +529,9 @@ class PowerLoss(Fault):
     kind = "power-loss"
     HUNT_S = 3.0
 
-    def _pgid(self, i):
-        p = self.env.cluster.procs.get(i)
-        if p is None or p.poll() is not None:
-            return None
-        return p.pid                     # start_new_session: the node leads its own group
-
     def _signal_all(self, ids, sig):
         for i in ids:
-            pg = self._pgid(i)
-            if pg is not None:
-                try:
-                    os.killpg(pg, sig)
-                except ProcessLookupError:
-                    pass
+            self.env.cluster.signal(i, sig, group=True)
 
     def _wait_stopped(self, ids, timeout: float = 1.0) -> bool:
         """kill(SIGSTOP) returns before the target stops: wait until every thread of every node
@@ -550,10 +539,10 @@ class PowerLoss(Fault):
         end = time.monotonic() + timeout
         tasks = []
         for i in ids:
-            pg = self._pgid(i)
-            if pg is not None:
+            p = self.env.cluster.procs.get(i)
+            if p is not None and p.poll() is None:
                 try:
-                    tasks += [f"/proc/{pg}/task/{t}/stat" for t in os.listdir(f"/proc/{pg}/task")]
+                    tasks += [f"/proc/{p.pid}/task/{t}/stat" for t in os.listdir(f"/proc/{p.pid}/task")]
                 except OSError:
                     pass
         while tasks and time.monotonic() < end:

@@ -826,7 +826,7 @@ async def cmd_dlq_list(ctx: Ctx) -> int:
     rows = [[r["job"]["id"], r["job"]["queue"], r["job"]["job_type"], r["cause"], r["final_attempt"],
              fmt_rel(r["failed_at_ms"] - now), short(r.get("last_reason"), 40)] for r in records]
     ctx.out(format_table(["JOB", "QUEUE", "TYPE", "CAUSE", "ATTEMPT", "FAILED", "LAST REASON"], rows, right={4}))
-    ctx.out(f"{len(records)} dead letter(s)" + (f" shown; more remain (raise --limit, or --all)" if more else ""))
+    ctx.out(f"{len(records)} dead letter(s)" + (" shown; more remain (raise --limit, or --all)" if more else ""))
     return EXIT_OK
 
 

@@ -14,6 +14,8 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from node.settings import ROLES
+
 
 def free_ports(n: int) -> list[int]:
     socks, ports = [], []
@@ -87,8 +89,7 @@ class LocalCluster:
         self.env = env or {}
         # [auth] api_keys ({name, key, role}); the launcher's own probes use the strongest key.
         self.api_keys = api_keys or []
-        order = ("viewer", "worker", "operator", "admin")
-        best = max(self.api_keys, key=lambda k: order.index(k.get("role", "admin")), default=None)
+        best = max(self.api_keys, key=lambda k: ROLES.index(k.get("role", "admin")), default=None)
         self.probe_headers = {"Authorization": f"Bearer {best['key']}"} if best else {}
         self.node_env: dict[int, dict] = {}
         if base_port:
@@ -168,10 +169,15 @@ class LocalCluster:
         p = self.procs.get(i)
         return p is not None and p.poll() is None
 
-    def signal(self, i: int, sig):
+    def signal(self, i: int, sig, group: bool = False):
+        """Signal node i's process, or with `group` its whole process group (each node leads
+        its own: a snapshot child pysyncobj forks is in it)."""
         p = self.procs.get(i)
         if p is not None and p.poll() is None:
-            os.kill(p.pid, sig)
+            try:
+                (os.killpg if group else os.kill)(p.pid, sig)
+            except ProcessLookupError:
+                pass                    # died since poll()
 
     def kill(self, i: int):
         p = self.procs.get(i)

@@ -160,8 +160,8 @@ def bench_batch_cycle(n: int, batch: int = 256) -> tuple[float, float]:
         if now >= next_sweep:
             apply(now, sweep)
             next_sweep = now + SWEEP_EVERY_MS
-        res = _check(apply(now, enqueue_batch({"jobs": body_list[start:start + batch]}, limits, now, new_id)),
-                     "enqueue_batch")
+        _check(apply(now, enqueue_batch({"jobs": body_list[start:start + batch]}, limits, now, new_id)),
+               "enqueue_batch")
         cmd, _ = reserve(rbody, limits)
         jobs = _check(apply(now, cmd), "reserve")["jobs"]
         acks = {"acks": [{"job_id": j["id"], "attempt": j["attempt"]} for j in jobs]}

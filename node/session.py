@@ -9,7 +9,6 @@ leader's URL as the reason, and the client re-sends its unanswered requests ther
 from __future__ import annotations
 
 import asyncio
-import collections
 import logging
 
 import orjson
