@@ -21,7 +21,7 @@ from pysyncobj.monotonic import monotonic as monotonicTime
 from pysyncobj.tcp_connection import CONNECTION_STATE
 from pysyncobj.transport import TCPTransport
 
-from . import sync_shadow, wire
+from . import journal_file, sync_shadow, wire
 from .machine import QueueMachine
 from .settings import Settings
 
@@ -497,6 +497,7 @@ class Replica:
         holder: dict = {}
         transport = TCPTransport
         if settings.durability == "fsync":
+            journal_file.install()
             _fsync_meta_storer()
             _fsync_snapshots()
             transport = _durable_transport(holder)
@@ -541,16 +542,14 @@ class Replica:
 
         shadow = self.shadow
 
-        # fdatasync, not pysyncobj's mmap.flush(): CPython's mmap.flush holds the GIL through
-        # the whole msync, which froze the event loop for a third of the time under load. For a
-        # shared file mapping Linux's msync(MS_SYNC) is fdatasync of the range, so this syncs
-        # the same bytes. The file object is looked up each time: pysyncobj reopens it on growth.
-        files = journal._FileJournal__journalFile
+        # fdatasync of the journal file (node/journal_file.py, pwrite into zero-filled space:
+        # data only, no filesystem metadata), which releases the GIL while the disk works.
+        fd = journal._FileJournal__journalFile.fileno()
 
         def sync():
             if dirty[0]:
                 dirty[0] = False
-                _datasync(files._ResizableFile__f.fileno())
+                _datasync(fd)
                 self.syncs += 1
                 if shadow is not None:
                     shadow.durable()

@@ -1,0 +1,80 @@
+"""The Raft journal's file (node/journal_file.py): pysyncobj's format, written into space that is
+already on disk, so an append's fdatasync carries no block allocation."""
+import os
+
+import pysyncobj.journal as pj
+import pytest
+
+from node.journal_file import GROW_BYTES, JournalFile
+
+ORIGINAL = pj.ResizableFile
+
+
+def journal_with(monkeypatch, file_class, path):
+    monkeypatch.setattr(pj, "ResizableFile", file_class)
+    return pj.FileJournal(str(path))
+
+
+def entries(n, start=1):
+    return [(os.urandom(50 + i % 300), start + i, 1 + i // 100) for i in range(n)]
+
+
+@pytest.mark.parametrize("writer,reader", [(JournalFile, ORIGINAL), (ORIGINAL, JournalFile),
+                                           (JournalFile, JournalFile)])
+def test_same_format_as_pysyncobj_both_ways(monkeypatch, tmp_path, writer, reader):
+    path = tmp_path / "raft.journal"
+    j = journal_with(monkeypatch, writer, path)
+    written = entries(500)
+    for e in written:
+        j.add(*e)
+    j.deleteEntriesFrom(450)            # a conflicting tail dropped, then rewritten
+    rewritten = entries(20, start=451)
+    for e in rewritten:
+        j.add(*e)
+    j._destroy()
+    back = journal_with(monkeypatch, reader, path)
+    assert [tuple(back[i]) for i in range(len(back))] == written[:450] + rewritten
+    back._destroy()
+
+
+def test_space_ahead_of_the_last_write_is_written_not_sparse(monkeypatch, tmp_path):
+    path = tmp_path / "raft.journal"
+    j = journal_with(monkeypatch, JournalFile, path)
+    big = os.urandom(300_000)
+    for i in range(20):                 # 6 MB: past the first zero-filled region several times
+        j.add(big, i + 1, 1)
+    j._destroy()
+    st = os.stat(path)
+    written_end = 40 + 20 * (300_000 + 8 + 16)
+    assert written_end < st.st_size <= written_end + GROW_BYTES + (1 << 20)
+    # Every byte up to the end is a written block: no hole for an append to allocate into.
+    # (pysyncobj's mmap file is grown with ftruncate and fails this.)
+    assert st.st_blocks * 512 >= st.st_size
+    assert os.lseek(os.open(path, os.O_RDONLY), 0, os.SEEK_HOLE) == st.st_size
+
+
+def test_compaction_rewrites_from_the_start_without_growing(monkeypatch, tmp_path):
+    path = tmp_path / "raft.journal"
+    j = journal_with(monkeypatch, JournalFile, path)
+    for e in entries(2000):
+        j.add(*e)
+    size = os.stat(path).st_size
+    j.deleteEntriesTo(1900)             # log compaction: clear, then the kept entries again
+    kept = [tuple(j[i]) for i in range(len(j))]
+    for e in entries(100, start=2001):
+        j.add(*e)
+    j._destroy()
+    assert os.stat(path).st_size == size
+    back = journal_with(monkeypatch, JournalFile, path)
+    assert [tuple(back[i]) for i in range(len(back))][:100] == kept
+    assert back[len(back) - 1][1] == 2100
+    back._destroy()
+
+
+def test_reads_past_the_end_are_short_as_mmap_slices_are(tmp_path):
+    f = JournalFile(str(tmp_path / "j"), defaultContent=b"h" * 40)
+    f.write(40, b"abc")
+    assert f.read(40, 3) == b"abc"
+    size = os.fstat(f.fileno()).st_size
+    assert f.read(size - 2, 10) == b"\0\0"
+    f._destroy()
