@@ -335,7 +335,8 @@ class NodeService:
                      "last_applied": applied, "members": members, "ready": self.ready(),
                      "digest": digest, "durability": self.settings.durability,
                      "limits_fingerprint": self.limits.fingerprint(), "state": machine_counts,
-                     "cpu": r.cpu(), "proposer": dict(self.proposer.stats), "journal_syncs": r.syncs}
+                     "cpu": r.cpu(), "proposer": dict(self.proposer.stats), "journal_syncs": r.syncs,
+                     "event_loop": "uvloop" if type(self.loop).__module__.startswith("uvloop") else "asyncio"}
 
     def ready(self) -> bool:
         r = self.replica

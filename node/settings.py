@@ -198,7 +198,10 @@ def parse(doc: dict, source: str = "", base_dir: Path | None = None) -> Settings
     for key, value in tuning.items():
         if key not in TUNING_DEFAULTS:
             raise ConfigError(f"tuning.{key}: unknown key (known: {', '.join(sorted(TUNING_DEFAULTS))})")
-        if key == "raft_compression_level":
+        if key == "event_loop":
+            if value not in EVENT_LOOPS:
+                raise ConfigError(f"tuning.{key}: must be one of {', '.join(EVENT_LOOPS)}, got {value!r}")
+        elif key == "raft_compression_level":
             if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 9:
                 raise ConfigError(f"tuning.{key}: must be an integer 0..9, got {value!r}")
         elif isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
@@ -226,7 +229,9 @@ TUNING_DEFAULTS = {
     "raft_compression_level": 0,     # zlib level of Raft messages (pysyncobj's own default: 3)
     "dns_cache_time_s": 30,          # pysyncobj caches peer addresses (default 600 s): a peer
     "dns_fail_cache_time_s": 5,      # that comes back on a new IP must be found quickly
+    "event_loop": "uvloop",          # or "asyncio" (node/server.py run_loop)
 }
+EVENT_LOOPS = ("uvloop", "asyncio")
 
 
 def load(path: str | Path) -> Settings:

@@ -36,6 +36,7 @@ CASES = [
     ("bad durability", GOOD.replace("[cluster]", '[cluster]\ndurability = "sometimes"'), "cluster.durability"),
     ("not toml", "[node\n", "not valid TOML"),
     ("unknown section", GOOD + "\n[limitz]\nx = 1\n", "limitz"),
+    ("unknown event loop", GOOD + '\n[tuning]\nevent_loop = "trio"\n', "tuning.event_loop"),
 ]
 
 
@@ -83,3 +84,13 @@ def test_node_refuses_a_cluster_with_different_limits(make_cluster):
     assert proc.returncode == 2
     log = (c.dir / f"{c.ids[victim]}.log").read_text()
     assert "limits differ" in log
+
+
+def test_nodes_run_on_uvloop_unless_told_asyncio(make_cluster):
+    from cluster.local import http_json
+    c = make_cluster(tuning={"event_loop": "asyncio"})
+    c.wait_converged()
+    assert {http_json("GET", u + "/v1/cluster?digest=false")[1]["event_loop"] for u in c.urls} == {"asyncio"}
+    d = make_cluster()
+    d.wait_converged()
+    assert {http_json("GET", u + "/v1/cluster?digest=false")[1]["event_loop"] for u in d.urls} == {"uvloop"}
