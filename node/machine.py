@@ -126,17 +126,42 @@ def render_fields_of(shown: dict) -> tuple:
 RESERVED = "reserved"
 
 
+# The two answers most requests get, kept as one small tuple of atomic values instead of
+# (200, dict): ≈ 64 bytes instead of ≈ 240, for every enqueue and ack during the window.
+JOB_ID = "job_id"                   # (JOB_ID, job id)  <-  200 {"job_id"}            (ack, cancel)
+ENQUEUED = "enqueued"               # (ENQUEUED, job id, deduplicated)  <-  200 {"job_id", "deduplicated"}
+
+
+def _compact(body):
+    """A 200 answer's body as the request-id store keeps it (see replayed)."""
+    if type(body) is dict:
+        n = len(body)
+        if n == 1 and "job_id" in body:
+            return JOB_ID, body["job_id"]
+        if n == 2 and "deduplicated" in body and "job_id" in body:
+            return ENQUEUED, body["job_id"], body["deduplicated"]
+    return 200, body
+
+
 def _kept(op: str, result):
-    """A snapshot's request-id entry in today's form (older snapshots kept rendered jobs)."""
-    if op == "res" and result and result[0] == 200 and isinstance(result[1], dict) and "jobs" in result[1]:
-        return RESERVED, tuple(render_fields_of(j) for j in result[1]["jobs"])
+    """A snapshot's request-id entry in today's form (older snapshots kept rendered jobs and
+    every answer as (status, body))."""
+    if result and result[0] == 200 and isinstance(result[1], dict):
+        if op == "res" and "jobs" in result[1]:
+            return RESERVED, tuple(render_fields_of(j) for j in result[1]["jobs"])
+        return _compact(result[1])
     return tuple(result)
 
 
 def replayed(kept) -> tuple:
     """What the request-id store holds, as the answer to replay: (status, body)."""
-    if kept[0] == RESERVED:
+    kind = kept[0]
+    if kind == RESERVED:
         return 200, {"jobs": [render_job(*f) for f in kept[1]]}
+    if kind == ENQUEUED:
+        return 200, {"job_id": kept[1], "deduplicated": kept[2]}
+    if kind == JOB_ID:
+        return 200, {"job_id": kept[1]}
     return kept
 
 
@@ -198,6 +223,12 @@ class QueueMachine:
         self.rids: dict[str, tuple[str, tuple, int]] = {}          # request id -> (op, result, expires)
         self.rid_fifo: deque = deque()  # (expires, request id); expiry order = insertion order
         self.reserved: list | tuple = ()  # the last reserve's jobs as RENDER_FIELDS, for the rid store
+        # Whether anyone reads the answers of the commands being applied: a follower, or a
+        # leader applying entries nobody on it waits for, leaves a reserve's jobs unrendered
+        # (each costs a dict, a nested dict and a base64 of the payload). Not replicated state:
+        # the node sets it per entry (node/replica.py), and it changes no state and no stored
+        # answer, only the answer returned to nobody.
+        self.render = True
         self.dlq: OrderedDict[str, tuple] = OrderedDict()          # job id -> (job, cause, failed_at, final_attempt, reason)
         self.dlq_by_queue: dict[str, OrderedDict] = {}
         self.applied = 0                # commands applied (for diagnostics, part of the state)
@@ -345,8 +376,11 @@ class QueueMachine:
             # An empty reserve is not remembered: a long poll re-proposes the same request id
             # until it gets jobs, and only that answer must be replayed.
             expires = self.clock + self.limits.request_id_window_ms
-            if op == "res" and result[0] == 200:
-                kept, self.reserved = (RESERVED, tuple(self.reserved)), ()
+            if result[0] == 200:
+                if op == "res":
+                    kept, self.reserved = (RESERVED, tuple(self.reserved)), ()
+                else:
+                    kept = _compact(result[1])
             else:
                 kept = result
             self.rids[rid] = (op, kept, expires)
@@ -465,6 +499,7 @@ class QueueMachine:
     def _op_res(self, queue_names, lease_ms: int, max_jobs: int):
         now = self.clock
         out, kept = [], []
+        render = self.render
         jobs, lease_heap = self.jobs, self.lease_heap
         undo = self._undo       # the hot path: the undo log is written inline
         for qname in queue_names:
@@ -472,7 +507,7 @@ class QueueMachine:
             if q is None or q.paused:
                 continue
             heap, fifo = q.ready_heap, q.ready_fifo
-            while len(out) < max_jobs:
+            while len(kept) < max_jobs:
                 # The next job is the smaller head of the FIFO and the heap. Stale heads are
                 # dropped on the way: that changes nothing logical, so it is not logged.
                 while fifo:
@@ -523,12 +558,13 @@ class QueueMachine:
                 undo += (_heap_remove, lease_heap, lease, None)
                 heappush(lease_heap, lease)
                 fields = _render_fields(job)
-                out.append(render_job(*fields))
+                if render:
+                    out.append(render_job(*fields))
                 kept.append(fields)
-            if len(out) >= max_jobs:
+            if len(kept) >= max_jobs:
                 break
         self.reserved = kept
-        return 200, {"jobs": out}
+        return 200, {"jobs": out if render else kept}
 
     def _lease(self, job: Job, expires: int):
         # A lease entry names its job by id, not by reference: an acked job is freed at once
@@ -970,7 +1006,7 @@ class QueueMachine:
         for rid in sorted(self.rids):
             op, kept, exp = self.rids[rid]
             h.update(repr((rid, op, exp)).encode())
-            h.update(repr(kept).encode() if kept[0] == RESERVED else orjson.dumps(kept, option=orjson.OPT_SORT_KEYS))
+            h.update(repr(kept).encode() if type(kept[0]) is str else orjson.dumps(kept, option=orjson.OPT_SORT_KEYS))
         for job_id, rec in self.dlq.items():       # order matters: drain is oldest first
             h.update(repr((job_id,) + rec[1:]).encode())
         return h.hexdigest()[:32]

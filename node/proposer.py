@@ -37,14 +37,15 @@ class Bridge:
     """Resolve asyncio futures from pysyncobj's tick thread with at most one loop wake-up per
     drain (notes/pysyncobj.md §1.4: 24 µs instead of 44 µs per operation)."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop):
+    def __init__(self, loop: asyncio.AbstractEventLoop, settle):
         self.loop = loop
+        self.settle = settle                # Proposer.settle: a batch's requests are answered
         self.q: collections.deque = collections.deque()
         self.lock = threading.Lock()
         self.scheduled = False
 
-    def complete(self, futures, results, fail_reason):
-        self.q.append((futures, results, fail_reason))
+    def complete(self, batch, results, fail_reason):
+        self.q.append((batch, results, fail_reason))
         with self.lock:
             if self.scheduled:
                 return
@@ -57,9 +58,11 @@ class Bridge:
     def _drain(self):
         with self.lock:
             self.scheduled = False
+        settle = self.settle
         while self.q:
-            futures, results, fail_reason = self.q.popleft()
-            for i, fut in enumerate(futures):
+            batch, results, fail_reason = self.q.popleft()
+            settle(batch)
+            for i, fut in enumerate(batch[0]):
                 if fut.done():
                     continue
                 if fail_reason == FAIL_REASON.SUCCESS and results is not None:
@@ -75,7 +78,7 @@ class Proposer:
         self.loop = loop
         self.clock_ms = clock_ms            # () -> leader's stamp, never behind replicated time
         self.kick = kick                    # wakes the Raft tick thread after a proposal
-        self.bridge = Bridge(loop)
+        self.bridge = Bridge(loop, self.settle)
         self.max_batch_commands = max_batch_commands
         self.max_batch_bytes = max_batch_bytes
         self.max_inflight = max_inflight
@@ -85,8 +88,11 @@ class Proposer:
         self.inflight = 0
         self.flush_scheduled = False
         self.stats = collections.Counter()
-        # (deadline, futures) per proposed batch, in deadline order: one reaper answers what
-        # timed out, instead of an asyncio.wait_for timer per request.
+        # (deadline, batch) per proposed batch, in deadline order: one reaper answers what
+        # timed out, instead of an asyncio.wait_for timer per request. A batch is
+        # [futures, settled]: its requests leave `inflight` once, when it is committed, fails
+        # or times out, whichever comes first (one count per batch, not a done-callback per
+        # request: a loop callback less for every request).
         self.outstanding: collections.deque = collections.deque()
         self.reaper: asyncio.Task | None = None
 
@@ -98,7 +104,6 @@ class Proposer:
             self.stats["overloaded"] += 1
             return fut
         self.inflight += 1
-        fut.add_done_callback(self._done)
         self.pending.append((cmd, fut))
         self.pending_bytes += size_hint
         if len(self.pending) >= self.max_batch_commands or self.pending_bytes >= self.max_batch_bytes:
@@ -108,8 +113,10 @@ class Proposer:
             self.loop.call_soon(self.flush)
         return fut
 
-    def _done(self, _fut):
-        self.inflight -= 1
+    def settle(self, batch):
+        if not batch[1]:
+            batch[1] = True
+            self.inflight -= len(batch[0])
 
     def flush(self):
         self.flush_scheduled = False
@@ -118,7 +125,8 @@ class Proposer:
         batch, self.pending, self.pending_bytes = self.pending, [], 0
         cmds = [c for c, _ in batch]
         futures = [f for _, f in batch]
-        self.outstanding.append((self.loop.time() + self.request_timeout_s, futures))
+        batch = [futures, False]
+        self.outstanding.append((self.loop.time() + self.request_timeout_s, batch))
         if self.reaper is None or self.reaper.done():
             self.reaper = self.loop.create_task(self._reap())
         self.stats["batches"] += 1
@@ -132,13 +140,14 @@ class Proposer:
 
         def callback(results, fail_reason):
             stats["commit_us"] += int((time.perf_counter() - t_prop) * 1e6)
-            bridge.complete(futures, results, fail_reason)
+            bridge.complete(batch, results, fail_reason)
 
         try:
             self.state.apply_batch(self.clock_ms(), cmds, callback=callback)
             if self.kick is not None:
                 self.kick()
         except Exception as exc:            # e.g. pickling failure: nothing was proposed
+            self.settle(batch)
             for f in futures:
                 if not f.done():
                     f.set_result(error("internal", f"could not propose: {type(exc).__name__}: {exc}"))
@@ -148,14 +157,15 @@ class Proposer:
             await asyncio.sleep(0.1)
             now = self.loop.time()
             while self.outstanding and self.outstanding[0][0] <= now:
-                _, futures = self.outstanding.popleft()
-                for fut in futures:
+                _, batch = self.outstanding.popleft()
+                self.settle(batch)
+                for fut in batch[0]:
                     if not fut.done():
                         self.stats["timeouts"] += 1
                         fut.set_result(error("unavailable", "the request was not committed in time (lost quorum or "
                                              "leadership?); the outcome is unknown: retry with the same Request-Id",
                                              applied=None))
-            while self.outstanding and all(f.done() for f in self.outstanding[0][1]):
+            while self.outstanding and self.outstanding[0][1][1]:
                 self.outstanding.popleft()
 
     def answered(self, result) -> asyncio.Future:

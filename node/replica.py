@@ -435,6 +435,7 @@ class BoundedApplySyncObj(SyncObj):
             return False
         entries = self._SyncObj__getEntries(last + 1, min(commit - last, 4096))
         waiting = self._SyncObj__commandsWaitingCommit
+        machine = self._SyncObj__consumers[0].machine
         end = monotonicTime() + APPLY_BUDGET_S
         for n, entry in enumerate(entries):
             if n and n % APPLY_CHUNK == 0 and monotonicTime() >= end:
@@ -442,6 +443,7 @@ class BoundedApplySyncObj(SyncObj):
             try:
                 term = entry[2]
                 subscribers = waiting.pop(entry[1], [])
+                machine.render = bool(subscribers)      # answers nobody reads are not rendered
                 res = self._SyncObj__doApplyCommand(entry[0])
                 for subscriber_term, callback in subscribers:
                     if subscriber_term == term:

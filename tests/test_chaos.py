@@ -720,8 +720,16 @@ def test_apply_is_sliced_so_a_replaying_node_keeps_handling_messages():
     done = []
     f._SyncObj__commandsWaitingCommit = {5: [(1, lambda res, err: done.append((res, err)))]}
 
+    machine = Fake()
+    consumer = Fake()
+    consumer.machine = machine
+    f._SyncObj__consumers = [consumer]
+    rendered = []
+
     def apply(cmd):
         time.sleep(0.002)
+        if machine.render:
+            rendered.append(cmd)
         return cmd
 
     f._SyncObj__doApplyCommand = apply
@@ -730,6 +738,7 @@ def test_apply_is_sliced_so_a_replaying_node_keeps_handling_messages():
     first = f._SyncObj__raftLastApplied
     assert APPLY_CHUNK <= first < 200 and first <= (APPLY_BUDGET_S / 0.002 + 2 * APPLY_CHUNK)
     assert done == [(b"cmd5", FR.SUCCESS)]
+    assert rendered == [b"cmd5"]            # only an answer someone waits for is rendered
     ticks = 1
     while f._SyncObj__raftLastApplied < 200:
         BoundedApplySyncObj._SyncObj__applyLogEntries(f)

@@ -74,3 +74,63 @@ def test_a_reserve_is_kept_under_its_request_id_as_fields_and_replayed_exactly()
     old = QueueMachine.from_builtins(limits, data)
     assert old.rids["r"][1] == kept and old.digest() == m.digest()
     assert old.apply(now + 3, C.reserve({"queues": ["q"], "lease_ms": 1000, "max_jobs": 5}, limits, rid="r")[0]) == first
+
+
+def test_a_replica_that_renders_no_answers_keeps_the_same_state_and_replays_the_same_answers():
+    """Followers apply with `render = False` (nobody reads their answers): the state, the
+    digest and every stored answer must be those of the leader that rendered them."""
+    limits = Limits.build()
+    leader, follower = QueueMachine(limits), QueueMachine(limits)
+    follower.render = False
+    new_id = _ids()
+    now = 1_000_000
+    shapes = [{}, {"payload": {"data_b64": "aGk=", "encoding": "text/plain"}, "priority": 3},
+              {"trace_context": {"traceparent": "00-ab-cd-01", "tracestate": "k=v"}, "deadline_at_ms": now + 10**6}]
+    history = [C.enqueue({"queue": "q", "job_type": "t", **shapes[i % 3]}, limits, now, new_id, rid=f"e{i}")
+               for i in range(9)]
+    history += [C.reserve({"queues": ["q"], "lease_ms": 1000, "max_jobs": k}, limits, rid=f"r{k}")[0]
+                for k in (1, 3, 9)]
+    answers = []
+    for i, cmd in enumerate(history):
+        a = leader.apply(now + i, cmd)
+        b = follower.apply(now + i, cmd)
+        assert a[0] == b[0] and bool(a[1].get("jobs", True)) == bool(b[1].get("jobs", True))
+        assert leader.digest() == follower.digest(), i
+        answers.append(a)
+    reserved = [j for a in answers[9:] for j in a[1]["jobs"]]
+    assert len(reserved) == 9
+    for j in reserved[:4]:
+        cmd = C.ack(j["id"], {"attempt": j["attempt"]}, rid="a" + j["id"])
+        assert leader.apply(now + 20, cmd) == follower.apply(now + 20, cmd)
+    assert leader.digest() == follower.digest()
+    follower.render = True      # it became the leader: replays answer exactly what was answered
+    for i, cmd in enumerate(history):
+        assert follower.apply(now + 30, cmd) == answers[i], i
+
+
+def test_enqueue_and_ack_answers_are_kept_compact_and_replayed_exactly():
+    """The answers most requests get are kept as small tuples, not (200, dict); a replay gives
+    the same answer, and a snapshot that kept (200, dict) reads into the same state and digest."""
+    from node.machine import ENQUEUED, JOB_ID
+    limits = Limits.build()
+    m = QueueMachine(limits)
+    new_id = _ids()
+    now = 1_000_000
+    enq = C.enqueue({"queue": "q", "job_type": "t", "idempotency_key": "k"}, limits, now, new_id, rid="e1")
+    first = m.apply(now, enq)
+    dup = m.apply(now, C.enqueue({"queue": "q", "job_type": "t", "idempotency_key": "k"}, limits, now, new_id,
+                                 rid="e2"))
+    assert first[1]["deduplicated"] is False and dup[1]["deduplicated"] is True
+    job = m.apply(now + 1, C.reserve({"queues": ["q"], "lease_ms": 1000}, limits, rid="r")[0])[1]["jobs"][0]
+    ack = C.ack(job["id"], {"attempt": 1}, rid="a")
+    acked = m.apply(now + 2, ack)
+    assert acked == (200, {"job_id": job["id"]})
+    assert m.rids["e1"][1] == (ENQUEUED, job["id"], False) and m.rids["e2"][1] == (ENQUEUED, job["id"], True)
+    assert m.rids["a"][1] == (JOB_ID, job["id"])
+    assert m.apply(now + 3, enq) == first and m.apply(now + 3, ack) == acked
+    data = m.to_builtins()
+    answers = {"e1": first, "e2": dup, "a": acked}
+    data["rids"] = [(rid, o, answers.get(rid, k), e) for rid, o, k, e in data["rids"]]
+    old = QueueMachine.from_builtins(limits, data)
+    assert old.rids == m.rids and old.digest() == m.digest()
+    assert old.apply(now + 4, enq) == first and old.apply(now + 4, ack) == acked
