@@ -24,7 +24,7 @@ import os
 GROW_BYTES = 2 << 20        # zero-filled ahead of the write offset per step (≈ 1 ms of writing and syncing)
 _ZEROS = bytes(1 << 20)
 
-_datasync = getattr(os, "fdatasync", os.fsync)     # macOS has no fdatasync
+datasync = getattr(os, "fdatasync", os.fsync)      # macOS has no fdatasync
 
 
 class JournalFile:
@@ -66,14 +66,15 @@ class JournalFile:
         while pos < end:
             n = os.pwrite(self._fd, _ZEROS[:min(len(_ZEROS), end - pos)], pos)
             pos += n
-        _datasync(self._fd)
+        datasync(self._fd)
         self._filled = pos
 
     def flush(self) -> None:
-        _datasync(self._fd)
+        datasync(self._fd)
 
     def _destroy(self) -> None:
-        if self._fd >= 0:
+        if self._fd >= 0:                   # as pysyncobj's class does (mmap.flush, then close)
+            datasync(self._fd)
             os.close(self._fd)
             self._fd = -1
 

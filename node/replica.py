@@ -22,6 +22,7 @@ from pysyncobj.tcp_connection import CONNECTION_STATE
 from pysyncobj.transport import TCPTransport
 
 from . import journal_file, sync_shadow, wire
+from .journal_file import datasync
 from .machine import QueueMachine
 from .settings import Settings
 
@@ -383,7 +384,6 @@ def _lean_socket_reads():
     tc.TcpConnection._TcpConnection__processConnection = processConnection
 
 
-_datasync = getattr(os, "fdatasync", os.fsync)     # macOS has no fdatasync
 
 
 class _Zlib:
@@ -551,7 +551,7 @@ class Replica:
         def sync():
             if dirty[0]:
                 dirty[0] = False
-                _datasync(fd)
+                datasync(fd)
                 self.syncs += 1
                 if shadow is not None:
                     shadow.durable()
