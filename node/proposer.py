@@ -33,6 +33,16 @@ def outcome_error(fail_reason) -> tuple[int, dict]:
                  "retry with the same Request-Id", applied=None)
 
 
+class Batch:
+    """One proposed batch's futures, and whether its requests have left the in-flight count
+    (once: at its commit, its failure or its timeout, whichever comes first)."""
+    __slots__ = ("futures", "settled")
+
+    def __init__(self, futures: list):
+        self.futures = futures
+        self.settled = False
+
+
 class Bridge:
     """Resolve asyncio futures from pysyncobj's tick thread with at most one loop wake-up per
     drain (notes/pysyncobj.md §1.4: 24 µs instead of 44 µs per operation)."""
@@ -62,7 +72,7 @@ class Bridge:
         while self.q:
             batch, results, fail_reason = self.q.popleft()
             settle(batch)
-            for i, fut in enumerate(batch[0]):
+            for i, fut in enumerate(batch.futures):
                 if fut.done():
                     continue
                 if fail_reason == FAIL_REASON.SUCCESS and results is not None:
@@ -88,11 +98,10 @@ class Proposer:
         self.inflight = 0
         self.flush_scheduled = False
         self.stats = collections.Counter()
-        # (deadline, batch) per proposed batch, in deadline order: one reaper answers what
-        # timed out, instead of an asyncio.wait_for timer per request. A batch is
-        # [futures, settled]: its requests leave `inflight` once, when it is committed, fails
-        # or times out, whichever comes first (one count per batch, not a done-callback per
-        # request: a loop callback less for every request).
+        # (deadline, Batch) per proposed batch, in deadline order: one reaper answers what
+        # timed out, instead of an asyncio.wait_for timer per request. A batch's requests
+        # leave `inflight` together when it settles (one count per batch, not a done-callback
+        # per request: a loop callback less for every request).
         self.outstanding: collections.deque = collections.deque()
         self.reaper: asyncio.Task | None = None
 
@@ -113,19 +122,19 @@ class Proposer:
             self.loop.call_soon(self.flush)
         return fut
 
-    def settle(self, batch):
-        if not batch[1]:
-            batch[1] = True
-            self.inflight -= len(batch[0])
+    def settle(self, batch: Batch):
+        if not batch.settled:
+            batch.settled = True
+            self.inflight -= len(batch.futures)
 
     def flush(self):
         self.flush_scheduled = False
         if not self.pending:
             return
-        batch, self.pending, self.pending_bytes = self.pending, [], 0
-        cmds = [c for c, _ in batch]
-        futures = [f for _, f in batch]
-        batch = [futures, False]
+        pending, self.pending, self.pending_bytes = self.pending, [], 0
+        cmds = [c for c, _ in pending]
+        futures = [f for _, f in pending]
+        batch = Batch(futures)
         self.outstanding.append((self.loop.time() + self.request_timeout_s, batch))
         if self.reaper is None or self.reaper.done():
             self.reaper = self.loop.create_task(self._reap())
@@ -159,13 +168,13 @@ class Proposer:
             while self.outstanding and self.outstanding[0][0] <= now:
                 _, batch = self.outstanding.popleft()
                 self.settle(batch)
-                for fut in batch[0]:
+                for fut in batch.futures:
                     if not fut.done():
                         self.stats["timeouts"] += 1
                         fut.set_result(error("unavailable", "the request was not committed in time (lost quorum or "
                                              "leadership?); the outcome is unknown: retry with the same Request-Id",
                                              applied=None))
-            while self.outstanding and self.outstanding[0][1][1]:
+            while self.outstanding and self.outstanding[0][1].settled:
                 self.outstanding.popleft()
 
     def answered(self, result) -> asyncio.Future:
