@@ -220,7 +220,7 @@ class BareServer:
     async def __aenter__(self):
         from .local import free_ports
         port = free_ports(1)[0]
-        self.proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "cluster.bare_server",
+        self.proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "raftq.cluster.bare_server",
                                                          "--port", str(port))
         self.url = f"http://127.0.0.1:{port}"
         for _ in range(100):

@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .chaos_checker import check, percentile, unavailability
-from node import sync_shadow
+from ..node import sync_shadow
 
 from .chaos_nemesis import ALL_KINDS, KINDS, Env, Nemesis, Sampler, ScheduleConfig
 from .chaos_proxy import ProxyNet

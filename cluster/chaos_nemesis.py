@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 import aiohttp
 import orjson
 
-from node import sync_shadow
+from ..node import sync_shadow
 
 from .chaos_proxy import NetState, ProxyNet
 from .local import LocalCluster

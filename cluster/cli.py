@@ -16,7 +16,12 @@ from .local import LocalCluster, http_json
 
 
 def cmd_node(args) -> int:
-    from node.server import main as node_main
+    try:
+        from ..node.server import main as node_main
+    except ImportError as e:          # a client-only install: pip install raftq
+        print(f"raftq node: this install has the client only (missing {e.name}); a node needs the server "
+              "extra: pip install 'raftq[server]'", file=sys.stderr)
+        return 2
     argv = ["--config", args.config]
     if args.log_level:
         argv += ["--log-level", args.log_level]

@@ -184,8 +184,19 @@ class DeadLetterRecord:
         return req
 
 
-class Retry:
-    """Nack directives."""
+class HandlerOutcome(Exception):
+    """Base of the exceptions a Worker's handler raises to choose its nack."""
+
+    def __init__(self, reason: str | None = None):
+        super().__init__(reason)
+        self.reason = reason
+
+
+class Retry(HandlerOutcome):
+    """Two uses, one name. Raised by a Worker's handler: nack with the queue's retry policy
+    (`default`): attempt + 1, or dead-lettered (`attempts_exhausted`) on the last attempt.
+    Called as `Retry.default()`, `Retry.delay(ms)`, `Retry.dead_letter()`: the nack directive
+    for `Client.nack(job, retry=...)`."""
 
     @staticmethod
     def default() -> dict:
@@ -198,6 +209,21 @@ class Retry:
     @staticmethod
     def dead_letter() -> dict:
         return {"strategy": "dead_letter"}
+
+
+class RetryAfter(HandlerOutcome):
+    """Raised by a handler: nack with `delay`: redelivered not before `delay_ms` from now (last
+    attempt: dead-lettered)."""
+
+    def __init__(self, delay_ms: int, reason: str | None = None):
+        super().__init__(reason)
+        if int(delay_ms) < 0:
+            raise ValueError("delay_ms must be >= 0")
+        self.delay_ms = int(delay_ms)
+
+
+class Permanent(HandlerOutcome):
+    """Raised by a handler: nack with `dead_letter`: dead-lettered at once with cause `rejected`."""
 
 
 def job_request(queue: str, job_type: str, payload: bytes | str | None = None, *,

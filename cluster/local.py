@@ -14,7 +14,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from node.settings import ROLES
+from ..node.settings import ROLES
 
 
 def free_ports(n: int) -> list[int]:
@@ -142,9 +142,7 @@ class LocalCluster:
         log = open(self.dir / f"{self.ids[i]}.log", "ab")
         self.logs[i] = log
         env = {**os.environ, **self.env, **self.node_env.get(i, {})}
-        root = str(Path(__file__).resolve().parent.parent)
-        env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
-        self.procs[i] = subprocess.Popen([self.python, "-m", "node", "--config", str(self.config_path(i))],
+        self.procs[i] = subprocess.Popen([self.python, "-m", "raftq.node", "--config", str(self.config_path(i))],
                                          stdout=log, stderr=subprocess.STDOUT, env=env, cwd=str(self.dir),
                                          start_new_session=True)
 

@@ -73,42 +73,14 @@ import uuid
 from dataclasses import asdict, dataclass
 from typing import Any, Awaitable, Callable
 
-from .client import (Client, Conflict, InvalidArgument, Job, LeaseLost, PermissionDenied,
-                     Retry as _Directive, Unauthenticated)
+from .client import (Client, Conflict, HandlerOutcome, InvalidArgument, Job, LeaseLost, Permanent,
+                     PermissionDenied, Retry, RetryAfter, Unauthenticated)
 
 log = logging.getLogger("raftq.worker")
 
 Handler = Callable[[Job], Awaitable[Any]]
 FATAL_RESERVE_ERRORS = (InvalidArgument, Conflict, Unauthenticated, PermissionDenied)
 MAX_REASON = 1000
-
-
-# ---------------------------------------------------------------------------- outcomes
-class HandlerOutcome(Exception):
-    """Base of the exceptions a handler raises to choose its nack."""
-
-    def __init__(self, reason: str | None = None):
-        super().__init__(reason)
-        self.reason = reason
-
-
-class Retry(HandlerOutcome):
-    """Nack with the queue's retry policy (`default`): attempt + 1, or dead-lettered
-    (`attempts_exhausted`) on the last attempt."""
-
-
-class RetryAfter(HandlerOutcome):
-    """Nack with `delay`: redelivered not before `delay_ms` from now (last attempt: dead-lettered)."""
-
-    def __init__(self, delay_ms: int, reason: str | None = None):
-        super().__init__(reason)
-        if int(delay_ms) < 0:
-            raise ValueError("delay_ms must be >= 0")
-        self.delay_ms = int(delay_ms)
-
-
-class Permanent(HandlerOutcome):
-    """Nack with `dead_letter`: dead-lettered at once with cause `rejected`."""
 
 
 # ---------------------------------------------------------------------------- counters
@@ -413,7 +385,7 @@ class Worker:
         handler = self._handler_for(job)
         if handler is None:
             self.stats.failed += 1
-            await self._nack(job, _Directive.default(), f"no handler for job_type {job.job_type}")
+            await self._nack(job, Retry.default(), f"no handler for job_type {job.job_type}")
             return
         rec.task = asyncio.get_running_loop().create_task(self._invoke(handler, job))
         try:
@@ -424,27 +396,27 @@ class Worker:
         if rec.lost:
             return                          # counted and reported by _supervise: send nothing
         if rec.interrupted:
-            await self._nack(job, _Directive.delay(0), "worker shutting down")
+            await self._nack(job, Retry.delay(0), "worker shutting down")
             return
         task = rec.task
         if task.cancelled():
             self.stats.failed += 1
-            await self._nack(job, _Directive.default(), "handler was cancelled")
+            await self._nack(job, Retry.default(), "handler was cancelled")
             return
         exc = task.exception()
         if exc is None:
             await self._ack(job)
         elif isinstance(exc, Permanent):
-            await self._nack(job, _Directive.dead_letter(), exc.reason)
+            await self._nack(job, Retry.dead_letter(), exc.reason)
         elif isinstance(exc, RetryAfter):
-            await self._nack(job, _Directive.delay(exc.delay_ms), exc.reason)
+            await self._nack(job, Retry.delay(exc.delay_ms), exc.reason)
         elif isinstance(exc, Retry):
-            await self._nack(job, _Directive.default(), exc.reason)
+            await self._nack(job, Retry.default(), exc.reason)
         else:
             self.stats.failed += 1
             log.info("worker %s: job %s (%s) attempt %d raised %r", self.worker_id, job.id, job.job_type,
                      job.attempt, exc)
-            await self._nack(job, _Directive.default(), f"handler raised {type(exc).__name__}: {exc}")
+            await self._nack(job, Retry.default(), f"handler raised {type(exc).__name__}: {exc}")
 
     async def _supervise(self, rec: _InFlight):
         """Wait for the handler, extending the lease as its real expiry approaches."""

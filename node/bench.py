@@ -1,6 +1,6 @@
 """In-process benchmark of the state machine through the command interface (not a test).
 
-    python -m node.bench [--json] [--quick] [--repeat N]
+    python -m raftq.node.bench [--json] [--quick] [--repeat N]
 
 Every figure goes through what the leader does for a request: `node.commands` turns a request
 body dict into a command, `QueueMachine.apply` applies it. No HTTP, no Raft, no JSON encoding of
@@ -301,7 +301,7 @@ def run(quick: bool = False, repeat: int = 5) -> dict:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m node.bench", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m raftq.node.bench", description=__doc__.split("\n\n")[0])
     ap.add_argument("--json", action="store_true", help="print one JSON line")
     ap.add_argument("--quick", action="store_true", help="a tenth of the work, one run each (smoke test)")
     ap.add_argument("--repeat", type=int, default=5, help="runs per throughput figure; the best is kept")

@@ -1,4 +1,4 @@
-"""The node process: `raftq node --config FILE` / `python -m node --config FILE`."""
+"""The node process: `raftq node --config FILE` / `python -m raftq.node --config FILE`."""
 from __future__ import annotations
 
 import argparse

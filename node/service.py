@@ -19,7 +19,7 @@ from .replica import Replica
 from .settings import Settings
 
 log = logging.getLogger("raftq.node")
-VERSION = "0.1.0"
+from .. import __version__ as VERSION
 # Test hook for chaos runs: shift this node's idea of "now" (never the system clock).
 CLOCK_OFFSET_MS = int(os.environ.get("RAFTQ_CLOCK_OFFSET_MS", "0") or 0)
 WAKING_OPS = frozenset(("enq", "nack", "sweep", "requeue", "pause"))

@@ -3,7 +3,7 @@ import time
 
 import pytest
 
-from cluster.local import LocalCluster, http_json
+from raftq.cluster.local import LocalCluster, http_json
 
 
 class Api:

@@ -10,10 +10,10 @@ from __future__ import annotations
 import base64
 import uuid
 
-from node import commands as C
-from node.errors import ApiError
-from node.limits import Limits
-from node.machine import QueueMachine
+from raftq.node import commands as C
+from raftq.node.errors import ApiError
+from raftq.node.limits import Limits
+from raftq.node.machine import QueueMachine
 
 T0 = 1_764_500_000_000
 

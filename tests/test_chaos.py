@@ -16,8 +16,8 @@ import time
 
 import pytest
 
-from cluster.chaos_checker import check, percentile, unavailability
-from cluster.chaos_proxy import NetState, ProxyNet
+from raftq.cluster.chaos_checker import check, percentile, unavailability
+from raftq.cluster.chaos_proxy import NetState, ProxyNet
 
 RETRY = {"retry_delay_ms": 100, "retry_backoff": "exponential", "retry_delay_max_ms": 1000,
          "max_schedule_horizon_ms": 2_592_000_000}
@@ -441,8 +441,8 @@ def test_proxy_partition_refuses_and_cuts_and_reset_cuts(echo):
 # ---------------------------------------------------------------------------- real clusters
 def chaos_run(tmp_path, kinds, *, duration=8.0, seed=1, nodes=3, durability="fsync", mix=0.0,
               quiet=(0.5, 1.0), hold_scale=1.0, writeback_s=None):
-    from cluster.chaos import ChaosOptions, format_report, run_chaos
-    from cluster.chaos_nemesis import ScheduleConfig
+    from raftq.cluster.chaos import ChaosOptions, format_report, run_chaos
+    from raftq.cluster.chaos_nemesis import ScheduleConfig
 
     opts = ChaosOptions(duration=duration, nodes=nodes, seed=seed, faults=tuple(kinds), durability=durability,
                         dir=str(tmp_path / "run"), progress=False,
@@ -548,7 +548,7 @@ def test_fsync_mode_syncs_snapshots_before_the_rename(tmp_path, monkeypatch):
     directory are now synced around the rename."""
     import pysyncobj.serializer as serializer
 
-    from node import replica
+    from raftq.node import replica
 
     replica._fsync_snapshots()
     replica._fsync_snapshots()                       # idempotent: wrapped once
@@ -577,7 +577,7 @@ def test_cluster_view_never_pairs_a_new_term_with_the_old_role(tmp_path):
     node as fast as possible: no term may have two claimed leaders."""
     import json as _json
 
-    from cluster.local import LocalCluster, http_json
+    from raftq.cluster.local import LocalCluster, http_json
 
     c = LocalCluster(tmp_path / "c", nodes=3)
     net = ProxyNet([f"127.0.0.1:{p}" for p in c.raft_ports])
@@ -660,7 +660,7 @@ def _append(prev, prev_term, entries, commit=14, term=5):
 def test_follower_keeps_entries_that_match(case):
     """pysyncobj truncated a follower's log after prevLogIdx even when every new entry matched
     (chaos: "truncating already-applied log entries"); the filter hands it only what is new."""
-    from node.replica import _append_keeps_matching_tail
+    from raftq.node.replica import _append_keeps_matching_tail
 
     log = [(b"", 10, 1), (b"a", 11, 5), (b"b", 12, 5), (b"c", 13, 5), (b"d", 14, 5)]
     t = _append_keeps_matching_tail(_FakeTransport)(_FakeRaft(log))
@@ -708,7 +708,7 @@ def test_apply_is_sliced_so_a_replaying_node_keeps_handling_messages():
     follower was replaying). Now each tick applies for at most APPLY_BUDGET_S."""
     from pysyncobj import FAIL_REASON as FR
 
-    from node.replica import APPLY_BUDGET_S, APPLY_CHUNK, BoundedApplySyncObj
+    from raftq.node.replica import APPLY_BUDGET_S, APPLY_CHUNK, BoundedApplySyncObj
 
     class Fake:
         pass
@@ -754,8 +754,8 @@ def test_power_loss_is_opt_in_and_leaves_every_schedule_as_it_was():
     import hashlib
     import random
 
-    from cluster.chaos import build_parser, options_from_args
-    from cluster.chaos_nemesis import ALL_KINDS, KINDS, ScheduleConfig, plan_step
+    from raftq.cluster.chaos import build_parser, options_from_args
+    from raftq.cluster.chaos_nemesis import ALL_KINDS, KINDS, ScheduleConfig, plan_step
 
     assert "power-loss" not in KINDS and "power-loss" in ALL_KINDS and len(KINDS) == 12
     assert options_from_args(build_parser().parse_args([])).faults == KINDS
@@ -791,7 +791,7 @@ def test_sync_shadow_restores_exactly_the_durable_journal(tmp_path, mode, seed):
 
     from pysyncobj.journal import createJournal
 
-    from node.sync_shadow import SyncShadow, restore
+    from raftq.node.sync_shadow import SyncShadow, restore
 
     rng = random.Random(seed)
     d = tmp_path
@@ -917,7 +917,7 @@ def test_memory_mode_syncs_term_and_vote_only_when_they_change(tmp_path, monkeyp
     term), so they are fsynced when they change; the commit index alone is never written."""
     from pysyncobj.journal import MetaStorer
 
-    from node import replica
+    from raftq.node import replica
 
     monkeypatch.setattr(MetaStorer, "storeMeta", MetaStorer.storeMeta)     # restored after the test
     synced = []
@@ -942,8 +942,8 @@ def test_memory_mode_restarts_with_the_commit_index_unknown(tmp_path, durability
     from pysyncobj import SyncObj, SyncObjConf
     from pysyncobj.journal import createJournal
 
-    from cluster.local import free_ports
-    from node.replica import _JournalHooks, _volatile_commit_index
+    from raftq.cluster.local import free_ports
+    from raftq.node.replica import _JournalHooks, _volatile_commit_index
 
     path = str(tmp_path / "raft.journal")
     j = createJournal(path)

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from cluster.client import Retry, SyncClient
-from cluster.local import LocalCluster, free_ports
+from raftq.cluster.client import Retry, SyncClient
+from raftq.cluster.local import LocalCluster, free_ports
 from tests.conftest import poll
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -35,7 +35,7 @@ def client(cluster):
 
 def raftq(*args, urls=None, input=None, env=None, timeout=60):
     """Run `python -m cluster.cli ARGS`; return (exit code, stdout, stderr)."""
-    cmd = [sys.executable, "-m", "cluster.cli", *args]
+    cmd = [sys.executable, "-m", "raftq.cluster.cli", *args]
     if urls is not None:
         cmd += ["--urls", ",".join(urls)]
     e = {k: v for k, v in os.environ.items() if k not in ("RAFTQ_URLS", "RAFTQ_API_KEY")}
@@ -295,7 +295,7 @@ def test_status_and_requests_without_a_leader(make_cluster):
 
 def test_progress_bar_helper():
     import io
-    from cluster.progress import Progress
+    from raftq.cluster.progress import Progress
 
     quiet = io.StringIO()
     with Progress(10, "x", stream=quiet) as bar:       # not a terminal: draws nothing
@@ -320,7 +320,7 @@ def test_progress_bar_helper():
 
 def test_status_warns_when_digests_differ_at_one_index(monkeypatch, capsys):
     """Synthetic views (a real divergence is a bug we cannot provoke): the warning names the nodes."""
-    from cluster import cli, commands
+    from raftq.cluster import cli, commands
 
     def view(node, role, digest, applied=7):
         members = [{"id": f"n{i}", "url": f"http://h{i}", "raft_addr": "", "connected": True} for i in (1, 2, 3)]

@@ -13,9 +13,9 @@ from collections import defaultdict
 
 import pytest
 
-from cluster.client import Client, LeaseLost, SyncClient
-from cluster.local import LocalCluster
-from cluster.worker import Worker
+from raftq.cluster.client import Client, LeaseLost, SyncClient
+from raftq.cluster.local import LocalCluster
+from raftq.cluster.worker import Worker
 
 WF_LEASE = 2000
 

@@ -25,10 +25,10 @@ import os
 import hypothesis.strategies as st
 from hypothesis import HealthCheck, event, given, settings
 
-from node import commands as C
-from node.errors import ApiError
-from node.limits import Limits
-from node.machine import IN_FLIGHT, OPS, READY, SCHEDULED, QueueMachine
+from raftq.node import commands as C
+from raftq.node.errors import ApiError
+from raftq.node.limits import Limits
+from raftq.node.machine import IN_FLIGHT, OPS, READY, SCHEDULED, QueueMachine
 
 T0 = 1_764_500_000_000
 NAMES = ("a", "b", "c")

@@ -30,11 +30,11 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
-from node import commands as C
-from node.errors import ApiError
-from node.limits import Limits
-from node.machine import IN_FLIGHT, READY, SCHEDULED, QueueMachine   # system under test only
-from node.retry import policy_delay_ms                                 # checked against the spec formula
+from raftq.node import commands as C
+from raftq.node.errors import ApiError
+from raftq.node.limits import Limits
+from raftq.node.machine import IN_FLIGHT, READY, SCHEDULED, QueueMachine   # system under test only
+from raftq.node.retry import policy_delay_ms                                 # checked against the spec formula
 
 T0 = 1_764_500_000_000
 NAMES = ("a", "b", "c")

@@ -9,9 +9,9 @@ import uuid
 
 import pytest
 
-from node import commands as C
-from node.machine import IN_FLIGHT, READY, SCHEDULED, QueueMachine
-from node.retry import jitter_hash, policy_delay_ms
+from raftq.node import commands as C
+from raftq.node.machine import IN_FLIGHT, READY, SCHEDULED, QueueMachine
+from raftq.node.retry import jitter_hash, policy_delay_ms
 
 from helpers_core import T0, Core, counter_ids, descending_ids, err, payload, rejection
 

@@ -7,9 +7,9 @@ import uuid
 
 import pytest
 
-from node import commands as C
-from node.errors import ApiError
-from node.limits import ConfigError, Limits
+from raftq.node import commands as C
+from raftq.node.errors import ApiError
+from raftq.node.limits import ConfigError, Limits
 
 from helpers_core import T0, Core, b64, err, payload, rejection
 

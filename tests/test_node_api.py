@@ -8,7 +8,7 @@ import uuid
 
 import pytest
 
-from cluster.local import LocalCluster, http_json
+from raftq.cluster.local import LocalCluster, http_json
 from tests.conftest import Api, poll
 
 

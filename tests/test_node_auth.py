@@ -7,8 +7,8 @@ import uuid
 
 import pytest
 
-from cluster.client import Client, PermissionDenied, Unauthenticated
-from cluster.local import LocalCluster, http_json
+from raftq.cluster.client import Client, PermissionDenied, Unauthenticated
+from raftq.cluster.local import LocalCluster, http_json
 from tests.conftest import Api
 
 KEYS = {role: f"{role}-key-{uuid.uuid4().hex[:8]}" for role in ("viewer", "worker", "operator", "admin")}
@@ -147,7 +147,7 @@ def test_admin_page_is_served_by_every_node_without_a_key_and_its_calls_exist(cl
 
 
 def test_auth_rules_without_a_cluster():
-    from node.auth import ADMIN, OPERATOR, VIEWER, WORKER, Auth
+    from raftq.node.auth import ADMIN, OPERATOR, VIEWER, WORKER, Auth
     assert Auth(None).check(None, ADMIN) is None                 # no keys configured: open
     a = Auth([{"name": "w", "key": "k1", "role": "worker"}, {"name": "a", "key": "k2", "role": "admin"}])
     assert a.check("Bearer k1", WORKER) is None and a.check("bearer  k1 ", VIEWER) is None

@@ -6,7 +6,7 @@ import time
 import aiohttp
 import orjson
 
-from cluster.local import http_json
+from raftq.cluster.local import http_json
 from tests.conftest import Api, poll
 
 

@@ -4,8 +4,8 @@ import sys
 
 import pytest
 
-from node.limits import ConfigError
-from node.settings import load, parse
+from raftq.node.limits import ConfigError
+from raftq.node.settings import load, parse
 
 GOOD = """
 [node]
@@ -52,13 +52,13 @@ def test_bad_config_is_refused_with_the_key(name, text, key, tmp_path):
 def test_bad_config_exits_2_with_one_line(tmp_path):
     path = tmp_path / "bad.toml"
     path.write_text(GOOD + "\n[limits]\ndefault_max_attempts = 200\n")
-    proc = subprocess.run([sys.executable, "-m", "node", "--config", str(path)], capture_output=True,
+    proc = subprocess.run([sys.executable, "-m", "raftq.node", "--config", str(path)], capture_output=True,
                           text=True, timeout=30)
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1
     assert "limits.default_max_attempts" in lines[0] and "max_attempts_ceiling" in lines[0]
-    missing = subprocess.run([sys.executable, "-m", "node", "--config", str(tmp_path / "nope.toml")],
+    missing = subprocess.run([sys.executable, "-m", "raftq.node", "--config", str(tmp_path / "nope.toml")],
                              capture_output=True, text=True, timeout=30)
     assert missing.returncode == 2 and "cannot read" in missing.stderr
 
@@ -87,7 +87,7 @@ def test_node_refuses_a_cluster_with_different_limits(make_cluster):
 
 
 def test_nodes_run_on_uvloop_unless_told_asyncio(make_cluster):
-    from cluster.local import http_json
+    from raftq.cluster.local import http_json
     c = make_cluster(tuning={"event_loop": "asyncio"})
     c.wait_converged()
     assert {http_json("GET", u + "/v1/cluster?digest=false")[1]["event_loop"] for u in c.urls} == {"asyncio"}

@@ -5,7 +5,7 @@ import threading
 import time
 import uuid
 
-from cluster.local import http_json
+from raftq.cluster.local import http_json
 from tests.conftest import Api, poll
 
 

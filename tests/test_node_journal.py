@@ -5,7 +5,7 @@ import os
 import pysyncobj.journal as pj
 import pytest
 
-from node.journal_file import GROW_BYTES, JournalFile
+from raftq.node.journal_file import GROW_BYTES, JournalFile
 
 ORIGINAL = pj.ResizableFile
 

@@ -6,7 +6,7 @@ import threading
 
 from pysyncobj import FAIL_REASON
 
-from node.proposer import Proposer
+from raftq.node.proposer import Proposer
 
 
 class Recorder:

@@ -1,7 +1,7 @@
 """The Raft link encoding: authenticated encryption with the cluster secret, pickle protocol 5."""
 import pytest
 
-from node.wire import AeadEncryptor, install
+from raftq.node.wire import AeadEncryptor, install
 
 
 def test_round_trip_and_timestamp():
@@ -43,7 +43,7 @@ def test_install_switches_pysyncobj_to_protocol_5_and_aead():
 
 def test_level_0_sends_the_bare_pickle_and_reads_both_forms():
     import pickle
-    from node.replica import _Zlib
+    from raftq.node.replica import _Zlib
     message = pickle.dumps({"type": "append_entries", "entries": [(b"x" * 300, 7, 2)]}, 5)
     stored, deflated = _Zlib(0), _Zlib(3)
     assert stored.compress(message) is message              # no zlib call at level 0

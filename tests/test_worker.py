@@ -11,9 +11,9 @@ import time
 
 import pytest
 
-from cluster.client import Client, LeaseLost
-from cluster.local import LocalCluster
-from cluster.worker import Permanent, Retry, RetryAfter, Worker
+from raftq.cluster.client import Client, LeaseLost
+from raftq.cluster.local import LocalCluster
+from raftq.cluster.worker import Permanent, Retry, RetryAfter, Worker
 
 LEASE = 1500     # max_lease_duration_ms of the "fast" queues
 
@@ -346,7 +346,7 @@ async def test_shutdown_deadline_interrupts_and_requeues_stuck_jobs(client):
 
 # ---------------------------------------------------------------------------- lease budget
 async def test_lease_budget_uses_the_real_expiry_and_never_trusts_more_than_was_asked():
-    from cluster.worker import _InFlight
+    from raftq.cluster.worker import _InFlight
     w = Worker(Client(["http://127.0.0.1:9"]), ["q"], {}, lease_ms=3000, extend_margin=1 / 3)
     loop = asyncio.get_running_loop()
     now_ms = time.time() * 1000

@@ -1,0 +1,111 @@
+"""The installed wheel, not the checkout: one import name, a client without the server's
+dependencies, and a node plus a client started from a venv that holds only the wheel.
+
+Editable installs with package-dir mappings have known setuptools pitfalls (the rest of the suite
+runs on one), so this proves the other kind: the wheel is built from the checkout, installed
+non-editable into fresh venvs, and used from a directory where the checkout is not importable.
+Needs the package index (as the README's install does); CI has it.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import venv
+import zipfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def run(cmd, cwd, timeout=600, env=None):
+    proc = subprocess.run([str(c) for c in cmd], cwd=cwd, capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, **(env or {})})
+    assert proc.returncode == 0, f"{cmd} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    return proc.stdout
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("dist")
+    run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", out, ROOT], cwd=out)
+    wheels = list(out.glob("raftq-*.whl"))
+    assert len(wheels) == 1, wheels
+    return wheels[0]
+
+
+def make_venv(path: Path) -> Path:
+    venv.EnvBuilder(with_pip=True).create(path)
+    return path / "bin" / "python"
+
+
+def test_the_wheel_holds_one_package_named_raftq(wheel):
+    names = zipfile.ZipFile(wheel).namelist()
+    tops = {n.split("/")[0] for n in names if not n.split("/")[0].endswith((".dist-info", ".data"))}
+    assert tops == {"raftq"}, tops
+    for must in ("raftq/__init__.py", "raftq/node/machine.py", "raftq/cluster/client.py", "raftq/node/admin.html"):
+        assert must in names, must
+    assert not any(n.startswith("raftq/tests/") for n in names)
+
+
+def test_a_client_install_has_no_server_dependencies_and_a_server_install_runs_a_node(wheel, tmp_path):
+    work = tmp_path / "elsewhere"          # not the checkout: only the installed package is importable
+    work.mkdir()
+    py = make_venv(tmp_path / "client-venv")
+    run([py, "-m", "pip", "install", "-q", wheel], cwd=work)
+    out = run([py, "-c", "import importlib.util as u, raftq\n"
+                         "from raftq import Client, SyncClient, Worker, Retry, RetryAfter, Permanent, LeaseLost\n"
+                         "print(raftq.__version__, [m for m in ('pysyncobj', 'cryptography', 'uvloop', 'node', 'cluster')"
+                         " if u.find_spec(m)])"], cwd=work)
+    version, missing_ok = out.split(" ", 1)
+    assert version.strip() and missing_ok.strip() == "[]", out
+    # `raftq node` without the server extra says what to install.
+    proc = subprocess.run([tmp_path / "client-venv" / "bin" / "raftq", "node", "--config", "x.toml"], cwd=work,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "raftq[server]" in proc.stderr, proc.stderr
+
+    py = make_venv(tmp_path / "server-venv")
+    run([py, "-m", "pip", "install", "-q", f"{wheel}[server]"], cwd=work)
+    port, raft = _free_ports(2)
+    (work / "n1.toml").write_text(f"""
+[node]
+id = "n1"
+http = "127.0.0.1:{port}"
+raft = "127.0.0.1:{raft}"
+data_dir = "data"
+
+[cluster]
+peers = [{{ id = "n1", raft = "127.0.0.1:{raft}", url = "http://127.0.0.1:{port}" }}]
+""")
+    log = open(work / "n1.log", "wb")
+    node = subprocess.Popen([py, "-m", "raftq.node", "--config", "n1.toml"], cwd=work, stdout=log,
+                            stderr=subprocess.STDOUT)
+    try:
+        script = f"""
+from raftq import SyncClient
+with SyncClient(["http://127.0.0.1:{port}"]) as c:
+    r = c.enqueue("wheel", "t", b"hello")
+    jobs = c.reserve(["wheel"], lease_ms=10_000)
+    assert [j.id for j in jobs] == [r.job_id], jobs
+    c.ack(jobs[0])
+    print("ok", r.job_id)
+"""
+        out = run([py, "-c", script], cwd=work, timeout=120)
+        assert out.startswith("ok "), out
+    finally:
+        node.terminate()
+        node.wait(30)
+        log.close()
+
+
+def _free_ports(n):
+    import socket
+    socks = [socket.socket() for _ in range(n)]
+    for s in socks:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports
