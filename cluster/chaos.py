@@ -16,7 +16,7 @@ logs, `history.jsonl` (every op's invoke and completion) and `report.json`.
 Power loss (`--faults power-loss`, opt-in): kill -9 of every node (`kill-all`) loses nothing in
 either durability mode, because the page cache survives a process crash. A real power cut needs
 root (LazyFS, dm-flakey), so the nodes run with a test hook instead (node/sync_shadow.py,
-RAFTQ_SYNC_SHADOW=1): at every durable point (a journal sync in fsync mode; a simulated page
+`[testing] sync_shadow = true`): at every durable point (a journal sync in fsync mode; a simulated page
 writeback every `--writeback` seconds, default 2, in memory mode) each node records what a disk
 honouring only fsync would hold. The fault freezes every node at once, SIGKILLs them, rolls each
 data dir back to its record (the journal's unsynced tail dropped, in memory mode the snapshot
@@ -175,13 +175,13 @@ async def run_chaos(opts: ChaosOptions) -> dict:
                            storage={"dead_letter_retention_ms": 3_600_000, "sweep_interval_ms": opts.sweep_interval_ms},
                            tuning=dict(opts.tuning))
     if "power-loss" in opts.faults:     # the nodes record what a disk honouring only fsync would hold
-        cluster.env.update({sync_shadow.ENV: "1", sync_shadow.ENV_WRITEBACK: str(opts.writeback_s)})
+        cluster.testing.update({"sync_shadow": True, "sync_shadow_writeback_s": float(opts.writeback_s)})
     raft_addrs = [f"127.0.0.1:{p}" for p in cluster.raft_ports]
     net = ProxyNet(raft_addrs, encrypted=bool(cluster.secret), seed=seed)
     net.start()
     for i, m in net.dial_maps().items():
         if m:
-            cluster.node_env[i] = {"RAFTQ_RAFT_DIAL_MAP": json.dumps(m)}
+            cluster.node_testing[i] = {"raft_dial_map": m}
     sink = open(directory / "history.jsonl", "wb")
     h = History({u: cluster.ids[i] for i, u in enumerate(cluster.urls)}, sink=sink)
     env = Env(cluster, net, h)

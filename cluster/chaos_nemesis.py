@@ -16,7 +16,7 @@ Fault kinds (`KINDS`):
 | partition-ring | non-transitive: A-B and B-C work, A-C does not (5 nodes: each sees only its ring neighbours) | reconnect |
 | latency | 50-400 ms (with jitter) on the Raft links | back to 0 |
 | reset | connection resets (RST) on random Raft links every 0.2-1 s | stop |
-| clock-skew | restart one node with its clock shifted (RAFTQ_CLOCK_OFFSET_MS), then nudge leadership | restart it without |
+| clock-skew | restart one node with its clock shifted ([testing] clock_offset_ms), then nudge leadership | restart it without |
 | power-loss | (opt-in) freeze every node at once, SIGKILL them, roll each data dir back to its last durable point (node/sync_shadow.py) | restart them all |
 
 Steps alternate a quiet period with either one fault or a mix of up to three compatible ones
@@ -486,7 +486,7 @@ class ClockSkew(Fault):
         env.max_forward_skew_ms = max(env.max_forward_skew_ms, offset)
         self.mark()
         await env.kill(i)
-        env.cluster.node_env.setdefault(i, {})["RAFTQ_CLOCK_OFFSET_MS"] = str(offset)
+        env.cluster.node_testing.setdefault(i, {})["clock_offset_ms"] = int(offset)
         env.skewed[i] = offset
         await env.start(i)
         # Let it catch up, then maybe move leadership so the skewed clock stamps commands.
@@ -508,14 +508,14 @@ class ClockSkew(Fault):
     async def heal(self):
         env = self.env
         await env.kill(self.target)
-        env.cluster.node_env.get(self.target, {}).pop("RAFTQ_CLOCK_OFFSET_MS", None)
+        env.cluster.node_testing.get(self.target, {}).pop("clock_offset_ms", None)
         env.skewed.pop(self.target, None)
         await env.start(self.target)
 
 
 class PowerLoss(Fault):
     """A power cut of the whole cluster, without root (node/sync_shadow.py). Every node runs with
-    RAFTQ_SYNC_SHADOW=1 and records, at each durable point (a journal sync in fsync mode, a
+    `[testing] sync_shadow = true` and records, at each durable point (a journal sync in fsync mode, a
     simulated page writeback every few seconds in memory mode), what a disk honouring only fsync
     would hold. The cut: every node's process group is frozen at once (SIGSTOP), then SIGKILLed,
     and each data dir is rolled back to its record: the journal to its last durable offset (and
@@ -735,7 +735,7 @@ class Nemesis:
             await env.resume(i)
         for i in list(env.skewed):
             await env.kill(i)
-            env.cluster.node_env.get(i, {}).pop("RAFTQ_CLOCK_OFFSET_MS", None)
+            env.cluster.node_testing.get(i, {}).pop("clock_offset_ms", None)
             env.skewed.pop(i, None)
         for i in range(env.n):
             if i in env.down or not env.cluster.alive(i):

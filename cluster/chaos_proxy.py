@@ -2,7 +2,7 @@
 
 pysyncobj opens exactly one TCP connection per pair of nodes, dialed by the node whose Raft
 address string is larger. `ProxyNet` puts one `Link` (a listening socket that forwards to the
-target's real Raft port) on every pair, and gives each dialer a `RAFTQ_RAFT_DIAL_MAP` entry
+target's real Raft port) on every pair, and gives each dialer a `[testing] raft_dial_map` entry
 `target_addr -> proxy_addr` (see node/replica.py). Each link then carries both directions of
 one pair: "fwd" = dialer -> target, "back" = target -> dialer.
 
@@ -280,7 +280,7 @@ class ProxyNet:
         return self.links[self.dialer_of(a, b)]
 
     def dial_maps(self) -> dict[int, dict[str, str]]:
-        """Per node index, its RAFTQ_RAFT_DIAL_MAP (only dialers have entries)."""
+        """Per node index, its [testing] raft_dial_map (only dialers have entries)."""
         out: dict[int, dict[str, str]] = {i: {} for i in range(self.n)}
         for (d, t), link in self.links.items():
             out[d][self.addrs[t]] = f"127.0.0.1:{link.port}"

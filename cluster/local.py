@@ -41,8 +41,13 @@ def toml_value(v) -> str:
     if isinstance(v, (list, tuple)):
         return "[" + ", ".join(toml_value(x) for x in v) + "]"
     if isinstance(v, dict):
-        return "{ " + ", ".join(f"{k} = {toml_value(x)}" for k, x in v.items()) + " }"
+        return "{ " + ", ".join(f"{toml_key(k)} = {toml_value(x)}" for k, x in v.items()) + " }"
     raise TypeError(f"cannot write {type(v).__name__} as TOML")
+
+
+def toml_key(k: str) -> str:
+    """A bare key when TOML allows one, else a quoted key."""
+    return k if k and all(c.isascii() and (c.isalnum() or c in "-_") for c in k) else json.dumps(k)
 
 
 def toml_table(name: str, d: dict) -> str:
@@ -78,7 +83,8 @@ class LocalCluster:
     def __init__(self, directory, nodes: int = 3, durability: str = "fsync", limits: dict | None = None,
                  storage: dict | None = None, queues: list | None = None, tuning: dict | None = None,
                  secret: str | None = "local-secret", base_port: int | None = None,
-                 python: str | None = None, env: dict | None = None, api_keys: list | None = None):
+                 python: str | None = None, env: dict | None = None, api_keys: list | None = None,
+                 testing: dict | None = None):
         self.dir = Path(directory).absolute()
         self.n = nodes
         self.durability = durability
@@ -91,7 +97,11 @@ class LocalCluster:
         self.api_keys = api_keys or []
         best = max(self.api_keys, key=lambda k: ROLES.index(k.get("role", "admin")), default=None)
         self.probe_headers = {"Authorization": f"Bearer {best['key']}"} if best else {}
-        self.node_env: dict[int, dict] = {}
+        # [testing] hooks (node/settings.py TestHooks): `testing` for every node, `node_testing[i]`
+        # on top for node i; a node's config is rewritten when they changed since it was written.
+        self.testing = testing or {}
+        self.node_testing: dict[int, dict] = {}
+        self._written_testing: dict[int, dict] = {}
         if base_port:
             http = [base_port + i for i in range(nodes)]
             raft = [base_port + 100 + i for i in range(nodes)]
@@ -113,35 +123,47 @@ class LocalCluster:
 
     def write_configs(self):
         self.dir.mkdir(parents=True, exist_ok=True)
+        for i in range(self.n):
+            self.write_config(i)
+
+    def _testing_of(self, i: int) -> dict:
+        return {**self.testing, **self.node_testing.get(i, {})}
+
+    def write_config(self, i: int):
         peers = [{"id": self.ids[j], "raft": f"127.0.0.1:{self.raft_ports[j]}", "url": self.urls[j]}
                  for j in range(self.n)]
-        for i in range(self.n):
-            text = toml_table("node", {"id": self.ids[i], "http": f"127.0.0.1:{self.http_ports[i]}",
-                                       "url": self.urls[i], "raft": f"127.0.0.1:{self.raft_ports[i]}",
-                                       "data_dir": str(self.data_dir(i))})
-            text += "\n[cluster]\npeers = [\n" + "".join(f"  {toml_value(p)},\n" for p in peers) + "]\n"
-            if self.secret:
-                text += f"secret = {toml_value(self.secret)}\n"
-            text += f"durability = {toml_value(self.durability)}\n"
-            if self.limits:
-                text += "\n" + toml_table("limits", self.limits)
-            if self.storage:
-                text += "\n" + toml_table("storage", self.storage)
-            if self.tuning:
-                text += "\n" + toml_table("tuning", self.tuning)
-            if self.api_keys:
-                text += "\n[auth]\napi_keys = [\n" + "".join(f"  {toml_value(k)},\n" for k in self.api_keys) + "]\n"
-            for q in self.queues:
-                text += "\n[[queues]]\n" + "".join(f"{k} = {toml_value(v)}\n" for k, v in q.items())
-            self.config_path(i).write_text(text)
+        text = toml_table("node", {"id": self.ids[i], "http": f"127.0.0.1:{self.http_ports[i]}",
+                                   "url": self.urls[i], "raft": f"127.0.0.1:{self.raft_ports[i]}",
+                                   "data_dir": str(self.data_dir(i))})
+        text += "\n[cluster]\npeers = [\n" + "".join(f"  {toml_value(p)},\n" for p in peers) + "]\n"
+        if self.secret:
+            text += f"secret = {toml_value(self.secret)}\n"
+        text += f"durability = {toml_value(self.durability)}\n"
+        if self.limits:
+            text += "\n" + toml_table("limits", self.limits)
+        if self.storage:
+            text += "\n" + toml_table("storage", self.storage)
+        if self.tuning:
+            text += "\n" + toml_table("tuning", self.tuning)
+        if self.api_keys:
+            text += "\n[auth]\napi_keys = [\n" + "".join(f"  {toml_value(k)},\n" for k in self.api_keys) + "]\n"
+        testing = self._testing_of(i)
+        self._written_testing[i] = testing
+        if testing:
+            text += "\n" + toml_table("testing", testing)
+        for q in self.queues:
+            text += "\n[[queues]]\n" + "".join(f"{k} = {toml_value(v)}\n" for k, v in q.items())
+        self.config_path(i).write_text(text)
 
     # ------------------------------------------------------------ processes
     def start(self, i: int):
         if i in self.procs and self.procs[i].poll() is None:
             return
+        if self._written_testing.get(i) != self._testing_of(i):
+            self.write_config(i)        # with this node's [testing] hooks as they are now
         log = open(self.dir / f"{self.ids[i]}.log", "ab")
         self.logs[i] = log
-        env = {**os.environ, **self.env, **self.node_env.get(i, {})}
+        env = {**os.environ, **self.env}
         self.procs[i] = subprocess.Popen([self.python, "-m", "raftq.node", "--config", str(self.config_path(i))],
                                          stdout=log, stderr=subprocess.STDOUT, env=env, cwd=str(self.dir),
                                          start_new_session=True)

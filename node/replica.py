@@ -6,7 +6,6 @@ asyncio loop only proposes and reads. `lock` keeps readers from seeing a half-ap
 from __future__ import annotations
 
 import errno
-import json
 import logging
 import os
 import socket
@@ -505,13 +504,14 @@ class Replica:
             transport = _durable_transport(holder)
         else:
             _fsync_meta_storer(term_vote_only=True)
-        dial_map = json.loads(os.environ.get("RAFTQ_RAFT_DIAL_MAP", "{}") or "{}")
+        dial_map = settings.testing.raft_dial_map          # [testing]: chaos proxies
         transport = _dialing_transport(_keepalive_transport(_append_keeps_matching_tail(transport)), dial_map)
         others = [p.raft for p in settings.others]
         hooks = [] if settings.durability == "fsync" else [_volatile_commit_index]
         self.shadow = None
-        if sync_shadow.enabled():           # the power-loss test hook (node/sync_shadow.py)
-            self.shadow = sync_shadow.SyncShadow(settings.data_dir, settings.durability)
+        if settings.testing.sync_shadow:    # [testing]: the power-loss test hook (node/sync_shadow.py)
+            self.shadow = sync_shadow.SyncShadow(settings.data_dir, settings.durability,
+                                                 settings.testing.sync_shadow_writeback_s)
             hooks.append(self.shadow.attach)
         with _JournalHooks(hooks):
             self.syncobj = BoundedApplySyncObj(settings.raft, others, conf=conf, consumers=[self.state],

@@ -20,8 +20,6 @@ from .settings import Settings
 
 log = logging.getLogger("raftq.node")
 from .. import __version__ as VERSION
-# Test hook for chaos runs: shift this node's idea of "now" (never the system clock).
-CLOCK_OFFSET_MS = int(os.environ.get("RAFTQ_CLOCK_OFFSET_MS", "0") or 0)
 WAKING_OPS = frozenset(("enq", "nack", "sweep", "requeue", "pause"))
 
 
@@ -55,6 +53,7 @@ class NodeService:
     def __init__(self, settings: Settings, loop: asyncio.AbstractEventLoop):
         self.settings = settings
         self.limits = settings.limits
+        self.clock_offset_ms = settings.testing.clock_offset_ms     # [testing]: chaos clock-skew
         self.loop = loop
         self.last_stamp = 0
         self.replica = Replica(settings, on_state_changed=self._on_state_changed_thread)
@@ -79,7 +78,7 @@ class NodeService:
     # ---------------------------------------------------------------- time and roles
     def stamp(self) -> int:
         """The leader's stamp: wall clock, never behind replicated time or an earlier stamp."""
-        now = max(wall_ms() + CLOCK_OFFSET_MS, self.state.machine.clock, self.last_stamp)
+        now = max(wall_ms() + self.clock_offset_ms, self.state.machine.clock, self.last_stamp)
         self.last_stamp = now
         return now
 
@@ -279,7 +278,7 @@ class NodeService:
                 if self.replica.is_leader():
                     m = self.state.machine
                     due = m.next_due_ms()
-                    now = wall_ms() + CLOCK_OFFSET_MS
+                    now = wall_ms() + self.clock_offset_ms
                     mono = self.loop.time()
                     if due is not None and (due <= now or mono - last >= interval):
                         last = mono
@@ -289,7 +288,7 @@ class NodeService:
                             delay = 0            # a phase hit its budget: go again at once
                             continue
                         due = m.next_due_ms()
-                        now = wall_ms() + CLOCK_OFFSET_MS
+                        now = wall_ms() + self.clock_offset_ms
                     if due is not None:
                         delay = min(interval, max(0.0, (due - now) / 1000.0))
             except Exception:
@@ -299,7 +298,7 @@ class NodeService:
     # ---------------------------------------------------------------- reads
     def server_info(self):
         info = {"server_version": VERSION, "protocol_versions": ["v1"],
-                "server_time_ms": wall_ms() + CLOCK_OFFSET_MS, "node_id": self.settings.node_id}
+                "server_time_ms": wall_ms() + self.clock_offset_ms, "node_id": self.settings.node_id}
         info.update(self.limits.server_info())
         return 200, info
 

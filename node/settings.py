@@ -25,6 +25,21 @@ class Peer:
 
 
 @dataclass(frozen=True)
+class TestHooks:
+    """`[testing]`: hooks for the chaos harness and the tests, all off by default. They change
+    what one node believes (its clock, where it dials its peers, what it records about its
+    disk), never the replicated rules; a production config has no such section."""
+    clock_offset_ms: int = 0                # shifts this node's idea of now (never the system clock)
+    raft_dial_map: dict = field(default_factory=dict)   # peer raft address -> address to dial (proxies)
+    sync_shadow: bool = False               # record what a disk honouring only fsync holds (node/sync_shadow.py)
+    sync_shadow_writeback_s: float = 2.0    # memory mode: the simulated page writeback period
+
+
+TESTING_KEYS = {f: t for f, t in (("clock_offset_ms", int), ("raft_dial_map", dict), ("sync_shadow", bool),
+                                  ("sync_shadow_writeback_s", (int, float)))}
+
+
+@dataclass(frozen=True)
 class Settings:
     node_id: str
     http_host: str
@@ -39,6 +54,7 @@ class Settings:
     api_keys: tuple[dict, ...] | None = None
     source: str = ""
     tuning: dict = field(default_factory=dict)
+    testing: TestHooks = field(default_factory=TestHooks)
 
     @property
     def others(self) -> tuple[Peer, ...]:
@@ -79,7 +95,7 @@ def _str(where: str, value) -> str:
 def parse(doc: dict, source: str = "", base_dir: Path | None = None) -> Settings:
     """Check a parsed TOML document and build the node's settings."""
     for key in doc:
-        if key not in ("node", "cluster", "limits", "storage", "auth", "queues", "tuning"):
+        if key not in ("node", "cluster", "limits", "storage", "auth", "queues", "tuning", "testing"):
             raise ConfigError(f"{key}: unknown section")
     node = doc.get("node")
     if not isinstance(node, dict):
@@ -209,7 +225,23 @@ def parse(doc: dict, source: str = "", base_dir: Path | None = None) -> Settings
     tuning = {**TUNING_DEFAULTS, **tuning}
     return Settings(node_id=node_id, http_host=http_host, http_port=http_port, url=url, raft=raft,
                     data_dir=data_dir, peers=tuple(peers), secret=secret, durability=durability,
-                    limits=limits, api_keys=api_keys, source=source, tuning=tuning)
+                    limits=limits, api_keys=api_keys, source=source, tuning=tuning,
+                    testing=_testing(doc.get("testing", {})))
+
+
+def _testing(raw) -> TestHooks:
+    if not isinstance(raw, dict):
+        raise ConfigError("testing: must be a table")
+    for key, value in raw.items():
+        kind = TESTING_KEYS.get(key)
+        if kind is None:
+            raise ConfigError(f"testing.{key}: unknown key (known: {', '.join(sorted(TESTING_KEYS))})")
+        if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+            raise ConfigError(f"testing.{key}: wrong type, got {value!r}")
+    dial = raw.get("raft_dial_map", {})
+    for k, v in dial.items():
+        _hostport(f"testing.raft_dial_map.{k}", v)
+    return TestHooks(**raw)
 
 
 # Timers and bounds of the node process. Defaults follow notes/pysyncobj.md §9 (measured there).

@@ -1,6 +1,6 @@
 """Power-loss simulation without root: what a disk honouring only fsync would hold.
 
-A test hook, off unless the node runs with RAFTQ_SYNC_SHADOW=1 (the chaos harness sets it for
+A test hook, off unless the node's config says `[testing] sync_shadow = true` (the chaos harness sets it for
 its `power-loss` fault); unset, the node only pays an `is None` test per tick and per sync.
 
 kill -9 loses nothing in either durability mode: the page cache outlives the process. A power
@@ -15,7 +15,7 @@ Durable points of the journal
   record is written, after the sync returned and before anything acts on the sync, so a cut in
   between drops entries that nobody has counted yet (as a cut during the sync would).
 * `memory` mode: raftq never syncs the journal, so the kernel's dirty-page writeback is
-  simulated: every RAFTQ_SYNC_SHADOW_WRITEBACK_S seconds (default 2, first one at a random
+  simulated: every `[testing] sync_shadow_writeback_s` seconds (default 2, first one at a random
   phase; Linux writes dirty pages back 5-30 s after they were dirtied) the journal and the
   snapshot become durable at once. The snapshot (`raft.dump`, which pysyncobj replaces by
   rename) is kept through a hard link and put back by `restore`.
@@ -58,8 +58,6 @@ from pathlib import Path
 
 from pysyncobj.journal import FIRST_RECORD_OFFSET, LAST_RECORD_OFFSET_OFFSET
 
-ENV = "RAFTQ_SYNC_SHADOW"
-ENV_WRITEBACK = "RAFTQ_SYNC_SHADOW_WRITEBACK_S"
 DEFAULT_WRITEBACK_S = 2.0
 JOURNAL = "raft.journal"
 META = "raft.journal.meta"
@@ -67,17 +65,6 @@ DUMP = "raft.dump"
 RECORD = "raft.journal.synced"
 TAIL_PREFIX = "raft.journal.synced.tail."
 DUMP_LINK_PREFIX = "raft.dump.synced."
-
-
-def enabled() -> bool:
-    return os.environ.get(ENV, "") not in ("", "0")
-
-
-def writeback_s() -> float:
-    try:
-        return float(os.environ.get(ENV_WRITEBACK, "") or DEFAULT_WRITEBACK_S)
-    except ValueError:
-        return DEFAULT_WRITEBACK_S
 
 
 def _write_atomic(path: Path, data: bytes):
@@ -106,7 +93,7 @@ class SyncShadow:
     def __init__(self, data_dir, durability: str, writeback: float | None = None):
         self.dir = Path(data_dir)
         self.mode = durability
-        self.writeback_s = (writeback if writeback is not None else writeback_s()) if durability == "memory" else None
+        self.writeback_s = (writeback if writeback is not None else DEFAULT_WRITEBACK_S) if durability == "memory" else None
         self.file = None                 # pysyncobj's ResizableFile
         self.journal = None
         self.rec: dict = {}

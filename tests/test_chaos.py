@@ -584,7 +584,7 @@ def test_cluster_view_never_pairs_a_new_term_with_the_old_role(tmp_path):
     net.start()
     for i, m in net.dial_maps().items():
         if m:
-            c.node_env[i] = {"RAFTQ_RAFT_DIAL_MAP": _json.dumps(m)}
+            c.node_testing[i] = {"raft_dial_map": m}
     claims: dict = {}
     stop = threading.Event()
 
