@@ -16,8 +16,8 @@ import time
 
 import pytest
 
-from raftq.cluster.chaos_checker import check, percentile, unavailability
-from raftq.cluster.chaos_proxy import NetState, ProxyNet
+from raftq.cluster.chaos.checker import check, percentile, unavailability
+from raftq.cluster.chaos.proxy import NetState, ProxyNet
 
 RETRY = {"retry_delay_ms": 100, "retry_backoff": "exponential", "retry_delay_max_ms": 1000,
          "max_schedule_horizon_ms": 2_592_000_000}
@@ -441,8 +441,8 @@ def test_proxy_partition_refuses_and_cuts_and_reset_cuts(echo):
 # ---------------------------------------------------------------------------- real clusters
 def chaos_run(tmp_path, kinds, *, duration=8.0, seed=1, nodes=3, durability="fsync", mix=0.0,
               quiet=(0.5, 1.0), hold_scale=1.0, writeback_s=None):
-    from raftq.cluster.chaos import ChaosOptions, format_report, run_chaos
-    from raftq.cluster.chaos_nemesis import ScheduleConfig
+    from raftq.cluster.chaos.runner import ChaosOptions, format_report, run_chaos
+    from raftq.cluster.chaos.nemesis import ScheduleConfig
 
     opts = ChaosOptions(duration=duration, nodes=nodes, seed=seed, faults=tuple(kinds), durability=durability,
                         dir=str(tmp_path / "run"), progress=False,
@@ -754,8 +754,8 @@ def test_power_loss_is_opt_in_and_leaves_every_schedule_as_it_was():
     import hashlib
     import random
 
-    from raftq.cluster.chaos import build_parser, options_from_args
-    from raftq.cluster.chaos_nemesis import ALL_KINDS, KINDS, ScheduleConfig, plan_step
+    from raftq.cluster.chaos.runner import build_parser, options_from_args
+    from raftq.cluster.chaos.nemesis import ALL_KINDS, KINDS, ScheduleConfig, plan_step
 
     assert "power-loss" not in KINDS and "power-loss" in ALL_KINDS and len(KINDS) == 12
     assert options_from_args(build_parser().parse_args([])).faults == KINDS

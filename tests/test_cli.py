@@ -34,7 +34,7 @@ def client(cluster):
 
 
 def raftq(*args, urls=None, input=None, env=None, timeout=60):
-    """Run `python -m cluster.cli ARGS`; return (exit code, stdout, stderr)."""
+    """Run `python -m raftq.cluster.cli ARGS`; return (exit code, stdout, stderr)."""
     cmd = [sys.executable, "-m", "raftq.cluster.cli", *args]
     if urls is not None:
         cmd += ["--urls", ",".join(urls)]
@@ -320,7 +320,8 @@ def test_progress_bar_helper():
 
 def test_status_warns_when_digests_differ_at_one_index(monkeypatch, capsys):
     """Synthetic views (a real divergence is a bug we cannot provoke): the warning names the nodes."""
-    from raftq.cluster import cli, commands
+    from raftq.cluster import cli
+    from raftq.cluster.cli import commands
 
     def view(node, role, digest, applied=7):
         members = [{"id": f"n{i}", "url": f"http://h{i}", "raft_addr": "", "connected": True} for i in (1, 2, 3)]

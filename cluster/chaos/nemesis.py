@@ -38,10 +38,10 @@ from dataclasses import dataclass, field
 import aiohttp
 import orjson
 
-from ..node import sync_shadow
+from ...node import sync_shadow
 
-from .chaos_proxy import NetState, ProxyNet
-from .local import LocalCluster
+from .proxy import NetState, ProxyNet
+from ..local import LocalCluster
 
 KINDS = ("kill-leader", "kill-follower", "kill-all", "pause-leader", "wipe-node", "partition-leader",
          "partition-minority", "partition-oneway", "partition-ring", "latency", "reset", "clock-skew")

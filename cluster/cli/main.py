@@ -12,12 +12,12 @@ from pathlib import Path
 
 from . import commands as C
 from .commands import DEFAULT_URLS
-from .local import LocalCluster, http_json
+from ..local import LocalCluster, http_json
 
 
 def cmd_node(args) -> int:
     try:
-        from ..node.server import main as node_main
+        from ...node.server import main as node_main
     except ImportError as e:          # a client-only install: pip install raftq
         print(f"raftq node: this install has the client only (missing {e.name}); a node needs the server "
               "extra: pip install 'raftq[server]'", file=sys.stderr)
@@ -234,18 +234,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def cmd_chaos(argv: list[str]) -> int:
-    from .chaos import main as chaos_main
+    from ..chaos import main as chaos_main
     return chaos_main(list(argv)) or 0
 
 
 def cmd_bench(argv: list[str]) -> int:
-    from .bench import main as bench_main
+    from ..bench import main as bench_main
     return bench_main(list(argv)) or 0
 
 
 def _bench_split(argv: list[str]):
     """When the command is `bench`: (options before it, everything after it), else None.
-    `raftq bench ...` hands its arguments to cluster/bench.py untouched."""
+    `raftq bench ...` hands its arguments to cluster/bench/runner.py untouched."""
     i = 0
     while i < len(argv):
         a = argv[i]
@@ -276,7 +276,3 @@ def main(argv=None) -> int:
         return cmd_bench(rest)
     args = build_parser().parse_args(argv)
     return args.fn(args) or 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -2,12 +2,12 @@
 
 Starts a local cluster (real node processes, every Raft link through a fault-injecting proxy),
 runs a mixed workload through the client while a nemesis injects faults, heals, drains
-everything, and checks the history against the invariants (cluster/chaos_checker.py).
+everything, and checks the history against the invariants (cluster/chaos/checker.py).
 
-    python -m cluster.chaos --duration 600                # all fault kinds, 3 nodes, fsync
-    python -m cluster.chaos --duration 60 --faults kill-leader,pause-leader --seed 7 --json
-    python -m cluster.chaos --nodes 5 --durability memory --dir /tmp/run1
-    python -m cluster.chaos --duration 120 --faults power-loss,kill-leader --durability memory
+    raftq chaos --duration 600                # all fault kinds, 3 nodes, fsync
+    raftq chaos --duration 60 --faults kill-leader,pause-leader --seed 7 --json
+    raftq chaos --nodes 5 --durability memory --dir /tmp/run1
+    raftq chaos --duration 120 --faults power-loss,kill-leader --durability memory
 
 Exit status: 0 when every invariant holds, 1 on any violation, 2 when the run itself could not
 be set up. A run's directory (kept on failure, or with --dir/--keep) holds the node configs and
@@ -41,13 +41,13 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .chaos_checker import check, percentile, unavailability
-from ..node import sync_shadow
+from .checker import check, percentile, unavailability
+from ...node import sync_shadow
 
-from .chaos_nemesis import ALL_KINDS, KINDS, Env, Nemesis, Sampler, ScheduleConfig
-from .chaos_proxy import ProxyNet
-from .chaos_workload import History, WorkloadConfig, Workload, final_drain, lease_liveness_probe, wall_ms
-from .local import LocalCluster, http_json
+from .nemesis import ALL_KINDS, KINDS, Env, Nemesis, Sampler, ScheduleConfig
+from .proxy import ProxyNet
+from .workload import History, WorkloadConfig, Workload, final_drain, lease_liveness_probe, wall_ms
+from ..local import LocalCluster, http_json
 
 RETRY_LIMITS = {"retry_delay_ms": 100, "retry_backoff": "exponential", "retry_delay_max_ms": 1000}
 
@@ -71,7 +71,10 @@ class ChaosOptions:
     writeback_s: float = sync_shadow.DEFAULT_WRITEBACK_S   # memory mode's simulated page writeback (power-loss)
 
 
-class Progress:
+class StatusLine:
+    """The run's one status line (redrawn in place on a terminal, every 10 s otherwise) and its
+    events (one line each)."""
+
     def __init__(self, enabled: bool, stream=sys.stderr):
         self.enabled = enabled
         self.stream = stream
@@ -118,7 +121,7 @@ class Phases(dict):
         self["name"], self.t = name, now
 
 
-async def _progress_loop(h: History, nemesis: Nemesis, sampler: Sampler, progress: Progress, duration: float,
+async def _progress_loop(h: History, nemesis: Nemesis, sampler: Sampler, progress: StatusLine, duration: float,
                          phase: dict):
     while True:
         c = Counter()
@@ -166,7 +169,7 @@ async def run_chaos(opts: ChaosOptions) -> dict:
     made_dir = opts.dir is None
     directory = Path(opts.dir) if opts.dir else Path(tempfile.mkdtemp(prefix="raftq-chaos-"))
     directory.mkdir(parents=True, exist_ok=True)
-    progress = Progress(opts.progress)
+    progress = StatusLine(opts.progress)
     wcfg = opts.workload
     wcfg.sweep_interval_ms = opts.sweep_interval_ms
     scfg = opts.schedule
@@ -459,7 +462,3 @@ def main(argv=None) -> int:
     else:
         print(format_report(report))
     return 0 if report.get("valid") else 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import orjson
 
-from .client import (BatchRejected, Client, Conflict, Internal, InvalidArgument, Job, LeaseLost, NotFound,
+from ..client import (BatchRejected, Client, Conflict, Internal, InvalidArgument, Job, LeaseLost, NotFound,
                      RaftqError, Rejected, Retry, job_request)
 
 QUEUES = ("a", "b")

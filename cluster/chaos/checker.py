@@ -21,7 +21,7 @@ from __future__ import annotations
 import bisect
 from collections import defaultdict
 
-from ..node.retry import policy_delay_ms
+from ...node.retry import policy_delay_ms
 
 MAX_EXAMPLES = 5
 

@@ -29,10 +29,10 @@ from typing import Any
 import aiohttp
 import orjson
 
-from .client import (BatchRejected, Client, Conflict, Internal, InvalidArgument, LeaseLost, NotFound,
+from ..client import (BatchRejected, Client, Conflict, Internal, InvalidArgument, LeaseLost, NotFound,
                      PermissionDenied, RaftqError, Rejected, RequestTooLarge, Unauthenticated, Unavailable,
                      error_from, job_request)
-from .progress import Progress, progress_enabled
+from ..progress import Progress, progress_enabled
 
 DEFAULT_URLS = "http://127.0.0.1:7001,http://127.0.0.1:7002,http://127.0.0.1:7003"
 EXIT_OK, EXIT_FAILED, EXIT_UNREACHABLE, EXIT_UNAVAILABLE, EXIT_INTERRUPTED = 0, 1, 2, 3, 130

@@ -1,4 +1,5 @@
-"""Cluster benchmark after sepp's published method (notes/sepp.md §7).
+"""Cluster benchmark after sepp's published method (its benchmark: P producers and W workers in a
+closed loop, one op per request, 256-byte payloads, then the same with batches of 256).
 
 Phases: enqueue (P producers, one 256-byte job per request), drain (W workers, reserve one +
 ack), mixed (P producers and W workers at once until N jobs are acked), latency (one connection,
@@ -20,34 +21,11 @@ import sys
 import tempfile
 import time
 
-from .client import Client, EnqueueResult, PermissionDenied, Unauthenticated, job_request
-from .local import LocalCluster
+from ..client import Client, EnqueueResult, PermissionDenied, Unauthenticated, job_request
+from ..local import LocalCluster
+from ..progress import Progress
 
 PAYLOAD = os.urandom(256)
-
-
-class Progress:
-    def __init__(self, label: str, total: int, enabled: bool):
-        self.label, self.total, self.enabled = label, total, enabled
-        self.done = 0
-        self.t0 = time.monotonic()
-        self.last = 0.0
-
-    def add(self, n: int = 1):
-        self.done += n
-        if self.enabled:
-            now = time.monotonic()
-            if now - self.last > 0.5 or self.done - n < self.total <= self.done:   # and once at 100 %
-                self.last = now
-                rate = self.done / max(now - self.t0, 1e-9)
-                pct = 100 * self.done / max(self.total, 1)
-                bar = "#" * int(pct / 5)
-                print(f"\r  {self.label:<14} [{bar:<20}] {pct:5.1f}% {self.done}/{self.total} {rate:,.0f} jobs/s ",
-                      end="", file=sys.stderr, flush=True)
-
-    def end(self):
-        if self.enabled:
-            print(file=sys.stderr)
 
 
 class Clients:
@@ -86,7 +64,7 @@ async def phase_enqueue(clients: Clients, queue, jobs, producers, batch, progres
                     raise RuntimeError(f"enqueue refused: {bad[0]}")
             else:
                 await c.enqueue(queue, "bench", PAYLOAD)
-            progress.add(k)
+            progress.update(k)
 
     t0 = time.perf_counter()
     await asyncio.gather(*(producer() for _ in range(producers)))
@@ -112,7 +90,7 @@ async def phase_drain(clients: Clients, queue, jobs, workers, batch, progress, t
             else:
                 await c.ack(got[0])
             acked[0] += len(got)
-            progress.add(len(got))
+            progress.update(len(got))
             if acked[0] >= jobs and not done_at:
                 done_at.append(time.perf_counter())
 
@@ -125,7 +103,7 @@ async def phase_drain(clients: Clients, queue, jobs, workers, batch, progress, t
 async def phase_mixed(clients: Clients, queue, jobs, producers, workers, progress) -> float:
     """Producers and workers at once, until the jobs-th ack."""
     t0 = time.perf_counter()
-    _, secs = await asyncio.gather(phase_enqueue(clients, queue, jobs, producers, 1, Progress("", jobs, False)),
+    _, secs = await asyncio.gather(phase_enqueue(clients, queue, jobs, producers, 1, Progress(jobs, enabled=False)),
                                    phase_drain(clients, queue, jobs, workers, 1, progress, t0=t0))
     return secs
 
@@ -137,11 +115,11 @@ def figure(jobs: int, secs: float) -> dict:
 async def mixed_round(urls, transport, api_key, queue, jobs, producers, workers, label, progress) -> dict:
     """One mixed phase on fresh clients (a baseline round, against raftq or the bare server)."""
     clients = Clients(urls, transport, api_key)
-    p = Progress(label, jobs, progress)
+    p = Progress(jobs, label, unit="jobs", enabled=progress)
     try:
         return figure(jobs, await phase_mixed(clients, queue, jobs, producers, workers, p))
     finally:
-        p.end()
+        p.close()
         await clients.close()
 
 
@@ -191,9 +169,9 @@ async def run(urls, jobs, producers, workers, phases, latency_rounds, transport,
 
     async def measured(name, coro_fn, n):
         c0 = await _cpu(leader, api_key)
-        p = Progress(name, n, progress)
+        p = Progress(n, name, unit="jobs", enabled=progress)
         secs = await coro_fn(p)
-        p.end()
+        p.close()
         c1 = await _cpu(leader, api_key)
         out[name] = {**figure(n, secs), **cpu_split(c0, c1)}
 
@@ -215,12 +193,12 @@ async def run(urls, jobs, producers, workers, phases, latency_rounds, transport,
 
 
 class BareServer:
-    """A bare aiohttp server that does nothing (cluster/bare_server.py), in its own process."""
+    """A bare aiohttp server that does nothing (cluster/bench/bare_server.py), in its own process."""
 
     async def __aenter__(self):
-        from .local import free_ports
+        from ..local import free_ports
         port = free_ports(1)[0]
-        self.proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "raftq.cluster.bare_server",
+        self.proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "raftq.cluster.bench.bare_server",
                                                          "--port", str(port))
         self.url = f"http://127.0.0.1:{port}"
         for _ in range(100):
@@ -346,7 +324,3 @@ def main(argv=None) -> int:
             l = result["latency"]
             print(f"latency (enqueue->reserve->ack): p50 {l['p50_ms']} ms, p99 {l['p99_ms']} ms, p999 {l['p999_ms']} ms")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
