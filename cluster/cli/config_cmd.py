@@ -133,7 +133,7 @@ clients and the other nodes.
 apt-get install -y python3 python3-venv
 useradd --system --home-dir {d} --no-create-home --shell /usr/sbin/nologin raftq
 python3 -m venv /opt/raftq/.venv
-/opt/raftq/.venv/bin/pip install 'raftq[server]'    # or '/path/to/raftq[server]': a checkout or a wheel
+/opt/raftq/.venv/bin/pip install '/path/to/raftq[server]'   # a checkout of raftq or its wheel, with the server extra
 ```
 
 ## 2. Each host's config and the unit
@@ -143,7 +143,7 @@ python3 -m venv /opt/raftq/.venv
         parts.append(f"""
 ### {n} on {h}
 
-From this directory:
+From this directory (`cd {out}`):
 
 ```sh
 scp {n}.toml {UNIT_NAME} root@{ssh_host}:/tmp/

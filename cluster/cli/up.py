@@ -323,7 +323,8 @@ class Supervisor:
         self.start(i, "wiped")
         self.watch(i, "wipe")
         text = (f"{nid} stopped, its data dir emptied ({size / 1e6:.1f} MB removed) and started again "
-                f"(pid {self.members[i].pid}): it catches up by snapshot from the leader")
+                f"(pid {self.members[i].pid}): it catches up from the leader (by snapshot once the leader has compacted "
+                f"its log)")
         self.say(text)
         self.answer_waiting(i, text)
         return text
@@ -475,7 +476,7 @@ class Supervisor:
             v = views.get(i)
             if m.awaiting_ready and v is not None and v.get("ready") and \
                     int(v.get("last_applied") or 0) >= m.catch_up_to:
-                how = {"wipe": "caught up by snapshot", "resume": "answering again"}.get(
+                how = {"wipe": "rebuilt from the leader", "resume": "answering again"}.get(
                     m.awaiting_ready, "caught up from its journal and the leader")
                 lead = (v.get("leader") or {}).get("id", "?")
                 role = "the leader" if lead == self.node_id(i) else f"a follower of {lead}"
