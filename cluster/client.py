@@ -12,10 +12,11 @@ duplicating work.
 * Leader discovery: asks any node `GET /v1/cluster`, sends to the leader, follows 307s and
   remembers the new leader; on connection errors, `no_leader`, `unavailable` and `overloaded`
   it retries across nodes with capped, jittered backoff until the call's deadline.
-* A cluster that is not there: when no node accepts a connection for `connect_budget` seconds
-  (3 by default) of a call, the call raises `Unreachable` (an `Unavailable`) naming every URL
-  and how long it has refused, instead of retrying until its deadline. A node that answers
-  without a leader keeps the call retrying (an election takes 1-3 s).
+* A cluster that is not there: when, during a call, no node accepts a connection for
+  `connect_budget` seconds (3 by default), the call raises `Unreachable` (an `Unavailable`)
+  naming every URL and how long it has refused, instead of retrying until its deadline. A node
+  that answers without a leader, or takes the connection and does not answer (paused), keeps
+  the call retrying to its deadline (an election takes 1-3 s).
 * Exactly-once in effect: every mutating call carries a `Request-Id` that stays the same across
   its retries, and an enqueue without an idempotency key gets a generated one (opt out with
   `auto_idempotency=False`), so a retry after an ambiguous failure cannot create a second job.
@@ -55,13 +56,19 @@ class Unavailable(RaftqError):
 
 
 class Unreachable(Unavailable):
-    """No node accepted a connection during the call's `connect_budget` (or its deadline): the
-    cluster is down or the URLs are wrong. The request reached no node, so nothing was applied.
-    `refused` maps each URL to {"reason": ..., "for_s": seconds it has refused connections}."""
+    """No node accepted a connection for the call's `connect_budget` (or until its deadline):
+    the cluster is down or the URLs are wrong. `refused` maps each URL to {"reason": ...,
+    "for_s": seconds it has refused}; `maybe_sent` is False when no node took a connection
+    during the whole call (nothing was applied), True when the call reached a node before they
+    went away (its outcome is unknown, as after any Unavailable)."""
 
     @property
     def refused(self) -> dict:
         return self.details.get("refused", {})
+
+    @property
+    def maybe_sent(self) -> bool:
+        return bool(self.details.get("maybe_sent", True))
 
 
 def describe_refused(refused: dict) -> str:
@@ -291,9 +298,10 @@ def not_accepted(e: BaseException) -> str | None:
 
 
 class SessionLost(Exception):
-    def __init__(self, leader_url: str | None):
+    def __init__(self, leader_url: str | None, sent: bool = True):
         super().__init__(f"session closed (leader now {leader_url or 'unknown'})")
         self.leader_url = leader_url
+        self.sent = sent            # False: closed before this request went out
 
 
 class _Session:
@@ -379,7 +387,7 @@ class _Session:
 
     async def call(self, op: str, body, rid: str | None, timeout: float):
         if self.closed:
-            raise SessionLost(None)
+            raise SessionLost(None, sent=False)
         self.next_id += 1
         fid = self.next_id
         fut = asyncio.get_running_loop().create_future()
@@ -430,6 +438,7 @@ class Client:
         self.leader: str | None = None
         self._refused: dict[str, tuple[float, str]] = {}   # url -> (refusing since, why), monotonic
         self._last_contact = float("-inf")                # when a node last accepted a connection
+        self._last_refusal = float("-inf")                # when one last refused (or never took) one
         self._http: aiohttp.ClientSession | None = None
         self._session: _Session | None = None
         self._connect_lock: asyncio.Lock | None = None
@@ -475,15 +484,29 @@ class Client:
         if why is None:
             if url is not None:
                 self._contact(url)      # it took the connection; the request may have reached it
-        elif url is not None and url not in self._refused:
-            self._refused[url] = (time.monotonic(), why)
+            return
+        self._last_refusal = time.monotonic()
+        if url is not None and url not in self._refused:
+            self._refused[url] = (self._last_refusal, why)
 
-    def _unreachable(self, started: float, rid: str | None) -> Unreachable:
+    def _quiet(self, started: float) -> float | None:
+        """Since when no node has taken a connection while some refused, during this call; or None."""
+        since = max(started, self._last_contact)
+        return since if self._last_refusal > since else None
+
+    def _quiet_long(self, since: float) -> bool:
+        return time.monotonic() - since >= (self.connect_budget if self.connect_budget is not None else 3.0)
+
+    def _unreachable(self, started: float, quiet: float, rid: str | None) -> Unreachable:
         now = time.monotonic()
         refused = {u: {"reason": why, "for_s": round(now - since, 1)} for u, (since, why) in self._refused.items()}
-        return Unreachable("unreachable", f"no node accepted a connection in {now - started:.1f}s "
-                           f"({describe_refused(refused)}); nothing was sent. Start the nodes (on this machine: "
-                           "`raftq up`) or check the client's URLs", None, {"refused": refused, "request_id": rid})
+        sent = self._last_contact >= started
+        outcome = ("the request may have reached a node before they went away: its outcome is unknown" if sent
+                   else "nothing was sent")
+        return Unreachable("unreachable", f"no node accepted a connection for {now - quiet:.1f}s "
+                           f"({describe_refused(refused)}); {outcome}. Start the nodes (on this machine: "
+                           "`raftq up`) or check the client's URLs", None,
+                           {"refused": refused, "request_id": rid, "maybe_sent": sent})
 
     # ------------------------------------------------------------------ leader discovery
     async def _find_leader(self, timeout: float) -> str | None:
@@ -562,18 +585,20 @@ class Client:
         while True:
             remaining = deadline - loop.time()
             if remaining <= 0:
-                if self._last_contact < started:
-                    raise self._unreachable(started, rid)
+                quiet = self._quiet(started)
+                if quiet is not None and (self._last_contact < started or self._quiet_long(quiet)):
+                    raise self._unreachable(started, quiet, rid)
                 raise Unavailable("unavailable", f"no answer within the call's deadline; last error: {last}",
                                   None, {"request_id": rid})
             target = None
             try:
                 target = self.leader if leader_only else (self.leader or self.urls[0])
                 if target is None:
+                    asked = time.monotonic()
                     target = self.leader = await self._find_leader(remaining)
                     if target is None:
                         raise Unavailable("no_leader", "no node knows a leader (election in progress, or nodes down)"
-                                          if self._last_contact >= started else "no node answered")
+                                          if self._last_contact >= asked else "no node answered")
                 if self.transport == "session" and op in SESSION_OPS and leader_only:
                     try:
                         session = await self._session_to(target, remaining)
@@ -597,7 +622,8 @@ class Client:
                                                         min(remaining, attempt_timeout))
             except SessionLost as e:
                 self.leader = e.leader_url.rstrip("/") if e.leader_url else None
-                self._contact(target)
+                if e.sent:
+                    self._contact(target)
                 last = e
             except (aiohttp.ClientError, asyncio.TimeoutError, OSError, Unavailable) as e:
                 if not isinstance(e, Unavailable):
@@ -621,16 +647,17 @@ class Client:
             attempt += 1
             self.stats["retries"] += 1
             pause = min(self.backoff_max, self.backoff_base * (2 ** min(attempt, 10))) * random.uniform(0.5, 1.0)
-            if self._last_contact < started and self.connect_budget is not None:
-                # Nothing has taken a connection during this call: give up at the budget (the
-                # last try lands on it), not at the deadline.
-                left = self.connect_budget - (time.monotonic() - started)
+            quiet = self._quiet(started)
+            if quiet is not None and self.connect_budget is not None:
+                # No node has taken a connection for a while, only refusals: give up at the
+                # budget (the last try lands on it), not at the deadline.
+                left = self.connect_budget - (time.monotonic() - quiet)
                 if left <= 0:
-                    raise self._unreachable(started, rid)
+                    raise self._unreachable(started, quiet, rid)
                 pause = min(pause, left)
             if loop.time() + pause >= deadline:
-                if self._last_contact < started:
-                    raise self._unreachable(started, rid)
+                if quiet is not None and (self._last_contact < started or self._quiet_long(quiet)):
+                    raise self._unreachable(started, quiet, rid)
                 raise Unavailable("unavailable", f"no answer within the call's deadline; last error: {last}",
                                   None, {"request_id": rid})
             await asyncio.sleep(pause)

@@ -287,8 +287,9 @@ def explain(e: RaftqError, ctx: Ctx | None) -> tuple[str, int]:
         lines = [f"  job {x.get('index')}: {format_rejection(x.get('rejection', {}))}" for x in e.errors[:10]]
         return "batch rejected, nothing was enqueued:\n" + "\n".join(lines), EXIT_FAILED
     if isinstance(e, Unreachable):
-        return (f"{doing}: no node accepts connections any more ({describe_refused(e.refused)}); nothing was sent "
-                f"with this request; {START_HINT}"), EXIT_UNREACHABLE
+        outcome = ("the outcome of the request is unknown" if e.maybe_sent else "nothing was sent")
+        return (f"{doing}: no node accepts connections ({describe_refused(e.refused)}); {outcome}; "
+                f"{START_HINT}"), EXIT_UNREACHABLE
     if isinstance(e, Unavailable):
         timeout = ctx.timeout if ctx else None
         detail = e.message.replace("no answer within the call's deadline; ", "")
