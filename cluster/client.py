@@ -499,7 +499,10 @@ class Client:
 
     def _unreachable(self, started: float, quiet: float, rid: str | None) -> Unreachable:
         now = time.monotonic()
-        refused = {u: {"reason": why, "for_s": round(now - since, 1)} for u, (since, why) in self._refused.items()}
+        # Counted from this URL's first refusal, or from the last time any node took a connection
+        # (it may have been back in between without us asking it).
+        refused = {u: {"reason": why, "for_s": round(now - max(since, self._last_contact), 1)}
+                   for u, (since, why) in self._refused.items()}
         sent = self._last_contact >= started
         outcome = ("the request may have reached a node before they went away: its outcome is unknown" if sent
                    else "nothing was sent")

@@ -227,7 +227,7 @@ def _init(args) -> int:
 def add_parser(sub) -> None:
     c = sub.add_parser("config", help="node configs for machines: init (more actions to come)",
                        description="Node configs for a cluster on real machines.")
-    csub = c.add_subparsers(dest="config_action", required=True, metavar="ACTION")
+    csub = c.add_subparsers(dest="config_action", required=True, title="actions")
 
     def add_action(name: str, fn, help: str):
         a = csub.add_parser(name, help=help, description=help)
@@ -247,3 +247,6 @@ def add_parser(sub) -> None:
     i.add_argument("--include", metavar="FILE", help="[limits], [storage], [[queues]], [auth], [tuning] to put "
                    "in every config (checked as a node checks its config)")
     i.add_argument("--force", action="store_true", help="overwrite the files of an earlier init in --out")
+
+    # Add further actions above this line: `raftq config` alone then lists them all.
+    csub.metavar = "{" + ",".join(csub.choices) + "}"
