@@ -1,8 +1,10 @@
 """`raftq config init`: one node config per host, the systemd unit and install steps; every
 config loads with raftq.node.settings.load, all share one fresh secret, files are 0600."""
+import os
 import re
 import stat
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -114,3 +116,17 @@ def test_config_is_a_command_group():
     assert code == 2 and "init" in err
     code, text, err = raftq("config", "--help")
     assert code == 0 and "init" in text
+
+
+def test_the_deploy_readme_command_runs_as_pasted(tmp_path):
+    text = (ROOT / "deploy/README.md").read_text()
+    line = next(x for x in text.splitlines() if x.startswith("raftq config init "))
+    args = line.split()[1:]
+    p = subprocess.run([sys.executable, "-m", "raftq.cluster.cli", *args], capture_output=True, text=True,
+                       cwd=str(tmp_path), env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=60)
+    assert p.returncode == 0, p.stderr
+    out = tmp_path / "raftq-config"
+    assert load(out / "n3.toml").raft == "10.0.0.3:7101"
+    # The README's install lines name files config init wrote.
+    for name in ("n1.toml", "raftq.service"):
+        assert f"/tmp/{name}" in text and (out / name).exists()
