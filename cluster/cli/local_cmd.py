@@ -123,8 +123,12 @@ def cmd_status(args, directory: Path) -> int:
     if running:
         print(f"raftq up: running (pid {state.get('supervisor_pid')}) on {directory} since {state.get('started_at')}"
               + ("" if state.get("restart", True) else ", --no-restart"))
+    elif state.get("status") == "running":
+        print(f"raftq up: not running on {directory}: it ended at {state.get('updated_at')} or later without "
+              f"stopping its nodes (was it killed?); `raftq up{dir_option(directory)}` stops any left running and "
+              "continues this cluster")
     else:
-        print(f"raftq up: not running on {directory} (last stopped {state.get('updated_at')}); "
+        print(f"raftq up: not running on {directory} (stopped at {state.get('updated_at')}); "
               f"`raftq up{dir_option(directory)}` continues this cluster")
     head = ["NODE", "PID", "STATE", "ROLE", "TERM", "APPLIED", "DIGEST", "RESTARTS", "URL", "LAST EXIT"]
     rows = []

@@ -659,19 +659,23 @@ def wipe_dir(directory: Path) -> list[str]:
 
 def stop_orphans(directory: Path, state: dict | None, out) -> None:
     """Nodes a previous `raftq up` left running (it was killed): stop them, or the ports clash."""
-    for node in (state or {}).get("nodes", []):
-        pid = node.get("pid")
-        if pid and pid_runs(pid, str(node.get("config", "\0"))):
-            print(f"raftq up: stopping {node['id']} (pid {pid}), left running by a raftq up that did not stop "
-                  "cleanly", file=out, flush=True)
+    orphans = [(n["id"], n["pid"], str(n.get("config", "\0"))) for n in (state or {}).get("nodes", [])
+               if n.get("pid") and pid_runs(n["pid"], str(n.get("config", "\0")))]
+    for nid, pid, _ in orphans:
+        print(f"raftq up: stopping {nid} (pid {pid}), left running by a raftq up that did not stop its nodes",
+              file=out, flush=True)
+        for sig in (signal.SIGCONT, signal.SIGTERM):
             try:
-                os.kill(pid, signal.SIGCONT)
-                os.kill(pid, signal.SIGTERM)
-                end = time.monotonic() + STOP_TIMEOUT_S
-                while pid_runs(pid, str(node["config"])) and time.monotonic() < end:
-                    time.sleep(0.1)
-                if pid_runs(pid, str(node["config"])):
-                    os.kill(pid, signal.SIGKILL)
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+    end = time.monotonic() + STOP_TIMEOUT_S
+    while any(pid_runs(pid, cfg) for _, pid, cfg in orphans) and time.monotonic() < end:
+        time.sleep(0.1)
+    for _, pid, cfg in orphans:
+        if pid_runs(pid, cfg):
+            try:
+                os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
 
