@@ -258,6 +258,14 @@ def test_local_kill_pause_resume(healthy):
          what="the killed node restarted")
     lab.wait_for(rf"{follower} is back", after=mark)
 
+    # Killed again soon after its start: the back-off grows.
+    mark = len(lab.lines)
+    code, out, err = lab.local("kill", follower)
+    assert code == 0, err
+    m = re.search(r"restarting it in (\d+)s \(died (\d+) times in a row within 10s of its start\)", out)
+    assert m and int(m.group(1)) >= 2 and int(m.group(2)) >= 2, out
+    lab.wait_for(rf"{follower} is back", after=mark, timeout=60)
+
     # pause: SIGSTOP, the state says so, the others keep serving; resume waits for the catch-up.
     pid = lab.node(follower)["pid"]
     code, out, err = lab.local("pause", follower)
