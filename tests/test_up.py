@@ -493,10 +493,19 @@ def test_nodes_left_by_a_killed_up_are_stopped_by_the_next(tmp_path):
         up.kill()
 
 
-def test_demo_still_works(tmp_path):
+@pytest.mark.parametrize("auth", [False, True])
+def test_demo_still_works(tmp_path, auth):
+    extra = []
+    if auth:                    # the nodes then refuse requests without a key: raftq up's own probes carry one
+        cfg = tmp_path / "auth.toml"
+        cfg.write_text('[auth]\napi_keys = [{ name = "ops", key = "k-0123456789abcdef", role = "admin" }]\n')
+        extra = ["--config", str(cfg)]
     code, out, err = raftq("up", "--demo", "--exit-after-demo", "--dir", str(tmp_path / "demo"), "--base-port", "0",
-                           timeout=120)
+                           *extra, timeout=120)
     assert code == 0, err
+    if auth:
+        n1 = json.loads((tmp_path / "demo" / "up.json").read_text())["nodes"][0]
+        assert 'key = "k-0123456789abcdef"' in Path(n1["config"]).read_text()
     assert "demo: enqueue 3 jobs through follower" in out and out.count("-> 200") >= 3
     assert re.search(r"reserved \S+ priority 9 attempt 1: 'hello 2'", out)
     assert "queue demo: ready 0, in flight 0, enqueued 3, acked 3" in out

@@ -298,10 +298,6 @@ class Supervisor:
         m.streak = m.streak + 1 if lived < STABLE_AFTER_S else 1
         what = m.kill_reason or f"{nid} exited ({m.last_exit})"
         text = what + ("; it was the leader: the others elect a new one within 1-3 s" if was_leader else "")
-        if code not in (0, -signal.SIGKILL, -signal.SIGTERM):
-            line = last_log_line(self.c.log_path(i))
-            if line:
-                text += f"\n    last log line: {line}"
         if self.restart:
             delay = min(BACKOFF_MAX_S, BACKOFF_FIRST_S * 2 ** (m.streak - 1))
             m.state, m.restart_at = "down", now + delay
@@ -312,6 +308,10 @@ class Supervisor:
             text += (f"; not restarting it (--no-restart): `raftq local restart {nid}{dir_option(self.dir)}` "
                      "starts it")
         text += f"; log: {self.c.log_path(i)}"
+        if code not in (0, -signal.SIGKILL, -signal.SIGTERM):
+            line = last_log_line(self.c.log_path(i))
+            if line:
+                text += f"\n    its last log line: {line}"
         self.say(text)
         return text
 
@@ -766,6 +766,9 @@ def cmd_up(args) -> int:
     except (UpError, ConfigError) as e:
         print(f"raftq up: {e}", file=sys.stderr, flush=True)
         return getattr(e, "code", EXIT_USAGE)
+    except KeyboardInterrupt:               # before the nodes were started (then Ctrl-C stops them)
+        print("raftq up: interrupted", file=sys.stderr, flush=True)
+        return 130
 
 
 def _up(args) -> int:
@@ -840,7 +843,13 @@ def _run_up(args, directory: Path) -> int:
 
     def on_leader(leader: int):
         if args.demo:
-            demo(cluster, leader)
+            try:
+                demo(cluster, leader)
+            except Exception as e:          # the cluster still runs; say why the demo stopped
+                print(f"raftq up: the demo did not finish ({type(e).__name__}: {e}); the node logs are in "
+                      f"{directory}", file=sys.stderr, flush=True)
+                if args.exit_after_demo:
+                    raise UpError("the demo failed", EXIT_FAILED)
         if args.exit_after_demo:
             return False
         d = dir_option(directory)
