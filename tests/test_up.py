@@ -308,19 +308,31 @@ def test_local_restart_and_wipe(healthy):
     with SyncClient(lab.urls, transport="http") as c:
         for i in range(30):
             c.enqueue("lab-wipe", "t", str(i))
-    target = next(n for n in ("n1", "n2", "n3") if n != leader_id(lab.urls))
-    data = Path(lab.node(target)["data_dir"])
-    journal = data / "raft.journal"
-    assert journal.exists()
-    inode = journal.stat().st_ino
+    inodes = {n["id"]: (Path(n["data_dir"]) / "raft.journal").stat().st_ino for n in lab.state()["nodes"]}
     mark = len(lab.lines)
-    code, out, err = lab.local("wipe", target)
+    code, out, err = lab.local("wipe", "follower")          # as the README says it
     assert code == 0, err
+    target = re.match(r"(n\d) stopped, its data dir emptied", out).group(1)
+    assert target != leader_id(lab.urls)
+    journal, inode = Path(lab.node(target)["data_dir"]) / "raft.journal", inodes[target]
     assert "its data dir emptied" in out and f"{target} is ready: caught up with the leader" in out
     assert journal.exists() and journal.stat().st_ino != inode          # a new journal, rebuilt from the leader
     lab.wait_for(rf"{target} is back: .*rebuilt from the leader", after=mark)
     vs = poll(lambda: converged(lab.urls), timeout=30, what="the wiped node to converge")
     assert len({v["digest"] for v in vs}) == 1
+
+
+def test_pause_the_leader_and_resume_it(healthy):
+    lab = healthy
+    leader = leader_id(lab.urls)
+    mark = len(lab.lines)
+    code, out, err = lab.local("pause", "leader")
+    assert code == 0 and out.startswith(f"{leader} (pid ") and ", the leader) paused with SIGSTOP" in out, err
+    new = lab.wait_for(rf"leader: (n\d) at .*after {leader} went away", after=mark).group(1)
+    assert new != leader
+    code, out, err = lab.local("resume", leader)
+    assert code == 0 and f"{leader} is ready" in out, err
+    lab.wait_for(rf"{leader} is back: a follower of {new}", after=mark)       # it stepped down
 
 
 def test_files_are_private_and_the_secret_is_random(healthy):
