@@ -83,13 +83,15 @@ async def test_a_node_without_a_leader_gets_the_whole_deadline(cluster):
     for i in range(c.n):
         if i != survivor:
             c.kill(i)
-    async with Client(c.urls, transport="http", timeout=6.0) as client:
+    async with Client(c.urls, transport="http", timeout=8.0) as client:     # connect_budget 3 s
         t0 = time.monotonic()
         with pytest.raises(Unavailable) as info:
             await client.enqueue("no-leader", "t", b"x")
         took = time.monotonic() - t0
     assert not isinstance(info.value, Unreachable), info.value
-    assert took >= 5.5, took                # an election could still come: it kept trying to the deadline
+    # An election could still come: it kept trying to the deadline (it stops before a pause that
+    # would cross it, so up to backoff_max = 1 s early), far past the 3 s connect budget.
+    assert 6.5 <= took <= 9.0, took
     await asyncio.to_thread(restore, c)
 
 
