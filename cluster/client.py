@@ -12,6 +12,11 @@ duplicating work.
 * Leader discovery: asks any node `GET /v1/cluster`, sends to the leader, follows 307s and
   remembers the new leader; on connection errors, `no_leader`, `unavailable` and `overloaded`
   it retries across nodes with capped, jittered backoff until the call's deadline.
+* A cluster that is not there: when, during a call, no node accepts a connection for
+  `connect_budget` seconds (3 by default), the call raises `Unreachable` (an `Unavailable`)
+  naming every URL and how long it has refused, instead of retrying until its deadline. A node
+  that answers without a leader, or takes the connection and does not answer (paused), keeps
+  the call retrying to its deadline (an election takes 1-3 s).
 * Exactly-once in effect: every mutating call carries a `Request-Id` that stays the same across
   its retries, and an enqueue without an idempotency key gets a generated one (opt out with
   `auto_idempotency=False`), so a retry after an ambiguous failure cannot create a second job.
@@ -22,7 +27,9 @@ import asyncio
 import base64
 import collections
 import random
+import socket
 import threading
+import time
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
@@ -46,6 +53,30 @@ class RaftqError(Exception):
 
 class Unavailable(RaftqError):
     """No leader answered in time (election, lost quorum, overload). Safe to retry the call."""
+
+
+class Unreachable(Unavailable):
+    """No node accepted a connection for the call's `connect_budget` (or until its deadline):
+    the cluster is down or the URLs are wrong. `refused` maps each URL to {"reason": ...,
+    "for_s": seconds it has refused}; `maybe_sent` is False when no node took a connection
+    during the whole call (nothing was applied), True when the call reached a node before they
+    went away (its outcome is unknown, as after any Unavailable)."""
+
+    @property
+    def refused(self) -> dict:
+        return self.details.get("refused", {})
+
+    @property
+    def maybe_sent(self) -> bool:
+        return bool(self.details.get("maybe_sent", True))
+
+
+def describe_refused(refused: dict) -> str:
+    """`url, url: connection refused for 3.0s; url: unknown host (...) for 3.0s`, grouped."""
+    groups: dict[tuple, list[str]] = {}
+    for url, r in refused.items():
+        groups.setdefault((r["reason"], r["for_s"]), []).append(url)
+    return "; ".join(f"{', '.join(urls)}: {reason} for {for_s:.1f}s" for (reason, for_s), urls in groups.items())
 
 
 class LeaseLost(RaftqError):
@@ -246,10 +277,31 @@ def job_request(queue: str, job_type: str, payload: bytes | str | None = None, *
 
 
 # ---------------------------------------------------------------------------- transport
+_CONNECT_TIMEOUT = getattr(aiohttp, "ConnectionTimeoutError", ())     # aiohttp >= 3.10
+
+
+def not_accepted(e: BaseException) -> str | None:
+    """Why no connection to the node was made, or None when it accepted one (it answered, or
+    took the connection and then failed or timed out: the request may have reached it)."""
+    if isinstance(e, aiohttp.ClientSSLError):
+        return None
+    if isinstance(e, aiohttp.ClientConnectorError):
+        os_error = getattr(e, "os_error", None)
+        if isinstance(os_error, ConnectionRefusedError):
+            return "connection refused"
+        if isinstance(os_error, socket.gaierror):
+            return f"unknown host ({os_error.strerror})"
+        return f"cannot connect ({getattr(os_error, 'strerror', None) or e})"
+    if _CONNECT_TIMEOUT and isinstance(e, _CONNECT_TIMEOUT):
+        return "connect timed out"
+    return None
+
+
 class SessionLost(Exception):
-    def __init__(self, leader_url: str | None):
+    def __init__(self, leader_url: str | None, sent: bool = True):
         super().__init__(f"session closed (leader now {leader_url or 'unknown'})")
         self.leader_url = leader_url
+        self.sent = sent            # False: closed before this request went out
 
 
 class _Session:
@@ -335,7 +387,7 @@ class _Session:
 
     async def call(self, op: str, body, rid: str | None, timeout: float):
         if self.closed:
-            raise SessionLost(None)
+            raise SessionLost(None, sent=False)
         self.next_id += 1
         fid = self.next_id
         fut = asyncio.get_running_loop().create_future()
@@ -362,7 +414,11 @@ class Client:
     def __init__(self, urls, api_key: str | None = None, transport: str = "session", *,
                  timeout: float = 30.0, connect_timeout: float = 5.0, backoff_base: float = 0.05,
                  backoff_max: float = 1.0, auto_idempotency: bool = True, connections: int = 100,
-                 attempt_timeout: float = 8.0):
+                 attempt_timeout: float = 8.0, connect_budget: float | None = 3.0):
+        """`timeout`: each call's deadline (s). `connect_timeout`: bound of one leader lookup
+        or session handshake. `attempt_timeout`: bound of one attempt. `connect_budget`: a call
+        during which no node accepts a connection for this long raises `Unreachable` (None:
+        retry until the deadline, for a client started before its cluster)."""
         if isinstance(urls, str):
             urls = [u for u in urls.split(",") if u]
         if not urls:
@@ -378,7 +434,11 @@ class Client:
         self.auto_idempotency = auto_idempotency
         self.connections = connections
         self.attempt_timeout = attempt_timeout
+        self.connect_budget = connect_budget
         self.leader: str | None = None
+        self._refused: dict[str, tuple[float, str]] = {}   # url -> (refusing since, why), monotonic
+        self._last_contact = float("-inf")                # when a node last accepted a connection
+        self._last_refusal = float("-inf")                # when one last refused (or never took) one
         self._http: aiohttp.ClientSession | None = None
         self._session: _Session | None = None
         self._connect_lock: asyncio.Lock | None = None
@@ -414,6 +474,43 @@ class Client:
                                                json_serialize=lambda o: orjson.dumps(o).decode())
         return self._http
 
+    # ------------------------------------------------------------------ reachability
+    def _contact(self, url: str) -> None:
+        self._refused.pop(url, None)
+        self._last_contact = time.monotonic()
+
+    def _note_failure(self, url: str | None, e: BaseException) -> None:
+        why = not_accepted(e)
+        if why is None:
+            if url is not None:
+                self._contact(url)      # it took the connection; the request may have reached it
+            return
+        self._last_refusal = time.monotonic()
+        if url is not None and url not in self._refused:
+            self._refused[url] = (self._last_refusal, why)
+
+    def _quiet(self, started: float) -> float | None:
+        """Since when no node has taken a connection while some refused, during this call; or None."""
+        since = max(started, self._last_contact)
+        return since if self._last_refusal > since else None
+
+    def _quiet_long(self, since: float) -> bool:
+        return time.monotonic() - since >= (self.connect_budget if self.connect_budget is not None else 3.0)
+
+    def _unreachable(self, started: float, quiet: float, rid: str | None) -> Unreachable:
+        now = time.monotonic()
+        # Counted from this URL's first refusal, or from the last time any node took a connection
+        # (it may have been back in between without us asking it).
+        refused = {u: {"reason": why, "for_s": round(now - max(since, self._last_contact), 1)}
+                   for u, (since, why) in self._refused.items()}
+        sent = self._last_contact >= started
+        outcome = ("the request may have reached a node before they went away: its outcome is unknown" if sent
+                   else "nothing was sent")
+        return Unreachable("unreachable", f"no node accepted a connection for {now - quiet:.1f}s "
+                           f"({describe_refused(refused)}); {outcome}. Start the nodes (on this machine: "
+                           "`raftq up`) or check the client's URLs", None,
+                           {"refused": refused, "request_id": rid, "maybe_sent": sent})
+
     # ------------------------------------------------------------------ leader discovery
     async def _find_leader(self, timeout: float) -> str | None:
         http = self._http_session()
@@ -423,8 +520,10 @@ class Client:
             try:
                 # Without the digest: it is O(state) on the node, and a fleet of new clients
                 # asking for it at once stalled the leader's event loop for a second.
+                t = min(timeout, self.connect_timeout)
                 async with http.get(url + "/v1/cluster?digest=false", headers=self._headers(None),
-                                    timeout=aiohttp.ClientTimeout(total=min(timeout, self.connect_timeout))) as r:
+                                    timeout=aiohttp.ClientTimeout(total=t, sock_connect=t)) as r:
+                    self._contact(url)
                     if r.status in (401, 403):    # the same keys on every node: asking on won't help
                         raw = await r.read()
                         try:
@@ -436,7 +535,8 @@ class Client:
                     if r.status != 200:
                         continue
                     view = orjson.loads(await r.read())
-            except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError):
+            except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError) as e:
+                self._note_failure(url, e)
                 continue
             for m in view.get("members", []):
                 if m.get("url") and m["url"].rstrip("/") not in self.urls:
@@ -481,24 +581,32 @@ class Client:
         loop = asyncio.get_running_loop()
         attempt_timeout = self.attempt_timeout + extra_wait
         deadline = loop.time() + (timeout if timeout is not None else self.timeout)
+        started = time.monotonic()
         rid = request_id or (uuid.uuid4().hex if mutating else None)
         attempt = 0
         last: Exception | None = None
         while True:
             remaining = deadline - loop.time()
             if remaining <= 0:
+                quiet = self._quiet(started)
+                if quiet is not None and (self._last_contact < started or self._quiet_long(quiet)):
+                    raise self._unreachable(started, quiet, rid)
                 raise Unavailable("unavailable", f"no answer within the call's deadline; last error: {last}",
                                   None, {"request_id": rid})
+            target = None
             try:
                 target = self.leader if leader_only else (self.leader or self.urls[0])
                 if target is None:
+                    asked = time.monotonic()
                     target = self.leader = await self._find_leader(remaining)
                     if target is None:
-                        raise Unavailable("no_leader", "no node knows a leader (election in progress, or nodes down)")
+                        raise Unavailable("no_leader", "no node knows a leader (election in progress, or nodes down)"
+                                          if self._last_contact >= asked else "no node answered")
                 if self.transport == "session" and op in SESSION_OPS and leader_only:
                     try:
                         session = await self._session_to(target, remaining)
                     except aiohttp.WSServerHandshakeError as e:
+                        self._contact(target)
                         if e.status == 307 and e.headers and e.headers.get("Leader-Url"):
                             self.leader = e.headers["Leader-Url"].rstrip("/")
                             self.stats["redirects"] += 1
@@ -517,11 +625,16 @@ class Client:
                                                         min(remaining, attempt_timeout))
             except SessionLost as e:
                 self.leader = e.leader_url.rstrip("/") if e.leader_url else None
+                if e.sent:
+                    self._contact(target)
                 last = e
             except (aiohttp.ClientError, asyncio.TimeoutError, OSError, Unavailable) as e:
+                if not isinstance(e, Unavailable):
+                    self._note_failure(target, e)
                 self.leader = None
                 last = e
             else:
+                self._contact(target)
                 if status == 200:
                     return out
                 if status == 307:
@@ -537,7 +650,17 @@ class Client:
             attempt += 1
             self.stats["retries"] += 1
             pause = min(self.backoff_max, self.backoff_base * (2 ** min(attempt, 10))) * random.uniform(0.5, 1.0)
+            quiet = self._quiet(started)
+            if quiet is not None and self.connect_budget is not None:
+                # No node has taken a connection for a while, only refusals: give up at the
+                # budget (the last try lands on it), not at the deadline.
+                left = self.connect_budget - (time.monotonic() - quiet)
+                if left <= 0:
+                    raise self._unreachable(started, quiet, rid)
+                pause = min(pause, left)
             if loop.time() + pause >= deadline:
+                if quiet is not None and (self._last_contact < started or self._quiet_long(quiet)):
+                    raise self._unreachable(started, quiet, rid)
                 raise Unavailable("unavailable", f"no answer within the call's deadline; last error: {last}",
                                   None, {"request_id": rid})
             await asyncio.sleep(pause)
@@ -546,7 +669,8 @@ class Client:
         data = None if body is None else orjson.dumps(body)
         async with self._http_session().request(method, url, data=data, headers=self._headers(rid),
                                                 allow_redirects=False,
-                                                timeout=aiohttp.ClientTimeout(total=timeout)) as r:
+                                                timeout=aiohttp.ClientTimeout(
+                                                    total=timeout, sock_connect=min(timeout, self.connect_timeout))) as r:
             raw = await r.read()
             try:
                 return r.status, orjson.loads(raw) if raw else {}

@@ -50,6 +50,33 @@ def toml_key(k: str) -> str:
     return k if k and all(c.isascii() and (c.isalnum() or c in "-_") for c in k) else json.dumps(k)
 
 
+def write_private(path: Path, text: str) -> None:
+    """Write a file readable by its owner only (0600), atomically: a reader sees the old or the
+    new content, never half of it."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.chmod(tmp, 0o600)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def private_dir(path: Path) -> Path:
+    """Make a directory (and missing parents) accessible to its owner only (0700)."""
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    os.chmod(path, 0o700)
+    return path
+
+
 def toml_table(name: str, d: dict) -> str:
     lines = [f"[{name}]"] + [f"{k} = {toml_value(v)}" for k, v in d.items() if v is not None]
     return "\n".join(lines) + "\n"
@@ -84,7 +111,12 @@ class LocalCluster:
                  storage: dict | None = None, queues: list | None = None, tuning: dict | None = None,
                  secret: str | None = "local-secret", base_port: int | None = None,
                  python: str | None = None, env: dict | None = None, api_keys: list | None = None,
-                 testing: dict | None = None):
+                 testing: dict | None = None, http_ports: list[int] | None = None,
+                 raft_ports: list[int] | None = None):
+        """Ports: `http_ports` and `raft_ports` as given, else from `base_port` (HTTP base..,
+        Raft base+100..), else free ones. Every file it writes is 0600, its directories 0700,
+        and the nodes run with umask 077 (their journals, snapshots and logs are private too:
+        a config holds the cluster secret)."""
         self.dir = Path(directory).absolute()
         self.n = nodes
         self.durability = durability
@@ -102,7 +134,11 @@ class LocalCluster:
         self.testing = testing or {}
         self.node_testing: dict[int, dict] = {}
         self._written_testing: dict[int, dict] = {}
-        if base_port:
+        if http_ports or raft_ports:
+            if len(http_ports or ()) != nodes or len(raft_ports or ()) != nodes:
+                raise ValueError(f"give {nodes} HTTP ports and {nodes} Raft ports")
+            http, raft = list(http_ports), list(raft_ports)
+        elif base_port:
             http = [base_port + i for i in range(nodes)]
             raft = [base_port + 100 + i for i in range(nodes)]
         else:
@@ -121,8 +157,11 @@ class LocalCluster:
     def data_dir(self, i: int) -> Path:
         return self.dir / "data" / self.ids[i]
 
+    def log_path(self, i: int) -> Path:
+        return self.dir / f"{self.ids[i]}.log"
+
     def write_configs(self):
-        self.dir.mkdir(parents=True, exist_ok=True)
+        private_dir(self.dir)
         for i in range(self.n):
             self.write_config(i)
 
@@ -153,7 +192,7 @@ class LocalCluster:
             text += "\n" + toml_table("testing", testing)
         for q in self.queues:
             text += "\n[[queues]]\n" + "".join(f"{k} = {toml_value(v)}\n" for k, v in q.items())
-        self.config_path(i).write_text(text)
+        write_private(self.config_path(i), text)
 
     # ------------------------------------------------------------ processes
     def start(self, i: int):
@@ -161,12 +200,17 @@ class LocalCluster:
             return
         if self._written_testing.get(i) != self._testing_of(i):
             self.write_config(i)        # with this node's [testing] hooks as they are now
-        log = open(self.dir / f"{self.ids[i]}.log", "ab")
+        old = self.logs.pop(i, None)
+        if old is not None:
+            old.close()             # the previous process's handle: one per start would leak
+        fd = os.open(self.log_path(i), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        os.fchmod(fd, 0o600)
+        log = os.fdopen(fd, "ab")
         self.logs[i] = log
         env = {**os.environ, **self.env}
         self.procs[i] = subprocess.Popen([self.python, "-m", "raftq.node", "--config", str(self.config_path(i))],
                                          stdout=log, stderr=subprocess.STDOUT, env=env, cwd=str(self.dir),
-                                         start_new_session=True)
+                                         start_new_session=True, umask=0o077)
 
     def start_all(self):
         if not self.config_path(0).exists():
@@ -248,8 +292,11 @@ class LocalCluster:
                 pass
 
     # ------------------------------------------------------------ observation
-    def cluster_view(self, i: int, timeout: float = 1.0):
-        status, body = http_json("GET", self.urls[i] + "/v1/cluster", timeout=timeout, headers=self.probe_headers)
+    def cluster_view(self, i: int, timeout: float = 1.0, digest: bool = True):
+        """Node i's own GET /v1/cluster, or None; `digest=False` skips the O(state) digest
+        (for frequent polling)."""
+        path = "/v1/cluster" if digest else "/v1/cluster?digest=false"
+        status, body = http_json("GET", self.urls[i] + path, timeout=timeout, headers=self.probe_headers)
         return body if status == 200 else None
 
     def leader(self, among=None) -> int | None:

@@ -258,6 +258,7 @@ def test_errors_say_what_to_do(cluster):
         code, out, err = raftq(*args, urls=dead)
         assert code == 2, (args, err)
         assert "cannot reach any node at " + dead[0] in err and "raftq up" in err, err
+        assert err.count("\n") == 1 and "connection refused" in err, err      # one line says it all
     # RAFTQ_URLS is the default for --urls.
     code, out, err = raftq("queues", env={"RAFTQ_URLS": ",".join(dead)})
     assert code == 2 and dead[1] in err

@@ -45,7 +45,8 @@ def test_the_wheel_holds_one_package_named_raftq(wheel):
     names = zipfile.ZipFile(wheel).namelist()
     tops = {n.split("/")[0] for n in names if not n.split("/")[0].endswith((".dist-info", ".data"))}
     assert tops == {"raftq"}, tops
-    for must in ("raftq/__init__.py", "raftq/node/machine.py", "raftq/cluster/client.py", "raftq/node/admin.html"):
+    for must in ("raftq/__init__.py", "raftq/node/machine.py", "raftq/cluster/client.py", "raftq/node/admin.html",
+                 "raftq/cluster/cli/raftq.service"):     # the unit `raftq config init` writes
         assert must in names, must
     assert not any(n.startswith("raftq/tests/") for n in names)
     # Every module of the checkout is in the wheel (a subpackage missing from pyproject's list

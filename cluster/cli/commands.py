@@ -31,7 +31,7 @@ import orjson
 
 from ..client import (BatchRejected, Client, Conflict, Internal, InvalidArgument, LeaseLost, NotFound,
                      PermissionDenied, RaftqError, Rejected, RequestTooLarge, Unauthenticated, Unavailable,
-                     error_from, job_request)
+                     Unreachable, describe_refused, error_from, job_request)
 from ..progress import Progress, progress_enabled
 
 DEFAULT_URLS = "http://127.0.0.1:7001,http://127.0.0.1:7002,http://127.0.0.1:7003"
@@ -167,16 +167,22 @@ def connect_reason(e: aiohttp.ClientConnectorError) -> str:
     return f"cannot connect ({e})"
 
 
+START_HINT = "start a local cluster with `raftq up`, or check --urls / RAFTQ_URLS"
+
+
 def unreachable_message(urls: list[str], answers: list[NodeAnswer] | None = None) -> str:
-    msg = (f"cannot reach any node at {', '.join(urls)}; is the cluster running? "
-           "(start one with `raftq up`, or point --urls / RAFTQ_URLS at your nodes)")
-    if answers:
-        reasons = sorted({a.error for a in answers if a.error})
-        if len(reasons) == 1:
-            msg += f"\n  every node: {reasons[0]}"
-        else:
-            msg += "".join(f"\n  {a.url}: {a.error}" for a in answers)
-    return msg
+    """One line: which nodes did not answer, why, and what to do."""
+    reasons: dict[str, list[str]] = {}
+    for a in answers or []:
+        if a.error:
+            reasons.setdefault(a.error, []).append(a.url)
+    if len(reasons) == 1:
+        why = f" ({next(iter(reasons))})"
+    elif reasons:
+        why = " (" + "; ".join(f"{', '.join(us)}: {r}" for r, us in reasons.items()) + ")"
+    else:
+        why = ""
+    return f"cannot reach any node at {', '.join(urls)}{why}; is the cluster running? {START_HINT}"
 
 
 # ---------------------------------------------------------------------------- formatting
@@ -280,6 +286,10 @@ def explain(e: RaftqError, ctx: Ctx | None) -> tuple[str, int]:
     if isinstance(e, BatchRejected):
         lines = [f"  job {x.get('index')}: {format_rejection(x.get('rejection', {}))}" for x in e.errors[:10]]
         return "batch rejected, nothing was enqueued:\n" + "\n".join(lines), EXIT_FAILED
+    if isinstance(e, Unreachable):
+        outcome = ("the outcome of the request is unknown" if e.maybe_sent else "nothing was sent")
+        return (f"{doing}: no node accepts connections ({describe_refused(e.refused)}); {outcome}; "
+                f"{START_HINT}"), EXIT_UNREACHABLE
     if isinstance(e, Unavailable):
         timeout = ctx.timeout if ctx else None
         detail = e.message.replace("no answer within the call's deadline; ", "")
@@ -436,7 +446,7 @@ async def cmd_status(ctx: Ctx) -> int:
                           if ctx.api_key is None else "the API key is unknown to them or its role is too low"),
                        EXIT_FAILED)
     if not up:
-        raise CliError(unreachable_message(ctx.urls), EXIT_UNREACHABLE)
+        raise CliError(unreachable_message(ctx.urls, answers), EXIT_UNREACHABLE)
 
     # Digests must agree at equal applied indexes.
     by_index: dict[int, dict[str, list[str]]] = {}
