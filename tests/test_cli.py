@@ -372,3 +372,27 @@ def test_bench_baseline_rounds_interleave_raftq_and_the_bare_server(tmp_path):
 def test_bench_refuses_zero_baseline_rounds():
     code, out, err = raftq("bench", "--local", "--baseline", "--baseline-rounds", "0")
     assert code == 2 and "--baseline-rounds must be at least 1" in err
+
+
+def test_bench_backlog_measures_every_figure_at_each_size_and_cleans_up(tmp_path):
+    code, out, err = raftq("bench", "--backlog", "0,600", "--recovery-timeout", "60", "--json",
+                           env={"TMPDIR": str(tmp_path)}, timeout=300)
+    assert code == 0, err
+    result = json.loads(out)
+    assert [s["backlog"] for s in result["steps"]] == [0, 600]
+    full = result["steps"][1]
+    assert full["fill"]["jobs"] == 600 and full["fill"]["jobs_per_s"] > 0
+    assert full["elections_during_fill"] == 0
+    assert all(b and b > 0 for b in full["bytes_per_job"]), full["bytes_per_job"]
+    assert all(v["ms"] is not None for v in full["cluster_ms"].values()), full["cluster_ms"]
+    assert 0 < full["beside_backlog"]["p50_ms"] <= full["beside_backlog"]["p99_ms"]
+    for key in ("wiped_follower_catch_up", "leader_kill_to_write", "restart_all_to_write"):
+        assert full[key]["seconds"] is not None and full[key]["seconds"] > 0, (key, full[key])
+    assert not list(tmp_path.glob("raftq-scale-*")), "the cluster's directory was left behind"
+
+
+def test_bench_backlog_refuses_bad_sizes_and_urls():
+    code, out, err = raftq("bench", "--backlog", "lots")
+    assert code == 2 and "comma-separated job counts" in err
+    code, out, err = raftq("bench", "--backlog", "10", "--urls", "http://127.0.0.1:1")
+    assert code == 2 and "drop --urls" in err

@@ -261,8 +261,19 @@ def main(argv=None) -> int:
                         "the ratio reported is the median of the rounds' ratios (default 1)")
     p.add_argument("--api-key", default=os.environ.get("RAFTQ_API_KEY") or None,
                    help="a worker (or higher) key for a cluster with API keys (default $RAFTQ_API_KEY)")
+    p.add_argument("--backlog", metavar="N,N,...", default=None,
+                   help="instead of the phases: fill a fresh local cluster to each backlog size in turn and measure "
+                        "what a node costs there (fill rate, RSS and bytes per job, /v1/cluster latency, work beside "
+                        "the backlog, snapshot size, wiped-follower catch-up, leader kill and restart of all nodes "
+                        "to the first write); see cluster/bench/scale.py")
+    p.add_argument("--recovery-timeout", type=float, default=600.0, metavar="S",
+                   help="with --backlog: how long to wait for each recovery before reporting it as not reached")
+    p.add_argument("--dir", default=None, help="with --backlog: the cluster's directory (default: a temporary one, "
+                                               "removed at the end)")
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
+    if args.backlog is not None:
+        return _main_backlog(p, args)
     if not args.urls and not args.local:
         p.error("give --urls of a running cluster or --local")
     if args.baseline_rounds < 1:
@@ -323,4 +334,27 @@ def main(argv=None) -> int:
         if "latency" in result:
             l = result["latency"]
             print(f"latency (enqueue->reserve->ack): p50 {l['p50_ms']} ms, p99 {l['p99_ms']} ms, p999 {l['p999_ms']} ms")
+    return 0
+
+
+def _main_backlog(p: argparse.ArgumentParser, args) -> int:
+    from .scale import format_scale, run_scale
+    try:
+        sizes = [int(x.replace("_", "")) for x in args.backlog.split(",") if x.strip()]
+    except ValueError:
+        p.error(f"--backlog takes comma-separated job counts, got {args.backlog!r}")
+    if not sizes or min(sizes) < 0:
+        p.error("--backlog needs at least one size >= 0")
+    if args.urls:
+        p.error("--backlog starts a local cluster of its own (its recovery figures kill and wipe nodes); drop --urls")
+
+    def say(text):
+        if not args.json:
+            print(f"raftq bench: {text}", file=sys.stderr, flush=True)
+
+    made = args.dir is None
+    result = asyncio.run(run_scale(sizes, args.durability, not args.json, args.recovery_timeout, args.dir, say))
+    if made:
+        shutil.rmtree(result["dir"], ignore_errors=True)
+    print(json.dumps(result) if args.json else format_scale(result))
     return 0
