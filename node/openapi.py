@@ -22,7 +22,7 @@ from functools import lru_cache
 from .. import __version__
 from . import errors
 from .auth import ADMIN, OPERATOR, VIEWER, WORKER
-from .limits import GLOBAL_KEYS, QUEUE_KEYS, Limits
+from .limits import QUEUE_KEYS, Limits
 from .machine import STATE_NAMES
 from .settings import ROLES
 

@@ -132,7 +132,8 @@ def test_error_codes_reasons_and_causes_are_the_codes():
     source = "\n".join(p.read_text() for p in (ROOT / "node").rglob("*.py") if p.name != "openapi.py")
     reasons = set(re.findall(r'"reason": "([a-z_]+)"', source))
     assert reasons == set(openapi.REJECTION_REASONS)
-    causes = set(re.findall(r'_dead_letter\([^()]*?, "([a-z_]+)"', source))
+    # self._dead_letter(job, q, "cause", ...) or dead_letter(m, job, q, "cause", ...)
+    causes = set(re.findall(r'(?<![A-Za-z])_?dead_letter\([^()]*?, "([a-z_]+)"', source))
     assert causes and causes == set(openapi.DEAD_LETTER_CAUSES)
     for code, status in errors.STATUS.items():
         assert code in openapi.CODE_MEANINGS, code
