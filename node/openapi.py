@@ -428,7 +428,7 @@ def _route(method, path, op_id, summary, description, role, *, leader=True, body
 ID_PARAM = {"name": "id", "in": "path", "required": True, "description": "the job id (a canonical UUID, any case)",
             "schema": {"type": "string", "format": "uuid", "pattern": UUID_PATTERN}}
 NAME_PARAM = {"name": "name", "in": "path", "required": True, "description": "the queue name",
-              "schema": {"type": "string", "minLength": 1}}
+              "schema": {"$ref": "#/components/schemas/QueueName"}}
 LIMIT_PARAM = {"name": "limit", "in": "query", "description": "page size, 1..100 (default 50)",
                "schema": {"type": "integer", "minimum": 1, "maximum": 100, "default": 50}}
 CURSOR_PARAM = {"name": "cursor", "in": "query", "description": "`next_cursor` of the previous page",
@@ -669,7 +669,10 @@ def document() -> dict:
             "summary": "A durable job queue replicated by Raft",
             "description": "Every node serves the whole API. Leader-only operations sent to a follower are "
                            "answered 307 to the leader (follow redirects, keeping method and body). JSON bodies, "
-                           "snake_case fields, unknown request fields ignored; instants are integer ms since the "
+                           "snake_case fields, unknown request fields ignored, an optional field given as null "
+                           "taken as left out; integers are written as JSON integers (`1`, not `1.0`: a number "
+                           "with a fraction or exponent is refused as a wrong type, which JSON Schema cannot "
+                           "express); instants are integer ms since the "
                            "Unix epoch (`*_at_ms`), durations integer ms (`*_ms`). Any POST or DELETE may carry "
                            "`Request-Id`: a repeat within `request_id_window_ms` (60 s) gets the stored answer "
                            "and applies nothing. See docs/api.md.",

@@ -279,6 +279,39 @@ EXAMPLES = int(os.environ.get("RAFTQ_SCHEMA_EXAMPLES", "20"))
 FUZZ_OPS = [(p, m, op) for p, m, op in OPERATIONS if op["operationId"] != "session"]
 
 
+def _floats_for_integers(value) -> bool:
+    if isinstance(value, float):
+        return value.is_integer()
+    if isinstance(value, dict):
+        return any(_floats_for_integers(v) for v in value.values())
+    if isinstance(value, list):
+        return any(_floats_for_integers(v) for v in value)
+    return False
+
+
+def explained_refusal(case, body):
+    """A request the document admits and the node refuses with 400: only where the document
+    cannot say what the node checks. JSON Schema's "integer" admits 2.0, which the node refuses
+    as a wrong type (the document says so in words); a paging cursor must be one the server
+    returned. Anything else is the document being looser than the validation."""
+    message = (body or {}).get("error", {}).get("message", "")
+    if "cursor is not one this server returned" in message:
+        return
+    body_sent = case.body if isinstance(case.body, (dict, list)) else None
+    if _floats_for_integers(body_sent) and "integer" in message:
+        return
+    raise AssertionError(f"the document admits this request, the node refused it: {message} "
+                         f"(body {json.dumps(body_sent, default=str)[:300]}, query {case.query}, "
+                         f"path {case.path_parameters})")
+
+
+def not_a_bug(ctx, response, case):
+    """No 5xx but a documented 503 (no_leader, unavailable: a busy machine can time a commit out,
+    and the contract says to retry); check_answer holds its code to the document."""
+    if response.status_code >= 500 and response.status_code != 503:
+        raise AssertionError(f"server error {response.status_code}: {response.text[:500]}")
+
+
 def batch_refusal(ctx, response, case):
     """negative_data_rejection for POST /v1/jobs/batch: a 4xx, or a 200 refusing some job."""
     if 400 <= response.status_code < 500:
@@ -304,12 +337,11 @@ def test_schemathesis(cluster, st_schema, path, method, op, mode):
     from hypothesis import HealthCheck, Phase, given, settings
     from hypothesis.errors import Unsatisfiable
     from schemathesis import GenerationMode
-    from schemathesis.checks import not_a_server_error
     from schemathesis.specs.openapi import checks as oc
 
     operation = st_schema[path][method.upper()]
     base_url = leader_url(cluster)
-    checks = [not_a_server_error, oc.status_code_conformance, oc.content_type_conformance,
+    checks = [not_a_bug, oc.status_code_conformance, oc.content_type_conformance,
               oc.response_headers_conformance, oc.response_schema_conformance]
     if mode == "negative":
         # A best-effort batch answers a job that does not fit the document with a rejection in
@@ -341,6 +373,8 @@ def test_schemathesis(cluster, st_schema, path, method, op, mode):
             ctype = ctype[0]
         if response.status_code != 101:
             check_answer(op, response.status_code, body, ctype)
+        if mode == "positive" and response.status_code == 400:
+            explained_refusal(case, body)
 
     try:
         run()
@@ -348,7 +382,8 @@ def test_schemathesis(cluster, st_schema, path, method, op, mode):
         if mode == "negative" and not seen:
             pytest.skip("the document admits every input of this route: there is no invalid one to generate")
         raise
-    assert seen and max(seen) < 500
+    print(f"{method.upper()} {path} {mode}: {len(seen)} requests, statuses {sorted(set(seen))}")
+    assert seen and not [s for s in seen if s >= 500 and s != 503]
 
 
 # ------------------------------------------------------------------------------ a generated client
