@@ -4,6 +4,11 @@ Requests hand their command to `Proposer.submit`, which returns a future. All co
 arrive during one turn of the event loop (up to a count and byte bound) go out as one
 replicated `apply_batch(now_ms, cmds)`. pysyncobj calls back on its tick thread; the bridge
 queues the outcome and wakes the loop once per drain, not once per command.
+
+The bridge is where answers are rendered: the state machine's results are codes and fields
+(node/core/ops.py), and `Bridge._drain` turns each into the `(status, body)` its request is
+answered with (node/core/answers.py `render`), on the event loop, only for requests that wait
+on this node. Everything a future of this module holds is such an answer.
 """
 from __future__ import annotations
 
@@ -14,6 +19,7 @@ import time
 
 from pysyncobj import FAIL_REASON
 
+from .core.answers import render
 from .errors import error
 
 # Outcomes that guarantee the command was never applied: safe to retry anywhere.
@@ -76,7 +82,11 @@ class Bridge:
                 if fut.done():
                     continue
                 if fail_reason == FAIL_REASON.SUCCESS and results is not None:
-                    fut.set_result(results[i])
+                    try:
+                        answer = render(results[i])
+                    except Exception as exc:        # pragma: no cover - a result no renderer knows
+                        answer = error("internal", f"could not render the result: {type(exc).__name__}")
+                    fut.set_result(answer)
                 else:
                     fut.set_result(outcome_error(fail_reason))
 

@@ -25,10 +25,13 @@ import os
 import hypothesis.strategies as st
 from hypothesis import HealthCheck, event, given, settings
 
-from raftq.node import commands as C
+from raftq.node import validate as C
+from raftq.node.core.jobs import IN_FLIGHT, READY, SCHEDULED
+from raftq.node.core.ops import OPS
 from raftq.node.errors import ApiError
 from raftq.node.limits import Limits
-from raftq.node.machine import IN_FLIGHT, OPS, READY, SCHEDULED, QueueMachine
+
+from helpers_core import QueueMachine
 
 T0 = 1_764_500_000_000
 NAMES = ("a", "b", "c")
@@ -108,7 +111,7 @@ HEAVY_KINDS = ("batch", "atomic", "reserve", "acks", "nack", "sweep", "drain", "
 
 
 def draw_command(data, m: QueueMachine, limits: Limits, now: int, new_id, kinds=ALL_KINDS):
-    """A plausible next command for the machine as it is (built by node.commands, as the
+    """A plausible next command for the machine as it is (built by node.validate, as the
     leader does), or None when validation refused the request."""
     kind = data.draw(st.sampled_from(kinds), label="kind")
     rid = data.draw(st.sampled_from((None, None, None, "r1", "r2", "r3")), label="rid")

@@ -1,6 +1,6 @@
 """Model-based test of the queue state machine (node/machine.py) against a naive reference model.
 
-Hypothesis drives random request sequences through the real path (`node.commands` validation ->
+Hypothesis drives random request sequences through the real path (`node.validate` validation ->
 `QueueMachine.apply_batch`) and through `Model`, a deliberately simple reimplementation of
 SEMANTICS.md and API.md written for obviousness, not speed: plain dicts and lists, O(n) scans,
 "sort every ready job of the queue and take the first". The model never uses node.machine (nor
@@ -30,11 +30,13 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
-from raftq.node import commands as C
+from raftq.node import validate as C
+from raftq.node.core.jobs import IN_FLIGHT, READY, SCHEDULED                # system under test only
 from raftq.node.errors import ApiError
 from raftq.node.limits import Limits
-from raftq.node.machine import IN_FLIGHT, READY, SCHEDULED, QueueMachine   # system under test only
 from raftq.node.retry import policy_delay_ms                                 # checked against the spec formula
+
+from helpers_core import QueueMachine                                        # node/machine.py, answering as the node does
 
 T0 = 1_764_500_000_000
 NAMES = ("a", "b", "c")

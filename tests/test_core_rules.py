@@ -1,5 +1,5 @@
 """Rule-by-rule tests of the state machine (SEMANTICS.md), driven through request validation
-(node.commands) and QueueMachine.apply with a hand-driven replicated clock."""
+(node.validate) and QueueMachine.apply with a hand-driven replicated clock."""
 from __future__ import annotations
 
 import hashlib
@@ -9,11 +9,11 @@ import uuid
 
 import pytest
 
-from raftq.node import commands as C
-from raftq.node.machine import IN_FLIGHT, READY, SCHEDULED, QueueMachine
+from raftq.node import validate as C
+from raftq.node.core.jobs import IN_FLIGHT, READY, SCHEDULED
 from raftq.node.retry import jitter_hash, policy_delay_ms
 
-from helpers_core import T0, Core, counter_ids, descending_ids, err, payload, rejection
+from helpers_core import T0, Core, QueueMachine, counter_ids, descending_ids, err, payload, rejection
 
 RETAIN = {"dead_letter_retention_ms": 10**12}      # a dead-letter store that keeps everything
 UNKNOWN_ID = str(uuid.UUID(int=0xDEAD_BEEF, version=4))
