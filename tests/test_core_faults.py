@@ -192,6 +192,7 @@ class Run:
             cmd = self.command()
             assert self.m.apply(self.now, cmd) == self.twin.apply(self.now, cmd), cmd
         assert snapshot(self.m) == snapshot(self.twin)
+        self.m.check_invariants()
 
     def advance(self):
         """Move both replicated clocks forward without a command (an empty batch), so that a
@@ -212,6 +213,7 @@ def fault_every_point(m: QueueMachine, twin: QueueMachine, cmd) -> int:
         if result[0] == 500:
             assert result[1]["error"]["code"] == "internal", result
             assert snapshot(m) == before, f"fault at mutation {n} of {cmd!r} left a trace"
+            m.check_invariants()
             continue
         assert n < 10_000
         want = twin.apply(now, cmd)
@@ -245,6 +247,7 @@ def test_a_fault_at_a_random_point_of_a_batch_reverts_only_that_command(data, co
     run.m._fault_after = data.draw(st.integers(0, 30), label="n")
     results = run.m.apply_batch(run.now, cmds)
     run.m._fault_after = None
+    run.m.check_invariants()
     failed = [i for i, r in enumerate(results) if r[0] == 500]
     assert len(failed) <= 1, results
     assert all(results[i][1]["error"]["code"] == "internal" for i in failed)
@@ -310,6 +313,7 @@ def test_malformed_commands_answer_internal_and_change_nothing():
         result = m.apply(m.clock, cmd)
         assert result[0] == 500 and result[1]["error"]["code"] == "internal", (cmd, result)
         assert snapshot(m) == before, cmd
+        m.check_invariants()
     # and it still works
     assert m.apply(m.clock + 1, C.sweep())[0] == 200
 
@@ -351,3 +355,4 @@ def test_garbage_commands_never_raise_and_internal_means_unchanged(op, rid, args
     event(f"{op}: {status}")
     if status == 500:
         assert snapshot(m) == before
+        m.check_invariants()

@@ -952,6 +952,7 @@ class CoreModel(RuleBasedStateMachine):
         else:
             m2 = pickle.loads(pickle.dumps(self.m))
         assert m2.digest() == self.m.digest()
+        m2.check_invariants()
         self.m = m2
 
     def teardown(self):
@@ -997,7 +998,15 @@ class CoreModel(RuleBasedStateMachine):
 
     @invariant()
     def snapshot_round_trip(self):
-        assert QueueMachine.from_builtins(self.limits, self.m.to_builtins()).digest() == self.m.digest()
+        restored = QueueMachine.from_builtins(self.limits, self.m.to_builtins())
+        restored.check_invariants()
+        assert restored.digest() == self.m.digest()
+
+    @invariant()
+    def machine_invariants(self):
+        """node/core/invariants.py: counts agree with the indexes, every timer and record is
+        indexed, the clock never goes back (checked after every step)."""
+        self.m.check_invariants()
 
 
 CoreModel.TestCase.settings = settings(

@@ -1311,6 +1311,8 @@ def test_snapshot_round_trip_keeps_the_digest_and_the_behaviour(how):
         m2 = pickle.loads(pickle.dumps(c.m))
     assert m2.digest() == c.m.digest()
     assert m2.to_builtins() == c.m.to_builtins()
+    c.m.check_invariants()
+    m2.check_invariants()
     # the restored machine continues exactly like the original
     twin = Core(storage=RETAIN, now=c.now, ids=counter_ids(c.ids_issued + 1))
     twin.m = m2

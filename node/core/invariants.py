@@ -52,8 +52,6 @@ def check(m) -> list[str]:
             say(f"job {job_id} at attempt {job.attempt} of {job.max_attempts}")
         if job.state == SCHEDULED and job.run_at is None:
             say(f"scheduled job {job_id} without a run time")
-        if job.state != SCHEDULED and job.run_at is not None:
-            say(f"{STATE_NAMES[job.state]} job {job_id} keeps run time {job.run_at}")
         if job.state == IN_FLIGHT and job.deadline is not None:
             say(f"in-flight job {job_id} keeps its deadline (the first delivery clears it)")
     for name, q in m.queues.items():
