@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import re
 from binascii import a2b_base64, b2a_base64
+from itertools import starmap
 
 from ..errors import error
 from . import ops
@@ -108,7 +109,10 @@ def render(result) -> tuple:
     if kind == JOB_ID:
         return 200, {"job_id": result[1]}
     if kind == RESERVED:
-        return 200, {"jobs": [render_job(*f) for f in result[1]]}
+        jobs = result[1]
+        if len(jobs) == 1:          # the common case, without building an iterator
+            return 200, {"jobs": [render_job(*jobs[0])]}
+        return 200, {"jobs": list(starmap(render_job, jobs))}
     if type(kind) is int:
         return result
     return _RENDER[kind](result)
@@ -128,7 +132,7 @@ _RENDER = {
     EXTENDED: lambda r: (200, {"job_id": r[1], "lease_expires_at_ms": r[2]}),
     ENQUEUED_BATCH: _enqueued_batch,
     ACKED_BATCH: _acked_batch,
-    DRAINED: lambda r: (200, {"records": [render_dead_letter(*rec) for rec in r[1]]}),
+    DRAINED: lambda r: (200, {"records": list(starmap(render_dead_letter, r[1]))}),
     REQUEUED: lambda r: (200, {"requeued": list(r[1]), "missing": list(r[2])}),
     DELETED: lambda r: (200, {"deleted": list(r[1]), "missing": list(r[2])}),
     PAUSED: lambda r: (200, {"queue": r[1], "paused": r[2]}),

@@ -13,7 +13,7 @@ from heapq import heappop, heappush
 from ..retry import policy_delay_ms
 from . import ops
 from .jobs import DEAD, GONE, IN_FLIGHT, READY, SCHEDULED, DeadLetter, Job, Queue, shown_fields
-from .ops import ATOMIC, DEAD_LETTER, DELAY, ENQUEUED, SINGLE, JOB_ID
+from .ops import ATOMIC, DEAD_LETTER, DELAY, ENQUEUED, JOB_ID, RESERVED, SINGLE
 from .undo import appendleft, drop_item, fifo_remove, heap_remove, heap_restore, restore_item
 
 # ---------------------------------------------------------------------------- enqueue
@@ -196,7 +196,7 @@ def reserve(m, queue_names, lease_ms: int, max_jobs: int):
             kept.append(shown_fields(job))
         if len(kept) >= max_jobs:
             break
-    return ops.RESERVED, tuple(kept)
+    return RESERVED, tuple(kept)
 
 
 def lease(m, job: Job, expires: int):
