@@ -41,7 +41,7 @@ from .core import handlers, invariants, ops, snapshot
 from .core import sweep as sweeping
 from .core.answers import render_dead_letter, render_job
 from .core.jobs import IN_FLIGHT, READY, SCHEDULED, STATE_NAMES, Job, Queue, shown_fields
-from .core.ops import FAILED, MALFORMED_RESULT, NOT_REMEMBERED, RESERVE, REQUEST_ID_REUSED
+from .core.ops import MALFORMED_RESULT, NOT_REMEMBERED, RESERVE
 from .core.undo import UndoLog
 from .limits import Limits
 
@@ -130,7 +130,7 @@ class QueueMachine(UndoLog):
             stored = self.rids.get(rid)
             if stored is not None and stored[2] > self.clock:
                 if stored[0] != op:
-                    return REQUEST_ID_REUSED, rid, stored[0]
+                    return ops.request_id_reused(rid, stored[0])
                 return stored[1]
         self._undo.clear()
         try:
@@ -138,7 +138,7 @@ class QueueMachine(UndoLog):
         except Exception as exc:
             self._revert()
             self.applied -= 1                   # not applied: the state is exactly as before
-            return FAILED, op, type(exc).__name__
+            return ops.failed(op, type(exc).__name__)
         self._undo.clear()
         if rid is not None and not (op == RESERVE and not result[1]) and result[0] not in NOT_REMEMBERED:
             # An empty reserve is not remembered: a long poll re-proposes the same request id

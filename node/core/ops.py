@@ -79,10 +79,6 @@ def op_of(cmd) -> str:
     return cmd[0]
 
 
-def request_id_of(cmd):
-    return cmd[1]
-
-
 # Constructors, one per command, with the fields as named arguments.
 def enqueue(rid, mode: int, items: list) -> tuple:
     return ENQUEUE, rid, mode, items
@@ -142,8 +138,6 @@ def item(job_id, queue, job_type, payload, encoding, priority, max_attempts, cus
 # Readers the node uses outside apply.
 reserve_queue_names = reader(RESERVE, "queue_names")
 ack_batch_pairs = reader(ACK_BATCH, "pairs")
-item_queue = itemgetter(ITEM_QUEUE)
-item_idempotency_key = itemgetter(ITEM_IDEMPOTENCY_KEY)
 
 # Ops after which a parked reserve may find a job ready (node/service.py wakes its waiters).
 WAKING_OPS = frozenset((ENQUEUE, NACK, SWEEP, REQUEUE, PAUSE))
@@ -205,12 +199,6 @@ RESULTS: dict[str, tuple[str, ...]] = {
 NOT_REMEMBERED = frozenset((REQUEST_ID_REUSED, MALFORMED, FAILED))
 
 MALFORMED_RESULT = (MALFORMED,)
-
-
-def result_field(result: tuple, name: str):
-    """Field `name` of a result (for tests and tools; handlers build results positionally
-    through the constructors below)."""
-    return result[1 + RESULTS[result[0]].index(name)]
 
 
 def enqueued(job_id: str, deduplicated: bool) -> tuple:
