@@ -5,10 +5,12 @@ arrive during one turn of the event loop (up to a count and byte bound) go out a
 replicated `apply_batch(now_ms, cmds)`. pysyncobj calls back on its tick thread; the bridge
 queues the outcome and wakes the loop once per drain, not once per command.
 
-The bridge is where answers are rendered: the state machine's results are codes and fields
-(node/core/ops.py), and `Bridge._drain` turns each into the `(status, body)` its request is
-answered with (node/core/answers.py `render`), on the event loop, only for requests that wait
-on this node. Everything a future of this module holds is such an answer.
+This is where answers are rendered: the state machine's results are codes and fields
+(node/core/ops.py), and `render_answers` turns each into the `(status, body)` its request is
+answered with (node/core/answers.py `render`), in the commit callback, only for the batches
+proposed on this node. That is on pysyncobj's tick thread right after the apply, where the
+machine used to render them itself (outside the state lock now), so the event loop does no more
+than before. Everything a future of this module holds is such an answer.
 """
 from __future__ import annotations
 
@@ -37,6 +39,20 @@ def outcome_error(fail_reason) -> tuple[int, dict]:
                      "it is safe to retry", applied=False)
     return error("unavailable", "the outcome is unknown (leadership changed while the request was in flight); "
                  "retry with the same Request-Id", applied=None)
+
+
+def render_answers(results) -> list:
+    """The answers for a batch's results (an answer that is already one passes through)."""
+    try:
+        return [render(r) for r in results]
+    except Exception:
+        out = []
+        for r in results:
+            try:
+                out.append(render(r))
+            except Exception as exc:            # pragma: no cover - a result no renderer knows
+                out.append(error("internal", f"could not render the result: {type(exc).__name__}"))
+        return out
 
 
 class Batch:
@@ -82,11 +98,7 @@ class Bridge:
                 if fut.done():
                     continue
                 if fail_reason == FAIL_REASON.SUCCESS and results is not None:
-                    try:
-                        answer = render(results[i])
-                    except Exception as exc:        # pragma: no cover - a result no renderer knows
-                        answer = error("internal", f"could not render the result: {type(exc).__name__}")
-                    fut.set_result(answer)
+                    fut.set_result(results[i])
                 else:
                     fut.set_result(outcome_error(fail_reason))
 
@@ -159,7 +171,7 @@ class Proposer:
 
         def callback(results, fail_reason):
             stats["commit_us"] += int((time.perf_counter() - t_prop) * 1e6)
-            bridge.complete(batch, results, fail_reason)
+            bridge.complete(batch, render_answers(results) if results is not None else None, fail_reason)
 
         try:
             self.state.apply_batch(self.clock_ms(), cmds, callback=callback)
