@@ -2,7 +2,8 @@ import time
 import socket
 import random
 import logging
-from .monotonic import monotonic as monotonicTime
+
+monotonicTime = time.monotonic
 
 logger = logging.getLogger(__name__)
 

@@ -1,7 +1,4 @@
-try:
-    import Queue
-except ImportError:
-    import queue as Queue
+import queue as Queue
 from collections import deque
 import threading
 

@@ -1,6 +1,6 @@
+import errno
 import os
 import fcntl
-import socket
 from .poller import POLL_EVENT_TYPE
 
 
@@ -26,7 +26,7 @@ class PipeNotifier(object):
             while os.read(self.__pipeR, 1024):
                 pass
         except OSError as e:
-            if e.errno not in (socket.errno.EAGAIN, socket.errno.EWOULDBLOCK):
+            if e.errno not in (errno.EAGAIN, errno.EWOULDBLOCK):
                 raise
         if self.__callback is not None:
             self.__callback()

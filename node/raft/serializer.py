@@ -1,10 +1,9 @@
 import os
 import gzip
 import logging
-import pysyncobj.pickle as pickle
+from . import pickle
 
 from io import BytesIO
-from .atomic_replace import atomicReplace
 from .config import SERIALIZER_STATE
 
 logger = logging.getLogger(__name__)
@@ -90,7 +89,7 @@ class Serializer(object):
                     with gzip.GzipFile(fileobj=f, mode='wb') as g:
                         pickle.dump(data, g)
 
-            atomicReplace(tmpFile, self.__fileName)
+            os.replace(tmpFile, self.__fileName)
             if self.__useFork:
                 os._exit(0)
             else:
@@ -195,7 +194,7 @@ class Serializer(object):
             self.__incomingTransmissionFile.close()
             self.__incomingTransmissionFile = None
             try:
-                atomicReplace(tmpFile, self.__fileName)
+                os.replace(tmpFile, self.__fileName)
             except:
                 logger.exception('Failed to rename temporary incoming transition file')
                 return False

@@ -10,31 +10,12 @@ import struct
 import logging
 import copy
 import types
-try:
-    import Queue
-    is_py3 = False
+import queue as Queue
 
-    def iteritems(v):
-        return v.iteritems()
-except ImportError:  # python3
-    import queue as Queue
-    is_py3 = True
-    xrange = range
-
-    def iteritems(v):
-        return v.items()
-
-import pysyncobj.pickle as pickle
-
+from . import pickle
 from .dns_resolver import globalDnsResolver
 from .poller import createPoller
-
-try:
-    from .pipe_notifier import PipeNotifier
-    PIPE_NOTIFIER_ENABLED = True
-except ImportError:
-    PIPE_NOTIFIER_ENABLED = False
-
+from .pipe_notifier import PipeNotifier
 from .serializer import Serializer, SERIALIZER_STATE
 from .node import Node, TCPNode
 from .transport import Transport, TCPTransport, TransportNotReadyError
@@ -43,7 +24,8 @@ from .config import SyncObjConf, FAIL_REASON
 from .encryptor import HAS_CRYPTO, getEncryptor
 from .version import VERSION
 from .fast_queue import FastQueue
-from .monotonic import monotonic as monotonicTime
+
+monotonicTime = time.monotonic
 
 logger = logging.getLogger(__name__)
 
@@ -83,10 +65,10 @@ class SyncObjConsumer(object):
         self._syncObj = None
 
     def _serialize(self):
-        return dict([(k, v) for k, v in iteritems(self.__dict__) if k not in self.__properies])
+        return dict([(k, v) for k, v in self.__dict__.items() if k not in self.__properies])
 
     def _deserialize(self, data):
-        for k, v in iteritems(data):
+        for k, v in data.items():
             self.__dict__[k] = v
 
 
@@ -213,11 +195,6 @@ class SyncObj(object):
         self.__transport.setOnMessageReceivedCallback(self.__onMessageReceived)
         self.__transport.setOnReadonlyNodeConnectedCallback(self.__onReadonlyNodeConnected)
         self.__transport.setOnReadonlyNodeDisconnectedCallback(self.__onReadonlyNodeDisconnected)
-        self.__transport.setOnUtilityMessageCallback('status', self._getStatus)
-        self.__transport.setOnUtilityMessageCallback('add', self._addNodeToCluster)
-        self.__transport.setOnUtilityMessageCallback('remove', self._removeNodeFromCluster)
-        self.__transport.setOnUtilityMessageCallback('set_version', self._setCodeVersion)
-        self.__transport.setOnUtilityMessageCallback('transfer', self._transferLeadership)
 
         self._methodToID = {}
         self._idToMethod = {}
@@ -260,7 +237,7 @@ class SyncObj(object):
         self.__mainThread = None
         self.__initialised = None
         self.__commandsQueue = FastQueue(self.__conf.commandsQueueSize)
-        if not self.__conf.appendEntriesUseBatch and PIPE_NOTIFIER_ENABLED:
+        if not self.__conf.appendEntriesUseBatch:
             self.__pipeNotifier = PipeNotifier(self._poller)
         self.__needLoadDumpFile = True
 
@@ -399,19 +376,6 @@ class SyncObj(object):
             node = self.__nodeClass(node)
         self._applyCommand(pickle.dumps(['rem', node.id, node]), callback, _COMMAND_TYPE.MEMBERSHIP)
 
-    def _setCodeVersion(self, args, callback):
-        self.setCodeVersion(args[0], callback)
-
-    def _addNodeToCluster(self, args, callback):
-        self.addNodeToCluster(args[0], callback)
-
-    def _removeNodeFromCluster(self, args, callback):
-        node = args[0]
-        if node == self.__selfNode.address:
-            callback(None, FAIL_REASON.REQUEST_DENIED)
-        else:
-            self.removeNodeFromCluster(node, callback)
-
     def transferLeadership(self, node=None, callback=None):
         """Gracefully transfer raft leadership to another node (Raft 'TimeoutNow').
 
@@ -453,9 +417,6 @@ class SyncObj(object):
         if callback is not None:
             callback(None, FAIL_REASON.SUCCESS)
 
-    def _transferLeadership(self, args, callback):
-        self.transferLeadership(args[0] if args and args[0] else None, callback)
-
     def __onSetCodeVersion(self, newVersion):
         methods = [m for m in dir(self) if callable(getattr(self, m)) and\
                    getattr(getattr(self, m), 'replicated', False) and \
@@ -478,7 +439,7 @@ class SyncObj(object):
                 origFuncName = getattr(getattr(consumer, method), 'origName')
                 funcVersions[(consumerID, origFuncName)].add(ver)
 
-        for funcName, versions in iteritems(funcVersions):
+        for funcName, versions in funcVersions.items():
             versions = sorted(list(versions))
             for v in versions:
                 if v > newVersion:
@@ -495,7 +456,7 @@ class SyncObj(object):
                 self.__commandsQueue.put_nowait((command, callback))
             else:
                 self.__commandsQueue.put_nowait((_bchr(commandType) + command, callback))
-            if not self.__conf.appendEntriesUseBatch and PIPE_NOTIFIER_ENABLED:
+            if not self.__conf.appendEntriesUseBatch:
                 self.__pipeNotifier.notify()
         except Queue.Full:
             self.__callErrCallback(FAIL_REASON.QUEUE_FULL, callback)
@@ -837,10 +798,10 @@ class SyncObj(object):
         status['commit_idx'] = self.raftCommitIndex
         status['raft_term'] = self.raftCurrentTerm
         status['next_node_idx_count'] = len(self.__raftNextIndex)
-        for node, idx in iteritems(self.__raftNextIndex):
+        for node, idx in self.__raftNextIndex.items():
             status['next_node_idx_server_' + node.id] = idx
         status['match_idx_count'] = len(self.__raftMatchIndex)
-        for node, idx in iteritems(self.__raftMatchIndex):
+        for node, idx in self.__raftMatchIndex.items():
             status['match_idx_server_' + node.id] = idx
         status['leader_commit_idx'] = self.__leaderCommitIndex
         status['uptime'] = int(monotonicTime() - self.__startTime)
@@ -848,13 +809,10 @@ class SyncObj(object):
         status['enabled_code_version'] = self.__enabledCodeVersion
         return status
 
-    def _getStatus(self, args, callback):
-        callback(self.getStatus(), None)
-
     def printStatus(self):
         """Dumps different debug info about cluster to default logger"""
         status = self.getStatus()
-        for k, v in iteritems(status):
+        for k, v in status.items():
             logger.info('%s: %s' % (str(k), str(v)))
 
     def _printStatus(self):
@@ -1274,7 +1232,7 @@ class SyncObj(object):
 
                     if len(entries) == 1 and len(entries[0][0]) >= batchSizeBytes:
                         entry = pickle.dumps(entries[0])
-                        for pos in xrange(0, len(entry), batchSizeBytes):
+                        for pos in range(0, len(entry), batchSizeBytes):
                             currData = entry[pos:pos + batchSizeBytes]
                             if pos == 0:
                                 transmission = 'start'
@@ -1458,7 +1416,7 @@ class SyncObj(object):
             return
 
         if self.__conf.serializer is None:
-            selfData = dict([(k, v) for k, v in iteritems(self.__dict__) if k not in self.__properies])
+            selfData = dict([(k, v) for k, v in self.__dict__.items() if k not in self.__properies])
             data = selfData
             if self.__consumers:
                 data = [selfData]
@@ -1480,7 +1438,7 @@ class SyncObj(object):
                     selfData = data[0]
                     consumersData = []
 
-                for k, v in iteritems(selfData):
+                for k, v in selfData.items():
                     self.__dict__[k] = v
 
                 for i, consumer in enumerate(self.__consumers):
@@ -1526,12 +1484,8 @@ class SyncObj(object):
             self.__raftMatchIndex[node] = 0
 
 def __copy_func(f, name):
-    if is_py3:
-        res = types.FunctionType(f.__code__, f.__globals__, name, f.__defaults__, f.__closure__)
-        res.__dict__ = f.__dict__
-    else:
-        res = types.FunctionType(f.func_code, f.func_globals, name, f.func_defaults, f.func_closure)
-        res.func_dict = f.func_dict
+    res = types.FunctionType(f.__code__, f.__globals__, name, f.__defaults__, f.__closure__)
+    res.__dict__ = f.__dict__
     return res
 
 class AsyncResult(object):
@@ -1606,7 +1560,7 @@ def replicated(*decArgs, **decKwargs):
                         raise SyncObjException(asyncResult.error)
                     return asyncResult.result
 
-        func_dict = newFunc.__dict__ if is_py3 else newFunc.func_dict
+        func_dict = newFunc.__dict__
         func_dict['replicated'] = True
         func_dict['ver'] = int(decKwargs.get('ver', 0))
         func_dict['origName'] = func.__name__
@@ -1640,7 +1594,7 @@ def replicated_sync(*decArgs, **decKwargs):
                 kwargs.setdefault('timeout', timeout)
                 kwargs.setdefault('sync', True)
                 return replicated(func)(self, *args, **kwargs)
-        func_dict = newFunc.__dict__ if is_py3 else newFunc.func_dict
+        func_dict = newFunc.__dict__
         func_dict['replicated'] = True
         func_dict['ver'] = int(decKwargs.get('ver', 0))
         func_dict['origName'] = func.__name__

@@ -1,14 +1,14 @@
+import errno
 import time
 import socket
 from sys import platform
 import zlib
 import struct
 
-import pysyncobj.pickle as pickle
-import pysyncobj.win_inet_pton
-
+from . import pickle
 from .poller import POLL_EVENT_TYPE
-from .monotonic import monotonic as monotonicTime
+
+monotonicTime = time.monotonic
 
 
 class CONNECTION_STATE:
@@ -29,8 +29,6 @@ def _getAddrType(addr):
         pass
     raise Exception('unknown address type')
 
-import socket
-
 def set_keepalive_linux(sock, after_idle_sec=1, interval_sec=3, max_fails=5):
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, after_idle_sec)
@@ -42,16 +40,11 @@ def set_keepalive_osx(sock, after_idle_sec=1, interval_sec=3, max_fails=5):
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
     sock.setsockopt(socket.IPPROTO_TCP, TCP_KEEPALIVE, interval_sec)
 
-def set_keepalive_windows(sock, after_idle_sec=1, interval_sec=3, max_fails=5):
-    sock.ioctl(socket.SIO_KEEPALIVE_VALS, (1, after_idle_sec * 1000, interval_sec * 1000))
-
 def set_keepalive(sock, after_idle_sec=1, interval_sec=3, max_fails=5):
     if platform == "linux" or platform == "linux2":
         set_keepalive_linux(sock, after_idle_sec, interval_sec, max_fails)
     elif platform == "darwin":
         set_keepalive_osx(sock, after_idle_sec, interval_sec, max_fails)
-    elif platform == "win32":
-        set_keepalive_windows(sock, after_idle_sec, interval_sec, max_fails)
 
 
 class TcpConnection(object):
@@ -129,7 +122,7 @@ class TcpConnection(object):
         try:
             self.__socket.connect((host, port))
         except socket.error as e:
-            if e.errno not in (socket.errno.EINPROGRESS, socket.errno.EWOULDBLOCK):
+            if e.errno not in (errno.EINPROGRESS, errno.EWOULDBLOCK):
                 return False
         self.__fileno = self.__socket.fileno()
         self.__state = CONNECTION_STATE.CONNECTING
@@ -249,7 +242,7 @@ class TcpConnection(object):
             self.__writeBuffer = self.__writeBuffer[res:]
             return True
         except socket.error as e:
-            if e.errno not in (socket.errno.EAGAIN, socket.errno.EWOULDBLOCK):
+            if e.errno not in (errno.EAGAIN, errno.EWOULDBLOCK):
                 self.disconnect()
             return False
 
@@ -262,7 +255,7 @@ class TcpConnection(object):
         try:
             incoming = self.__socket.recv(self.__recvBufferSize)
         except socket.error as e:
-            if e.errno not in (socket.errno.EAGAIN, socket.errno.EWOULDBLOCK):
+            if e.errno not in (errno.EAGAIN, errno.EWOULDBLOCK):
                 self.disconnect()
             return False
         if self.__socket.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR):

@@ -1,3 +1,4 @@
+import errno
 import socket
 
 from .poller import POLL_EVENT_TYPE
@@ -72,7 +73,7 @@ class TcpServer(object):
                 )
                 self.__onNewConnectionCallback(conn)
             except socket.error as e:
-                if e.errno not in (socket.errno.EAGAIN, socket.errno.EWOULDBLOCK):
+                if e.errno not in (errno.EAGAIN, errno.EWOULDBLOCK):
                     self.unbind()
                     return
 

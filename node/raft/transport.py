@@ -1,6 +1,5 @@
 from .config import FAIL_REASON
 from .dns_resolver import globalDnsResolver
-from .monotonic import monotonic as monotonicTime
 from .node import Node, TCPNode
 from .tcp_connection import TcpConnection, CONNECTION_STATE
 from .tcp_server import TcpServer
@@ -9,6 +8,8 @@ import os
 import threading
 import time
 import random
+
+monotonicTime = time.monotonic
 
 
 class TransportNotReadyError(Exception):
@@ -35,7 +36,6 @@ class Transport(object):
         self._onNodeDisconnectedCallback = None
         self._onReadonlyNodeConnectedCallback = None
         self._onReadonlyNodeDisconnectedCallback = None
-        self._onUtilityMessageCallbacks = {}
 
     def setOnMessageReceivedCallback(self, callback):
         """
@@ -86,21 +86,6 @@ class Transport(object):
         """
 
         self._onReadonlyNodeDisconnectedCallback = callback
-
-    def setOnUtilityMessageCallback(self, message, callback):
-        """
-        Set the callback for when an utility message is received, or disable callback by passing None
-
-        :param message: the utility message string (add, remove, set_version, and so on)
-        :type message: str
-        :param callback: callback
-        :type callback: function(message: list, callback: function) or None
-        """
-
-        if callback:
-            self._onUtilityMessageCallbacks[message] = callback
-        elif message in self._onUtilityMessageCallbacks:
-            del self._onUtilityMessageCallbacks[message]
 
     # Helper functions so you don't need to check for the callbacks manually in subclasses
     def _onMessageReceived(self, node, message):
@@ -330,7 +315,7 @@ class TCPTransport(Transport):
 
     def _onIncomingMessageReceived(self, conn, message):
         """
-        Callback for initial messages on incoming connections. Handles encryption, utility messages, and association of the connection with a Node.
+        Callback for initial messages on incoming connections. Handles encryption and association of the connection with a Node.
         Once this initial setup is done, the relevant connected callback is executed, and further messages are deferred to the onMessageReceived callback.
 
         :param conn: connection object
@@ -345,12 +330,9 @@ class TCPTransport(Transport):
             conn.send(conn.recvRandKey)
             return
 
-        # Utility messages
-        if isinstance(message, list) and self._onUtilityMessage(conn, message):
-            return
-
         # At this point, message should be either a node ID (i.e. address) or 'readonly'
-        node = self._nodeAddrToNode[message] if message in self._nodeAddrToNode else None
+        # (raftq: no utility protocol, so anything else - e.g. an unhashable list - is refused)
+        node = self._nodeAddrToNode.get(message) if isinstance(message, str) else None
 
         if node is None and message != 'readonly':
             conn.disconnect()
@@ -371,32 +353,6 @@ class TCPTransport(Transport):
             self._onNodeConnected(node)
         else:
             self._onReadonlyNodeConnected(node)
-
-    def _onUtilityMessage(self, conn, message):
-        command = message[0]
-        if command in self._onUtilityMessageCallbacks:
-            message[0] = command.upper()
-            callback = functools.partial(self._utilityCallback, conn = conn, args = message)
-            try:
-                self._onUtilityMessageCallbacks[command](message[1:], callback)
-            except Exception as e:
-                conn.send(str(e))
-            return True
-
-    def _utilityCallback(self, res, err, conn, args):
-        """
-        Callback for the utility messages
-
-        :param res: result of the command
-        :param err: error code (one of pysyncobj.config.FAIL_REASON)
-        :param conn: utility connection
-        :param args: command with arguments
-        """
-
-        if not (err is None and res):
-            cmdResult = 'SUCCESS' if err == FAIL_REASON.SUCCESS else 'FAIL'
-            res = ' '.join(map(str, [cmdResult] + args))
-        conn.send(res)
 
     def _shouldConnect(self, node):
         """
