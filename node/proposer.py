@@ -12,7 +12,7 @@ import collections
 import threading
 import time
 
-from pysyncobj import FAIL_REASON
+from .replica import FAIL_REASON
 
 from .errors import error
 

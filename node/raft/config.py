@@ -144,20 +144,8 @@ class SyncObjConf(object):
         #: Use fork if available when serializing on disk.
         self.useFork = kwargs.get('useFork', True)
 
-        #: Custom serialize function, it will be called when logCompaction (fullDump) happens.
-        #: If specified - there should be a custom deserializer too.
-        #: Arguments: serializer(fileName, data)
-        #: data - some internal stuff that is *required* to be serialized with your object data.
-        self.serializer = kwargs.get('serializer', None)
-
-        #: Check custom serialization state, for async serializer.
-        #: Should return one of `SERIALIZER_STATE <#pysyncobj.SERIALIZER_STATE>`_.
-        self.serializeChecker = kwargs.get('serializeChecker', None)
-
-        #: Custom deserialize function, it will be called when restore from fullDump.
-        #: If specified - there should be a custom serializer too.
-        #: Should return data - internal stuff that was passed to serialize.
-        self.deserializer = kwargs.get('deserializer', None)
+        #: raftq: zlib level of every full dump (the snapshot, gzip). Upstream: 9.
+        self.snapshotCompressionLevel = kwargs.get('snapshotCompressionLevel', 1)
 
         #: This callback will be called when cluster is switched to new version.
         #: onCodeVersionChanged(oldVer, newVer)
@@ -167,6 +155,27 @@ class SyncObjConf(object):
         #: (keepalive_time_seconds, probe_intervals_seconds, max_fails_count)
         #: Set to None to disable
         self.tcp_keepalive = kwargs.get('tcp_keepalive', (16, 3, 5))
+
+        #: raftq: what is on disk when a write is acknowledged.
+        #:  * `fsync` - a follower syncs its journal before acknowledging entries and the leader
+        #:    after sending them and before counting itself, snapshots are synced before they
+        #:    replace the old one, the meta file (term, vote, commit index) on every write;
+        #:  * `memory` - nothing is synced but term and vote, when they change; a restarted node
+        #:    does not trust its stored commit index.
+        #: Upstream syncs nothing.
+        self.durability = kwargs.get('durability', 'fsync')
+
+        #: raftq: zlib level of every Raft message; 0 (default) sends the bare pickle without
+        #: any zlib call. Upstream: always 3.
+        self.compressionLevel = kwargs.get('compressionLevel', 0)
+
+        #: raftq test hook (the chaos harness's proxies): peer address -> 'host:port' to dial
+        #: instead of the peer's own address.
+        self.dialMap = kwargs.get('dialMap', None) or {}
+
+        #: raftq test hook (the chaos harness's power-loss simulation, node/sync_shadow.py):
+        #: told about every write to the journal file and every durable point (journal.FileJournal).
+        self.journalObserver = kwargs.get('journalObserver', None)
 
     def validate(self):
         assert self.autoTickPeriod > 0
@@ -186,9 +195,6 @@ class SyncObjConf(object):
         assert self.logCompactionMinTime > 0
         assert self.logCompactionBatchSize > 0
         assert self.bindRetryTime > 0
-        assert (self.deserializer is None) == (self.serializer is None)
-        if self.serializer is not None:
-            assert self.fullDumpFile is not None
         assert self.preferredAddrType in ('ipv4', 'ipv6', None)
         if self.tcp_keepalive is not None:
             assert isinstance(self.tcp_keepalive, tuple)
@@ -196,3 +202,6 @@ class SyncObjConf(object):
             for i in range(3):
                 assert isinstance(self.tcp_keepalive[i], int)
                 assert self.tcp_keepalive[i] > 0
+        assert self.durability in ('fsync', 'memory')
+        assert isinstance(self.compressionLevel, int) and 0 <= self.compressionLevel <= 9
+        assert isinstance(self.snapshotCompressionLevel, int) and 0 <= self.snapshotCompressionLevel <= 9

@@ -16,7 +16,7 @@ from . import pickle
 from .dns_resolver import globalDnsResolver
 from .poller import createPoller
 from .pipe_notifier import PipeNotifier
-from .serializer import Serializer, SERIALIZER_STATE
+from .serializer import Serializer, SERIALIZER_STATE, SNAPSHOT_FORMAT, SNAPSHOT_VERSION, LegacyObject
 from .node import Node, TCPNode
 from .transport import Transport, TCPTransport, TransportNotReadyError
 from .journal import createJournal
@@ -28,6 +28,11 @@ from .fast_queue import FastQueue
 monotonicTime = time.monotonic
 
 logger = logging.getLogger(__name__)
+
+# raftq: committed entries are applied in slices (see __applyLogEntries).
+APPLY_CHUNK = 16            # entries applied between two checks of the time budget
+APPLY_BUDGET_S = 0.02       # at most this much applying per tick, then the network gets a turn
+APPLY_MAX_ENTRIES = 4096    # entries fetched from the log per tick
 
 
 class _RAFT_STATE:
@@ -65,11 +70,23 @@ class SyncObjConsumer(object):
         self._syncObj = None
 
     def _serialize(self):
+        # raftq: runs in the forked snapshot child; what it returns must be builtins only
+        # (serializer.py: the snapshot is written by a pickler that refuses anything else).
         return dict([(k, v) for k, v in self.__dict__.items() if k not in self.__properies])
 
     def _deserialize(self, data):
         for k, v in data.items():
             self.__dict__[k] = v
+
+    # raftq: reading a snapshot in upstream's format (pickled objects, serializer.py).
+    #: (module, class name) pairs that such a snapshot of this consumer may name; each becomes
+    #: a serializer.LegacyObject, every other global is refused.
+    _legacySnapshotClasses = ()
+
+    def _upgradeLegacySnapshot(self, data):
+        """This consumer's part of a legacy snapshot (its pickled attributes, with legacy
+        objects in it) -> what _deserialize takes."""
+        return data
 
 
 # https://github.com/bakwc/PySyncObj
@@ -145,7 +162,16 @@ class SyncObj(object):
         # Set while a leadership transfer (Raft 'TimeoutNow') is pending, to stop
         # the outgoing leader's heartbeats from postponing the forced election.
         self.__transferInProgress = False
-        self.__raftLog = createJournal(self.__conf.journalFile)
+        # raftq (set before the replicated methods are enumerated: dir() reads the properties)
+        self.__sentIndex = 0        # the last index the leader's tick sent (see _onTick)
+        self.__raftView = None      # (raft state, term) between two rounds of message handling
+        self.__thread = None
+        #: Whether anyone on this node waits for the result of the entry being applied (a
+        #: callback was registered when it was proposed); consumers may skip rendering results
+        #: nobody reads. Set by __applyLogEntries for each entry.
+        self.answerWanted = True
+        self.__raftLog = createJournal(self.__conf.journalFile, self.__conf.durability == 'fsync',
+                                       self.__conf.journalObserver)
         if len(self.__raftLog) == 0:
             self.__raftLog.add(_bchr(_COMMAND_TYPE.NO_OP), 1, self.__raftCurrentTerm)
         # Restore raft persistent state (see raft paper §5 - currentTerm and votedFor
@@ -155,7 +181,21 @@ class SyncObj(object):
         # term: currentTerm is always >= the term of the last log entry.
         self.__raftCurrentTerm = max(self.__raftLog.getCurrentTerm(), self.__getCurrentLogTerm())
         self.__votedForNodeId = self.__raftLog.getVotedForNodeId()
-        self.__raftCommitIndex = self.__raftLog.getRaftCommitIndex()
+        # raftq: in memory durability a restarted node starts with the commit index unknown
+        # (Raft's commitIndex is volatile state) instead of the one it stored. Upstream applies
+        # its journal up to the stored index as soon as it starts, before it hears from any
+        # leader. That is safe only if the entries it covers are on disk on a majority; in
+        # memory durability, after the power loss of a majority, they may be on no other disk:
+        # the node applied entries that the new leader does not have, then had to truncate them
+        # ('truncating already-applied log entries', a state machine that differs from the
+        # others' until it restarts; the chaos power-loss fault found it in every memory-mode
+        # run). With the index unknown, a restarted node applies only what the current leader
+        # reports committed, so after a power cut every replica loses the same writes. (Its
+        # snapshot, if any, is loaded as before.)
+        if self.__conf.durability == 'fsync':
+            self.__raftCommitIndex = self.__raftLog.getRaftCommitIndex()
+        else:
+            self.__raftCommitIndex = 1
         self.__raftLastApplied = 1
         self.__raftNextIndex = {}
         self.__lastResponseTime = {}
@@ -180,9 +220,10 @@ class SyncObj(object):
         self.__serializer = Serializer(self.__conf.fullDumpFile,
                                        self.__conf.logCompactionBatchSize,
                                        self.__conf.useFork,
-                                       self.__conf.serializer,
-                                       self.__conf.deserializer,
-                                       self.__conf.serializeChecker)
+                                       self.__conf.durability == 'fsync',
+                                       self.__conf.snapshotCompressionLevel,
+                                       [c for consumer in consumers for c in consumer._legacySnapshotClasses],
+                                       self.__upgradeLegacySnapshot)
         self.__lastInitTryTime = 0
         self._poller = createPoller(self.__conf.pollerType)
 
@@ -237,8 +278,9 @@ class SyncObj(object):
         self.__mainThread = None
         self.__initialised = None
         self.__commandsQueue = FastQueue(self.__conf.commandsQueueSize)
-        if not self.__conf.appendEntriesUseBatch:
-            self.__pipeNotifier = PipeNotifier(self._poller)
+        # raftq: also in batch mode (see _applyCommand).
+        self.__pipeNotifier = PipeNotifier(self._poller)
+        self.__kicked = False
         self.__needLoadDumpFile = True
 
         self.__lastReadonlyCheck = 0
@@ -247,10 +289,6 @@ class SyncObj(object):
         self.__commandsWaitingCommit = collections.defaultdict(list)  # logID => [(termID, callback), ...]
         self.__commandsLocalCounter = 0
         self.__commandsWaitingReply = {}  # commandLocalCounter => callback
-
-        self.__properies = set()
-        for key in self.__dict__:
-            self.__properies.add(key)
 
         self.__enabledCodeVersion = 0
 
@@ -456,7 +494,14 @@ class SyncObj(object):
                 self.__commandsQueue.put_nowait((command, callback))
             else:
                 self.__commandsQueue.put_nowait((_bchr(commandType) + command, callback))
-            if not self.__conf.appendEntriesUseBatch:
+            # raftq: event-driven replication. Upstream wakes the tick thread only when not
+            # batching; in batch mode a command waited for the next tick (autoTickPeriod) and
+            # then for the append-entries timer (appendEntriesPeriod). Now a command wakes the
+            # tick thread at once (once per tick: the flag is cleared right before the poll),
+            # and the tick sends the new entries right after appending them (_onTick): tens of
+            # ms less per write.
+            if not self.__kicked:
+                self.__kicked = True
                 self.__pipeNotifier.notify()
         except Queue.Full:
             self.__callErrCallback(FAIL_REASON.QUEUE_FULL, callback)
@@ -660,39 +705,67 @@ class SyncObj(object):
         self._checkCommandsToApply()
         self.__tryLogCompaction()
 
+        if self.__raftState == _RAFT_STATE.LEADER:
+            # raftq: send what this tick appended at once (event-driven replication, see
+            # _applyCommand), then sync the leader's own copy: its disk write overlaps the
+            # followers'. It is still durable before it counts: entries are appended in this
+            # tick (_checkCommandsToApply) and the commit index is computed at the start of a
+            # later tick, after this sync.
+            lastIdx = self.__getCurrentLogIndex()
+            if lastIdx > self.__sentIndex:
+                self.__sentIndex = lastIdx
+                self.__sendAppendEntries()
+            self.__raftLog.sync()
+        else:
+            self.__sentIndex = 0
+
         with self.__onTickCallbacksLock:
             for callback in self.__onTickCallbacks:
                 callback()
 
+        # raftq: role and term as the tick thread sees them between two rounds of message
+        # handling, so the pair belongs together (raftView).
+        self.__raftView = (self.__raftState, self.__raftCurrentTerm)
+        self.__kicked = False
         self._poller.poll(timeToWait)
 
     def __applyLogEntries(self):
-        needSendAppendEntries = False
+        # raftq: upstream applies every committed entry it has not applied yet in one tick and
+        # handles no message meanwhile. A node that restarts replays its whole journal that way
+        # (53,000 entries after a 10-minute chaos run: 1.3 s on an idle machine, several on a
+        # busy one), and so does a follower that catches up after a partition. Meanwhile it
+        # answers no heartbeat (a leader that is down another node loses its majority: the chaos
+        # run saw a follower kill cost 6-7 s of writes) and, once done, finds its election timer
+        # long expired and calls an election (after a kill-all every node does, at once: split
+        # votes). So this tick applies for at most APPLY_BUDGET_S (checked every APPLY_CHUNK
+        # entries), the rest in the next ticks, messages handled in between.
+        commit, last = self.__raftCommitIndex, self.__raftLastApplied
+        if commit <= last:
+            return False
+        entries = self.__getEntries(last + 1, min(commit - last, APPLY_MAX_ENTRIES))
+        waiting = self.__commandsWaitingCommit
+        end = monotonicTime() + APPLY_BUDGET_S
+        for n, entry in enumerate(entries):
+            if n and n % APPLY_CHUNK == 0 and monotonicTime() >= end:
+                break
+            try:
+                currentTermID = entry[2]
+                subscribers = waiting.pop(entry[1], [])
+                self.answerWanted = bool(subscribers)
+                res = self.__doApplyCommand(entry[0])
+                for subscribeTermID, callback in subscribers:
+                    if subscribeTermID == currentTermID:
+                        callback(res, FAIL_REASON.SUCCESS)
+                    else:
+                        callback(None, FAIL_REASON.DISCARDED)
 
-        if self.__raftCommitIndex > self.__raftLastApplied:
-            count = self.__raftCommitIndex - self.__raftLastApplied
-            entries = self.__getEntries(self.__raftLastApplied + 1, count)
-            for entry in entries:
-                try:
-                    currentTermID = entry[2]
-                    subscribers = self.__commandsWaitingCommit.pop(entry[1], [])
-                    res = self.__doApplyCommand(entry[0])
-                    for subscribeTermID, callback in subscribers:
-                        if subscribeTermID == currentTermID:
-                            callback(res, FAIL_REASON.SUCCESS)
-                        else:
-                            callback(None, FAIL_REASON.DISCARDED)
+                self.__raftLastApplied += 1
+            except SyncObjExceptionWrongVer as e:
+                logger.error(
+                    'request to switch to unsupported code version (self version: %d, requested version: %d)' %
+                    (self.__selfCodeVersion, e.ver))
 
-                    self.__raftLastApplied += 1
-                except SyncObjExceptionWrongVer as e:
-                    logger.error(
-                        'request to switch to unsupported code version (self version: %d, requested version: %d)' %
-                        (self.__selfCodeVersion, e.ver))
-
-            if not self.__conf.appendEntriesUseBatch:
-                needSendAppendEntries = True
-
-        return needSendAppendEntries
+        return not self.__conf.appendEntriesUseBatch
 
     def addOnTickCallback(self, callback):
         with self.__onTickCallbacksLock:
@@ -866,6 +939,9 @@ class SyncObj(object):
 
     def __onMessageReceived(self, node, message):
 
+        if message['type'] == 'raftq_keepalive':
+            return  # raftq: a link keepalive (transport.py); its arrival is all that counts
+
         if message['type'] == 'timeout_now' and self.__selfNode is not None:
             # Graceful leadership transfer (Raft 'TimeoutNow'): trigger an
             # immediate election, but only on request of the current leader.
@@ -901,6 +977,10 @@ class SyncObj(object):
                     })
 
         if message['type'] == 'append_entries' and message['term'] >= self.__raftCurrentTerm:
+            replyNextIdx = None
+            if message.get('entries'):
+                # raftq: keep a matching tail (see _skipHeldEntries)
+                message, replyNextIdx = self._skipHeldEntries(message)
             if message['term'] > self.__raftCurrentTerm:
                 # A new leader at a higher term supersedes any pending transfer.
                 self.__transferInProgress = False
@@ -973,6 +1053,8 @@ class SyncObj(object):
                 nextNodeIdx = prevLogIdx + 1
                 if newEntries:
                     nextNodeIdx = newEntries[-1][1] + 1
+                if replyNextIdx is not None:
+                    nextNodeIdx = replyNextIdx
 
                 self.__sendNextNodeIdx(node, nextNodeIdx=nextNodeIdx, success=True)
 
@@ -1053,9 +1135,62 @@ class SyncObj(object):
             return
         callback(None, err)
 
+    def _skipHeldEntries(self, m):
+        """raftq: Raft's follower rule (Figure 2, AppendEntries step 3) deletes existing entries
+        only from the first one that *conflicts* with a new one. Upstream instead deletes
+        everything after prevLogIdx whenever the follower has more, even when every new entry
+        matches. A leader whose nextIndex went stale (a reset reply that arrived late, a cut
+        connection, a 1 MB batch) then makes a follower drop entries it had already acknowledged
+        and applied, and the follower stays without them until the leader sends them again; were
+        the leader to die in between, an election could pass over committed entries (chaos runs
+        with connection resets logged 'truncating already-applied log entries').
+
+        So before the append is handled, the entries the follower already holds are cut from it
+        (returns the append to handle and the next index to reply with, or None):
+        * a conflict at index k: the message starts at k (it truncates from k, as Raft does);
+        * no conflict, the log shorter than the message: it starts after the follower's last entry;
+        * no conflict, the log as long or longer: it becomes a heartbeat at the follower's last
+          entry (nothing truncated), the commit index capped at the message's last entry, and the
+          success reply names that entry + 1, as Raft's would (the follower's own tail beyond it
+          is not known to match the leader's).
+        A mismatching prevLogIdx, a heartbeat or a chunked transmission goes through unchanged."""
+        try:
+            if 'prevLogIdx' not in m or 'transmission' in m or m['term'] < self.__raftCurrentTerm:
+                return m, None
+            entries = m['entries']
+            prev = m['prevLogIdx']
+            last = self.__getCurrentLogIndex()
+            if last <= prev:
+                return m, None                      # nothing held after prev: nothing to keep
+            have = self.__getEntries(prev, len(entries) + 1)
+            if not have or have[0][1] != prev or have[0][2] != m['prevLogTerm']:
+                return m, None                      # rejected below as upstream does
+            skip = 0
+            for mine, theirs in zip(have[1:], entries):
+                if mine[1] != theirs[1] or mine[2] != theirs[2]:
+                    break                           # first conflict: truncate from here
+                skip += 1
+            if skip == 0:
+                return m, None
+            if skip < len(entries):
+                held = entries[skip - 1]
+                return dict(m, prevLogIdx=held[1], prevLogTerm=held[2], entries=entries[skip:]), None
+            lastNew = entries[-1][1]
+            tail = self.__getEntries(last, 1)
+            if not tail or tail[0][1] != last:
+                return m, None
+            return dict(m, prevLogIdx=last, prevLogTerm=tail[0][2], entries=[],
+                        commit_index=min(m['commit_index'], lastNew)), lastNew + 1
+        except Exception:                           # never worse than upstream
+            return m, None
+
     def __sendNextNodeIdx(self, node, reset=False, nextNodeIdx = None, success = False):
         if nextNodeIdx is None:
             nextNodeIdx = self.__getCurrentLogIndex() + 1
+        if success:
+            # raftq: a follower's journal is on disk before it acknowledges entries (fsync
+            # durability; the leader syncs in _onTick). Upstream never syncs.
+            self.__raftLog.sync()
         self.__transport.send(node, {
             'type': 'next_node_idx',
             'next_node_idx': nextNodeIdx,
@@ -1118,6 +1253,40 @@ class SyncObj(object):
             if totalSize >= maxSizeBytes:
                 break
         return result[:i + 1]
+
+    # raftq: read-only views for the node (node/replica.py), so nothing outside reaches internals.
+    @property
+    def raftState(self):
+        """:rtype: int (_RAFT_STATE)"""
+        return self.__raftState
+
+    @property
+    def raftView(self):
+        """(raft state, term) as one consistent pair, as the tick thread saw them between two
+        rounds of message handling, or None before the first tick. Read separately they can mix
+        two moments: a leader that hears a higher term sets the term before it steps down (and
+        fsyncs it in between), so a reader could see a leader in a term it never led."""
+        return self.__raftView
+
+    @property
+    def raftElectionDeadline(self):
+        """When this node will call an election unless it hears from a leader (monotonic)."""
+        return self.__raftElectionDeadline
+
+    @property
+    def leaderCommitIndex(self):
+        """The commit index the leader last reported (this node's own on the leader), or None."""
+        return self.__leaderCommitIndex
+
+    @property
+    def tickThread(self):
+        """The thread that runs the ticks (None with autoTick off)."""
+        return self.__thread
+
+    @property
+    def journalSyncs(self):
+        """How many times the journal was synced (fsync durability)."""
+        return self.__raftLog.syncs
 
     def _isLeader(self):
         """ Check if current node has a leader state.
@@ -1415,44 +1584,68 @@ class SyncObj(object):
             self.__lastSerializedTime = currTime
             return
 
-        if self.__conf.serializer is None:
-            selfData = dict([(k, v) for k, v in self.__dict__.items() if k not in self.__properies])
-            data = selfData
-            if self.__consumers:
-                data = [selfData]
-                for consumer in self.__consumers:
-                    data.append(consumer._serialize())
+        # raftq: the snapshot is a document of builtins (serializer.py), built in the forked
+        # child: the consumers' state is read there, off the tick thread. Upstream pickles
+        # (data, last, prev, cluster): the SyncObj subclass's own attributes and each consumer's,
+        # as objects, and the members as TCPNode objects.
+        consumers = list(self.__consumers)
+        raft = {
+            'last': tuple(lastAppliedEntries[1]),
+            'prev': tuple(lastAppliedEntries[0]),
+            'members': sorted(str(node.id) for node in self.__otherNodes | {self.__selfNode}),
+            'code_version': self.__enabledCodeVersion,
+        }
+
+        def buildDocument():
+            return {
+                'format': SNAPSHOT_FORMAT,
+                'version': SNAPSHOT_VERSION,
+                'raft': raft,
+                'consumers': [consumer._serialize() for consumer in consumers],
+            }
+
+        self.__serializer.serialize(buildDocument, lastAppliedEntries[0][1])
+
+    def __upgradeLegacySnapshot(self, old):
+        """raftq: upstream's (data, last, prev, cluster) -> the snapshot document. `data` is the
+        SyncObj's own attributes ({'_SyncObj__enabledCodeVersion': v}), followed by each
+        consumer's when there are consumers; `cluster` a set of TCPNode (legacy objects here)."""
+        data, last, prev, cluster = old
+        if self.__consumers:
+            selfData, consumersData = data[0], data[1:]
         else:
-            data = None
-        cluster = self.__otherNodes | {self.__selfNode}
-        self.__serializer.serialize((data, lastAppliedEntries[1], lastAppliedEntries[0], cluster), lastAppliedEntries[0][1])
+            selfData, consumersData = data, []
+        members = sorted(node.state['_id'] if isinstance(node, LegacyObject) else str(node) for node in cluster)
+        return {
+            'format': SNAPSHOT_FORMAT,
+            'version': SNAPSHOT_VERSION,
+            'raft': {'last': tuple(last), 'prev': tuple(prev), 'members': members,
+                     'code_version': (selfData or {}).get('_SyncObj__enabledCodeVersion', 0)},
+            'consumers': [consumer._upgradeLegacySnapshot(d) for consumer, d in zip(self.__consumers, consumersData)],
+        }
 
     def __loadDumpFile(self, clearJournal):
         try:
-            data = self.__serializer.deserialize()
-            if data[0] is not None:
-                if self.__consumers:
-                    selfData = data[0][0]
-                    consumersData = data[0][1:]
-                else:
-                    selfData = data[0]
-                    consumersData = []
-
-                for k, v in selfData.items():
-                    self.__dict__[k] = v
-
-                for i, consumer in enumerate(self.__consumers):
-                    consumer._deserialize(consumersData[i])
+            doc = self.__serializer.deserialize()
+            raft = doc['raft']
+            last, prev = tuple(raft['last']), tuple(raft['prev'])
+            self.__enabledCodeVersion = raft['code_version']
+            consumersData = doc['consumers']
+            if len(consumersData) != len(self.__consumers):
+                raise ValueError('the snapshot holds %d consumers, this node has %d' % (
+                    len(consumersData), len(self.__consumers)))
+            for i, consumer in enumerate(self.__consumers):
+                consumer._deserialize(consumersData[i])
 
             if clearJournal or \
                     len(self.__raftLog) < 2 or \
-                    self.__raftLog[0] != data[2] or \
-                    self.__raftLog[1] != data[1]:
+                    self.__raftLog[0] != prev or \
+                    self.__raftLog[1] != last:
                 self.__raftLog.clear()
-                self.__raftLog.add(*data[2])
-                self.__raftLog.add(*data[1])
+                self.__raftLog.add(*prev)
+                self.__raftLog.add(*last)
 
-            self.__raftLastApplied = data[1][1]
+            self.__raftLastApplied = last[1]
 
             if self.__raftCommitIndex > self.__getCurrentLogIndex():
                 logger.warning('raftCommitIndex (%d) exceeds journal end (%d) after loading dump, '
@@ -1463,7 +1656,7 @@ class SyncObj(object):
                 self.__raftLog.setRaftCommitIndex(self.__raftCommitIndex)
 
             if self.__conf.dynamicMembershipChange:
-                self.__updateClusterConfiguration([node for node in data[3] if node != self.__selfNode])
+                self.__updateClusterConfiguration([node for node in raft['members'] if node != self.__selfNode.id])
             self.__onSetCodeVersion(0)
         except:
             logger.exception('failed to load full dump')

@@ -18,6 +18,7 @@ class TcpServer(object):
             recvBufferSize = 2 ** 13,
             connectionTimeout = 3.5,
             keepalive = None,
+            compressionLevel = 0,
     ):
         self.__poller = poller
         self.__host = host
@@ -31,6 +32,7 @@ class TcpServer(object):
         self.__state = SERVER_STATE.UNBINDED
         self.__onNewConnectionCallback = onNewConnection
         self.__connectionTimeout = connectionTimeout
+        self.__compressionLevel = compressionLevel
 
     def bind(self):
         self.__socket = socket.socket(self.__hostAddrType, socket.SOCK_STREAM)
@@ -70,6 +72,7 @@ class TcpServer(object):
                     sendBufferSize=self.__sendBufferSize,
                     recvBufferSize=self.__recvBufferSize,
                     keepalive=self.__keepalive,
+                    compressionLevel=self.__compressionLevel,
                 )
                 self.__onNewConnectionCallback(conn)
             except socket.error as e:
