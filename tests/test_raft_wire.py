@@ -134,3 +134,32 @@ def test_reads_take_at_most_64_kb_and_skip_the_sockopt_check_once_connected():
     # first readiness event may carry WRITE too and pays the check, as upstream does.)
     assert all(n > 0 for _, n in sb.recvs)
     assert sb.sockopts <= 1
+
+
+def test_the_utility_protocol_is_gone():
+    """Upstream answered syncobj_admin's commands (status, add, remove, set_version, transfer)
+    on the Raft port to anyone who completed the handshake. The fork refuses any first message
+    that is not a member's address, and keeps serving."""
+    from raftq.cluster.local import free_ports
+    from raftq.node.raft import SyncObj, SyncObjConf
+
+    port = free_ports(1)[0]
+    so = SyncObj(f"127.0.0.1:{port}", [], conf=SyncObjConf(autoTick=False))
+    try:
+        for first in (["status"], ["add", "127.0.0.1:1"], "127.0.0.1:1"):
+            c = socket.create_connection(("127.0.0.1", port))
+            data = pickle.dumps(first, 5)
+            c.sendall(len(data).to_bytes(4, "little", signed=True) + data)
+            c.settimeout(0.05)
+            closed, end = False, time.monotonic() + 5
+            while not closed and time.monotonic() < end:
+                so.doTick(0.01)
+                try:
+                    closed = c.recv(100) == b""
+                except socket.timeout:
+                    pass
+            assert closed, first                # disconnected, no answer
+            c.close()
+        so.doTick(0)
+    finally:
+        so.destroy()

@@ -19,7 +19,10 @@ class PipeNotifier(object):
         poller.subscribe(self.__pipeR, self.__onNewNotification, POLL_EVENT_TYPE.READ)
 
     def notify(self):
-        os.write(self.__pipeW, b'o')
+        try:
+            os.write(self.__pipeW, b'o')
+        except OSError:     # raftq: a full pipe wakes the poller already; never fail a proposal
+            pass
 
     def __onNewNotification(self, descr, eventMask):
         try:
