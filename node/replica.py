@@ -16,8 +16,7 @@ import time
 
 from . import sync_shadow
 from .machine import QueueMachine
-from .raft import FAIL_REASON, SyncObj, SyncObjConf, SyncObjConsumer, replicated
-from .raft.syncobj import _RAFT_STATE
+from .raft import _RAFT_STATE, FAIL_REASON, SyncObj, SyncObjConf, SyncObjConsumer, replicated
 from .settings import Settings
 
 __all__ = ["FAIL_REASON", "QueueState", "Replica"]

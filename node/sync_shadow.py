@@ -10,7 +10,7 @@ that keeps only what was synced; after SIGKILL of every node the harness rolls e
 back to that record (`restore`) and restarts the nodes.
 
 Durable points of the journal
-* `fsync` mode: every real journal sync (Replica's `sync()`: a follower before it acknowledges
+* `fsync` mode: every real journal sync (the journal's `sync()`: a follower before it acknowledges
   entries, the leader after sending them and before it counts itself). It counts from when its
   record is written, after the sync returned and before anything acts on the sync, so a cut in
   between drops entries that nobody has counted yet (as a cut during the sync would).

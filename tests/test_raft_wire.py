@@ -163,3 +163,52 @@ def test_the_utility_protocol_is_gone():
         so.doTick(0)
     finally:
         so.destroy()
+
+
+def test_nothing_but_the_handshake_goes_out_before_the_peer_answers_it():
+    """An outgoing connection counts as connected as soon as TCP is, but with the secret set the
+    peer expects the key exchange and the address first. Upstream could send a request_vote in
+    between (the peer raised on it), and the link keepalive would; the fork sends nothing else
+    until the handshake is done."""
+    from raftq.cluster.local import free_ports
+    from raftq.node.raft import SyncObj, SyncObjConf
+
+    low, high = sorted(f"127.0.0.1:{p}" for p in free_ports(2))       # the larger address dials
+    srv = socket.socket()
+    srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    srv.bind(("127.0.0.1", int(low.rsplit(":", 1)[1])))
+    srv.listen()
+    srv.settimeout(0.01)
+    so = SyncObj(high, [low], conf=SyncObjConf(autoTick=False, password="s3cret", connectionRetryTime=0.1))
+    try:
+        peer, end = None, time.monotonic() + 5
+        while peer is None:
+            assert time.monotonic() < end, "no connection"
+            so.doTick(0.01)
+            try:
+                peer, _ = srv.accept()
+            except socket.timeout:
+                pass
+        end = time.monotonic() + 1.5                  # past a keepalive period, never answering
+        while time.monotonic() < end:
+            so.doTick(0.02)
+        peer.settimeout(0.2)
+        got = b""
+        try:
+            while True:
+                chunk = peer.recv(65536)
+                if not chunk:
+                    break
+                got += chunk
+        except socket.timeout:
+            pass
+        frames = []
+        while len(got) >= 4:
+            n = int.from_bytes(got[:4], "little", signed=True)
+            frames.append(got[4:4 + n])
+            got = got[4 + n:]
+        assert len(frames) == 1 and got == b""       # the key, nothing else
+        peer.close()
+    finally:
+        so.destroy()
+        srv.close()

@@ -207,6 +207,7 @@ class TCPTransport(Transport):
         self._ready = False
         self._send_random_sleep_duration = 0
         self._nextKeepalive = 0
+        self._encrypted = bool(syncObj.encryptor)
 
         self._syncObj.addOnTickCallback(self._onTick)
 
@@ -316,8 +317,14 @@ class TCPTransport(Transport):
         if now >= self._nextKeepalive:
             self._nextKeepalive = now + KEEPALIVE_PERIOD
             for node, conn in list(self._connections.items()):
-                if conn.state == CONNECTION_STATE.CONNECTED:
+                if self._handshakeDone(conn):
                     conn.send(KEEPALIVE)
+
+    def _handshakeDone(self, conn):
+        """raftq: whether a connection may carry messages: connected and, with encryption, past
+        the key exchange (an outgoing connection is CONNECTED as soon as TCP is; until the peer's
+        key arrives and the address has gone out, the peer expects nothing else)."""
+        return conn.state == CONNECTION_STATE.CONNECTED and (conn.sendRandKey or not self._encrypted)
 
     def _onNewIncomingConnection(self, conn):
         """
@@ -550,12 +557,15 @@ class TCPTransport(Transport):
         :rtype bool
         """
 
-        if node not in self._connections or self._connections[node].state != CONNECTION_STATE.CONNECTED:
+        # raftq: not before the handshake is done (upstream sent e.g. a request_vote in it: the
+        # peer, expecting the address, raised on the unhashable message and dropped it).
+        conn = self._connections.get(node)
+        if conn is None or not self._handshakeDone(conn):
             return False
         if self._send_random_sleep_duration:
             time.sleep(random.random() * self._send_random_sleep_duration)
-        self._connections[node].send(message)
-        if self._connections[node].state != CONNECTION_STATE.CONNECTED:
+        conn.send(message)
+        if conn.state != CONNECTION_STATE.CONNECTED:
             return False
         return True
 
