@@ -14,6 +14,8 @@ import logging
 import threading
 import time
 
+import cryptography  # noqa: F401 - a node needs the server extra (the Raft link's AES-GCM), said at import
+
 from . import sync_shadow
 from .machine import QueueMachine
 from .raft import _RAFT_STATE, FAIL_REASON, SyncObj, SyncObjConf, SyncObjConsumer, replicated
