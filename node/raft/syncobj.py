@@ -497,7 +497,7 @@ class SyncObj(object):
             # raftq: event-driven replication. Upstream wakes the tick thread only when not
             # batching; in batch mode a command waited for the next tick (autoTickPeriod) and
             # then for the append-entries timer (appendEntriesPeriod). Now a command wakes the
-            # tick thread at once (once per tick: the flag is cleared right before the poll),
+            # tick thread at once (once per tick: the flag is cleared after the tick appended),
             # and the tick sends the new entries right after appending them (_onTick): tens of
             # ms less per write.
             if not self.__kicked:
@@ -705,6 +705,13 @@ class SyncObj(object):
         self._checkCommandsToApply()
         self.__tryLogCompaction()
 
+        # raftq: role and term as the tick thread sees them between two rounds of message
+        # handling, so the pair belongs together (raftView). And from here on a proposal wakes
+        # the tick thread again (_applyCommand): one that arrives while the leader sends and
+        # syncs below is appended in the very next tick.
+        self.__raftView = (self.__raftState, self.__raftCurrentTerm)
+        self.__kicked = False
+
         if self.__raftState == _RAFT_STATE.LEADER:
             # raftq: send what this tick appended at once (event-driven replication, see
             # _applyCommand), then sync the leader's own copy: its disk write overlaps the
@@ -723,10 +730,6 @@ class SyncObj(object):
             for callback in self.__onTickCallbacks:
                 callback()
 
-        # raftq: role and term as the tick thread sees them between two rounds of message
-        # handling, so the pair belongs together (raftView).
-        self.__raftView = (self.__raftState, self.__raftCurrentTerm)
-        self.__kicked = False
         self._poller.poll(timeToWait)
 
     def __applyLogEntries(self):
