@@ -61,7 +61,7 @@ def main(argv=None) -> int:
         return 2
     logging.basicConfig(level=args.log_level.upper(),
                         format=f"%(asctime)s {settings.node_id} %(levelname)s %(name)s: %(message)s")
-    logging.getLogger("pysyncobj").setLevel(logging.WARNING)
+    logging.getLogger("raftq.node.raft").setLevel(logging.WARNING)       # the Raft fork (node/raft)
     # The queue state is millions of long-lived containers (jobs, heap entries, dedup and
     # request-id records) with almost no reference cycles. CPython's default thresholds make
     # the cyclic GC walk them again and again, in pauses that stall the Raft tick thread;
