@@ -123,24 +123,24 @@ def tls_context(ca: str | None = None, verify: bool = True, cert=None):
 
 
 def tls_problem(e: BaseException, url: str | None) -> str | None:
-    """What went wrong in the TLS handshake with `url`, or None when `e` is not about TLS."""
-    where = url or "the node"
+    """What went wrong in the TLS handshake with the node at `url` (without the URL), or None
+    when `e` is not about TLS."""
     if isinstance(e, aiohttp.ClientConnectorCertificateError):
         ce = e.certificate_error
         why = getattr(ce, "verify_message", None) or str(ce)
         if "mismatch" in why:
-            return (f"{where}: the node's certificate does not name this host ({why}); call it by a name or IP "
-                    "address its certificate lists")
-        return (f"{where}: the node's certificate is not trusted ({why}): give the CA that signed it "
-                "(Client(ca=PATH); raftq --ca PATH or $RAFTQ_CA)")
+            return (f"the node's certificate does not name this host ({why}); call it by a name or IP address its "
+                    "certificate lists")
+        return (f"the node's certificate is not trusted ({why}): give the CA that signed it (Client(ca=PATH); "
+                "raftq --ca PATH or $RAFTQ_CA)")
     if isinstance(e, aiohttp.ClientSSLError):
         err = getattr(e, "os_error", None) or e.__cause__ or e
         reason = getattr(err, "reason", None) or ""
         if reason in ("WRONG_VERSION_NUMBER", "RECORD_LAYER_FAILURE", "PACKET_LENGTH_TOO_LONG",
                       "HTTP_REQUEST", "UNKNOWN_PROTOCOL"):
-            return (f"{where} does not answer TLS ({reason.lower().replace('_', ' ')}): it serves plain HTTP, so "
-                    f"use {where.replace('https://', 'http://', 1)}, or turn TLS on at the node (node.tls_cert)")
-        return f"{where}: the TLS handshake failed ({reason.lower().replace('_', ' ') or err})"
+            return (f"the node does not answer TLS ({reason.lower().replace('_', ' ')}): it serves plain HTTP, so "
+                    "use http:// for it, or turn TLS on at the node (node.tls_cert)")
+        return f"the TLS handshake failed ({reason.lower().replace('_', ' ') or err})"
     return None
 
 
@@ -150,13 +150,21 @@ def _tls_refusal(status: int, body, headers=None) -> str | None:
     code = headers.get("Raftq-Tls") if headers is not None else None
     if code is None and isinstance(body, dict):
         code = (body.get("error") or {}).get("code")
-    if code not in TLS_CODES:
-        return None
-    msg = (body.get("error") or {}).get("message") if isinstance(body, dict) else None
     if code == "client_certificate_required":
-        return (msg or "the node requires a client certificate") + \
-            " (Client(cert=(CERTFILE, KEYFILE)); raftq --cert FILE --key FILE)"
-    return msg or "the node serves HTTPS only: use https://"
+        return ("the node requires a client certificate (mTLS) signed by its tls_client_ca: give one "
+                "(Client(cert=(CERTFILE, KEYFILE)); raftq --cert FILE --key FILE)")
+    if code == "tls_required":
+        return "the node serves HTTPS only: use https:// URLs (and ca= when its certificate is from a private CA)"
+    return None
+
+
+def _tls_error(failures: list[tuple[str, str]]) -> TlsError:
+    """One TlsError for the (url, problem) pairs of a leader lookup, URLs grouped by problem."""
+    groups: dict[str, list[str]] = {}
+    for url, why in failures:
+        groups.setdefault(why, []).append(url)
+    return TlsError("tls", "; ".join(f"{', '.join(urls)}: {why}" for why, urls in groups.items()), None,
+                    {"urls": [u for u, _ in failures]})
 
 
 class LeaseLost(RaftqError):
@@ -226,7 +234,7 @@ def error_from(status: int, body) -> RaftqError:
     code = err.get("code", "internal" if status >= 500 else "invalid_argument")
     details = {k: v for k, v in err.items() if k not in ("code", "message")}
     if code in TLS_CODES:
-        return TlsError(code, _tls_refusal(status, body), status, details)
+        return TlsError(code, _tls_refusal(status, body) or err.get("message", ""), status, details)
     return _ERRORS.get(code, RaftqError)(code, err.get("message", str(body)), status, details)
 
 
@@ -531,6 +539,7 @@ class Client:
         self.attempt_timeout = attempt_timeout
         self.connect_budget = connect_budget
         self.ssl = tls_context(ca, verify, cert)
+        self.has_cert = cert is not None
         self.leader: str | None = None
         self._refused: dict[str, tuple[float, str]] = {}   # url -> (refusing since, why), monotonic
         self._last_contact = float("-inf")                # when a node last accepted a connection
@@ -622,7 +631,7 @@ class Client:
                                     timeout=aiohttp.ClientTimeout(total=t, sock_connect=t)) as r:
                     self._contact(url)
                     if r.status in (400, 401) and r.headers.get("Raftq-Tls"):
-                        tls_failures.append(f"{url}: " + _tls_refusal(r.status, await _json_or_none(r), r.headers))
+                        tls_failures.append((url, _tls_refusal(r.status, await _json_or_none(r), r.headers)))
                         continue
                     if r.status in (401, 403):    # the same keys on every node: asking on won't help
                         raw = await r.read()
@@ -637,8 +646,13 @@ class Client:
                     view = orjson.loads(await r.read())
             except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError) as e:
                 tls = tls_problem(e, url)
+                if tls is None and url.startswith("https://") and isinstance(
+                        e, (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError)) and await self._drops_after_handshake(url):
+                    tls = ("the node closes the connection right after the TLS handshake without answering: it does "
+                           "not accept " + ("this client certificate (mTLS: give one signed by its tls_client_ca)"
+                                            if self.has_cert else "clients without a certificate (mTLS: give cert=)"))
                 if tls is not None:
-                    tls_failures.append(tls)
+                    tls_failures.append((url, tls))
                 self._note_failure(url, e)
                 continue
             answered = True
@@ -648,8 +662,32 @@ class Client:
             if view.get("leader"):
                 return view["leader"]["url"].rstrip("/")
         if tls_failures and not answered:     # the rest refused connections or timed out
-            raise TlsError("tls", "; ".join(tls_failures))
+            raise _tls_error(tls_failures)
         return None
+
+    async def _drops_after_handshake(self, url: str) -> bool:
+        """Whether the node at `url` completes a TLS handshake and then closes the connection
+        without answering `GET /healthz`, which every node answers: the way a node (or a proxy)
+        that checks client certificates inside the handshake refuses one under TLS 1.3. Asked
+        only after a request to an https URL ended in a disconnect."""
+        from yarl import URL
+        u = URL(url)
+        ctx = self.ssl if isinstance(self.ssl, ssl.SSLContext) else ssl.create_default_context()
+        t = self.connect_timeout
+        try:
+            reader, writer = await asyncio.wait_for(asyncio.open_connection(u.host, u.port, ssl=ctx), t)
+        except (OSError, asyncio.TimeoutError, ssl.SSLError):
+            return False
+        try:
+            writer.write(f"GET /healthz HTTP/1.1\r\nHost: {u.host}\r\nConnection: close\r\n\r\n".encode())
+            await writer.drain()
+            return await asyncio.wait_for(reader.read(12), t) == b""
+        except (ConnectionError, ssl.SSLError):
+            return True
+        except (OSError, asyncio.TimeoutError):
+            return False
+        finally:
+            writer.close()
 
     async def _session_to(self, leader: str, timeout: float) -> _Session:
         if self._connect_lock is None:
@@ -715,7 +753,7 @@ class Client:
                         self._contact(target)
                         refusal = _tls_refusal(e.status, None, e.headers) if e.headers else None
                         if refusal is not None:
-                            raise TlsError(e.headers["Raftq-Tls"], f"{target}: {refusal}", e.status)
+                            raise _tls_error([(target, refusal)])
                         if e.status == 307 and e.headers and e.headers.get("Leader-Url"):
                             self.leader = e.headers["Leader-Url"].rstrip("/")
                             self.stats["redirects"] += 1
@@ -740,7 +778,7 @@ class Client:
             except (aiohttp.ClientError, asyncio.TimeoutError, OSError, Unavailable) as e:
                 tls = tls_problem(e, target)
                 if tls is not None:
-                    raise TlsError("tls", tls, None, {"url": target}) from e
+                    raise _tls_error([(target, tls)]) from e
                 if not isinstance(e, Unavailable):
                     self._note_failure(target, e)
                 self.leader = None

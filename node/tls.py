@@ -287,6 +287,17 @@ def _handshake_log(text: str) -> None:
         _last_log[1] += 1
 
 
+def _why(e: BaseException) -> str:
+    if isinstance(e, ssl.SSLError) and e.reason:
+        return e.reason.lower().replace("_", " ")
+    if isinstance(e, (ConnectionResetError, ssl.SSLEOFError, BrokenPipeError)):
+        return ("the client closed the connection (a client that does not trust this node's certificate "
+                "does that)")
+    if isinstance(e, asyncio.TimeoutError):
+        return "no handshake in time"
+    return str(e) or type(e).__name__
+
+
 def _peer(addr) -> str:
     return f"{addr[0]}:{addr[1]}" if isinstance(addr, tuple) and len(addr) >= 2 else str(addr)
 
@@ -378,7 +389,9 @@ class TlsSite(web.BaseSite):
     async def _connection(self, loop, conn: socket.socket) -> None:
         loaded = self.loaded                 # the context of this connection, whatever reloads follow
         handed = False
+        peer = "?"
         try:
+            peer = _peer(conn.getpeername())
             conn.setblocking(False)
             try:
                 first = await asyncio.wait_for(self._peek(loop, conn), self.handshake_timeout)
@@ -397,7 +410,7 @@ class TlsSite(web.BaseSite):
         except asyncio.CancelledError:
             raise
         except (OSError, ssl.SSLError, asyncio.TimeoutError, ConnectionError) as e:
-            _handshake_log(f"handshake failed: {getattr(e, 'reason', None) or e or type(e).__name__}")
+            _handshake_log(f"handshake with {peer} failed: {_why(e)}")
         finally:
             if not handed:
                 conn.close()

@@ -23,7 +23,7 @@ def cmd_node(args) -> int:
     return node_main(argv)
 
 
-COMMON_WITH_VALUE = ("--urls", "--timeout", "--api-key")
+COMMON_WITH_VALUE = ("--urls", "--timeout", "--api-key", "--ca", "--cert", "--key")
 
 
 def add_common(p: argparse.ArgumentParser, top: bool) -> None:
@@ -39,6 +39,13 @@ def add_common(p: argparse.ArgumentParser, top: bool) -> None:
     g.add_argument("--timeout", type=float, default=d(10.0), metavar="SECONDS",
                    help="how long to wait for the cluster to serve a request (default 10)")
     g.add_argument("--api-key", default=d(None), metavar="KEY", help="API key (default: $RAFTQ_API_KEY)")
+    g.add_argument("--ca", default=d(None), metavar="FILE",
+                   help="https:// nodes: trust the CAs in this PEM file instead of the system's (default: $RAFTQ_CA); "
+                        "without --urls, the `raftq up` defaults as https://")
+    g.add_argument("--cert", default=d(None), metavar="FILE",
+                   help="a client certificate (PEM) for nodes that require one, mTLS (default: $RAFTQ_CERT)")
+    g.add_argument("--key", default=d(None), metavar="FILE",
+                   help="the client certificate's key, unless --cert holds it too (default: $RAFTQ_KEY)")
     g.add_argument("--progress", action="store_true", default=d(False),
                    help="draw progress bars on stderr even when it is not a terminal")
 
@@ -203,6 +210,9 @@ def main(argv=None) -> int:
         top = build_parser().parse_args(before + ["status"])     # validates the options before `bench`
         if top.urls and "--urls" not in rest and "--local" not in rest:
             rest = ["--urls", top.urls] + rest
+        for opt in ("ca", "cert", "key"):
+            if getattr(top, opt) and f"--{opt}" not in rest:
+                rest = [f"--{opt}", getattr(top, opt)] + rest
         if top.json and "--json" not in rest:
             rest = rest + ["--json"]
         return cmd_bench(rest)
