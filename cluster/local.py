@@ -173,8 +173,7 @@ class LocalCluster:
 
     def write_configs(self):
         private_dir(self.dir)
-        if self.tls:
-            self.ensure_certs()
+        self.certs_made = self.ensure_certs() if self.tls else []
         for i in range(self.n):
             self.write_config(i)
 

@@ -79,6 +79,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "free ports); a continued cluster keeps its ports")
     u.add_argument("--durability", choices=("fsync", "memory"), default=None, help="default fsync (or the "
                    "directory's last choice)")
+    u.add_argument("--tls", action="store_true", help="the nodes serve https:// with certificates from a throwaway CA "
+                   "made in DIR (ca.pem; kept and reused), and it prints how to call them")
+    u.add_argument("--mtls", action="store_true", help="--tls, and the nodes require a client certificate signed by "
+                   "that CA (DIR/client-cert.pem and client-key.pem are made for you)")
     u.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for a leader at start (default 30)")
     u.add_argument("--demo", action="store_true", help="enqueue, reserve and ack a few jobs once the cluster is up")
     u.add_argument("--keep", action="store_true", help=argparse.SUPPRESS)   # the directory is always kept now
