@@ -20,6 +20,8 @@ def cmd_node(args) -> int:
     argv = ["--config", args.config]
     if args.log_level:
         argv += ["--log-level", args.log_level]
+    if args.check:
+        argv.append("--check")
     return node_main(argv)
 
 
@@ -60,6 +62,8 @@ def build_parser() -> argparse.ArgumentParser:
     n = sub.add_parser("node", help="run one node from its TOML config")
     n.add_argument("--config", required=True)
     n.add_argument("--log-level", default=None)
+    n.add_argument("--check", action="store_true", help="check the config and the TLS files it names, then exit "
+                   "(0: the node would start)")
     n.set_defaults(fn=cmd_node)
     u = sub.add_parser("up", help="run a local cluster on loopback in the foreground: a lab for failover",
                        description="Run a local cluster on loopback in the foreground. A node that dies is "
