@@ -215,6 +215,11 @@ class LocalCluster:
             self._client_ssl = ctx
         return self._client_ssl
 
+    @client_ssl.setter
+    def client_ssl(self, ctx) -> None:
+        """Probe with this context instead (e.g. one trusting a new CA the nodes moved to)."""
+        self._client_ssl = ctx
+
     def ensure_certs(self, days_left: float = 7.0) -> list[str]:
         """Make what is missing or about to expire: the CA, a certificate per node for
         127.0.0.1 and localhost, and with mTLS a client certificate. A new CA means new
