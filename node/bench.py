@@ -2,9 +2,9 @@
 
     python -m raftq.node.bench [--json] [--quick] [--repeat N]
 
-Every figure goes through what the leader does for a request: `node.commands` turns a request
-body dict into a command, `QueueMachine.apply` applies it. No HTTP, no Raft, no JSON encoding of
-the answer. Jobs carry a 256-byte payload, base64 in the request body as a client sends it.
+Every figure goes through what the leader does for a request: `node.validate` turns a request
+body dict into a command, `QueueMachine.apply` applies it, `node.core.answers.render` renders its
+result into the answer. No HTTP, no Raft, no JSON encoding of the answer. Jobs carry a 256-byte payload, base64 in the request body as a client sends it.
 
 Figures:
 * cycle_jobs_per_s        enqueue one, reserve one (max_jobs 1), ack it; one job per command.
@@ -13,7 +13,7 @@ Figures:
                           before the clock starts.
 * batch_cycle_jobs_per_s  the same in batches of 256: enqueue_batch, reserve max_jobs 256,
                           ack_batch.
-* reserve_us_at_1k/_1m    median cost of one reserve (parse + apply, max_jobs 1) with 1,000 and
+* reserve_us_at_1k/_1m    median cost of one reserve (parse + apply + render, max_jobs 1) with 1,000 and
                           1,000,000 ready jobs; each reserved job is acked and replaced outside
                           the timed region, so the depth stays constant.
 * bytes_per_job           tracemalloc: memory held by 100,000 ready jobs (payload included),
@@ -44,7 +44,8 @@ import uuid
 
 import orjson
 
-from . import commands
+from . import validate
+from .core.answers import render
 from .limits import Limits
 from .machine import QueueMachine
 
@@ -102,14 +103,15 @@ def fill(m: QueueMachine, limits: Limits, n: int, now: int) -> int:
     ids = IdSource(n)
     body_list = bodies(n)
     for start in range(0, n, 256):
-        cmd = commands.enqueue_batch({"jobs": body_list[start:start + 256]}, limits, now, ids)
-        status, res = m.apply(now, cmd)
+        cmd = validate.enqueue_batch({"jobs": body_list[start:start + 256]}, limits, now, ids)
+        status, res = render(m.apply(now, cmd))
         assert status == 200 and all("job_id" in r for r in res["results"]), res
         now += 1
     return now
 
 
 def _check(result, what):
+    result = render(result)             # as the leader does before it answers
     if result[0] != 200:
         raise RuntimeError(f"{what} failed: {result}")
     return result[1]
@@ -122,8 +124,8 @@ def bench_cycle(n: int, pregen: bool) -> tuple[float, float]:
     body_list = bodies(n)
     rbody = {"queues": [QUEUE], "lease_ms": LEASE_MS, "max_jobs": 1}
     make_id = IdSource(n) if pregen else new_id
-    enqueue, reserve, ack, apply = commands.enqueue, commands.reserve, commands.ack, m.apply
-    sweep = commands.sweep()
+    enqueue, reserve, ack, apply = validate.enqueue, validate.reserve, validate.ack, m.apply
+    sweep = validate.sweep()
     now = T0
     next_sweep = now + SWEEP_EVERY_MS
     gc.collect()
@@ -148,8 +150,8 @@ def bench_batch_cycle(n: int, batch: int = 256) -> tuple[float, float]:
     m = QueueMachine(limits)
     body_list = bodies(n)
     rbody = {"queues": [QUEUE], "lease_ms": LEASE_MS, "max_jobs": batch}
-    enqueue_batch, reserve, ack_batch, apply = commands.enqueue_batch, commands.reserve, commands.ack_batch, m.apply
-    sweep = commands.sweep()
+    enqueue_batch, reserve, ack_batch, apply = validate.enqueue_batch, validate.reserve, validate.ack_batch, m.apply
+    sweep = validate.sweep()
     now = T0
     next_sweep = now + SWEEP_EVERY_MS
     done = 0
@@ -173,21 +175,21 @@ def bench_batch_cycle(n: int, batch: int = 256) -> tuple[float, float]:
 
 
 def bench_reserve_at(depth: int, samples: int) -> float:
-    """Median microseconds of one reserve (parse + apply) at a constant ready depth."""
+    """Median microseconds of one reserve (parse + apply + render) at a constant ready depth."""
     limits = Limits.build()
     m = QueueMachine(limits)
     now = fill(m, limits, depth, T0)
     rbody = {"queues": [QUEUE], "lease_ms": LEASE_MS, "max_jobs": 1}
     refill = bodies(256)
     ids = IdSource(samples)
-    reserve, ack, apply, enqueue = commands.reserve, commands.ack, m.apply, commands.enqueue
+    reserve, ack, apply, enqueue = validate.reserve, validate.ack, m.apply, validate.enqueue
     perf = time.perf_counter
     times = []
     gc.collect()
     for i in range(samples):
         t = perf()
         cmd, _ = reserve(rbody, limits)
-        res = apply(now, cmd)
+        res = render(apply(now, cmd))
         times.append(perf() - t)
         job = res[1]["jobs"][0]
         # Untimed: ack it and put a fresh job in, so the ready depth stays `depth`.
@@ -212,7 +214,7 @@ def bench_memory_and_snapshot(n: int) -> dict:
     for k, start in enumerate(range(0, n, 256)):
         body = orjson.loads(blobs[k % len(blobs)])
         body["jobs"] = body["jobs"][:n - start]
-        cmd = commands.enqueue_batch(body, limits, now, new_id)
+        cmd = validate.enqueue_batch(body, limits, now, new_id)
         _check(m.apply(now, cmd), "enqueue_batch")
         now += 8
         cmd = body = None

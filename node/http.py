@@ -120,6 +120,7 @@ def build_app(service: NodeService) -> web.Application:
         ("/v1/session", session),
         ("/v1/server-info", _authorized(auth, VIEWER, _any(lambda s: s.server_info()))),
         ("/v1/cluster", _authorized(auth, VIEWER, cluster)), ("/metrics", _authorized(auth, VIEWER, metrics)),
+        ("/v1/openapi.json", _authorized(auth, VIEWER, _openapi)),
         ("/healthz", _healthz), ("/readyz", _readyz), ("/", _admin_page))]
     r = app.router
     for method, path, handler in routes:
@@ -245,6 +246,18 @@ async def _admin_page(request: web.Request) -> web.Response:
                         headers={"Content-Security-Policy": "default-src 'self'; script-src 'self' 'unsafe-inline'; "
                                                             "style-src 'unsafe-inline'; frame-ancestors 'none'",
                                  "Cache-Control": "no-cache"})
+
+
+_OPENAPI: bytes | None = None
+
+
+async def _openapi(request: web.Request) -> web.Response:
+    """This API's OpenAPI 3.1 document (node/openapi.py; the same as docs/openapi.json)."""
+    global _OPENAPI
+    if _OPENAPI is None:
+        from .openapi import document_bytes
+        _OPENAPI = document_bytes()
+    return web.Response(body=_OPENAPI, content_type=JSON)
 
 
 async def _healthz(request: web.Request) -> web.Response:

@@ -4,6 +4,13 @@ Requests hand their command to `Proposer.submit`, which returns a future. All co
 arrive during one turn of the event loop (up to a count and byte bound) go out as one
 replicated `apply_batch(now_ms, cmds)`. pysyncobj calls back on its tick thread; the bridge
 queues the outcome and wakes the loop once per drain, not once per command.
+
+This is where answers are rendered: the state machine's results are codes and fields
+(node/core/ops.py), and `render_answers` turns each into the `(status, body)` its request is
+answered with (node/core/answers.py `render`), in the commit callback, only for the batches
+proposed on this node. That is on pysyncobj's tick thread right after the apply, where the
+machine used to render them itself (outside the state lock now), so the event loop does no more
+than before. Everything a future of this module holds is such an answer.
 """
 from __future__ import annotations
 
@@ -14,6 +21,7 @@ import time
 
 from pysyncobj import FAIL_REASON
 
+from .core.answers import render
 from .errors import error
 
 # Outcomes that guarantee the command was never applied: safe to retry anywhere.
@@ -31,6 +39,20 @@ def outcome_error(fail_reason) -> tuple[int, dict]:
                      "it is safe to retry", applied=False)
     return error("unavailable", "the outcome is unknown (leadership changed while the request was in flight); "
                  "retry with the same Request-Id", applied=None)
+
+
+def render_answers(results) -> list:
+    """The answers for a batch's results (an answer that is already one passes through)."""
+    try:
+        return [render(r) for r in results]
+    except Exception:
+        out = []
+        for r in results:
+            try:
+                out.append(render(r))
+            except Exception as exc:            # pragma: no cover - a result no renderer knows
+                out.append(error("internal", f"could not render the result: {type(exc).__name__}"))
+        return out
 
 
 class Batch:
@@ -149,7 +171,7 @@ class Proposer:
 
         def callback(results, fail_reason):
             stats["commit_us"] += int((time.perf_counter() - t_prop) * 1e6)
-            bridge.complete(batch, results, fail_reason)
+            bridge.complete(batch, render_answers(results) if results is not None else None, fail_reason)
 
         try:
             self.state.apply_batch(self.clock_ms(), cmds, callback=callback)

@@ -11,16 +11,17 @@ import collections
 import logging
 import os
 
-from . import commands
+from . import validate
+from .core import ops
+from .core.jobs import IN_FLIGHT, READY, SCHEDULED, Queue
 from .errors import ApiError, error
-from .machine import IN_FLIGHT, READY, SCHEDULED, Queue
 from .proposer import Proposer, wall_ms
 from .replica import Replica
 from .settings import Settings
 
 log = logging.getLogger("raftq.node")
 from .. import __version__ as VERSION
-WAKING_OPS = frozenset(("enq", "nack", "sweep", "requeue", "pause"))
+WAKING_OPS = ops.WAKING_OPS
 
 
 _random = bytearray()
@@ -115,7 +116,7 @@ class NodeService:
         if self.wake_scheduled or not self.waiters:
             return
         for c in cmds:
-            if c[0] in WAKING_OPS:
+            if ops.op_of(c) in WAKING_OPS:
                 self.wake_scheduled = True
                 try:
                     self.loop.call_soon_threadsafe(self._wake)
@@ -159,22 +160,22 @@ class NodeService:
         session frame carries it in the body."""
         try:
             if op == "enqueue":
-                return commands.enqueue(body, self.limits, self.stamp(), _new_id, rid), 256
+                return validate.enqueue(body, self.limits, self.stamp(), _new_id, rid), 256
             if op == "enqueue_batch":
-                return commands.enqueue_batch(body, self.limits, self.stamp(), _new_id, rid), 4096
+                return validate.enqueue_batch(body, self.limits, self.stamp(), _new_id, rid), 4096
             if op == "enqueue_atomic":
-                return commands.enqueue_atomic(body, self.limits, self.stamp(), _new_id, rid), 4096
+                return validate.enqueue_atomic(body, self.limits, self.stamp(), _new_id, rid), 4096
             if op == "ack_batch":
-                cmd = commands.ack_batch(body, self.limits, rid)
-                return cmd, 64 * len(cmd[2])
+                cmd = validate.ack_batch(body, self.limits, rid)
+                return cmd, 64 * len(ops.ack_batch_pairs(cmd))
             if op == "drain":
-                return commands.drain(body, self.limits, rid), 64
+                return validate.drain(body, self.limits, rid), 64
             if op in ("ack", "nack", "extend"):
                 if job_id is None:
                     if not isinstance(body, dict):
                         raise ApiError("invalid_argument", "body must be a JSON object with job_id")
                     job_id = body.get("job_id")
-                build = {"ack": commands.ack, "nack": commands.nack, "extend": commands.extend}[op]
+                build = {"ack": validate.ack, "nack": validate.nack, "extend": validate.extend}[op]
                 return build(job_id, body, rid), 64
         except ApiError as e:
             return None, e.result
@@ -201,10 +202,10 @@ class NodeService:
 
     async def reserve(self, body, rid=None, alive=None):
         try:
-            cmd, wait_ms = commands.reserve(body, self.limits, rid)
+            cmd, wait_ms = validate.reserve(body, self.limits, rid)
         except ApiError as e:
             return e.result
-        queue_names = cmd[2]
+        queue_names = ops.reserve_queue_names(cmd)
         deadline = self.loop.time() + wait_ms / 1000.0
         epoch = self.leader_epoch
         while True:
@@ -248,16 +249,16 @@ class NodeService:
         return self.run("drain", body, rid)
 
     async def requeue(self, body, rid=None):
-        return await self._run(commands.requeue, body, rid)
+        return await self._run(validate.requeue, body, rid)
 
     async def delete_dead_letters(self, body, rid=None):
-        return await self._run(commands.delete_dead_letters, body, rid)
+        return await self._run(validate.delete_dead_letters, body, rid)
 
     async def cancel(self, job_id, rid=None):
-        return await self._run(commands.cancel, job_id, rid)
+        return await self._run(validate.cancel, job_id, rid)
 
     async def pause(self, queue, paused: bool, rid=None):
-        return await self._run(commands.pause, queue, paused, self.limits, rid)
+        return await self._run(validate.pause, queue, paused, self.limits, rid)
 
     async def _run(self, build, *args):
         try:
@@ -282,7 +283,7 @@ class NodeService:
                     mono = self.loop.time()
                     if due is not None and (due <= now or mono - last >= interval):
                         last = mono
-                        status, body = await self.proposer.run(commands.sweep())
+                        status, body = await self.proposer.run(validate.sweep())
                         self.stats["sweeps"] += 1
                         if status == 200 and any(v >= self.limits.sweep_limit for v in body.values()):
                             delay = 0            # a phase hit its budget: go again at once
@@ -385,7 +386,7 @@ class NodeService:
         return 200, {"jobs": jobs, "next_cursor": ".".join(str(x) for x in nxt) if nxt else None}
 
     def job(self, job_id):
-        jid = commands.canonical_uuid(job_id)
+        jid = validate.canonical_uuid(job_id)
         if jid is None:
             return error("invalid_argument", f"job id must be a canonical UUID, got {job_id!r}")
         with self.state.lock:
@@ -400,7 +401,7 @@ class NodeService:
         if limit is None:
             return error("invalid_argument", "limit must be an integer 1..100")
         cursor = query.get("cursor") or None
-        if cursor is not None and commands.canonical_uuid(cursor) is None:
+        if cursor is not None and validate.canonical_uuid(cursor) is None:
             return error("invalid_argument", "cursor is not one this server returned")
         with self.state.lock:
             records, nxt = self.state.machine.list_dead_letters(queue, limit, cursor)

@@ -1,21 +1,38 @@
-"""A tiny harness around the pure core: requests go through `node.commands` (validation, exactly
+"""A tiny harness around the pure core: requests go through `node.validate` (validation, exactly
 as the leader does it) and then `QueueMachine.apply`, like a one-node cluster with a hand-driven
 clock and deterministic job ids.
 
 Every helper returns the `(status, body)` the HTTP layer would send, including the 4xx answers
-that `node.commands` decides before apply (an `ApiError`'s `.result`).
+that `node.validate` decides before apply (an `ApiError`'s `.result`). The machine's results are
+codes and fields; `AnsweringMachine` renders them as the node does before it answers
+(node/proposer.py's bridge, with node/core/answers.py), so tests read answers.
 """
 from __future__ import annotations
 
 import base64
 import uuid
 
-from raftq.node import commands as C
+from raftq.node import validate as C
+from raftq.node.core.answers import render
 from raftq.node.errors import ApiError
 from raftq.node.limits import Limits
-from raftq.node.machine import QueueMachine
+from raftq.node.machine import QueueMachine as _QueueMachine
 
 T0 = 1_764_500_000_000
+
+
+class AnsweringMachine(_QueueMachine):
+    """QueueMachine whose `apply` and `apply_batch` return the answers the node sends for the
+    results (rendered by node.core.answers.render, as node/proposer.py does)."""
+
+    def apply(self, now_ms, cmd):
+        return render(super().apply(now_ms, cmd))
+
+    def apply_batch(self, now_ms, cmds) -> list:
+        return [render(r) for r in super().apply_batch(now_ms, cmds)]
+
+
+QueueMachine = AnsweringMachine
 
 
 def counter_ids(start: int = 1):

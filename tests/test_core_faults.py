@@ -25,10 +25,13 @@ import os
 import hypothesis.strategies as st
 from hypothesis import HealthCheck, event, given, settings
 
-from raftq.node import commands as C
+from raftq.node import validate as C
+from raftq.node.core.jobs import IN_FLIGHT, READY, SCHEDULED
+from raftq.node.core.ops import OPS
 from raftq.node.errors import ApiError
 from raftq.node.limits import Limits
-from raftq.node.machine import IN_FLIGHT, OPS, READY, SCHEDULED, QueueMachine
+
+from helpers_core import QueueMachine
 
 T0 = 1_764_500_000_000
 NAMES = ("a", "b", "c")
@@ -108,7 +111,7 @@ HEAVY_KINDS = ("batch", "atomic", "reserve", "acks", "nack", "sweep", "drain", "
 
 
 def draw_command(data, m: QueueMachine, limits: Limits, now: int, new_id, kinds=ALL_KINDS):
-    """A plausible next command for the machine as it is (built by node.commands, as the
+    """A plausible next command for the machine as it is (built by node.validate, as the
     leader does), or None when validation refused the request."""
     kind = data.draw(st.sampled_from(kinds), label="kind")
     rid = data.draw(st.sampled_from((None, None, None, "r1", "r2", "r3")), label="rid")
@@ -189,6 +192,7 @@ class Run:
             cmd = self.command()
             assert self.m.apply(self.now, cmd) == self.twin.apply(self.now, cmd), cmd
         assert snapshot(self.m) == snapshot(self.twin)
+        self.m.check_invariants()
 
     def advance(self):
         """Move both replicated clocks forward without a command (an empty batch), so that a
@@ -209,6 +213,7 @@ def fault_every_point(m: QueueMachine, twin: QueueMachine, cmd) -> int:
         if result[0] == 500:
             assert result[1]["error"]["code"] == "internal", result
             assert snapshot(m) == before, f"fault at mutation {n} of {cmd!r} left a trace"
+            m.check_invariants()
             continue
         assert n < 10_000
         want = twin.apply(now, cmd)
@@ -242,6 +247,7 @@ def test_a_fault_at_a_random_point_of_a_batch_reverts_only_that_command(data, co
     run.m._fault_after = data.draw(st.integers(0, 30), label="n")
     results = run.m.apply_batch(run.now, cmds)
     run.m._fault_after = None
+    run.m.check_invariants()
     failed = [i for i, r in enumerate(results) if r[0] == 500]
     assert len(failed) <= 1, results
     assert all(results[i][1]["error"]["code"] == "internal" for i in failed)
@@ -307,6 +313,7 @@ def test_malformed_commands_answer_internal_and_change_nothing():
         result = m.apply(m.clock, cmd)
         assert result[0] == 500 and result[1]["error"]["code"] == "internal", (cmd, result)
         assert snapshot(m) == before, cmd
+        m.check_invariants()
     # and it still works
     assert m.apply(m.clock + 1, C.sweep())[0] == 200
 
@@ -348,3 +355,4 @@ def test_garbage_commands_never_raise_and_internal_means_unchanged(op, rid, args
     event(f"{op}: {status}")
     if status == 500:
         assert snapshot(m) == before
+        m.check_invariants()

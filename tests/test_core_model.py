@@ -1,6 +1,6 @@
 """Model-based test of the queue state machine (node/machine.py) against a naive reference model.
 
-Hypothesis drives random request sequences through the real path (`node.commands` validation ->
+Hypothesis drives random request sequences through the real path (`node.validate` validation ->
 `QueueMachine.apply_batch`) and through `Model`, a deliberately simple reimplementation of
 SEMANTICS.md and API.md written for obviousness, not speed: plain dicts and lists, O(n) scans,
 "sort every ready job of the queue and take the first". The model never uses node.machine (nor
@@ -30,11 +30,13 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
-from raftq.node import commands as C
+from raftq.node import validate as C
+from raftq.node.core.jobs import IN_FLIGHT, READY, SCHEDULED                # system under test only
 from raftq.node.errors import ApiError
 from raftq.node.limits import Limits
-from raftq.node.machine import IN_FLIGHT, READY, SCHEDULED, QueueMachine   # system under test only
 from raftq.node.retry import policy_delay_ms                                 # checked against the spec formula
+
+from helpers_core import QueueMachine                                        # node/machine.py, answering as the node does
 
 T0 = 1_764_500_000_000
 NAMES = ("a", "b", "c")
@@ -950,6 +952,7 @@ class CoreModel(RuleBasedStateMachine):
         else:
             m2 = pickle.loads(pickle.dumps(self.m))
         assert m2.digest() == self.m.digest()
+        m2.check_invariants()
         self.m = m2
 
     def teardown(self):
@@ -995,7 +998,15 @@ class CoreModel(RuleBasedStateMachine):
 
     @invariant()
     def snapshot_round_trip(self):
-        assert QueueMachine.from_builtins(self.limits, self.m.to_builtins()).digest() == self.m.digest()
+        restored = QueueMachine.from_builtins(self.limits, self.m.to_builtins())
+        restored.check_invariants()
+        assert restored.digest() == self.m.digest()
+
+    @invariant()
+    def machine_invariants(self):
+        """node/core/invariants.py: counts agree with the indexes, every timer and record is
+        indexed, the clock never goes back (checked after every step)."""
+        self.m.check_invariants()
 
 
 CoreModel.TestCase.settings = settings(

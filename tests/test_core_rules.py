@@ -1,5 +1,5 @@
 """Rule-by-rule tests of the state machine (SEMANTICS.md), driven through request validation
-(node.commands) and QueueMachine.apply with a hand-driven replicated clock."""
+(node.validate) and QueueMachine.apply with a hand-driven replicated clock."""
 from __future__ import annotations
 
 import hashlib
@@ -9,11 +9,11 @@ import uuid
 
 import pytest
 
-from raftq.node import commands as C
-from raftq.node.machine import IN_FLIGHT, READY, SCHEDULED, QueueMachine
+from raftq.node import validate as C
+from raftq.node.core.jobs import IN_FLIGHT, READY, SCHEDULED
 from raftq.node.retry import jitter_hash, policy_delay_ms
 
-from helpers_core import T0, Core, counter_ids, descending_ids, err, payload, rejection
+from helpers_core import T0, Core, QueueMachine, counter_ids, descending_ids, err, payload, rejection
 
 RETAIN = {"dead_letter_retention_ms": 10**12}      # a dead-letter store that keeps everything
 UNKNOWN_ID = str(uuid.UUID(int=0xDEAD_BEEF, version=4))
@@ -1311,6 +1311,8 @@ def test_snapshot_round_trip_keeps_the_digest_and_the_behaviour(how):
         m2 = pickle.loads(pickle.dumps(c.m))
     assert m2.digest() == c.m.digest()
     assert m2.to_builtins() == c.m.to_builtins()
+    c.m.check_invariants()
+    m2.check_invariants()
     # the restored machine continues exactly like the original
     twin = Core(storage=RETAIN, now=c.now, ids=counter_ids(c.ids_issued + 1))
     twin.m = m2

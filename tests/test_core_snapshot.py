@@ -3,9 +3,10 @@ even though the snapshot drops the stale heap entries the live replica still car
 import itertools
 import uuid
 
-from raftq.node import commands as C
+from raftq.node import validate as C
 from raftq.node.limits import Limits
-from raftq.node.machine import QueueMachine
+
+from helpers_core import QueueMachine
 
 
 def _ids():
@@ -47,7 +48,9 @@ def test_a_reserve_is_kept_under_its_request_id_as_fields_and_replayed_exactly()
     """The request-id store keeps a reserve's jobs as plain field tuples (not rendered dicts:
     ≈ 1.5 KB each for 60 s), replays the very same answer, and reads snapshots that kept the
     rendered jobs (older versions) into the same state and digest."""
-    from raftq.node.machine import RESERVED, render_fields_of, render_job, _render_fields
+    from raftq.node.core.answers import render_job, shown_fields_of as render_fields_of
+    from raftq.node.core.jobs import shown_fields as _render_fields
+    from raftq.node.core.ops import RESERVED
     limits = Limits.build()
     m = QueueMachine(limits)
     new_id = _ids()
@@ -111,7 +114,7 @@ def test_a_replica_that_renders_no_answers_keeps_the_same_state_and_replays_the_
 def test_enqueue_and_ack_answers_are_kept_compact_and_replayed_exactly():
     """The answers most requests get are kept as small tuples, not (200, dict); a replay gives
     the same answer, and a snapshot that kept (200, dict) reads into the same state and digest."""
-    from raftq.node.machine import ENQUEUED, JOB_ID
+    from raftq.node.core.ops import ENQUEUED, JOB_ID
     limits = Limits.build()
     m = QueueMachine(limits)
     new_id = _ids()

@@ -1,4 +1,4 @@
-"""Every check of API.md decided before apply (node.commands) and the config checks of
+"""Every check of API.md decided before apply (node.validate) and the config checks of
 node.limits: the rejection catalogue in its order with its fields, request-level 400s, the
 strict-mode 409, and loud configuration errors."""
 from __future__ import annotations
@@ -7,7 +7,7 @@ import uuid
 
 import pytest
 
-from raftq.node import commands as C
+from raftq.node import validate as C
 from raftq.node.errors import ApiError
 from raftq.node.limits import ConfigError, Limits
 

@@ -38,7 +38,7 @@ from ..progress import Progress, progress_enabled
 DEFAULT_URLS = "http://127.0.0.1:7001,http://127.0.0.1:7002,http://127.0.0.1:7003"
 DEFAULT_TLS_URLS = DEFAULT_URLS.replace("http://", "https://")
 EXIT_OK, EXIT_FAILED, EXIT_UNREACHABLE, EXIT_UNAVAILABLE, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
-MAX_ADMIN_IDS = 1000          # ids per requeue/delete request (node/commands.py)
+MAX_ADMIN_IDS = 1000          # ids per requeue/delete request (node/validate.py)
 PAGE = 100                    # largest page of the listing endpoints
 
 

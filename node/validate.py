@@ -6,7 +6,8 @@ and is pure: the caller passes `now_ms` and a `new_id` function. Request-level p
 enqueue becomes that job's rejection, first failing check wins, in API.md's order. Checks that
 depend on the state (dedup, `queue_full`) happen at apply.
 
-A command is `(op, request_id, *args)` of builtins; see `node.machine` for what each op does.
+A command is `(op, request_id, *fields)` of builtins, built by the constructors of
+`node.core.ops` (which names every field); see `node.core.handlers` for what each op does.
 """
 from __future__ import annotations
 
@@ -16,7 +17,8 @@ import sys
 
 from .errors import ApiError, invalid
 from .limits import Limits, check_queue_name
-from .machine import ATOMIC, BATCH, SINGLE
+from .core import ops
+from .core.ops import ATOMIC, BATCH, SINGLE
 
 INT64_MAX = 2**63 - 1
 INT64_MIN = -(2**63)
@@ -148,7 +150,8 @@ def _structure(job) -> tuple:
 
 
 def check_job(job, limits: Limits, now_ms: int, new_id) -> tuple:
-    """One EnqueueRequest → the machine's job tuple; raises _Reject with the first failing check."""
+    """One EnqueueRequest → an enqueue item (node.core.ops.ITEM); raises _Reject with the first
+    failing check."""
     (queue, job_type, payload, encoding, key, priority, max_attempts, custom,
      scheduled, delay, trace, deadline) = _structure(job)
     if limits.strict_queues and queue not in limits.queues:
@@ -193,8 +196,8 @@ def check_job(job, limits: Limits, now_ms: int, new_id) -> tuple:
         priority = ql.default_priority
     max_attempts = min(max_attempts if max_attempts is not None else ql.default_max_attempts,
                        ql.max_attempts_ceiling)
-    return (new_id(), sys.intern(queue), sys.intern(job_type), payload, encoding, priority,
-            max_attempts, custom, trace, scheduled, deadline, key)
+    return ops.item(new_id(), sys.intern(queue), sys.intern(job_type), payload, encoding, priority,
+                    max_attempts, custom, trace, scheduled, deadline, key)
 
 
 def _jobs_list(body: dict, limits: Limits) -> list:
@@ -215,7 +218,7 @@ def enqueue(body, limits: Limits, now_ms: int, new_id, rid=None) -> tuple:
         job = check_job(body, limits, now_ms, new_id)
     except _Reject as r:
         raise ApiError("rejected", f"job refused: {r.rejection['reason']}", rejection=r.rejection)
-    return ("enq", rid, SINGLE, [job])
+    return ops.enqueue(rid, SINGLE, [job])
 
 
 def enqueue_batch(body, limits: Limits, now_ms: int, new_id, rid=None) -> tuple:
@@ -228,7 +231,7 @@ def enqueue_batch(body, limits: Limits, now_ms: int, new_id, rid=None) -> tuple:
             items.append(check_job(j, limits, now_ms, new_id))
         except _Reject as r:
             items.append(r.rejection)
-    return ("enq", rid, BATCH, items)
+    return ops.enqueue(rid, BATCH, items)
 
 
 def enqueue_atomic(body, limits: Limits, now_ms: int, new_id, rid=None) -> tuple:
@@ -242,7 +245,7 @@ def enqueue_atomic(body, limits: Limits, now_ms: int, new_id, rid=None) -> tuple
     if errors:
         raise ApiError("batch_rejected", f"the batch was refused: {len(errors)} job(s) failed validation",
                        errors=errors)
-    return ("enq", rid, ATOMIC, items)
+    return ops.enqueue(rid, ATOMIC, items)
 
 
 def _queue_list(body: dict, limits: Limits) -> tuple:
@@ -278,7 +281,7 @@ def reserve(body, limits: Limits, rid=None) -> tuple[tuple, int]:
     if worker is not None and (not isinstance(worker, str) or not worker):
         raise invalid("worker_id must be a non-empty string")
     lease = min(lease, min(limits.queue(q).max_lease_duration_ms for q in queues))
-    return (("res", rid, queues, lease, min(max_jobs, limits.max_reserve_batch)),
+    return (ops.reserve(rid, queues, lease, min(max_jobs, limits.max_reserve_batch)),
             min(wait, limits.max_wait_timeout_ms))
 
 
@@ -291,7 +294,7 @@ def _attempt(body: dict) -> int:
 
 def ack(job_id, body, rid=None) -> tuple:
     body = require_object(body)
-    return ("ack", rid, job_id_arg(job_id), _attempt(body))
+    return ops.ack(rid, job_id_arg(job_id), _attempt(body))
 
 
 def ack_batch(body, limits: Limits, rid=None) -> tuple:
@@ -305,7 +308,7 @@ def ack_batch(body, limits: Limits, rid=None) -> tuple:
         if not isinstance(a, dict):
             raise invalid("each ack must be an object {job_id, attempt}")
         pairs.append((job_id_arg(a.get("job_id")), _attempt(a)))
-    return ("acks", rid, tuple(pairs))
+    return ops.ack_batch(rid, tuple(pairs))
 
 
 def nack(job_id, body, rid=None) -> tuple:
@@ -317,18 +320,18 @@ def nack(job_id, body, rid=None) -> tuple:
     if reason == "":
         reason = None           # sepp's clients send an empty reason as absent
     retry = body.get("retry")
-    strategy, delay = "default", None
+    strategy, delay = ops.DEFAULT, None
     if retry is not None:
         if not isinstance(retry, dict):
             raise invalid("retry must be an object {strategy, delay_ms}")
         strategy = retry.get("strategy")
-        if strategy not in ("default", "delay", "dead_letter"):
+        if strategy not in ops.STRATEGIES:
             raise invalid(f"retry.strategy must be \"default\", \"delay\" or \"dead_letter\", got {strategy!r}")
-        if strategy == "delay":
+        if strategy == ops.DELAY:
             delay = retry.get("delay_ms")
             if not is_int(delay) or delay < 0:
                 raise invalid(f"retry.delay_ms is required with strategy \"delay\" and must be an integer >= 0, got {delay!r}")
-    return ("nack", rid, jid, attempt, reason, strategy, delay)
+    return ops.nack(rid, jid, attempt, reason, strategy, delay)
 
 
 def extend(job_id, body, rid=None) -> tuple:
@@ -337,7 +340,7 @@ def extend(job_id, body, rid=None) -> tuple:
     lease = body.get("lease_ms")
     if not is_int(lease) or lease <= 0:
         raise invalid(f"lease_ms is required and must be an integer > 0, got {lease!r}")
-    return ("ext", rid, jid, attempt, lease)
+    return ops.extend(rid, jid, attempt, lease)
 
 
 def drain(body, limits: Limits, rid=None) -> tuple:
@@ -346,7 +349,7 @@ def drain(body, limits: Limits, rid=None) -> tuple:
     if queue is not None and (not isinstance(queue, str) or not queue):
         raise invalid("queue must be a non-empty string")
     mx = _opt_int(body, "max", 1, 1)
-    return ("drain", rid, queue, min(mx, limits.max_reserve_batch))
+    return ops.drain(rid, queue, min(mx, limits.max_reserve_batch))
 
 
 def _ids(body) -> tuple:
@@ -359,15 +362,15 @@ def _ids(body) -> tuple:
 
 
 def requeue(body, rid=None) -> tuple:
-    return ("requeue", rid, _ids(body))
+    return ops.requeue(rid, _ids(body))
 
 
 def delete_dead_letters(body, rid=None) -> tuple:
-    return ("dldel", rid, _ids(body))
+    return ops.delete_dead_letters(rid, _ids(body))
 
 
 def cancel(job_id, rid=None) -> tuple:
-    return ("cancel", rid, job_id_arg(job_id))
+    return ops.cancel(rid, job_id_arg(job_id))
 
 
 def pause(queue, paused: bool, limits: Limits, rid=None) -> tuple:
@@ -376,8 +379,8 @@ def pause(queue, paused: bool, limits: Limits, rid=None) -> tuple:
         raise invalid(why)
     if limits.strict_queues and queue not in limits.queues:
         raise ApiError("not_found", f"queue {queue!r} is not declared (strict mode)", queue=queue)
-    return ("pause", rid, sys.intern(queue), paused)
+    return ops.pause(rid, sys.intern(queue), paused)
 
 
 def sweep() -> tuple:
-    return ("sweep", None)
+    return ops.sweep()

@@ -1,0 +1,369 @@
+"""docs/configuration.md, generated from the config schema: `python -m raftq.node.config_doc`.
+
+The keys, their defaults and their Python types come from the code that reads the config:
+`node/limits.py` (QUEUE_KEYS, GLOBAL_KEYS, STORAGE_KEYS, QUEUE_ONLY_KEYS) and `node/settings.py`
+(NODE_KEYS, CLUSTER_KEYS, PEER_KEYS, ROLES, TUNING_DEFAULTS, EVENT_LOOPS, TestHooks). What the
+code cannot say (what a key means, its range) is written here, once per key, in `KEYS`.
+Generating fails when a key of the code has no entry here or an entry names a key the code does
+not have, and tests/test_config_doc.py checks that docs/configuration.md is what this prints and
+that every range written here is the one the config checks enforce (a value just outside it is
+refused naming the key, the bound itself accepted).
+"""
+from __future__ import annotations
+
+import dataclasses
+import sys
+from dataclasses import dataclass
+
+from . import limits as L
+from . import settings as S
+
+
+@dataclass(frozen=True)
+class Key:
+    type: str                       # as TOML writes it: integer, string, boolean, float, table, array
+    meaning: str
+    default: str | None = None      # None: the code's default (or "required"); else as written here
+    required: bool = False
+    minimum: int | float | None = None      # checked by tests/test_config_doc.py
+    maximum: int | float | None = None
+    positive: bool = False                  # > 0 (the [tuning] rule)
+    choices: tuple | None = None
+    rule: str = ""                  # a constraint between keys, in words (also tested where it can be)
+
+
+NODE = {
+    "id": Key("string", "This node's id, unique in the cluster; it must appear in `cluster.peers`.", required=True),
+    "http": Key("string", "`host:port` the HTTP API listens on.", required=True),
+    "url": Key("string", "The URL clients and the other nodes reach this node at (redirects point there). "
+               "Set it when a proxy or NAT sits in front of the node.", default="http://<http>"),
+    "raft": Key("string", "`host:port` the Raft transport listens on, bound to exactly this address; must equal "
+                "this node's entry in `cluster.peers`.", required=True),
+    "data_dir": Key("string", "Where the journal, snapshot, term and vote live. A relative path is relative to "
+                    "the config file.", required=True),
+}
+CLUSTER = {
+    "peers": Key("array of tables", "Every member, this node included: `{ id, raft, url }` each (below). An odd "
+                 "number (3 or 5), so that a majority survives a split; ids and Raft addresses unique.",
+                 required=True),
+    "secret": Key("string", "The Raft transport password (AES-GCM, authenticated). The Raft port speaks pickle: a "
+                  "node refuses to start without a secret when any peer's Raft address is not loopback.",
+                  default="none"),
+    "durability": Key("string", "`fsync`: a change is acknowledged once it is synced to disk on a majority "
+                      "(survives a power loss of every node). `memory`: once it is in the page cache of a "
+                      "majority (survives process crashes and the loss of a minority of machines).",
+                      choices=("fsync", "memory")),
+}
+PEER = {
+    "id": Key("string", "The member's node id.", required=True),
+    "raft": Key("string", "Its Raft `host:port`.", required=True),
+    "url": Key("string", "Its advertised HTTP URL (the `node.url` of that node).", required=True),
+}
+API_KEY = {
+    "name": Key("string", "Who the key belongs to (error messages name it).", required=True),
+    "key": Key("string", "The secret the client sends as `Authorization: Bearer <key>`; visible ASCII only.",
+               required=True),
+    "role": Key("string", "What the key may do; each role includes the ones before it: `viewer` reads, `worker` "
+                "also enqueues, reserves, acks, nacks and extends, `operator` also drains, requeues and deletes "
+                "dead letters, cancels jobs and pauses queues, `admin` everything.", default='"admin"',
+                choices=S.ROLES),
+}
+
+LIMITS = {
+    "max_lease_duration_ms": Key("integer", "Longest lease a reserve or extend gets: a longer request is clamped "
+                                 "to it (a reserve over several queues: to the smallest of theirs).", minimum=1),
+    "default_max_attempts": Key("integer", "Deliveries a job gets when it sets no `max_attempts`.", minimum=1,
+                                rule="at most `max_attempts_ceiling`"),
+    "max_attempts_ceiling": Key("integer", "A job's `max_attempts` is silently clamped to this.", minimum=1,
+                                rule="at least `default_max_attempts`"),
+    "default_priority": Key("integer", "Priority of a job that sets none (9 is served first).", minimum=0, maximum=9),
+    "retry_delay_ms": Key("integer", "Base delay of a `default` nack's retry; 0 retries at once.", minimum=0,
+                          rule="at most `retry_delay_max_ms`"),
+    "retry_backoff": Key("string", "`none`: every retry waits `retry_delay_ms`; `exponential`: "
+                         "`retry_delay_ms` × 2^(attempt − 1).", choices=("none", "exponential")),
+    "retry_delay_max_ms": Key("integer", "Cap of the retry policy's delay.", minimum=1),
+    "max_queue_depth": Key("integer", "Most live jobs (ready + scheduled + in flight) a queue may hold; more are "
+                           "refused with `queue_full`. Unset: unlimited.", default="unset", minimum=0),
+    "max_payload_bytes": Key("integer", "Largest payload (decoded bytes); larger is refused with "
+                             "`payload_too_large`.", minimum=1, rule="at most `max_request_bytes`"),
+    "max_custom_entries": Key("integer", "Most entries in a job's `custom` map.", minimum=1),
+    "max_custom_total_bytes": Key("integer", "Largest `custom` map: key bytes plus value bytes (strings: their "
+                                  "UTF-8 length, booleans 1, numbers 8).", minimum=1),
+    "max_custom_key_bytes": Key("integer", "Longest `custom` key, in UTF-8 bytes.", minimum=1),
+    "max_schedule_horizon_ms": Key("integer", "How far ahead a job may be scheduled (`scheduled_too_far` beyond); "
+                                   "also caps nack delays and the retry policy.", minimum=1),
+    "allowed_encodings": Key("array of strings", "Payload encodings accepted (`encoding_not_allowed` otherwise). "
+                             "Unset: any; `[]`: no payloads at all.", default="unset"),
+    "max_reserve_batch": Key("integer", "Most jobs one reserve returns (`max_jobs` is clamped to it); also the "
+                             "largest `POST /v1/acks` and the most records one drain returns.", minimum=1),
+    "max_reserve_queues": Key("integer", "Most queues one reserve may name (more is 400).", minimum=1),
+    "max_wait_timeout_ms": Key("integer", "Longest long poll: a reserve's `wait_ms` is clamped to it.", minimum=1),
+    "max_enqueue_batch": Key("integer", "Most jobs in one batch or atomic enqueue (more is 400).", minimum=1),
+    "max_queue_name_bytes": Key("integer", "Longest queue name, in UTF-8 bytes.", minimum=1, maximum=65535),
+    "max_job_type_bytes": Key("integer", "Longest job type, in UTF-8 bytes.", minimum=1),
+    "max_idempotency_key_bytes": Key("integer", "Longest idempotency key, in UTF-8 bytes.", minimum=1),
+    "strict_queues": Key("boolean", "`true`: only queues declared in `[[queues]]` exist; an enqueue to another is "
+                         "refused with `unknown_queue`, a reserve naming one is 409 `unknown_queues`."),
+    "max_request_bytes": Key("integer", "Largest request body (and session frame); larger is 413 "
+                             "`request_too_large`.", minimum=1,
+                             rule="at least every queue's `max_payload_bytes`"),
+    "request_id_window_ms": Key("integer", "How long the answer to a `Request-Id` is remembered (and replayed to a "
+                                "repeat of that id).", minimum=1),
+}
+STORAGE = {
+    "dead_letter_retention_ms": Key("integer", "How long dead letters are kept. 0: there is no dead-letter store; "
+                                    "a dead-lettered job is dropped and drain returns nothing.", minimum=0),
+    "dedup_window_ms": Key("integer", "How long an idempotency key deduplicates, from the first enqueue "
+                           "(whatever became of the job).", minimum=1),
+    "sweep_interval_ms": Key("integer", "The leader sweeps (promotes scheduled jobs, expires leases, deadlines, "
+                             "dedup records, request ids and dead letters) when something is due and at least "
+                             "this often while anything is pending.", minimum=1),
+    "sweep_limit": Key("integer", "Most entries each phase of one sweep handles; the rest waits for the next "
+                       "sweep, which then follows at once.", minimum=1),
+}
+QUEUE_ONLY = {
+    "name": Key("string", "The queue's name: non-empty, not `.` or `..`, no `/`, no control characters.",
+                required=True),
+    "allowed_job_types": Key("array of strings", "Job types this queue accepts (`job_type_not_allowed` "
+                             "otherwise). Unset: any. Must not be empty.", default="unset"),
+    "dedup_window_ms": Key("integer", "This queue's idempotency window.", default="`storage.dedup_window_ms`",
+                           minimum=1),
+}
+TUNING = {
+    "auto_tick_period_s": Key("number", "Period of the Raft tick thread (pysyncobj `autoTickPeriod`).", positive=True),
+    "append_entries_period_s": Key("number", "How often the leader sends appends and heartbeats to followers.",
+                                   positive=True),
+    "raft_min_timeout_s": Key("number", "Shortest election timeout: a follower that hears no leader for a random "
+                              "time between the two starts an election.", positive=True),
+    "raft_max_timeout_s": Key("number", "Longest election timeout.", positive=True),
+    "leader_fallback_timeout_s": Key("number", "A leader that hears from no majority for this long steps down "
+                                     "(the stale-leader window of a paused or cut-off leader).", positive=True),
+    "connection_retry_s": Key("number", "How often a node retries a lost connection to a peer.", positive=True),
+    "request_timeout_s": Key("number", "How long a request waits for its change to commit before it is "
+                             "answered 503 `unavailable` (outcome unknown: retry with the same Request-Id).",
+                             positive=True),
+    "max_batch_commands": Key("integer", "Most requests in one Raft entry (group commit).", positive=True),
+    "max_batch_bytes": Key("integer", "Largest Raft entry the group commit builds, in bytes (about).", positive=True),
+    "max_inflight": Key("integer", "Most requests waiting for commit on a node; more are answered 429 "
+                        "`overloaded`.", positive=True),
+    "log_compaction_min_entries": Key("integer", "A snapshot is taken when the journal holds more entries than "
+                                      "this ...", positive=True),
+    "log_compaction_min_time_s": Key("number", "... and at least this many seconds passed since the last one.",
+                                     positive=True),
+    "raft_compression_level": Key("integer", "zlib level of Raft messages; 0 sends them uncompressed (zlib costs "
+                                  "≈ 100 µs per 18 KB batch at pysyncobj's default 3).", minimum=0, maximum=9),
+    "dns_cache_time_s": Key("number", "How long a peer's resolved address is cached; a peer that comes back on a "
+                            "new IP is found after at most this long.", positive=True),
+    "dns_fail_cache_time_s": Key("number", "How long a failed lookup of a peer's address is cached.", positive=True),
+    "event_loop": Key("string", "The node's event loop. `uvloop` (a dependency on Linux and macOS) answers each "
+                      "request with ≈ 10 µs less CPU; a node without it runs on asyncio's loop and logs so. "
+                      "`GET /v1/cluster` shows the loop in use.", choices=S.EVENT_LOOPS),
+}
+TESTING = {
+    "clock_offset_ms": Key("integer", "Shifts this node's idea of now (never the system clock): the chaos "
+                           "tool's clock-skew fault."),
+    "raft_dial_map": Key("table", "Peer Raft address → the address to dial instead (the chaos tool's fault "
+                         "proxies).", default="{}"),
+    "sync_shadow": Key("boolean", "Record what a disk honouring only fsync would hold (the chaos tool's "
+                       "power-loss fault)."),
+    "sync_shadow_writeback_s": Key("number", "With `sync_shadow` in memory mode: the simulated page writeback "
+                                   "period."),
+}
+
+# (TOML header, keys, where the code keeps them / their defaults, what the section is)
+SECTIONS = [
+    ("[node]", NODE, None, "This node: who it is, where it listens, where its data lives. The only section that "
+     "differs between the nodes of a cluster."),
+    ("[cluster]", CLUSTER, None, "The members and how they talk. Identical on every node."),
+    ("[cluster] peers = [ { … } ]", PEER, None, "One entry per member."),
+    ("[auth] api_keys = [ { … } ]", API_KEY, None, "Optional. Without `[auth]` the API is open (fine on loopback "
+     "or a private network behind a firewall). With keys, every `/v1/` request needs `Authorization: Bearer "
+     "<key>`; `/healthz`, `/readyz` and `/` (the admin page, which asks for a key) need none. `[auth]` has one "
+     "key, `api_keys`, an array of these tables."),
+    ("[limits]", LIMITS, {**L.QUEUE_KEYS, **L.GLOBAL_KEYS}, "Limits of requests and jobs. ★ marks the keys a "
+     "`[[queues]]` entry may override for its queue. Identical on every node: a node whose limits differ from "
+     "a majority's refuses to serve (exit code 2)."),
+    ("[storage]", STORAGE, L.STORAGE_KEYS, "Retention, dedup window and the sweep. Identical on every node."),
+    ("[[queues]]", QUEUE_ONLY, None, "Optional, one table per declared queue: `name`, any ★ key of `[limits]` "
+     "(its value for this queue), and the keys below. Undeclared queues use `[limits]` as they are (unless "
+     "`strict_queues` is on). Identical on every node."),
+    ("[tuning]", TUNING, S.TUNING_DEFAULTS, "Timers and bounds of the node process; the defaults were measured "
+     "on a 2-core machine and rarely need changing. Every value must be a positive number (the exceptions are "
+     "noted)."),
+    ("[testing]", TESTING, {f.name: (f.default if f.default is not dataclasses.MISSING else f.default_factory())
+                            for f in dataclasses.fields(S.TestHooks)},
+     "Hooks for the chaos tool and the tests, all off by default. They change what one node believes, never the "
+     "replicated rules; a production config has no such section."),
+]
+
+
+def _code_keys() -> dict[str, set]:
+    """The keys each section has in the code (what the parser accepts)."""
+    return {
+        "[node]": set(S.NODE_KEYS),
+        "[cluster]": set(S.CLUSTER_KEYS),
+        "[cluster] peers = [ { … } ]": set(S.PEER_KEYS),
+        "[auth] api_keys = [ { … } ]": {"name", "key", "role"},
+        "[limits]": set(L.QUEUE_KEYS) | set(L.GLOBAL_KEYS),
+        "[storage]": set(L.STORAGE_KEYS),
+        "[[queues]]": set(L.QUEUE_ONLY_KEYS),
+        "[tuning]": set(S.TUNING_DEFAULTS),
+        "[testing]": set(S.TESTING_KEYS),
+    }
+
+
+def check_schema() -> list[str]:
+    """Keys documented here but unknown to the code, or known to the code but undocumented."""
+    problems = []
+    code = _code_keys()
+    for header, keys, _, _ in SECTIONS:
+        have, want = set(keys), code[header]
+        problems += [f"{header} {k}: in the code but not described in node/config_doc.py" for k in sorted(want - have)]
+        problems += [f"{header} {k}: described in node/config_doc.py but not in the code" for k in sorted(have - want)]
+    return problems
+
+
+_TYPES = {bool: "boolean", int: "integer", float: "float", str: "string", dict: "table"}
+
+
+def _toml(v) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, str):
+        return f'"{v}"'
+    if isinstance(v, dict):
+        return "{}" if not v else repr(v)
+    return str(v)
+
+
+def _human(key: str, v) -> str:
+    """A reading aid for large durations and sizes: 86400000 → 24 h."""
+    if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+        return ""
+    if key.endswith("_ms"):
+        for unit, ms in (("d", 86_400_000), ("h", 3_600_000), ("min", 60_000), ("s", 1000)):
+            if v >= ms and v % ms == 0 and (unit != "d" or v >= 2 * ms):
+                return f" ({v // ms} {unit})"
+    if key.endswith("_bytes") and v >= 1024 and v % 1024 == 0:
+        return f" ({v // (1024 * 1024)} MiB)" if v % (1024 * 1024) == 0 else f" ({v // 1024} KiB)"
+    return ""
+
+
+def default_text(key: str, spec: Key, defaults: dict | None) -> str:
+    if spec.required:
+        return "required"
+    if spec.default is not None:
+        d = spec.default
+        return d if d in ("unset", "none") or d.startswith("`") else f"`{d}`"
+    if defaults is None or key not in defaults:
+        if spec.choices:
+            return f"`{_toml(spec.choices[0])}`"
+        raise ValueError(f"{key}: no default in the code and none written in node/config_doc.py")
+    v = defaults[key]
+    return f"`{_toml(v)}`{_human(key, v)}"
+
+
+def range_text(spec: Key) -> str:
+    parts = []
+    if spec.choices:
+        parts.append("one of " + ", ".join(f"`{_toml(c)}`" for c in spec.choices))
+    if spec.minimum is not None and spec.maximum is not None:
+        parts.append(f"{spec.minimum}..{spec.maximum}")
+    elif spec.minimum is not None:
+        parts.append(f"≥ {spec.minimum}")
+    if spec.positive:
+        parts.append("> 0")
+    if spec.rule:
+        parts.append(spec.rule)
+    return "; ".join(parts)
+
+
+def render() -> str:
+    problems = check_schema()
+    if problems:
+        raise SystemExit("node/config_doc.py is out of date with the config code:\n  " + "\n  ".join(problems))
+    out = [
+        "# Configuration reference",
+        "",
+        "<!-- Generated by `python -m raftq.node.config_doc > docs/configuration.md` from the config code",
+        "     (node/limits.py, node/settings.py) and the key descriptions in node/config_doc.py.",
+        "     Do not edit by hand: tests/test_config_doc.py fails when this file differs from what it prints. -->",
+        "",
+        "A node reads one TOML file: `raftq node --config FILE` (or `python -m raftq.node --config FILE`).",
+        "Unknown sections and keys are errors, so a typo cannot pass silently: a bad config stops the node",
+        "at start with one line naming the key and why, and exit code 2. Every section but `[node]` must be",
+        "the same on every node of a cluster. Durations are integer milliseconds (`*_ms`) or seconds",
+        "(`*_s`, may be fractional); sizes are bytes.",
+        "",
+        "A complete config for the first of three nodes on one machine (the layout `raftq up` uses):",
+        "",
+        "```toml",
+        EXAMPLE.strip(),
+        "```",
+        "",
+        "For three machines see `deploy/config/` and [cluster.md](cluster.md).",
+    ]
+    for header, keys, defaults, what in SECTIONS:
+        out += ["", f"## `{header}`", "", what, ""]
+        out += ["| key | type | default | range | meaning |", "|---|---|---|---|---|"]
+        for key, spec in keys.items():
+            star = " ★" if header == "[limits]" and key in L.QUEUE_KEYS else ""
+            out.append(f"| `{key}`{star} | {spec.type} | {default_text(key, spec, defaults)} | "
+                       f"{range_text(spec)} | {spec.meaning} |")
+    out += ["", "## Checks between keys", "",
+            "* `default_max_attempts` ≤ `max_attempts_ceiling`, `retry_delay_ms` ≤ `retry_delay_max_ms` and "
+            "`max_payload_bytes` ≤ `max_request_bytes`, in `[limits]` and in each `[[queues]]` entry after its "
+            "overrides are applied.",
+            "* A `[[queues]]` name must be unique and no longer than `max_queue_name_bytes`.",
+            "* `cluster.peers` must list this node (`node.id`) with this node's `node.raft`.",
+            "* API key names and keys must be unique.",
+            ""]
+    return "\n".join(out)
+
+
+EXAMPLE = """
+[node]
+id = "n1"
+http = "127.0.0.1:7001"
+url = "http://127.0.0.1:7001"
+raft = "127.0.0.1:7101"
+data_dir = "data/n1"
+
+[cluster]
+peers = [
+  { id = "n1", raft = "127.0.0.1:7101", url = "http://127.0.0.1:7001" },
+  { id = "n2", raft = "127.0.0.1:7102", url = "http://127.0.0.1:7002" },
+  { id = "n3", raft = "127.0.0.1:7103", url = "http://127.0.0.1:7003" },
+]
+secret = "change-me"
+durability = "fsync"
+
+[auth]
+api_keys = [
+  { name = "app", key = "app-key-change-me", role = "worker" },
+  { name = "ops", key = "ops-key-change-me", role = "admin" },
+]
+
+[limits]
+default_max_attempts = 5
+retry_delay_ms = 1000
+retry_backoff = "exponential"
+
+[storage]
+dead_letter_retention_ms = 604800000
+
+[[queues]]
+name = "emails"
+allowed_job_types = ["welcome", "digest"]
+max_queue_depth = 100000
+dedup_window_ms = 3600000
+"""
+
+
+def main() -> int:
+    sys.stdout.write(render())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,244 @@
+"""Answers: results (node/core/ops.py) rendered into what the API sends, and back.
+
+The state machine returns results of codes and fields and keeps them under request ids; the
+node renders them into `(http_status, body)` when it sends the answer (node/proposer.py, the
+bridge that hands committed results to the waiting requests). Every message text of an answer
+that apply decides lives here, so a wording change never changes replicated state, the
+request-id store or the digest, and a replay renders the very same answer as the first time.
+
+`render` passes an answer that is already rendered (`(int status, dict body)`: the node's own
+errors, such as `overloaded` or `unavailable`) through unchanged.
+
+`result_of_answer` goes the other way, for snapshots of release 0.1.0, whose request-id store
+kept most answers rendered (`(status, body)`, English messages included): they are read back
+into the results this version would have kept, so the same replays come out.
+"""
+from __future__ import annotations
+
+import re
+from binascii import a2b_base64, b2a_base64
+from itertools import starmap
+
+from ..errors import error
+from . import ops
+from .ops import (ACKED_BATCH, ANSWER, ATTEMPT_MISMATCH, BATCH_FULL, CANCEL_IN_FLIGHT, CANCEL_NOT_FOUND,
+                  DELETED, DRAINED, ENQUEUED, ENQUEUED_BATCH, EXTENDED, FAILED, JOB_ID, JOB_NOT_FOUND,
+                  MALFORMED, NACKED, PAUSED, REJECTED, REQUEST_ID_REUSED, REQUEUED, RESERVED, SWEEP_STEPS,
+                  SWEPT)
+
+# ---------------------------------------------------------------------------- messages
+JOB_NOT_FOUND_MESSAGE = "job not found: it is not in flight (acked, expired, dead-lettered or unknown)"
+CANCEL_NOT_FOUND_MESSAGE = "no ready or scheduled job with this id"
+CANCEL_IN_FLIGHT_MESSAGE = "the job is in flight; it can only be acked, nacked or left to expire"
+BATCH_FULL_MESSAGE = "the batch was refused: queue full"
+MALFORMED_MESSAGE = "malformed command"
+
+
+def attempt_mismatch_message(attempt: int, asked: int) -> str:
+    return f"attempt mismatch: the job is in flight under attempt {attempt}, not {asked}"
+
+
+def rejected_message(rejection: dict) -> str:
+    return f"job refused: {rejection['reason']}"
+
+
+def request_id_reused_message(request_id: str, op: str) -> str:
+    return f"Request-Id {request_id!r} was already used for a different operation ({op})"
+
+
+def failed_message(op, exception: str) -> str:
+    return f"command {op!r} failed and was not applied: {exception}"
+
+
+# ---------------------------------------------------------------------------- jobs
+def render_job(id, queue, job_type, payload, encoding, priority, custom, trace, enqueued_at,
+               scheduled_at, attempt, max_attempts, lease_expires, deadline) -> dict:
+    """The Job shape of API.md from SHOWN_FIELDS (node/core/jobs.py)."""
+    if payload is not None and trace is None:
+        # The common shape, built in one go (same keys, same order as below).
+        out = {"id": id, "queue": queue, "job_type": job_type,
+               "payload": {"data_b64": b2a_base64(payload, newline=False).decode("ascii"), "encoding": encoding},
+               "priority": priority, "custom": custom if custom is not None else {},
+               "enqueued_at_ms": enqueued_at, "scheduled_at_ms": scheduled_at,
+               "attempt": attempt, "max_attempts": max_attempts, "lease_expires_at_ms": lease_expires}
+        if deadline is not None:
+            out["deadline_at_ms"] = deadline
+        return out
+    out = {"id": id, "queue": queue, "job_type": job_type}
+    if payload is not None:
+        out["payload"] = {"data_b64": b2a_base64(payload, newline=False).decode("ascii"), "encoding": encoding}
+    out["priority"] = priority
+    out["custom"] = custom if custom is not None else {}
+    if trace is not None:
+        out["trace_context"] = {"traceparent": trace[0], "tracestate": trace[1]}
+    out["enqueued_at_ms"] = enqueued_at
+    out["scheduled_at_ms"] = scheduled_at
+    out["attempt"] = attempt
+    out["max_attempts"] = max_attempts
+    out["lease_expires_at_ms"] = lease_expires
+    if deadline is not None:
+        out["deadline_at_ms"] = deadline
+    return out
+
+
+def shown_fields_of(shown: dict) -> tuple:
+    """SHOWN_FIELDS back from a rendered job (render_job's inverse, for snapshots that kept
+    rendered jobs under request ids)."""
+    p = shown.get("payload")
+    t = shown.get("trace_context")
+    return (shown["id"], shown["queue"], shown["job_type"],
+            a2b_base64(p["data_b64"]) if p is not None else None, p["encoding"] if p is not None else None,
+            shown["priority"], shown["custom"] or None, (t["traceparent"], t["tracestate"]) if t is not None else None,
+            shown["enqueued_at_ms"], shown["scheduled_at_ms"], shown["attempt"], shown["max_attempts"],
+            shown["lease_expires_at_ms"], shown.get("deadline_at_ms"))
+
+
+def render_dead_letter(fields: tuple, cause: str, failed_at: int, final_attempt: int, reason) -> dict:
+    """The DeadLetterRecord shape of API.md."""
+    return {"job": render_job(*fields), "cause": cause, "failed_at_ms": failed_at,
+            "final_attempt": final_attempt, "last_reason": reason}
+
+
+# ---------------------------------------------------------------------------- results -> answers
+def render(result) -> tuple:
+    """The answer `(http_status, body)` to send for a result (or an answer, unchanged)."""
+    kind = result[0]
+    # The answers most requests get, first.
+    if kind == ENQUEUED:
+        return 200, {"job_id": result[1], "deduplicated": result[2]}
+    if kind == JOB_ID:
+        return 200, {"job_id": result[1]}
+    if kind == RESERVED:
+        jobs = result[1]
+        if len(jobs) == 1:          # the common case, without building an iterator
+            return 200, {"jobs": [render_job(*jobs[0])]}
+        return 200, {"jobs": list(starmap(render_job, jobs))}
+    if type(kind) is int:
+        return result
+    return _RENDER[kind](result)
+
+
+def _enqueued_batch(r):
+    return 200, {"results": [{"job_id": x[1], "deduplicated": x[2]} if type(x) is tuple else {"rejection": x}
+                             for x in r[1]]}
+
+
+def _acked_batch(r):
+    return 200, {"results": [{"job_id": x[1]} if x[0] == JOB_ID else render(x)[1] for x in r[1]]}
+
+
+_RENDER = {
+    NACKED: lambda r: (200, {"job_id": r[1], "dead_lettered": r[2]}),
+    EXTENDED: lambda r: (200, {"job_id": r[1], "lease_expires_at_ms": r[2]}),
+    ENQUEUED_BATCH: _enqueued_batch,
+    ACKED_BATCH: _acked_batch,
+    DRAINED: lambda r: (200, {"records": list(starmap(render_dead_letter, r[1]))}),
+    REQUEUED: lambda r: (200, {"requeued": list(r[1]), "missing": list(r[2])}),
+    DELETED: lambda r: (200, {"deleted": list(r[1]), "missing": list(r[2])}),
+    PAUSED: lambda r: (200, {"queue": r[1], "paused": r[2]}),
+    SWEPT: lambda r: (200, dict(zip(SWEEP_STEPS, r[1:]))),
+    JOB_NOT_FOUND: lambda r: error("job_not_found", JOB_NOT_FOUND_MESSAGE, job_id=r[1]),
+    ATTEMPT_MISMATCH: lambda r: error("attempt_mismatch", attempt_mismatch_message(r[2], r[3]),
+                                      job_id=r[1], attempt=r[2]),
+    REJECTED: lambda r: error("rejected", rejected_message(r[1]), rejection=r[1]),
+    BATCH_FULL: lambda r: error("batch_rejected", BATCH_FULL_MESSAGE, errors=list(r[1])),
+    CANCEL_NOT_FOUND: lambda r: error("not_found", CANCEL_NOT_FOUND_MESSAGE, job_id=r[1]),
+    CANCEL_IN_FLIGHT: lambda r: error("failed_precondition", CANCEL_IN_FLIGHT_MESSAGE, job_id=r[1]),
+    REQUEST_ID_REUSED: lambda r: error("invalid_argument", request_id_reused_message(r[1], r[2])),
+    MALFORMED: lambda r: error("internal", MALFORMED_MESSAGE),
+    FAILED: lambda r: error("internal", failed_message(r[1], r[2])),
+    ANSWER: lambda r: (r[1], r[2]),
+}
+if set(_RENDER) | {ENQUEUED, JOB_ID, RESERVED} != set(ops.RESULTS):
+    raise RuntimeError("every result kind of node/core/ops.py needs a renderer here")
+
+
+# ---------------------------------------------------------------------------- answers -> results
+_MISMATCH = re.compile(r"attempt mismatch: the job is in flight under attempt (-?\d+), not (-?\d+)")
+
+
+def _error_result(body: dict):
+    """The result behind a rendered error body, or None when it is not one apply makes."""
+    e = body.get("error")
+    if not isinstance(e, dict):
+        return None
+    code, message = e.get("code"), e.get("message")
+    if code == "job_not_found" and set(e) == {"code", "message", "job_id"} and message == JOB_NOT_FOUND_MESSAGE:
+        return ops.job_not_found(e["job_id"])
+    if code == "attempt_mismatch" and set(e) == {"code", "message", "job_id", "attempt"}:
+        m = _MISMATCH.fullmatch(message or "")
+        if m is not None and int(m.group(1)) == e["attempt"]:
+            return ops.attempt_mismatch(e["job_id"], e["attempt"], int(m.group(2)))
+    if code == "rejected" and set(e) == {"code", "message", "rejection"}:
+        if isinstance(e["rejection"], dict) and message == rejected_message(e["rejection"]):
+            return ops.rejected(e["rejection"])
+    if code == "batch_rejected" and set(e) == {"code", "message", "errors"} and message == BATCH_FULL_MESSAGE:
+        return ops.batch_full(tuple(e["errors"]))
+    if code == "not_found" and set(e) == {"code", "message", "job_id"} and message == CANCEL_NOT_FOUND_MESSAGE:
+        return ops.cancel_not_found(e["job_id"])
+    if (code == "failed_precondition" and set(e) == {"code", "message", "job_id"}
+            and message == CANCEL_IN_FLIGHT_MESSAGE):
+        return ops.cancel_in_flight(e["job_id"])
+    return None
+
+
+def _ok_result(op: str, body: dict):
+    keys = set(body)
+    if keys == {"job_id", "deduplicated"}:
+        return ops.enqueued(body["job_id"], body["deduplicated"])
+    if keys == {"job_id"}:
+        return ops.job_id_result(body["job_id"])
+    if op == ops.RESERVE and keys == {"jobs"}:
+        return ops.reserved(tuple(shown_fields_of(j) for j in body["jobs"]))
+    if op == ops.NACK and keys == {"job_id", "dead_lettered"}:
+        return ops.nacked(body["job_id"], body["dead_lettered"])
+    if op == ops.EXTEND and keys == {"job_id", "lease_expires_at_ms"}:
+        return ops.extended(body["job_id"], body["lease_expires_at_ms"])
+    if op == ops.ENQUEUE and keys == {"results"}:
+        out = []
+        for r in body["results"]:
+            if set(r) == {"job_id", "deduplicated"}:
+                out.append(ops.enqueued(r["job_id"], r["deduplicated"]))
+            elif set(r) == {"rejection"} and isinstance(r["rejection"], dict):
+                out.append(r["rejection"])
+            else:
+                return None
+        return ops.enqueued_batch(tuple(out))
+    if op == ops.ACK_BATCH and keys == {"results"}:
+        out = []
+        for r in body["results"]:
+            x = ops.job_id_result(r["job_id"]) if set(r) == {"job_id"} else _error_result(r)
+            if x is None:
+                return None
+            out.append(x)
+        return ops.acked_batch(tuple(out))
+    if op == ops.DRAIN and keys == {"records"}:
+        return ops.drained(tuple((shown_fields_of(r["job"]), r["cause"], r["failed_at_ms"], r["final_attempt"],
+                                  r["last_reason"]) for r in body["records"]))
+    if op == ops.REQUEUE and keys == {"requeued", "missing"}:
+        return ops.requeued(tuple(body["requeued"]), tuple(body["missing"]))
+    if op == ops.DELETE_DEAD_LETTERS and keys == {"deleted", "missing"}:
+        return ops.deleted(tuple(body["deleted"]), tuple(body["missing"]))
+    if op == ops.PAUSE and keys == {"queue", "paused"}:
+        return ops.paused_result(body["queue"], body["paused"])
+    if op == ops.SWEEP and list(body) == list(SWEEP_STEPS):
+        return ops.swept(*body.values())
+    return None
+
+
+def result_of_answer(op: str, answer) -> tuple:
+    """The result to keep for a request id whose answer a snapshot holds rendered, as
+    `(status, body)`. Whatever this version would not have made is kept verbatim (an ANSWER
+    result), so its replay is still exactly what was answered."""
+    try:
+        status, body = answer
+        result = None
+        if status == 200:
+            result = _ok_result(op, body)
+        elif type(status) is int:
+            result = _error_result(body)
+        if result is not None and render(result) == (status, body):
+            return result
+    except Exception:           # not a shape apply ever made: keep it as it is
+        pass
+    return ops.ANSWER, answer[0], answer[1]

@@ -1,0 +1,415 @@
+"""The handlers: one function per command, named with SEMANTICS.md's verbs.
+
+Each takes the machine and the command's fields by the names node/core/ops.py gives them
+(`COMMANDS`), mutates the state only through the undo log (node/core/undo.py; the hot paths
+enqueue, reserve and ack write its entries inline), and returns a result of codes and fields
+(`ops.RESULTS`), never an English message. The sweep's steps are in node/core/sweep.py.
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+from heapq import heappop, heappush
+
+from ..retry import policy_delay_ms
+from . import ops
+from .jobs import DEAD, GONE, IN_FLIGHT, READY, SCHEDULED, DeadLetter, Job, Queue, shown_fields
+from .ops import ATOMIC, DEAD_LETTER, DELAY, ENQUEUED, JOB_ID, RESERVED, SINGLE
+from .undo import appendleft, drop_item, fifo_remove, heap_remove, heap_restore, restore_item
+
+# ---------------------------------------------------------------------------- enqueue
+def enqueue(m, mode: int, items):
+    """SEMANTICS.md "Enqueue": one job, a best-effort batch or an atomic batch."""
+    now = m.clock
+    if mode == ATOMIC:
+        full = _atomic_overflow(m, items, now)
+        if full:
+            return ops.batch_full(tuple({"index": i, "rejection": ops.queue_full(item[ops.ITEM_QUEUE], full[item[ops.ITEM_QUEUE]])}
+                                        for i, item in enumerate(items) if item[ops.ITEM_QUEUE] in full))
+        return ops.enqueued_batch(tuple([_enqueue_one(m, item, now, False) for item in items]))
+    results = []
+    for item in items:
+        if isinstance(item, dict):            # refused by validation before proposing
+            results.append(item)
+        else:
+            results.append(_enqueue_one(m, item, now, True))
+    if mode == SINGLE:
+        r = results[0]
+        if type(r) is not tuple:
+            r["reason"]                      # the answer names it: a rejection without one is malformed
+            return ops.rejected(r)
+        return r
+    return ops.enqueued_batch(tuple(results))
+
+
+def _atomic_overflow(m, items, now: int) -> dict:
+    """The queues an atomic batch would overfill, with their limits. Capacity is checked up
+    front for the whole batch, so it either fits entirely or not at all. Dedup hits never count
+    (SEMANTICS.md), neither against a live record nor against an earlier job of this batch
+    with the same key."""
+    wanted: dict[str, int] = {}
+    keys: set = set()
+    for item in items:
+        qname, key = item[ops.ITEM_QUEUE], item[ops.ITEM_IDEMPOTENCY_KEY]
+        if key is not None:
+            rec = m.dedup.get((qname, key))
+            if (rec is not None and rec[1] > now) or (qname, key) in keys:
+                continue
+            keys.add((qname, key))
+        wanted[qname] = wanted.get(qname, 0) + 1
+    full = {}
+    for qname, n in wanted.items():
+        limit = m.limits.queue(qname).max_queue_depth
+        q = m.queues.get(qname)
+        depth = q.depth() if q is not None else 0
+        if limit is not None and depth + n > limit:
+            full[qname] = limit
+    return full
+
+
+def _enqueue_one(m, item, now: int, check_depth: bool):
+    """One job: an ENQUEUED result, or the queue_full rejection object."""
+    (job_id, qname, job_type, payload, encoding, priority, max_attempts, custom, trace,
+     scheduled_at, deadline, idem_key) = item                 # ops.ITEM, in order
+    ql = m.limits.queue(qname)
+    if idem_key is not None:
+        rec = m.dedup.get((qname, idem_key))
+        if rec is not None and rec[1] > now:
+            return ENQUEUED, rec[0], True
+    q = m.queues.get(qname)
+    if check_depth and ql.max_queue_depth is not None:
+        depth = q.depth() if q is not None else 0
+        if depth >= ql.max_queue_depth:
+            return ops.queue_full(qname, ql.max_queue_depth)
+    if q is None:
+        q = m.ensure_queue(qname)
+    if job_id in m.jobs:
+        raise ValueError("job id collision")   # the leader's ids are fresh UUIDs
+    job = Job()
+    job.id, job.queue, job.job_type = job_id, qname, job_type
+    job.payload, job.encoding, job.priority = payload, encoding, priority
+    job.custom, job.trace = custom, trace
+    job.enqueued_at, job.scheduled_at = now, scheduled_at
+    job.attempt, job.max_attempts, job.lease_expires = 1, max_attempts, None
+    job.deadline, job.last_reason = deadline, None
+    # The hot path: the undo log is written inline (see node/core/undo.py).
+    undo = m._undo
+    seq = m.seq
+    undo += (setattr, m, "seq", seq)
+    m.seq = seq = seq + 1
+    job.seq = seq
+    jobs = m.jobs
+    undo += (drop_item, jobs, job_id, None)
+    jobs[job_id] = job
+    if scheduled_at is not None and scheduled_at > now:
+        job.state, job.run_at = SCHEDULED, scheduled_at
+        m._push(m.sched_heap, (scheduled_at, seq, job))
+        m._add(q, "scheduled", 1)
+    else:
+        job.state, job.run_at = READY, None
+        entry = (-priority, now, seq, job)
+        fifo = q.ready_fifo
+        if not fifo or fifo[-1] < entry:        # ready_push(m, q, entry), inline
+            undo += (fifo_remove, fifo, entry, None)
+            fifo.append(entry)
+        else:
+            heap = q.ready_heap
+            undo += (heap_remove, heap, entry, None)
+            heappush(heap, entry)
+        n = q.ready
+        undo += (setattr, q, "ready", n)
+        q.ready = n + 1
+    if deadline is not None:
+        m._push(m.deadline_heap, (deadline, seq, job))
+    n = q.enqueued
+    undo += (setattr, q, "enqueued", n)
+    q.enqueued = n + 1
+    if idem_key is not None:
+        expires = now + ql.dedup_window_ms
+        m._put(m.dedup, (qname, idem_key), (job_id, expires))
+        m._push(m.dedup_heap, (expires, qname, idem_key))
+    return ENQUEUED, job_id, False
+
+
+# ---------------------------------------------------------------------------- reserve
+def reserve(m, queue_names, lease_ms: int, max_jobs: int):
+    """SEMANTICS.md "Reserve": queues in the order listed, the best ready job of each first.
+    The result carries each job's shown fields (node/core/jobs.py SHOWN_FIELDS)."""
+    now = m.clock
+    kept = []
+    jobs, lease_heap = m.jobs, m.lease_heap
+    undo = m._undo       # the hot path: the undo log is written inline
+    for qname in queue_names:
+        q = m.queues.get(qname)
+        if q is None or q.paused:
+            continue
+        heap, fifo = q.ready_heap, q.ready_fifo
+        while len(kept) < max_jobs:
+            # The next job is the smaller head of the FIFO and the heap. Stale heads are
+            # dropped on the way: that changes nothing logical, so it is not logged.
+            while fifo:
+                entry = fifo[0]
+                job = entry[3]
+                if job.state == READY and job.seq == entry[2] and jobs.get(job.id) is job:
+                    break
+                fifo.popleft()
+            while heap:
+                entry = heap[0]
+                job = entry[3]
+                if job.state == READY and job.seq == entry[2] and jobs.get(job.id) is job:
+                    break
+                heappop(heap)
+            if fifo and not (heap and heap[0] < fifo[0]):
+                entry = fifo[0]
+                undo += (appendleft, fifo, entry, None)
+                fifo.popleft()
+            elif heap:
+                entry = heap[0]
+                undo += (heap_restore, heap, entry, None)
+                heappop(heap)
+            else:
+                break
+            job = entry[3]
+            if job.deadline is not None and job.deadline <= now:
+                m._add(q, "ready", -1)
+                dead_letter(m, job, q, "expired", None)   # too late to ever run
+                continue
+            expires = now + lease_ms
+            undo += (setattr, job, "state", job.state)
+            job.state = IN_FLIGHT
+            undo += (setattr, job, "lease_expires", job.lease_expires)
+            job.lease_expires = expires
+            if job.deadline is not None:
+                m._set(job, "deadline", None)
+            n = q.ready
+            undo += (setattr, q, "ready", n)
+            q.ready = n - 1
+            n = q.in_flight
+            undo += (setattr, q, "in_flight", n)
+            q.in_flight = n + 1
+            # lease(m, job, expires), inline
+            ctr = m.ctr
+            undo += (setattr, m, "ctr", ctr)
+            m.ctr = ctr = ctr + 1
+            lease = (expires, ctr, job.id)
+            undo += (heap_remove, lease_heap, lease, None)
+            heappush(lease_heap, lease)
+            kept.append(shown_fields(job))
+        if len(kept) >= max_jobs:
+            break
+    return RESERVED, tuple(kept)
+
+
+def lease(m, job: Job, expires: int):
+    """A new lease entry. It names its job by id, not by reference: an acked job is freed at
+    once (payload included) instead of living on in its stale entry until the lease would have
+    expired, and the entry, all atomic, is nothing the cyclic GC has to traverse. An entry is
+    live while jobs[id] is in flight with this expiry (ids are fresh UUIDs)."""
+    m._push(m.lease_heap, (expires, m._new_ctr(), job.id))
+
+
+# ---------------------------------------------------------------------------- ack / nack / extend
+def fenced(m, job_id: str, attempt: int):
+    """(job, None) for the in-flight job under this attempt, else (None, the fencing error)."""
+    job = m.jobs.get(job_id)
+    if job is None or job.state != IN_FLIGHT:
+        return None, ops.job_not_found(job_id)
+    if job.attempt != attempt:
+        return None, ops.attempt_mismatch(job_id, job.attempt, attempt)
+    return job, None
+
+
+def ack(m, job_id: str, attempt: int):
+    """The job is removed for good (its dedup record stays until the window ends)."""
+    job = m.jobs.get(job_id)
+    if job is None or job.state != IN_FLIGHT or job.attempt != attempt:
+        return fenced(m, job_id, attempt)[1]
+    # The job leaves in-flight and the acked count grows, with the undo log written inline.
+    undo = m._undo
+    undo += (setattr, job, "state", job.state)
+    job.state = GONE
+    jobs = m.jobs
+    undo += (restore_item, jobs, job.id, job)
+    del jobs[job.id]
+    q = m.queues[job.queue]
+    n = q.in_flight
+    undo += (setattr, q, "in_flight", n)
+    q.in_flight = n - 1
+    n = q.acked
+    undo += (setattr, q, "acked", n)
+    q.acked = n + 1
+    return JOB_ID, job_id
+
+
+def ack_batch(m, pairs):
+    return ops.acked_batch(tuple([ack(m, job_id, attempt) for job_id, attempt in pairs]))
+
+
+def nack(m, job_id: str, attempt: int, reason, strategy: str, delay_ms):
+    """Dead-letter (asked for, or attempts exhausted) or retry after a delay."""
+    job, err = fenced(m, job_id, attempt)
+    if err:
+        return err
+    q = m.queues[job.queue]
+    m._add(q, "nacked", 1)
+    m._set(job, "last_reason", reason)
+    if strategy == DEAD_LETTER:
+        m._add(q, "in_flight", -1)
+        dead_letter(m, job, q, "rejected", reason)
+        return ops.nacked(job_id, True)
+    if job.attempt >= job.max_attempts:
+        m._add(q, "in_flight", -1)
+        dead_letter(m, job, q, "attempts_exhausted", reason)
+        return ops.nacked(job_id, True)
+    ql = m.limits.queue(job.queue)
+    if strategy == DELAY:
+        delay = min(delay_ms, ql.max_schedule_horizon_ms)
+    else:
+        delay = policy_delay_ms(job.id, job.attempt, ql.retry_delay_ms, ql.retry_backoff,
+                                ql.retry_delay_max_ms, ql.max_schedule_horizon_ms)
+    m._set(job, "attempt", job.attempt + 1)
+    m._add(q, "in_flight", -1)
+    if delay <= 0:
+        make_ready(m, job, q)
+    else:
+        schedule(m, job, q, m.clock + delay)
+    return ops.nacked(job_id, False)
+
+
+def extend(m, job_id: str, attempt: int, lease_ms: int):
+    """New lease deadline = now + lease, clamped to the queue's max; attempt unchanged."""
+    job, err = fenced(m, job_id, attempt)
+    if err:
+        return err
+    lease_ms = max(1, min(lease_ms, m.limits.queue(job.queue).max_lease_duration_ms))
+    expires = m.clock + lease_ms
+    m._set(job, "lease_expires", expires)
+    lease(m, job, expires)
+    return ops.extended(job_id, expires)
+
+
+def make_ready(m, job: Job, q: Queue):
+    """A job that has left its previous count becomes ready. A retried job keeps its
+    enqueued_at and sequence: it goes ahead of newer jobs."""
+    m._set(job, "state", READY)
+    ready_push(m, q, (-job.priority, job.enqueued_at, job.seq, job))
+    m._add(q, "ready", 1)
+
+
+def schedule(m, job: Job, q: Queue, run_at: int):
+    """A job that has left its previous count waits until run_at."""
+    m._set(job, "state", SCHEDULED)
+    m._set(job, "run_at", run_at)
+    m._push(m.sched_heap, (run_at, job.seq, job))
+    m._add(q, "scheduled", 1)
+
+
+def ready_push(m, q: Queue, entry):
+    fifo = q.ready_fifo
+    undo = m._undo
+    if not fifo or fifo[-1] < entry:
+        undo += (fifo_remove, fifo, entry, None)
+        fifo.append(entry)
+    else:
+        undo += (heap_remove, q.ready_heap, entry, None)
+        heappush(q.ready_heap, entry)
+
+
+# ---------------------------------------------------------------------------- dead letters
+def dead_letter(m, job: Job, q: Queue, cause: str, reason):
+    """Move a job that has already left its ready/scheduled/in-flight count to the dead
+    letters (or drop it, without a store)."""
+    m._add(q, "dead_total", 1)
+    if m.limits.dead_letter_retention_ms <= 0:
+        forget(m, job)
+        return
+    m._set(job, "state", DEAD)
+    m._add(q, "dead", 1)
+    rec = DeadLetter(job, cause, m.clock, job.attempt, reason, m._new_ctr())
+    m._put(m.dlq, job.id, rec)
+    per_queue = m.dlq_by_queue.get(job.queue)
+    if per_queue is None:
+        per_queue = OrderedDict()
+        m._put(m.dlq_by_queue, job.queue, per_queue)
+    m._put(per_queue, job.id, rec)
+
+
+def drop_dead_letter(m, job_id: str) -> DeadLetter:
+    """Take a record out of the store (both indexes and the queue's count)."""
+    rec = m._odict_pop(m.dlq, job_id)
+    job = rec.job
+    m._odict_pop(m.dlq_by_queue[job.queue], job_id)
+    m._add(m.queues[job.queue], "dead", -1)
+    return rec
+
+
+def forget(m, job: Job):
+    """The job leaves the machine."""
+    m._set(job, "state", GONE)
+    m._pop(m.jobs, job.id)
+
+
+def drain(m, queue, max_records: int):
+    """Up to max_records dead letters, oldest first, removed in the same command."""
+    source = m.dlq if queue is None else m.dlq_by_queue.get(queue, ())
+    ids = []
+    for job_id in source:
+        if len(ids) >= max_records:
+            break
+        ids.append(job_id)
+    records = []
+    for job_id in ids:
+        rec = drop_dead_letter(m, job_id)
+        forget(m, rec.job)
+        records.append((shown_fields(rec.job), rec.cause, rec.failed_at, rec.final_attempt, rec.reason))
+    return ops.drained(tuple(records))
+
+
+def requeue(m, ids):
+    """Back to ready: same id, attempt 1, enqueued now, no schedule, no deadline."""
+    requeued, missing = [], []
+    for job_id in ids:
+        if job_id not in m.dlq:
+            missing.append(job_id)
+            continue
+        job = drop_dead_letter(m, job_id).job
+        q = m.queues[job.queue]
+        m._set(job, "attempt", 1)
+        m._set(job, "enqueued_at", m.clock)
+        m._set(job, "scheduled_at", None)
+        m._set(job, "deadline", None)
+        m._set(job, "seq", m._new_seq())
+        make_ready(m, job, q)
+        requeued.append(job_id)
+    return ops.requeued(tuple(requeued), tuple(missing))
+
+
+def delete_dead_letters(m, ids):
+    deleted, missing = [], []
+    for job_id in ids:
+        if job_id not in m.dlq:
+            missing.append(job_id)
+            continue
+        forget(m, drop_dead_letter(m, job_id).job)
+        deleted.append(job_id)
+    return ops.deleted(tuple(deleted), tuple(missing))
+
+
+# ---------------------------------------------------------------------------- operator moves
+def cancel(m, job_id: str):
+    """A ready or scheduled job is removed; in flight: failed_precondition."""
+    job = m.jobs.get(job_id)
+    if job is None or job.state == DEAD:
+        return ops.cancel_not_found(job_id)
+    if job.state == IN_FLIGHT:
+        return ops.cancel_in_flight(job_id)
+    q = m.queues[job.queue]
+    m._add(q, "ready" if job.state == READY else "scheduled", -1)
+    forget(m, job)
+    return JOB_ID, job_id
+
+
+def pause(m, queue: str, paused: bool):
+    """Reserve skips a paused queue; enqueues are still accepted."""
+    q = m.ensure_queue(queue)
+    m._set(q, "paused", paused)
+    return ops.paused_result(queue, paused)

@@ -1,0 +1,168 @@
+"""What must hold between any two commands: `QueueMachine.check_invariants()`.
+
+O(state): for tests (the model test after every step, fault injection after every revert, the
+snapshot round trip), never on the apply path. Each problem is one line naming what is wrong;
+`check` returns them all, `QueueMachine.check_invariants` raises InvariantViolation with them.
+
+On the lazy indexes: a ready job has exactly one live ready-index entry (reserve consumes it,
+every move back to ready pushes a new one). An in-flight job has at least one live lease entry
+and a scheduled job at least one live schedule entry, not exactly one: an extend to the very
+expiry the lease already has adds a second entry with the same time, and a timer of a job that
+left in-flight (or scheduled) comes back to life when the job gets the same time again (see
+`to_builtins`); whichever fires first moves the job, after which the others are stale.
+"""
+from __future__ import annotations
+
+from collections import Counter
+
+from .jobs import DEAD, IN_FLIGHT, READY, SCHEDULED, STATE_NAMES
+
+
+class InvariantViolation(AssertionError):
+    pass
+
+
+def check(m) -> list[str]:
+    bad: list[str] = []
+    say = bad.append
+    jobs, clock = m.jobs, m.clock
+
+    # ---- time
+    last = getattr(m, "_checked_clock", None)
+    if last is not None and clock < last:
+        say(f"clock went back: {clock} after {last}")
+    if m._undo:
+        say(f"undo log not empty between commands ({len(m._undo) // 4} entries)")
+
+    # ---- jobs and counts
+    counted: dict[str, Counter] = {}
+    for job_id, job in jobs.items():
+        if job.id != job_id:
+            say(f"job {job_id} stored under another id ({job.id})")
+        if job.state not in (READY, SCHEDULED, IN_FLIGHT, DEAD):
+            say(f"job {job_id} in the machine in state {STATE_NAMES[job.state] if 0 <= job.state < 5 else job.state}")
+        if job.queue not in m.queues:
+            say(f"job {job_id} of queue {job.queue!r}, which does not exist")
+        counted.setdefault(job.queue, Counter())[job.state] += 1
+        if job.enqueued_at > clock:
+            say(f"job {job_id} enqueued at {job.enqueued_at}, after the clock {clock}")
+        if job.seq > m.seq:
+            say(f"job {job_id} has sequence {job.seq} > the machine's {m.seq}")
+        if not 1 <= job.attempt <= max(job.max_attempts, 1):
+            say(f"job {job_id} at attempt {job.attempt} of {job.max_attempts}")
+        if job.state == SCHEDULED and job.run_at is None:
+            say(f"scheduled job {job_id} without a run time")
+        if job.state == IN_FLIGHT and job.deadline is not None:
+            say(f"in-flight job {job_id} keeps its deadline (the first delivery clears it)")
+    for name, q in m.queues.items():
+        if q.name != name:
+            say(f"queue {name!r} stored under another name ({q.name!r})")
+        c = counted.get(name, Counter())
+        for state, attr in ((READY, "ready"), (SCHEDULED, "scheduled"), (IN_FLIGHT, "in_flight"), (DEAD, "dead")):
+            if getattr(q, attr) != c[state]:
+                say(f"queue {name!r} counts {getattr(q, attr)} {attr}, holds {c[state]}")
+        for attr in ("enqueued", "acked", "nacked", "dead_total"):
+            if getattr(q, attr) < 0:
+                say(f"queue {name!r} total {attr} is negative")
+
+    # ---- the ready index: exactly one live entry per ready job, in order
+    live_ready = Counter()
+    for name, q in m.queues.items():
+        fifo = list(q.ready_fifo)
+        for a, b in zip(fifo, fifo[1:]):
+            if not a[:3] < b[:3]:
+                say(f"queue {name!r}: ready FIFO out of order at {a[:3]} then {b[:3]}")
+        heap = q.ready_heap
+        for i in range(1, len(heap)):
+            if heap[(i - 1) // 2][:3] > heap[i][:3]:
+                say(f"queue {name!r}: ready heap property broken at {i}")
+        for e in fifo + heap:
+            job = e[3]
+            if job.state == READY and job.seq == e[2] and jobs.get(job.id) is job:
+                live_ready[job.id] += 1
+                if job.queue != name:
+                    say(f"ready entry of job {job.id} (queue {job.queue!r}) in queue {name!r}")
+                if (e[0], e[1]) != (-job.priority, job.enqueued_at):
+                    say(f"ready entry of job {job.id} keyed {e[:3]}, not by its priority and enqueue time")
+    for job_id, job in jobs.items():
+        if job.state == READY and live_ready[job_id] != 1:
+            say(f"ready job {job_id} has {live_ready[job_id]} live ready-index entries")
+
+    # ---- timers: schedules, leases, deadlines
+    live_sched = Counter(e[2].id for e in m.sched_heap
+                         if e[2].state == SCHEDULED and e[2].run_at == e[0] and jobs.get(e[2].id) is e[2])
+    live_lease = Counter(e[2] for e in m.lease_heap
+                         if e[2] in jobs and jobs[e[2]].state == IN_FLIGHT and jobs[e[2]].lease_expires == e[0])
+    live_deadline = Counter(e[2].id for e in m.deadline_heap
+                            if e[2].deadline == e[0] and jobs.get(e[2].id) is e[2])
+    for e in m.lease_heap:
+        if e[1] > m.ctr:
+            say(f"lease entry {e} has a tie-break beyond the machine's counter {m.ctr}")
+    for job_id, job in jobs.items():
+        if job.state == SCHEDULED and not live_sched[job_id]:
+            say(f"scheduled job {job_id} has no live schedule entry")
+        if job.state == IN_FLIGHT:
+            if not live_lease[job_id]:
+                say(f"in-flight job {job_id} has no live lease entry")
+            if job.lease_expires is None:
+                say(f"in-flight job {job_id} without a lease expiry")
+        if job.state in (READY, SCHEDULED) and job.deadline is not None and not live_deadline[job_id]:
+            say(f"{STATE_NAMES[job.state]} job {job_id} with a deadline has no live deadline entry")
+    for h, what in ((m.sched_heap, "schedule"), (m.lease_heap, "lease"), (m.deadline_heap, "deadline"),
+                    (m.dedup_heap, "dedup")):
+        for i in range(1, len(h)):
+            if h[(i - 1) // 2][:2] > h[i][:2]:
+                say(f"{what} heap property broken at {i}")
+                break
+
+    # ---- dedup records and request ids
+    dedup_entries = set(m.dedup_heap)
+    for (qname, key), (job_id, expires) in m.dedup.items():
+        if (expires, qname, key) not in dedup_entries:
+            say(f"dedup record ({qname!r}, {key!r}) has no heap entry for its expiry {expires}")
+    fifo_entries = set(m.rid_fifo)
+    for rid, (op, result, expires) in m.rids.items():
+        if (expires, rid) not in fifo_entries:
+            say(f"request id {rid!r} has no FIFO entry for its expiry {expires}")
+        if type(result) is not tuple or not result or type(result[0]) is not str:
+            say(f"request id {rid!r} keeps {result!r}, not a result")
+    fifo = list(m.rid_fifo)
+    for a, b in zip(fifo, fifo[1:]):
+        if a[0] > b[0]:
+            say(f"request-id FIFO out of expiry order: {a} then {b}")
+            break
+
+    # ---- dead letters: the store and its per-queue index hold the same records
+    retention = m.limits.dead_letter_retention_ms
+    dead_jobs = {job_id for job_id, job in jobs.items() if job.state == DEAD}
+    if set(m.dlq) != dead_jobs:
+        say(f"dead-letter store holds {len(m.dlq)} records, the machine {len(dead_jobs)} dead jobs")
+    if retention <= 0 and (m.dlq or dead_jobs):
+        say("dead letters kept with retention off")
+    per_queue_total = 0
+    for name, od in m.dlq_by_queue.items():
+        per_queue_total += len(od)
+        orders = [rec.order for rec in od.values()]
+        if orders != sorted(orders):
+            say(f"dead letters of queue {name!r} out of order")
+        for job_id, rec in od.items():
+            if m.dlq.get(job_id) is not rec:
+                say(f"dead letter {job_id} of queue {name!r} is not in the store")
+            if rec.job.queue != name:
+                say(f"dead letter {job_id} of queue {rec.job.queue!r} indexed under {name!r}")
+    previous = None
+    for job_id, rec in m.dlq.items():
+        if rec.job.id != job_id or jobs.get(job_id) is not rec.job:
+            say(f"dead letter {job_id} does not hold the machine's job")
+        if m.dlq_by_queue.get(rec.job.queue, {}).get(job_id) is not rec:
+            say(f"dead letter {job_id} is missing from the index of queue {rec.job.queue!r}")
+        if rec.order > m.ctr:
+            say(f"dead letter {job_id} ordered {rec.order}, beyond the machine's counter {m.ctr}")
+        if rec.failed_at > clock:
+            say(f"dead letter {job_id} failed at {rec.failed_at}, after the clock {clock}")
+        if previous is not None and (rec.order <= previous.order or rec.failed_at < previous.failed_at):
+            say(f"dead letters out of order at {job_id}")
+        previous = rec
+    if per_queue_total != len(m.dlq):
+        say(f"per-queue dead-letter indexes hold {per_queue_total} records, the store {len(m.dlq)}")
+    return bad

@@ -1,0 +1,102 @@
+"""Jobs, queues and dead-letter records: the state the machine is made of.
+
+A job is in exactly one state (SEMANTICS.md "States"); GONE marks an object that has left the
+machine (acked, cancelled, drained, dropped), so that stale index entries that still point at
+it are recognised as stale.
+"""
+from __future__ import annotations
+
+from collections import deque
+from operator import attrgetter
+
+READY, SCHEDULED, IN_FLIGHT, DEAD, GONE = 0, 1, 2, 3, 4
+STATE_NAMES = ("ready", "scheduled", "in_flight", "dead_lettered", "gone")
+
+
+class Job:
+    """One job. `run_at` is when a scheduled job becomes ready; `scheduled_at` is what the
+    producer asked for (shown to workers); `deadline` is cleared by the first delivery; `seq`
+    is the per-machine sequence that breaks ties in the ready order (and names the job's live
+    ready-index entry)."""
+    __slots__ = ("id", "queue", "job_type", "payload", "encoding", "priority", "custom", "trace",
+                 "enqueued_at", "scheduled_at", "attempt", "max_attempts", "lease_expires",
+                 "state", "seq", "run_at", "deadline", "last_reason")
+
+    FIELDS = __slots__
+
+    def to_tuple(self) -> tuple:
+        return _job_fields(self)        # tuple(getattr(self, f) for f in Job.FIELDS), in C
+
+    @classmethod
+    def from_tuple(cls, t) -> "Job":
+        job = cls.__new__(cls)
+        if type(t) is tuple and len(t) == 18:      # the snapshot's own form: one unpacking
+            (job.id, job.queue, job.job_type, job.payload, job.encoding, job.priority, job.custom,
+             job.trace, job.enqueued_at, job.scheduled_at, job.attempt, job.max_attempts,
+             job.lease_expires, job.state, job.seq, job.run_at, job.deadline, job.last_reason) = t
+            return job
+        for f, v in zip(Job.FIELDS, t):
+            setattr(job, f, v)
+        return job
+
+
+_job_fields = attrgetter(*Job.FIELDS)
+if Job.FIELDS != ("id", "queue", "job_type", "payload", "encoding", "priority", "custom", "trace",
+                  "enqueued_at", "scheduled_at", "attempt", "max_attempts", "lease_expires",
+                  "state", "seq", "run_at", "deadline", "last_reason"):
+    raise RuntimeError("Job.from_tuple unpacks the fields in this order: keep it in step with __slots__")
+
+
+# The fields the Job shape of API.md shows, in `answers.render_job`'s order. A reserve's or a
+# drain's result carries these (a tuple of atomic values, which the cyclic GC does not track,
+# sharing the job's own strings and payload bytes) instead of rendered jobs.
+SHOWN_FIELDS = ("id", "queue", "job_type", "payload", "encoding", "priority", "custom", "trace",
+                "enqueued_at", "scheduled_at", "attempt", "max_attempts", "lease_expires", "deadline")
+shown_fields = attrgetter(*SHOWN_FIELDS)
+
+
+class Queue:
+    """Per-queue index and counters. Counts are exact; the ready index may hold stale entries.
+
+    Ready entries `(-priority, enqueued_at, seq, job)` live in `ready_fifo`, a deque kept in
+    ascending order, when they sort after its last entry (every new job of a queue that uses one
+    priority: sequences only grow), and in the heap `ready_heap` otherwise (retries, which keep
+    their place, and jobs of a higher priority than the last one). The next job is the smaller
+    of the two heads, so a deep backlog costs O(1) per reserve instead of O(log n). An entry is
+    live while its job is READY, still in the machine and has the entry's seq."""
+    __slots__ = ("name", "ready_heap", "ready_fifo", "ready", "scheduled", "in_flight", "dead",
+                 "enqueued", "acked", "nacked", "dead_total", "paused")
+    COUNTERS = ("ready", "scheduled", "in_flight", "dead", "enqueued", "acked", "nacked",
+                "dead_total", "paused")
+
+    def __init__(self, name: str):
+        self.name = name
+        self.ready_heap: list = []
+        self.ready_fifo: deque = deque()
+        self.ready = self.scheduled = self.in_flight = self.dead = 0
+        self.enqueued = self.acked = self.nacked = self.dead_total = 0
+        self.paused = False
+
+    def depth(self) -> int:
+        return self.ready + self.scheduled + self.in_flight
+
+    def stats(self, declared: bool) -> dict:
+        return {"name": self.name, "declared": declared, "paused": self.paused,
+                "ready": self.ready, "scheduled": self.scheduled, "in_flight": self.in_flight,
+                "dead_lettered": self.dead, "enqueued": self.enqueued, "acked": self.acked,
+                "nacked": self.nacked, "dead_lettered_total": self.dead_total}
+
+
+class DeadLetter:
+    """A dead-letter record (SEMANTICS.md "Dead letters"). `order` is its place in the store
+    (a reverted removal puts it back there)."""
+    __slots__ = ("job", "cause", "failed_at", "final_attempt", "reason", "order")
+
+    def __init__(self, job: Job, cause: str, failed_at: int, final_attempt: int, reason, order: int):
+        self.job, self.cause, self.failed_at = job, cause, failed_at
+        self.final_attempt, self.reason, self.order = final_attempt, reason, order
+
+    def fields(self) -> tuple:
+        """Everything but the job: (cause, failed_at, final_attempt, reason, order), the form
+        snapshots and the digest keep after the job's id."""
+        return self.cause, self.failed_at, self.final_attempt, self.reason, self.order

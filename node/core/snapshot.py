@@ -1,0 +1,121 @@
+"""Snapshots and the digest: the whole state as plain builtins, and a hash of it.
+
+`to_builtins` writes version 2. Version 1 (release 0.1.0, and this code up to the results of
+node/core/ops.py) differs only in what the request-id store holds: most answers rendered, as
+`(status, body)` with English messages. `from_builtins` reads both; it turns every rendered
+answer into the result this version keeps (node/core/answers.py `result_of_answer`), so a
+restored node replays exactly the answers that were given and has the digest of a node that
+lived through the same history.
+
+The digest is unchanged from version 1: a state that holds the same results hashes the same.
+"""
+from __future__ import annotations
+
+import hashlib
+import heapq
+from collections import OrderedDict, deque
+from itertools import chain
+
+import orjson
+
+from .answers import result_of_answer
+from .jobs import READY, DeadLetter, Job, Queue
+
+VERSION = 2
+READABLE = (1, 2)
+
+
+def to_builtins(m) -> dict:
+    """The whole state as plain builtins (for Raft snapshots); heaps keep only the entries
+    that are or can become live."""
+    jobs = m.jobs
+    return {
+        "v": VERSION, "clock": m.clock, "seq": m.seq, "ctr": m.ctr, "applied": m.applied,
+        "jobs": [j.to_tuple() for j in jobs.values()],
+        "queues": [(q.name, [getattr(q, c) for c in Queue.COUNTERS],
+                    [(e[0], e[1], e[2], e[3].id) for e in chain(q.ready_heap, q.ready_fifo)
+                     if e[3].state == READY and e[3].seq == e[2] and jobs.get(e[3].id) is e[3]])
+                   for q in m.queues.values()],
+        # Schedule and lease timers of a job that still exists are kept even when stale: the
+        # job can get the same time again (re-reserved or re-extended to the same expiry,
+        # requeued and nacked to the same run time), which makes the old timer live again
+        # and orders it by its older tie-break on every node, so also on a restored one.
+        "sched": [(e[0], e[1], e[2].id) for e in m.sched_heap if jobs.get(e[2].id) is e[2]],
+        "leases": [e for e in m.lease_heap if e[2] in jobs],
+        "deadlines": [(e[0], e[1], e[2].id) for e in m.deadline_heap
+                      if e[2].deadline == e[0] and jobs.get(e[2].id) is e[2]],
+        "dedup": [(k[0], k[1], v[0], v[1]) for k, v in m.dedup.items()],
+        "dedup_heap": [e for e in m.dedup_heap if m.dedup.get((e[1], e[2]), (0, None))[1] == e[0]],
+        "rids": [(rid, op, result, exp) for rid, (op, result, exp) in m.rids.items()],
+        "rid_fifo": [e for e in m.rid_fifo if m.rids.get(e[1], (0, 0, None))[2] == e[0]],
+        "dlq": [(rec.job.id,) + rec.fields() for rec in m.dlq.values()],
+    }
+
+
+def kept_result(op, kept) -> tuple:
+    """A request-id entry of a snapshot as this version keeps it."""
+    if type(kept[0]) is int:                    # a rendered answer (version 1)
+        return result_of_answer(op, kept)
+    return tuple(kept)
+
+
+def from_builtins(m, data: dict):
+    """Fill the empty machine `m` from `to_builtins` data of a readable version."""
+    if data.get("v") not in READABLE:
+        raise ValueError(f"unknown snapshot version {data.get('v')!r}")
+    m.clock, m.seq, m.ctr, m.applied = data["clock"], data["seq"], data["ctr"], data["applied"]
+    jobs = m.jobs
+    for t in data["jobs"]:
+        job = Job.from_tuple(t)
+        jobs[job.id] = job
+    for rec in data["dlq"]:
+        job = jobs[rec[0]]
+        r = DeadLetter(job, *rec[1:])
+        m.dlq[job.id] = r
+        m.dlq_by_queue.setdefault(job.queue, OrderedDict())[job.id] = r
+    for name, counters, heap in data["queues"]:
+        q = Queue(name)
+        for c, v in zip(Queue.COUNTERS, counters):
+            setattr(q, c, v)
+        # The ascending tail of the list (what was the FIFO) becomes the FIFO again; the rest
+        # is heapified.
+        k = len(heap) - 1
+        while k > 0 and tuple(heap[k - 1]) < tuple(heap[k]):
+            k -= 1
+        k = max(k, 0)
+        q.ready_heap = [(a, b, c, jobs[i]) for a, b, c, i in heap[:k]]
+        heapq.heapify(q.ready_heap)
+        q.ready_fifo = deque([(a, b, c, jobs[i]) for a, b, c, i in heap[k:]])
+        m.queues[name] = q
+    m.sched_heap = [(a, b, jobs[i]) for a, b, i in data["sched"]]
+    m.lease_heap = [(a, b, jobs[i].id) for a, b, i in data["leases"]]
+    m.deadline_heap = [(a, b, jobs[i]) for a, b, i in data["deadlines"]]
+    for h in (m.sched_heap, m.lease_heap, m.deadline_heap):
+        heapq.heapify(h)
+    m.dedup = {(a, b): (c, d) for a, b, c, d in data["dedup"]}
+    m.dedup_heap = [tuple(e) for e in data["dedup_heap"]]
+    heapq.heapify(m.dedup_heap)
+    m.rids = {rid: (op, kept_result(op, kept), exp) for rid, op, kept, exp in data["rids"]}
+    m.rid_fifo = deque(tuple(e) for e in data["rid_fifo"])
+    return m
+
+
+def digest(m) -> str:
+    """A hash of the logical state, independent of heap layout and dict order where those do
+    not change behaviour; equal on every node at the same applied index."""
+    h = hashlib.sha256()
+    h.update(orjson.dumps([m.clock, m.seq, m.applied]))
+    for job_id in sorted(m.jobs):
+        h.update(repr(m.jobs[job_id].to_tuple()).encode())
+    for name in sorted(m.queues):
+        q = m.queues[name]
+        h.update(repr((name, [getattr(q, c) for c in Queue.COUNTERS])).encode())
+    for k in sorted(m.dedup):
+        h.update(repr((k, m.dedup[k])).encode())
+    for rid in sorted(m.rids):
+        op, kept, exp = m.rids[rid]
+        h.update(repr((rid, op, exp)).encode())
+        h.update(repr(kept).encode() if type(kept[0]) is str else orjson.dumps(kept, option=orjson.OPT_SORT_KEYS))
+    for job_id, rec in m.dlq.items():       # order matters: drain is oldest first
+        h.update(repr((job_id,) + rec.fields()).encode())
+    return h.hexdigest()[:32]

@@ -1,0 +1,123 @@
+"""The sweep (SEMANTICS.md "Lease expiry — the sweep"): one function per step, in order.
+
+Every step handles at most `sweep_limit` due entries per sweep (its own budget, so one backlog
+cannot starve the rest) and leaves the rest to the next sweep. Budgets count live entries only:
+a node restored from a snapshot holds no stale heap entries, so counting those would let
+replicas expire different sets in one sweep. Stale entries met on the way are dropped (through
+the undo log, like everything a command changes).
+"""
+from __future__ import annotations
+
+from . import ops
+from .handlers import dead_letter, drop_dead_letter, forget, make_ready
+from .jobs import IN_FLIGHT, READY, SCHEDULED
+
+
+def sweep(m):
+    """Apply every step at the replicated clock; the result says what each did."""
+    now, budget = m.clock, m.limits.sweep_limit
+    return ops.swept(promote_due_schedules(m, now, budget),
+                     expire_leases(m, now, budget),
+                     expire_deadlines(m, now, budget),
+                     drop_dedup_records(m, now, budget),
+                     drop_request_ids(m, now, budget),
+                     drop_dead_letters_past_retention(m, now, budget))
+
+
+def promote_due_schedules(m, now: int, budget: int) -> int:
+    """1. Scheduled jobs whose time has come become ready."""
+    heap, jobs, n = m.sched_heap, m.jobs, 0
+    while heap and heap[0][0] <= now and n < budget:
+        run_at, _, job = m._heappop(heap)
+        if job.state == SCHEDULED and job.run_at == run_at and jobs.get(job.id) is job:
+            n += 1
+            q = m.queues[job.queue]
+            m._add(q, "scheduled", -1)
+            m._set(job, "run_at", None)
+            make_ready(m, job, q)
+    return n
+
+
+def expire_leases(m, now: int, budget: int) -> int:
+    """2. Lapsed leases: on the final attempt the job is dead-lettered (cause lease_expired, no
+    reason); otherwise it is ready at once with attempt + 1 (no retry policy for expiries)."""
+    heap, jobs, n = m.lease_heap, m.jobs, 0
+    while heap and heap[0][0] <= now and n < budget:
+        expires, _, job_id = m._heappop(heap)
+        job = jobs.get(job_id)
+        if job is not None and job.state == IN_FLIGHT and job.lease_expires == expires:
+            n += 1
+            q = m.queues[job.queue]
+            m._add(q, "in_flight", -1)
+            if job.attempt >= job.max_attempts:
+                m._set(job, "last_reason", None)
+                dead_letter(m, job, q, "lease_expired", None)
+            else:
+                m._set(job, "attempt", job.attempt + 1)
+                make_ready(m, job, q)
+    return n
+
+
+def expire_deadlines(m, now: int, budget: int) -> int:
+    """Jobs whose deadline passed before they were reserved are dead-lettered, cause expired
+    (a job in flight is not interrupted: its first delivery cleared the deadline)."""
+    heap, jobs, n = m.deadline_heap, m.jobs, 0
+    while heap and heap[0][0] <= now and n < budget:
+        deadline, _, job = m._heappop(heap)
+        if job.deadline == deadline and job.state in (READY, SCHEDULED) and jobs.get(job.id) is job:
+            n += 1
+            q = m.queues[job.queue]
+            m._add(q, "ready" if job.state == READY else "scheduled", -1)
+            dead_letter(m, job, q, "expired", None)
+    return n
+
+
+def drop_dedup_records(m, now: int, budget: int) -> int:
+    """3a. Dedup records whose window has ended (the key creates a new job again)."""
+    heap, dedup, n = m.dedup_heap, m.dedup, 0
+    while heap and heap[0][0] <= now and n < budget:
+        expires, qname, key = m._heappop(heap)
+        rec = dedup.get((qname, key))
+        if rec is not None and rec[1] == expires:
+            n += 1
+            m._pop(dedup, (qname, key))
+    return n
+
+
+def drop_request_ids(m, now: int, budget: int) -> int:
+    """3b. Request-id records past their window (expiry order is insertion order)."""
+    fifo, rids, n = m.rid_fifo, m.rids, 0
+    while fifo and fifo[0][0] <= now and n < budget:
+        expires, rid = m._popleft(fifo)
+        rec = rids.get(rid)
+        if rec is not None and rec[2] == expires:
+            n += 1
+            m._pop(rids, rid)
+    return n
+
+
+def drop_dead_letters_past_retention(m, now: int, budget: int) -> int:
+    """4. With retention on, dead letters older than dead_letter_retention_ms, oldest first."""
+    retention = m.limits.dead_letter_retention_ms
+    if retention <= 0:
+        return 0
+    dlq, n = m.dlq, 0
+    while dlq and n < budget:
+        first = next(iter(dlq))
+        if dlq[first].failed_at > now - retention:
+            break
+        n += 1
+        forget(m, drop_dead_letter(m, first).job)
+    return n
+
+
+def next_due_ms(m) -> int | None:
+    """The earliest replicated time at which a sweep has work (stale entries may make it
+    early, never late)."""
+    due = [h[0][0] for h in (m.sched_heap, m.lease_heap, m.deadline_heap, m.dedup_heap) if h]
+    if m.rid_fifo:
+        due.append(m.rid_fifo[0][0])
+    retention = m.limits.dead_letter_retention_ms
+    if retention > 0 and m.dlq:
+        due.append(m.dlq[next(iter(m.dlq))].failed_at + retention)
+    return min(due) if due else None

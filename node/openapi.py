@@ -1,0 +1,713 @@
+"""The OpenAPI 3.1 description of the HTTP API: served at `GET /v1/openapi.json` by every node,
+checked in as docs/openapi.json (`python -m raftq.node.openapi > docs/openapi.json`).
+
+Built from the definitions the node itself uses wherever there is one: the error codes and
+their statuses (node/errors.py), the roles (node/auth.py), the session ops and their roles
+(node/session.py), the limits a server advertises and a queue shows (node/limits.py), the job
+states (node/machine.py). The rest (routes, request bodies, what each answer holds) is written
+here once, and tests/test_openapi.py holds it to the code: every route of the aiohttp app is
+described and nothing else; the role each operation states is the one the node enforces; every
+required field is refused when missing; every example is accepted; a schema-driven run
+(schemathesis) against a live cluster finds no 5xx and no answer that breaks the document.
+
+The document does not depend on a node's config: limits that the config sets (batch sizes,
+name lengths, payload sizes...) are described with their defaults, not encoded as maxima.
+"""
+from __future__ import annotations
+
+import json
+import sys
+from functools import lru_cache
+
+from .. import __version__
+from . import errors
+from .auth import ADMIN, OPERATOR, VIEWER, WORKER
+from .limits import QUEUE_KEYS, Limits
+from .machine import STATE_NAMES
+from .settings import ROLES
+
+INT64_MAX = 2**63 - 1
+INT64_MIN = -(2**63)
+UUID_PATTERN = "^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$"
+# Strict base64 (padding required, no whitespace), at least one byte.
+B64_PATTERN = "^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=|[A-Za-z0-9+/]{4})$"
+# A queue name: non-empty, no '/', no control character (C0, DEL, C1); '.' and '..' excluded below.
+QUEUE_PATTERN = "^[^/\\u0000-\\u001f\\u007f-\\u009f]+$"
+REQUEST_ID_PATTERN = "^[!-~]{1,128}$"
+EXAMPLE_ID = "8a3c2f8e-5b1d-4c47-9a51-0b7e2f3d9c10"
+
+# What each error code means (the statuses come from node/errors.py).
+CODE_MEANINGS = {
+    "invalid_argument": "malformed JSON, a body that is not an object, missing or mistyped request fields, "
+                        "out-of-range values, an empty or oversized batch, too many reserve queues, a "
+                        "non-canonical job id, a bad Request-Id, a Request-Id reused for another operation",
+    "unauthenticated": "API keys are on and the request has no key or an unknown one",
+    "permission_denied": "the key's role is below the operation's",
+    "job_not_found": "ack/nack/extend of a job that is not in flight (acked, expired and not re-reserved, "
+                     "dead-lettered, never existed): you no longer own it",
+    "not_found": "an unknown resource (job, queue in strict mode, path)",
+    "attempt_mismatch": "ack/nack/extend with a stale attempt: the job is in flight under a newer attempt; you "
+                        "no longer own it",
+    "failed_precondition": "the operation does not fit the job's state (cancelling an in-flight job)",
+    "unknown_queues": "reserve names queues that are not declared while `strict_queues` is on; `queues` "
+                      "lists them",
+    "request_too_large": "the body is larger than `max_request_bytes`",
+    "rejected": "the job was refused; `rejection` says why",
+    "batch_rejected": "the atomic batch was refused; `errors` lists every failing job",
+    "overloaded": "the node has too many requests waiting for commit; retry after `Retry-After` seconds",
+    "not_leader": "this node is a follower: the request is redirected to the leader",
+    "no_leader": "no leader is known (election in progress, or this node is cut off); retry after "
+                 "`Retry-After` seconds",
+    "unavailable": "the change could not be committed in time (lost quorum, leadership lost mid-request); "
+                   "the outcome is unknown: retry with the same Request-Id",
+    "internal": "a bug in the server, never bad input",
+}
+
+# Why an enqueued job can be refused, first failing check wins (the order of the checks).
+REJECTION_REASONS = {
+    "invalid_request": "the job is malformed: a missing or mistyped field, an out-of-range value, both "
+                       "`scheduled_at_ms` and `delay_ms` (`message` says which)",
+    "unknown_queue": "strict mode and the queue is not declared (`queue`)",
+    "queue_name_too_long": "`limit`, `actual` (UTF-8 bytes)",
+    "job_type_name_too_long": "`limit`, `actual`",
+    "job_type_not_allowed": "the queue restricts job types (`job_type`, `allowed`)",
+    "idempotency_key_too_long": "`limit`, `actual`",
+    "payload_too_large": "`limit`, `actual` (decoded bytes)",
+    "encoding_not_allowed": "the queue restricts encodings (`encoding`, `allowed`)",
+    "custom_entries_too_many": "`limit`, `actual`",
+    "custom_key_too_long": "`key`, `limit`, `actual`",
+    "custom_map_too_large": "`limit`, `actual`",
+    "scheduled_too_far": "beyond now + `max_schedule_horizon_ms` (`horizon_ms`, `scheduled_at_ms`)",
+    "queue_full": "the queue holds `max_queue_depth` live jobs (`queue`, `limit`)",
+}
+
+DEAD_LETTER_CAUSES = ("attempts_exhausted", "rejected", "lease_expired", "expired")
+
+# The session ops (node/session.py) and the HTTP route each one mirrors.
+SESSION_HTTP = {
+    "enqueue": ("post", "/v1/jobs"), "enqueue_batch": ("post", "/v1/jobs/batch"),
+    "enqueue_atomic": ("post", "/v1/jobs/atomic"), "reserve": ("post", "/v1/reserve"),
+    "ack": ("post", "/v1/jobs/{id}/ack"), "ack_batch": ("post", "/v1/acks"), "nack": ("post", "/v1/jobs/{id}/nack"),
+    "extend": ("post", "/v1/jobs/{id}/extend"), "drain": ("post", "/v1/dead-letters/drain"),
+    "server_info": ("get", "/v1/server-info"), "cluster": ("get", "/v1/cluster"),
+}
+
+
+def ref(name: str) -> dict:
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
+def integer(minimum: int | None = INT64_MIN, maximum: int = INT64_MAX, description: str = "", **kw) -> dict:
+    s = {"type": "integer", "format": "int64"}
+    if minimum is not None:
+        s["minimum"] = minimum
+    s["maximum"] = maximum
+    if description:
+        s["description"] = description
+    s.update(kw)
+    return s
+
+
+def ms(description: str, minimum: int | None = 0, nullable: bool = False) -> dict:
+    s = integer(minimum, description=description)
+    if nullable:
+        s["type"] = ["integer", "null"]
+    return s
+
+
+def obj(properties: dict, required=(), description: str = "", **kw) -> dict:
+    s = {"type": "object", "properties": properties}
+    if required:
+        s["required"] = list(required)
+    if description:
+        s["description"] = description
+    s.update(kw)
+    return s
+
+
+def string(description: str = "", **kw) -> dict:
+    s = {"type": "string"}
+    if description:
+        s["description"] = description
+    s.update(kw)
+    return s
+
+
+def nullable(schema: dict) -> dict:
+    """The same, or JSON null: the node takes an optional field given as null as left out."""
+    if "$ref" in schema:
+        return {"oneOf": [schema, {"type": "null"}]}
+    out = dict(schema)
+    out["type"] = [schema["type"], "null"] if isinstance(schema["type"], str) else [*schema["type"], "null"]
+    return out
+
+
+def _json_type(value) -> dict:
+    if isinstance(value, bool):
+        return {"type": "boolean"}
+    if isinstance(value, int):
+        return {"type": "integer"}
+    if isinstance(value, float):
+        return {"type": "number"}
+    if isinstance(value, str):
+        return {"type": "string"}
+    if isinstance(value, (list, tuple)):
+        return {"type": "array", "items": {"type": "string"}}
+    raise TypeError(value)
+
+
+def _queue_limits_schema() -> dict:
+    """GET /v1/queues/{name} `limits`: QueueLimits.describe() of the default limits, typed from
+    node/limits.py's defaults (a default of None is an optional value: null when unset)."""
+    props = {}
+    shown = Limits.build().default_queue.describe()
+    for key, value in shown.items():
+        default = QUEUE_KEYS.get(key, value)
+        if default is None or value is None:
+            kind = {"max_queue_depth": {"type": "integer"}}.get(key, {"type": "array", "items": {"type": "string"}})
+            props[key] = {**kind, "type": [kind["type"], "null"]}
+        else:
+            props[key] = _json_type(default)
+    return obj(props, required=list(shown), description="The queue's effective limits and retry policy: its "
+               "`[[queues]]` overrides merged over `[limits]` (see docs/configuration.md).")
+
+
+def _server_info_schema() -> dict:
+    props = {"server_version": string(), "protocol_versions": {"type": "array", "items": string()},
+             "server_time_ms": ms("this node's clock (the worker estimates its offset from it)"),
+             "node_id": string()}
+    info = Limits.build().server_info()
+    for key, value in info.items():
+        props[key] = _json_type(value)
+    return obj(props, required=list(props), description="What a client needs to know before it sends: the "
+               "global limits (values of `[limits]`, the queue defaults for per-queue keys), whether encodings "
+               "are restricted, strict mode, and whether the dead-letter store is on.")
+
+
+def schemas() -> dict:
+    queue_name = {"type": "string", "minLength": 1, "pattern": QUEUE_PATTERN, "not": {"enum": [".", ".."]},
+                  "description": "1..`max_queue_name_bytes` (512) UTF-8 bytes; not `.` or `..`; no `/`; no control "
+                                 "characters"}
+    custom_value = {"type": ["string", "integer", "number", "boolean"]}
+    job_props = {
+        "id": string("assigned by the cluster: a UUID v4, lowercase", format="uuid"),
+        "queue": string(), "job_type": string(),
+        "payload": ref("Payload"),
+        "priority": integer(0, 9, "0..9, 9 served first"),
+        "custom": {"type": "object", "additionalProperties": custom_value},
+        "trace_context": ref("TraceContext"),
+        "enqueued_at_ms": ms("when it was enqueued (or requeued); a retry keeps it"),
+        "scheduled_at_ms": ms("the schedule the producer asked for, if any", None, nullable=True),
+        "attempt": integer(1, description="this delivery's attempt, 1 for the first; the fence of ack, nack "
+                           "and extend"),
+        "max_attempts": integer(1),
+        "lease_expires_at_ms": ms("in flight: the real, clamped lease deadline (budget against it, not against "
+                                  "the lease asked for)", None, nullable=True),
+        "deadline_at_ms": ms("present until the first delivery when the producer set one", None),
+    }
+    job_required = ["id", "queue", "job_type", "priority", "custom", "enqueued_at_ms", "scheduled_at_ms",
+                    "attempt", "max_attempts", "lease_expires_at_ms"]
+    view_states = [s for s in STATE_NAMES if s != "gone"]
+    s = {
+        "Payload": obj({
+            "data_b64": string("standard base64 with padding, decoding to at least one byte", minLength=4,
+                               pattern=B64_PATTERN, contentEncoding="base64"),
+            "encoding": string("a hint for the worker, usually a MIME type", minLength=1),
+        }, ["data_b64", "encoding"], "Opaque bytes with an encoding hint. A job without data has no payload."),
+        "TraceContext": obj({"traceparent": string(minLength=1), "tracestate": {"type": ["string", "null"]}},
+                            ["traceparent"], "W3C trace context, carried through to the worker."),
+        "QueueName": queue_name,
+        "EnqueueRequest": obj({
+            "queue": queue_name,
+            "job_type": string("1..`max_job_type_bytes` (256) UTF-8 bytes", minLength=1),
+            "payload": nullable(ref("Payload")),
+            "idempotency_key": nullable(string("1..`max_idempotency_key_bytes` (256) bytes, scoped to the queue: while its "
+                                      "dedup record lives (`dedup_window_ms`, 24 h) the same key returns the first "
+                                      "job's id", minLength=1)),
+            "priority": nullable(integer(0, 9, "default: the queue's `default_priority`")),
+            "max_attempts": nullable(integer(1, description="default: the queue's `default_max_attempts`; silently clamped "
+                                    "to `max_attempts_ceiling`")),
+            "custom": nullable({"type": "object", "additionalProperties": custom_value, "propertyNames": {"minLength": 1},
+                       "description": "string, integer, float or boolean values; at most `max_custom_entries` (64) "
+                                      "entries, keys of at most `max_custom_key_bytes` (256), "
+                                      "`max_custom_total_bytes` (16384) in all"}),
+            "scheduled_at_ms": nullable(ms("earliest run time; in the past = now; beyond now + `max_schedule_horizon_ms` is "
+                                  "`scheduled_too_far`", INT64_MIN)),
+            "delay_ms": nullable(ms("run no earlier than now + delay_ms; not together with scheduled_at_ms")),
+            "trace_context": nullable(ref("TraceContext")),
+            "deadline_at_ms": nullable(ms("a job not reserved by then never runs: it is dead-lettered with cause `expired`",
+                                 INT64_MIN)),
+        }, ["queue", "job_type"], "One job to enqueue. Unknown fields are ignored. Anything wrong with it is a "
+           "rejection (422 for a single enqueue), never a 400.", example={
+            "queue": "emails", "job_type": "welcome", "priority": 5,
+            "payload": {"data_b64": "eyJ1c2VyIjo0Mn0=", "encoding": "application/json"},
+            "idempotency_key": "welcome-42", "custom": {"tenant": "acme"}}),
+        "EnqueueResult": obj({"job_id": string(format="uuid"), "deduplicated": {
+            "type": "boolean", "description": "true: the idempotency key matched a live record; no job was made"}},
+            ["job_id", "deduplicated"]),
+        "Rejection": obj({"reason": {"type": "string", "enum": list(REJECTION_REASONS)},
+                          "message": string(), "queue": string(), "job_type": string(), "encoding": string(),
+                          "key": string(), "allowed": {"type": "array", "items": string()},
+                          "limit": {"type": "integer"}, "actual": {"type": "integer"},
+                          "horizon_ms": {"type": "integer"}, "scheduled_at_ms": {"type": "integer"}},
+                         ["reason"], "Why a job was refused; first failing check wins, in this order:\n\n"
+                         + "\n".join(f"* `{k}`: {v}" for k, v in REJECTION_REASONS.items())),
+        "RejectedItem": obj({"rejection": ref("Rejection")}, ["rejection"]),
+        "EnqueueBatchRequest": obj({"jobs": {"type": "array", "items": ref("EnqueueRequest"), "minItems": 1,
+                                             "description": "1..`max_enqueue_batch` (256) jobs"}}, ["jobs"],
+                                   example={"jobs": [{"queue": "emails", "job_type": "welcome"},
+                                                     {"queue": "emails", "job_type": "digest", "delay_ms": 60000}]}),
+        "EnqueueBatchResponse": obj({"results": {"type": "array", "items": {
+            "oneOf": [ref("EnqueueResult"), ref("RejectedItem")]}}}, ["results"],
+            "One result per job, in order: accepted jobs committed together, refused ones not."),
+        "EnqueueAtomicResponse": obj({"results": {"type": "array", "items": ref("EnqueueResult")}}, ["results"]),
+        "BatchRejection": obj({"index": integer(0), "rejection": ref("Rejection")}, ["index", "rejection"]),
+        "ReserveRequest": obj({
+            "queues": {"type": "array", "items": queue_name, "minItems": 1,
+                       "description": "polled in this order; 1..`max_reserve_queues` (32)"},
+            "lease_ms": integer(1, description="clamped to the smallest `max_lease_duration_ms` of the queues"),
+            "wait_ms": integer(0, description="long poll: wait up to this long for a job (clamped to "
+                               "`max_wait_timeout_ms`)", default=0),
+            "max_jobs": integer(1, description="clamped to `max_reserve_batch` (256)", default=1),
+            "worker_id": nullable(string("free text, for your logs", minLength=1)),
+        }, ["queues", "lease_ms"], example={"queues": ["emails"], "lease_ms": 30000, "wait_ms": 1000, "max_jobs": 10}),
+        "ReserveResponse": obj({"jobs": {"type": "array", "items": ref("Job")}}, ["jobs"],
+                               "Possibly empty when nothing was ready within `wait_ms`."),
+        "Job": obj(job_props, job_required, "A job as a worker sees it (reserve, dead-letter records).",
+                   example={"id": EXAMPLE_ID, "queue": "emails", "job_type": "welcome",
+                            "payload": {"data_b64": "eyJ1c2VyIjo0Mn0=", "encoding": "application/json"},
+                            "priority": 5, "custom": {"tenant": "acme"}, "enqueued_at_ms": 1764500000000,
+                            "scheduled_at_ms": None, "attempt": 1, "max_attempts": 3,
+                            "lease_expires_at_ms": 1764500030000}),
+        "JobView": obj({**job_props,
+                        "state": {"type": "string", "enum": view_states},
+                        "last_reason": {"type": ["string", "null"], "description": "the last nack's reason"},
+                        "run_at_ms": ms("scheduled: when it becomes ready (a delayed retry included)")},
+                       job_required + ["state", "last_reason"],
+                       "A job and its state (inspection, listings); `lease_expires_at_ms` is null unless in flight."),
+        "AckRequest": obj({"attempt": integer(1, description="the attempt the job was delivered with")}, ["attempt"],
+                          example={"attempt": 1}),
+        "JobIdResponse": obj({"job_id": string(format="uuid")}, ["job_id"]),
+        "AckItem": obj({"job_id": string(format="uuid", pattern=UUID_PATTERN), "attempt": integer(1)},
+                       ["job_id", "attempt"]),
+        "AcksRequest": obj({"acks": {"type": "array", "items": ref("AckItem"), "minItems": 1,
+                                     "description": "1..`max_reserve_batch` (256) acks"}}, ["acks"],
+                           example={"acks": [{"job_id": EXAMPLE_ID, "attempt": 1}]}),
+        "AckOutcome": {"oneOf": [ref("JobIdResponse"), obj({"error": ref("ErrorDetail")}, ["error"])],
+                       "description": "`{job_id}` or `{error: {code: job_not_found | attempt_mismatch, ...}}`"},
+        "AcksResponse": obj({"results": {"type": "array", "items": ref("AckOutcome")}}, ["results"],
+                            "One outcome per ack, in order, all committed in one replicated command."),
+        "RetryDefault": obj({"strategy": {"const": "default"}}, ["strategy"],
+                            "the queue's retry policy (immediate unless `retry_delay_ms` is set)"),
+        "RetryDelay": obj({"strategy": {"const": "delay"},
+                           "delay_ms": ms("redeliver no earlier than now + delay_ms (clamped to the schedule "
+                                          "horizon, no jitter); 0 = at once")},
+                          ["strategy", "delay_ms"]),
+        "RetryDeadLetter": obj({"strategy": {"const": "dead_letter"}}, ["strategy"],
+                               "dead-letter at once (cause `rejected`), whatever attempts remain"),
+        "NackRequest": obj({"attempt": integer(1),
+                            "reason": nullable(string("becomes the job's `last_reason`; empty = none")),
+                            "retry": {"oneOf": [ref("RetryDefault"), ref("RetryDelay"), ref("RetryDeadLetter"),
+                                                {"type": "null"}],
+                                      "description": "default (and null): `{\"strategy\": \"default\"}`"}},
+                           ["attempt"], example={"attempt": 1, "reason": "smtp down",
+                                                 "retry": {"strategy": "delay", "delay_ms": 60000}}),
+        "NackResponse": obj({"job_id": string(format="uuid"), "dead_lettered": {
+            "type": "boolean", "description": "true when this nack ended the job (dead_letter, or its last attempt)"}},
+            ["job_id", "dead_lettered"]),
+        "ExtendRequest": obj({"attempt": integer(1), "lease_ms": integer(1, description="new deadline = now + "
+                              "lease_ms, clamped to the queue's `max_lease_duration_ms`")},
+                             ["attempt", "lease_ms"], example={"attempt": 1, "lease_ms": 30000}),
+        "ExtendResponse": obj({"job_id": string(format="uuid"), "lease_expires_at_ms": ms("the new deadline")},
+                              ["job_id", "lease_expires_at_ms"]),
+        "DrainRequest": obj({"queue": nullable(string("only this queue's dead letters", minLength=1)),
+                             "max": integer(1, description="clamped to `max_reserve_batch` (256)", default=1)},
+                            example={"queue": "emails", "max": 100}),
+        "DeadLetterRecord": obj({"job": ref("Job"), "cause": {"type": "string", "enum": list(DEAD_LETTER_CAUSES)},
+                                 "failed_at_ms": ms("when it was dead-lettered"),
+                                 "final_attempt": integer(1),
+                                 "last_reason": {"type": ["string", "null"]}},
+                                ["job", "cause", "failed_at_ms", "final_attempt", "last_reason"]),
+        "DrainResponse": obj({"records": {"type": "array", "items": ref("DeadLetterRecord")}}, ["records"],
+                             "Oldest first; these records were deleted in the same commit."),
+        "IdsRequest": obj({"ids": {"type": "array", "minItems": 1, "maxItems": 1000,
+                                   "items": string(format="uuid", pattern=UUID_PATTERN)}}, ["ids"],
+                          example={"ids": [EXAMPLE_ID]}),
+        "RequeueResponse": obj({"requeued": {"type": "array", "items": string(format="uuid")},
+                                "missing": {"type": "array", "items": string(format="uuid")}},
+                               ["requeued", "missing"]),
+        "DeleteDeadLettersResponse": obj({"deleted": {"type": "array", "items": string(format="uuid")},
+                                          "missing": {"type": "array", "items": string(format="uuid")}},
+                                         ["deleted", "missing"]),
+        "PauseResponse": obj({"queue": string(), "paused": {"type": "boolean"}}, ["queue", "paused"]),
+        "QueueStats": obj({
+            "name": string(), "declared": {"type": "boolean", "description": "declared in `[[queues]]`"},
+            "paused": {"type": "boolean"},
+            **{k: integer(0, description=d) for k, d in (
+                ("ready", "jobs that can be reserved now"), ("scheduled", "jobs waiting for their time"),
+                ("in_flight", "jobs under a lease"), ("dead_lettered", "dead letters kept"),
+                ("enqueued", "jobs enqueued, total"), ("acked", "acks, total"), ("nacked", "nacks, total"),
+                ("dead_lettered_total", "jobs dead-lettered, total (kept or not)"))}},
+            ["name", "declared", "paused", "ready", "scheduled", "in_flight", "dead_lettered", "enqueued", "acked",
+             "nacked", "dead_lettered_total"], "Counts are exact; totals count since the queue first appeared."),
+        "QueuesResponse": obj({"queues": {"type": "array", "items": ref("QueueStats")}}, ["queues"]),
+        "QueueLimits": _queue_limits_schema(),
+        "QueueDetail": {"allOf": [ref("QueueStats"), obj({"limits": ref("QueueLimits")}, ["limits"])]},
+        "JobPage": obj({"jobs": {"type": "array", "items": ref("JobView")},
+                        "next_cursor": {"type": ["string", "null"], "description": "pass as `cursor` for the next "
+                                        "page; null on the last"}}, ["jobs", "next_cursor"]),
+        "DeadLetterPage": obj({"records": {"type": "array", "items": ref("DeadLetterRecord")},
+                               "next_cursor": {"type": ["string", "null"]}}, ["records", "next_cursor"]),
+        "ServerInfo": _server_info_schema(),
+        "Member": obj({"id": string(), "url": string(), "raft_addr": string(), "connected": {"type": "boolean"}},
+                      ["id", "url", "raft_addr", "connected"]),
+        "ClusterView": obj({
+            "node_id": string(), "role": {"type": "string", "enum": ["leader", "follower", "candidate"]},
+            "leader": {"type": ["object", "null"], "properties": {"id": string(), "url": string()},
+                       "required": ["id", "url"]},
+            "term": integer(0), "commit_index": integer(0), "last_applied": integer(0),
+            "members": {"type": "array", "items": ref("Member")},
+            "ready": {"type": "boolean", "description": "as /readyz"},
+            "digest": {"type": ["string", "null"], "description": "hash of the replicated state at "
+                       "`last_applied`, equal on every node at the same index; null with `?digest=false`"},
+            "durability": {"type": "string", "enum": ["fsync", "memory"]},
+            "limits_fingerprint": string("hash of the limits; equal on every node"),
+            "state": obj({k: integer(None) for k in ("jobs", "dead_letters", "dedup_records", "request_ids",
+                                                      "clock_ms")}),
+            "cpu": {"type": "object", "additionalProperties": {"type": ["number", "null"]}},
+            "proposer": {"type": "object", "additionalProperties": {"type": "integer"}},
+            "journal_syncs": integer(0),
+            "event_loop": {"type": "string", "enum": ["uvloop", "asyncio"]},
+        }, ["node_id", "role", "leader", "term", "commit_index", "last_applied", "members", "ready", "digest"],
+            "This node's own view of the cluster."),
+        "Health": obj({"status": {"const": "ok"}}, ["status"]),
+        "Readiness": obj({"status": {"type": "string", "enum": ["ready", "not_ready"]},
+                          "leader": {"type": ["string", "null"], "description": "the leader's URL as this node "
+                                     "knows it"}}, ["status", "leader"]),
+        "ErrorCode": {"type": "string", "enum": list(errors.STATUS),
+                      "description": "\n".join(f"* `{c}` ({errors.STATUS[c]}): {CODE_MEANINGS[c]}"
+                                               for c in errors.STATUS)},
+        "ErrorDetail": obj({"code": ref("ErrorCode"), "message": string("for people; do not parse"),
+                            "rejection": ref("Rejection"),
+                            "errors": {"type": "array", "items": ref("BatchRejection")},
+                            "queues": {"type": "array", "items": string()},
+                            "leader_url": string(), "job_id": string(), "attempt": {"type": "integer"},
+                            "limit": {"type": "integer"}, "role": {"type": "string", "enum": list(ROLES)},
+                            "required_role": {"type": "string", "enum": list(ROLES)}},
+                           ["code", "message"], "Further fields by code: `rejection` (rejected), `errors` "
+                           "(batch_rejected), `queues` (unknown_queues), `leader_url` (not_leader), `job_id` and "
+                           "`attempt` (job_not_found, attempt_mismatch), `limit` (request_too_large), `role` and "
+                           "`required_role` (permission_denied)."),
+        "Error": obj({"error": ref("ErrorDetail")}, ["error"], "Every error has this shape."),
+        "SessionRequestFrame": obj({"id": {"type": "integer", "description": "chosen by the client, unique in the "
+                                           "session"},
+                                    "op": {"type": "string", "enum": sorted(SESSION_HTTP)},
+                                    "request_id": string("as the Request-Id header", pattern=REQUEST_ID_PATTERN),
+                                    "body": {"type": "object", "description": "the JSON body of the matching HTTP "
+                                             "request; ack, nack and extend carry `job_id` in it"}},
+                                   ["id", "op"]),
+        "SessionResponseFrame": obj({"id": {"type": ["integer", "null"]}, "status": {"type": "integer"},
+                                     "body": {"type": "object", "description": "what the HTTP endpoint answers, "
+                                              "errors included"}}, ["id", "status", "body"]),
+    }
+    return s
+
+
+# ------------------------------------------------------------------------------------------ routes
+ROLE_NAMES = {VIEWER: "viewer", WORKER: "worker", OPERATOR: "operator", ADMIN: "admin", None: None}
+
+
+def _route(method, path, op_id, summary, description, role, *, leader=True, body=None, body_required=True,
+           ok=None, ok_status=200, params=(), errors_=(), write=False, tags=("jobs",), ok_type="application/json",
+           extra_responses=None):
+    return dict(method=method, path=path, op_id=op_id, summary=summary, description=description, role=role,
+                leader=leader, body=body, body_required=body_required, ok=ok, ok_status=ok_status, params=params,
+                errors=errors_, write=write, tags=tags, ok_type=ok_type, extra=extra_responses or {})
+
+
+ID_PARAM = {"name": "id", "in": "path", "required": True, "description": "the job id (a canonical UUID, any case)",
+            "schema": {"type": "string", "format": "uuid", "pattern": UUID_PATTERN}}
+NAME_PARAM = {"name": "name", "in": "path", "required": True, "description": "the queue name",
+              "schema": {"$ref": "#/components/schemas/QueueName"}}
+LIMIT_PARAM = {"name": "limit", "in": "query", "description": "page size, 1..100 (default 50)",
+               "schema": {"type": "integer", "minimum": 1, "maximum": 100, "default": 50}}
+CURSOR_PARAM = {"name": "cursor", "in": "query", "description": "`next_cursor` of the previous page",
+                "schema": {"type": "string"}}
+
+ROUTES = [
+    _route("post", "/v1/jobs", "enqueue", "Enqueue a job",
+           "Validated first (a refused job changes nothing); with an idempotency key whose dedup record lives, "
+           "the first job's id comes back with `deduplicated: true`.", WORKER, body="EnqueueRequest",
+           ok="EnqueueResult", write=True, errors_=[(422, ["rejected"])]),
+    _route("post", "/v1/jobs/batch", "enqueue_batch", "Enqueue jobs, best effort",
+           "Accepted jobs are committed together in one replicated command; refused ones are answered with their "
+           "rejection. Two jobs with one idempotency key: the second deduplicates to the first.", WORKER,
+           body="EnqueueBatchRequest", ok="EnqueueBatchResponse", write=True),
+    _route("post", "/v1/jobs/atomic", "enqueue_atomic", "Enqueue jobs, all or none",
+           "Every job is accepted, or none is enqueued (422 `batch_rejected` lists every failing job).", WORKER,
+           body="EnqueueBatchRequest", ok="EnqueueAtomicResponse", write=True, errors_=[(422, ["batch_rejected"])]),
+    _route("post", "/v1/reserve", "reserve", "Reserve jobs under a lease",
+           "Queues are polled in the order given; within a queue highest priority first, then oldest, then "
+           "enqueue order. Paused queues are skipped. With `wait_ms` the request waits on the leader until a job "
+           "is ready or the time is up (then `jobs` is empty).", WORKER, body="ReserveRequest",
+           ok="ReserveResponse", write=True, errors_=[(409, ["unknown_queues"])]),
+    _route("post", "/v1/acks", "ack_batch", "Ack many jobs",
+           "Each ack is fenced like a single one; the outcome of each is in `results`.", WORKER,
+           body="AcksRequest", ok="AcksResponse", write=True),
+    _route("post", "/v1/jobs/{id}/ack", "ack", "Ack a job", "The job is removed for good (its idempotency "
+           "record stays until its window ends).", WORKER, body="AckRequest", ok="JobIdResponse", write=True,
+           params=[ID_PARAM], errors_=[(404, ["job_not_found"]), (409, ["attempt_mismatch"])]),
+    _route("post", "/v1/jobs/{id}/nack", "nack", "Nack a job",
+           "`dead_letter` dead-letters it (cause `rejected`). Otherwise on its last attempt it is dead-lettered "
+           "(cause `attempts_exhausted`), else it comes back with attempt + 1 after the delay (`delay`: the one "
+           "given; `default`: the queue's retry policy).", WORKER, body="NackRequest", ok="NackResponse",
+           write=True, params=[ID_PARAM], errors_=[(404, ["job_not_found"]), (409, ["attempt_mismatch"])]),
+    _route("post", "/v1/jobs/{id}/extend", "extend", "Extend a lease", "New deadline = now + lease_ms, "
+           "clamped to the queue's `max_lease_duration_ms`; the attempt is unchanged.", WORKER,
+           body="ExtendRequest", ok="ExtendResponse", write=True, params=[ID_PARAM],
+           errors_=[(404, ["job_not_found"]), (409, ["attempt_mismatch"])]),
+    _route("post", "/v1/dead-letters/drain", "drain", "Remove and return dead letters",
+           "Destructive: the records returned are deleted in the same commit, so a lost answer loses them. "
+           "Send a Request-Id and retry with the same one: the retry returns the same records. Returns nothing "
+           "when the dead-letter store is off (`dead_letter_retention_enabled` in server-info).", OPERATOR,
+           body="DrainRequest", body_required=False, ok="DrainResponse", write=True, tags=("dead letters",)),
+    _route("post", "/v1/dead-letters/requeue", "requeue", "Requeue dead letters",
+           "Same job id, attempt back to 1, ready now (no schedule, no deadline); ignores `max_queue_depth`. Ids "
+           "that are not dead letters are listed in `missing`. At most 1000 ids.", OPERATOR, body="IdsRequest",
+           ok="RequeueResponse", write=True, tags=("dead letters",)),
+    _route("post", "/v1/dead-letters/delete", "delete_dead_letters", "Delete dead letters",
+           "At most 1000 ids; ids that are not dead letters are listed in `missing`.", OPERATOR, body="IdsRequest",
+           ok="DeleteDeadLettersResponse", write=True, tags=("dead letters",)),
+    _route("post", "/v1/queues/{name}/pause", "pause", "Pause a queue",
+           "Reserve skips a paused queue; enqueues are still accepted and time keeps running for schedules and "
+           "deadlines. The state is replicated. A body, if any, is ignored.", OPERATOR, body_required=False,
+           ok="PauseResponse", write=True, params=[NAME_PARAM], tags=("queues",),
+           errors_=[(404, ["not_found"])]),
+    _route("post", "/v1/queues/{name}/resume", "resume", "Resume a paused queue", "A body, if any, is ignored.",
+           OPERATOR, body_required=False, ok="PauseResponse", write=True, params=[NAME_PARAM], tags=("queues",),
+           errors_=[(404, ["not_found"])]),
+    _route("delete", "/v1/jobs/{id}", "cancel", "Cancel a job",
+           "Only a ready or scheduled job: an in-flight job is 409 `failed_precondition`, a dead-lettered or "
+           "unknown one 404 `not_found`.", OPERATOR, ok="JobIdResponse", write=True, params=[ID_PARAM],
+           errors_=[(404, ["not_found"]), (409, ["failed_precondition"])]),
+    _route("get", "/v1/queues", "list_queues", "List queues",
+           "Every queue that has had a job or is declared, with its counts and totals.", VIEWER,
+           ok="QueuesResponse", tags=("queues",)),
+    _route("get", "/v1/queues/{name}", "get_queue", "One queue with its limits",
+           "An undeclared queue that never had a job shows zeros (404 in strict mode).", VIEWER, ok="QueueDetail",
+           params=[NAME_PARAM], tags=("queues",), errors_=[(404, ["not_found"])]),
+    _route("get", "/v1/queues/{name}/jobs", "list_queue_jobs", "List a queue's jobs",
+           "Ready jobs in delivery order, scheduled ones by run time, in-flight ones by lease expiry.", VIEWER,
+           ok="JobPage", tags=("queues",), errors_=[(400, ["invalid_argument"])],
+           params=[NAME_PARAM, {"name": "state", "in": "query", "schema": {
+               "type": "string", "enum": ["ready", "scheduled", "in_flight"], "default": "ready"}},
+                   LIMIT_PARAM, CURSOR_PARAM]),
+    _route("get", "/v1/jobs/{id}", "get_job", "Inspect a job",
+           "404 `not_found` once it is acked, cancelled, drained or dropped.", VIEWER, ok="JobView",
+           params=[ID_PARAM], errors_=[(400, ["invalid_argument"]), (404, ["not_found"])]),
+    _route("get", "/v1/dead-letters", "list_dead_letters", "List dead letters",
+           "Oldest first, without removing them.", VIEWER, ok="DeadLetterPage", tags=("dead letters",),
+           errors_=[(400, ["invalid_argument"])],
+           params=[{"name": "queue", "in": "query", "description": "only this queue's", "schema": {"type": "string"}},
+                   LIMIT_PARAM, CURSOR_PARAM]),
+    _route("get", "/v1/session", "session", "Open a session (WebSocket)",
+           "Upgrades to a WebSocket that carries the operations of this API as JSON frames, many in flight at "
+           "once, answered in any order: a request frame `{\"id\", \"op\", \"request_id\"?, \"body\"}` "
+           "(SessionRequestFrame), a response frame `{\"id\", \"status\", \"body\"}` (SessionResponseFrame) with "
+           "the status and body the HTTP endpoint would give. `x-raftq-session-ops` lists the ops, the route "
+           "each mirrors and the role each needs. Send a JSON array of frames (or connect with `?batch=1`) to "
+           "get answers batched the same way. When this node stops leading it closes the session with code 4001 "
+           "and the new leader's URL as the reason: reconnect there and re-send unanswered frames with their "
+           "request ids. With API keys the key is checked at the upgrade (any role) and each frame against its "
+           "op's role. A plain GET that is not an upgrade is answered 400 in plain text.", VIEWER,
+           ok=None, ok_status=101, tags=("session",), params=[{"name": "batch", "in": "query",
+                                                                 "schema": {"type": "string", "enum": ["1"]}}]),
+    _route("get", "/v1/server-info", "server_info", "Server info and limits", "Any node answers.", VIEWER,
+           leader=False, ok="ServerInfo", tags=("cluster",)),
+    _route("get", "/v1/cluster", "cluster", "This node's view of the cluster",
+           "Any node answers from its own view. The digest costs O(state) on the node: pollers pass "
+           "`digest=false`.", VIEWER, leader=False, ok="ClusterView", tags=("cluster",),
+           params=[{"name": "digest", "in": "query", "description": "`false`, `0` or `no` leaves the digest out",
+                    "schema": {"type": "string", "default": "true"}}]),
+    _route("get", "/v1/openapi.json", "openapi", "This document", "Any node answers.", VIEWER, leader=False,
+           ok=None, tags=("cluster",)),
+    _route("get", "/metrics", "metrics", "Prometheus metrics",
+           "This node's Raft, proposer, CPU and applied queue figures, labelled `node`; read queue figures "
+           "where `raftq_leader` is 1.", VIEWER, leader=False, ok=None, ok_type="text/plain", tags=("cluster",)),
+    _route("get", "/healthz", "healthz", "Liveness", "200 while the process serves HTTP. No key needed.", None,
+           leader=False, ok="Health", tags=("cluster",)),
+    _route("get", "/readyz", "readyz", "Readiness",
+           "200 when this node knows a leader and has applied everything it knows to be committed; 503 "
+           "otherwise. No key needed.", None, leader=False, ok="Readiness", tags=("cluster",),
+           extra_responses={"503": {"description": "not ready", "headers": {"Retry-After": {"$ref": "#/components/headers/RetryAfter"}},
+                                    "content": {"application/json": {"schema": ref("Readiness")}}}}),
+    _route("get", "/", "admin_page", "The admin UI",
+           "One static page over this node's API; asks for a key when API keys are on.", None, leader=False,
+           ok=None, ok_type="text/html", tags=("cluster",)),
+]
+
+
+def _error_response(status: int, codes: list[str]) -> dict:
+    r = {"description": "; ".join(f"`{c}`: {CODE_MEANINGS[c]}" for c in codes),
+         "content": {"application/json": {"schema": ref("Error")}}, "x-raftq-error-codes": list(codes)}
+    headers = {}
+    if status in (429, 503):
+        headers["Retry-After"] = {"$ref": "#/components/headers/RetryAfter"}
+    if status == 401:
+        headers["WWW-Authenticate"] = {"required": True, "schema": {"type": "string"},
+                                       "description": "`Bearer realm=\"raftq\"`"}
+    if status == 307:
+        headers["Location"] = {"required": True, "schema": {"type": "string"},
+                               "description": "the leader's URL with the same path and query"}
+        headers["Leader-Url"] = {"required": True, "schema": {"type": "string"}, "description": "the leader's URL"}
+    if headers:
+        r["headers"] = headers
+    return r
+
+
+# Error answers many operations share, kept once in components/responses.
+SHARED_RESPONSES = {
+    (400, ("invalid_argument",)): "InvalidArgument", (401, ("unauthenticated",)): "Unauthenticated",
+    (403, ("permission_denied",)): "PermissionDenied", (307, ("not_leader",)): "NotLeader",
+    (413, ("request_too_large",)): "RequestTooLarge", (429, ("overloaded",)): "Overloaded",
+    (503, ("no_leader",)): "NoLeader", (503, ("no_leader", "unavailable")): "Unavailable",
+    (500, ("internal",)): "Internal",
+}
+
+
+def _responses(route) -> dict:
+    codes: dict[int, list[str]] = {}
+
+    def add(status, *cs):
+        for c in cs:
+            assert errors.STATUS[c] == status, (c, status)
+            codes.setdefault(status, [])
+            if c not in codes[status]:
+                codes[status].append(c)
+
+    if route["role"] is not None:
+        add(401, "unauthenticated")
+        if route["role"] > VIEWER:
+            add(403, "permission_denied")
+    if route["leader"]:
+        add(307, "not_leader")
+        add(503, "no_leader")
+    if route["write"]:
+        add(400, "invalid_argument")
+        add(413, "request_too_large")
+        add(429, "overloaded")
+        add(503, "no_leader", "unavailable")
+    if route["params"] and any(p["in"] == "path" and p["name"] == "id" for p in route["params"]):
+        add(400, "invalid_argument")
+    for status, cs in route["errors"]:
+        add(status, *cs)
+    add(500, "internal")
+    out: dict[str, dict] = {}
+    ok_status = str(route["ok_status"])
+    if route["ok_status"] == 101:
+        out[ok_status] = {"description": "Switching Protocols: the session is open"}
+        out["400"] = {"description": "not a WebSocket upgrade request", "content": {"text/plain": {
+            "schema": {"type": "string"}}}}
+    elif route["ok"] is not None:
+        out[ok_status] = {"description": "OK", "content": {route["ok_type"]: {"schema": ref(route["ok"])}}}
+    elif route["op_id"] == "openapi":
+        out[ok_status] = {"description": "OK", "content": {"application/json": {"schema": {"type": "object"}}}}
+    else:
+        out[ok_status] = {"description": "OK", "content": {route["ok_type"]: {"schema": {"type": "string"}}}}
+    for status in sorted(codes):
+        if str(status) in out:
+            continue
+        name = SHARED_RESPONSES.get((status, tuple(codes[status])))
+        out[str(status)] = ({"$ref": f"#/components/responses/{name}"} if name is not None
+                            else _error_response(status, codes[status]))
+    out.update(route["extra"])
+    return dict(sorted(out.items()))
+
+
+def _operation(route) -> dict:
+    role = ROLE_NAMES[route["role"]]
+    desc = route["description"]
+    if role is not None:
+        desc += f"\n\nRole: `{role}` or higher (when API keys are on)."
+    if route["leader"]:
+        desc += " Leader only: a follower redirects (307)."
+    op = {"operationId": route["op_id"], "summary": route["summary"], "description": desc,
+          "tags": list(route["tags"]), "x-raftq-role": role, "x-raftq-leader-only": route["leader"]}
+    params = list(route["params"])
+    if route["method"] in ("post", "delete"):
+        params.append({"$ref": "#/components/parameters/RequestId"})
+    if params:
+        op["parameters"] = params
+    if route["body"] is not None:
+        schema = ref(route["body"])
+        if not route["body_required"]:          # an optional body: JSON null is taken as none
+            schema = {"oneOf": [schema, {"type": "null"}]}
+        op["requestBody"] = {"required": route["body_required"],
+                             "content": {"application/json": {"schema": schema}}}
+    elif route["method"] == "post" and not route["body_required"]:
+        op["requestBody"] = {"required": False, "description": "ignored (any JSON value)",
+                             "content": {"application/json": {"schema": {}}}}
+    op["responses"] = _responses(route)
+    op["security"] = [{"bearer": []}] if role is not None else []
+    if route["op_id"] == "session":
+        from .session import FAST_OPS, OP_ROLES, READ_OPS
+        ops = sorted(FAST_OPS | {"reserve"} | set(READ_OPS))
+        op["x-raftq-session-ops"] = {o: {"route": f"{SESSION_HTTP[o][0].upper()} {SESSION_HTTP[o][1]}",
+                                         "role": ROLES[OP_ROLES.get(o, VIEWER)]} for o in ops}
+    return op
+
+
+@lru_cache(maxsize=1)
+def document() -> dict:
+    paths: dict[str, dict] = {}
+    for route in ROUTES:
+        paths.setdefault(route["path"], {})[route["method"]] = _operation(route)
+    return {
+        "openapi": "3.1.0",
+        "info": {
+            "title": "raftq HTTP API", "version": __version__,
+            "summary": "A durable job queue replicated by Raft",
+            "description": "Every node serves the whole API. Leader-only operations sent to a follower are "
+                           "answered 307 to the leader (follow redirects, keeping method and body). JSON bodies, "
+                           "snake_case fields, unknown request fields ignored, an optional field given as null "
+                           "taken as left out; integers are written as JSON integers (`1`, not `1.0`: a number "
+                           "with a fraction or exponent is refused as a wrong type, which JSON Schema cannot "
+                           "express); instants are integer ms since the "
+                           "Unix epoch (`*_at_ms`), durations integer ms (`*_ms`). Any POST or DELETE may carry "
+                           "`Request-Id`: a repeat within `request_id_window_ms` (60 s) gets the stored answer "
+                           "and applies nothing. See docs/api.md.",
+            "license": {"name": "see the repository"},
+        },
+        "tags": [{"name": t} for t in ("jobs", "dead letters", "queues", "session", "cluster")],
+        "paths": paths,
+        "components": {
+            "schemas": schemas(),
+            "responses": {name: _error_response(status, list(codes))
+                          for (status, codes), name in SHARED_RESPONSES.items()},
+            "parameters": {"RequestId": {
+                "name": "Request-Id", "in": "header", "required": False,
+                "description": "1..128 visible ASCII characters. A repeat within `request_id_window_ms` returns "
+                               "the stored answer and applies nothing; reused for another operation it is 400.",
+                "schema": {"type": "string", "pattern": REQUEST_ID_PATTERN}}},
+            "headers": {"RetryAfter": {"required": True, "description": "seconds to wait before retrying",
+                                       "schema": {"type": "string", "pattern": "^[0-9]+$"}}},
+            "securitySchemes": {"bearer": {
+                "type": "http", "scheme": "bearer",
+                "description": "Only when the nodes have `[auth] api_keys`: `Authorization: Bearer <key>`; the "
+                               "key's role (viewer < worker < operator < admin) must reach the operation's "
+                               "(`x-raftq-role`). Without keys the API is open."}},
+        },
+    }
+
+
+def document_bytes() -> bytes:
+    return (json.dumps(document(), indent=2, ensure_ascii=False) + "\n").encode()
+
+
+def main() -> int:
+    sys.stdout.buffer.write(document_bytes())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
