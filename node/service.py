@@ -422,7 +422,11 @@ class NodeService:
         n = len(self.settings.peers)
         seen: dict[str, str] = {}
         told: set[str] = set()
-        ssl_ctx = peer_context(self.settings.tls)       # https peers: tls_peer_ca, this node's certificate
+        try:
+            ssl_ctx = peer_context(self.settings.tls)   # https peers: tls_peer_ca, this node's certificate
+        except Exception as e:                          # the files changed since the start
+            log.warning("cannot compare limits with the other nodes: their https client context: %s", e)
+            return
         async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=True if ssl_ctx is None else ssl_ctx)) as http:
             while not self.stopping:
                 for p in self.settings.others:
