@@ -411,10 +411,17 @@ class NodeService:
         them). A node whose limits differ from a majority of the cluster refuses to serve; one
         that agrees with a majority carries on (a single misconfigured node cannot stop the rest)."""
         import aiohttp
+        from .tls import peer_context, peer_problem
         mine = self.limits.fingerprint()
         n = len(self.settings.peers)
         seen: dict[str, str] = {}
-        async with aiohttp.ClientSession() as http:
+        told: set[str] = set()
+        try:
+            ssl_ctx = peer_context(self.settings.tls)   # https peers: tls_peer_ca, this node's certificate
+        except Exception as e:                          # the files changed since the start
+            log.warning("cannot compare limits with the other nodes: their https client context: %s", e)
+            return
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=True if ssl_ctx is None else ssl_ctx)) as http:
             while not self.stopping:
                 for p in self.settings.others:
                     if p.id in seen:
@@ -423,7 +430,11 @@ class NodeService:
                         async with http.get(p.url + "/v1/cluster?digest=false",
                                             timeout=aiohttp.ClientTimeout(total=2)) as r:
                             theirs = (await r.json()).get("limits_fingerprint")
-                    except Exception:
+                    except Exception as e:
+                        why = peer_problem(e)
+                        if why is not None and p.id not in told:
+                            told.add(p.id)
+                            log.warning("cannot compare limits with %s at %s: %s", p.id, p.url, why)
                         continue
                     if theirs:
                         seen[p.id] = theirs
