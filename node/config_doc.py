@@ -173,6 +173,10 @@ TUNING = {
     "dns_cache_time_s": Key("number", "How long a peer's resolved address is cached; a peer that comes back on a "
                             "new IP is found after at most this long.", positive=True),
     "dns_fail_cache_time_s": Key("number", "How long a failed lookup of a peer's address is cached.", positive=True),
+    "digest_inline_max_entries": Key("integer", "`GET /v1/cluster` hashes a state of at most this many entries "
+                                     "(jobs, request ids, dead letters) on the event loop; a larger one in a child "
+                                     "forked between two Raft ticks, so the node keeps serving (at 100k jobs the "
+                                     "digest costs ≈ 0.4 s of CPU). 0: always in a child.", minimum=0),
     "event_loop": Key("string", "The node's event loop. `uvloop` (a dependency on Linux and macOS) answers each "
                       "request with ≈ 10 µs less CPU; a node without it runs on asyncio's loop and logs so. "
                       "`GET /v1/cluster` shows the loop in use.", choices=S.EVENT_LOOPS),

@@ -109,7 +109,9 @@ def build_app(service: NodeService) -> web.Application:
         return web.Response(body=text.encode(), headers={"Content-Type": CONTENT_TYPE})
 
     async def cluster(request: web.Request) -> web.Response:
-        return respond(*service.cluster(request.query.get("digest", "true").lower() not in ("false", "0", "no")))
+        if request.query.get("digest", "true").lower() in ("false", "0", "no"):
+            return respond(*service.cluster(False))
+        return respond(*await service.cluster_with_digest())
 
     made = {}
 

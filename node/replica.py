@@ -51,6 +51,7 @@ class QueueState(SyncObjConsumer):
         self.limits = limits
         self.after_apply = None          # called on the tick thread after each applied batch
         self.apply_cpu_s = 0.0           # CPU spent in the state machine (for the benchmark split)
+        self.applied_index = 0           # the Raft index of the last entry apply_batch applied
         super().__init__()
         self.machine = QueueMachine(limits)
 
@@ -67,6 +68,9 @@ class QueueState(SyncObjConsumer):
                 # leader) are not rendered.
                 machine.render = self._syncObj.answerWanted
                 results = machine.apply_batch(now_ms, cmds)
+                # The entry this is (Raft counts it applied only after this returns, outside
+                # the lock): Replica.applied_index pairs the state with its index.
+                self.applied_index = self._syncObj.raftLastApplied + 1
             self.apply_cpu_s += time.thread_time() - t0
         except Exception:                               # pragma: no cover - defence in depth
             log.exception("apply_batch failed outside the state machine")
@@ -146,34 +150,46 @@ class Replica:
         self.syncobj = SyncObj(settings.raft, others, conf=conf, consumers=[self.state])
         if self.shadow is not None:
             self.syncobj.addOnTickCallback(self.shadow.tick)     # memory mode: the simulated page writeback
-        self._backup_request = None      # (path, Future) for the next tick: fork_backup
-        self.syncobj.addOnTickCallback(self._backup_tick)
+        self._fork_requests: list = []   # (work, Future) for the next tick: fork_at_tick
+        self._fork_lock = threading.Lock()
+        self.syncobj.addOnTickCallback(self._fork_tick)
 
     # ---------------------------------------------------------------- online backup
     def fork_backup(self, path: str) -> concurrent.futures.Future:
         """Fork a child that writes the state to `path` (node/backup.py); the Future gets
         (pid, index, term) where index is the last applied entry the state holds."""
+        return self.fork_at_tick(lambda machine: backup.child_write(machine, path))
+
+    def fork_at_tick(self, work) -> concurrent.futures.Future:
+        """Fork a child at the next tick boundary that runs `work(machine) -> exit code` on the
+        state as of the last applied entry and exits; the Future gets (pid, index, term). The
+        child must not log (another thread may have held the logging lock at the fork)."""
         fut = concurrent.futures.Future()
-        self._backup_request = (path, fut)      # taken within one tick period (auto_tick_period_s)
+        with self._fork_lock:
+            self._fork_requests.append((work, fut))   # taken within one tick period (auto_tick_period_s)
         return fut
 
-    def _backup_tick(self):
+    def _fork_tick(self):
         # On the tick thread, after the tick's applies: the machine is exactly the state of
         # raftLastApplied, and stays so until this returns (applies run on this thread only).
-        request = self._backup_request
-        if request is None:
+        if not self._fork_requests:
             return
-        self._backup_request = None
-        path, fut = request
+        with self._fork_lock:
+            requests, self._fork_requests = self._fork_requests, []
         index, term = self.syncobj.raftLastApplied, self.syncobj.raftCurrentTerm
-        try:
-            pid = os.fork()
-        except OSError as e:
-            fut.set_exception(e)
-            return
-        if pid == 0:                                            # the child: write, exit
-            os._exit(backup.child_write(self.state.machine, path))
-        fut.set_result((pid, index, term))
+        for work, fut in requests:
+            try:
+                pid = os.fork()
+            except OSError as e:
+                fut.set_exception(e)
+                continue
+            if pid == 0:                                        # the child: work, exit
+                code = 1
+                try:
+                    code = work(self.state.machine)
+                finally:
+                    os._exit(code)
+            fut.set_result((pid, index, term))
 
     # ---------------------------------------------------------------- status
     @property
@@ -209,6 +225,15 @@ class Replica:
 
     def last_applied(self) -> int:
         return self.syncobj.raftLastApplied
+
+    def applied_index(self) -> int:
+        """The index the machine's state is that of; call with the state lock held. Raft counts
+        an entry applied only after apply_batch returned and released the lock, so in between
+        the machine already holds entry raftLastApplied + 1. Entries without a command (a new
+        leader's no-op) leave the state as it was: it is then that of raftLastApplied."""
+        last = self.syncobj.raftLastApplied
+        applying = self.state.applied_index
+        return applying if applying == last + 1 else last
 
     def leader_commit_index(self) -> int:
         """The commit index the leader last reported (this node's own on the leader; 0 before

@@ -74,6 +74,7 @@ class NodeService:
         self.sweeper: asyncio.Task | None = None
         self.stats = collections.Counter()
         self._digest_cache = (None, None)
+        self._digest_job: asyncio.Task | None = None
         self.leadership_lost_hooks: list = []     # coroutine functions(new_leader_url or "")
         self.fatal: str | None = None
 
@@ -323,7 +324,7 @@ class NodeService:
             members.append({"id": p.id, "url": p.url, "raft_addr": p.raft,
                             "connected": True if p.id == self.settings.node_id else r.connected(p.raft)})
         with self.state.lock:
-            applied = r.last_applied()
+            applied = r.applied_index()
             cached_at, digest = self._digest_cache
             if not with_digest:
                 digest = None
@@ -338,6 +339,55 @@ class NodeService:
                      "limits_fingerprint": self.limits.fingerprint(), "state": machine_counts,
                      "cpu": r.cpu(), "proposer": dict(self.proposer.stats), "journal_syncs": r.syncs,
                      "event_loop": "uvloop" if type(self.loop).__module__.startswith("uvloop") else "asyncio"}
+
+    async def cluster_with_digest(self):
+        """`cluster(True)` without hashing a large state on the event loop: a state of more than
+        `tuning.digest_inline_max_entries` (5,000: ~20 ms inline, less than a fork costs) is hashed in a child forked at a tick boundary
+        (Replica.fork_at_tick), and the view's `last_applied` is the index that digest belongs
+        to. At 100k jobs the digest costs ~0.4 s of CPU (seconds on a busy machine): inline,
+        under the state lock, every request of the node would wait for it. Concurrent callers
+        share one child; the result is cached per applied index like the inline one."""
+        m = self.state.machine
+        with self.state.lock:
+            key = (self.replica.applied_index(), m.applied)
+            small = len(m.jobs) + len(m.rids) + len(m.dlq) <= self.settings.tuning["digest_inline_max_entries"]
+        if small or self._digest_cache[0] == key:
+            return self.cluster(True)
+        if self._digest_job is None or self._digest_job.done():
+            self._digest_job = self.loop.create_task(self._forked_digest())
+        index, applied, digest = await asyncio.shield(self._digest_job)
+        status, view = self.cluster(False)
+        view["last_applied"], view["digest"] = index, digest
+        return status, view
+
+    async def _forked_digest(self):
+        rfd, wfd = os.pipe()
+
+        def work(machine) -> int:
+            os.close(rfd)
+            os.write(wfd, f"{machine.applied} {machine.digest()}".encode())
+            return 0
+        try:
+            pid, index, _ = await asyncio.wrap_future(self.replica.fork_at_tick(work))
+        except BaseException:
+            os.close(rfd)
+            os.close(wfd)
+            raise
+        os.close(wfd)
+
+        def collect() -> bytes:
+            try:
+                chunks = []
+                while chunk := os.read(rfd, 4096):
+                    chunks.append(chunk)
+                return b"".join(chunks)
+            finally:
+                os.close(rfd)
+                os.waitpid(pid, 0)
+        raw = await self.loop.run_in_executor(None, collect)
+        applied, digest = raw.decode().split()
+        self._digest_cache = ((index, int(applied)), digest)
+        return index, int(applied), digest
 
     def ready(self) -> bool:
         r = self.replica

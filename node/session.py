@@ -28,7 +28,7 @@ FAST_OPS = frozenset(("enqueue", "enqueue_batch", "enqueue_atomic", "ack", "ack_
 OP_ROLES = {**{op: WORKER for op in FAST_OPS}, "reserve": WORKER, "drain": OPERATOR}
 READ_OPS = {
     "server_info": lambda s: s.server_info(),
-    "cluster": lambda s: s.cluster(),
+    "cluster": lambda s: s.cluster_with_digest(),       # a coroutine: awaited
 }
 
 
@@ -97,7 +97,8 @@ class Sessions:
                 elif op == "reserve":          # a long poll: needs its own task
                     status, out = await service.reserve(body, rid, alive=alive)
                 else:
-                    status, out = READ_OPS[op](service)
+                    answer = READ_OPS[op](service)
+                    status, out = await answer if asyncio.iscoroutine(answer) else answer
             except Exception:
                 log.exception("session op %s failed", op)
                 status, out = error("internal", "internal error (a bug): see the node's log")

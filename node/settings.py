@@ -233,6 +233,9 @@ def parse(doc: dict, source: str = "", base_dir: Path | None = None) -> Settings
         elif key == "raft_compression_level":
             if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 9:
                 raise ConfigError(f"tuning.{key}: must be an integer 0..9, got {value!r}")
+        elif key == "digest_inline_max_entries":
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ConfigError(f"tuning.{key}: must be an integer >= 0, got {value!r}")
         elif isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
             raise ConfigError(f"tuning.{key}: must be a positive number, got {value!r}")
     tuning = {**TUNING_DEFAULTS, **tuning}
@@ -313,6 +316,7 @@ TUNING_DEFAULTS = {
     "dns_cache_time_s": 30,          # pysyncobj caches peer addresses (default 600 s): a peer
     "dns_fail_cache_time_s": 5,      # that comes back on a new IP must be found quickly
     "event_loop": "uvloop",          # or "asyncio" (node/server.py run_loop)
+    "digest_inline_max_entries": 5000,   # larger states are hashed in a forked child (service.py)
 }
 EVENT_LOOPS = ("uvloop", "asyncio")
 

@@ -329,7 +329,7 @@ def test_status_warns_when_digests_differ_at_one_index(monkeypatch, capsys):
         return {"node_id": node, "role": role, "leader": {"id": "n1", "url": "http://h1"}, "term": 4,
                 "commit_index": 7, "last_applied": applied, "members": members, "ready": True, "digest": digest}
 
-    async def probe(self, urls):
+    async def probe(self, urls, digest=False):
         views = {"http://h1": view("n1", "leader", "a" * 64), "http://h2": view("n2", "follower", "a" * 64),
                  "http://h3": view("n3", "follower", "b" * 64)}
         return [commands.NodeAnswer(u, 200, views[u]) for u in urls]

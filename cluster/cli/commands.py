@@ -109,13 +109,15 @@ class Ctx:
     def _headers(self) -> dict:
         return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
 
-    async def probe(self, urls: list[str]) -> list[NodeAnswer]:
-        """GET /v1/cluster from every URL at once, each answered by that node itself."""
+    async def probe(self, urls: list[str], digest: bool = False) -> list[NodeAnswer]:
+        """GET /v1/cluster from every URL at once, each answered by that node itself; with the
+        state digest only when asked (it costs the node O(state): seconds at a million jobs)."""
         timeout = self.probe_timeout
+        path = "/v1/cluster" if digest else "/v1/cluster?digest=false"
 
         async def one(session: aiohttp.ClientSession, url: str) -> NodeAnswer:
             try:
-                async with session.get(url + "/v1/cluster", headers=self._headers(), allow_redirects=False,
+                async with session.get(url + path, headers=self._headers(), allow_redirects=False,
                                        timeout=aiohttp.ClientTimeout(total=timeout)) as r:
                     raw = await r.read()
                     try:
@@ -424,13 +426,18 @@ def _state(a) -> str:
 
 
 async def cmd_status(ctx: Ctx) -> int:
-    answers = await ctx.probe(ctx.urls)
+    # status shows the digests (and warns when they differ at one index): a slower probe.
+    timeout_was, ctx.probe_timeout = ctx.probe_timeout, max(ctx.probe_timeout, ctx.timeout)
+    try:
+        answers = await ctx.probe(ctx.urls, digest=True)
+    finally:
+        ctx.probe_timeout = timeout_was
     asked = {a.url for a in answers}
     more = [m["url"].rstrip("/") for a in answers if a.view for m in a.view.get("members", [])
             if m.get("url") and m["url"].rstrip("/") not in asked]
     more = list(dict.fromkeys(more))
     if more:
-        answers += await ctx.probe(more)
+        answers += await ctx.probe(more, digest=True)
     ids = {}
     for a in answers:
         for m in (a.view or {}).get("members", []):
