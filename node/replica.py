@@ -27,6 +27,9 @@ __all__ = ["FAIL_REASON", "QueueState", "Replica"]
 
 log = logging.getLogger("raftq.replica")
 
+# How far behind the leader's reported commit index a node may be and still be ready (/readyz).
+READY_MAX_LAG = 64
+
 ROLES = {_RAFT_STATE.FOLLOWER: "follower", _RAFT_STATE.CANDIDATE: "candidate", _RAFT_STATE.LEADER: "leader"}
 
 # Class paths that snapshots written before the builtins format (release 0.1.0's `node.*`, and
@@ -243,8 +246,17 @@ class Replica:
         return leader_commit or 0
 
     def caught_up(self) -> bool:
-        """Applied everything the leader reported committed."""
-        return self.syncobj.raftLastApplied >= self.leader_commit_index()
+        """Heard a commit index from a leader, and applied all of it but at most READY_MAX_LAG
+        entries. Not "all of it": under load a healthy follower is always a few entries behind
+        the leader's last report (the next append is on its way), so /readyz would flap on every
+        node and a rolling restart would stop at the first check. A node replaying its journal
+        or receiving a snapshot is thousands of entries behind. Before it has heard a leader a
+        restarted node knows nothing to be caught up with, and is not ready."""
+        s = self.syncobj
+        leader_commit = s.leaderCommitIndex
+        if leader_commit is None:
+            return False
+        return s.raftLastApplied >= leader_commit - READY_MAX_LAG
 
     def connected(self, raft_addr: str) -> bool:
         try:
