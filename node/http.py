@@ -113,38 +113,31 @@ def build_app(service: NodeService) -> web.Application:
             return respond(*service.cluster(False))
         return respond(*await service.cluster_with_digest())
 
-    made = {}
+    backups = Backups(service.replica, service.settings.node_id)
 
     async def backup_handler(request: web.Request) -> web.StreamResponse:
-        backups = made.get("backups")
-        if backups is None:     # made on first use: it clears the backups a previous process left
-            backups = made["backups"] = Backups(service.replica, service.settings.data_dir, service.settings.node_id)
         # Any node answers with its own applied state (a follower's is a committed prefix), so
         # `raftq backup` takes it from a follower and the leader is not loaded at all.
+        resp = web.StreamResponse(headers={"Content-Type": "application/octet-stream"})
+
+        async def start(header: bytes, index: int, term: int):
+            resp.headers["Content-Disposition"] = f'attachment; filename="raftq-{index}.backup"'
+            resp.headers["Raftq-Backup-Index"], resp.headers["Raftq-Backup-Term"] = str(index), str(term)
+            await resp.prepare(request)
+            await resp.write(header)
         try:
-            header, path = await backups.take(service.loop, wall_ms())
+            async for chunk in backups.stream(service.loop, wall_ms(), start):
+                await resp.write(chunk)
         except Busy:
             return respond(*error("overloaded", "a backup is already being taken on this node; retry when it is done"))
         except OSError as e:
+            if resp.prepared:       # the client went away, or the child failed: the stream is cut
+                log.warning("backup stream ended early: %s", e)
+                return resp
             log.error("backup failed: %s", e)
-            return respond(*error("unavailable", f"the backup could not be written on this node: {e}"))
-        try:
-            meta = orjson.loads(header[header.index(b"\n") + 1:])
-            resp = web.StreamResponse(headers={
-                "Content-Type": "application/octet-stream",
-                "Content-Length": str(len(header) + meta["body_bytes"]),
-                "Content-Disposition": f'attachment; filename="raftq-{meta["index"]}.backup"',
-                "Raftq-Backup-Index": str(meta["index"]), "Raftq-Backup-Term": str(meta["term"]),
-                "Raftq-Backup-Digest": meta["digest"], "Raftq-Backup-Sha256": meta["body_sha256"]})
-            await resp.prepare(request)
-            await resp.write(header)
-            with open(path, "rb") as f:
-                while chunk := await service.loop.run_in_executor(None, f.read, 1 << 20):
-                    await resp.write(chunk)
-            await resp.write_eof()
-            return resp
-        finally:
-            backups.done(path)
+            return respond(*error("unavailable", f"the backup could not be taken on this node: {e}"))
+        await resp.write_eof()
+        return resp
 
     routes = [("POST", path, _leader_write(fn, auth, role)) for path, role, fn in leader_post]
     routes += [("POST", path, _leader_write(fn, auth, role, optional=True)) for path, role, fn in optional_body]

@@ -533,8 +533,9 @@ ROUTES = [
            ok=None, tags=("cluster",)),
     _route("get", "/v1/backup", "backup", "An online backup of the state",
            "Any node answers with its own applied state, consistent at one applied index (taken between two "
-           "Raft ticks by a forked child, while the node serves): `RAFTQ-BACKUP 1`, a JSON header line (index, "
-           "term, digest, node, body_bytes, body_sha256), then the gzip'd body. `raftq backup` takes it from a "
+           "Raft ticks by a forked child, while the node serves), streamed as it is made: `RAFTQ-BACKUP 1`, a JSON "
+           "header line (index, term, node), the gzip'd body, a 256-byte trailer `RAFTQ-END {body_bytes, "
+           "body_sha256, digest}`. `raftq backup` takes it from a "
            "caught-up follower and verifies it; `raftq restore` writes it into a new cluster's data dirs. One "
            "backup at a time per node (429 `overloaded` while one is taken).", ADMIN, leader=False, ok=None,
            ok_type="application/octet-stream", tags=("cluster",),

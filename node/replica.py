@@ -18,7 +18,7 @@ import time
 
 import cryptography  # noqa: F401 - a node needs the server extra (the Raft link's AES-GCM), said at import
 
-from . import backup, sync_shadow
+from . import sync_shadow
 from .machine import QueueMachine
 from .raft import _RAFT_STATE, FAIL_REASON, SyncObj, SyncObjConf, SyncObjConsumer, replicated
 from .settings import Settings
@@ -158,11 +158,6 @@ class Replica:
         self.syncobj.addOnTickCallback(self._fork_tick)
 
     # ---------------------------------------------------------------- online backup
-    def fork_backup(self, path: str) -> concurrent.futures.Future:
-        """Fork a child that writes the state to `path` (node/backup.py); the Future gets
-        (pid, index, term) where index is the last applied entry the state holds."""
-        return self.fork_at_tick(lambda machine: backup.child_write(machine, path))
-
     def fork_at_tick(self, work) -> concurrent.futures.Future:
         """Fork a child at the next tick boundary that runs `work(machine) -> exit code` on the
         state as of the last applied entry and exits; the Future gets (pid, index, term). The
