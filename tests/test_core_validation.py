@@ -384,7 +384,7 @@ def test_bad_drain_bodies_are_invalid_argument(body):
 
 
 def test_drain_without_a_body_defaults_to_one_record_of_any_queue():
-    assert C.drain(None, Limits.build()) == ("drain", None, None, 1)
+    assert C.drain(None, Limits.build()) == ("drain", None, None, 1, None)
     assert C.drain({"max": 10**6}, Limits.build())[-1] == 256
 
 
