@@ -68,9 +68,13 @@ class QueueState(SyncObjConsumer):
 
     def _deserialize(self, data):
         machine = data["machine"]
-        if machine.limits.fingerprint() != self.limits.fingerprint():
-            log.warning("snapshot was written with different limits; using this node's limits")
-        machine.limits = self.limits
+        if machine.config_version == 0:
+            # No configuration in the snapshot (release 0.1.0, or a cluster not seeded yet): its
+            # entries ran under the bootstrap, which is this node's TOML. From version 1 on the
+            # snapshot carries the configuration in force, and the TOML has no say.
+            if machine.limits.fingerprint() != self.limits.fingerprint():
+                log.warning("snapshot was written with different limits; using this node's limits")
+            machine.limits = self.limits
         with self.lock:
             self.machine = machine
 

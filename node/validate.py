@@ -12,8 +12,11 @@ A command is `(op, request_id, *fields)` of builtins, built by the constructors 
 from __future__ import annotations
 
 import binascii
+import hashlib
 import re
 import sys
+
+import orjson
 
 from .errors import ApiError, invalid
 from .limits import ConfigError, Limits, check_queue_name
@@ -25,6 +28,20 @@ INT64_MIN = -(2**63)
 MAX_ADMIN_IDS = 1000
 _HEX = frozenset("0123456789abcdefABCDEF")
 _UUID = re.compile(r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}")
+
+
+def request_slot(who, rid, route: str, body, param=None):
+    """The request-id slot of a command (node/core/ops.py `request_id`), or None without a
+    Request-Id: the caller's key name, the id, the route, and a short hash of the request (its
+    body as orjson with sorted keys, and the path's job id or queue name), blake2b-128. A
+    reuse of the id by the same caller with another route or body is refused at apply."""
+    if rid is None:
+        return None
+    try:
+        data = orjson.dumps([param, body], option=orjson.OPT_SORT_KEYS)
+    except (TypeError, orjson.JSONEncodeError):
+        data = repr([param, body]).encode()
+    return ops.request_id(who, rid, route, hashlib.blake2b(data, digest_size=16).hexdigest())
 
 
 def is_int(v) -> bool:
