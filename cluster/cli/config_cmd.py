@@ -224,9 +224,10 @@ def _init(args) -> int:
     return EXIT_OK
 
 
-def add_parser(sub) -> None:
-    c = sub.add_parser("config", help="node configs for machines: init (more actions to come)",
-                       description="Node configs for a cluster on real machines.")
+def add_parser(sub, add_common=None, run=None) -> None:
+    c = sub.add_parser("config", help="node configs (init) and the cluster's configuration in force (show, diff, "
+                       "apply)", description="Node configs for a cluster on real machines, and the configuration "
+                       "in force on a running cluster.")
     csub = c.add_subparsers(dest="config_action", required=True, title="actions")
 
     def add_action(name: str, fn, help: str):
@@ -247,6 +248,10 @@ def add_parser(sub) -> None:
     i.add_argument("--include", metavar="FILE", help="[limits], [storage], [[queues]], [auth], [tuning] to put "
                    "in every config (checked as a node checks its config)")
     i.add_argument("--force", action="store_true", help="overwrite the files of an earlier init in --out")
+
+    if add_common is not None:
+        from .admin_cmd import add_config_actions
+        add_config_actions(add_action, add_common, run)
 
     # Add further actions above this line: `raftq config` alone then lists them all.
     csub.metavar = "{" + ",".join(csub.choices) + "}"

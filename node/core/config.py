@@ -160,6 +160,7 @@ def change_warnings(m, old: Limits, new: Limits) -> tuple:
 
 
 def keys_view(m) -> list:
-    """GET /v1/keys: names, roles, who added them and when (never the digests)."""
-    return [{"name": name, "role": rec[1], "added_by": rec[2], "added_at_ms": rec[3]}
+    """GET /v1/keys: names, roles, who added them and when, and the first 12 hex digits of the
+    key's SHA-256 (enough to tell two keys apart, as `raftq config diff` does; never the key)."""
+    return [{"name": name, "role": rec[1], "added_by": rec[2], "added_at_ms": rec[3], "key_sha256_prefix": rec[0][:12]}
             for name, rec in sorted(m.keys.items())]
