@@ -33,8 +33,8 @@ def valid_digest(value) -> bool:
 
 def key_problem(name, role, key_sha256) -> str | None:
     """Why (name, role, key_sha256) is not a key record, or None."""
-    if type(name) is not str or not 1 <= len(name) <= 128 or not name.isprintable():
-        return "name must be 1..128 printable characters"
+    if type(name) is not str or not 1 <= len(name) <= 128 or any(ord(c) < 0x20 or 0x7F <= ord(c) <= 0x9F for c in name):
+        return "name must be 1..128 characters, no control characters"
     if role not in ROLES:
         return f"role must be one of {', '.join(ROLES)}"
     if not valid_digest(key_sha256):
