@@ -28,11 +28,25 @@ from .settings import Settings
 log = logging.getLogger("raftq.replica")
 
 
+def _legacy_module_paths():
+    """Snapshots of release 0.1.0 pickled the machine as `node.machine.QueueMachine` (with
+    `node.limits.Limits`): that release's packages were `node` and `cluster`. Those paths name
+    this package's modules, so pysyncobj can load such a raft.dump (until the in-tree Raft fork
+    replaces pysyncobj with its own loader for exactly those class paths)."""
+    import importlib
+    import sys
+    for old, new in (("node", "raftq.node"), ("node.machine", "raftq.node.machine"),
+                     ("node.limits", "raftq.node.limits")):
+        if old not in sys.modules:
+            sys.modules[old] = importlib.import_module(new)
+
+
 class QueueState(SyncObjConsumer):
     """The replicated consumer. Attributes set before `SyncObjConsumer.__init__` are left out of
     snapshots (pysyncobj's rule), which is where the lock and the hooks belong."""
 
     def __init__(self, limits):
+        _legacy_module_paths()
         self.lock = threading.Lock()
         self.limits = limits
         self.after_apply = None          # called on the tick thread after each applied batch
@@ -72,7 +86,11 @@ class QueueState(SyncObjConsumer):
             # No configuration in the snapshot (release 0.1.0, or a cluster not seeded yet): its
             # entries ran under the bootstrap, which is this node's TOML. From version 1 on the
             # snapshot carries the configuration in force, and the TOML has no say.
-            if machine.limits.fingerprint() != self.limits.fingerprint():
+            try:
+                differs = machine.limits.fingerprint() != self.limits.fingerprint()
+            except Exception:                   # limits pickled by an older release
+                differs = True
+            if differs:
                 log.warning("snapshot was written with different limits; using this node's limits")
             machine.limits = self.limits
         with self.lock:
