@@ -104,7 +104,12 @@ class QueueMachine(UndoLog):
         # request key -> (op, result, expires[, route, body_hash]); the key is the request id, or
         # (caller's key name, request id) for a caller with a name (ops.request_key)
         self.rids: dict = {}
-        self.rid_fifo: deque = deque()  # (expires, request key); expiry order = insertion order
+        # (expires, order stored, request key), a heap: a record's expiry is fixed when it is
+        # stored, with the window in force then, so after a change to a shorter window a later
+        # record can expire before an earlier one (insertion order is not expiry order). The
+        # order stored (`applied` at the time, unique per record) breaks ties oldest first and
+        # keeps keys of different types (str, tuple) from ever being compared.
+        self.rid_heap: list = []
         # Whether anyone reads the answers of the commands being applied: a follower, or a
         # leader applying entries nobody on it waits for. Not replicated state: the node sets
         # it per entry (node/replica.py). Results are rendered outside the machine now, by the
@@ -187,7 +192,7 @@ class QueueMachine(UndoLog):
             # until it gets jobs, and only that answer must be replayed.
             expires = self.clock + self.limits.request_id_window_ms
             self.rids[key] = (op, result, expires) if route is None else (op, result, expires, route, body_hash)
-            self.rid_fifo.append((expires, key))
+            heapq.heappush(self.rid_heap, (expires, self.applied, key))
         return result
 
     def next_due_ms(self) -> int | None:

@@ -1187,6 +1187,31 @@ def test_request_id_expires_after_its_window():
     assert c.m.counts()["request_ids"] == 0
 
 
+def test_a_shorter_request_id_window_expires_later_records_first_and_keeps_earlier_expiries():
+    """A record's expiry is fixed when it is stored. After a change to a shorter window, a
+    record stored later expires before one stored earlier: the sweep drops each at its own
+    expiry (it used to stop at the older record and keep the newer one past its window), and
+    a snapshot keeps that order."""
+    c = Core(limits={"request_id_window_ms": 10_000})
+    c.seed()
+    long = c.enqueue(rid="long")                                # expires at T0 + 10 s
+    assert c.configure(limits={"request_id_window_ms": 1_000})[0] == 200
+    c.advance(100)
+    c.enqueue(rid="short")                                      # expires at T0 + 1.1 s
+    assert c.m.next_due_ms() == T0 + 1_100
+    restored = QueueMachine.from_builtins(c.limits, c.m.to_builtins())
+    assert restored.to_builtins() == c.m.to_builtins()
+    c.advance(1_000)
+    for m in (c.m, restored):
+        assert m.apply(c.now, C.sweep())[1]["request_ids_expired"] == 1
+        assert m.counts()["request_ids"] == 1                   # "long" only
+        m.check_invariants()
+    assert restored.digest() == c.m.digest()
+    assert c.enqueue(rid="long") == long                        # its 10 s window still holds
+    c.advance(8_900)
+    assert c.sweep()["request_ids_expired"] == 1 and c.m.counts()["request_ids"] == 0
+
+
 def test_request_id_reused_for_another_operation_is_refused():
     """Code's choice (spec silent): the same id on a different operation is a client bug."""
     c = Core()

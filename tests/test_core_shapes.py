@@ -263,7 +263,7 @@ def test_snapshot_versions():
     (lambda m: m.sched_heap.clear(), "no live schedule entry"),
     (lambda m: m.queues["q"].ready_fifo.clear() or m.queues["q"].ready_heap.clear(), "live ready-index entries"),
     (lambda m: m.dedup_heap.clear(), "dedup record"),
-    (lambda m: m.rid_fifo.clear(), "no FIFO entry"),
+    (lambda m: m.rid_heap.clear(), "no expiry entry"),
     (lambda m: m.dlq_by_queue["q"].popitem(), "missing from the index"),
     (lambda m: m.dlq.popitem(), "dead-letter store holds"),
     (lambda m: setattr(m, "clock", m.clock - 1), "clock went back"),

@@ -122,17 +122,31 @@ def check(m) -> list[str]:
     for (qname, key), (job_id, expires) in m.dedup.items():
         if (expires, qname, key) not in dedup_entries:
             say(f"dedup record ({qname!r}, {key!r}) has no heap entry for its expiry {expires}")
-    fifo_entries = set(m.rid_fifo)
-    for rid, (op, result, expires) in m.rids.items():
-        if (expires, rid) not in fifo_entries:
-            say(f"request id {rid!r} has no FIFO entry for its expiry {expires}")
+    rid_entries = {(e[0], e[2]) for e in m.rid_heap}
+    for rid, rec in m.rids.items():
+        if len(rec) not in (3, 5):
+            say(f"request id {rid!r} keeps {len(rec)} fields")
+            continue
+        op, result, expires = rec[:3]
+        if (expires, rid) not in rid_entries:
+            say(f"request id {rid!r} has no expiry entry for {expires}")
         if type(result) is not tuple or not result or type(result[0]) is not str:
             say(f"request id {rid!r} keeps {result!r}, not a result")
-    fifo = list(m.rid_fifo)
-    for a, b in zip(fifo, fifo[1:]):
-        if a[0] > b[0]:
-            say(f"request-id FIFO out of expiry order: {a} then {b}")
+        if type(rid) not in (str, tuple):
+            say(f"request key {rid!r} is neither a request id nor (caller, request id)")
+        if len(rec) == 5 and (type(rec[3]) is not str or type(rec[4]) is not str):
+            say(f"request id {rid!r}: a scoped record without its route and body hash")
+        # (caller, id) keys only come from scoped requests; a bare id may be either (a caller
+        # without a name, or a record of an earlier release)
+        if type(rid) is tuple and (len(rid) != 2 or len(rec) != 5):
+            say(f"request key {rid!r}: (caller, id) keys are scoped records")
+    heap = m.rid_heap
+    for i in range(1, len(heap)):
+        if heap[(i - 1) // 2][:2] > heap[i][:2]:
+            say(f"request-id expiry heap property broken at {i}")
             break
+    if len({e[1] for e in heap}) != len(heap):
+        say("two request-id expiry entries share an order")
 
     # ---- dead letters: the store and its per-queue index hold the same records
     # (Records can outlive a change that turned retention off: they stay until drained.)

@@ -9,7 +9,8 @@ lived through the same history.
 
 Version 3 adds the configuration in force (its version, canonical document and API keys), the
 audit trail, and request-id records keyed by (caller, request id) with their route and body
-hash. A snapshot of version 1 or 2 holds no configuration: it restores at version 0, the
+hash. The request-id expiry index is a heap in the machine (a change to a shorter window makes
+insertion order differ from expiry order) and the same list in expiry order in every version. A snapshot of version 1 or 2 holds no configuration: it restores at version 0, the
 bootstrap configuration of the machine it is restored into (the node's TOML), as it ran then.
 
 The digest is unchanged from version 1 for a state without those additions (version 0, no
@@ -54,7 +55,11 @@ def to_builtins(m) -> dict:
         "dedup": [(k[0], k[1], v[0], v[1]) for k, v in m.dedup.items()],
         "dedup_heap": [e for e in m.dedup_heap if m.dedup.get((e[1], e[2]), (0, None))[1] == e[0]],
         "rids": [(key,) + rec for key, rec in m.rids.items()],     # (key, op, result, exp[, route, hash])
-        "rid_fifo": [e for e in m.rid_fifo if m.rids.get(e[1], (0, 0, None))[2] == e[0]],
+        # The expiry index as a list in expiry order, oldest record first on ties, without the
+        # orders (they are positions in this list once restored): a restored node writes the
+        # same snapshot as the node it was restored from.
+        "rid_fifo": [(e[0], e[2]) for e in sorted(e for e in m.rid_heap
+                                                  if m.rids.get(e[2], (0, 0, None))[2] == e[0])],
         "dlq": [(rec.job.id,) + rec.fields() for rec in m.dlq.values()],
         # Version 0 keeps no document: a restore applies the bootstrap of the machine it fills.
         "config": {"version": m.config_version, "doc": m.limits.doc if m.config_version else None,
@@ -107,7 +112,10 @@ def from_builtins(m, data: dict):
     m.dedup_heap = [tuple(e) for e in data["dedup_heap"]]
     heapq.heapify(m.dedup_heap)
     m.rids = {_key(key): (op, kept_result(op, kept), exp, *rest) for key, op, kept, exp, *rest in data["rids"]}
-    m.rid_fifo = deque((e[0], _key(e[1])) for e in data["rid_fifo"])
+    # (expires, key) in expiry order, oldest first on ties: orders below any later record's
+    # (those take `applied`, >= 0) keep that order; a sorted list is a heap.
+    fifo = data["rid_fifo"]
+    m.rid_heap = [(e[0], i - len(fifo), _key(e[1])) for i, e in enumerate(fifo)]
     cfg = data.get("config")
     if cfg is not None and cfg["version"] > 0:
         m.limits = Limits.from_doc(cfg["doc"])

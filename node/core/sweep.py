@@ -86,11 +86,11 @@ def drop_dedup_records(m, now: int, budget: int) -> int:
 
 
 def drop_request_ids(m, now: int, budget: int) -> int:
-    """3b. Request-id records past their window (expiry order is insertion order: a record's
-    expiry is fixed when it is stored, with the window in force then)."""
-    fifo, rids, n = m.rid_fifo, m.rids, 0
-    while fifo and fifo[0][0] <= now and n < budget:
-        expires, rid = m._popleft(fifo)
+    """3b. Request-id records past their window, earliest expiry first (a record's expiry is
+    fixed when it is stored, with the window in force then)."""
+    heap, rids, n = m.rid_heap, m.rids, 0
+    while heap and heap[0][0] <= now and n < budget:
+        expires, _, rid = m._heappop(heap)
         rec = rids.get(rid)
         if rec is not None and rec[2] == expires:
             n += 1
@@ -119,8 +119,8 @@ def next_due_ms(m) -> int | None:
     """The earliest replicated time at which a sweep has work (stale entries may make it
     early, never late)."""
     due = [h[0][0] for h in (m.sched_heap, m.lease_heap, m.deadline_heap, m.dedup_heap) if h]
-    if m.rid_fifo:
-        due.append(m.rid_fifo[0][0])
+    if m.rid_heap:
+        due.append(m.rid_heap[0][0])
     retention = m.limits.dead_letter_retention_ms
     if retention > 0 and m.dlq:
         due.append(m.dlq[next(iter(m.dlq))].failed_at + retention)
