@@ -299,7 +299,9 @@ class QueueMachine(UndoLog):
         return snapshot.from_builtins(cls(limits), data)
 
     def __getstate__(self):
-        # Pickling (pysyncobj snapshots) goes through the builtins form; limits come from config.
+        # Pickling goes through the builtins form (release 0.1.0's snapshots pickled the machine,
+        # node/replica.py reads those; tests copy machines this way). `limits` is the bootstrap:
+        # from version 1 on the state's own configuration wins.
         return {"limits": self.limits, "state": self.to_builtins()}
 
     def __setstate__(self, data):

@@ -65,7 +65,8 @@ class NodeService:
         self.replica = Replica(settings, on_state_changed=self._on_state_changed_thread)
         self.state = self.replica.state
         t = settings.tuning
-        self.proposer = Proposer(self.state, loop, self.stamp, kick=self.replica.kick,
+        # A proposal wakes the Raft tick thread by itself (node/raft: event-driven replication).
+        self.proposer = Proposer(self.state, loop, self.stamp,
                                  max_batch_commands=int(t["max_batch_commands"]),
                                  max_batch_bytes=int(t["max_batch_bytes"]),
                                  max_inflight=int(t["max_inflight"]),
@@ -458,7 +459,7 @@ class NodeService:
             members.append({"id": p.id, "url": p.url, "raft_addr": p.raft,
                             "connected": True if p.id == self.settings.node_id else r.connected(p.raft)})
         with self.state.lock:
-            applied = r.syncobj.raftLastApplied
+            applied = r.last_applied()
             cached_at, digest = self._digest_cache
             if not with_digest:
                 digest = None
@@ -479,14 +480,7 @@ class NodeService:
 
     def ready(self) -> bool:
         r = self.replica
-        if r.leader_raft() is None:
-            return False
-        s = r.syncobj
-        try:
-            leader_commit = s._SyncObj__leaderCommitIndex
-        except AttributeError:
-            leader_commit = s.raftCommitIndex
-        return s.raftLastApplied >= (leader_commit or 0)
+        return r.leader_raft() is not None and r.caught_up()
 
     def queues(self):
         with self.state.lock:

@@ -349,6 +349,68 @@ def test_operator_moves_and_the_audit_trail_survive_a_leader_kill(make_cluster):
     c.wait_converged(30)
 
 
+# ---------------------------------------------------------------------------- snapshots
+def test_the_configuration_keys_and_audit_travel_in_snapshots(make_cluster):
+    """The configuration in force, the keys and the audit trail are part of the core's snapshot,
+    inside the Raft fork's builtins document (raft.dump): a node restarted on a compacted log
+    restores them from it (its journal no longer holds the change), and a node whose data dir
+    is gone gets them in the leader's snapshot. Neither looks at its TOML for them."""
+    gzip = pytest.importorskip("gzip")
+    from raftq.node.raft import pickle as raft_pickle
+    c = make_cluster(api_keys=KEYS[:1], tuning={"log_compaction_min_entries": 20, "log_compaction_min_time_s": 1})
+    api = Api(c)
+    wanted = {"limits": {"max_queue_depth": 50}, "storage": {"dead_letter_retention_ms": 600_000},
+              "queues": [{"name": "emails", "default_max_attempts": 4}]}
+    status, out = api.call("PUT", "/v1/config", {"config": wanted, "expect_version": 1}, headers=bearer(ADMIN))
+    assert status == 200 and out["version"] == 2, out
+    key = "rq_" + uuid.uuid4().hex
+    assert api.post("/v1/keys", {"name": "ops", "role": "operator",
+                                 "key_sha256": hashlib.sha256(key.encode()).hexdigest()},
+                    headers=bearer(ADMIN))[1]["version"] == 3
+    assert api.post("/v1/queues/emails/pause", {"create": True}, headers=bearer(key))[0] == 200
+    cfg = api.get("/v1/config", headers=bearer(ADMIN))[1]
+    trail = api.get("/v1/audit", headers=bearer(ADMIN))[1]["entries"]
+    assert [e["action"] for e in trail] == ["pause", "key_add", "config_change", "config_seed"]
+
+    def snapshot_of_it_all(i):
+        """node i's raft.dump holds version 3 and the pause (snapshots every 20 entries)."""
+        api.enqueue("filler", headers=bearer(ADMIN))
+        try:
+            doc = raft_pickle.loadsBuiltins(gzip.decompress((c.data_dir(i) / "raft.dump").read_bytes()))
+        except (OSError, EOFError):
+            return False
+        m = doc["consumers"][0]["machine"]
+        return m["config"]["version"] == 3 and any(e[3] == "pause" for e in m["audit"]) and m
+    for i in range(c.n):
+        m = poll(lambda: snapshot_of_it_all(i), 60, interval=0.2, what=f"a snapshot of version 3 on node {i}")
+        assert key not in json.dumps(m["config"], default=str)      # its digest only
+    # Every node restarts with other numbers and no keys in its TOML.
+    c.stop_all()
+    for i in range(c.n):
+        c.api_keys = None
+        rewrite_toml(c, i, limits={"max_queue_depth": 1}, storage={})
+    c.start_all()
+    c.wait_leader(30)
+    after = c.wait_converged(30)
+    assert all(v["config_version"] == 3 and v["toml_differs"] for v in after)
+    assert api.get("/v1/config", headers=bearer(ADMIN))[1] == cfg
+    assert api.get("/v1/config")[0] == 401              # the keys in force, not the TOML's (none)
+    assert api.get("/v1/audit", headers=bearer(key))[1]["entries"][:4] == trail
+    # A node that lost its data dir catches up from the leader's snapshot.
+    leader = c.wait_leader(30)
+    lost = (leader + 1) % c.n
+    c.stop(lost)
+    c.wipe(lost)
+    for _ in range(30):                                 # past the next compaction
+        assert api.enqueue("filler", headers=bearer(ADMIN))[0] == 200
+    c.start(lost)
+    views_ = c.wait_converged(30)
+    assert len({v["digest"] for v in views_}) == 1 and views_[lost]["config_version"] == 3
+    # Its auth is the key set in force: the key added online, no open API from its empty TOML.
+    assert http_json("GET", c.urls[lost] + "/v1/cluster?digest=false", headers=bearer(key))[0] == 200
+    assert http_json("GET", c.urls[lost] + "/v1/cluster?digest=false")[0] == 401
+
+
 # ---------------------------------------------------------------------------- upgrade from 0.1.0
 def test_an_upgrade_from_release_0_1_0_keeps_everything_and_seeds_version_1(tmp_path):
     """Real nodes on the data dirs of release 0.1.0 (no configuration entry in their journals):
