@@ -66,12 +66,14 @@ def test_status_table_and_json(cluster):
     assert code == 0, err
     leader = cluster.ids[cluster.wait_leader()]
     lines = out.splitlines()
-    assert lines[0].split() == ["NODE", "URL", "ROLE", "TERM", "COMMIT", "APPLIED", "DIGEST", "PEERS", "LEADER"]
+    assert lines[0].split() == ["NODE", "URL", "ROLE", "TERM", "COMMIT", "APPLIED", "DIGEST", "PEERS", "LEADER",
+                                "CONFIG"]
     for i, node in enumerate(cluster.ids):
         row = next(line.split() for line in lines[1:] if line.split()[:1] == [node])
         assert row[1] == cluster.urls[i]
         assert row[2] == ("leader" if node == leader else "follower")
-        assert row[7] == "2/2" and row[8] == leader
+        assert row[7] == "2/2" and row[8] == leader and row[9] == "1"     # the seeded config, as the TOML
+    assert "differs from the configuration in force" not in out
     assert f"leader: {leader} at {cluster.urls[cluster.ids.index(leader)]}" in out
 
     # One URL is enough: the others are found through the members list. Options work before the command.

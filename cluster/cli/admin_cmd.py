@@ -21,6 +21,7 @@ import tomllib
 from pathlib import Path
 
 from ...node.core.config import ROLES
+from ..local import toml_key, toml_value
 from ...node.limits import ConfigError, Limits, diff_docs
 from .commands import (EXIT_FAILED, EXIT_OK, EXIT_UNREACHABLE, MAX_ADMIN_IDS, CliError, Ctx, _path, confirm,
                        fmt_rel, format_table, read_ids, short)
@@ -117,16 +118,20 @@ async def cmd_config_show(ctx: Ctx) -> int:
     if ctx.json:
         ctx.dump(out)
         return EXIT_OK
+    # Valid TOML (the version as a comment, unset keys commented out): `raftq config show >
+    # FILE`, edit FILE, `raftq config apply FILE` is the way to change one value.
     cfg = out["config"]
-    ctx.out(f"configuration version {out['version']} (fingerprint {out['fingerprint']}), in force on every node")
+    ctx.out(f"# configuration version {out['version']} (fingerprint {out['fingerprint']}), in force on every node")
+
+    def lines(table: dict):
+        for k, v in table.items():
+            ctx.out(f"# {k}: not set" if v is None else f"{toml_key(k)} = {toml_value(v)}")
     for section in ("limits", "storage"):
         ctx.out(f"\n[{section}]")
-        for k, v in cfg[section].items():
-            ctx.out(f"{k} = {fmt_value(v)}")
+        lines(cfg[section])
     for q in cfg["queues"]:
         ctx.out("\n[[queues]]")
-        for k, v in q.items():
-            ctx.out(f"{k} = {fmt_value(v)}")
+        lines(q)
     return EXIT_OK
 
 

@@ -467,7 +467,7 @@ async def cmd_status(ctx: Ctx) -> int:
             v = a.view
             if v is None:
                 rows.append([ids.get(a.url) or "?", a.url, _state(a),
-                             None, None, None, None, None, None])
+                             None, None, None, None, None, None, None])
                 continue
             peers = [m for m in v.get("members", []) if m.get("id") != v.get("node_id")]
             connected = sum(1 for m in peers if m.get("connected"))
