@@ -193,9 +193,8 @@ class Backups:
     copy-on-write image of the whole state, which the node's memory pays for as the parent's
     pages change while it runs)."""
 
-    def __init__(self, replica, node_id: str):
-        self.replica = replica
-        self.node_id = node_id
+    def __init__(self, service):
+        self.service = service              # its replica and node id are read when a backup starts
         self.running = False
         self.taken = 0
         self.failed = 0
@@ -213,11 +212,11 @@ class Backups:
                 os.close(rfd)
                 return child_write(machine, wfd)
             import asyncio
-            pid, index, term = await asyncio.wrap_future(self.replica.fork_at_tick(work))
+            pid, index, term = await asyncio.wrap_future(self.service.replica.fork_at_tick(work))
             os.close(wfd)
             wfd = None
             from .. import __version__
-            await start(MAGIC + header_line({"index": index, "term": term, "node": self.node_id,
+            await start(MAGIC + header_line({"index": index, "term": term, "node": self.service.settings.node_id,
                                              "taken_at_ms": wall_ms, "raftq": __version__}), index, term)
             while chunk := await loop.run_in_executor(None, os.read, rfd, 1 << 20):
                 yield chunk

@@ -59,25 +59,43 @@ def build_app(service: NodeService) -> web.Application:
     # No middleware: aiohttp wraps every request in each one (two extra coroutine layers on
     # the hot path). Each handler catches its own errors (inline or `_guarded`), and a catch-all route
     # answers unknown paths and methods in the API's JSON error shape.
+    # The body bound follows the configuration in force (max_request_bytes): aiohttp reads it
+    # from the application for each request it makes.
     app = web.Application(client_max_size=service.limits.max_request_bytes)
     app["service"] = service
-    # (path, the role it needs, handler)
+
+    def follow_limits(limits):
+        app._client_max_size = limits.max_request_bytes
+    service.config_hooks.append(follow_limits)
+    # (path, the role it needs, handler(service, request, body, request id, caller's key name))
+    q = lambda req: req.match_info["name"]          # noqa: E731
     leader_post = [
-        ("/v1/jobs", WORKER, lambda s, req, b, rid: s.enqueue(b, rid)),
-        ("/v1/jobs/batch", WORKER, lambda s, req, b, rid: s.enqueue_batch(b, rid)),
-        ("/v1/jobs/atomic", WORKER, lambda s, req, b, rid: s.enqueue_atomic(b, rid)),
-        ("/v1/reserve", WORKER, lambda s, req, b, rid: s.reserve(b, rid, alive=_alive(req))),
-        ("/v1/acks", WORKER, lambda s, req, b, rid: s.ack_batch(b, rid)),
-        ("/v1/jobs/{id}/ack", WORKER, lambda s, req, b, rid: s.ack(req.match_info["id"], b, rid)),
-        ("/v1/jobs/{id}/nack", WORKER, lambda s, req, b, rid: s.nack(req.match_info["id"], b, rid)),
-        ("/v1/jobs/{id}/extend", WORKER, lambda s, req, b, rid: s.extend(req.match_info["id"], b, rid)),
-        ("/v1/dead-letters/requeue", OPERATOR, lambda s, req, b, rid: s.requeue(b, rid)),
-        ("/v1/dead-letters/delete", OPERATOR, lambda s, req, b, rid: s.delete_dead_letters(b, rid)),
+        ("/v1/jobs", WORKER, lambda s, req, b, rid, who: s.enqueue(b, rid, who)),
+        ("/v1/jobs/batch", WORKER, lambda s, req, b, rid, who: s.enqueue_batch(b, rid, who)),
+        ("/v1/jobs/atomic", WORKER, lambda s, req, b, rid, who: s.enqueue_atomic(b, rid, who)),
+        ("/v1/reserve", WORKER, lambda s, req, b, rid, who: s.reserve(b, rid, alive=_alive(req), who=who)),
+        ("/v1/acks", WORKER, lambda s, req, b, rid, who: s.ack_batch(b, rid, who)),
+        ("/v1/jobs/{id}/ack", WORKER, lambda s, req, b, rid, who: s.ack(req.match_info["id"], b, rid, who)),
+        ("/v1/jobs/{id}/nack", WORKER, lambda s, req, b, rid, who: s.nack(req.match_info["id"], b, rid, who)),
+        ("/v1/jobs/{id}/extend", WORKER, lambda s, req, b, rid, who: s.extend(req.match_info["id"], b, rid, who)),
+        ("/v1/dead-letters/requeue", OPERATOR, lambda s, req, b, rid, who: s.requeue(b, rid, who)),
+        ("/v1/dead-letters/delete", OPERATOR, lambda s, req, b, rid, who: s.delete_dead_letters(b, rid, who)),
+        ("/v1/queues/{name}/dead-letter", OPERATOR,
+         lambda s, req, b, rid, who: s.move_to_dead_letters(q(req), b, rid, who)),
+        ("/v1/keys", ADMIN, lambda s, req, b, rid, who: s.add_key(b, rid, who)),
     ]
     optional_body = [
-        ("/v1/dead-letters/drain", OPERATOR, lambda s, req, b, rid: s.drain(b, rid)),
-        ("/v1/queues/{name}/pause", OPERATOR, lambda s, req, b, rid: s.pause(req.match_info["name"], True, rid)),
-        ("/v1/queues/{name}/resume", OPERATOR, lambda s, req, b, rid: s.pause(req.match_info["name"], False, rid)),
+        ("POST", "/v1/dead-letters/drain", OPERATOR, lambda s, req, b, rid, who: s.drain(b, rid, who)),
+        ("POST", "/v1/queues/{name}/pause", OPERATOR, lambda s, req, b, rid, who: s.pause(q(req), True, rid, b, who)),
+        ("POST", "/v1/queues/{name}/resume", OPERATOR,
+         lambda s, req, b, rid, who: s.pause(q(req), False, rid, b, who)),
+        ("POST", "/v1/queues/{name}/purge", OPERATOR, lambda s, req, b, rid, who: s.purge(q(req), b, rid, who)),
+        ("DELETE", "/v1/jobs/{id}", OPERATOR, lambda s, req, b, rid, who: s.cancel(req.match_info["id"], rid, who)),
+        ("DELETE", "/v1/queues/{name}", ADMIN, lambda s, req, b, rid, who: s.delete_queue(q(req), rid, who)),
+        ("DELETE", "/v1/keys/{name}", ADMIN, lambda s, req, b, rid, who: s.remove_key(q(req), rid, who)),
+    ]
+    leader_put = [
+        ("/v1/config", ADMIN, lambda s, req, b, rid, who: s.put_config(b, rid, who)),
     ]
     leader_get = [
         ("/v1/queues", VIEWER, lambda s, req: s.queues()),
@@ -85,22 +103,25 @@ def build_app(service: NodeService) -> web.Application:
         ("/v1/queues/{name}/jobs", VIEWER, lambda s, req: s.queue_jobs(req.match_info["name"], req.query)),
         ("/v1/jobs/{id}", VIEWER, lambda s, req: s.job(req.match_info["id"])),
         ("/v1/dead-letters", VIEWER, lambda s, req: s.dead_letters(req.query)),
+        ("/v1/config", VIEWER, lambda s, req: s.config()),
+        ("/v1/keys", ADMIN, lambda s, req: s.keys()),
+        ("/v1/audit", OPERATOR, lambda s, req: s.audit(req.query)),
     ]
-    auth = Auth(service.settings.api_keys)
+    auth = service.auth
     sessions = Sessions(service)
     app["sessions"] = sessions
     service.leadership_lost_hooks.append(sessions.close_all)
 
     async def session(request: web.Request) -> web.StreamResponse:
-        who = None
-        if auth.enabled:                # at the upgrade; then each frame against its op's role
-            who, refused = auth.who(request.headers.get("Authorization"))
+        header = request.headers.get("Authorization")
+        if auth.enabled:                # at the upgrade; then each frame against the set in force
+            _, refused = auth.who(header)
             if refused is not None:
                 return respond(*refused)
         redirect = _not_leader(service, request)
         if redirect is not None:
             return redirect
-        return await sessions.handle(request, who)
+        return await sessions.handle(request, header)
 
     async def metrics(request: web.Request) -> web.Response:
         _, view = service.cluster(False)
@@ -113,7 +134,7 @@ def build_app(service: NodeService) -> web.Application:
             return respond(*service.cluster(False))
         return respond(*await service.cluster_with_digest())
 
-    backups = Backups(service.replica, service.settings.node_id)
+    backups = Backups(service)
 
     async def backup_handler(request: web.Request) -> web.StreamResponse:
         # Any node answers with its own applied state (a follower's is a committed prefix), so
@@ -140,10 +161,9 @@ def build_app(service: NodeService) -> web.Application:
         return resp
 
     routes = [("POST", path, _leader_write(fn, auth, role)) for path, role, fn in leader_post]
-    routes += [("POST", path, _leader_write(fn, auth, role, optional=True)) for path, role, fn in optional_body]
-    routes.append(("DELETE", "/v1/jobs/{id}",
-                   _leader_write(lambda s, req, b, rid: s.cancel(req.match_info["id"], rid), auth, OPERATOR,
-                                 optional=True)))
+    routes += [(method, path, _leader_write(fn, auth, role, optional=True))
+               for method, path, role, fn in optional_body]
+    routes += [("PUT", path, _leader_write(fn, auth, role)) for path, role, fn in leader_put]
     routes += [("GET", path, _leader_read(fn, auth, role)) for path, role, fn in leader_get]
     # The hot handlers above guard themselves inline (one coroutine layer less per request).
     routes += [("GET", path, _guarded(handler)) for path, handler in (
@@ -206,12 +226,21 @@ def _not_leader(service: NodeService, request: web.Request) -> web.Response | No
 
 def _leader_write(fn, auth: Auth, need: int, optional: bool = False):
     async def handler(request: web.Request) -> web.Response:
-        if auth.enabled and (refused := _refusal(auth, request, need)) is not None:
-            return refused
+        who = None
+        if auth.enabled:
+            found, refused = auth.who(request.headers.get("Authorization"))
+            if found is None:
+                return respond(*refused)
+            denied = auth.permits(found, need)
+            if denied is not None:
+                return respond(*denied)
+            who = found[0]
         service: NodeService = request.app["service"]
         redirect = _not_leader(service, request)
         if redirect is not None:
             return redirect
+        if not service.seeded and not service.is_seeded():
+            return respond(*service.not_seeded())
         try:
             rid = request_id(request)
         except ValueError as e:
@@ -220,7 +249,7 @@ def _leader_write(fn, auth: Auth, need: int, optional: bool = False):
             body, err = await read_json(request, optional=optional)
             if err is not None:
                 return err
-            status, out = await fn(service, request, body, rid)
+            status, out = await fn(service, request, body, rid, who)
         except Exception as exc:
             return _failure(request, exc)
         return respond(status, out)
@@ -243,12 +272,11 @@ def _leader_read(fn, auth: Auth, need: int):
 
 
 def _authorized(auth: Auth, need: int, handler):
-    if not auth.enabled:
-        return handler
-
+    # Auth can go on or off with the configuration in force: checked per request.
     async def authorized(request: web.Request) -> web.StreamResponse:
-        refused = _refusal(auth, request, need)
-        return refused if refused is not None else await handler(request)
+        if auth.enabled and (refused := _refusal(auth, request, need)) is not None:
+            return refused
+        return await handler(request)
     return authorized
 
 

@@ -92,10 +92,14 @@ class QueueState(SyncObjConsumer):
         return {"machine": self.machine.to_builtins(), "limits_fingerprint": self.limits.fingerprint()}
 
     def _deserialize(self, data):
-        written = data.get("limits_fingerprint")
-        if written is not None and written != self.limits.fingerprint():
-            log.warning("snapshot was written with different limits; using this node's limits")
         machine = QueueMachine.from_builtins(self.limits, data["machine"])
+        if machine.config_version == 0:
+            # No configuration in the snapshot (release 0.1.0, or a cluster not seeded yet): its
+            # entries ran under the bootstrap, which is this node's TOML. From version 1 on the
+            # snapshot carries the configuration in force, and the TOML has no say.
+            written = data.get("limits_fingerprint")
+            if written is not None and written != self.limits.fingerprint():
+                log.warning("snapshot was written with different limits; using this node's limits")
         with self.lock:
             self.machine = machine
 

@@ -14,7 +14,7 @@ import logging
 import orjson
 from aiohttp import WSMsgType, web
 
-from .auth import OPERATOR, VIEWER, WORKER, Auth
+from .auth import OPERATOR, VIEWER, WORKER
 from .errors import error
 from .service import NodeService
 
@@ -46,9 +46,11 @@ class Sessions:
             except Exception:
                 pass
 
-    async def handle(self, request: web.Request, who=None) -> web.StreamResponse:
-        """`who`: the caller's (key name, role level) when API keys are on, else None."""
+    async def handle(self, request: web.Request, header=None) -> web.StreamResponse:
+        """`header`: the upgrade's Authorization header; each frame is checked with it against
+        the key set in force when the frame arrives (a removed key stops working at once)."""
         service = self.service
+        auth = service.auth
         ws = web.WebSocketResponse(max_msg_size=service.limits.max_request_bytes + 4096, heartbeat=20.0,
                                    autoping=True)
         await ws.prepare(request)
@@ -89,13 +91,15 @@ class Sessions:
                     else:
                         await ws.send_str(data.decode())
 
-        async def serve(frame_id, op, body, rid, binary):
+        async def serve(frame_id, op, body, rid, binary, who):
             try:
                 if not service.is_leader():
                     status, out = error("unavailable", "this node is no longer the leader; reconnect",
                                         applied=False)
+                elif op == "reserve" and not service.is_seeded():
+                    status, out = service.not_seeded()
                 elif op == "reserve":          # a long poll: needs its own task
-                    status, out = await service.reserve(body, rid, alive=alive)
+                    status, out = await service.reserve(body, rid, alive=alive, who=who)
                 else:
                     answer = READ_OPS[op](service)
                     status, out = await answer if asyncio.iscoroutine(answer) else answer
@@ -116,17 +120,22 @@ class Sessions:
                                     or not all(0x21 <= ord(c) <= 0x7E for c in rid)):
                 reply(frame_id, *error("invalid_argument", "request_id must be 1..128 visible ASCII characters"), binary)
                 return
-            if who is not None:
-                denied = Auth.permits(who, OP_ROLES.get(op, VIEWER))
+            who = None
+            if auth.enabled:
+                found, denied = auth.frame_check(header, OP_ROLES.get(op, VIEWER))
                 if denied is not None:
                     reply(frame_id, *denied, binary)
                     return
+                who = found[0]
             if op in FAST_OPS:
                 if not service.is_leader():
                     reply(frame_id, *error("unavailable", "this node is no longer the leader; reconnect",
                                            applied=False), binary)
                     return
-                cmd, extra = service.prepare(op, frame.get("body"), rid)
+                if not service.seeded and not service.is_seeded():
+                    reply(frame_id, *service.not_seeded(), binary)
+                    return
+                cmd, extra = service.prepare(op, frame.get("body"), rid, None, who)
                 if cmd is None:
                     reply(frame_id, *extra, binary)
                     return
@@ -138,7 +147,7 @@ class Sessions:
                                                            f"{', '.join(sorted(FAST_OPS) + ['reserve'] + list(READ_OPS))}"),
                       binary)
                 return
-            t = asyncio.create_task(serve(frame_id, op, frame.get("body"), rid, binary))
+            t = asyncio.create_task(serve(frame_id, op, frame.get("body"), rid, binary, who))
             tasks.add(t)
             t.add_done_callback(tasks.discard)
 

@@ -205,6 +205,8 @@ def parse(doc: dict, source: str = "", base_dir: Path | None = None) -> Settings
                     if kk not in ("name", "key", "role"):
                         raise ConfigError(f"{where}.{kk}: unknown key")
                 name = _str(f"{where}.name", k.get("name"))
+                if len(name) > 128 or any(ord(c) < 0x20 or 0x7F <= ord(c) <= 0x9F for c in name):
+                    raise ConfigError(f"{where}.name: must be 1..128 characters, no control characters")
                 key = _str(f"{where}.key", k.get("key"))
                 if not all(0x21 <= ord(c) <= 0x7E for c in key):
                     raise ConfigError(f"{where}.key: must be visible ASCII characters only")
