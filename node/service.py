@@ -16,7 +16,7 @@ from .core import ops
 from .core.jobs import IN_FLIGHT, READY, SCHEDULED, Queue
 from .errors import ApiError, error
 from .proposer import Proposer, wall_ms
-from .replica import Replica
+from .replica import ROLES, Replica
 from .settings import Settings
 
 log = logging.getLogger("raftq.node")
@@ -102,9 +102,10 @@ class NodeService:
 
     def _on_state_changed(self, old, new):
         self.leader_epoch += 1
-        log.info("raft state %s -> %s", old, new)
+        # Role names, not the Raft layer's numbers: an operator reads this line.
+        log.info("raft role %s -> %s", ROLES.get(old, old), ROLES.get(new, new))
         self._wake_all()
-        if old == 2 and new != 2:
+        if ROLES.get(old) == "leader" and ROLES.get(new) != "leader":
             self._leadership_lost()
 
     def _leadership_lost(self):
