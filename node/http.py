@@ -109,6 +109,9 @@ def build_app(service: NodeService) -> web.Application:
     async def cluster(request: web.Request) -> web.Response:
         return respond(*service.cluster(request.query.get("digest", "true").lower() not in ("false", "0", "no")))
 
+    async def cluster_nodes(request: web.Request) -> web.Response:
+        return respond(*await service.cluster_nodes(request.headers.get("Authorization") if auth.enabled else None))
+
     routes = [("POST", path, _leader_write(fn, auth, role)) for path, role, fn in leader_post]
     routes += [("POST", path, _leader_write(fn, auth, role, optional=True)) for path, role, fn in optional_body]
     routes.append(("DELETE", "/v1/jobs/{id}",
@@ -119,7 +122,9 @@ def build_app(service: NodeService) -> web.Application:
     routes += [("GET", path, _guarded(handler)) for path, handler in (
         ("/v1/session", session),
         ("/v1/server-info", _authorized(auth, VIEWER, _any(lambda s: s.server_info()))),
-        ("/v1/cluster", _authorized(auth, VIEWER, cluster)), ("/metrics", _authorized(auth, VIEWER, metrics)),
+        ("/v1/cluster", _authorized(auth, VIEWER, cluster)),
+        ("/v1/cluster/nodes", _authorized(auth, VIEWER, cluster_nodes)),
+        ("/metrics", _authorized(auth, VIEWER, metrics)),
         ("/v1/openapi.json", _authorized(auth, VIEWER, _openapi)),
         ("/healthz", _healthz), ("/readyz", _readyz), ("/", _admin_page))]
     r = app.router
