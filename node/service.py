@@ -435,8 +435,10 @@ class NodeService:
             except Exception as e:
                 why = peer_problem(e)
                 if why is None:
-                    why = (getattr(e, "strerror", None) or str(e) or type(e).__name__) \
-                        if isinstance(e, (aiohttp.ClientConnectorError, OSError)) else f"{type(e).__name__}: {e}"
+                    cause = getattr(e, "os_error", e)
+                    why = ("connection refused" if isinstance(cause, ConnectionRefusedError)
+                           else f"cannot connect: {getattr(cause, 'strerror', None) or cause}"
+                           if isinstance(e, (aiohttp.ClientConnectorError, OSError)) else f"{type(e).__name__}: {e}")
                 return None, why
 
         answers = await asyncio.gather(*(one(p) for p in self.settings.peers))
