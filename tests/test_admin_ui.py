@@ -48,6 +48,12 @@ KEYS = {role: f"{role}-ui-{uuid.uuid4().hex[:8]}" for role in ("viewer", "operat
 API_KEYS = [{"name": f"{role}-app", "key": key, "role": role} for role, key in KEYS.items()]
 if sync_playwright is not None:
     expect.set_options(timeout=20_000)      # a loaded CI machine; every wait polls, none sleeps
+# Said before any cluster starts for them (the browser fixture skips too, when Chromium is there
+# but does not start).
+needs_browser = pytest.mark.skipif(
+    sync_playwright is None or not CHROMIUM,
+    reason="playwright is not installed (pip install -e '.[test]')" if sync_playwright is None else
+    "Chromium is not installed (apt-get install chromium): the admin UI's browser tests need it")
 
 
 def qname() -> str:
@@ -209,6 +215,7 @@ def select_rows(page, table: str, ids):
 
 
 # ------------------------------------------------------------------------------ the page
+@needs_browser
 def test_page_from_a_follower_moves_to_the_leader_and_shows_nodes_queues_and_rates(cluster, api, ui):
     q = qname()
     enqueue(api, q, 3)
@@ -244,6 +251,7 @@ def test_page_from_a_follower_moves_to_the_leader_and_shows_nodes_queues_and_rat
     expect(page.locator("#dl-off")).to_be_hidden()                    # this cluster keeps dead letters
 
 
+@needs_browser
 def test_job_browser_pages_states_search_and_decoded_payloads(cluster, api, ui):
     q = qname()
     ready = enqueue(api, q, 120, payload=json.dumps({"user": 7, "tags": ["a"]}).encode())
@@ -301,6 +309,7 @@ def test_job_browser_pages_states_search_and_decoded_payloads(cluster, api, ui):
     expect(page.locator("#detail")).to_contain_text(f"No job {gone}")
 
 
+@needs_browser
 def test_cancel_retry_now_and_dead_letter_from_the_browser(cluster, api, ui):
     q = qname()
     ids = enqueue(api, q, 3, payload=b"{}")
@@ -349,6 +358,7 @@ def test_cancel_retry_now_and_dead_letter_from_the_browser(cluster, api, ui):
     expect(page.locator(f"#dlq tr[data-id='{ids[2]}'] td").nth(4)).to_have_text("rejected")
 
 
+@needs_browser
 def test_enqueue_a_test_job_and_pause_and_resume(cluster, api, ui):
     q = qname()
     enqueue(api, q, 1)
@@ -387,6 +397,7 @@ def test_enqueue_a_test_job_and_pause_and_resume(cluster, api, ui):
     assert api.get(f"/v1/queues/{q}")[1]["paused"] is False
 
 
+@needs_browser
 def test_dead_letters_by_queue_and_cause_refresh_requeue_and_delete(cluster, api, ui):
     qa, qb = qname(), qname()
     a_rej = [dead_letter(api, qa, "rejected", f"bad row {i}") for i in range(3)]
@@ -445,6 +456,8 @@ def test_dead_letters_by_queue_and_cause_refresh_requeue_and_delete(cluster, api
     assert api.get(f"/v1/dead-letters?queue={qa}")[1]["records"] == []
 
 
+@needs_browser
+@needs_browser
 def test_api_keys_are_asked_for_kept_in_the_tab_and_sent_and_the_dead_letter_store_off_is_told(
         auth_cluster, ui, browser):
     api = Api(auth_cluster)
@@ -493,6 +506,7 @@ def test_api_keys_are_asked_for_kept_in_the_tab_and_sent_and_the_dead_letter_sto
         other.context.close()
 
 
+@needs_browser
 def test_leader_killed_under_an_open_page_marks_it_stale_then_moves_it_to_a_live_node(make_cluster, ui):
     c = make_cluster(durability="memory", api_keys=API_KEYS, storage=RETENTION)
     api = Api(c)
