@@ -252,15 +252,18 @@ def _admin_page(service: NodeService):
     key the user types in, when keys are on), so it needs no key itself. Its policy lets it
     call only this node, plus a bodiless probe of the other nodes' /healthz: how the page finds
     a live node to move to when this one dies."""
-    peers = " ".join(sorted({_origin(p.url) for p in service.settings.others}))
-    csp = (f"default-src 'self'; connect-src 'self' {peers}; script-src 'self' 'unsafe-inline'; "
-           "style-src 'unsafe-inline'; img-src 'self' data:; base-uri 'none'; form-action 'self'; "
-           "frame-ancestors 'none'")
+    csp = None
 
     async def page(request: web.Request) -> web.Response:
         global _ADMIN_PAGE
+        nonlocal csp
         if _ADMIN_PAGE is None:
             _ADMIN_PAGE = (Path(__file__).parent / "admin.html").read_bytes()
+        if csp is None:             # at the first request: building the app needs no peers
+            peers = " ".join(sorted({_origin(p.url) for p in service.settings.others}))
+            csp = (f"default-src 'self'; connect-src 'self' {peers}; script-src 'self' 'unsafe-inline'; "
+                   "style-src 'unsafe-inline'; img-src 'self' data:; base-uri 'none'; form-action 'self'; "
+                   "frame-ancestors 'none'")
         return web.Response(body=_ADMIN_PAGE, content_type="text/html", charset="utf-8",
                             headers={"Content-Security-Policy": csp, "Cache-Control": "no-cache",
                                      "Referrer-Policy": "no-referrer"})
