@@ -56,10 +56,10 @@ NODE = {
                          "certificate it did not sign fails the handshake, a client without one gets `401 "
                          "client_certificate_required` and is disconnected before any request reaches the API. "
                          "Reloaded on SIGHUP.", default="unset", rule="needs `tls_cert`"),
-    "tls_peer_ca": Key("string", "PEM file of the CA(s) of the other nodes' certificates. The file is checked "
-                       "at start, and nothing uses it now: the node's only calls to its peers' https URLs were the "
-                       "limits check at start, which the configuration in force (replicated in the log) replaced. "
-                       "Accepted so that configs written by `raftq config init --tls` keep starting.",
+    "tls_peer_ca": Key("string", "PEM file of the CA(s) of the other nodes' certificates, trusted when this "
+                       "node calls its peers' https URLs (`GET /v1/cluster/nodes`, which the admin page uses to show "
+                       "every member); this node's certificate is presented to them as a client certificate. The file "
+                       "is checked at start.",
                        default="`tls_client_ca`, else the system's CAs", rule="needs `tls_cert`"),
 }
 CLUSTER = {

@@ -14,15 +14,16 @@ import os
 from . import validate
 from .auth import Auth
 from .core import ops
-from .core.jobs import IN_FLIGHT, READY, SCHEDULED, Queue
+from .core.jobs import DEAD_LETTER_CAUSES, IN_FLIGHT, READY, SCHEDULED, Queue
 from .errors import ApiError, error
 from .proposer import Proposer, wall_ms
-from .replica import Replica
+from .replica import ROLES, Replica
 from .settings import Settings
 
 log = logging.getLogger("raftq.node")
 from .. import __version__ as VERSION
 WAKING_OPS = ops.WAKING_OPS
+PEER_VIEW_TIMEOUT_S = 1.5       # a stopped peer must not hold up the others' rows for long
 
 
 _random = bytearray()
@@ -82,6 +83,7 @@ class NodeService:
         self._digest_job: asyncio.Task | None = None
         self.leadership_lost_hooks: list = []     # coroutine functions(new_leader_url or "")
         self.fatal: str | None = None
+        self._peer_session = None                 # aiohttp client for GET /v1/cluster/nodes
         # The configuration in force as this node applied it: auth follows its keys (the TOML's
         # until version 1), `config_hooks` are called (on whichever thread saw the change) with
         # the new Limits, e.g. the HTTP app's body bound.
@@ -205,9 +207,10 @@ class NodeService:
 
     def _on_state_changed(self, old, new):
         self.leader_epoch += 1
-        log.info("raft state %s -> %s", old, new)
+        # Role names, not the Raft layer's numbers: an operator reads this line.
+        log.info("raft role %s -> %s", ROLES.get(old, old), ROLES.get(new, new))
         self._wake_all()
-        if old == 2 and new != 2:
+        if ROLES.get(old) == "leader" and ROLES.get(new) != "leader":
             self._leadership_lost()
 
     def _leadership_lost(self):
@@ -610,9 +613,75 @@ class NodeService:
         cursor = query.get("cursor") or None
         if cursor is not None and validate.canonical_uuid(cursor) is None:
             return error("invalid_argument", "cursor is not one this server returned")
+        cause = query.get("cause")      # present, it must name a cause (empty too: a typo, not "all")
+        if cause is not None and cause not in DEAD_LETTER_CAUSES:
+            return error("invalid_argument", f"cause must be one of {', '.join(DEAD_LETTER_CAUSES)}")
         with self.state.lock:
-            records, nxt = self.state.machine.list_dead_letters(queue, limit, cursor)
+            records, nxt = self.state.machine.list_dead_letters(queue, limit, cursor, cause)
         return 200, {"records": records, "next_cursor": nxt}
+
+    async def cluster_nodes(self, authorization: str | None):
+        """Every member's own view (`GET /v1/cluster?digest=false` on each), asked by this node
+        at once, so that one page served by one node can show them all (a browser page may
+        only call its own origin). The caller's Authorization goes along: the peers check the
+        key themselves, as they would the caller's own request."""
+        import aiohttp
+        from .tls import peer_problem
+        _, mine = self.cluster(False)
+        headers = {"Authorization": authorization} if authorization else {}
+        timeout = aiohttp.ClientTimeout(total=PEER_VIEW_TIMEOUT_S)
+
+        async def one(peer):
+            if peer.id == self.settings.node_id:
+                return mine, None
+            try:
+                http = self._peer_http()
+                async with http.get(peer.url + "/v1/cluster?digest=false", headers=headers,
+                                    allow_redirects=False, timeout=timeout) as r:
+                    body = await r.json(content_type=None)
+                    if r.status != 200 or not isinstance(body, dict):
+                        code = ((body or {}).get("error") or {}).get("code") if isinstance(body, dict) else None
+                        return None, f"answered {r.status}" + (f" {code}" if code else "")
+                    return body, None
+            except asyncio.TimeoutError:
+                return None, f"no answer within {PEER_VIEW_TIMEOUT_S:g} s"
+            except Exception as e:
+                why = peer_problem(e)
+                if why is None:
+                    cause = getattr(e, "os_error", e)
+                    why = ("connection refused" if isinstance(cause, ConnectionRefusedError)
+                           else f"cannot connect: {getattr(cause, 'strerror', None) or cause}"
+                           if isinstance(e, (aiohttp.ClientConnectorError, OSError)) else f"{type(e).__name__}: {e}")
+                return None, why
+
+        answers = await asyncio.gather(*(one(p) for p in self.settings.peers))
+        views = [v for v, _ in answers if v is not None]
+        top = max((v.get("commit_index") or 0 for v in views), default=0)
+        nodes = []
+        for peer, (view, why) in zip(self.settings.peers, answers):
+            node = {"id": peer.id, "url": peer.url, "reachable": view is not None, "error": why}
+            if view is not None:
+                others = [m for m in view.get("members", []) if m.get("id") != peer.id]
+                leader = view.get("leader")
+                node.update(role=view.get("role"), term=view.get("term"), commit_index=view.get("commit_index"),
+                            last_applied=view.get("last_applied"), ready=view.get("ready"),
+                            leader_id=leader.get("id") if isinstance(leader, dict) else None,
+                            peers_connected=sum(1 for m in others if m.get("connected")), peers=len(others),
+                            durability=view.get("durability"),
+                            lag=max(0, top - (view.get("last_applied") or 0)))
+            nodes.append(node)
+        return 200, {"node_id": self.settings.node_id, "nodes": nodes}
+
+    def _peer_http(self):
+        """One HTTP client for calls to the other nodes, made on first use (https peers: the
+        tls_peer_ca trust and this node's certificate, as for the limits check)."""
+        if self._peer_session is None or self._peer_session.closed:
+            import aiohttp
+            from .tls import peer_context
+            ctx = peer_context(self.settings.tls)
+            self._peer_session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(ssl=True if ctx is None else ctx, limit_per_host=4))
+        return self._peer_session
 
     # ---------------------------------------------------------------- lifecycle
     def start(self, on_fatal=None):
@@ -639,4 +708,6 @@ class NodeService:
         for task in (self.sweeper, self.seeder, self.config_watch):
             if task:
                 task.cancel()
+        if self._peer_session is not None:
+            await self._peer_session.close()
         self.replica.destroy()
