@@ -138,6 +138,13 @@ STORAGE = {
                              "this often while anything is pending.", minimum=1),
     "sweep_limit": Key("integer", "Most entries each phase of one sweep handles; the rest waits for the next "
                        "sweep, which then follows at once.", minimum=1),
+    "min_free_bytes": Key("integer", "The data disk's free-space reserve. While the filesystem of `data_dir` has "
+                          "less free space than this (checked every half second), the node refuses writes with "
+                          "503 `unavailable` and `Retry-After`, a leader hands leadership to a node that has "
+                          "space, and the node does not stand for election; writes resume by themselves once "
+                          "space is back. It keeps a filling disk an outage of writes, never a failed write "
+                          "(which makes the node exit, code 74). 0: no reserve. This node's own (it is not "
+                          "compared between nodes: their disks may differ).", minimum=0),
 }
 QUEUE_ONLY = {
     "name": Key("string", "The queue's name: non-empty, not `.` or `..`, no `/`, no control characters.",
@@ -186,6 +193,8 @@ TESTING = {
                        "power-loss fault)."),
     "sync_shadow_writeback_s": Key("number", "With `sync_shadow` in memory mode: the simulated page writeback "
                                    "period."),
+    "fsync_eio": Key("boolean", "Fail the next journal sync with EIO when the file `fail-next-fsync` appears in "
+                     "the data dir (the chaos tool's fsync-eio fault)."),
 }
 
 # (TOML header, keys, where the code keeps them / their defaults, what the section is)
@@ -201,7 +210,8 @@ SECTIONS = [
     ("[limits]", LIMITS, {**L.QUEUE_KEYS, **L.GLOBAL_KEYS}, "Limits of requests and jobs. ★ marks the keys a "
      "`[[queues]]` entry may override for its queue. Identical on every node: a node whose limits differ from "
      "a majority's refuses to serve (exit code 2)."),
-    ("[storage]", STORAGE, L.STORAGE_KEYS, "Retention, dedup window and the sweep. Identical on every node."),
+    ("[storage]", STORAGE, L.STORAGE_KEYS, "Retention, dedup window, the sweep and the disk's free-space reserve. "
+     "Identical on every node, except `min_free_bytes`."),
     ("[[queues]]", QUEUE_ONLY, None, "Optional, one table per declared queue: `name`, any ★ key of `[limits]` "
      "(its value for this queue), and the keys below. Undeclared queues use `[limits]` as they are (unless "
      "`strict_queues` is on). Identical on every node."),

@@ -177,6 +177,15 @@ class SyncObjConf(object):
         #: told about every write to the journal file and every durable point (journal.FileJournal).
         self.journalObserver = kwargs.get('journalObserver', None)
 
+        #: raftq: called (on the tick thread, which then stops) with the journal.StorageFailure
+        #: of a write or sync that failed; nothing is retried. raftq's node exits.
+        self.onStorageFailure = kwargs.get('onStorageFailure', None)
+
+        #: raftq: () -> bool, asked before this node starts an election (or a pre-vote) or
+        #: answers a leader's transfer request; False keeps it from leading (raftq: its data
+        #: disk is below the free-space reserve). None: always eligible.
+        self.electionEligible = kwargs.get('electionEligible', None)
+
     def validate(self):
         assert self.autoTickPeriod > 0
         assert self.commandsQueueSize >= 0
