@@ -7,9 +7,11 @@ from pathlib import Path
 import orjson
 from aiohttp import web
 
-from .auth import OPERATOR, VIEWER, WORKER, Auth
+from .auth import ADMIN, OPERATOR, VIEWER, WORKER, Auth
+from .backup import Backups, Busy
 from .errors import error
 from .metrics import CONTENT_TYPE, render as render_metrics
+from .proposer import wall_ms
 from .service import NodeService
 from .session import Sessions
 
@@ -109,6 +111,39 @@ def build_app(service: NodeService) -> web.Application:
     async def cluster(request: web.Request) -> web.Response:
         return respond(*service.cluster(request.query.get("digest", "true").lower() not in ("false", "0", "no")))
 
+    made = {}
+
+    async def backup_handler(request: web.Request) -> web.StreamResponse:
+        backups = made.get("backups")
+        if backups is None:     # made on first use: it clears the backups a previous process left
+            backups = made["backups"] = Backups(service.replica, service.settings.data_dir, service.settings.node_id)
+        # Any node answers with its own applied state (a follower's is a committed prefix), so
+        # `raftq backup` takes it from a follower and the leader is not loaded at all.
+        try:
+            header, path = await backups.take(service.loop, wall_ms())
+        except Busy:
+            return respond(*error("overloaded", "a backup is already being taken on this node; retry when it is done"))
+        except OSError as e:
+            log.error("backup failed: %s", e)
+            return respond(*error("unavailable", f"the backup could not be written on this node: {e}"))
+        try:
+            meta = orjson.loads(header[header.index(b"\n") + 1:])
+            resp = web.StreamResponse(headers={
+                "Content-Type": "application/octet-stream",
+                "Content-Length": str(len(header) + meta["body_bytes"]),
+                "Content-Disposition": f'attachment; filename="raftq-{meta["index"]}.backup"',
+                "Raftq-Backup-Index": str(meta["index"]), "Raftq-Backup-Term": str(meta["term"]),
+                "Raftq-Backup-Digest": meta["digest"], "Raftq-Backup-Sha256": meta["body_sha256"]})
+            await resp.prepare(request)
+            await resp.write(header)
+            with open(path, "rb") as f:
+                while chunk := await service.loop.run_in_executor(None, f.read, 1 << 20):
+                    await resp.write(chunk)
+            await resp.write_eof()
+            return resp
+        finally:
+            backups.done(path)
+
     routes = [("POST", path, _leader_write(fn, auth, role)) for path, role, fn in leader_post]
     routes += [("POST", path, _leader_write(fn, auth, role, optional=True)) for path, role, fn in optional_body]
     routes.append(("DELETE", "/v1/jobs/{id}",
@@ -121,6 +156,7 @@ def build_app(service: NodeService) -> web.Application:
         ("/v1/server-info", _authorized(auth, VIEWER, _any(lambda s: s.server_info()))),
         ("/v1/cluster", _authorized(auth, VIEWER, cluster)), ("/metrics", _authorized(auth, VIEWER, metrics)),
         ("/v1/openapi.json", _authorized(auth, VIEWER, _openapi)),
+        ("/v1/backup", _authorized(auth, ADMIN, backup_handler)),
         ("/healthz", _healthz), ("/readyz", _readyz), ("/", _admin_page))]
     r = app.router
     for method, path, handler in routes:

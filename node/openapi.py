@@ -531,6 +531,14 @@ ROUTES = [
                     "schema": {"type": "string", "default": "true"}}]),
     _route("get", "/v1/openapi.json", "openapi", "This document", "Any node answers.", VIEWER, leader=False,
            ok=None, tags=("cluster",)),
+    _route("get", "/v1/backup", "backup", "An online backup of the state",
+           "Any node answers with its own applied state, consistent at one applied index (taken between two "
+           "Raft ticks by a forked child, while the node serves): `RAFTQ-BACKUP 1`, a JSON header line (index, "
+           "term, digest, node, body_bytes, body_sha256), then the gzip'd body. `raftq backup` takes it from a "
+           "caught-up follower and verifies it; `raftq restore` writes it into a new cluster's data dirs. One "
+           "backup at a time per node (429 `overloaded` while one is taken).", ADMIN, leader=False, ok=None,
+           ok_type="application/octet-stream", tags=("cluster",),
+           errors_=[(429, ["overloaded"]), (503, ["unavailable"])]),
     _route("get", "/metrics", "metrics", "Prometheus metrics",
            "This node's Raft, proposer, CPU and applied queue figures, labelled `node`; read queue figures "
            "where `raftq_leader` is 1.", VIEWER, leader=False, ok=None, ok_type="text/plain", tags=("cluster",)),

@@ -10,13 +10,15 @@ asyncio loop only proposes and reads. `lock` keeps readers from seeing a half-ap
 """
 from __future__ import annotations
 
+import concurrent.futures
 import logging
+import os
 import threading
 import time
 
 import cryptography  # noqa: F401 - a node needs the server extra (the Raft link's AES-GCM), said at import
 
-from . import disk_hooks, sync_shadow
+from . import backup, disk_hooks, sync_shadow
 from .machine import QueueMachine
 from .raft import _RAFT_STATE, FAIL_REASON, StorageFailure, SyncObj, SyncObjConf, SyncObjConsumer, replicated
 from .settings import Settings
@@ -154,6 +156,34 @@ class Replica:
         self.syncobj = SyncObj(settings.raft, others, conf=conf, consumers=[self.state])
         if self.shadow is not None:
             self.syncobj.addOnTickCallback(self.shadow.tick)     # memory mode: the simulated page writeback
+        self._backup_request = None      # (path, Future) for the next tick: fork_backup
+        self.syncobj.addOnTickCallback(self._backup_tick)
+
+    # ---------------------------------------------------------------- online backup
+    def fork_backup(self, path: str) -> concurrent.futures.Future:
+        """Fork a child that writes the state to `path` (node/backup.py); the Future gets
+        (pid, index, term) where index is the last applied entry the state holds."""
+        fut = concurrent.futures.Future()
+        self._backup_request = (path, fut)      # taken within one tick period (auto_tick_period_s)
+        return fut
+
+    def _backup_tick(self):
+        # On the tick thread, after the tick's applies: the machine is exactly the state of
+        # raftLastApplied, and stays so until this returns (applies run on this thread only).
+        request = self._backup_request
+        if request is None:
+            return
+        self._backup_request = None
+        path, fut = request
+        index, term = self.syncobj.raftLastApplied, self.syncobj.raftCurrentTerm
+        try:
+            pid = os.fork()
+        except OSError as e:
+            fut.set_exception(e)
+            return
+        if pid == 0:                                            # the child: write, exit
+            os._exit(backup.child_write(self.state.machine, path))
+        fut.set_result((pid, index, term))
 
     # ---------------------------------------------------------------- status
     @property
@@ -258,3 +288,25 @@ class Replica:
 
     def destroy(self):
         self.syncobj.destroy()
+
+
+def write_restored_snapshot(data_dir, machine_builtins: dict, index: int) -> None:
+    """`raftq restore`: write `raft.dump` in data_dir as the snapshot of a new cluster whose log
+    starts at `index` with the backup's state. The entries it names are in term 1, the first
+    term of the new cluster: its first leader's entries (term >= 1) follow them, so terms in the
+    log never decrease (the source's term could exceed the new cluster's, and a log whose last
+    term is higher than newer entries' would look more up to date than theirs in elections).
+    Every node of the new cluster is restored from the same file, so their logs match."""
+    from pathlib import Path
+
+    from .raft.serializer import SNAPSHOT_FORMAT, SNAPSHOT_VERSION, atomicReplace, writeDocument
+    path = Path(data_dir) / "raft.dump"
+    document = {
+        "format": SNAPSHOT_FORMAT, "version": SNAPSHOT_VERSION,
+        "raft": {"last": (b"", index, 1), "prev": (b"", index - 1, 1), "members": [], "code_version": 0},
+        "consumers": [{"machine": machine_builtins, "limits_fingerprint": None}],
+    }
+    tmp = str(path) + ".tmp"
+    with open(tmp, "wb") as f:
+        writeDocument(f, document, 1)           # the checksummed snapshot file (node/raft/serializer.py)
+    atomicReplace(tmp, str(path), fsync=True)

@@ -5,7 +5,7 @@ import argparse
 import sys
 
 from . import commands as C
-from . import config_cmd, local_cmd
+from . import backup_cmd, config_cmd, local_cmd
 from .commands import DEFAULT_URLS
 from .up import cmd_up, default_dir
 
@@ -103,6 +103,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     client_cmd("status", C.cmd_status, "every node's own view of the cluster: role, term, indexes, digest, "
                "peers, leader (exit 1 when no node knows a leader)", needs_client=False)
+
+    backup_cmd.add_parsers(sub, client_cmd)
 
     e = client_cmd("enqueue", C.cmd_enqueue, "enqueue a job (or --count N jobs) and print the job id(s)")
     e.add_argument("queue", metavar="QUEUE")
