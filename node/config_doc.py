@@ -161,8 +161,10 @@ TUNING = {
     "raft_min_timeout_s": Key("number", "Shortest election timeout: a follower that hears no leader for a random "
                               "time between the two starts an election.", positive=True),
     "raft_max_timeout_s": Key("number", "Longest election timeout.", positive=True),
-    "leader_fallback_timeout_s": Key("number", "A leader that hears from no majority for this long steps down "
-                                     "(the stale-leader window of a paused or cut-off leader).", positive=True),
+    "leader_fallback_timeout_s": Key("number", "Upper bound of how long a leader that hears from no majority "
+                                     "stays leader. CheckQuorum already makes it step down after `raft_min_timeout_s` "
+                                     "(and ask a follower to stand at once): the shorter of the two applies.",
+                                     positive=True),
     "connection_retry_s": Key("number", "How often a node retries a lost connection to a peer.", positive=True),
     "request_timeout_s": Key("number", "How long a request waits for its change to commit before it is "
                              "answered 503 `unavailable` (outcome unknown: retry with the same Request-Id).",

@@ -238,7 +238,7 @@ async def run_chaos(opts: ChaosOptions) -> dict:
         try:
             views = await asyncio.to_thread(cluster.wait_converged, 30)
         except TimeoutError:
-            views = [cluster.cluster_view(i) for i in range(cluster.n)]
+            views = await asyncio.to_thread(cluster.cluster_views)
         await sampler.sample_once()
         await sampler.stop()
         phase.enter("check")

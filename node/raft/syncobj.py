@@ -164,6 +164,11 @@ class SyncObj(object):
         # Set while a leadership transfer (Raft 'TimeoutNow') is pending, to stop
         # the outgoing leader's heartbeats from postponing the forced election.
         self.__transferInProgress = False
+        # raftq: PreVote and CheckQuorum (see __startPreVote, __checkQuorum)
+        self.__preVoteTerm = None           # the term a pre-vote in progress asks for
+        self.__preVoters = set()            # who granted it (a set: a late answer of an earlier round counts once)
+        self.__lastLeaderContact = 0.0      # when a leader of this term was last heard (monotonic)
+        self.__lastPollEnd = monotonicTime()    # when the last round of message handling ended
         # raftq (set before the replicated methods are enumerated: dir() reads the properties)
         self.__sentIndex = 0        # the last index the leader's tick sent (see _onTick)
         self.__raftView = None      # (raft state, term) between two rounds of message handling
@@ -657,21 +662,12 @@ class SyncObj(object):
             if self.__raftElectionDeadline < monotonicTime() and self.__connectedToAnyone() and \
                     self.__mayStandForElection():
                 self.__raftElectionDeadline = monotonicTime() + self.__generateRaftTimeout()
-                self.__transferInProgress = False
-                self.__raftLeader = None
-                self.__setState(_RAFT_STATE.CANDIDATE)
-                self.__setCurrentTerm(self.__raftCurrentTerm + 1, self.__selfNode.id)
-                self.__votesCount = 1
-                for node in self.__otherNodes:
-                    self.__transport.send(node, {
-                        'type': 'request_vote',
-                        'term': self.__raftCurrentTerm,
-                        'last_log_index': self.__getCurrentLogIndex(),
-                        'last_log_term': self.__getCurrentLogTerm(),
-                    })
-                self.__onLeaderChanged()
-                if self.__votesCount > (len(self.__otherNodes) + 1) / 2:
-                    self.__onBecomeLeader()
+                if self.__conf.preVote and not self.__transferInProgress:
+                    self.__startPreVote()
+                else:
+                    # A leader's transfer request (TimeoutNow) skips the pre-vote: the leader
+                    # itself asked, so nobody is deposed against its will.
+                    self.__startElection()
 
         if self.__raftState == _RAFT_STATE.LEADER:
 
@@ -699,14 +695,8 @@ class SyncObj(object):
                 self.__raftLog.setRaftCommitIndex(self.__raftCommitIndex)
 
             self.__leaderCommitIndex = self.__raftCommitIndex
-            deadline = monotonicTime() - self.__conf.leaderFallbackTimeout
-            count = 1
-            for node in self.__otherNodes:
-                if self.__lastResponseTime[node] > deadline:
-                    count += 1
-            if count <= (len(self.__otherNodes) + 1) / 2:
-                self.__setState(_RAFT_STATE.FOLLOWER)
-                self.__raftLeader = None
+            self.__lastLeaderContact = monotonicTime()
+            self.__checkQuorum()
 
         needSendAppendEntries = self.__applyLogEntries()
 
@@ -748,6 +738,7 @@ class SyncObj(object):
                 callback()
 
         self._poller.poll(timeToWait)
+        self.__lastPollEnd = monotonicTime()
 
     def __applyLogEntries(self):
         # raftq: upstream applies every committed entry it has not applied yet in one tick and
@@ -970,6 +961,15 @@ class SyncObj(object):
                 self.__raftElectionDeadline = 0
                 self.__transferInProgress = True
 
+        if message['type'] == 'request_prevote' and self.__selfNode is not None:
+            self.__onPreVoteRequest(node, message)
+
+        if message['type'] == 'response_prevote' and self.__preVoteTerm is not None and \
+                message['term'] == self.__preVoteTerm and self.__raftState != _RAFT_STATE.LEADER:
+            self.__preVoters.add(node)
+            if len(self.__preVoters) + 1 > (len(self.__otherNodes) + 1) / 2:
+                self.__startElection()
+
         if message['type'] == 'request_vote' and self.__selfNode is not None:
 
             if message['term'] > self.__raftCurrentTerm:
@@ -1014,6 +1014,8 @@ class SyncObj(object):
             if self.__raftLeader != node:
                 self.__onLeaderChanged()
             self.__raftLeader = node
+            self.__lastLeaderContact = monotonicTime()
+            self.__preVoteTerm = None
             if message['term'] > self.__raftCurrentTerm:
                 self.__setCurrentTerm(message['term'], None)
             self.__setState(_RAFT_STATE.FOLLOWER)
@@ -1048,7 +1050,13 @@ class SyncObj(object):
                     self.__sendNextNodeIdx(node, success=False, reset=True)
                     return
                 if prevEntries[0][2] != prevLogTerm:
-                    self.__sendNextNodeIdx(node, nextNodeIdx = prevLogIdx, success = False, reset=True)
+                    # raftq: back off past the whole conflicting term at once (Raft §5.3's
+                    # optimisation). Upstream backed off one entry per round trip: a node that
+                    # had led alone for a while (its outgoing traffic cut one way) held thousands
+                    # of entries of its own term, and with leaders changing every few seconds the
+                    # repair never finished (the chaos run's one-way partitions stalled for good).
+                    self.__sendNextNodeIdx(node, nextNodeIdx=self.__conflictStart(prevLogIdx, prevEntries[0][2]),
+                                           success=False, reset=True)
                     return
                 if len(prevEntries) > 1:
                     # rollback cluster changes
@@ -1644,6 +1652,113 @@ class SyncObj(object):
             }
 
         self.__serializer.serialize(buildDocument, lastAppliedEntries[0][1])
+
+    # raftq: PreVote and CheckQuorum (Raft thesis §9.6 and §6.2; FORK.md "PreVote and
+    # CheckQuorum"). Upstream has neither: a node that stops hearing the leader (its incoming
+    # traffic cut one way) raises its term and deposes a healthy leader again and again, and a
+    # leader that no majority hears from stays leader for leaderFallbackTimeout.
+    def __startPreVote(self):
+        """Ask, without raising the term, whether a majority would vote for this node: they
+        would only if they too have not heard from a leader for an election timeout."""
+        if self.__raftLeader is not None:
+            self.__raftLeader = None
+            self.__onLeaderChanged()
+        self.__preVoteTerm = self.__raftCurrentTerm + 1
+        self.__preVoters = set()
+        for node in self.__otherNodes:
+            self.__transport.send(node, {
+                'type': 'request_prevote',
+                'term': self.__preVoteTerm,
+                'last_log_index': self.__getCurrentLogIndex(),
+                'last_log_term': self.__getCurrentLogTerm(),
+            })
+        if 1 > (len(self.__otherNodes) + 1) / 2:
+            self.__startElection()
+
+    def __startElection(self):
+        # upstream's election, as it was in _onTick
+        self.__preVoteTerm = None
+        self.__transferInProgress = False
+        self.__raftLeader = None
+        self.__setState(_RAFT_STATE.CANDIDATE)
+        self.__setCurrentTerm(self.__raftCurrentTerm + 1, self.__selfNode.id)
+        self.__votesCount = 1
+        for node in self.__otherNodes:
+            self.__transport.send(node, {
+                'type': 'request_vote',
+                'term': self.__raftCurrentTerm,
+                'last_log_index': self.__getCurrentLogIndex(),
+                'last_log_term': self.__getCurrentLogTerm(),
+            })
+        self.__onLeaderChanged()
+        if self.__votesCount > (len(self.__otherNodes) + 1) / 2:
+            self.__onBecomeLeader()
+
+    def __conflictStart(self, prevLogIdx, term):
+        """The first index of the run of entries of `term` that ends at prevLogIdx; never at or
+        below the commit index (committed entries match the leader's) nor at the log's first
+        entry (the leader's next append must find its prevLogIdx here)."""
+        floor = max(self.__raftCommitIndex + 1, self.__raftLog[0][1] + 1)
+        idx = prevLogIdx
+        while idx - 1 >= floor:
+            entries = self.__getEntries(idx - 1, 1)
+            if not entries or entries[0][2] != term:
+                break
+            idx -= 1
+        return max(idx, floor) if prevLogIdx >= floor else prevLogIdx
+
+    def __heardFromLeaderRecently(self):
+        """A leader (this node, or one of this term) was heard within the shortest election
+        timeout. Measured against the end of the last round of message handling when that is
+        earlier: a node whose tick thread stalled has not read what its leader sent meanwhile."""
+        if self.__raftState == _RAFT_STATE.LEADER:
+            return True
+        if self.__raftLeader is None:
+            return False
+        now = min(monotonicTime(), self.__lastPollEnd)
+        return now - self.__lastLeaderContact < self.__conf.raftMinTimeout
+
+    def __onPreVoteRequest(self, node, message):
+        # Granting changes nothing here: no term, no vote, no timer.
+        if self.__unverified is not None:
+            return                      # never from a log that is not trusted (disk checks)
+        if message['term'] <= self.__raftCurrentTerm or self.__heardFromLeaderRecently():
+            return
+        lastLogTerm, lastLogIdx = message['last_log_term'], message['last_log_index']
+        if lastLogTerm < self.__getCurrentLogTerm():
+            return
+        if lastLogTerm == self.__getCurrentLogTerm() and lastLogIdx < self.__getCurrentLogIndex():
+            return
+        self.__transport.send(node, {'type': 'response_prevote', 'term': message['term']})
+
+    def __checkQuorum(self):
+        """On the leader, every tick: step down when no majority answered within the window
+        (CheckQuorum: the shortest election timeout; upstream: leaderFallbackTimeout only), and
+        ask the most up-to-date follower to stand at once (TimeoutNow): if only this node's
+        incoming traffic is cut, the followers still hear it and would otherwise wait for their
+        own timers, with no leader meanwhile. Measured from the end of the last round of message
+        handling, so a tick thread that stalled does not step down over answers it has not read."""
+        window = self.__conf.leaderFallbackTimeout
+        if self.__conf.checkQuorum:
+            window = min(window, self.__conf.raftMinTimeout)
+        deadline = min(monotonicTime(), self.__lastPollEnd) - window
+        count = 1
+        for node in self.__otherNodes:
+            if self.__lastResponseTime[node] > deadline:
+                count += 1
+        if count > (len(self.__otherNodes) + 1) / 2:
+            return
+        logger.warning('no majority heard from for %.2f s: stepping down (term %d)', window, self.__raftCurrentTerm)
+        target = None
+        if self.__conf.checkQuorum:
+            candidates = [(self.__raftMatchIndex.get(n, 0), self.__lastResponseTime.get(n, 0), n.id, n)
+                          for n in self.__otherNodes if n in self.__connectedNodes]
+            if candidates:
+                target = max(candidates)[3]
+        self.__setState(_RAFT_STATE.FOLLOWER)
+        self.__raftLeader = None
+        if target is not None:
+            self.__transport.send(target, {'type': 'timeout_now', 'term': self.__raftCurrentTerm})
 
     # raftq: the disk checks (FORK.md "Checksums"). What the journal found (journal.FileJournal),
     # the snapshot's check, and the commit index the node knew: anything found makes the log
