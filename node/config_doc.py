@@ -197,6 +197,12 @@ TESTING = {
                                    "period."),
     "fsync_eio": Key("boolean", "Fail the next journal sync with EIO when the file `fail-next-fsync` appears in "
                      "the data dir (the chaos tool's fsync-eio fault)."),
+    "clock_strobe": Key("boolean", "While the file `clock-strobe` in the data dir says `AMPLITUDE_MS PERIOD_MS`, this "
+                        "node's idea of now jumps between +AMPLITUDE and -AMPLITUDE every PERIOD (the chaos tool's "
+                        "clock-strobe fault); never the system clock."),
+    "free_space_file": Key("boolean", "While the file `disk-free-bytes` in the data dir holds a number, take it as the "
+                           "data disk's free space (the chaos tool's disk-full fault where it cannot mount a small "
+                           "filesystem per node)."),
 }
 
 # (TOML header, keys, where the code keeps them / their defaults, what the section is)

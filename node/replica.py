@@ -18,7 +18,7 @@ import time
 
 import cryptography  # noqa: F401 - a node needs the server extra (the Raft link's AES-GCM), said at import
 
-from . import backup, disk_hooks, sync_shadow
+from . import backup, fault_hooks, sync_shadow
 from .machine import QueueMachine
 from .raft import _RAFT_STATE, FAIL_REASON, StorageFailure, SyncObj, SyncObjConf, SyncObjConsumer, replicated
 from .settings import Settings
@@ -117,8 +117,8 @@ class Replica:
             self.shadow = sync_shadow.SyncShadow(settings.data_dir, settings.durability,
                                                  settings.testing.sync_shadow_writeback_s)
             observers.append(self.shadow)
-        if settings.testing.fsync_eio:      # [testing]: the fsync-EIO test hook (node/disk_hooks.py)
-            observers.append(disk_hooks.FailingSync(settings.data_dir))
+        if settings.testing.fsync_eio:      # [testing]: the fsync-EIO test hook (node/fault_hooks.py)
+            observers.append(fault_hooks.FailingSync(settings.data_dir))
         conf = SyncObjConf(
             journalFile=str(settings.data_dir / "raft.journal"),
             fullDumpFile=str(settings.data_dir / "raft.dump"),
@@ -148,7 +148,7 @@ class Replica:
             durability=settings.durability,
             compressionLevel=int(t["raft_compression_level"]),
             dialMap=settings.testing.raft_dial_map,        # [testing]: chaos proxies
-            journalObserver=disk_hooks.observer_of(observers),
+            journalObserver=fault_hooks.observer_of(observers),
             onStorageFailure=on_storage_failure,
             electionEligible=election_eligible,
         )

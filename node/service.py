@@ -13,7 +13,7 @@ import os
 import sys
 import time
 
-from . import validate
+from . import fault_hooks, validate
 from .core import ops
 from .core.jobs import IN_FLIGHT, READY, SCHEDULED, Queue
 from .errors import ApiError, error
@@ -63,6 +63,7 @@ class NodeService:
         self.settings = settings
         self.limits = settings.limits
         self.clock_offset_ms = settings.testing.clock_offset_ms     # [testing]: chaos clock-skew
+        self.strober: asyncio.Task | None = None                      # [testing]: chaos clock-strobe
         self.loop = loop
         self.last_stamp = 0
         # The data disk's free-space reserve ([storage] min_free_bytes, node-local).
@@ -109,6 +110,25 @@ class NodeService:
         peer = self.settings.peer_by_raft(raft)
         return peer.url if peer else None
 
+    async def strobe_loop(self):
+        """[testing] clock_strobe (node/fault_hooks.py): while the strobe file is there, the
+        clock offset flips between +A and -A every period; stamp() reads the attribute as ever,
+        and never goes behind replicated time or an earlier stamp."""
+        base = self.clock_offset_ms
+        sign = 1
+        while not self.stopping:
+            strobe = fault_hooks.read_strobe(self.settings.data_dir)
+            if strobe is None:
+                self.clock_offset_ms = base
+                await asyncio.sleep(0.1)
+                continue
+            amplitude, period = strobe
+            end = time.monotonic() + 0.5            # read the file again twice a second
+            while time.monotonic() < end and not self.stopping:
+                self.clock_offset_ms = base + sign * amplitude
+                sign = -sign
+                await asyncio.sleep(period / 1000.0)
+
     # ---------------------------------------------------------------- the data disk
     def _storage_failed(self, failure):
         """A write or sync of the data dir failed (node/raft/journal.py StorageFailure), on the
@@ -139,7 +159,11 @@ class NodeService:
             st = os.statvfs(self.settings.data_dir)
         except OSError:
             return
-        self.free_bytes = free = st.f_bavail * st.f_frsize
+        free = st.f_bavail * st.f_frsize
+        if self.settings.testing.free_space_file:       # [testing]: the disk-full fault without root
+            told = fault_hooks.read_free(self.settings.data_dir)
+            free = free if told is None else told
+        self.free_bytes = free
         low = free < self.min_free_bytes
         if low != self.low_space:
             if low:
@@ -156,12 +180,13 @@ class NodeService:
 
     async def disk_loop(self):
         """Watch the free space; while it is below the reserve on the leader, hand leadership to
-        a peer that has space and a trusted log (asked over HTTP, once a second)."""
+        a peer that has space and a trusted log (asked over HTTP, every check until it moved: a
+        transfer is refused while the peer has not acknowledged the leader's last entry)."""
         last_try = 0.0
         while not self.stopping:
             try:
                 self._check_space()
-                if self.low_space and self.replica.is_leader() and time.monotonic() - last_try >= 1.0:
+                if self.low_space and self.replica.is_leader() and time.monotonic() - last_try >= DISK_CHECK_S:
                     last_try = time.monotonic()
                     await self._hand_over_leadership()
             except Exception:
@@ -515,6 +540,8 @@ class NodeService:
     def start(self, on_fatal=None):
         self.sweeper = self.loop.create_task(self.sweep_loop())
         self.disk_task = self.loop.create_task(self.disk_loop())
+        if self.settings.testing.clock_strobe:
+            self.strober = self.loop.create_task(self.strobe_loop())
         self.limits_check = self.loop.create_task(self.check_peer_limits(on_fatal))
 
     async def check_peer_limits(self, on_fatal):
@@ -583,4 +610,6 @@ class NodeService:
             self.sweeper.cancel()
         if self.disk_task:
             self.disk_task.cancel()
+        if self.strober:
+            self.strober.cancel()
         self.replica.destroy()

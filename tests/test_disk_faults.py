@@ -19,7 +19,7 @@ import pytest
 
 from raftq.cluster.chaos import diskfaults
 from raftq.cluster.local import LocalCluster, http_json
-from raftq.node import disk_hooks
+from raftq.node import fault_hooks
 from raftq.node.service import EXIT_STORAGE
 from tests.conftest import Api, poll
 
@@ -162,7 +162,7 @@ def test_a_failed_journal_sync_stops_the_node_with_code_74_and_a_restart_recover
         ids = enqueue_many(api, 30, "a")
         leader, f = follower_of(c)
         target = leader if who == "leader" else f
-        disk_hooks.arm(c.data_dir(target))
+        fault_hooks.arm(c.data_dir(target))
         # Writes go on; one of them makes the target sync its journal, which fails.
         deadline = time.monotonic() + 20
         while c.alive(target) and time.monotonic() < deadline:
@@ -175,7 +175,7 @@ def test_a_failed_journal_sync_stops_the_node_with_code_74_and_a_restart_recover
         # The fork's line and the node's, each naming the file and the errno.
         assert len(lines) == 2 and all("raft.journal" in x and "rrno 5" in x for x in lines), lines
         assert f"exiting with code {EXIT_STORAGE}" in lines[1]
-        assert not (c.data_dir(target) / disk_hooks.FAIL_NEXT_SYNC).exists()
+        assert not (c.data_dir(target) / fault_hooks.FAIL_NEXT_SYNC).exists()
         # What the disk holds after a failed fsync: the last sync that succeeded.
         from raftq.node import sync_shadow
         out = sync_shadow.restore(c.data_dir(target), "fsync")

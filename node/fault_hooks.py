@@ -1,4 +1,5 @@
-"""Test hooks of the data disk, off unless the node's config has them in `[testing]`.
+"""Test hooks of the chaos tool's faults of the disk and the clock, off unless the node's config
+has them in `[testing]`.
 
 `fsync_eio = true`: the chaos tool's `fsync-eio` fault makes the node's *next* journal sync fail
 with EIO, the way a failing disk reports a lost write (the node must then neither retry nor
@@ -16,6 +17,63 @@ import os
 from pathlib import Path
 
 FAIL_NEXT_SYNC = "fail-next-fsync"
+CLOCK_STROBE = "clock-strobe"
+FREE_BYTES = "disk-free-bytes"
+
+
+# `clock_strobe = true`: the chaos tool's `clock-strobe` fault makes the node's idea of now jump back
+# and forth rapidly (Jepsen's clock strobe), by writing "AMPLITUDE_MS PERIOD_MS" into the file
+# CLOCK_STROBE in the node's data dir; while it is there the node's clock offset alternates
+# between +AMPLITUDE and -AMPLITUDE every PERIOD (NodeService.strobe_loop), on top of any
+# `clock_offset_ms`. Like that key it shifts what the node believes (the leader's stamps, its
+# sweeps), never the system clock or Raft's monotonic timers.
+def start_strobe(data_dir, amplitude_ms: int, period_ms: int) -> Path:
+    path = Path(data_dir) / CLOCK_STROBE
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(f"{int(amplitude_ms)} {int(period_ms)}")
+    os.replace(tmp, path)
+    return path
+
+
+def stop_strobe(data_dir):
+    try:
+        os.unlink(Path(data_dir) / CLOCK_STROBE)
+    except OSError:
+        pass
+
+
+def read_strobe(data_dir) -> tuple[int, int] | None:
+    """(amplitude ms, period ms) while the strobe is on, else None."""
+    try:
+        a, p = (Path(data_dir) / CLOCK_STROBE).read_text().split()
+        return max(0, int(a)), max(1, int(p))
+    except (OSError, ValueError):
+        return None
+
+
+# `free_space_file = true`: where the chaos tool cannot make a small filesystem per node (not
+# root), its `disk-full` fault tells the node how much space its data disk has instead: while the
+# file FREE_BYTES in the data dir holds a number, the node takes it as its free space (the
+# reserve's refusals, the hand-over and the resumption are then what is tested, not ENOSPC).
+def set_free(data_dir, free_bytes: int):
+    path = Path(data_dir) / FREE_BYTES
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(str(int(free_bytes)))
+    os.replace(tmp, path)
+
+
+def clear_free(data_dir):
+    try:
+        os.unlink(Path(data_dir) / FREE_BYTES)
+    except OSError:
+        pass
+
+
+def read_free(data_dir) -> int | None:
+    try:
+        return int((Path(data_dir) / FREE_BYTES).read_text())
+    except (OSError, ValueError):
+        return None
 
 
 def arm(data_dir) -> Path:
