@@ -103,7 +103,7 @@ class Replica:
     """One node's SyncObj around a QueueState, and every view of Raft the node needs."""
 
     def __init__(self, settings: Settings, on_state_changed=None, on_ready=None, on_storage_failure=None,
-                 election_eligible=None):
+                 election_eligible=None, accept_damaged_log: bool = False):
         """`on_storage_failure(StorageFailure)`: called on the Raft tick thread when a write or
         sync of the data dir failed (the thread stops ticking); `election_eligible() -> bool`:
         asked before this node stands for election."""
@@ -150,6 +150,7 @@ class Replica:
             dialMap=settings.testing.raft_dial_map,        # [testing]: chaos proxies
             journalObserver=fault_hooks.observer_of(observers),
             onStorageFailure=on_storage_failure,
+            acceptDamagedLog=accept_damaged_log,
             electionEligible=election_eligible,
         )
         others = [p.raft for p in settings.others]

@@ -59,7 +59,7 @@ def _page_limit(query) -> int | None:
 
 
 class NodeService:
-    def __init__(self, settings: Settings, loop: asyncio.AbstractEventLoop):
+    def __init__(self, settings: Settings, loop: asyncio.AbstractEventLoop, accept_damaged_log: bool = False):
         self.settings = settings
         self.limits = settings.limits
         self.clock_offset_ms = settings.testing.clock_offset_ms     # [testing]: chaos clock-skew
@@ -71,7 +71,8 @@ class NodeService:
         self.free_bytes: int | None = None
         self.low_space = False
         self.replica = Replica(settings, on_state_changed=self._on_state_changed_thread,
-                               on_storage_failure=self._storage_failed, election_eligible=self._may_lead)
+                               on_storage_failure=self._storage_failed, election_eligible=self._may_lead,
+                               accept_damaged_log=accept_damaged_log)
         self.state = self.replica.state
         t = settings.tuning
         # A proposal wakes the Raft tick thread by itself (node/raft: event-driven replication).

@@ -252,3 +252,19 @@ def test_a_snapshot_writer_that_the_disk_failed_exits_with_its_errno(tmp_path, m
     s.serialize(lambda: _document(), 7)
     assert s.checkSerializing()[0] == serializer.SERIALIZER_STATE.FAILED and s.lastFailure == serializer.EXIT_EIO
     monkeypatch.setattr(serializer, "atomicReplace", real)
+
+
+def test_an_operator_may_accept_a_damaged_log(tmp_path):
+    """`raftq node --accept-damaged-log`: for a majority damaged at once, where no trusted
+    leader can repair anyone. The findings are still reported; the node votes at once."""
+    path, entries, offsets = journal_of(tmp_path)
+    os.truncate(path, offsets[29] + 5)
+    t = RecordingTransport()
+    so, (leader, other) = syncobj(tmp_path, t, acceptDamagedLog=True)
+    try:
+        assert {f["what"] for f in so.diskFindings} == {"journal_truncated", "journal_short_of_commit"}
+        assert so.logUnverified is None
+        t._onMessageReceived(other, vote_request(5))
+        assert t.of("response_vote") == [{"type": "response_vote", "term": 5}]
+    finally:
+        so.destroy()

@@ -727,24 +727,34 @@ class FsyncEio(DiskFault):
 
     async def act(self, i):
         env, c = self.env, self.env.cluster
-        await asyncio.to_thread(fault_hooks.arm, c.data_dir(i))
         p = c.procs.get(i)
+        await asyncio.to_thread(fault_hooks.arm, c.data_dir(i))
         end = time.monotonic() + self.WAIT_S
         code = None
         while time.monotonic() < end and p is not None:
             code = p.poll()
-            if code is not None:
+            if code is not None or i in env.down:
                 break
             await asyncio.sleep(0.02)
-        if code is None:
+        if code is None or code < 0 or i in env.down and code != 74:
+            # Not this fault's doing: no sync came, or another fault of the step killed the node
+            # first. Disarm, so that no later life of the node fails a sync for it.
             fault_hooks_disarm(c.data_dir(i))
-            self.details["not_triggered"] = f"no journal sync within {self.WAIT_S:g} s"
-            await env.kill(i)
+            if code is None and i not in env.down:
+                self.details["not_triggered"] = f"no journal sync within {self.WAIT_S:g} s"
+            else:
+                self.details["interrupted"] = "another fault of the step killed the node first"
+            if i not in env.down:
+                await env.kill(i)
         else:
             env.down.add(i)
             self.details["exit_code"] = code
             self.details["logged"] = _storage_failure_logged(c.log_path(i))
-        self.details["restore"] = await asyncio.to_thread(sync_shadow.restore, c.data_dir(i), c.durability)
+        async with env.proc_lock:
+            if c.alive(i):                  # restarted meanwhile by another fault: leave it
+                self.details["restore"] = {"skipped": "the node is running again"}
+                return
+            self.details["restore"] = await asyncio.to_thread(sync_shadow.restore, c.data_dir(i), c.durability)
 
     async def undo(self, i):
         await self.restart_and_look(i)
@@ -803,8 +813,9 @@ class DiskFull(DiskFault):
             await asyncio.to_thread(fault_hooks.clear_free, c.data_dir(i))
         env.filled.discard(i)
         p = c.procs.get(i)
-        if p is not None and p.poll() is not None:
-            self.details["exit_code"] = p.returncode
+        if p is not None and p.poll() is not None and i not in env.down:
+            if p.returncode >= 0:           # a signal: another fault's kill, not the full disk
+                self.details["exit_code"] = p.returncode
             env.down.add(i)
             await self.restart_and_look(i)
 

@@ -191,6 +191,12 @@ class SyncObjConf(object):
         #: the most up-to-date follower to stand at once (TimeoutNow).
         self.checkQuorum = kwargs.get('checkQuorum', True)
 
+        #: raftq: an operator's decision (raftq node --accept-damaged-log): take the log as it is
+        #: after the disk checks cut what failed, and vote with it at once. Only for a majority
+        #: damaged at once, where no trusted leader can repair anyone: entries the cut removed
+        #: may have been acknowledged.
+        self.acceptDamagedLog = kwargs.get('acceptDamagedLog', False)
+
         #: raftq: () -> bool, asked before this node starts an election (or a pre-vote) or
         #: answers a leader's transfer request; False keeps it from leading (raftq: its data
         #: disk is below the free-space reserve). None: always eligible.

@@ -1815,6 +1815,12 @@ class SyncObj(object):
             log.setUnverified(info)
         for f in findings:
             logger.critical('disk check: %s in %s: %s', f['what'], f.get('file'), f['detail'])
+        if info is not None and self.__conf.acceptDamagedLog:
+            logger.critical('disk check: the operator accepts this log as it is (acceptDamagedLog): it votes and '
+                            'stands for election again; entries cut from it (%s) may have been acknowledged',
+                            ', '.join(info['found']))
+            log.setUnverified(None)
+            info = None
         if info is not None:
             logger.critical('disk check: this node neither votes nor stands for election until its log matches a '
                             'leader\'s up to that leader\'s commit index (and index %d): it was damaged (%s)',
