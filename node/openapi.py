@@ -486,6 +486,18 @@ def schemas() -> dict:
             "cpu": {"type": "object", "additionalProperties": {"type": ["number", "null"]}},
             "proposer": {"type": "object", "additionalProperties": {"type": "integer"}},
             "journal_syncs": integer(0),
+            "disk": obj({
+                "log_verified": {"type": "boolean", "description": "false while the node's log is untrusted: it "
+                                 "found damage and no leader has repaired it yet; it neither votes nor leads"},
+                "unverified": {"type": ["object", "null"], "description": "what was found and the commit index "
+                               "to catch up to"},
+                "findings": {"type": "object", "additionalProperties": {"type": "integer"},
+                             "description": "damage found since the node started, by kind"},
+                "last_findings": {"type": "array", "items": {"type": "object"}},
+                "free_bytes": {"type": ["integer", "null"], "description": "the data disk's free space"},
+                "min_free_bytes": integer(0),
+                "low_space": {"type": "boolean", "description": "below min_free_bytes: writes refused"},
+            }, description="The disk checks and the free-space reserve"),
             "event_loop": {"type": "string", "enum": ["uvloop", "asyncio"]},
         }, ["node_id", "role", "leader", "term", "commit_index", "last_applied", "members", "ready", "digest"],
             "This node's own view of the cluster."),
