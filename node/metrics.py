@@ -46,8 +46,11 @@ def _number(v) -> str:
     return repr(float(v)) if isinstance(v, float) else str(int(v))
 
 
-def render(view: dict, queues: list[dict], inflight: int) -> str:
-    """`view` is NodeService.cluster()'s body (without digest), `queues` the queue stats."""
+def render(view: dict, queues: list[dict], inflight: int, gauges: dict | None = None, hits=None) -> str:
+    """`view` is NodeService.cluster()'s body (without digest), `queues` the queue stats;
+    `gauges` the node's open connections, sessions and parked long polls, `hits` the bound
+    hits (node/bounds.py)."""
+    from .bounds import BOUNDS
     t = _Text(view["node_id"])
     t.family("raftq_leader", "gauge", "1 on the node that leads the cluster", [({}, view["role"] == "leader")])
     t.family("raftq_ready", "gauge", "1 when the node knows a leader and has applied what it knows is committed",
@@ -71,6 +74,15 @@ def render(view: dict, queues: list[dict], inflight: int) -> str:
     t.family("raftq_commit_timeouts_total", "counter", "requests not committed within the request timeout",
              [({}, p.get("timeouts", 0))])
     t.family("raftq_requests_in_flight", "gauge", "requests proposed and not yet answered", [({}, inflight)])
+    g = gauges or {}
+    t.family("raftq_http_connections", "gauge", "HTTP connections open on this node (sessions included)",
+             [({}, g.get("connections"))])
+    t.family("raftq_sessions", "gauge", "session WebSockets open on this node", [({}, g.get("sessions"))])
+    t.family("raftq_parked_reserves", "gauge", "long-poll reserves waiting on this node",
+             [({}, g.get("parked_reserves"))])
+    hits = hits or {}
+    t.family("raftq_bound_hits_total", "counter", "times a resource bound held a client back, by the bound's "
+             "config key (docs/limits.md)", [({"bound": b}, hits.get(b, 0)) for b in BOUNDS])
     cpu = view.get("cpu", {})
     t.family("raftq_cpu_seconds_total", "counter", "process CPU time by part (http: event loop, raft: tick "
              "thread outside apply, apply: the state machine)",

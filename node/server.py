@@ -10,6 +10,7 @@ import sys
 
 from aiohttp import web
 
+from .guard import GuardedRunner, allowed_hosts, install_redaction
 from .http import build_app
 from .limits import ConfigError
 from .service import NodeService
@@ -22,7 +23,9 @@ async def serve(settings: Settings) -> int:
     loop = asyncio.get_running_loop()
     service = NodeService(settings, loop)
     app = build_app(service)
-    runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=5.0)
+    runner = GuardedRunner(app, tuning=settings.tuning, allowed_hosts=allowed_hosts(settings), access_log=None,
+                           handle_signals=False, shutdown_timeout=5.0)
+    app["runner"] = runner
     await runner.setup()
     site = web.TCPSite(runner, settings.http_host, settings.http_port, reuse_address=True)
     try:
@@ -62,6 +65,8 @@ def main(argv=None) -> int:
     logging.basicConfig(level=args.log_level.upper(),
                         format=f"%(asctime)s {settings.node_id} %(levelname)s %(name)s: %(message)s")
     logging.getLogger("pysyncobj").setLevel(logging.WARNING)
+    # No log line carries an API key (aiohttp quotes a malformed request's header lines).
+    install_redaction(k["key"] for k in settings.api_keys or ())
     # The queue state is millions of long-lived containers (jobs, heap entries, dedup and
     # request-id records) with almost no reference cycles. CPython's default thresholds make
     # the cyclic GC walk them again and again, in pauses that stall the Raft tick thread;
