@@ -15,6 +15,7 @@ from .errors import error
 from .metrics import CONTENT_TYPE, render as render_metrics
 from .service import NodeService
 from .session import Sessions
+from .settings import TUNING_DEFAULTS
 
 log = logging.getLogger("raftq.http")
 JSON = "application/json"
@@ -82,7 +83,8 @@ def build_app(service: NodeService) -> web.Application:
     # answers unknown paths and methods in the API's JSON error shape.
     app = web.Application(client_max_size=service.limits.max_request_bytes)
     app["service"] = service
-    app["body_timeout_s"] = float(service.settings.tuning.get("http_body_timeout_s", 30.0))
+    tuning = getattr(service.settings, "tuning", None) or TUNING_DEFAULTS
+    app["body_timeout_s"] = float(tuning["http_body_timeout_s"])
     # (path, the role it needs, handler)
     leader_post = [
         ("/v1/jobs", WORKER, lambda s, req, b, rid: s.enqueue(b, rid)),

@@ -18,6 +18,7 @@ from . import bounds
 from .auth import OPERATOR, VIEWER, WORKER, Auth
 from .errors import error
 from .service import NodeService
+from .settings import TUNING_DEFAULTS
 
 log = logging.getLogger("raftq.session")
 CLOSE_NOT_LEADER = 4001
@@ -95,7 +96,8 @@ class Sessions:
         self.service = service
         self.open: set[web.WebSocketResponse] = set()
         self.queued = 0             # answer bytes waiting in every session's outbox
-        self.max_queued = int(service.settings.tuning.get("max_queued_answer_bytes", 32 * 1024 * 1024))
+        tuning = getattr(service.settings, "tuning", None) or TUNING_DEFAULTS
+        self.max_queued = int(tuning["max_queued_answer_bytes"])
 
     async def close_all(self, reason: str = ""):
         for ws in list(self.open):
