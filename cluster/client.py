@@ -17,6 +17,11 @@ duplicating work.
   naming every URL and how long it has refused, instead of retrying until its deadline. A node
   that answers without a leader, or takes the connection and does not answer (paused), keeps
   the call retrying to its deadline (an election takes 1-3 s).
+* TLS: https:// URLs are verified against the system's CAs, or `ca=` (a PEM bundle) for a
+  cluster with its own CA; `cert=(certfile, keyfile)` presents a client certificate to nodes
+  that require one (mTLS). A TLS problem that retrying cannot fix (a certificate that is not
+  trusted or does not name the host, a missing client certificate, an http:// URL for a node
+  that serves https:// or the reverse) raises `TlsError` at once, saying what to give.
 * Exactly-once in effect: every mutating call carries a `Request-Id` that stays the same across
   its retries, and an enqueue without an idempotency key gets a generated one (opt out with
   `auto_idempotency=False`), so a retry after an ambiguous failure cannot create a second job.
@@ -28,6 +33,7 @@ import base64
 import collections
 import random
 import socket
+import ssl
 import threading
 import time
 import uuid
@@ -78,6 +84,88 @@ def describe_refused(refused: dict) -> str:
     for url, r in refused.items():
         groups.setdefault((r["reason"], r["for_s"]), []).append(url)
     return "; ".join(f"{', '.join(urls)}: {reason} for {for_s:.1f}s" for (reason, for_s), urls in groups.items())
+
+
+class TlsError(RaftqError):
+    """A TLS problem that retrying will not fix: the node's certificate is not trusted (give
+    `ca=`) or does not name the host, the node requires a client certificate (give `cert=`), or
+    the URL's scheme does not match the node (http:// to a node that serves https://, or the
+    reverse). Nothing was sent to the API."""
+
+
+TLS_CODES = frozenset(("tls_required", "client_certificate_required"))
+
+
+def tls_context(ca: str | None = None, verify: bool = True, cert=None):
+    """The client side of TLS: True (aiohttp's default verification against the system's CAs)
+    when nothing is given, else an SSLContext trusting `ca` (a PEM file of CA certificates)
+    instead, presenting `cert` (`(certfile, keyfile)`, or one file holding both), or, with
+    `verify=False`, checking nothing at all (tests only: anyone on the path can read and change
+    the traffic)."""
+    if ca is None and verify and cert is None:
+        return True
+    try:
+        ctx = ssl.create_default_context(cafile=str(ca) if ca is not None else None)
+    except (OSError, ssl.SSLError) as e:
+        raise TlsError("tls", f"ca={str(ca)!r}: cannot load the CA bundle ({getattr(e, 'strerror', None) or e})")
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    if not verify:
+        ctx.check_hostname = False
+        ctx.verify_mode = ssl.CERT_NONE
+    if cert is not None:
+        certfile, keyfile = (cert, None) if isinstance(cert, (str, bytes)) or not hasattr(cert, "__len__") \
+            else tuple(cert)
+        try:
+            ctx.load_cert_chain(str(certfile), str(keyfile) if keyfile is not None else None)
+        except (OSError, ssl.SSLError) as e:
+            raise TlsError("tls", f"cert=({str(certfile)!r}, {str(keyfile)!r}): cannot load the client certificate "
+                           f"({getattr(e, 'strerror', None) or getattr(e, 'reason', None) or e})")
+    return ctx
+
+
+def tls_problem(e: BaseException, url: str | None) -> str | None:
+    """What went wrong in the TLS handshake with the node at `url` (without the URL), or None
+    when `e` is not about TLS."""
+    if isinstance(e, aiohttp.ClientConnectorCertificateError):
+        ce = e.certificate_error
+        why = getattr(ce, "verify_message", None) or str(ce)
+        if "mismatch" in why:
+            return (f"the node's certificate does not name this host ({why}); call it by a name or IP address its "
+                    "certificate lists")
+        return (f"the node's certificate is not trusted ({why}): give the CA that signed it (Client(ca=PATH); "
+                "raftq --ca PATH or $RAFTQ_CA)")
+    if isinstance(e, aiohttp.ClientSSLError):
+        err = getattr(e, "os_error", None) or e.__cause__ or e
+        reason = getattr(err, "reason", None) or ""
+        if reason in ("WRONG_VERSION_NUMBER", "RECORD_LAYER_FAILURE", "PACKET_LENGTH_TOO_LONG",
+                      "HTTP_REQUEST", "UNKNOWN_PROTOCOL"):
+            return (f"the node does not answer TLS ({reason.lower().replace('_', ' ')}): it serves plain HTTP, so "
+                    "use http:// for it, or turn TLS on at the node (node.tls_cert)")
+        return f"the TLS handshake failed ({reason.lower().replace('_', ' ') or err})"
+    return None
+
+
+def _tls_refusal(status: int, body, headers=None) -> str | None:
+    """The message of a node's refusal at the TLS level (plain HTTP to its TLS port, no client
+    certificate), or None."""
+    code = headers.get("Raftq-Tls") if headers is not None else None
+    if code is None and isinstance(body, dict):
+        code = (body.get("error") or {}).get("code")
+    if code == "client_certificate_required":
+        return ("the node requires a client certificate (mTLS) signed by its tls_client_ca: give one "
+                "(Client(cert=(CERTFILE, KEYFILE)); raftq --cert FILE --key FILE)")
+    if code == "tls_required":
+        return "the node serves HTTPS only: use https:// URLs (and ca= when its certificate is from a private CA)"
+    return None
+
+
+def _tls_error(failures: list[tuple[str, str]]) -> TlsError:
+    """One TlsError for the (url, problem) pairs of a leader lookup, URLs grouped by problem."""
+    groups: dict[str, list[str]] = {}
+    for url, why in failures:
+        groups.setdefault(why, []).append(url)
+    return TlsError("tls", "; ".join(f"{', '.join(urls)}: {why}" for why, urls in groups.items()), None,
+                    {"urls": [u for u, _ in failures]})
 
 
 class LeaseLost(RaftqError):
@@ -139,6 +227,7 @@ _ERRORS = {
     "unauthenticated": Unauthenticated, "permission_denied": PermissionDenied, "internal": Internal,
     "no_leader": Unavailable, "unavailable": Unavailable, "overloaded": Unavailable,
     "request_timeout": Unavailable, "method_not_allowed": InvalidArgument, "unsupported_media_type": InvalidArgument,
+    "tls_required": TlsError, "client_certificate_required": TlsError,
 }
 
 
@@ -146,6 +235,8 @@ def error_from(status: int, body) -> RaftqError:
     err = body.get("error", {}) if isinstance(body, dict) else {}
     code = err.get("code", "internal" if status >= 500 else "invalid_argument")
     details = {k: v for k, v in err.items() if k not in ("code", "message")}
+    if code in TLS_CODES:
+        return TlsError(code, _tls_refusal(status, body) or err.get("message", ""), status, details)
     return _ERRORS.get(code, RaftqError)(code, err.get("message", str(body)), status, details)
 
 
@@ -299,6 +390,13 @@ def not_accepted(e: BaseException) -> str | None:
     return None
 
 
+async def _json_or_none(r):
+    try:
+        return orjson.loads(await r.read())
+    except ValueError:
+        return None
+
+
 class SessionLost(Exception):
     def __init__(self, leader_url: str | None, sent: bool = True):
         super().__init__(f"session closed (leader now {leader_url or 'unknown'})")
@@ -416,11 +514,16 @@ class Client:
     def __init__(self, urls, api_key: str | None = None, transport: str = "session", *,
                  timeout: float = 30.0, connect_timeout: float = 5.0, backoff_base: float = 0.05,
                  backoff_max: float = 1.0, auto_idempotency: bool = True, connections: int = 100,
-                 attempt_timeout: float = 8.0, connect_budget: float | None = 3.0):
+                 attempt_timeout: float = 8.0, connect_budget: float | None = 3.0,
+                 ca: str | None = None, verify: bool = True, cert=None):
         """`timeout`: each call's deadline (s). `connect_timeout`: bound of one leader lookup
         or session handshake. `attempt_timeout`: bound of one attempt. `connect_budget`: a call
         during which no node accepts a connection for this long raises `Unreachable` (None:
-        retry until the deadline, for a client started before its cluster)."""
+        retry until the deadline, for a client started before its cluster).
+        TLS (https:// URLs): `ca` a PEM file of the CAs to trust instead of the system's,
+        `cert` a client certificate `(certfile, keyfile)` for nodes that require one (mTLS),
+        `verify=False` checks no certificate at all: for tests only, never in production
+        (anyone on the path could read the API keys and change the traffic)."""
         if isinstance(urls, str):
             urls = [u for u in urls.split(",") if u]
         if not urls:
@@ -437,6 +540,8 @@ class Client:
         self.connections = connections
         self.attempt_timeout = attempt_timeout
         self.connect_budget = connect_budget
+        self.ssl = tls_context(ca, verify, cert)
+        self.has_cert = cert is not None
         self.leader: str | None = None
         self._refused: dict[str, tuple[float, str]] = {}   # url -> (refusing since, why), monotonic
         self._last_contact = float("-inf")                # when a node last accepted a connection
@@ -472,7 +577,7 @@ class Client:
 
     def _http_session(self) -> aiohttp.ClientSession:
         if self._http is None or self._http.closed:
-            self._http = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=self.connections),
+            self._http = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=self.connections, ssl=self.ssl),
                                                json_serialize=lambda o: orjson.dumps(o).decode())
         return self._http
 
@@ -518,6 +623,7 @@ class Client:
         http = self._http_session()
         order = self.urls[self._next:] + self.urls[:self._next]
         self._next = (self._next + 1) % len(self.urls)
+        tls_failures, answered = [], False
         for url in order:
             try:
                 # Without the digest: it is O(state) on the node, and a fleet of new clients
@@ -526,6 +632,9 @@ class Client:
                 async with http.get(url + "/v1/cluster?digest=false", headers=self._headers(None),
                                     timeout=aiohttp.ClientTimeout(total=t, sock_connect=t)) as r:
                     self._contact(url)
+                    if r.status in (400, 401) and r.headers.get("Raftq-Tls"):
+                        tls_failures.append((url, _tls_refusal(r.status, await _json_or_none(r), r.headers)))
+                        continue
                     if r.status in (401, 403):    # the same keys on every node: asking on won't help
                         raw = await r.read()
                         try:
@@ -538,14 +647,49 @@ class Client:
                         continue
                     view = orjson.loads(await r.read())
             except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError) as e:
+                tls = tls_problem(e, url)
+                if tls is None and url.startswith("https://") and isinstance(
+                        e, (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError)) and await self._drops_after_handshake(url):
+                    tls = ("the node closes the connection right after the TLS handshake without answering: it does "
+                           "not accept " + ("this client certificate (mTLS: give one signed by its tls_client_ca)"
+                                            if self.has_cert else "clients without a certificate (mTLS: give cert=)"))
+                if tls is not None:
+                    tls_failures.append((url, tls))
                 self._note_failure(url, e)
                 continue
+            answered = True
             for m in view.get("members", []):
                 if m.get("url") and m["url"].rstrip("/") not in self.urls:
                     self.urls.append(m["url"].rstrip("/"))
             if view.get("leader"):
                 return view["leader"]["url"].rstrip("/")
+        if tls_failures and not answered:     # the rest refused connections or timed out
+            raise _tls_error(tls_failures)
         return None
+
+    async def _drops_after_handshake(self, url: str) -> bool:
+        """Whether the node at `url` completes a TLS handshake and then closes the connection
+        without answering `GET /healthz`, which every node answers: the way a node (or a proxy)
+        that checks client certificates inside the handshake refuses one under TLS 1.3. Asked
+        only after a request to an https URL ended in a disconnect."""
+        from yarl import URL
+        u = URL(url)
+        ctx = self.ssl if isinstance(self.ssl, ssl.SSLContext) else ssl.create_default_context()
+        t = self.connect_timeout
+        try:
+            reader, writer = await asyncio.wait_for(asyncio.open_connection(u.host, u.port, ssl=ctx), t)
+        except (OSError, asyncio.TimeoutError, ssl.SSLError):
+            return False
+        try:
+            writer.write(f"GET /healthz HTTP/1.1\r\nHost: {u.host}\r\nConnection: close\r\n\r\n".encode())
+            await writer.drain()
+            return await asyncio.wait_for(reader.read(12), t) == b""
+        except (ConnectionError, ssl.SSLError):
+            return True
+        except (OSError, asyncio.TimeoutError):
+            return False
+        finally:
+            writer.close()
 
     async def _session_to(self, leader: str, timeout: float) -> _Session:
         if self._connect_lock is None:
@@ -609,6 +753,9 @@ class Client:
                         session = await self._session_to(target, remaining)
                     except aiohttp.WSServerHandshakeError as e:
                         self._contact(target)
+                        refusal = _tls_refusal(e.status, None, e.headers) if e.headers else None
+                        if refusal is not None:
+                            raise _tls_error([(target, refusal)])
                         if e.status == 307 and e.headers and e.headers.get("Leader-Url"):
                             self.leader = e.headers["Leader-Url"].rstrip("/")
                             self.stats["redirects"] += 1
@@ -631,6 +778,9 @@ class Client:
                     self._contact(target)
                 last = e
             except (aiohttp.ClientError, asyncio.TimeoutError, OSError, Unavailable) as e:
+                tls = tls_problem(e, target)
+                if tls is not None:
+                    raise _tls_error([(target, tls)]) from e
                 if not isinstance(e, Unavailable):
                     self._note_failure(target, e)
                 self.leader = None

@@ -83,8 +83,10 @@ def toml_table(name: str, d: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def http_json(method: str, url: str, body=None, timeout: float = 2.0, headers: dict | None = None):
-    """(status, json body) without following redirects; (None, error text) on connection errors."""
+def http_json(method: str, url: str, body=None, timeout: float = 2.0, headers: dict | None = None,
+              context=None):
+    """(status, json body) without following redirects; (None, error text) on connection errors.
+    `context`: the ssl.SSLContext for https:// URLs (default: the system's CAs)."""
     data = None if body is None else json.dumps(body).encode()
     req = urllib.request.Request(url, data=data, method=method,
                                  headers={"Content-Type": "application/json", **(headers or {})})
@@ -93,7 +95,8 @@ def http_json(method: str, url: str, body=None, timeout: float = 2.0, headers: d
         def redirect_request(self, *a, **k):
             return None
 
-    opener = urllib.request.build_opener(NoRedirect)
+    handlers = [NoRedirect] + ([urllib.request.HTTPSHandler(context=context)] if context is not None else [])
+    opener = urllib.request.build_opener(*handlers)
     try:
         with opener.open(req, timeout=timeout) as resp:
             return resp.status, json.loads(resp.read() or b"null")
@@ -113,12 +116,19 @@ class LocalCluster:
                  secret: str | None = "random", base_port: int | None = None,
                  python: str | None = None, env: dict | None = None, api_keys: list | None = None,
                  testing: dict | None = None, http_ports: list[int] | None = None,
-                 raft_ports: list[int] | None = None):
+                 raft_ports: list[int] | None = None, tls: bool | str = False):
         """Ports: `http_ports` and `raft_ports` as given, else from `base_port` (HTTP base..,
         Raft base+100..), else free ones. Every file it writes is 0600, its directories 0700,
         and the nodes run with umask 077 (their journals, snapshots and logs are private too:
         a config holds the cluster secret). `secret="random"` (the default): a fresh random one
-        (nodes refuse weak secrets); None: none (loopback only)."""
+        (nodes refuse weak secrets); None: none (loopback only).
+        `tls`: True makes every node serve https:// with a certificate from a CA of the
+        directory's own (ca.pem, n1-cert.pem, n1-key.pem...; kept and reused while valid),
+        "mtls" also requires client certificates signed by it (client-cert.pem,
+        client-key.pem). `client_options()` gives a Client what it needs to call them."""
+        if tls not in (False, True, "mtls"):
+            raise ValueError("tls must be False, True or 'mtls'")
+        self.tls = tls
         self.dir = Path(directory).absolute()
         self.n = nodes
         self.durability = durability
@@ -148,7 +158,8 @@ class LocalCluster:
             http, raft = ports[:nodes], ports[nodes:]
         self.ids = [f"n{i + 1}" for i in range(nodes)]
         self.http_ports, self.raft_ports = http, raft
-        self.urls = [f"http://127.0.0.1:{p}" for p in http]
+        self.urls = [f"{'https' if tls else 'http'}://127.0.0.1:{p}" for p in http]
+        self._client_ssl = None
         self.procs: dict[int, subprocess.Popen] = {}
         self.logs: dict[int, object] = {}
 
@@ -164,8 +175,90 @@ class LocalCluster:
 
     def write_configs(self):
         private_dir(self.dir)
+        self.certs_made = self.ensure_certs() if self.tls else []
         for i in range(self.n):
             self.write_config(i)
+
+    # ------------------------------------------------------------ TLS
+    @property
+    def ca_file(self) -> Path | None:
+        return self.dir / "ca.pem" if self.tls else None
+
+    def cert_path(self, i: int) -> Path:
+        return self.dir / f"{self.ids[i]}-cert.pem"
+
+    def key_path(self, i: int) -> Path:
+        return self.dir / f"{self.ids[i]}-key.pem"
+
+    @property
+    def client_cert(self) -> tuple[str, str] | None:
+        """(certfile, keyfile) of the client certificate of an mTLS cluster, else None."""
+        if self.tls != "mtls":
+            return None
+        return str(self.dir / "client-cert.pem"), str(self.dir / "client-key.pem")
+
+    def client_options(self) -> dict:
+        """Client(urls, **cluster.client_options()): the CA to trust and, with mTLS, the client
+        certificate; {} without TLS."""
+        if not self.tls:
+            return {}
+        return {"ca": str(self.ca_file), **({"cert": self.client_cert} if self.client_cert else {})}
+
+    @property
+    def client_ssl(self):
+        """An ssl.SSLContext for urllib (http_json) calls to the nodes; None without TLS."""
+        if not self.tls:
+            return None
+        if self._client_ssl is None:
+            import ssl
+            ctx = ssl.create_default_context(cafile=str(self.ca_file))
+            if self.client_cert:
+                ctx.load_cert_chain(*self.client_cert)
+            self._client_ssl = ctx
+        return self._client_ssl
+
+    @client_ssl.setter
+    def client_ssl(self, ctx) -> None:
+        """Probe with this context instead (e.g. one trusting a new CA the nodes moved to)."""
+        self._client_ssl = ctx
+
+    def ensure_certs(self, days_left: float = 7.0) -> list[str]:
+        """Make what is missing or about to expire: the CA, a certificate per node for
+        127.0.0.1 and localhost, and with mTLS a client certificate. A new CA means new
+        certificates for everything it signs. Returns the names of the files made."""
+        from . import certs as C
+        made = []
+        ca_cert = ca_key = None
+        try:
+            ca_cert, ca_key = C.load_pair(self.dir / "ca.pem", self.dir / "ca-key.pem")
+            if not C.valid_for(ca_cert, days_left):
+                ca_cert = None
+        except (OSError, ValueError):
+            ca_cert = None
+        if ca_cert is None:
+            ca_cert, ca_key = C.make_ca(f"raftq local CA ({self.dir.name})", days=365)
+            C.write_pair(self.dir / "ca.pem", self.dir / "ca-key.pem", ca_cert, ca_key)
+            made += ["ca.pem", "ca-key.pem"]
+        wanted = [(self.cert_path(i), self.key_path(i), self.ids[i], True) for i in range(self.n)]
+        if self.tls == "mtls":
+            wanted.append((self.dir / "client-cert.pem", self.dir / "client-key.pem", "raftq local client", False))
+        for cert_path, key_path, name, server in wanted:
+            try:
+                cert, _ = C.load_pair(cert_path, key_path)
+                if C.valid_for(cert, days_left) and C.issued_by(cert, ca_cert):
+                    continue
+            except (OSError, ValueError):
+                pass
+            cert, key = C.make_leaf(ca_cert, ca_key, name, ["127.0.0.1", "localhost"] if server else [],
+                                    days=365, server=server, client=True)
+            C.write_pair(cert_path, key_path, cert, key)
+            made += [cert_path.name, key_path.name]
+        self._client_ssl = None
+        return made
+
+    def reload_tls(self, i: int) -> None:
+        """Ask node i to load its TLS files again (SIGHUP)."""
+        self.signal(i, signal.SIGHUP)
 
     def _testing_of(self, i: int) -> dict:
         return {**self.testing, **self.node_testing.get(i, {})}
@@ -173,9 +266,13 @@ class LocalCluster:
     def write_config(self, i: int):
         peers = [{"id": self.ids[j], "raft": f"127.0.0.1:{self.raft_ports[j]}", "url": self.urls[j]}
                  for j in range(self.n)]
-        text = toml_table("node", {"id": self.ids[i], "http": f"127.0.0.1:{self.http_ports[i]}",
-                                   "url": self.urls[i], "raft": f"127.0.0.1:{self.raft_ports[i]}",
-                                   "data_dir": str(self.data_dir(i))})
+        node = {"id": self.ids[i], "http": f"127.0.0.1:{self.http_ports[i]}", "url": self.urls[i],
+                "raft": f"127.0.0.1:{self.raft_ports[i]}", "data_dir": str(self.data_dir(i))}
+        if self.tls:        # paths relative to the config file, which is in the same directory
+            node.update(tls_cert=self.cert_path(i).name, tls_key=self.key_path(i).name, tls_peer_ca="ca.pem")
+            if self.tls == "mtls":
+                node["tls_client_ca"] = "ca.pem"
+        text = toml_table("node", node)
         text += "\n[cluster]\npeers = [\n" + "".join(f"  {toml_value(p)},\n" for p in peers) + "]\n"
         if self.secret:
             text += f"secret = {toml_value(self.secret)}\n"
@@ -298,7 +395,8 @@ class LocalCluster:
         """Node i's own GET /v1/cluster, or None; `digest=False` skips the O(state) digest
         (for frequent polling)."""
         path = "/v1/cluster" if digest else "/v1/cluster?digest=false"
-        status, body = http_json("GET", self.urls[i] + path, timeout=timeout, headers=self.probe_headers)
+        status, body = http_json("GET", self.urls[i] + path, timeout=timeout, headers=self.probe_headers,
+                                 context=self.client_ssl)
         return body if status == 200 else None
 
     def leader(self, among=None) -> int | None:

@@ -36,11 +36,29 @@ NODE = {
     "id": Key("string", "This node's id, unique in the cluster; it must appear in `cluster.peers`.", required=True),
     "http": Key("string", "`host:port` the HTTP API listens on.", required=True),
     "url": Key("string", "The URL clients and the other nodes reach this node at (redirects point there). "
-               "Set it when a proxy or NAT sits in front of the node.", default="http://<http>"),
+               "Set it when a proxy or NAT sits in front of the node. `https://` exactly when the node serves "
+               "TLS (`tls_cert`), else `http://`; so must this node's entry in `cluster.peers` be.",
+               default="`http://<http>` (with TLS `https://<http>`)"),
     "raft": Key("string", "`host:port` the Raft transport listens on, bound to exactly this address; must equal "
                 "this node's entry in `cluster.peers`.", required=True),
     "data_dir": Key("string", "Where the journal, snapshot, term and vote live. A relative path is relative to "
                     "the config file.", required=True),
+    "tls_cert": Key("string", "PEM file of this node's certificate (the chain, leaf first): set, the API and the "
+                    "session are served over TLS only (TLS 1.2 or newer; plain HTTP gets `400 tls_required`). "
+                    "Checked at start (readable, a certificate, not expired, not before its start date) and "
+                    "loaded again on SIGHUP: new connections get the new files, established ones keep theirs, "
+                    "files that do not load are refused and logged. A relative path is relative to the config "
+                    "file. With `tls_client_ca` it must also allow client authentication (nodes present it to "
+                    "each other).", default="unset", rule="with `tls_key`"),
+    "tls_key": Key("string", "PEM file of the certificate's private key, unencrypted (keep it 0600 or 0640 "
+                   "root:raftq); must match `tls_cert`.", default="unset", rule="with `tls_cert`"),
+    "tls_client_ca": Key("string", "PEM file of the CA(s) whose client certificates the node requires (mTLS): a "
+                         "certificate it did not sign fails the handshake, a client without one gets `401 "
+                         "client_certificate_required` and is disconnected before any request reaches the API. "
+                         "Reloaded on SIGHUP.", default="unset", rule="needs `tls_cert`"),
+    "tls_peer_ca": Key("string", "PEM file of the CA(s) this node trusts when it calls the other nodes' https URLs "
+                       "(its own HTTP calls, such as the limits check at start); it presents its own certificate "
+                       "there.", default="`tls_client_ca`, else the system's CAs", rule="needs `tls_cert`"),
 }
 CLUSTER = {
     "peers": Key("array of tables", "Every member, this node included: `{ id, raft, url }` each (below). An odd "

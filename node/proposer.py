@@ -19,7 +19,7 @@ import collections
 import threading
 import time
 
-from pysyncobj import FAIL_REASON
+from .replica import FAIL_REASON
 
 from . import bounds
 from .core.answers import render
@@ -68,7 +68,7 @@ class Batch:
 
 class Bridge:
     """Resolve asyncio futures from pysyncobj's tick thread with at most one loop wake-up per
-    drain (notes/pysyncobj.md §1.4: 24 µs instead of 44 µs per operation)."""
+    drain (measured: 24 µs instead of 44 µs per operation with one wake-up per future)."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, settle):
         self.loop = loop

@@ -19,7 +19,8 @@ from .settings import Settings, load
 log = logging.getLogger("raftq.node")
 
 
-async def serve(settings: Settings) -> int:
+async def serve(settings: Settings, tls_loaded=None) -> int:
+    """`tls_loaded`: node/tls.py's Loaded when the node serves TLS (checked before the start)."""
     loop = asyncio.get_running_loop()
     service = NodeService(settings, loop)
     app = build_app(service)
@@ -27,7 +28,11 @@ async def serve(settings: Settings) -> int:
                            handle_signals=False, shutdown_timeout=5.0)
     app["runner"] = runner
     await runner.setup()
-    site = web.TCPSite(runner, settings.http_host, settings.http_port, reuse_address=True)
+    if tls_loaded is None:
+        site = web.TCPSite(runner, settings.http_host, settings.http_port, reuse_address=True)
+    else:
+        from .tls import TlsSite
+        site = TlsSite(runner, settings.http_host, settings.http_port, tls_loaded, settings.url)
     try:
         await site.start()
     except OSError as e:
@@ -39,8 +44,11 @@ async def serve(settings: Settings) -> int:
     service.start(on_fatal=stop.set)
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    loop.add_signal_handler(signal.SIGHUP, lambda: reload_tls(site, settings))
     log.info("node %s serving %s (raft %s, data %s, durability %s)", settings.node_id, settings.url,
              settings.raft, settings.data_dir, settings.durability)
+    if tls_loaded is not None:
+        log_tls(tls_loaded, settings, "serving TLS with")
     await stop.wait()
     log.info("node %s stopping", settings.node_id)
     await service.stop()
@@ -52,19 +60,58 @@ async def serve(settings: Settings) -> int:
     return 0
 
 
+def log_tls(loaded, settings: Settings, what: str) -> None:
+    from .tls import warnings_for
+    log.info("TLS: %s %s", what, loaded.describe())
+    for text in warnings_for(loaded, settings.url):
+        log.warning("TLS: %s", text)
+
+
+def reload_tls(site, settings: Settings) -> None:
+    """SIGHUP: load the TLS files again. New connections get the new certificate (and client
+    CA), established ones keep theirs; files that do not load leave everything as it was."""
+    from .tls import TlsSite
+    if not isinstance(site, TlsSite):
+        log.info("SIGHUP: this node has no TLS (node.tls_cert): nothing to reload")
+        return
+    try:
+        loaded = site.reload()
+    except ConfigError as e:
+        log.error("TLS: reload failed, still serving the certificate loaded before (%s): %s",
+                  site.loaded.cert.line(), e)
+        return
+    except Exception as e:                  # never let a reload take the node down
+        log.exception("TLS: reload failed, still serving the certificate loaded before: %s", e)
+        return
+    log_tls(loaded, settings, "reloaded: new connections get")
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="raftq node", description="Run one raftq node.")
     parser.add_argument("--config", required=True, help="the node's TOML config file")
     parser.add_argument("--log-level", default="INFO")
+    parser.add_argument("--check", action="store_true",
+                        help="check the config (and the TLS files it names) and exit: 0 when the node would start")
     args = parser.parse_args(argv)
+    tls_loaded = None
     try:
         settings = load(args.config)
+        if settings.tls is not None:
+            from .tls import load as load_tls
+            tls_loaded = load_tls(settings.tls)
     except ConfigError as e:
         print(f"raftq node: config error: {e}", file=sys.stderr)
         return 2
+    # SIGHUP reloads the TLS files once the node listens (serve); until then it is ignored
+    # instead of ending the process (its default).
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    if args.check:
+        print(f"raftq node: {args.config} is a valid config for node {settings.node_id} at {settings.url}"
+              + (f"; TLS {tls_loaded.describe()}" if tls_loaded else ""))
+        return 0
     logging.basicConfig(level=args.log_level.upper(),
                         format=f"%(asctime)s {settings.node_id} %(levelname)s %(name)s: %(message)s")
-    logging.getLogger("pysyncobj").setLevel(logging.WARNING)
+    logging.getLogger("raftq.node.raft").setLevel(logging.WARNING)       # the Raft fork (node/raft)
     # No log line carries an API key (aiohttp quotes a malformed request's header lines).
     install_redaction(k["key"] for k in settings.api_keys or ())
     # The queue state is millions of long-lived containers (jobs, heap entries, dedup and
@@ -72,7 +119,7 @@ def main(argv=None) -> int:
     # the cyclic GC walk them again and again, in pauses that stall the Raft tick thread;
     # collect the young often, the old rarely.
     gc.set_threshold(50_000, 50, 1000)
-    return run_loop(serve(settings), settings.tuning["event_loop"])
+    return run_loop(serve(settings, tls_loaded), settings.tuning["event_loop"])
 
 
 def run_loop(main, kind: str):

@@ -81,7 +81,8 @@ class NodeService:
         self.replica = Replica(settings, on_state_changed=self._on_state_changed_thread)
         self.state = self.replica.state
         t = settings.tuning
-        self.proposer = Proposer(self.state, loop, self.stamp, kick=self.replica.kick,
+        # A proposal wakes the Raft tick thread by itself (node/raft: event-driven replication).
+        self.proposer = Proposer(self.state, loop, self.stamp,
                                  max_batch_commands=int(t["max_batch_commands"]),
                                  max_batch_bytes=int(t["max_batch_bytes"]),
                                  max_inflight=int(t["max_inflight"]),
@@ -448,7 +449,7 @@ class NodeService:
             members.append({"id": p.id, "url": p.url, "raft_addr": p.raft,
                             "connected": True if p.id == self.settings.node_id else r.connected(p.raft)})
         with self.state.lock:
-            applied = r.syncobj.raftLastApplied
+            applied = r.last_applied()
             cached_at, digest = self._digest_cache
             if not with_digest:
                 digest = None
@@ -466,14 +467,7 @@ class NodeService:
 
     def ready(self) -> bool:
         r = self.replica
-        if r.leader_raft() is None:
-            return False
-        s = r.syncobj
-        try:
-            leader_commit = s._SyncObj__leaderCommitIndex
-        except AttributeError:
-            leader_commit = s.raftCommitIndex
-        return s.raftLastApplied >= (leader_commit or 0)
+        return r.leader_raft() is not None and r.caught_up()
 
     def queues(self):
         with self.state.lock:
@@ -543,10 +537,17 @@ class NodeService:
         them). A node whose limits differ from a majority of the cluster refuses to serve; one
         that agrees with a majority carries on (a single misconfigured node cannot stop the rest)."""
         import aiohttp
+        from .tls import peer_context, peer_problem
         mine = self.limits.fingerprint()
         n = len(self.settings.peers)
         seen: dict[str, str] = {}
-        async with aiohttp.ClientSession() as http:
+        told: set[str] = set()
+        try:
+            ssl_ctx = peer_context(self.settings.tls)   # https peers: tls_peer_ca, this node's certificate
+        except Exception as e:                          # the files changed since the start
+            log.warning("cannot compare limits with the other nodes: their https client context: %s", e)
+            return
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=True if ssl_ctx is None else ssl_ctx)) as http:
             while not self.stopping:
                 for p in self.settings.others:
                     if p.id in seen:
@@ -555,7 +556,11 @@ class NodeService:
                         async with http.get(p.url + "/v1/cluster?digest=false",
                                             timeout=aiohttp.ClientTimeout(total=2)) as r:
                             theirs = (await r.json()).get("limits_fingerprint")
-                    except Exception:
+                    except Exception as e:
+                        why = peer_problem(e)
+                        if why is not None and p.id not in told:
+                            told.add(p.id)
+                            log.warning("cannot compare limits with %s at %s: %s", p.id, p.url, why)
                         continue
                     if theirs:
                         seen[p.id] = theirs

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from .limits import ConfigError, Limits
 
-NODE_KEYS = {"id", "http", "url", "raft", "data_dir"}
+NODE_KEYS = {"id", "http", "url", "raft", "data_dir", "tls_cert", "tls_key", "tls_client_ca", "tls_peer_ca"}
 CLUSTER_KEYS = {"peers", "secret", "durability"}
 PEER_KEYS = {"id", "raft", "url"}
 ROLES = ("viewer", "worker", "operator", "admin")
@@ -23,6 +23,17 @@ class Peer:
     id: str
     raft: str        # host:port
     url: str         # http(s)://host:port advertised to clients
+
+
+@dataclass(frozen=True)
+class TlsFiles:
+    """`[node] tls_*`: the PEM files of the node's TLS (node/tls.py loads and checks them at
+    start and on SIGHUP). Paths are absolute (relative ones are resolved against the config
+    file's directory, like data_dir)."""
+    cert: Path                      # tls_cert: the node's certificate (chain), leaf first
+    key: Path                       # tls_key: its private key (unencrypted PEM)
+    client_ca: Path | None = None   # tls_client_ca: set = clients must present a certificate it signed
+    peer_ca: Path | None = None     # tls_peer_ca: what the node trusts when it calls its peers' https URLs
 
 
 @dataclass(frozen=True)
@@ -56,6 +67,7 @@ class Settings:
     source: str = ""
     tuning: dict = field(default_factory=dict)
     testing: TestHooks = field(default_factory=TestHooks)
+    tls: TlsFiles | None = None
 
     @property
     def others(self) -> tuple[Peer, ...]:
@@ -141,10 +153,10 @@ def parse(doc: dict, source: str = "", base_dir: Path | None = None) -> Settings
     http_host, http_port = _hostport("node.http", node["http"])
     raft = node["raft"]
     raft_host, _ = _hostport("node.raft", raft)
-    url = _str("node.url", node.get("url", f"http://{node['http']}")).rstrip("/")
-    data_dir = Path(_str("node.data_dir", node["data_dir"]))
-    if base_dir is not None and not data_dir.is_absolute():
-        data_dir = base_dir / data_dir
+    data_dir = _path("node.data_dir", node["data_dir"], base_dir)
+    tls = _tls(node, base_dir)
+    url = _str("node.url", node.get("url", f"{'https' if tls else 'http'}://{node['http']}")).rstrip("/")
+    _check_scheme("node.url", url, tls)
 
     cluster = doc.get("cluster")
     if not isinstance(cluster, dict):
@@ -181,6 +193,7 @@ def parse(doc: dict, source: str = "", base_dir: Path | None = None) -> Settings
         raise ConfigError(f"cluster.peers: this node ({node_id!r}) is not in the peer list; every member must be listed, this node included")
     if me[0].raft != raft:
         raise ConfigError(f"cluster.peers: this node's raft address is {me[0].raft!r} there but node.raft is {raft!r}")
+    _check_scheme(f"cluster.peers[{peers.index(me[0])}].url", me[0].url, tls)
     if len(peers) % 2 == 0:
         raise ConfigError(f"cluster.peers: {len(peers)} members; use an odd number (3 or 5) so a majority survives a split")
     secret = cluster.get("secret")
@@ -262,7 +275,44 @@ def parse(doc: dict, source: str = "", base_dir: Path | None = None) -> Settings
     return Settings(node_id=node_id, http_host=http_host, http_port=http_port, url=url, raft=raft,
                     data_dir=data_dir, peers=tuple(peers), secret=secret, durability=durability,
                     limits=limits, api_keys=api_keys, source=source, tuning=tuning,
-                    testing=_testing(doc.get("testing", {})))
+                    testing=_testing(doc.get("testing", {})), tls=tls)
+
+
+def _path(where: str, value, base_dir: Path | None) -> Path:
+    path = Path(_str(where, value))
+    if base_dir is not None and not path.is_absolute():
+        path = base_dir / path
+    return path
+
+
+def _tls(node: dict, base_dir: Path | None) -> TlsFiles | None:
+    """The [node] tls_* keys: tls_cert and tls_key together, or no TLS (then tls_client_ca and
+    tls_peer_ca are errors too). Only the shape is checked here: node/tls.py reads the files at
+    start, with errors naming the key."""
+    if not any(k in node for k in ("tls_cert", "tls_key", "tls_client_ca", "tls_peer_ca")):
+        return None
+    for key, other in (("tls_cert", "tls_key"), ("tls_key", "tls_cert"),
+                       ("tls_cert", "tls_client_ca"), ("tls_cert", "tls_peer_ca")):
+        if other in node and key not in node:
+            raise ConfigError(f"node.{key}: missing; node.{other} needs it "
+                              + ("(the node's certificate, PEM)" if key == "tls_cert" else
+                                 "(the certificate's private key, PEM)"))
+    optional = {k: _path(f"node.{k}", node[k], base_dir) if k in node else None for k in ("tls_client_ca", "tls_peer_ca")}
+    return TlsFiles(cert=_path("node.tls_cert", node["tls_cert"], base_dir),
+                    key=_path("node.tls_key", node["tls_key"], base_dir),
+                    client_ca=optional["tls_client_ca"], peer_ca=optional["tls_peer_ca"])
+
+
+def _check_scheme(where: str, url: str, tls: TlsFiles | None) -> None:
+    """A node with TLS is reached at https:// only, one without at http:// only."""
+    serves = tls is not None
+    if serves and not url.startswith("https://"):
+        raise ConfigError(f"{where}: {url!r} must start with https:// because the node serves TLS (node.tls_cert)")
+    if not serves and url.startswith("https://"):
+        raise ConfigError(f"{where}: {url!r} is https:// but the node has no TLS: set node.tls_cert and "
+                          "node.tls_key, or write http://")
+    if not url.startswith(("http://", "https://")):
+        raise ConfigError(f"{where}: {url!r} must start with {'https' if serves else 'http'}://")
 
 
 def _testing(raw) -> TestHooks:
@@ -280,7 +330,8 @@ def _testing(raw) -> TestHooks:
     return TestHooks(**raw)
 
 
-# Timers and bounds of the node process. Defaults follow notes/pysyncobj.md §9 (measured there).
+# Timers and bounds of the node process. The defaults were measured on a 2-core machine: a 5 ms tick
+# and 20 ms heartbeats keep failover near one election timeout without a busy tick thread.
 TUNING_DEFAULTS = {
     "auto_tick_period_s": 0.005,
     "append_entries_period_s": 0.02,

@@ -10,7 +10,7 @@ that keeps only what was synced; after SIGKILL of every node the harness rolls e
 back to that record (`restore`) and restarts the nodes.
 
 Durable points of the journal
-* `fsync` mode: every real journal sync (Replica's `sync()`: a follower before it acknowledges
+* `fsync` mode: every real journal sync (the journal's `sync()`: a follower before it acknowledges
   entries, the leader after sending them and before it counts itself). It counts from when its
   record is written, after the sync returned and before anything acts on the sync, so a cut in
   between drops entries that nobody has counted yet (as a cut during the sync would).
@@ -20,16 +20,16 @@ Durable points of the journal
   snapshot become durable at once. The snapshot (`raft.dump`, which pysyncobj replaces by
   rename) is kept through a hard link and put back by `restore`.
 The meta file (term, vote, commit index) is synced whenever it is written, in both modes
-(node/replica.py `_fsync_meta_storer`; memory mode writes it only when term or vote change),
-and fsync mode syncs snapshots before they replace the old one: neither is rolled back there.
+(node/raft/journal.py MetaStorer; memory mode writes it only when term or vote change), and
+fsync mode syncs snapshots before they replace the old one: neither is rolled back there.
 
-The journal (pysyncobj FileJournal, one mmap'd file: a 40-byte header whose last 4 bytes are
+The journal (node/raft/journal.py FileJournal, one file: a 40-byte header whose last 4 bytes are
 LAST_RECORD_OFFSET, then length-framed records) is rewritten *in place*: appends move the
 header's offset forward, `deleteEntriesFrom` (a follower dropping a conflicting tail) moves it
 back and later appends overwrite the old bytes, `clear` (a snapshot received from the leader)
 and `deleteEntriesTo` (log compaction: clear, then append the kept entries again) rewrite the
-file from its first record. Every write to the file goes through `ResizableFile.write`, which
-the hook wraps. The durable image is "the file's bytes below `preserved_from`, then the saved
+file from its first record. The journal tells its observer (this class, passed in as
+`SyncObjConf.journalObserver`) before every write to the file. The durable image is "the file's bytes below `preserved_from`, then the saved
 `tail` bytes up to `offset`, with the header saying `offset`": when a write is about to
 overwrite durable bytes (offset < preserved_from), those bytes are first saved to a tail file
 (a real disk still holds them: the overwrite is only in the page cache) and the record names
@@ -56,8 +56,11 @@ import time
 import zlib
 from pathlib import Path
 
-from pysyncobj.journal import FIRST_RECORD_OFFSET, LAST_RECORD_OFFSET_OFFSET
-
+# The journal file's layout (node/raft/journal.py; upstream pysyncobj's): name (24 bytes),
+# version (8), format version (4), LAST_RECORD_OFFSET (4), then records. The harness side below
+# reads the file itself, without the node's code; a test checks these against the journal's.
+LAST_RECORD_OFFSET_OFFSET = 24 + 8 + 4
+FIRST_RECORD_OFFSET = LAST_RECORD_OFFSET_OFFSET + 4
 DEFAULT_WRITEBACK_S = 2.0
 JOURNAL = "raft.journal"
 META = "raft.journal.meta"
@@ -86,15 +89,17 @@ def read_record(data_dir) -> dict | None:
 
 
 class SyncShadow:
-    """The node side: attached to the FileJournal as pysyncobj creates it (before its first
-    write), told about durable points by the Replica. All calls come from pysyncobj's tick
-    thread (the journal is only written there), except `attach`, which runs before it starts."""
+    """The node side: the journal's observer (node/raft/journal.py FileJournal: attached as the
+    journal is opened, before its first write, told before every write to the file and after
+    every sync), and ticked by the Replica (memory mode's writeback). All calls come from the
+    Raft tick thread (the journal is only written there), except `attach`, which runs before it
+    starts."""
 
     def __init__(self, data_dir, durability: str, writeback: float | None = None):
         self.dir = Path(data_dir)
         self.mode = durability
         self.writeback_s = (writeback if writeback is not None else DEFAULT_WRITEBACK_S) if durability == "memory" else None
-        self.file = None                 # pysyncobj's ResizableFile
+        self.file = None                 # the journal's file (read(offset, size))
         self.journal = None
         self.rec: dict = {}
         self.tail = b""                  # durable bytes [preserved_from, offset) overwritten in the page cache
@@ -104,12 +109,10 @@ class SyncShadow:
         self.durable_points = 0
 
     # ---------------------------------------------------------------- attaching
-    def attach(self, journal):
-        """Called on the FileJournal as pysyncobj creates it (node/replica.py _JournalHooks)."""
-        if not hasattr(journal, "_FileJournal__journalFile"):
-            return
+    def attach(self, journal, file):
+        """Called by the FileJournal once it has read its file, before its first write."""
         self.journal = journal
-        self.file = f = journal._FileJournal__journalFile
+        self.file = file
         rec = read_record(self.dir)
         if rec is not None and rec.get("tail"):
             try:
@@ -123,16 +126,13 @@ class SyncShadow:
             self.durable(initial=True)
         else:
             self.rec = rec
-        original_write = f.write
-
-        def write(offset, values, _write=original_write):
-            if FIRST_RECORD_OFFSET <= offset < self.rec["preserved_from"]:
-                self._preserve(offset)
-            _write(offset, values)
-
-        f.write = write
 
     # ---------------------------------------------------------------- events
+    def beforeWrite(self, offset: int):
+        """The journal is about to write to its file at `offset` (the journal's observer API)."""
+        if FIRST_RECORD_OFFSET <= offset < self.rec["preserved_from"]:
+            self._preserve(offset)
+
     def _preserve(self, offset: int):
         """Durable bytes from `offset` are about to be overwritten in the page cache: the disk
         still has them, so keep them (a conflict truncation, a snapshot install, compaction)."""
@@ -253,12 +253,23 @@ def _meta_term(raw: bytes | None):
     if not raw:
         return None
     try:
-        from pysyncobj.pickle import loads
-        m = loads(raw)
+        m = _builtins_loads(raw)
         return {"term": m.get("currentTerm"), "voted_for": m.get("votedForNodeId"),
                 "commit_index": m.get("raftCommitIndex")}
     except Exception:
         return None
+
+
+def _builtins_loads(raw: bytes):
+    """The meta file is a pickled dict of builtins: read it without accepting any global."""
+    import io
+    import pickle
+
+    class Builtins(pickle.Unpickler):
+        def find_class(self, module, name):
+            raise pickle.UnpicklingError(f"refusing {module}.{name}")
+
+    return Builtins(io.BytesIO(raw)).load()
 
 
 def restore(data_dir, durability: str) -> dict:
@@ -267,7 +278,7 @@ def restore(data_dir, durability: str) -> dict:
     d = Path(data_dir)
     rec = read_record(d)
     if rec is None:
-        return {"error": f"no {RECORD} in {d} (node not run with {ENV}=1?): data dir left as it is"}
+        return {"error": f"no {RECORD} in {d} (node not run with [testing] sync_shadow = true?): data dir left as it is"}
     jpath = d / JOURNAL
     before = read_journal(jpath)
     out = {"durable_wall_ms": rec.get("wall_ms"), "durable_gen": rec.get("gen"), "offset_before": before["offset"],

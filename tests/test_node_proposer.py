@@ -4,7 +4,7 @@ replicated call, answering from another thread as pysyncobj's tick thread does).
 import asyncio
 import threading
 
-from pysyncobj import FAIL_REASON
+from raftq.node.replica import FAIL_REASON
 
 from raftq.node.proposer import Proposer
 

@@ -115,3 +115,14 @@ def _free_ports(n):
     for s in socks:
         s.close()
     return ports
+
+
+def test_the_wheel_holds_the_raft_fork_with_its_licence(wheel):
+    """node/raft is raftq's fork of pysyncobj (MIT): its modules, licence, FORK.md and diff ship."""
+    names = zipfile.ZipFile(wheel).namelist()
+    for must in ("raftq/node/raft/syncobj.py", "raftq/node/raft/LICENSE.txt", "raftq/node/raft/FORK.md",
+                 "raftq/node/raft/upstream.diff"):
+        assert must in names, must
+    meta = zipfile.ZipFile(wheel).read(next(n for n in names if n.endswith(".dist-info/METADATA"))).decode()
+    server = [line for line in meta.splitlines() if line.startswith("Requires-Dist:") and "extra == \"server\"" in line]
+    assert server and not any("pysyncobj" in line for line in server), server

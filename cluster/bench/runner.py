@@ -32,15 +32,15 @@ class Clients:
     """Session transport: one client shared by every producer and worker of the process (as
     users would). HTTP: one client and one connection per producer/worker."""
 
-    def __init__(self, urls, transport: str, api_key: str | None = None):
-        self.urls, self.transport, self.api_key = urls, transport, api_key
-        self.shared = Client(urls, api_key=api_key, transport="session") if transport == "session" else None
+    def __init__(self, urls, transport: str, api_key: str | None = None, tls: dict | None = None):
+        self.urls, self.transport, self.api_key, self.tls = urls, transport, api_key, tls or {}
+        self.shared = Client(urls, api_key=api_key, transport="session", **self.tls) if transport == "session" else None
         self.made: list[Client] = []
 
     def get(self) -> Client:
         if self.shared is not None:
             return self.shared
-        c = Client(self.urls, api_key=self.api_key, transport="http", connections=1)
+        c = Client(self.urls, api_key=self.api_key, transport="http", connections=1, **self.tls)
         self.made.append(c)
         return c
 
@@ -112,9 +112,10 @@ def figure(jobs: int, secs: float) -> dict:
     return {"jobs": jobs, "seconds": round(secs, 2), "jobs_per_s": round(jobs / secs, 1)}
 
 
-async def mixed_round(urls, transport, api_key, queue, jobs, producers, workers, label, progress) -> dict:
+async def mixed_round(urls, transport, api_key, queue, jobs, producers, workers, label, progress,
+                      tls: dict | None = None) -> dict:
     """One mixed phase on fresh clients (a baseline round, against raftq or the bare server)."""
-    clients = Clients(urls, transport, api_key)
+    clients = Clients(urls, transport, api_key, tls)
     p = Progress(jobs, label, unit="jobs", enabled=progress)
     try:
         return figure(jobs, await phase_mixed(clients, queue, jobs, producers, workers, p))
@@ -137,8 +138,8 @@ async def phase_latency(clients: Clients, queue, rounds) -> dict:
     return {"p50_ms": round(q(0.50), 3), "p99_ms": round(q(0.99), 3), "p999_ms": round(q(0.999), 3)}
 
 
-async def _cpu(url, api_key=None) -> dict:
-    async with Client([url], api_key=api_key, transport="http") as c:
+async def _cpu(url, api_key=None, tls: dict | None = None) -> dict:
+    async with Client([url], api_key=api_key, transport="http", **(tls or {})) as c:
         try:
             return (await c._get_from(url, "/v1/cluster?digest=false")).get("cpu") or {}
         except Exception:
@@ -156,8 +157,9 @@ def cpu_split(before: dict, after: dict) -> dict:
             "apply_share": round(d["apply_s"] / total, 3)}
 
 
-async def run(urls, jobs, producers, workers, phases, latency_rounds, transport, progress, api_key=None) -> dict:
-    probe = Client(urls, api_key=api_key, transport="http")
+async def run(urls, jobs, producers, workers, phases, latency_rounds, transport, progress, api_key=None,
+              tls: dict | None = None) -> dict:
+    probe = Client(urls, api_key=api_key, transport="http", **(tls or {}))
     try:
         view = await probe.cluster()
     finally:
@@ -165,14 +167,14 @@ async def run(urls, jobs, producers, workers, phases, latency_rounds, transport,
     leader = (view.get("leader") or {}).get("url") or urls[0]
     out = {"leader": leader}
     tag = f"{int(time.time())}-{os.getpid()}"
-    clients = Clients(urls, transport, api_key)
+    clients = Clients(urls, transport, api_key, tls)
 
     async def measured(name, coro_fn, n):
-        c0 = await _cpu(leader, api_key)
+        c0 = await _cpu(leader, api_key, tls)
         p = Progress(n, name, unit="jobs", enabled=progress)
         secs = await coro_fn(p)
         p.close()
-        c1 = await _cpu(leader, api_key)
+        c1 = await _cpu(leader, api_key, tls)
         out[name] = {**figure(n, secs), **cpu_split(c0, c1)}
 
     try:
@@ -219,7 +221,7 @@ class BareServer:
 
 
 async def run_baseline(urls, jobs, producers, workers, rounds, transport, progress, first_mixed=None,
-                       api_key=None) -> dict:
+                       api_key=None, tls: dict | None = None) -> dict:
     """The mixed phase against a bare aiohttp server that does nothing, in `rounds` rounds
     interleaved with raftq's own mixed phase (a fresh queue each round), the order flipping
     every round: the machine's speed drifts over minutes, and a single pair of runs minutes
@@ -233,7 +235,8 @@ async def run_baseline(urls, jobs, producers, workers, rounds, transport, progre
             b = await bare.mixed(jobs, producers, workers, progress) if bare_first else None
             if mixed is None:
                 queue = f"m-{int(time.time())}-{os.getpid()}-{i}"
-                mixed = await mixed_round(urls, transport, api_key, queue, jobs, producers, workers, "mixed", progress)
+                mixed = await mixed_round(urls, transport, api_key, queue, jobs, producers, workers, "mixed", progress,
+                                          tls)
             if b is None:
                 b = await bare.mixed(jobs, producers, workers, progress)
             out["rounds"].append({"raftq_jobs_per_s": mixed["jobs_per_s"], "bare_jobs_per_s": b["jobs_per_s"],
@@ -259,6 +262,15 @@ def main(argv=None) -> int:
     p.add_argument("--baseline-rounds", type=int, default=1, metavar="K",
                    help="with --baseline: K rounds of raftq's mixed phase and the bare server's, interleaved; "
                         "the ratio reported is the median of the rounds' ratios (default 1)")
+    p.add_argument("--tls", action="store_true",
+                   help="with --local: the nodes serve https:// (certificates from a CA made for the run), and the "
+                        "clients trust that CA")
+    p.add_argument("--ca", default=os.environ.get("RAFTQ_CA") or None, metavar="FILE",
+                   help="with --urls: https:// nodes' CA bundle (default $RAFTQ_CA)")
+    p.add_argument("--cert", default=os.environ.get("RAFTQ_CERT") or None, metavar="FILE",
+                   help="with --urls: a client certificate for nodes that require one (default $RAFTQ_CERT)")
+    p.add_argument("--key", default=os.environ.get("RAFTQ_KEY") or None, metavar="FILE",
+                   help="the client certificate's key (default $RAFTQ_KEY)")
     p.add_argument("--api-key", default=os.environ.get("RAFTQ_API_KEY") or None,
                    help="a worker (or higher) key for a cluster with API keys (default $RAFTQ_API_KEY)")
     p.add_argument("--backlog", metavar="N,N,...", default=None,
@@ -278,24 +290,34 @@ def main(argv=None) -> int:
         p.error("give --urls of a running cluster or --local")
     if args.baseline_rounds < 1:
         p.error("--baseline-rounds must be at least 1")
+    if args.tls and not args.local:
+        p.error("--tls goes with --local (for a running cluster, give its https:// --urls and --ca)")
     phases = set(args.phases.split(","))
     cluster = None
+    tls = {}
     try:
         if args.local:
-            cluster = LocalCluster(tempfile.mkdtemp(prefix="raftq-bench-"), durability=args.durability).launch()
+            cluster = LocalCluster(tempfile.mkdtemp(prefix="raftq-bench-"), durability=args.durability,
+                                   tls=args.tls).launch()
             urls = cluster.urls
+            tls = cluster.client_options()
         else:
             urls = [u.strip().rstrip("/") for u in args.urls.split(",") if u.strip()]
+            if args.ca:
+                tls["ca"] = args.ca
+            if args.cert:
+                tls["cert"] = (args.cert, args.key)
         result = asyncio.run(run(urls, args.jobs, args.producers, args.workers, phases, args.latency_rounds,
-                                 args.transport, progress=not args.json, api_key=args.api_key))
+                                 args.transport, progress=not args.json, api_key=args.api_key, tls=tls))
         if args.baseline:
             base = asyncio.run(run_baseline(urls, args.jobs, args.producers, args.workers, args.baseline_rounds,
                                             args.transport, not args.json, first_mixed=result.get("mixed"),
-                                            api_key=args.api_key))
+                                            api_key=args.api_key, tls=tls))
             result["bare_http_mixed"] = base
             if args.transport == "http":
                 result["mixed_vs_bare"] = base["ratio"]
         result.update({"durability": args.durability if args.local else None, "transport": args.transport,
+                       "tls": bool(args.tls or any(u.startswith("https://") for u in urls)),
                        "producers": args.producers, "workers": args.workers, "cores": os.cpu_count()})
     except (Unauthenticated, PermissionDenied) as e:
         print(f"raftq bench: the cluster refused the benchmark's requests ({e.message}); give a key with the "
@@ -310,7 +332,8 @@ def main(argv=None) -> int:
         print(json.dumps(result))
     else:
         print(f"raftq bench: {args.jobs} jobs, {args.producers} producers, {args.workers} workers, "
-              f"durability {result['durability']}, transport {args.transport}, leader {result['leader']}")
+              f"durability {result['durability']}, transport {args.transport}{' over TLS' if result['tls'] else ''}, "
+              f"leader {result['leader']}")
         print(f"{'phase':<14}{'jobs/s':>10}{'seconds':>9}{'leader cpu':>11}{'http':>7}{'raft':>7}{'apply':>7}")
         for k in ("enqueue", "drain", "mixed", "batch_enqueue", "batch_drain"):
             if k in result:

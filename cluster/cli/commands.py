@@ -30,11 +30,13 @@ import aiohttp
 import orjson
 
 from ..client import (BatchRejected, Client, Conflict, Internal, InvalidArgument, LeaseLost, NotFound,
-                     PermissionDenied, RaftqError, Rejected, RequestTooLarge, Unauthenticated, Unavailable,
-                     Unreachable, describe_refused, error_from, job_request)
+                     PermissionDenied, RaftqError, Rejected, RequestTooLarge, TlsError, Unauthenticated, Unavailable,
+                     Unreachable, _tls_error, _tls_refusal, describe_refused, error_from, job_request, tls_context,
+                     tls_problem)
 from ..progress import Progress, progress_enabled
 
 DEFAULT_URLS = "http://127.0.0.1:7001,http://127.0.0.1:7002,http://127.0.0.1:7003"
+DEFAULT_TLS_URLS = DEFAULT_URLS.replace("http://", "https://")
 EXIT_OK, EXIT_FAILED, EXIT_UNREACHABLE, EXIT_UNAVAILABLE, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 MAX_ADMIN_IDS = 1000          # ids per requeue/delete request (node/validate.py)
 PAGE = 100                    # largest page of the listing endpoints
@@ -72,12 +74,15 @@ class NodeAnswer:
     status: int | None = None     # HTTP status, None when nothing answered
     view: dict | None = None      # the 200 body
     error: str | None = None      # why there is no view
+    tls: str | None = None        # a TLS problem with this node (then `error` says the same)
 
 
 class Ctx:
     def __init__(self, args):
         self.args = args
-        self.urls = parse_urls(getattr(args, "urls", None) or os.environ.get("RAFTQ_URLS") or DEFAULT_URLS)
+        self.tls_options = tls_options(args)
+        self.urls = parse_urls(getattr(args, "urls", None) or os.environ.get("RAFTQ_URLS")
+                               or (DEFAULT_TLS_URLS if self.tls_options else DEFAULT_URLS))
         self.json = bool(getattr(args, "json", False))
         self.timeout = float(getattr(args, "timeout", None) or 10.0)
         if self.timeout <= 0:
@@ -85,6 +90,7 @@ class Ctx:
         self.probe_timeout = min(self.timeout, 3.0)
         self.api_key = getattr(args, "api_key", None) or os.environ.get("RAFTQ_API_KEY") or None
         self.progress = progress_enabled(True if getattr(args, "progress", False) else None)
+        self.ssl = tls_context(**self.tls_options)
         self.client: Client | None = None
         self.doing = args.command          # what we were doing, for error messages
         self.mutating = False              # an error now leaves the outcome unknown
@@ -118,22 +124,30 @@ class Ctx:
                         return NodeAnswer(url, r.status, None, f"HTTP {r.status}, not JSON: is this a raftq node?")
                     if r.status == 200 and isinstance(body, dict) and "role" in body:
                         return NodeAnswer(url, 200, body)
+                    refusal = _tls_refusal(r.status, body, r.headers)
+                    if refusal is not None:
+                        return NodeAnswer(url, r.status, None, f"TLS: {refusal}", tls=refusal)
                     err = body.get("error", {}) if isinstance(body, dict) else {}
                     return NodeAnswer(url, r.status, None,
                                       f"HTTP {r.status} {err.get('code', '')}: {err.get('message', '')}".strip())
             except asyncio.TimeoutError:
                 return NodeAnswer(url, None, None, f"no answer within {timeout:g}s")
             except aiohttp.ClientConnectorError as e:
+                tls = tls_problem(e, url)
+                if tls is not None:
+                    return NodeAnswer(url, None, None, f"TLS: {tls}", tls=tls)
                 return NodeAnswer(url, None, None, connect_reason(e))
             except (aiohttp.ClientError, OSError, ValueError) as e:
                 return NodeAnswer(url, None, None, f"{type(e).__name__}: {e}")
 
-        async with aiohttp.ClientSession() as session:
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=self.ssl)) as session:
             return list(await asyncio.gather(*(one(session, u) for u in urls)))
 
     async def connect(self) -> Client:
         """A Client for leader-routed calls, after checking that some node answers at all."""
         answers = await self.probe(self.urls)
+        if not any(a.view for a in answers) and any(a.tls for a in answers):
+            raise _tls_error([(a.url, a.tls) for a in answers if a.tls])
         answered = [a for a in answers if a.status is not None]
         if not answered:
             raise CliError(unreachable_message(self.urls, answers), EXIT_UNREACHABLE)
@@ -142,7 +156,7 @@ class Ctx:
                 raise error_from(a.status, {"error": {"code": "unauthenticated" if a.status == 401
                                                       else "permission_denied", "message": a.error or ""}})
         self.client = Client(self.urls, api_key=self.api_key, transport="http", timeout=self.timeout,
-                             connect_timeout=self.probe_timeout)
+                             connect_timeout=self.probe_timeout, **self.tls_options)
         leaders = Counter(a.view["leader"]["url"].rstrip("/") for a in answered if a.view and a.view.get("leader"))
         if leaders:
             self.client.leader = leaders.most_common(1)[0][0]
@@ -154,6 +168,25 @@ class Ctx:
         out = await self.client.call(op, method, path, body, mutating=mutating)
         self.mutating = False
         return out
+
+
+def tls_options(args) -> dict:
+    """Client(ca=, cert=) from --ca/--cert/--key or $RAFTQ_CA/$RAFTQ_CERT/$RAFTQ_KEY; {} when none."""
+    ca = getattr(args, "ca", None) or os.environ.get("RAFTQ_CA") or None
+    cert = getattr(args, "cert", None) or os.environ.get("RAFTQ_CERT") or None
+    key = getattr(args, "key", None) or os.environ.get("RAFTQ_KEY") or None
+    if key and not cert:
+        raise CliError("--key (or $RAFTQ_KEY) needs --cert (or $RAFTQ_CERT): the client certificate it belongs to",
+                       EXIT_UNREACHABLE)
+    for what, path in (("--ca", ca), ("--cert", cert), ("--key", key)):
+        if path and not os.path.isfile(path):
+            raise CliError(f"{what} {path}: no such file", EXIT_UNREACHABLE)
+    out: dict[str, Any] = {}
+    if ca:
+        out["ca"] = ca
+    if cert:
+        out["cert"] = (cert, key)
+    return out
 
 
 def connect_reason(e: aiohttp.ClientConnectorError) -> str:
@@ -286,6 +319,8 @@ def explain(e: RaftqError, ctx: Ctx | None) -> tuple[str, int]:
     if isinstance(e, BatchRejected):
         lines = [f"  job {x.get('index')}: {format_rejection(x.get('rejection', {}))}" for x in e.errors[:10]]
         return "batch rejected, nothing was enqueued:\n" + "\n".join(lines), EXIT_FAILED
+    if isinstance(e, TlsError):
+        return f"{doing}: TLS: {e.message}", EXIT_UNREACHABLE
     if isinstance(e, Unreachable):
         outcome = ("the outcome of the request is unknown" if e.maybe_sent else "nothing was sent")
         return (f"{doing}: no node accepts connections ({describe_refused(e.refused)}); {outcome}; "
@@ -381,7 +416,11 @@ def _no_leader(ctx, msg: str) -> int:
 
 
 def _refused(a) -> bool:
-    return a.status in (401, 403)
+    return a.status in (401, 403) and not a.tls
+
+
+def _state(a) -> str:
+    return "tls error" if a.tls else "refused" if _refused(a) else "down"
 
 
 async def cmd_status(ctx: Ctx) -> int:
@@ -410,6 +449,8 @@ async def cmd_status(ctx: Ctx) -> int:
         unique.append(a)
     answers = sorted(unique, key=lambda a: (str(ids.get(a.url) or "~"), a.url))
     up = [a for a in answers if a.view]
+    if not up and any(a.tls for a in answers):
+        raise _tls_error([(a.url, a.tls) for a in answers if a.tls])
 
     if ctx.json:
         out = []
@@ -417,7 +458,7 @@ async def cmd_status(ctx: Ctx) -> int:
             if a.view:
                 out.append({"url": a.url, **a.view})
             else:
-                out.append({"url": a.url, "node_id": ids.get(a.url), "role": "refused" if _refused(a) else "down",
+                out.append({"url": a.url, "node_id": ids.get(a.url), "role": _state(a),
                             "error": a.error})
         ctx.dump(out)
     else:
@@ -425,7 +466,7 @@ async def cmd_status(ctx: Ctx) -> int:
         for a in answers:
             v = a.view
             if v is None:
-                rows.append([ids.get(a.url) or "?", a.url, "refused" if _refused(a) else "down",
+                rows.append([ids.get(a.url) or "?", a.url, _state(a),
                              None, None, None, None, None, None])
                 continue
             peers = [m for m in v.get("members", []) if m.get("id") != v.get("node_id")]
@@ -438,7 +479,9 @@ async def cmd_status(ctx: Ctx) -> int:
                              rows, right={3, 4, 5}))
         for a in answers:
             if a.view is None:
-                ctx.out(f"  {ids.get(a.url) or a.url} {'refused the key' if _refused(a) else 'is down'}: {a.error}")
+                ctx.out(f"  {ids.get(a.url) or a.url} "
+                        f"{'refused the key' if _refused(a) else 'cannot be reached over TLS' if a.tls else 'is down'}: "
+                        f"{a.error}")
 
     if not up and answers and all(_refused(a) for a in answers):
         raise CliError("the nodes answer but refuse the request: "

@@ -4,7 +4,9 @@
 
 writes one node config per host (its HTTP and Raft addresses on that host, the peer list, a
 fresh random secret shared by all), the systemd unit and a README.md with the commands that
-install them, host by host. Every file is 0600 in a 0700 directory (the configs hold the secret),
+install them, host by host. With --tls also a CA (ca.pem, ca-key.pem) and a certificate per
+host (n1-cert.pem, n1-key.pem ...: subjectAltName the host given), the configs serving https://;
+with --mtls also a client certificate (client-cert.pem, client-key.pem) that the nodes require. Every file is 0600 in a 0700 directory (the configs hold the secret),
 and every config is loaded back with raftq.node.settings.load before the command says it is done.
 
 `config` is a command group: add an action with `add_action(name, fn, help)` in `add_parser`.
@@ -73,9 +75,13 @@ def hostport(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
+def scheme(args) -> str:
+    return "https" if args.tls else "http"
+
+
 def node_config(i: int, ids: list[str], hosts: list[str], args, secret: str, sections: dict, stamp: str) -> str:
     peers = [{"id": ids[j], "raft": hostport(hosts[j], args.raft_port),
-              "url": f"http://{hostport(hosts[j], args.http_port)}"} for j in range(len(hosts))]
+              "url": f"{scheme(args)}://{hostport(hosts[j], args.http_port)}"} for j in range(len(hosts))]
     me = peers[i]
     members = ", ".join(f"{p['id']} {h}" for p, h in zip(peers, hosts))
     storage = {"dead_letter_retention_ms": DEFAULT_RETENTION_MS, **(sections.get("storage") or {})}
@@ -91,6 +97,14 @@ def node_config(i: int, ids: list[str], hosts: list[str], args, secret: str, sec
         f"url = {toml_value(me['url'])}".ljust(36) + "# where clients are redirected when this node leads",
         f"raft = {toml_value(me['raft'])}".ljust(36) + "# Raft, the other nodes only; bound to exactly this address",
         f"data_dir = {toml_value(args.data_dir)}".ljust(36) + "# journal, snapshot, term and vote",
+        *([
+            "# TLS: paths relative to this file (/etc/raftq/cert.pem ...). SIGHUP reloads them.",
+            f"tls_cert = {toml_value(TLS_FILES['cert'])}".ljust(36) + f"# this node's certificate, for {hosts[i]}",
+            f"tls_key = {toml_value(TLS_FILES['key'])}".ljust(36) + "# its private key (0640 root:raftq)",
+            f"tls_peer_ca = {toml_value(TLS_FILES['ca'])}".ljust(36) + "# the CA this node trusts when it calls the others",
+        ] if args.tls else []),
+        *([f"tls_client_ca = {toml_value(TLS_FILES['ca'])}".ljust(36)
+           + "# clients must present a certificate signed by this CA"] if args.mtls else []),
         "",
         "[cluster]",
         "peers = [                           # every member, this node included; the same list on every node",
@@ -109,8 +123,71 @@ def node_config(i: int, ids: list[str], hosts: list[str], args, secret: str, sec
     return "\n".join(lines) + "\n" + ("\n" + rest if rest else "")
 
 
+TLS_FILES = {"cert": "cert.pem", "key": "key.pem", "ca": "ca.pem"}     # next to /etc/raftq/node.toml
+
+
+def make_certs(out: Path, ids: list[str], hosts: list[str], mtls: bool) -> list[str]:
+    """The CA and one certificate per host (subjectAltName: the host as given), plus a client
+    certificate with mTLS; every file 0600. Returns the file names."""
+    try:
+        from .. import certs as C
+    except ImportError as e:            # a client-only install
+        raise InitError(f"--tls needs the server extra (missing {e.name}): pip install 'raftq[server]'")
+    ca, ca_key = C.make_ca("raftq CA", days=3650)
+    C.write_pair(out / "ca.pem", out / "ca-key.pem", ca, ca_key)
+    names = ["ca.pem", "ca-key.pem"]
+    for n, h in zip(ids, hosts):
+        cert, key = C.make_leaf(ca, ca_key, n, [h], days=825)
+        C.write_pair(out / f"{n}-cert.pem", out / f"{n}-key.pem", cert, key)
+        names += [f"{n}-cert.pem", f"{n}-key.pem"]
+    if mtls:
+        cert, key = C.make_leaf(ca, ca_key, "raftq client", [], days=825, server=False)
+        C.write_pair(out / "client-cert.pem", out / "client-key.pem", cert, key)
+        names += ["client-cert.pem", "client-key.pem"]
+    return names
+
+
+def check_certs(out: Path, ids: list[str], hosts: list[str], mtls: bool) -> None:
+    """What a node will do with them: every certificate loads with its key (node/tls.py) and
+    verifies against the CA for its host, as a client checks it."""
+    import ssl
+    from ...node.settings import TlsFiles
+    from ...node.tls import load as load_tls
+    for n, h in zip(ids, hosts):
+        server = load_tls(TlsFiles(cert=out / f"{n}-cert.pem", key=out / f"{n}-key.pem",
+                                   client_ca=out / "ca.pem" if mtls else None, peer_ca=out / "ca.pem")).context
+        client = ssl.create_default_context(cafile=str(out / "ca.pem"))
+        if mtls:
+            client.load_cert_chain(str(out / "client-cert.pem"), str(out / "client-key.pem"))
+        handshake(server, client, h)
+
+
+def handshake(server, client, host: str) -> None:
+    """A TLS handshake between two contexts in memory; raises ssl.SSLError when it fails."""
+    import ssl
+    c_in, c_out, s_in, s_out = ssl.MemoryBIO(), ssl.MemoryBIO(), ssl.MemoryBIO(), ssl.MemoryBIO()
+    c = client.wrap_bio(c_in, c_out, server_hostname=host)
+    s = server.wrap_bio(s_in, s_out, server_side=True)
+    done = [False, False]
+    for _ in range(10):
+        for k, (obj, out, peer_in) in enumerate(((c, c_out, s_in), (s, s_out, c_in))):
+            if not done[k]:
+                try:
+                    obj.do_handshake()
+                    done[k] = True
+                except ssl.SSLWantReadError:
+                    pass
+            peer_in.write(out.read())
+        if all(done):
+            return
+    raise ssl.SSLError("the handshake did not finish")
+
+
 def install_readme(out: Path, ids: list[str], hosts: list[str], args, stamp: str) -> str:
-    urls = ",".join(f"http://{hostport(h, args.http_port)}" for h in hosts)
+    urls = ",".join(f"{scheme(args)}://{hostport(h, args.http_port)}" for h in hosts)
+    tls_opts = (" --ca ca.pem" + (" --cert client-cert.pem --key client-key.pem" if args.mtls else "")) if args.tls else ""
+    tls_kwargs = ((', ca="ca.pem"' + (', cert=("client-cert.pem", "client-key.pem")' if args.mtls else ""))
+                  if args.tls else "")
     members = ", ".join(f"{n} on {h}" for n, h in zip(ids, hosts))
     d = args.data_dir
     parts = [f"""# raftq cluster: {members}
@@ -140,13 +217,21 @@ python3 -m venv /opt/raftq/.venv
 """]
     for n, h in zip(ids, hosts):
         ssh_host = f"[{h}]" if ":" in h else h
+        tls_files = f" {n}-cert.pem {n}-key.pem ca.pem" if args.tls else ""
+        tls_install = (f"""install -m 0640 -o root -g raftq /tmp/{n}-cert.pem /etc/raftq/{TLS_FILES['cert']}
+install -m 0640 -o root -g raftq /tmp/{n}-key.pem /etc/raftq/{TLS_FILES['key']}
+install -m 0644 /tmp/ca.pem /etc/raftq/{TLS_FILES['ca']}
+""" if args.tls else "")
+        check = ("sudo -u raftq /opt/raftq/.venv/bin/raftq node --config /etc/raftq/node.toml --check" if args.tls else
+                 "sudo -u raftq /opt/raftq/.venv/bin/python -c \"from raftq.node.settings import load; "
+                 "s = load('/etc/raftq/node.toml'); print(s.node_id, s.raft, s.data_dir)\"")
         parts.append(f"""
 ### {n} on {h}
 
 From this directory (`cd {out}`):
 
 ```sh
-scp {n}.toml {UNIT_NAME} root@{ssh_host}:/tmp/
+scp {n}.toml{tls_files} {UNIT_NAME} root@{ssh_host}:/tmp/
 ```
 
 Then on {h}, as root:
@@ -154,9 +239,9 @@ Then on {h}, as root:
 ```sh
 install -d -m 0750 -o root -g raftq /etc/raftq
 install -m 0640 -o root -g raftq /tmp/{n}.toml /etc/raftq/node.toml
-install -m 0644 /tmp/{UNIT_NAME} /etc/systemd/system/{UNIT_NAME}
-rm /tmp/{n}.toml /tmp/{UNIT_NAME}
-sudo -u raftq /opt/raftq/.venv/bin/python -c "from raftq.node.settings import load; s = load('/etc/raftq/node.toml'); print(s.node_id, s.raft, s.data_dir)"
+{tls_install}install -m 0644 /tmp/{UNIT_NAME} /etc/systemd/system/{UNIT_NAME}
+rm /tmp/{n}.toml{tls_files.replace(' ', ' /tmp/')} /tmp/{UNIT_NAME}
+{check}
 systemctl daemon-reload && systemctl enable --now raftq
 ```
 """)
@@ -167,13 +252,52 @@ The order of the hosts does not matter: the cluster elects a leader as soon as a
 From any machine that reaches the HTTP ports (with raftq installed):
 
 ```sh
-raftq status --urls {urls}
+raftq status --urls {urls}{tls_opts}
 ```
 
 One leader, every node with the same applied index and digest once writes stop. On a host:
-`journalctl -u raftq -f`. Clients take the same URLs: `Client("{urls}")`.
+`journalctl -u raftq -f`. Clients take the same URLs: `Client("{urls}"{tls_kwargs})`.
 """)
+    if args.tls:
+        parts.append(tls_readme(ids, hosts, args))
     return "".join(parts)
+
+
+def tls_readme(ids: list[str], hosts: list[str], args) -> str:
+    first, host = ids[0], hosts[0]
+    san = f"IP:{host}" if _is_ip(host) else f"DNS:{host}"
+    return f"""
+## TLS
+
+Every node serves https:// with its certificate (`nX-cert.pem`, for its host) from the CA made
+here (`ca.pem`, valid 10 years; the node certificates 825 days){'; the nodes require a client certificate signed by it (mTLS): `client-cert.pem` and `client-key.pem` are one, give them to your clients (or make one per client as below, without serverAuth)' if args.mtls else ''}.
+Clients trust `ca.pem` (`raftq --ca ca.pem`, `Client(..., ca="ca.pem")`). The Raft port does not
+use TLS: it is encrypted and authenticated with the cluster secret.
+
+Keep `ca-key.pem` off the nodes and offline (your secret store): whoever holds it can make
+certificates that your nodes and clients trust. It is what you need to renew a certificate. To
+renew {first}'s (and the same for the others, with their host), in this directory:
+
+```sh
+openssl req -new -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -subj "/O=raftq/CN={first}" -keyout {first}-key.pem -out {first}.csr
+printf 'subjectAltName={san}\\nextendedKeyUsage=serverAuth,clientAuth\\nbasicConstraints=critical,CA:FALSE\\nkeyUsage=critical,digitalSignature\\n' > {first}.ext
+openssl x509 -req -in {first}.csr -CA ca.pem -CAkey ca-key.pem -CAcreateserial -days 825 -sha256 -extfile {first}.ext -out {first}-cert.pem
+```
+
+then copy `{first}-cert.pem` and `{first}-key.pem` to {host} as in step 2 (the same `install` lines)
+and reload them without a restart: `systemctl reload raftq` (SIGHUP: new connections get the new
+certificate, established ones keep theirs; files that do not load are refused, logged, and the
+old certificate stays).
+"""
+
+
+def _is_ip(host: str) -> bool:
+    import ipaddress
+    try:
+        ipaddress.ip_address(host.strip("[]"))
+        return True
+    except ValueError:
+        return False
 
 
 def cmd_init(args) -> int:
@@ -197,7 +321,13 @@ def _init(args) -> int:
     sections = S.load_sections(args.include) if args.include else {}
     out = Path(args.out)
     ids = [f"n{i + 1}" for i in range(len(hosts))]
+    if args.mtls:
+        args.tls = True
     names = [f"{n}.toml" for n in ids] + [UNIT_NAME, "README.md"]
+    if args.tls:
+        names += ["ca.pem", "ca-key.pem"] + [f"{n}-{k}.pem" for n in ids for k in ("cert", "key")]
+        if args.mtls:
+            names += ["client-cert.pem", "client-key.pem"]
     if out.exists() and not out.is_dir():
         raise InitError(f"--out {out} is a file; give a directory")
     existing = [n for n in names if (out / n).exists()]
@@ -205,6 +335,9 @@ def _init(args) -> int:
         raise InitError(f"{out} already holds {', '.join(existing)}; give another --out, or --force to overwrite "
                         "(a new secret: every node must get the new files)")
     private_dir(out)
+    if args.tls:
+        make_certs(out, ids, hosts, args.mtls)
+        check_certs(out, ids, hosts, args.mtls)
     secret = secrets.token_hex(32)
     stamp = _dt.datetime.now().strftime("%Y-%m-%d %H:%M")
     for i in range(len(hosts)):
@@ -219,6 +352,10 @@ def _init(args) -> int:
     for i, h in enumerate(hosts):
         print(f"  {out / (ids[i] + '.toml')}  {ids[i]} on {h}: HTTP {hostport(h, args.http_port)}, "
               f"Raft {hostport(h, args.raft_port)}")
+    if args.tls:
+        print(f"  {out / 'ca.pem'}  the CA (its key {out / 'ca-key.pem'}: keep it offline, not on the nodes)")
+        print(f"  {out / 'n1-cert.pem'} ...  a certificate and key per host, for the name or IP given"
+              + ("; client-cert.pem and client-key.pem for your clients (mTLS)" if args.mtls else ""))
     print(f"  {out / UNIT_NAME}  the systemd unit\n  {out / 'README.md'}  how to install them, host by host")
     print(f"next: follow {out / 'README.md'}")
     return EXIT_OK
@@ -246,6 +383,10 @@ def add_parser(sub) -> None:
     i.add_argument("--durability", choices=("fsync", "memory"), default="fsync")
     i.add_argument("--include", metavar="FILE", help="[limits], [storage], [[queues]], [auth], [tuning] to put "
                    "in every config (checked as a node checks its config)")
+    i.add_argument("--tls", action="store_true", help="the nodes serve https://: a CA and a certificate per host "
+                   "(subjectAltName: the host as given) are made too")
+    i.add_argument("--mtls", action="store_true", help="--tls, and the nodes require client certificates signed by "
+                   "that CA (one is made: client-cert.pem)")
     i.add_argument("--force", action="store_true", help="overwrite the files of an earlier init in --out")
 
     # Add further actions above this line: `raftq config` alone then lists them all.

@@ -84,11 +84,26 @@ def probe_headers(directory: Path) -> dict:
     return {"Authorization": f"Bearer {best['key']}"} if best else {}
 
 
-def probe_all(nodes: list[dict], headers: dict) -> dict[str, dict | None]:
+def tls_context(state: dict):
+    """The ssl.SSLContext for the nodes of a `raftq up --tls` cluster (up.json "tls"), else None."""
+    tls = state.get("tls")
+    if not tls:
+        return None
+    import ssl
+    try:
+        ctx = ssl.create_default_context(cafile=tls["ca"])
+        if tls.get("client_cert"):
+            ctx.load_cert_chain(*tls["client_cert"])
+    except (OSError, ssl.SSLError) as e:
+        _fail(f"cannot load the TLS files of the cluster ({tls.get('ca')}): {e}")
+    return ctx
+
+
+def probe_all(nodes: list[dict], headers: dict, context=None) -> dict[str, dict | None]:
     views: dict[str, dict | None] = {}
 
     def one(node):
-        status, body = http_json("GET", node["url"] + "/v1/cluster", timeout=1.5, headers=headers)
+        status, body = http_json("GET", node["url"] + "/v1/cluster", timeout=1.5, headers=headers, context=context)
         views[node["id"]] = body if status == 200 and isinstance(body, dict) else None
 
     threads = [threading.Thread(target=one, args=(n,), daemon=True) for n in nodes
@@ -111,7 +126,7 @@ def cmd_status(args, directory: Path) -> int:
                 n["pid"] = None
         elif n.get("state") == "running" and proc_stopped(n.get("pid")):
             n["state"] = "paused"           # stopped from outside raftq up
-    views = probe_all(nodes, probe_headers(directory))
+    views = probe_all(nodes, probe_headers(directory), tls_context(state))
     leaders = {v["leader"]["id"] for v in views.values() if v and v.get("leader")}
     leader = next((n for n in nodes if (views.get(n["id"]) or {}).get("role") == "leader"), None)
     if args.json:
@@ -166,12 +181,14 @@ def cmd_status(args, directory: Path) -> int:
     return EXIT_FAILED
 
 
-def wait_ready(node: str, url: str, target: int, timeout: float, log: str | None, headers: dict) -> int:
+def wait_ready(node: str, url: str, target: int, timeout: float, log: str | None, headers: dict,
+               context=None) -> int:
     """Wait until the node says it is ready and has applied what the cluster had committed when
     it came back (`target`, from raftq up)."""
     t0 = time.monotonic()
     while time.monotonic() - t0 < timeout:
-        status, body = http_json("GET", url + "/v1/cluster?digest=false", timeout=1.0, headers=headers)
+        status, body = http_json("GET", url + "/v1/cluster?digest=false", timeout=1.0, headers=headers,
+                                 context=context)
         if status == 200 and body.get("ready") and int(body.get("last_applied") or 0) >= target:
             print(f"{node} is ready: caught up with the leader, applied index {body.get('last_applied')} "
                   f"({time.monotonic() - t0:.1f}s)", flush=True)
@@ -198,7 +215,7 @@ def cmd_action(args, directory: Path) -> int:
     if args.local_action in WAITS and not args.no_wait and body.get("url"):
         log = next((n.get("log") for n in state.get("nodes", []) if n["id"] == body.get("node")), None)
         return wait_ready(body["node"], body["url"], int(body.get("catch_up_to") or 0), args.timeout, log,
-                          probe_headers(directory))
+                          probe_headers(directory), tls_context(state))
     return EXIT_OK
 
 

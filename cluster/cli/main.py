@@ -20,10 +20,12 @@ def cmd_node(args) -> int:
     argv = ["--config", args.config]
     if args.log_level:
         argv += ["--log-level", args.log_level]
+    if args.check:
+        argv.append("--check")
     return node_main(argv)
 
 
-COMMON_WITH_VALUE = ("--urls", "--timeout", "--api-key")
+COMMON_WITH_VALUE = ("--urls", "--timeout", "--api-key", "--ca", "--cert", "--key")
 
 
 def add_common(p: argparse.ArgumentParser, top: bool) -> None:
@@ -39,6 +41,13 @@ def add_common(p: argparse.ArgumentParser, top: bool) -> None:
     g.add_argument("--timeout", type=float, default=d(10.0), metavar="SECONDS",
                    help="how long to wait for the cluster to serve a request (default 10)")
     g.add_argument("--api-key", default=d(None), metavar="KEY", help="API key (default: $RAFTQ_API_KEY)")
+    g.add_argument("--ca", default=d(None), metavar="FILE",
+                   help="https:// nodes: trust the CAs in this PEM file instead of the system's (default: $RAFTQ_CA); "
+                        "without --urls, the `raftq up` defaults as https://")
+    g.add_argument("--cert", default=d(None), metavar="FILE",
+                   help="a client certificate (PEM) for nodes that require one, mTLS (default: $RAFTQ_CERT)")
+    g.add_argument("--key", default=d(None), metavar="FILE",
+                   help="the client certificate's key, unless --cert holds it too (default: $RAFTQ_KEY)")
     g.add_argument("--progress", action="store_true", default=d(False),
                    help="draw progress bars on stderr even when it is not a terminal")
 
@@ -53,6 +62,8 @@ def build_parser() -> argparse.ArgumentParser:
     n = sub.add_parser("node", help="run one node from its TOML config")
     n.add_argument("--config", required=True)
     n.add_argument("--log-level", default=None)
+    n.add_argument("--check", action="store_true", help="check the config and the TLS files it names, then exit "
+                   "(0: the node would start)")
     n.set_defaults(fn=cmd_node)
     u = sub.add_parser("up", help="run a local cluster on loopback in the foreground: a lab for failover",
                        description="Run a local cluster on loopback in the foreground. A node that dies is "
@@ -72,6 +83,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "free ports); a continued cluster keeps its ports")
     u.add_argument("--durability", choices=("fsync", "memory"), default=None, help="default fsync (or the "
                    "directory's last choice)")
+    u.add_argument("--tls", action="store_true", help="the nodes serve https:// with certificates from a throwaway CA "
+                   "made in DIR (ca.pem; kept and reused), and it prints how to call them")
+    u.add_argument("--mtls", action="store_true", help="--tls, and the nodes require a client certificate signed by "
+                   "that CA (DIR/client-cert.pem and client-key.pem are made for you)")
     u.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for a leader at start (default 30)")
     u.add_argument("--demo", action="store_true", help="enqueue, reserve and ack a few jobs once the cluster is up")
     u.add_argument("--keep", action="store_true", help=argparse.SUPPRESS)   # the directory is always kept now
@@ -203,6 +218,9 @@ def main(argv=None) -> int:
         top = build_parser().parse_args(before + ["status"])     # validates the options before `bench`
         if top.urls and "--urls" not in rest and "--local" not in rest:
             rest = ["--urls", top.urls] + rest
+        for opt in ("ca", "cert", "key"):
+            if getattr(top, opt) and f"--{opt}" not in rest:
+                rest = [f"--{opt}", getattr(top, opt)] + rest
         if top.json and "--json" not in rest:
             rest = rest + ["--json"]
         return cmd_bench(rest)

@@ -13,6 +13,9 @@ they happen. Everything lives in one directory (default `$XDG_STATE_HOME/raftq/u
     up.json          the state: layout (ids, ports, URLs), PIDs, each node's state and restarts
     up.toml          the [limits], [storage], [[queues]], [auth], [tuning] of the last --config
     secret           the cluster's random Raft secret
+    ca.pem ...       with --tls: the throwaway CA (ca.pem, ca-key.pem), each node's certificate
+                     and key (n1-cert.pem, n1-key.pem ...), with --mtls a client certificate
+                     (client-cert.pem, client-key.pem); made once, reused while valid
     up.lock          held by the running `raftq up` (a second one on the directory is refused)
     control/         requests from `raftq local` and their replies
 
@@ -49,7 +52,8 @@ DEFAULT_RETENTION_MS = 7 * 86_400_000
 BACKOFF_FIRST_S, BACKOFF_MAX_S, STABLE_AFTER_S = 1.0, 30.0, 10.0
 STOP_TIMEOUT_S = 15.0
 # What raftq up itself puts in its directory; anything else there means it is not ours.
-OURS = re.compile(r"^(n\d+\.(toml|log)|data|up\.(json|toml|lock)|secret|control|\..+\.\d+\.tmp)$")
+OURS = re.compile(r"^(n\d+\.(toml|log)|data|up\.(json|toml|lock)|secret|control|\..+\.\d+\.tmp"
+                  r"|ca(-key)?\.pem|n\d+-(cert|key)\.pem|client-(cert|key)\.pem)$")
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
 
@@ -736,28 +740,58 @@ def cluster_secret(directory: Path) -> str:
 def demo(cluster: LocalCluster, leader: int) -> None:
     url = cluster.urls[leader]
     h = cluster.probe_headers
+    ctx = cluster.client_ssl
     follower = (leader + 1) % cluster.n
     print(f"\ndemo: enqueue 3 jobs through follower {cluster.ids[follower]} (it redirects to the leader)")
     for i, prio in enumerate((0, 5, 9)):
         body = {"queue": "demo", "job_type": "greet", "priority": prio,
                 "payload": {"data_b64": base64.b64encode(f"hello {i}".encode()).decode(), "encoding": "text/plain"}}
-        status, out = http_json("POST", cluster.urls[follower] + "/v1/jobs", body, headers=h)
+        status, out = http_json("POST", cluster.urls[follower] + "/v1/jobs", body, headers=h, context=ctx)
         if status == 307:
-            status, out = http_json("POST", out["error"]["leader_url"] + "/v1/jobs", body, headers=h)
+            status, out = http_json("POST", out["error"]["leader_url"] + "/v1/jobs", body, headers=h, context=ctx)
         print(f"  POST /v1/jobs priority {prio} -> {status} {out}")
     status, out = http_json("POST", url + "/v1/reserve", {"queues": ["demo"], "lease_ms": 30000, "max_jobs": 3},
-                            headers=h)
+                            headers=h, context=ctx)
     for job in out.get("jobs", []):
         data = base64.b64decode(job["payload"]["data_b64"]).decode()
         print(f"  reserved {job['id']} priority {job['priority']} attempt {job['attempt']}: {data!r}")
-        s, _ = http_json("POST", url + f"/v1/jobs/{job['id']}/ack", {"attempt": job["attempt"]}, headers=h)
+        s, _ = http_json("POST", url + f"/v1/jobs/{job['id']}/ack", {"attempt": job["attempt"]}, headers=h, context=ctx)
         print(f"  ack -> {s}")
-    status, out = http_json("GET", url + "/v1/queues/demo", headers=h)
+    status, out = http_json("GET", url + "/v1/queues/demo", headers=h, context=ctx)
     print(f"  queue demo: ready {out['ready']}, in flight {out['in_flight']}, enqueued {out['enqueued']}, "
           f"acked {out['acked']}")
     views = cluster.wait_converged(10)
     print(f"  all {cluster.n} nodes at applied index {views[0]['last_applied']} with digest {views[0]['digest']}\n",
           flush=True)
+
+
+def tls_record(cluster: LocalCluster) -> dict | None:
+    """What `raftq local` needs to call TLS nodes (up.json "tls")."""
+    if not cluster.tls:
+        return None
+    return {"mode": "mtls" if cluster.tls == "mtls" else "tls", "ca": str(cluster.ca_file),
+            "client_cert": list(cluster.client_cert) if cluster.client_cert else None}
+
+
+def tls_lines(cluster: LocalCluster, directory: Path) -> list[str]:
+    """How to call a TLS cluster: curl and raftq, with the CA (and the client certificate)."""
+    ca = cluster.ca_file
+    curl_cert = raftq_cert = ""
+    if cluster.client_cert:
+        cert, key = cluster.client_cert
+        curl_cert, raftq_cert = f" --cert {cert} --key {key}", f" --cert {cert} --key {key}"
+    urls = "" if cluster.http_ports == [7001 + i for i in range(cluster.n)] else f" --urls {','.join(cluster.urls)}"
+    what = ("TLS with client certificates (mTLS): the nodes refuse a client without one signed by "
+            if cluster.tls == "mtls" else "TLS: the nodes' certificates are signed by ")
+    made = ("made now" if "ca.pem" in cluster.certs_made else
+            "kept from an earlier run" + (", node certificates renewed" if cluster.certs_made else ""))
+    return [f"  {what}the throwaway CA {ca} ({made}; its key ca-key.pem, the node certificates n1-cert.pem ... "
+            "and everything else there are 0600)",
+            f"  curl --cacert {ca}{curl_cert} {cluster.urls[0]}/v1/cluster",
+            f"  raftq --ca {ca}{raftq_cert}{urls} status",
+            f"  Client({cluster.urls!r}, ca={str(ca)!r}"
+            + (f", cert=({cluster.client_cert[0]!r}, {cluster.client_cert[1]!r})" if cluster.client_cert else "")
+            + ")"]
 
 
 def cmd_up(args) -> int:
@@ -800,6 +834,7 @@ def _run_up(args, directory: Path) -> int:
     secs, config_from = load_config_sections(args, directory)
     storage = {"dead_letter_retention_ms": DEFAULT_RETENTION_MS, **(secs.get("storage") or {})}
     durability = args.durability or (prior or {}).get("durability") or "fsync"
+    tls = "mtls" if args.mtls else bool(args.tls)
     taken = [(p, f"{kind} port of n{j + 1}") for kind, ports in (("HTTP", layout["http_ports"]),
                                                                 ("Raft", layout["raft_ports"]))
              for j, p in enumerate(ports) if not port_free(p)]
@@ -813,7 +848,7 @@ def _run_up(args, directory: Path) -> int:
                            storage=storage, queues=secs.get("queues"), tuning=secs.get("tuning"),
                            secret=cluster_secret(directory), http_ports=layout["http_ports"],
                            raft_ports=layout["raft_ports"],
-                           api_keys=list((secs.get("auth") or {}).get("api_keys") or []) or None)
+                           api_keys=list((secs.get("auth") or {}).get("api_keys") or []) or None, tls=tls)
     cluster.write_configs()
     n = cluster.n
     if prior:
@@ -830,9 +865,13 @@ def _run_up(args, directory: Path) -> int:
     for i in range(n):
         print(f"  {cluster.ids[i]}  {cluster.urls[i]}  raft 127.0.0.1:{cluster.raft_ports[i]}  "
               f"log {cluster.log_path(i)}", flush=True)
+    if tls:
+        for line in tls_lines(cluster, directory):
+            print(line, flush=True)
 
     layout_rec = {"created_at": layout["created_at"], "starts": layout["starts"], "durability": durability,
-                  "config": str(directory / CONFIG) if config_from else None, "secret_file": str(directory / SECRET)}
+                  "config": str(directory / CONFIG) if config_from else None, "secret_file": str(directory / SECRET),
+                  "tls": tls_record(cluster)}
     sup = Supervisor(cluster, directory, restart=not args.no_restart, layout=layout_rec)
 
     def on_signal(signum, frame):
