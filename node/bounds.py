@@ -28,9 +28,25 @@ BOUNDS = (
     "max_encoding_bytes",
     "max_reason_bytes",
     "max_worker_id_bytes",
+    # The Raft port, counted by the transport on the tick thread (raft_hits below).
+    "raft_handshake_timeout_s",         # a handshake not done in time: connection closed
+    "raft_max_pending_handshakes",      # the oldest handshake closed to make room for a new one
+    "raft_handshake_max_frame",         # a length prefix beyond 4096 bytes before authentication
 )
 
 hits: collections.Counter = collections.Counter()
+
+# transport refusal reason (node/raft/transport.py REFUSALS) -> the bound it is a hit of
+RAFT_BOUNDS = {"handshake_timeout": "raft_handshake_timeout_s", "too_many_pending": "raft_max_pending_handshakes",
+               "frame_too_large": "raft_handshake_max_frame"}
+
+
+def all_hits(raft_refusals: dict) -> dict:
+    """This process's hits, the Raft port's included."""
+    out = dict(hits)
+    for reason, bound in RAFT_BOUNDS.items():
+        out[bound] = raft_refusals.get(reason, 0)
+    return out
 
 
 def hit(bound: str, n: int = 1) -> None:

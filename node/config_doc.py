@@ -210,6 +210,13 @@ TUNING = {
                                    positive=True),
     "session_stall_timeout_s": Key("number", "A session held back with answers waiting that sends none for this long "
                                    "(its client does not read) is closed with code 4008.", positive=True),
+    "raft_handshake_timeout_s": Key("number", "A Raft-port connection (incoming or outgoing) must finish its "
+                                    "handshake (key exchange and address) this long after it started; else it is "
+                                    "closed (and an outgoing one dialled again).", positive=True),
+    "raft_max_pending_handshakes": Key("integer", "Most incoming Raft-port connections in their handshake at once; "
+                                       "a new one beyond it closes the oldest. Before its handshake a connection's "
+                                       "frames are at most 4096 bytes (a longer length prefix closes it before "
+                                       "anything of the frame is buffered).", positive=True),
 }
 TESTING = {
     "clock_offset_ms": Key("integer", "Shifts this node's idea of now (never the system clock): the chaos "

@@ -138,8 +138,11 @@ def build_app(service: NodeService) -> web.Application:
         _, queues = service.queues()
         runner = app.get("runner")
         gauges = {"connections": getattr(runner, "connections", None), "sessions": len(sessions.open),
-                  "parked_reserves": service.parked}
-        text = render_metrics(view, queues["queues"], service.proposer.inflight, gauges, bounds.hits)
+                  "parked_reserves": service.parked, "parked_reserve_queues": len(service.waiters)}
+        refusals = service.replica.raft_refusals
+        gauges["raft_pending_handshakes"] = refusals.get("pending", 0)
+        text = render_metrics(view, queues["queues"], service.proposer.inflight, gauges, bounds.all_hits(refusals),
+                              refusals)
         return web.Response(body=text.encode(), headers={"Content-Type": CONTENT_TYPE})
 
     async def cluster(request: web.Request) -> web.Response:

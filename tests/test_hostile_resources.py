@@ -1,0 +1,402 @@
+"""Issue 13's findings, each reproduced against real node processes, and the fix asserted: the
+documented status or close code, the bound's hit counted in /metrics, and the node's memory
+and enqueue latency back near their baseline afterwards (tests/attacks.py).
+
+Two clusters, three nodes each (memory durability), shared by the tests of this module with
+bounds turned down so that each attack stays small:
+* `keyed`: API keys on (one per role), the long-poll and session bounds;
+* `keyless`: no keys, on loopback (the Host check), the connection cap and the HTTP deadlines.
+Each test uses queue names of its own and leaves nothing parked or open behind it.
+"""
+from __future__ import annotations
+
+import json
+import socket
+import time
+
+import pytest
+
+from raftq.cluster.local import LocalCluster, http_json
+from tests.attacks import (API_KEYS, KEYS, SECRET, Baseline, RawWs, Target, attack_fields, attack_idle, attack_session,
+                           attack_waiters, attack_wakeup, bearer, closed_by_peer, digest, hits, metrics,
+                           park_reserves, poll, raw_exchange, read_response, request_bytes, responsive,
+                           rss_mb, still_open, weak_secret_refused, ws_frame)
+
+KEYED_TUNING = {
+    "max_parked_reserves": 400,
+    "max_session_parked_reserves": 8,
+    "max_session_inflight": 64,
+    "max_session_queued_bytes": 64 * 1024,
+    "max_queued_answer_bytes": 256 * 1024,
+    "session_stall_timeout_s": 2.0,
+}
+KEYLESS_TUNING = {
+    "max_connections": 300,
+    "max_parked_reserves": 1000,
+    "http_header_timeout_s": 1.0,
+    "http_idle_timeout_s": 2.0,
+    "http_body_timeout_s": 1.0,
+}
+
+
+@pytest.fixture(scope="module")
+def keyed(tmp_path_factory):
+    c = LocalCluster(tmp_path_factory.mktemp("keyed"), durability="memory", api_keys=API_KEYS, secret=SECRET,
+                     tuning=KEYED_TUNING).launch()
+    yield c
+    c.close()
+
+
+@pytest.fixture(scope="module")
+def keyless(tmp_path_factory):
+    c = LocalCluster(tmp_path_factory.mktemp("keyless"), durability="memory", tuning=KEYLESS_TUNING).launch()
+    yield c
+    c.close()
+
+
+def gauge(c: LocalCluster, i: int, name: str) -> float:
+    return metrics(c, i)[name]
+
+
+def nothing_parked(c: LocalCluster, i: int) -> bool:
+    m = metrics(c, i)
+    return m["raftq_parked_reserves"] == 0 and m["raftq_parked_reserve_queues"] == 0
+
+
+# ------------------------------------------------------------------------------ long polls
+def test_long_polls_that_time_out_leave_nothing_behind(keyed):
+    """Finding: a reserve that timed out left its future under every queue name it named; 1,500
+    of them added 68 MB to the leader and made every enqueue 10-30x slower."""
+    t = Target(keyed)
+    base = Baseline(keyed, t.node)
+    out = attack_waiters(t, n=600, names=32, wait_ms=200, concurrency=50)
+    assert out["reserve_statuses"] == {200: 600}
+    # Each left the waiters map when its time was up: no parked reserve, no queue name.
+    poll(lambda: nothing_parked(keyed, t.node), what="the waiters map to empty")
+    base.wait_back()
+
+
+def test_a_wake_up_goes_to_a_live_reserve_not_to_clients_that_left(keyed):
+    """Finding: after 300 parked reserves whose clients went away, a live reserve waited its
+    whole wait_ms and returned no job although one was enqueued meanwhile."""
+    t = Target(keyed)
+    parked0 = gauge(keyed, t.node, "raftq_parked_reserves")
+
+    def settle(phase):
+        want = {"parked": parked0 + 300, "gone": parked0, "live": parked0 + 1}[phase]
+        poll(lambda: gauge(keyed, t.node, "raftq_parked_reserves") == want, what=f"{want} parked ({phase})")
+
+    out = attack_wakeup(t, parked=300, queue="wake-live", live_wait_ms=30000, settle=settle)
+    live = out["live_reserve"]
+    assert live["enqueue_status"] == 200
+    # The job went to the live reserve, long before its 30 s were up (a lost wake-up returns
+    # empty at the end of wait_ms).
+    assert live["status"] == 200 and live["jobs"] == 1, live
+    poll(lambda: nothing_parked(keyed, t.node), what="nothing parked")
+
+
+def test_parked_reserves_are_bounded_per_node_and_per_session(keyed):
+    t = Target(keyed)
+    limit = KEYED_TUNING["max_parked_reserves"]
+    hits0 = hits(keyed, t.node, "max_parked_reserves")
+    socks = park_reserves(t, limit, "parked-bound")
+    try:
+        poll(lambda: gauge(keyed, t.node, "raftq_parked_reserves") >= limit, what="the node's bound reached")
+        s = socket.create_connection(("127.0.0.1", t.port), timeout=10)
+        s.sendall(request_bytes("POST", "/v1/reserve", json.dumps({"queues": ["parked-bound"], "lease_ms": 1000,
+                                                                   "wait_ms": 10000}).encode(),
+                                {"Content-Type": "application/json", **bearer("worker")}))
+        status, headers, body = read_response(s)
+        s.close()
+        assert status == 429 and json.loads(body)["error"]["code"] == "overloaded", body
+        assert headers.get("retry-after")
+        assert hits(keyed, t.node, "max_parked_reserves") == hits0 + 1
+    finally:
+        for s in socks:
+            s.close()
+    poll(lambda: nothing_parked(keyed, t.node), what="nothing parked")
+
+    # One session: max_session_parked_reserves long polls wait, the next is refused at once.
+    per_session = KEYED_TUNING["max_session_parked_reserves"]
+    hits0 = hits(keyed, t.node, "max_session_parked_reserves")
+    ws = RawWs(t.port, bearer("worker"))
+    try:
+        for i in range(per_session):
+            ws.send_json({"id": i, "op": "reserve", "body": {"queues": ["parked-session"], "lease_ms": 1000,
+                                                            "wait_ms": 20000}})
+        poll(lambda: gauge(keyed, t.node, "raftq_parked_reserves") == per_session, what="the session's reserves parked")
+        answer = ws.call({"id": "extra", "op": "reserve", "body": {"queues": ["parked-session"], "lease_ms": 1000,
+                                                                  "wait_ms": 20000}})
+        assert answer["status"] == 429 and answer["body"]["error"]["code"] == "overloaded", answer
+        assert "max_session_parked_reserves" in answer["body"]["error"]["message"]
+        assert hits(keyed, t.node, "max_session_parked_reserves") == hits0 + 1
+    finally:
+        ws.close()
+    poll(lambda: nothing_parked(keyed, t.node), what="the session's reserves gone with it")
+
+
+def test_null_optional_integers_count_as_left_out(keyed):
+    t = Target(keyed)
+    status, body = http_json("POST", t.url + "/v1/reserve", {"queues": ["nulls"], "lease_ms": 1000, "wait_ms": None,
+                                                             "max_jobs": None}, headers=bearer("worker"))
+    assert status == 200 and body == {"jobs": []}
+
+
+# ------------------------------------------------------------------------------ sessions
+def test_a_session_that_never_reads_is_held_back_then_closed_4008(keyed):
+    """Finding: a WebSocket client (a viewer key is enough) that sends frames and never reads
+    the answers grew the leader without limit (10k frames: +36 MB)."""
+    t = Target(keyed)
+    base = Baseline(keyed, t.node)
+    stalls0 = hits(keyed, t.node, "session_stall_timeout_s")
+    held0 = hits(keyed, t.node, "max_session_queued_bytes") + hits(keyed, t.node, "max_session_inflight")
+    out = attack_session(t, frames=50_000, seconds=30.0, key="viewer", rcvbuf=4096)
+    ws = out["ws"]
+    try:
+        # The session stopped being read once its bounds were reached, and was closed when its
+        # answers had not been read for session_stall_timeout_s.
+        assert hits(keyed, t.node, "max_session_queued_bytes") + hits(keyed, t.node, "max_session_inflight") > held0
+        poll(lambda: hits(keyed, t.node, "session_stall_timeout_s") > stalls0, timeout=30,
+             what="the stalled session closed", interval=0.02)
+        code = ws.close_code(15.0)
+        # The close frame follows the answers queued before it; a client that reads on finds
+        # it, one that does not finds the connection aborted.
+        assert code in (4008, None), code
+        assert closed_by_peer(ws.sock, 10.0)
+    finally:
+        ws.close()
+    poll(lambda: gauge(keyed, t.node, "raftq_sessions") == 0, what="no session left")
+    base.wait_back()
+
+
+def test_sessions_share_a_node_wide_bound_on_unsent_answers(keyed):
+    """Six sessions that do not read, each below its own bound, together above
+    max_queued_answer_bytes: the later ones are held back; a session that reads is not."""
+    t = Target(keyed)
+    base = Baseline(keyed, t.node)
+    hits0 = hits(keyed, t.node, "max_queued_answer_bytes")
+    stalled = []
+    try:
+        for _ in range(6):
+            out = attack_session(t, frames=3000, seconds=10.0, key="viewer", rcvbuf=4096,
+                                 frame={"op": "cluster"})
+            stalled.append(out["ws"])
+        assert hits(keyed, t.node, "max_queued_answer_bytes") > hits0
+        reader = RawWs(t.port, bearer("viewer"))
+        answer = reader.call({"id": "r", "op": "server_info"})
+        assert answer["status"] == 200
+        reader.close()
+        poll(lambda: gauge(keyed, t.node, "raftq_sessions") == 0, timeout=40, what="the stalled sessions closed")
+    finally:
+        for ws in stalled:
+            ws.close()
+    base.wait_back()
+
+
+def test_a_frame_with_a_non_string_op_is_answered_and_the_session_goes_on(keyed):
+    """Finding: a session frame with a non-string op killed the session with a traceback."""
+    t = Target(keyed)
+    ws = RawWs(t.port, bearer("worker"))
+    try:
+        for i, op in enumerate([["enqueue"], {"x": 1}, 7, None, True]):
+            a = ws.call({"id": i, "op": op})
+            assert a["status"] == 400 and a["body"]["error"]["code"] == "invalid_argument", a
+        assert ws.call({"id": "after", "op": "server_info"})["status"] == 200
+    finally:
+        ws.close()
+    assert "Traceback" not in keyed.log_path(t.node).read_text(errors="replace")
+
+
+# ------------------------------------------------------------------------------ fields
+def test_free_text_fields_have_length_limits(keyed):
+    """Finding: trace_context, payload.encoding and the nack reason had no length limit (an
+    8 MB traceparent was accepted under a 1 MiB payload limit) and went to every replica."""
+    t = Target(keyed)
+    follower = next(i for i in range(keyed.n) if i != t.node)
+    frss0 = rss_mb(keyed.procs[follower].pid)
+    keys = ("max_trace_context_bytes", "max_encoding_bytes", "max_reason_bytes", "max_worker_id_bytes")
+    hits0 = {k: hits(keyed, t.node, k) for k in keys}
+    out = attack_fields(t, size=8 * 1024 * 1024)
+    st, body = out["traceparent"]
+    assert st == 422 and body["error"]["reason"] == "invalid_request", body
+    assert body["error"]["field"] == "trace_context" and body["error"]["limit"] == 1024
+    st, body = out["encoding"]
+    assert st == 422 and body["error"]["field"] == "payload.encoding" and body["error"]["limit"] == 128, body
+    st, body = out["nack_reason"]
+    assert st == 400 and body["error"]["field"] == "reason" and body["error"]["limit"] == 4096, body
+    st, body = out["worker_id"]
+    assert st == 400 and body["error"]["field"] == "worker_id" and body["error"]["limit"] == 256, body
+    for k in keys:
+        assert hits(keyed, t.node, k) == hits0[k] + 1, k
+    # The job nacked with the long reason is untouched: still in flight, attempt 1.
+    st, job = http_json("GET", t.url + f"/v1/jobs/{out['job']['id']}", headers=bearer("viewer"))
+    assert st == 200 and job["state"] == "in_flight" and job["attempt"] == 1, job
+    # Nothing of it reached the followers.
+    assert rss_mb(keyed.procs[follower].pid) < frss0 + 10
+    # At the limit it is accepted; server-info lists every limit.
+    st, body = http_json("POST", t.url + "/v1/jobs", {"queue": "fields-ok", "job_type": "t",
+                                                      "trace_context": {"traceparent": "0" * 1024}},
+                         headers=bearer("worker"))
+    assert st == 200, body
+    st, info = http_json("GET", t.url + "/v1/server-info", headers=bearer("viewer"))
+    assert {k: info[k] for k in keys} == {"max_trace_context_bytes": 1024, "max_encoding_bytes": 128,
+                                          "max_reason_bytes": 4096, "max_worker_id_bytes": 256}
+
+
+# ------------------------------------------------------------------------------ secrets
+@pytest.mark.parametrize("secret", ["x", "change-me", "CHANGE-ME-run-openssl-rand-hex-32", "aaaaaaaaaaaaaaaaaaaaaaaa",
+                                    "abcdabcdabcdabcdabcdabcd"])
+def test_a_node_refuses_a_weak_or_placeholder_secret(secret):
+    """Finding: the node took "x", "change-me" and the documented placeholder; a known secret on
+    the Raft port is remote code execution (its messages are pickles)."""
+    refused, text = weak_secret_refused(secret)
+    assert refused, text
+    assert "cluster.secret" in text and secret not in text.replace("cluster.secret", "")
+
+
+def test_a_random_secret_is_taken():
+    refused, text = weak_secret_refused(SECRET)
+    assert not refused, text
+
+
+# ------------------------------------------------------------------------------ HTTP connections
+def test_idle_and_half_sent_connections_are_closed_and_new_clients_served(keyless):
+    """Finding: idle and half-sent HTTP connections were never closed. 250 that send nothing and
+    50 that send half a request head fill the node's 300 connections: a new client is served
+    (the oldest idle connection is closed to make room), and all of them are closed once the
+    header deadline (1 s here) is past."""
+    t = Target(keyless)
+    base = Baseline(keyless, t.node)
+    m0 = metrics(keyless, t.node)
+    out = attack_idle(t, idle=250, half=50)
+    socks = out["idle"] + out["half"]
+    try:
+        assert out["served_while_held"] == 200
+        poll(lambda: not any(still_open(s) for s in socks), timeout=30, interval=0.2,
+             what="every idle and half-sent connection closed")
+        m1 = metrics(keyless, t.node)
+        timed_out = m1['raftq_bound_hits_total{bound="http_header_timeout_s"}'] - \
+            m0['raftq_bound_hits_total{bound="http_header_timeout_s"}']
+        evicted = m1['raftq_bound_hits_total{bound="max_connections_evicted"}'] - \
+            m0['raftq_bound_hits_total{bound="max_connections_evicted"}']
+        assert evicted >= 1 and timed_out + evicted >= 300, (timed_out, evicted)
+    finally:
+        for s in socks:
+            s.close()
+    base.wait_back()
+
+
+def test_an_idle_keep_alive_connection_is_closed(keyless):
+    t = Target(keyless)
+    hits0 = hits(keyless, t.node, "http_idle_timeout_s")
+    s = socket.create_connection(("127.0.0.1", t.port), timeout=10)
+    try:
+        s.sendall(request_bytes("GET", "/healthz"))
+        status, _, _ = read_response(s)
+        assert status == 200 and still_open(s)
+        assert closed_by_peer(s, 20.0)
+    finally:
+        s.close()
+    assert hits(keyless, t.node, "http_idle_timeout_s") > hits0
+
+
+def test_a_body_that_does_not_arrive_in_time_is_408(keyless):
+    t = Target(keyless)
+    hits0 = hits(keyless, t.node, "http_body_timeout_s")
+    before = digest(keyless, t.node)
+    s = socket.create_connection(("127.0.0.1", t.port), timeout=10)
+    try:
+        head = request_bytes("POST", "/v1/jobs", None, {"Content-Type": "application/json", "Content-Length": "100"})
+        s.sendall(head + b'{"queue": "slow",')
+        status, _, body = read_response(s, timeout=20)
+        assert status == 408 and json.loads(body)["error"]["code"] == "request_timeout", body
+        assert closed_by_peer(s, 10.0)
+    finally:
+        s.close()
+    assert hits(keyless, t.node, "http_body_timeout_s") == hits0 + 1
+    assert digest(keyless, t.node) == before
+
+
+def test_past_the_connection_cap_with_every_connection_busy_a_client_gets_503(keyless):
+    t = Target(keyless)
+    cap = KEYLESS_TUNING["max_connections"]
+    hits0 = hits(keyless, t.node, "max_connections")
+    socks = park_reserves(t, cap - 1, "cap-busy")      # busy: each a long poll in progress
+    try:
+        poll(lambda: gauge(keyless, t.node, "raftq_parked_reserves") >= cap - 1, what="the long polls parked")
+        s = socket.create_connection(("127.0.0.1", t.port), timeout=10)
+        s.sendall(request_bytes("GET", "/v1/server-info"))
+        status, headers, body = read_response(s)
+        s.close()
+        assert status == 503 and json.loads(body)["error"]["code"] == "unavailable", body
+        assert headers.get("retry-after") == "1"
+        assert hits(keyless, t.node, "max_connections") > hits0
+    finally:
+        for s in socks:
+            s.close()
+    poll(lambda: nothing_parked(keyless, t.node), what="nothing parked")
+    assert responsive(keyless, t.node)
+
+
+# ------------------------------------------------------------------------------ malformed and cross-site
+def test_malformed_requests_get_json_errors_and_leave_no_key_in_the_log(keyed):
+    """Finding: a malformed request made aiohttp log its raw header lines, API keys included."""
+    t = Target(keyed)
+    canary = "canary-" + KEYS["admin"][-12:] + "x"
+    answers = [raw_exchange(t.port, data) for data in (
+        b"GET /v1/queues HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer " + canary.encode() + b"\x01\r\n\r\n",
+        b"GET /v1/queues HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer " + KEYS["worker"].encode()
+        + b"\r\nContent-Length: abc\r\n\r\n",
+        b"POST /v1/jobs HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer " + KEYS["admin"].encode()
+        + b"\r\nTransfer-Encoding: chunked\r\nContent-Length: 3\r\n\r\nzz\r\n",
+    )]
+    for status, headers, body in answers:
+        assert status == 400 and headers["content-type"].startswith("application/json"), (status, body)
+        assert json.loads(body)["error"]["code"] == "invalid_argument"
+    assert responsive(keyed, t.node)
+    text = keyed.log_path(t.node).read_text(errors="replace")
+    assert "malformed HTTP request" in text
+    for secret in (canary, KEYS["worker"], KEYS["admin"]):
+        assert secret not in text
+
+
+def test_bodies_not_declared_json_are_415_and_change_nothing(keyed):
+    t = Target(keyed)
+    before = digest(keyed, t.node)
+    for ct in ("text/plain", "application/x-www-form-urlencoded", "multipart/form-data; boundary=x"):
+        status, _, body = raw_exchange(t.port, request_bytes("POST", "/v1/jobs", b'{"queue": "csrf", "job_type": "t"}',
+                                                             {"Content-Type": ct, **bearer("worker")}, close=True))
+        assert status == 415 and json.loads(body)["error"]["code"] == "unsupported_media_type", (ct, body)
+    assert digest(keyed, t.node) == before
+
+
+def test_wrong_methods_are_405_with_allow_and_a_session_needs_an_upgrade(keyed):
+    t = Target(keyed)
+    status, headers, body = raw_exchange(t.port, request_bytes("PUT", "/v1/jobs", b"{}", {
+        "Content-Type": "application/json", **bearer("worker")}, close=True))
+    assert status == 405 and json.loads(body)["error"]["code"] == "method_not_allowed"
+    assert "POST" in headers["allow"]
+    status, headers, body = raw_exchange(t.port, request_bytes("GET", "/v1/session", None, bearer("worker"), close=True))
+    assert status == 400 and headers["content-type"].startswith("application/json")
+    assert "upgrade" in json.loads(body)["error"]["message"].lower()
+
+
+def test_a_keyless_loopback_node_answers_only_its_own_host_names_and_origins(keyless):
+    """Finding: text/plain and form bodies reached a keyless local cluster from any web page.
+    Beyond 415, the node checks the Host header (DNS rebinding) and a session's Origin."""
+    t = Target(keyless)
+    before = digest(keyless, t.node)
+    body = json.dumps({"queue": "rebind", "job_type": "t"}).encode()
+    status, _, raw = raw_exchange(t.port, request_bytes("POST", "/v1/jobs", body, {"Content-Type": "application/json"},
+                                                        host="attacker.example:8080", close=True))
+    assert status == 400 and "Host" in json.loads(raw)["error"]["message"]
+    assert digest(keyless, t.node) == before
+    for host in ("127.0.0.1", "localhost", f"127.0.0.1:{t.port}"):
+        status, _, _ = raw_exchange(t.port, request_bytes("GET", "/v1/server-info", host=host, close=True))
+        assert status == 200, host
+    ws = RawWs(t.port, {"Origin": "http://attacker.example"})
+    assert ws.status == 403, ws.head
+    ws.close()
+    ws = RawWs(t.port, {"Origin": "http://127.0.0.1"})       # (RawWs sends Host: 127.0.0.1)
+    assert ws.status == 101, ws.head
+    ws.close()
