@@ -177,6 +177,10 @@ class GuardedRunner(web.AppRunner):
         kwargs.setdefault("keepalive_timeout", float(tuning["http_idle_timeout_s"]))
         # A long poll whose client went away is cancelled at once (it leaves its wait list).
         kwargs.setdefault("handler_cancellation", True)
+        # After an answer that closes the connection with the body unread (408, 413), aiohttp
+        # reads and drops what the client still sends for lingering_time (10 s by default) so
+        # that the client sees the answer rather than a reset; a slow sender kept it that long.
+        kwargs.setdefault("lingering_time", 1.0)
         super().__init__(app, **kwargs)
         self._tuning = tuning
         self._allowed_hosts = allowed_hosts

@@ -115,7 +115,7 @@ def weak_secret(secret: str) -> str | None:
     low = secret.lower()
     for word in PLACEHOLDER_WORDS:
         if word in low:
-            return f"it is (or contains) the placeholder {word!r}: replace it with a random secret"
+            return "it is (or contains) a placeholder of the documentation: replace it with a random secret"
     if len(secret) < MIN_SECRET_CHARS:
         return f"it has {len(secret)} characters, fewer than {MIN_SECRET_CHARS}"
     if len(set(secret)) < 8:

@@ -112,7 +112,7 @@ def read_response(sock: socket.socket, timeout: float = 10.0) -> tuple[int | Non
     return status, headers, body
 
 
-def raw_exchange(port: int, data: bytes, timeout: float = 10.0, half_close: bool = True):
+def raw_exchange(port: int, data: bytes, timeout: float = 10.0, half_close: bool = False):
     """Send `data` on a fresh connection, read one response (or the close)."""
     with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
         try:

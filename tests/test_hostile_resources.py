@@ -27,14 +27,14 @@ KEYED_TUNING = {
     "max_session_parked_reserves": 8,
     "max_session_inflight": 64,
     "max_session_queued_bytes": 64 * 1024,
-    "max_queued_answer_bytes": 256 * 1024,
+    "max_queued_answer_bytes": 128 * 1024,
     "session_stall_timeout_s": 2.0,
 }
 KEYLESS_TUNING = {
     "max_connections": 300,
     "max_parked_reserves": 1000,
-    "http_header_timeout_s": 1.0,
-    "http_idle_timeout_s": 2.0,
+    "http_header_timeout_s": 4.0,
+    "http_idle_timeout_s": 5.0,
     "http_body_timeout_s": 1.0,
 }
 
@@ -56,6 +56,17 @@ def keyless(tmp_path_factory):
 
 def gauge(c: LocalCluster, i: int, name: str) -> float:
     return metrics(c, i)[name]
+
+
+def quietly(fn, *args):
+    """fn(*args), or None while the node answers 503 (its connections still full)."""
+    import urllib.error
+    try:
+        return fn(*args)
+    except urllib.error.HTTPError as e:
+        if e.code == 503:
+            return None
+        raise
 
 
 def nothing_parked(c: LocalCluster, i: int) -> bool:
@@ -170,18 +181,23 @@ def test_a_session_that_never_reads_is_held_back_then_closed_4008(keyed):
 
 
 def test_sessions_share_a_node_wide_bound_on_unsent_answers(keyed):
-    """Six sessions that do not read, each below its own bound, together above
-    max_queued_answer_bytes: the later ones are held back; a session that reads is not."""
+    """Three sessions that do not read, each allowed 64 KiB of unsent answers, together above
+    max_queued_answer_bytes (128 KiB): the one that comes last is held back by it; a session
+    that reads is not. Each sends four batches of 2,000 frames (a batch is one WebSocket
+    message, so that the three are under way together): 5 MB of answers each, beyond what the
+    kernel's send buffer (up to 4 MB) takes before the node holds any."""
     t = Target(keyed)
     base = Baseline(keyed, t.node)
     hits0 = hits(keyed, t.node, "max_queued_answer_bytes")
     stalled = []
+    batch = json.dumps([{"id": i, "op": "cluster"} for i in range(2000)]).encode()
     try:
-        for _ in range(6):
-            out = attack_session(t, frames=3000, seconds=10.0, key="viewer", rcvbuf=4096,
-                                 frame={"op": "cluster"})
-            stalled.append(out["ws"])
-        assert hits(keyed, t.node, "max_queued_answer_bytes") > hits0
+        for _ in range(3):
+            ws = RawWs(t.port, bearer("viewer"), rcvbuf=4096)
+            stalled.append(ws)
+            for _ in range(4):
+                ws.send(batch, 1)
+        poll(lambda: hits(keyed, t.node, "max_queued_answer_bytes") > hits0, what="the node-wide bound hit")
         reader = RawWs(t.port, bearer("viewer"))
         answer = reader.call({"id": "r", "op": "server_info"})
         assert answer["status"] == 200
@@ -218,10 +234,13 @@ def test_free_text_fields_have_length_limits(keyed):
     hits0 = {k: hits(keyed, t.node, k) for k in keys}
     out = attack_fields(t, size=8 * 1024 * 1024)
     st, body = out["traceparent"]
-    assert st == 422 and body["error"]["reason"] == "invalid_request", body
-    assert body["error"]["field"] == "trace_context" and body["error"]["limit"] == 1024
+    assert st == 422 and body["error"]["code"] == "rejected", body
+    rejection = body["error"]["rejection"]
+    assert rejection["reason"] == "invalid_request" and rejection["field"] == "trace_context"
+    assert rejection["limit"] == 1024 and rejection["actual"] == 8 * 1024 * 1024
     st, body = out["encoding"]
-    assert st == 422 and body["error"]["field"] == "payload.encoding" and body["error"]["limit"] == 128, body
+    rejection = body["error"]["rejection"]
+    assert st == 422 and rejection["field"] == "payload.encoding" and rejection["limit"] == 128, body
     st, body = out["nack_reason"]
     assert st == 400 and body["error"]["field"] == "reason" and body["error"]["limit"] == 4096, body
     st, body = out["worker_id"]
@@ -251,7 +270,9 @@ def test_a_node_refuses_a_weak_or_placeholder_secret(secret):
     the Raft port is remote code execution (its messages are pickles)."""
     refused, text = weak_secret_refused(secret)
     assert refused, text
-    assert "cluster.secret" in text and secret not in text.replace("cluster.secret", "")
+    assert "cluster.secret" in text
+    if len(secret) > 8:                 # (a short one may be a word of the message)
+        assert secret.lower() not in text.lower()       # not even a weak secret is repeated
 
 
 def test_a_random_secret_is_taken():
@@ -264,7 +285,7 @@ def test_idle_and_half_sent_connections_are_closed_and_new_clients_served(keyles
     """Finding: idle and half-sent HTTP connections were never closed. 250 that send nothing and
     50 that send half a request head fill the node's 300 connections: a new client is served
     (the oldest idle connection is closed to make room), and all of them are closed once the
-    header deadline (1 s here) is past."""
+    header deadline (4 s here) is past."""
     t = Target(keyless)
     base = Baseline(keyless, t.node)
     m0 = metrics(keyless, t.node)
@@ -321,20 +342,32 @@ def test_past_the_connection_cap_with_every_connection_busy_a_client_gets_503(ke
     t = Target(keyless)
     cap = KEYLESS_TUNING["max_connections"]
     hits0 = hits(keyless, t.node, "max_connections")
-    socks = park_reserves(t, cap - 1, "cap-busy")      # busy: each a long poll in progress
+    # Every connection busy: cap - 1 long polls in progress (seen parked) and one session
+    # (upgraded once its 101 is back).
+    socks = park_reserves(t, cap - 1, "cap-busy")
+    ws = None
     try:
         poll(lambda: gauge(keyless, t.node, "raftq_parked_reserves") >= cap - 1, what="the long polls parked")
-        s = socket.create_connection(("127.0.0.1", t.port), timeout=10)
-        s.sendall(request_bytes("GET", "/v1/server-info"))
-        status, headers, body = read_response(s)
-        s.close()
+        ws = RawWs(t.port)
+        assert ws.status == 101
+        # A connection that was idle (a poll's, not yet seen closed) would be closed to make
+        # room, once: the next attempt meets only busy ones.
+        for _ in range(3):
+            s = socket.create_connection(("127.0.0.1", t.port), timeout=10)
+            s.sendall(request_bytes("GET", "/v1/server-info"))
+            status, headers, body = read_response(s)
+            s.close()
+            if status != 200:
+                break
         assert status == 503 and json.loads(body)["error"]["code"] == "unavailable", body
         assert headers.get("retry-after") == "1"
-        assert hits(keyless, t.node, "max_connections") > hits0
     finally:
         for s in socks:
             s.close()
-    poll(lambda: nothing_parked(keyless, t.node), what="nothing parked")
+        if ws is not None:
+            ws.close()
+    poll(lambda: quietly(nothing_parked, keyless, t.node), what="nothing parked")
+    assert hits(keyless, t.node, "max_connections") > hits0
     assert responsive(keyless, t.node)
 
 
