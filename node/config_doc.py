@@ -227,6 +227,9 @@ TESTING = {
                        "power-loss fault)."),
     "sync_shadow_writeback_s": Key("number", "With `sync_shadow` in memory mode: the simulated page writeback "
                                    "period."),
+    "sweeps": Key("boolean", "`false`: the leader proposes no sweeps (leases, schedules and windows stop "
+                  "expiring), so the state changes only by requests: the hostile-input tests compare state "
+                  "digests around each refused request.", default="true"),
 }
 
 # (TOML header, keys, where the code keeps them / their defaults, what the section is)

@@ -7,7 +7,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 import orjson
-from aiohttp import web
+from aiohttp import HttpVersion11, web
 
 from . import bounds
 from .auth import OPERATOR, VIEWER, WORKER, Auth
@@ -164,11 +164,20 @@ def build_app(service: NodeService) -> web.Application:
     r = app.router
     for method, path, handler in routes:
         if method == "GET":
-            r.add_get(path, handler)            # and HEAD, as aiohttp does by default
+            r.add_get(path, handler, expect_handler=_expect)    # and HEAD, as aiohttp does by default
         else:
-            r.add_route(method, path, handler)
-    r.add_route("*", "/{tail:.*}", _guarded(_fallback(list(r.resources()), auth)))
+            r.add_route(method, path, handler, expect_handler=_expect)
+    r.add_route("*", "/{tail:.*}", _guarded(_fallback(list(r.resources()), auth)), expect_handler=_expect)
     return app
+
+
+async def _expect(request: web.Request) -> None:
+    """`Expect: 100-continue` is answered as aiohttp does; any other expectation is ignored (RFC
+    9110 allows either). aiohttp's own handler answered it 417 in plain text, and 500 for a value
+    it could not write back into that text (a value with the byte 0x80)."""
+    if request.version == HttpVersion11 and request.headers.get("Expect", "").lower() == "100-continue":
+        await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        request.writer.output_size = 0          # (as aiohttp does: the body has not started)
 
 
 def _same_origin(origin: str, host: str | None) -> bool:

@@ -529,7 +529,8 @@ class NodeService:
 
     # ---------------------------------------------------------------- lifecycle
     def start(self, on_fatal=None):
-        self.sweeper = self.loop.create_task(self.sweep_loop())
+        if self.settings.testing.sweeps:
+            self.sweeper = self.loop.create_task(self.sweep_loop())
         self.limits_check = self.loop.create_task(self.check_peer_limits(on_fatal))
 
     async def check_peer_limits(self, on_fatal):

@@ -45,10 +45,13 @@ class TestHooks:
     raft_dial_map: dict = field(default_factory=dict)   # peer raft address -> address to dial (proxies)
     sync_shadow: bool = False               # record what a disk honouring only fsync holds (node/sync_shadow.py)
     sync_shadow_writeback_s: float = 2.0    # memory mode: the simulated page writeback period
+    # false: the leader proposes no sweeps, so the state changes only by requests (the
+    # hostile-input suite compares state digests around each refused request)
+    sweeps: bool = True
 
 
 TESTING_KEYS = {f: t for f, t in (("clock_offset_ms", int), ("raft_dial_map", dict), ("sync_shadow", bool),
-                                  ("sync_shadow_writeback_s", (int, float)))}
+                                  ("sync_shadow_writeback_s", (int, float)), ("sweeps", bool))}
 
 
 @dataclass(frozen=True)

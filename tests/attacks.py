@@ -194,6 +194,7 @@ class RawWs:
     def __init__(self, port: int, headers: dict | None = None, path: str = "/v1/session",
                  rcvbuf: int | None = None, timeout: float = 10.0):
         s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)     # frames go out as sent (no Nagle wait)
         if rcvbuf:
             s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
         s.settimeout(timeout)
