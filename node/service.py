@@ -18,7 +18,7 @@ from .core.jobs import IN_FLIGHT, READY, SCHEDULED, Queue
 from .errors import ApiError, error
 from .proposer import Proposer, wall_ms
 from .replica import Replica
-from .settings import Settings
+from .settings import ROLES, Settings
 
 log = logging.getLogger("raftq.node")
 from .. import __version__ as VERSION
@@ -548,15 +548,30 @@ class NodeService:
         except Exception as e:                          # the files changed since the start
             log.warning("cannot compare limits with the other nodes: their https client context: %s", e)
             return
+        # With API keys on, /v1/cluster needs one: this node's own, the least privileged first
+        # (a viewer's is enough). Without one every answer was a 401 and the check retried
+        # forever: a node with other limits kept serving, and could lead.
+        keys = sorted(self.settings.api_keys or (), key=lambda k: ROLES.index(k.get("role", "admin")))
+        credentials = [{"Authorization": f"Bearer {k['key']}"} for k in keys] or [{}]
+        which: dict[str, int] = {}          # peer id -> the credentials it took last
         async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=True if ssl_ctx is None else ssl_ctx)) as http:
             while not self.stopping:
                 for p in self.settings.others:
                     if p.id in seen:
                         continue
+                    k = which.get(p.id, 0)
                     try:
-                        async with http.get(p.url + "/v1/cluster?digest=false",
+                        async with http.get(p.url + "/v1/cluster?digest=false", headers=credentials[k],
                                             timeout=aiohttp.ClientTimeout(total=2)) as r:
-                            theirs = (await r.json()).get("limits_fingerprint")
+                            if r.status in (401, 403):
+                                which[p.id] = (k + 1) % len(credentials)    # another of our keys next time
+                                if p.id not in told and which[p.id] == 0:
+                                    told.add(p.id)
+                                    log.warning("cannot compare limits with %s at %s: it refuses every API key of "
+                                                "this node (%d); give every node the same [auth] api_keys",
+                                                p.id, p.url, r.status)
+                                continue
+                            theirs = (await r.json()).get("limits_fingerprint") if r.status == 200 else None
                     except Exception as e:
                         why = peer_problem(e)
                         if why is not None and p.id not in told:

@@ -276,12 +276,13 @@ class RawWs:
         ended without one)."""
         end = time.monotonic() + timeout
         try:
-            while True:
+            while time.monotonic() < end:
                 self.answers(max(0.1, end - time.monotonic()))
         except ClosedByNode as e:
             return e.code
         except (ConnectionError, OSError, TimeoutError):
             return None
+        return None
 
     def close(self):
         try:

@@ -1,4 +1,5 @@
 """A bad node config stops the node at start with one clear line and exit code 2."""
+import os
 import subprocess
 import sys
 
@@ -71,8 +72,12 @@ def test_good_config_defaults():
     assert s.limits.max_enqueue_batch == 256 and s.limits.queue("x").default_max_attempts == 3
 
 
-def test_node_refuses_a_cluster_with_different_limits(make_cluster):
-    c = make_cluster()
+@pytest.mark.parametrize("keys", [False, True], ids=["no keys", "api keys"])
+def test_node_refuses_a_cluster_with_different_limits(make_cluster, keys):
+    # With API keys on the check calls its peers with a key of its own (issue 13: it got 401
+    # and retried forever, and a node with other limits kept serving).
+    c = make_cluster(api_keys=[{"name": "v", "key": "viewer-" + os.urandom(8).hex(), "role": "viewer"},
+                               {"name": "a", "key": "admin-" + os.urandom(8).hex(), "role": "admin"}] if keys else None)
     # Restart one node with a different limit: it must stop with exit code 2 and say why.
     victim = (c.wait_leader() + 1) % 3
     c.stop(victim)
