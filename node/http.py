@@ -9,7 +9,7 @@ from urllib.parse import urlsplit
 import orjson
 from aiohttp import HttpVersion11, web
 
-from . import bounds
+from . import bounds, request_ids
 from .auth import OPERATOR, VIEWER, WORKER, Auth
 from .errors import error
 from .metrics import CONTENT_TYPE, render as render_metrics
@@ -148,11 +148,12 @@ def build_app(service: NodeService) -> web.Application:
     async def cluster(request: web.Request) -> web.Response:
         return respond(*service.cluster(request.query.get("digest", "true").lower() not in ("false", "0", "no")))
 
-    routes = [("POST", path, _leader_write(fn, auth, role)) for path, role, fn in leader_post]
-    routes += [("POST", path, _leader_write(fn, auth, role, optional=True)) for path, role, fn in optional_body]
+    routes = [("POST", path, _leader_write(fn, auth, role, op=ROUTE_OPS[path])) for path, role, fn in leader_post]
+    routes += [("POST", path, _leader_write(fn, auth, role, optional=True, op=ROUTE_OPS[path]))
+               for path, role, fn in optional_body]
     routes.append(("DELETE", "/v1/jobs/{id}",
                    _leader_write(lambda s, req, b, rid: s.cancel(req.match_info["id"], rid), auth, OPERATOR,
-                                 optional=True)))
+                                 optional=True, op="cancel")))
     routes += [("GET", path, _leader_read(fn, auth, role)) for path, role, fn in leader_get]
     # The hot handlers above guard themselves inline (one coroutine layer less per request).
     routes += [("GET", path, _guarded(handler)) for path, handler in (
@@ -231,10 +232,26 @@ def _not_leader(service: NodeService, request: web.Request) -> web.Response | No
                         headers={"Location": url + request.path_qs, "Leader-Url": url})
 
 
-def _leader_write(fn, auth: Auth, need: int, optional: bool = False):
+# The operation of each write route, as the session names it where it has one: a request's id
+# is bound to its operation, target and body (node/request_ids.py).
+ROUTE_OPS = {"/v1/jobs": "enqueue", "/v1/jobs/batch": "enqueue_batch", "/v1/jobs/atomic": "enqueue_atomic",
+             "/v1/reserve": "reserve", "/v1/acks": "ack_batch", "/v1/jobs/{id}/ack": "ack",
+             "/v1/jobs/{id}/nack": "nack", "/v1/jobs/{id}/extend": "extend",
+             "/v1/dead-letters/requeue": "requeue", "/v1/dead-letters/delete": "delete_dead_letters",
+             "/v1/dead-letters/drain": "drain", "/v1/queues/{name}/pause": "pause",
+             "/v1/queues/{name}/resume": "resume"}
+
+
+def _leader_write(fn, auth: Auth, need: int, optional: bool = False, op: str = ""):
     async def handler(request: web.Request) -> web.Response:
-        if auth.enabled and (refused := _refusal(auth, request, need)) is not None:
-            return refused
+        caller = ""
+        if auth.enabled:
+            who, denied = auth.who(request.headers.get("Authorization"))
+            if who is not None:
+                denied = Auth.permits(who, need)
+            if denied is not None:
+                return respond(*denied)
+            caller = who[0]
         service: NodeService = request.app["service"]
         redirect = _not_leader(service, request)
         if redirect is not None:
@@ -247,6 +264,9 @@ def _leader_write(fn, auth: Auth, need: int, optional: bool = False):
             body, err = await read_json(request, optional=optional)
             if err is not None:
                 return err
+            if rid is not None:
+                info = request.match_info
+                rid = request_ids.key(caller, rid, op, info.get("id", info.get("name")), body)
             status, out = await fn(service, request, body, rid)
         except Exception as exc:
             return _failure(request, exc)

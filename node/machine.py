@@ -44,6 +44,7 @@ from .core.jobs import IN_FLIGHT, READY, SCHEDULED, STATE_NAMES, Job, Queue, sho
 from .core.ops import MALFORMED_RESULT, NOT_REMEMBERED, RESERVE
 from .core.undo import UndoLog
 from .limits import Limits
+from .request_ids import SEP
 
 # op code -> handler(machine, *fields): the handlers take the fields by their ops.COMMANDS names.
 HANDLERS = {
@@ -80,7 +81,9 @@ class QueueMachine(UndoLog):
         self.deadline_heap: list = []   # (deadline, seq, job)
         self.dedup: dict[tuple[str, str], tuple[str, int]] = {}   # (queue, key) -> (job_id, expires)
         self.dedup_heap: list = []      # (expires, queue, key)
-        self.rids: dict[str, tuple[str, tuple, int]] = {}          # request id -> (op, result, expires)
+        # request id -> (op, result, expires). A node-made id (node/request_ids.py) is stored
+        # under "caller SEP id", its op as "op SEP fingerprint" (the request it answers).
+        self.rids: dict[str, tuple[str, tuple, int]] = {}
         self.rid_fifo: deque = deque()  # (expires, request id); expiry order = insertion order
         # Whether anyone reads the answers of the commands being applied: a follower, or a
         # leader applying entries nobody on it waits for. Not replicated state: the node sets
@@ -127,9 +130,17 @@ class QueueMachine(UndoLog):
             return MALFORMED_RESULT
         self.applied += 1
         if rid is not None:
+            # "caller SEP id SEP fingerprint" (node/request_ids.py): each caller's ids are its
+            # own, and a reuse with another operation or body is refused. An id without SEP (a
+            # journal of an older version) is its own key and op, as before.
+            k, sep, fp = rid.rpartition(SEP)
+            if sep:
+                rid, tag = k, op + SEP + fp
+            else:
+                tag = op
             stored = self.rids.get(rid)
             if stored is not None and stored[2] > self.clock:
-                if stored[0] != op:
+                if stored[0] != tag:
                     return ops.request_id_reused(rid, stored[0])
                 return stored[1]
         self._undo.clear()
@@ -144,7 +155,7 @@ class QueueMachine(UndoLog):
             # An empty reserve is not remembered: a long poll re-proposes the same request id
             # until it gets jobs, and only that answer must be replayed.
             expires = self.clock + self.limits.request_id_window_ms
-            self.rids[rid] = (op, result, expires)
+            self.rids[rid] = (tag, result, expires)
             self.rid_fifo.append((expires, rid))
         return result
 

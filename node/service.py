@@ -18,6 +18,7 @@ from .core.jobs import IN_FLIGHT, READY, SCHEDULED, Queue
 from .errors import ApiError, error
 from .proposer import Proposer, wall_ms
 from .replica import Replica
+from .request_ids import stored_key
 from .settings import ROLES, Settings
 
 log = logging.getLogger("raftq.node")
@@ -320,7 +321,7 @@ class NodeService:
                     return 200, {"jobs": []}        # the client has gone: take nothing for it
                 if self.stopping or epoch != self.leader_epoch:
                     return 200, {"jobs": []}        # leadership moved while parked
-                if rid is not None and rid in self.state.machine.rids or self._has_ready(queue_names):
+                if rid is not None and stored_key(rid) in self.state.machine.rids or self._has_ready(queue_names):
                     result = await self.proposer.submit(cmd)
                     if result[0] != 200:
                         return result

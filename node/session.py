@@ -14,7 +14,7 @@ import logging
 import orjson
 from aiohttp import WSMsgType, web
 
-from . import bounds
+from . import bounds, request_ids
 from .auth import OPERATOR, VIEWER, WORKER, Auth
 from .errors import error
 from .service import NodeService
@@ -202,6 +202,10 @@ class Sessions:
                 if denied is not None:
                     reply(frame_id, *denied, binary)
                     return
+            if rid is not None and (op in FAST_OPS or op == "reserve"):
+                body = frame.get("body")
+                rid = request_ids.key(who[0] if who is not None else "", rid, op,
+                                      request_ids.session_target(op, body), body)
             if op in FAST_OPS:
                 if not service.is_leader():
                     reply(frame_id, *error("unavailable", "this node is no longer the leader; reconnect",

@@ -433,3 +433,52 @@ def test_a_keyless_loopback_node_answers_only_its_own_host_names_and_origins(key
     ws = RawWs(t.port, {"Origin": "http://127.0.0.1"})       # (RawWs sends Host: 127.0.0.1)
     assert ws.status == 101, ws.head
     ws.close()
+
+
+# ------------------------------------------------------------------------------ request ids
+def test_request_ids_are_the_callers_own_and_bound_to_their_request(keyed):
+    """Finding: key A replaying key W's Request-Id received W's stored reserve answer, payload
+    included, and could ack the job. Now an id is scoped to the key that sent it and bound to
+    the operation and its body (a reuse with another body is refused)."""
+    t = Target(keyed)
+    w, other = bearer("worker"), bearer("operator")
+
+    def post(path, body, headers, rid):
+        return http_json("POST", t.url + path, body, headers={**headers, "Request-Id": rid})
+
+    st, _ = http_json("POST", t.url + "/v1/jobs", {"queue": "rid-scope", "job_type": "t",
+                                                   "payload": {"data_b64": "c2VjcmV0", "encoding": "text/plain"}},
+                     headers=w)
+    assert st == 200
+    reserve = {"queues": ["rid-scope"], "lease_ms": 60000}
+    st, mine = post("/v1/reserve", reserve, w, "rid-1")
+    assert st == 200 and len(mine["jobs"]) == 1
+    job = mine["jobs"][0]
+    # Another key with the same id gets an answer of its own (nothing left to reserve), not W's.
+    st, theirs = post("/v1/reserve", reserve, other, "rid-1")
+    assert st == 200 and theirs == {"jobs": []}, theirs
+    # W's retry of the same request is answered from the store; another body or another
+    # operation under the same id is refused.
+    assert post("/v1/reserve", reserve, w, "rid-1") == (200, mine)
+    st, body = post("/v1/reserve", {**reserve, "lease_ms": 1000}, w, "rid-1")
+    assert st == 400 and body["error"]["code"] == "invalid_argument" and "rid-1" in body["error"]["message"], body
+    assert "\x1f" not in body["error"]["message"]
+    st, body = post("/v1/jobs", {"queue": "rid-scope", "job_type": "t"}, w, "rid-1")
+    assert st == 400 and "already used" in body["error"]["message"], body
+    st, job_view = http_json("GET", t.url + f"/v1/jobs/{job['id']}", headers=w)
+    assert job_view["state"] == "in_flight" and job_view["attempt"] == 1
+    # One request over HTTP and over the session is one request: the same answer.
+    enqueue = {"queue": "rid-scope", "job_type": "both-ways"}
+    st, first = post("/v1/jobs", enqueue, w, "rid-2")
+    assert st == 200
+    ws = RawWs(t.port, w)
+    try:
+        again = ws.call({"id": 1, "op": "enqueue", "request_id": "rid-2", "body": enqueue})
+        assert again["status"] == 200 and again["body"] == first, (again, first)
+        ack = ws.call({"id": 2, "op": "ack", "request_id": "rid-3", "body": {"job_id": job["id"], "attempt": 1}})
+        assert ack["status"] == 200, ack
+    finally:
+        ws.close()
+    st, out = http_json("POST", t.url + f"/v1/jobs/{job['id']}/ack", {"job_id": job["id"], "attempt": 1},
+                        headers={**w, "Request-Id": "rid-3"})
+    assert (st, out) == (200, ack["body"])

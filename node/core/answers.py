@@ -43,6 +43,12 @@ def rejected_message(rejection: dict) -> str:
 
 
 def request_id_reused_message(request_id: str, op: str) -> str:
+    """`request_id` and `op` as the machine stores them: with a caller and a fingerprint when a
+    node made them (node/request_ids.py), then the reuse may be of the same op with another body."""
+    from ..request_ids import SEP, client_id, op_of_tag
+    if SEP in op:
+        return (f"Request-Id {client_id(request_id)!r} was already used by this caller for another request (first "
+                f"for {op_of_tag(op)!r}; an id stands for one operation with one body): use a new id for a new request")
     return f"Request-Id {request_id!r} was already used for a different operation ({op})"
 
 
