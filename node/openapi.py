@@ -41,7 +41,7 @@ CODE_MEANINGS = {
     "invalid_argument": "malformed JSON or HTTP, a body that is not an object, missing or mistyped request "
                         "fields, out-of-range values, a string over its length limit (`field` names it), an empty "
                         "or oversized batch, too many reserve queues, a non-canonical job id, a bad Request-Id, a "
-                        "Request-Id reused for another operation",
+                        "Request-Id reused for another operation or another body",
     "unauthenticated": "API keys are on and the request has no key or an unknown one",
     "permission_denied": "the key's role is below the operation's",
     "job_not_found": "ack/nack/extend of a job that is not in flight (acked, expired and not re-reserved, "
@@ -703,8 +703,9 @@ def document() -> dict:
                            "with a fraction or exponent is refused as a wrong type, which JSON Schema cannot "
                            "express); instants are integer ms since the "
                            "Unix epoch (`*_at_ms`), durations integer ms (`*_ms`). Any POST or DELETE may carry "
-                           "`Request-Id`: a repeat within `request_id_window_ms` (60 s) gets the stored answer "
-                           "and applies nothing. See docs/api.md.",
+                           "`Request-Id`: a repeat within `request_id_window_ms` (60 s) by the same API key, of "
+                           "the same operation with the same body, gets the stored answer and applies nothing. "
+                           "See docs/api.md.",
             "license": {"name": "see the repository"},
         },
         "tags": [{"name": t} for t in ("jobs", "dead letters", "queues", "session", "cluster")],
@@ -715,8 +716,9 @@ def document() -> dict:
                           for (status, codes), name in SHARED_RESPONSES.items()},
             "parameters": {"RequestId": {
                 "name": "Request-Id", "in": "header", "required": False,
-                "description": "1..128 visible ASCII characters. A repeat within `request_id_window_ms` returns "
-                               "the stored answer and applies nothing; reused for another operation it is 400.",
+                "description": "1..128 visible ASCII characters, kept per API key. A repeat within "
+                               "`request_id_window_ms` of the same operation with the same body returns the stored "
+                               "answer and applies nothing; reused for another operation or body it is 400.",
                 "schema": {"type": "string", "pattern": REQUEST_ID_PATTERN}}},
             "headers": {"RetryAfter": {"required": True, "description": "seconds to wait before retrying",
                                        "schema": {"type": "string", "pattern": "^[0-9]+$"}}},
