@@ -32,7 +32,9 @@ async def serve(settings: Settings, tls_loaded=None) -> int:
         site = web.TCPSite(runner, settings.http_host, settings.http_port, reuse_address=True)
     else:
         from .tls import TlsSite
-        site = TlsSite(runner, settings.http_host, settings.http_port, tls_loaded, settings.url)
+        t = settings.tuning
+        site = TlsSite(runner, settings.http_host, settings.http_port, tls_loaded, settings.url,
+                       handshake_timeout=float(t["http_header_timeout_s"]), max_pending=int(t["max_connections"]))
     try:
         await site.start()
     except OSError as e:

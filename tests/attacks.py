@@ -335,8 +335,11 @@ def metrics(cluster: LocalCluster, i: int) -> dict:
     """Node i's /metrics samples: {'name{labels}': value}, the node label left out."""
     import urllib.request
     req = urllib.request.Request(cluster.urls[i] + "/metrics", headers=cluster.probe_headers)
-    with urllib.request.urlopen(req, timeout=15) as r:
-        text = r.read().decode()
+    with urllib.request.urlopen(req, timeout=15, context=cluster.client_ssl) as r:
+        return metrics_text(r.read().decode())
+
+
+def metrics_text(text: str) -> dict:
     out = {}
     for line in text.splitlines():
         if line.startswith("#") or not line:

@@ -482,3 +482,25 @@ def test_request_ids_are_the_callers_own_and_bound_to_their_request(keyed):
     st, out = http_json("POST", t.url + f"/v1/jobs/{job['id']}/ack", {"job_id": job["id"], "attempt": 1},
                         headers={**w, "Request-Id": "rid-3"})
     assert (st, out) == (200, ack["body"])
+
+
+def test_tls_handshakes_in_progress_are_bounded_too(make_cluster):
+    """On a TLS node a connection joins the server's connections only after its handshake; until
+    then at most max_connections are held, the oldest closed to make room, each at most the
+    header deadline. 60 connections that never send a byte against 20: a client still gets in."""
+    c = make_cluster(durability="memory", tls=True, tuning={"max_connections": 20, "http_header_timeout_s": 2.0})
+    t = Target(c)
+    m0 = metrics(c, t.node)
+    socks = [socket.create_connection(("127.0.0.1", t.port), timeout=10) for _ in range(60)]
+    try:
+        status, _ = http_json("GET", t.url + "/v1/server-info", timeout=15, context=c.client_ssl)
+        assert status == 200
+        poll(lambda: not any(still_open(s) for s in socks), timeout=30, interval=0.2,
+             what="every idle connection closed")
+    finally:
+        for s in socks:
+            s.close()
+    m1 = metrics(c, t.node)
+    key = 'raftq_bound_hits_total{bound="max_connections_evicted"}'
+    assert m1[key] - m0[key] >= 40, (m0[key], m1[key])
+
