@@ -188,7 +188,7 @@ TUNING = {
                       "request with ≈ 10 µs less CPU; a node without it runs on asyncio's loop and logs so. "
                       "`GET /v1/cluster` shows the loop in use.", choices=S.EVENT_LOOPS),
     "max_connections": Key("integer", "Most HTTP connections (session WebSockets included) open on the node. A new "
-                           "one beyond it closes the oldest idle connection (keep-alive, or a request head still "
+                           "one beyond it closes the idle connection quiet the longest (keep-alive, or a request head still "
                            "arriving); when none is idle it is answered 503 `unavailable` and closed.",
                            positive=True),
     "http_header_timeout_s": Key("number", "A request head must be complete this long after its first byte (after "

@@ -5,7 +5,7 @@ hour by default), takes any number of connections, logs a malformed request with
 that quotes its raw header lines (API keys included) and answers it in plain text. Here:
 
 * `GuardedRunner` serves the app with `GuardedServer`/`GuardedHandler`: at most
-  `tuning.max_connections` connections (beyond it the oldest idle one is closed to make room,
+  `tuning.max_connections` connections (beyond it the idle one quiet the longest is closed to make room,
   and when none is idle the new connection is answered 503 `unavailable` and closed); a request
   head must be complete within `tuning.http_header_timeout_s` of its first byte (of the
   connection's start for the first request) or the connection is closed; an idle keep-alive
@@ -45,6 +45,7 @@ class GuardedHandler(RequestHandler):
         super().__init__(manager, **kwargs)
         self._header_handle = None
         self._refused = False
+        self._last_active = 0.0             # when the client last sent anything (evict_idle)
 
     # ------------------------------------------------------------------ the connection cap
     def connection_made(self, transport) -> None:
@@ -53,6 +54,7 @@ class GuardedHandler(RequestHandler):
             self._refuse(transport)
             return
         super().connection_made(transport)
+        self._last_active = self._loop.time()
         self._arm_header_timer(server.header_timeout_s)
 
     def _refuse(self, transport) -> None:
@@ -99,6 +101,7 @@ class GuardedHandler(RequestHandler):
                     or self._payload_parser is not None)
 
     def data_received(self, data: bytes) -> None:
+        self._last_active = self._loop.time()
         super().data_received(data)
         if self._between_requests():
             if data:                        # the first bytes of a request head
@@ -159,14 +162,22 @@ class GuardedServer(web.Server):
         return GuardedHandler(self, loop=self._loop, **self._kwargs)
 
     def evict_idle(self) -> bool:
-        """Close the oldest connection that is between requests (idle keep-alive, or a request
-        head still arriving) to make room; False when every connection is busy."""
+        """Close the connection between requests (idle keep-alive, or a request head still
+        arriving) whose client has been quiet the longest, to make room; False when every
+        connection is busy. The longest quiet, not the oldest: a client that uses its keep-alive
+        connection keeps it while connections that sent nothing for longer are there (the
+        oldest connection is often the most useful one). Only at the bound: one pass over
+        the connections."""
+        quietest = None
         for handler in self._connections:
-            if handler.transport is not None and not handler._force_close and handler._between_requests():
-                bounds.hit("max_connections_evicted")
-                handler.force_close()
-                return True
-        return False
+            if handler.transport is not None and not handler._force_close and handler._between_requests() \
+                    and (quietest is None or handler._last_active < quietest._last_active):
+                quietest = handler
+        if quietest is None:
+            return False
+        bounds.hit("max_connections_evicted")
+        quietest.force_close()
+        return True
 
 
 class GuardedRunner(web.AppRunner):
