@@ -400,10 +400,12 @@ class LocalCluster:
         return body if status == 200 else None
 
     def leader(self, among=None) -> int | None:
-        """The index of the node that says it leads and that the others agree on, or None."""
+        """The index of the node that says it leads and that the others agree on, and that has
+        applied a configuration (a new cluster's leader seeds version 1 first, in milliseconds,
+        and answers writes 503 until then), or None."""
         among = range(self.n) if among is None else among
         views = {i: self.cluster_view(i) for i in among if self.alive(i)}
-        leaders = [i for i, v in views.items() if v and v["role"] == "leader"]
+        leaders = [i for i, v in views.items() if v and v["role"] == "leader" and v.get("config_version", 1) >= 1]
         if len(leaders) != 1:
             return None
         lid = self.ids[leaders[0]]

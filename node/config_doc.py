@@ -56,9 +56,11 @@ NODE = {
                          "certificate it did not sign fails the handshake, a client without one gets `401 "
                          "client_certificate_required` and is disconnected before any request reaches the API. "
                          "Reloaded on SIGHUP.", default="unset", rule="needs `tls_cert`"),
-    "tls_peer_ca": Key("string", "PEM file of the CA(s) this node trusts when it calls the other nodes' https URLs "
-                       "(its own HTTP calls, such as the limits check at start); it presents its own certificate "
-                       "there.", default="`tls_client_ca`, else the system's CAs", rule="needs `tls_cert`"),
+    "tls_peer_ca": Key("string", "PEM file of the CA(s) of the other nodes' certificates. The file is checked "
+                       "at start, and nothing uses it now: the node's only calls to its peers' https URLs were the "
+                       "limits check at start, which the configuration in force (replicated in the log) replaced. "
+                       "Accepted so that configs written by `raftq config init --tls` keep starting.",
+                       default="`tls_client_ca`, else the system's CAs", rule="needs `tls_cert`"),
 }
 CLUSTER = {
     "peers": Key("array of tables", "Every member, this node included: `{ id, raft, url }` each (below). An odd "
@@ -149,6 +151,10 @@ STORAGE = {
                              "this often while anything is pending.", minimum=1),
     "sweep_limit": Key("integer", "Most entries each phase of one sweep handles; the rest waits for the next "
                        "sweep, which then follows at once.", minimum=1),
+    "audit_retention_ms": Key("integer", "How long the audit trail (`GET /v1/audit`, `raftq audit`) keeps an "
+                              "operator action; the sweep drops older entries.", minimum=1),
+    "audit_max_entries": Key("integer", "Most entries the audit trail keeps; beyond that the oldest go first.",
+                             minimum=1),
 }
 QUEUE_ONLY = {
     "name": Key("string", "The queue's name: non-empty, not `.` or `..`, no `/`, no control characters.",
@@ -184,6 +190,10 @@ TUNING = {
     "dns_cache_time_s": Key("number", "How long a peer's resolved address is cached; a peer that comes back on a "
                             "new IP is found after at most this long.", positive=True),
     "dns_fail_cache_time_s": Key("number", "How long a failed lookup of a peer's address is cached.", positive=True),
+    "digest_inline_max_entries": Key("integer", "`GET /v1/cluster` hashes a state of at most this many entries "
+                                     "(jobs, request ids, dead letters) on the event loop; a larger one in a child "
+                                     "forked between two Raft ticks, so the node keeps serving (at 100k jobs the "
+                                     "digest costs ≈ 0.4 s of CPU). 0: always in a child.", minimum=0),
     "event_loop": Key("string", "The node's event loop. `uvloop` (a dependency on Linux and macOS) answers each "
                       "request with ≈ 10 µs less CPU; a node without it runs on asyncio's loop and logs so. "
                       "`GET /v1/cluster` shows the loop in use.", choices=S.EVENT_LOOPS),
@@ -241,14 +251,20 @@ SECTIONS = [
     ("[auth] api_keys = [ { … } ]", API_KEY, None, "Optional. Without `[auth]` the API is open (fine on loopback "
      "or a private network behind a firewall). With keys, every `/v1/` request needs `Authorization: Bearer "
      "<key>`; `/healthz`, `/readyz` and `/` (the admin page, which asks for a key) need none. `[auth]` has one "
-     "key, `api_keys`, an array of these tables."),
+     "key, `api_keys`, an array of these tables. Like `[limits]`, the keys seed the configuration in force "
+     "(version 1, where each is kept as its SHA-256 digest, never the key); afterwards keys are added and "
+     "removed online (`raftq keys add NAME ROLE`, `raftq keys remove NAME`) and this section changes nothing."),
     ("[limits]", LIMITS, {**L.QUEUE_KEYS, **L.GLOBAL_KEYS}, "Limits of requests and jobs. ★ marks the keys a "
-     "`[[queues]]` entry may override for its queue. Identical on every node: a node whose limits differ from "
-     "a majority's refuses to serve (exit code 2)."),
-    ("[storage]", STORAGE, L.STORAGE_KEYS, "Retention, dedup window and the sweep. Identical on every node."),
+     "`[[queues]]` entry may override for its queue. `[limits]`, `[storage]` and `[[queues]]` seed the "
+     "configuration in force, version 1, when a new cluster's first leader is elected; from then on the "
+     "configuration in force is replicated state, changed online with `raftq config apply FILE` (`PUT "
+     "/v1/config`), and editing these sections in a node's file changes nothing: the node follows the "
+     "configuration in force and reports the difference (`toml_differs`, see docs/cluster.md)."),
+    ("[storage]", STORAGE, L.STORAGE_KEYS, "Retention, dedup window, the sweep and the audit trail. Part of the "
+     "configuration in force, like `[limits]`."),
     ("[[queues]]", QUEUE_ONLY, None, "Optional, one table per declared queue: `name`, any ★ key of `[limits]` "
      "(its value for this queue), and the keys below. Undeclared queues use `[limits]` as they are (unless "
-     "`strict_queues` is on). Identical on every node."),
+     "`strict_queues` is on). Part of the configuration in force, like `[limits]`."),
     ("[tuning]", TUNING, S.TUNING_DEFAULTS, "Timers and bounds of the node process; the defaults were measured "
      "on a 2-core machine and rarely need changing. Every value must be a positive number (the exceptions are "
      "noted)."),

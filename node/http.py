@@ -9,10 +9,12 @@ from urllib.parse import urlsplit
 import orjson
 from aiohttp import HttpVersion11, web
 
-from . import bounds, request_ids
-from .auth import OPERATOR, VIEWER, WORKER, Auth
+from . import bounds
+from .auth import ADMIN, OPERATOR, VIEWER, WORKER, Auth
+from .backup import Backups, Busy
 from .errors import error
 from .metrics import CONTENT_TYPE, render as render_metrics
+from .proposer import wall_ms
 from .service import NodeService
 from .session import Sessions
 from .settings import TUNING_DEFAULTS
@@ -81,27 +83,45 @@ def build_app(service: NodeService) -> web.Application:
     # No middleware: aiohttp wraps every request in each one (two extra coroutine layers on
     # the hot path). Each handler catches its own errors (inline or `_guarded`), and a catch-all route
     # answers unknown paths and methods in the API's JSON error shape.
+    # The body bound follows the configuration in force (max_request_bytes): aiohttp reads it
+    # from the application for each request it makes.
     app = web.Application(client_max_size=service.limits.max_request_bytes)
     app["service"] = service
     tuning = getattr(service.settings, "tuning", None) or TUNING_DEFAULTS
     app["body_timeout_s"] = float(tuning["http_body_timeout_s"])
-    # (path, the role it needs, handler)
+
+    def follow_limits(limits):
+        app._client_max_size = limits.max_request_bytes
+    service.config_hooks.append(follow_limits)
+    # (path, the role it needs, handler(service, request, body, request id, caller's key name))
+    q = lambda req: req.match_info["name"]          # noqa: E731
     leader_post = [
-        ("/v1/jobs", WORKER, lambda s, req, b, rid: s.enqueue(b, rid)),
-        ("/v1/jobs/batch", WORKER, lambda s, req, b, rid: s.enqueue_batch(b, rid)),
-        ("/v1/jobs/atomic", WORKER, lambda s, req, b, rid: s.enqueue_atomic(b, rid)),
-        ("/v1/reserve", WORKER, lambda s, req, b, rid: s.reserve(b, rid, alive=_alive(req))),
-        ("/v1/acks", WORKER, lambda s, req, b, rid: s.ack_batch(b, rid)),
-        ("/v1/jobs/{id}/ack", WORKER, lambda s, req, b, rid: s.ack(req.match_info["id"], b, rid)),
-        ("/v1/jobs/{id}/nack", WORKER, lambda s, req, b, rid: s.nack(req.match_info["id"], b, rid)),
-        ("/v1/jobs/{id}/extend", WORKER, lambda s, req, b, rid: s.extend(req.match_info["id"], b, rid)),
-        ("/v1/dead-letters/requeue", OPERATOR, lambda s, req, b, rid: s.requeue(b, rid)),
-        ("/v1/dead-letters/delete", OPERATOR, lambda s, req, b, rid: s.delete_dead_letters(b, rid)),
+        ("/v1/jobs", WORKER, lambda s, req, b, rid, who: s.enqueue(b, rid, who)),
+        ("/v1/jobs/batch", WORKER, lambda s, req, b, rid, who: s.enqueue_batch(b, rid, who)),
+        ("/v1/jobs/atomic", WORKER, lambda s, req, b, rid, who: s.enqueue_atomic(b, rid, who)),
+        ("/v1/reserve", WORKER, lambda s, req, b, rid, who: s.reserve(b, rid, alive=_alive(req), who=who)),
+        ("/v1/acks", WORKER, lambda s, req, b, rid, who: s.ack_batch(b, rid, who)),
+        ("/v1/jobs/{id}/ack", WORKER, lambda s, req, b, rid, who: s.ack(req.match_info["id"], b, rid, who)),
+        ("/v1/jobs/{id}/nack", WORKER, lambda s, req, b, rid, who: s.nack(req.match_info["id"], b, rid, who)),
+        ("/v1/jobs/{id}/extend", WORKER, lambda s, req, b, rid, who: s.extend(req.match_info["id"], b, rid, who)),
+        ("/v1/dead-letters/requeue", OPERATOR, lambda s, req, b, rid, who: s.requeue(b, rid, who)),
+        ("/v1/dead-letters/delete", OPERATOR, lambda s, req, b, rid, who: s.delete_dead_letters(b, rid, who)),
+        ("/v1/queues/{name}/dead-letter", OPERATOR,
+         lambda s, req, b, rid, who: s.move_to_dead_letters(q(req), b, rid, who)),
+        ("/v1/keys", ADMIN, lambda s, req, b, rid, who: s.add_key(b, rid, who)),
     ]
     optional_body = [
-        ("/v1/dead-letters/drain", OPERATOR, lambda s, req, b, rid: s.drain(b, rid)),
-        ("/v1/queues/{name}/pause", OPERATOR, lambda s, req, b, rid: s.pause(req.match_info["name"], True, rid)),
-        ("/v1/queues/{name}/resume", OPERATOR, lambda s, req, b, rid: s.pause(req.match_info["name"], False, rid)),
+        ("POST", "/v1/dead-letters/drain", OPERATOR, lambda s, req, b, rid, who: s.drain(b, rid, who)),
+        ("POST", "/v1/queues/{name}/pause", OPERATOR, lambda s, req, b, rid, who: s.pause(q(req), True, rid, b, who)),
+        ("POST", "/v1/queues/{name}/resume", OPERATOR,
+         lambda s, req, b, rid, who: s.pause(q(req), False, rid, b, who)),
+        ("POST", "/v1/queues/{name}/purge", OPERATOR, lambda s, req, b, rid, who: s.purge(q(req), b, rid, who)),
+        ("DELETE", "/v1/jobs/{id}", OPERATOR, lambda s, req, b, rid, who: s.cancel(req.match_info["id"], rid, who)),
+        ("DELETE", "/v1/queues/{name}", ADMIN, lambda s, req, b, rid, who: s.delete_queue(q(req), rid, who)),
+        ("DELETE", "/v1/keys/{name}", ADMIN, lambda s, req, b, rid, who: s.remove_key(q(req), rid, who)),
+    ]
+    leader_put = [
+        ("/v1/config", ADMIN, lambda s, req, b, rid, who: s.put_config(b, rid, who)),
     ]
     leader_get = [
         ("/v1/queues", VIEWER, lambda s, req: s.queues()),
@@ -109,16 +129,19 @@ def build_app(service: NodeService) -> web.Application:
         ("/v1/queues/{name}/jobs", VIEWER, lambda s, req: s.queue_jobs(req.match_info["name"], req.query)),
         ("/v1/jobs/{id}", VIEWER, lambda s, req: s.job(req.match_info["id"])),
         ("/v1/dead-letters", VIEWER, lambda s, req: s.dead_letters(req.query)),
+        ("/v1/config", VIEWER, lambda s, req: s.config()),
+        ("/v1/keys", ADMIN, lambda s, req: s.keys()),
+        ("/v1/audit", OPERATOR, lambda s, req: s.audit(req.query)),
     ]
-    auth = Auth(service.settings.api_keys)
+    auth = service.auth
     sessions = Sessions(service)
     app["sessions"] = sessions
     service.leadership_lost_hooks.append(sessions.close_all)
 
     async def session(request: web.Request) -> web.StreamResponse:
-        who = None
-        if auth.enabled:                # at the upgrade; then each frame against its op's role
-            who, refused = auth.who(request.headers.get("Authorization"))
+        header = request.headers.get("Authorization")
+        if auth.enabled:                # at the upgrade; then each frame against the set in force
+            _, refused = auth.who(header)
             if refused is not None:
                 return respond(*refused)
         if not web.WebSocketResponse().can_prepare(request).ok:
@@ -131,7 +154,7 @@ def build_app(service: NodeService) -> web.Application:
         redirect = _not_leader(service, request)
         if redirect is not None:
             return redirect
-        return await sessions.handle(request, who)
+        return await sessions.handle(request, header)
 
     async def metrics(request: web.Request) -> web.Response:
         _, view = service.cluster(False)
@@ -146,14 +169,40 @@ def build_app(service: NodeService) -> web.Application:
         return web.Response(body=text.encode(), headers={"Content-Type": CONTENT_TYPE})
 
     async def cluster(request: web.Request) -> web.Response:
-        return respond(*service.cluster(request.query.get("digest", "true").lower() not in ("false", "0", "no")))
+        if request.query.get("digest", "true").lower() in ("false", "0", "no"):
+            return respond(*service.cluster(False))
+        return respond(*await service.cluster_with_digest())
 
-    routes = [("POST", path, _leader_write(fn, auth, role, op=ROUTE_OPS[path])) for path, role, fn in leader_post]
-    routes += [("POST", path, _leader_write(fn, auth, role, optional=True, op=ROUTE_OPS[path]))
-               for path, role, fn in optional_body]
-    routes.append(("DELETE", "/v1/jobs/{id}",
-                   _leader_write(lambda s, req, b, rid: s.cancel(req.match_info["id"], rid), auth, OPERATOR,
-                                 optional=True, op="cancel")))
+    backups = Backups(service)
+
+    async def backup_handler(request: web.Request) -> web.StreamResponse:
+        # Any node answers with its own applied state (a follower's is a committed prefix), so
+        # `raftq backup` takes it from a follower and the leader is not loaded at all.
+        resp = web.StreamResponse(headers={"Content-Type": "application/octet-stream"})
+
+        async def start(header: bytes, index: int, term: int):
+            resp.headers["Content-Disposition"] = f'attachment; filename="raftq-{index}.backup"'
+            resp.headers["Raftq-Backup-Index"], resp.headers["Raftq-Backup-Term"] = str(index), str(term)
+            await resp.prepare(request)
+            await resp.write(header)
+        try:
+            async for chunk in backups.stream(service.loop, wall_ms(), start):
+                await resp.write(chunk)
+        except Busy:
+            return respond(*error("overloaded", "a backup is already being taken on this node; retry when it is done"))
+        except OSError as e:
+            if resp.prepared:       # the client went away, or the child failed: the stream is cut
+                log.warning("backup stream ended early: %s", e)
+                return resp
+            log.error("backup failed: %s", e)
+            return respond(*error("unavailable", f"the backup could not be taken on this node: {e}"))
+        await resp.write_eof()
+        return resp
+
+    routes = [("POST", path, _leader_write(fn, auth, role)) for path, role, fn in leader_post]
+    routes += [(method, path, _leader_write(fn, auth, role, optional=True))
+               for method, path, role, fn in optional_body]
+    routes += [("PUT", path, _leader_write(fn, auth, role)) for path, role, fn in leader_put]
     routes += [("GET", path, _leader_read(fn, auth, role)) for path, role, fn in leader_get]
     # The hot handlers above guard themselves inline (one coroutine layer less per request).
     routes += [("GET", path, _guarded(handler)) for path, handler in (
@@ -161,6 +210,7 @@ def build_app(service: NodeService) -> web.Application:
         ("/v1/server-info", _authorized(auth, VIEWER, _any(lambda s: s.server_info()))),
         ("/v1/cluster", _authorized(auth, VIEWER, cluster)), ("/metrics", _authorized(auth, VIEWER, metrics)),
         ("/v1/openapi.json", _authorized(auth, VIEWER, _openapi)),
+        ("/v1/backup", _authorized(auth, ADMIN, backup_handler)),
         ("/healthz", _healthz), ("/readyz", _readyz), ("/", _admin_page))]
     r = app.router
     for method, path, handler in routes:
@@ -232,30 +282,23 @@ def _not_leader(service: NodeService, request: web.Request) -> web.Response | No
                         headers={"Location": url + request.path_qs, "Leader-Url": url})
 
 
-# The operation of each write route, as the session names it where it has one: a request's id
-# is bound to its operation, target and body (node/request_ids.py).
-ROUTE_OPS = {"/v1/jobs": "enqueue", "/v1/jobs/batch": "enqueue_batch", "/v1/jobs/atomic": "enqueue_atomic",
-             "/v1/reserve": "reserve", "/v1/acks": "ack_batch", "/v1/jobs/{id}/ack": "ack",
-             "/v1/jobs/{id}/nack": "nack", "/v1/jobs/{id}/extend": "extend",
-             "/v1/dead-letters/requeue": "requeue", "/v1/dead-letters/delete": "delete_dead_letters",
-             "/v1/dead-letters/drain": "drain", "/v1/queues/{name}/pause": "pause",
-             "/v1/queues/{name}/resume": "resume"}
-
-
-def _leader_write(fn, auth: Auth, need: int, optional: bool = False, op: str = ""):
+def _leader_write(fn, auth: Auth, need: int, optional: bool = False):
     async def handler(request: web.Request) -> web.Response:
-        caller = ""
+        who = None
         if auth.enabled:
-            who, denied = auth.who(request.headers.get("Authorization"))
-            if who is not None:
-                denied = Auth.permits(who, need)
+            found, refused = auth.who(request.headers.get("Authorization"))
+            if found is None:
+                return respond(*refused)
+            denied = auth.permits(found, need)
             if denied is not None:
                 return respond(*denied)
-            caller = who[0]
+            who = found[0]
         service: NodeService = request.app["service"]
         redirect = _not_leader(service, request)
         if redirect is not None:
             return redirect
+        if not service.seeded and not service.is_seeded():
+            return respond(*service.not_seeded())
         try:
             rid = request_id(request)
         except ValueError as e:
@@ -264,10 +307,7 @@ def _leader_write(fn, auth: Auth, need: int, optional: bool = False, op: str = "
             body, err = await read_json(request, optional=optional)
             if err is not None:
                 return err
-            if rid is not None:
-                info = request.match_info
-                rid = request_ids.key(caller, rid, op, info.get("id", info.get("name")), body)
-            status, out = await fn(service, request, body, rid)
+            status, out = await fn(service, request, body, rid, who)
         except Exception as exc:
             return _failure(request, exc)
         return respond(status, out)
@@ -290,12 +330,11 @@ def _leader_read(fn, auth: Auth, need: int):
 
 
 def _authorized(auth: Auth, need: int, handler):
-    if not auth.enabled:
-        return handler
-
+    # Auth can go on or off with the configuration in force: checked per request.
     async def authorized(request: web.Request) -> web.StreamResponse:
-        refused = _refusal(auth, request, need)
-        return refused if refused is not None else await handler(request)
+        if auth.enabled and (refused := _refusal(auth, request, need)) is not None:
+            return refused
+        return await handler(request)
     return authorized
 
 

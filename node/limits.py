@@ -52,6 +52,8 @@ STORAGE_KEYS: dict[str, object] = {
     "dedup_window_ms": 86_400_000,
     "sweep_interval_ms": 1000,
     "sweep_limit": 10_000,
+    "audit_retention_ms": 2_592_000_000,   # 30 days
+    "audit_max_entries": 10_000,
 }
 QUEUE_ONLY_KEYS = ("name", "allowed_job_types", "dedup_window_ms")
 
@@ -77,6 +79,38 @@ def _str_list(where: str, value, allow_empty: bool = True) -> tuple[str, ...]:
     if not value and not allow_empty:
         raise ConfigError(f"{where}: must not be empty")
     return tuple(value)
+
+
+def _plain(v):
+    """A value as the canonical document holds it (a checked list is a tuple inside Limits)."""
+    return list(v) if isinstance(v, tuple) else v
+
+
+def diff_docs(old: dict | None, new: dict | None) -> list[tuple[str, object, object]]:
+    """What differs between two canonical configuration documents: (dotted key, old value, new
+    value) sorted by key; a queue that is only in one of them is one entry `queues[name]` with
+    its declaration (or None) on each side."""
+    old, new = old or {}, new or {}
+    out = []
+    for section in ("limits", "storage"):
+        a, b = old.get(section) or {}, new.get(section) or {}
+        for key in sorted(set(a) | set(b)):
+            if a.get(key, _MISSING) != b.get(key, _MISSING):
+                out.append((f"{section}.{key}", a.get(key), b.get(key)))
+    qa = {q.get("name"): q for q in old.get("queues") or () if isinstance(q, dict)}
+    qb = {q.get("name"): q for q in new.get("queues") or () if isinstance(q, dict)}
+    for name in sorted(set(qa) | set(qb), key=str):
+        if name not in qa or name not in qb:
+            out.append((f"queues[{name}]", qa.get(name), qb.get(name)))
+            continue
+        a, b = qa[name], qb[name]
+        for key in sorted((set(a) | set(b)) - {"name"}):
+            if a.get(key, _MISSING) != b.get(key, _MISSING):
+                out.append((f"queues[{name}].{key}", a.get(key, _MISSING), b.get(key, _MISSING)))
+    return [(k, None if a is _MISSING else a, None if b is _MISSING else b) for k, a, b in out]
+
+
+_MISSING = type("Missing", (), {"__repr__": lambda self: "(not set)"})()
 
 
 def check_queue_name(name, max_bytes: int) -> str | None:
@@ -162,6 +196,10 @@ class Limits:
     storage: dict = field(default_factory=dict)
     queues: dict = field(default_factory=dict)          # name -> QueueLimits (declared)
     default_queue: QueueLimits | None = None            # view for undeclared queues
+    # The canonical document of this configuration (`canonical`): every [limits] and [storage]
+    # key with its effective value, and the [[queues]] entries as declared. What the replicated
+    # state keeps, `GET /v1/config` shows and `raftq config diff` compares.
+    doc: dict | None = field(default=None, compare=False)
 
     @classmethod
     def build(cls, limits: dict | None = None, storage: dict | None = None,
@@ -188,6 +226,8 @@ class Limits:
         _int("storage.dedup_window_ms", s["dedup_window_ms"])
         _int("storage.sweep_interval_ms", s["sweep_interval_ms"])
         _int("storage.sweep_limit", s["sweep_limit"])
+        _int("storage.audit_retention_ms", s["audit_retention_ms"])
+        _int("storage.audit_max_entries", s["audit_max_entries"])
 
         base = {**QUEUE_KEYS, **{k: v for k, v in limits.items() if k in QUEUE_KEYS}}
         _check_queue_values("limits", base, g["max_request_bytes"])
@@ -218,7 +258,28 @@ class Limits:
             window = _int(f"{where}.dedup_window_ms", entry.get("dedup_window_ms", s["dedup_window_ms"]))
             declared[name] = QueueLimits(name=name, declared=True, **merged,
                                          allowed_job_types=job_types, dedup_window_ms=window)
-        return cls(globals=g, storage=s, queues=declared, default_queue=default_queue)
+        doc = {"limits": {**{k: _plain(v) for k, v in g.items()}, **{k: _plain(base[k]) for k in QUEUE_KEYS}},
+               "storage": dict(s),
+               "queues": [{k: _plain(v) for k, v in entry.items()} for entry in queues]}
+        return cls(globals=g, storage=s, queues=declared, default_queue=default_queue, doc=doc)
+
+    @classmethod
+    def from_doc(cls, doc) -> "Limits":
+        """`build` from a configuration document {"limits", "storage", "queues"} (each optional,
+        as the TOML sections are); raises ConfigError naming the key."""
+        if not isinstance(doc, dict):
+            raise ConfigError("config: must be an object {limits, storage, queues}")
+        for key in doc:
+            if key not in ("limits", "storage", "queues"):
+                raise ConfigError(f"{key}: unknown section (a configuration has limits, storage and queues)")
+        limits, storage, queues = doc.get("limits"), doc.get("storage"), doc.get("queues")
+        if limits is not None and not isinstance(limits, dict):
+            raise ConfigError("limits: must be a table")
+        if storage is not None and not isinstance(storage, dict):
+            raise ConfigError("storage: must be a table")
+        if queues is not None and not isinstance(queues, list):
+            raise ConfigError("queues: must be an array of tables [[queues]]")
+        return cls.build(limits, storage, queues)
 
     def __post_init__(self):
         # Global and storage limits are read on every request: store them as plain attributes

@@ -15,12 +15,19 @@ parts are in node/core/:
 | `handlers.py` | one handler per command, named with the spec's verbs |
 | `sweep.py` | the sweep, one function per step |
 | `answers.py` | results rendered into answers (status, body, messages), and back for old snapshots |
+| `config.py` | the configuration in force: configure, add_key, remove_key, change warnings |
+| `audit.py` | the audit trail: record, page, its sweep step |
 | `snapshot.py` | `to_builtins` / `from_builtins` and `digest` |
 | `invariants.py` | `check_invariants()` |
 
 Commands are tuples `(op, request_id, *fields)` of builtins (they cross Raft as pickles);
 results are tuples `(kind, *fields)` of codes and values (node/core/ops.py), which the node
 renders with `node.core.answers.render` when it sends the answer.
+
+The configuration in force is state too (node/core/config.py): `limits` is the configuration
+of the entry being applied, never the node's TOML (that only seeds version 1, and is the
+bootstrap configuration `QueueMachine(limits)` applies entries under until the first
+configuration command: journals of release 0.1.0 have none).
 
 Two rules shape the code:
 * `apply` never raises. Each command runs under an undo log (node/core/undo.py), and an
@@ -37,14 +44,13 @@ import inspect
 from collections import OrderedDict, deque
 from itertools import chain
 
-from .core import handlers, invariants, ops, snapshot
+from .core import audit, config, handlers, invariants, ops, snapshot
 from .core import sweep as sweeping
 from .core.answers import render_dead_letter, render_job
 from .core.jobs import IN_FLIGHT, READY, SCHEDULED, STATE_NAMES, Job, Queue, shown_fields
 from .core.ops import MALFORMED_RESULT, NOT_REMEMBERED, RESERVE
 from .core.undo import UndoLog
 from .limits import Limits
-from .request_ids import SEP
 
 # op code -> handler(machine, *fields): the handlers take the fields by their ops.COMMANDS names.
 HANDLERS = {
@@ -60,6 +66,12 @@ HANDLERS = {
     ops.CANCEL: handlers.cancel,
     ops.PAUSE: handlers.pause,
     ops.SWEEP: sweeping.sweep,
+    ops.CONFIGURE: config.configure,
+    ops.ADD_KEY: config.add_key,
+    ops.REMOVE_KEY: config.remove_key,
+    ops.MOVE_TO_DEAD_LETTERS: handlers.move_to_dead_letters,
+    ops.PURGE: handlers.purge,
+    ops.DELETE_QUEUE: handlers.delete_queue,
 }
 for _op, _handler in HANDLERS.items():
     if tuple(inspect.signature(_handler).parameters)[1:] != ops.COMMANDS[_op]:
@@ -70,7 +82,15 @@ if tuple(HANDLERS) != ops.OPS:
 
 class QueueMachine(UndoLog):
     def __init__(self, limits: Limits):
+        # The configuration in force (node/core/config.py): `limits` starts as the bootstrap
+        # configuration (version 0, the node's TOML) and is replaced by each configuration
+        # command; `keys` holds the API keys in force from version 1 on (name -> (key_sha256,
+        # role, added_by, added_at_ms)).
         self.limits = limits
+        self.config_version = 0
+        self.keys: dict[str, tuple] = {}
+        self.audit: deque = deque()     # (seq, at_ms, who, action, target, details), oldest first
+        self.audit_seq = 0
         self.clock = 0                  # replicated time: max of every command's now_ms
         self.seq = 0                    # order of jobs within a priority and millisecond
         self.ctr = 0                    # unique tie-break for lease entries and dead-letter order
@@ -81,10 +101,15 @@ class QueueMachine(UndoLog):
         self.deadline_heap: list = []   # (deadline, seq, job)
         self.dedup: dict[tuple[str, str], tuple[str, int]] = {}   # (queue, key) -> (job_id, expires)
         self.dedup_heap: list = []      # (expires, queue, key)
-        # request id -> (op, result, expires). A node-made id (node/request_ids.py) is stored
-        # under "caller SEP id", its op as "op SEP fingerprint" (the request it answers).
-        self.rids: dict[str, tuple[str, tuple, int]] = {}
-        self.rid_fifo: deque = deque()  # (expires, request id); expiry order = insertion order
+        # request key -> (op, result, expires[, route, body_hash]); the key is the request id, or
+        # (caller's key name, request id) for a caller with a name (ops.request_key)
+        self.rids: dict = {}
+        # (expires, order stored, request key), a heap: a record's expiry is fixed when it is
+        # stored, with the window in force then, so after a change to a shorter window a later
+        # record can expire before an earlier one (insertion order is not expiry order). The
+        # order stored (`applied` at the time, unique per record) breaks ties oldest first and
+        # keeps keys of different types (str, tuple) from ever being compared.
+        self.rid_heap: list = []
         # Whether anyone reads the answers of the commands being applied: a follower, or a
         # leader applying entries nobody on it waits for. Not replicated state: the node sets
         # it per entry (node/replica.py). Results are rendered outside the machine now, by the
@@ -124,24 +149,35 @@ class QueueMachine(UndoLog):
         try:
             op, rid = cmd[0], cmd[1]
             handler = HANDLERS[op]
-            if rid is not None and type(rid) is not str:
-                raise TypeError("request id")     # (an unhashable one would raise below)
+            if rid is not None:
+                if type(rid) is str:            # a bare request id (0.1.0's form): no route, no hash
+                    key = request_id = rid
+                    route = body_hash = None
+                else:                           # ops.request_id: (who, request id, route, body hash)
+                    who, request_id, route, body_hash = rid
+                    if type(request_id) is not str or type(route) is not str or type(body_hash) is not str \
+                            or (who is not None and type(who) is not str):
+                        raise TypeError("request id")
+                    key = request_id if who is None else (who, request_id)
         except Exception:
             return MALFORMED_RESULT
         self.applied += 1
         if rid is not None:
-            # "caller SEP id SEP fingerprint" (node/request_ids.py): each caller's ids are its
-            # own, and a reuse with another operation or body is refused. An id without SEP (a
-            # journal of an older version) is its own key and op, as before.
-            k, sep, fp = rid.rpartition(SEP)
-            if sep:
-                rid, tag = k, op + SEP + fp
-            else:
-                tag = op
-            stored = self.rids.get(rid)
+            stored = self.rids.get(key)
+            if stored is None and type(key) is tuple:
+                # A record of a bare request id (kept from a journal or snapshot of an earlier
+                # release, which knew no callers) still answers its retry.
+                stored = self.rids.get(request_id)
+                if stored is not None and len(stored) != 3:
+                    stored = None
             if stored is not None and stored[2] > self.clock:
-                if stored[0] != tag:
-                    return ops.request_id_reused(rid, stored[0])
+                if route is not None and len(stored) == 5:
+                    if stored[3] != route:
+                        return ops.request_mismatch(request_id, stored[3], "operation")
+                    if stored[4] != body_hash:
+                        return ops.request_mismatch(request_id, route, "body")
+                if stored[0] != op:
+                    return ops.request_id_reused(request_id, stored[0])
                 return stored[1]
         self._undo.clear()
         try:
@@ -155,8 +191,8 @@ class QueueMachine(UndoLog):
             # An empty reserve is not remembered: a long poll re-proposes the same request id
             # until it gets jobs, and only that answer must be replayed.
             expires = self.clock + self.limits.request_id_window_ms
-            self.rids[rid] = (tag, result, expires)
-            self.rid_fifo.append((expires, rid))
+            self.rids[key] = (op, result, expires) if route is None else (op, result, expires, route, body_hash)
+            heapq.heappush(self.rid_heap, (expires, self.applied, key))
         return result
 
     def next_due_ms(self) -> int | None:
@@ -227,7 +263,24 @@ class QueueMachine(UndoLog):
 
     def counts(self) -> dict:
         return {"jobs": len(self.jobs), "dead_letters": len(self.dlq), "dedup_records": len(self.dedup),
-                "request_ids": len(self.rids), "clock_ms": self.clock}
+                "request_ids": len(self.rids), "audit_entries": len(self.audit), "clock_ms": self.clock}
+
+    def config_view(self) -> dict:
+        """GET /v1/config: the configuration in force."""
+        doc = self.limits.doc
+        return {"version": self.config_version, "fingerprint": self.limits.fingerprint(),
+                "config": {"limits": dict(doc["limits"]), "storage": dict(doc["storage"]),
+                           "queues": [dict(q) for q in doc["queues"]]}}
+
+    def keys_view(self) -> list:
+        return config.keys_view(self)
+
+    def audit_page(self, limit: int, before: int | None):
+        return audit.page(self, limit, before)
+
+    def has_request(self, slot) -> bool:
+        """Whether the request-id store holds a record for this command's request-id slot."""
+        return ops.request_key(slot) in self.rids
 
     def check_invariants(self) -> None:
         """Raise InvariantViolation naming every invariant that does not hold (O(state): tests)."""
@@ -246,7 +299,9 @@ class QueueMachine(UndoLog):
         return snapshot.from_builtins(cls(limits), data)
 
     def __getstate__(self):
-        # Pickling (pysyncobj snapshots) goes through the builtins form; limits come from config.
+        # Pickling goes through the builtins form (release 0.1.0's snapshots pickled the machine,
+        # node/replica.py reads those; tests copy machines this way). `limits` is the bootstrap:
+        # from version 1 on the state's own configuration wins.
         return {"limits": self.limits, "state": self.to_builtins()}
 
     def __setstate__(self, data):

@@ -13,13 +13,13 @@ import os
 import threading
 
 from . import bounds, validate
+from .auth import Auth
 from .core import ops
 from .core.jobs import IN_FLIGHT, READY, SCHEDULED, Queue
 from .errors import ApiError, error
 from .proposer import Proposer, wall_ms
 from .replica import Replica
-from .request_ids import stored_key
-from .settings import ROLES, Settings
+from .settings import Settings
 
 log = logging.getLogger("raftq.node")
 from .. import __version__ as VERSION
@@ -72,10 +72,14 @@ def _page_limit(query) -> int | None:
     return limit if 1 <= limit <= 100 else None
 
 
+# The routes a request id is bound to (node/validate.py request_slot): one per endpoint.
+JOB_ID_OPS = frozenset(("ack", "nack", "extend"))
+SEED_RETRY_S = 0.05
+
+
 class NodeService:
     def __init__(self, settings: Settings, loop: asyncio.AbstractEventLoop):
         self.settings = settings
-        self.limits = settings.limits
         self.clock_offset_ms = settings.testing.clock_offset_ms     # [testing]: chaos clock-skew
         self.loop = loop
         self.last_stamp = 0
@@ -102,8 +106,106 @@ class NodeService:
         self.sweeper: asyncio.Task | None = None
         self.stats = collections.Counter()
         self._digest_cache = (None, None)
+        self._digest_job: asyncio.Task | None = None
         self.leadership_lost_hooks: list = []     # coroutine functions(new_leader_url or "")
         self.fatal: str | None = None
+        # The configuration in force as this node applied it: auth follows its keys (the TOML's
+        # until version 1), `config_hooks` are called (on whichever thread saw the change) with
+        # the new Limits, e.g. the HTTP app's body bound.
+        self.auth = Auth(settings.api_keys)
+        self.seeded = False
+        self.config_hooks: list = []
+        self._config_seen = (None, -1)
+        self._toml_logged = -1
+        self.toml_keys = {k["name"]: (validate.key_sha256(k["key"]), k["role"]) for k in settings.api_keys or ()}
+        self.seeder: asyncio.Task | None = None
+        self.config_watch: asyncio.Task | None = None
+        self.follow_config()
+
+    # ---------------------------------------------------------------- the configuration in force
+    @property
+    def limits(self):
+        """The configuration in force as this node has applied it (never the TOML after
+        version 1): what validation, server-info and the queue views use."""
+        return self.state.machine.limits
+
+    def is_seeded(self) -> bool:
+        if not self.seeded and self.state.machine.config_version >= 1:
+            self.seeded = True
+        return self.seeded
+
+    def follow_config(self) -> None:
+        """Follow a change of the configuration in force (a config or key command applied, or
+        a snapshot restored): the key set for auth, the hooks, a log line when the node's TOML
+        differs from it (once per version). Cheap when nothing changed; thread-safe enough (the
+        tick thread and the loop may both call it; each does the same)."""
+        m = self.state.machine
+        seen = (m.limits, m.config_version)
+        if seen == self._config_seen:
+            return
+        self._config_seen = seen
+        if m.config_version >= 1:
+            self.seeded = True
+            self.auth.load((name, rec[0], rec[1]) for name, rec in m.keys.items())
+        for hook in self.config_hooks:
+            try:
+                hook(m.limits)
+            except Exception:                       # pragma: no cover
+                log.exception("config hook failed")
+        if m.config_version >= 1 and self._toml_logged != m.config_version:
+            self._toml_logged = m.config_version
+            differs = self.toml_differences()
+            if differs:
+                log.warning("this node's TOML differs from the cluster's configuration in force (version %d): %s; "
+                            "the node follows the configuration in force (raftq config diff FILE shows it, "
+                            "raftq config apply FILE changes it)", m.config_version, ", ".join(differs[:10])
+                            + (f" and {len(differs) - 10} more" if len(differs) > 10 else ""))
+
+    def toml_differences(self) -> list[str]:
+        """The keys where this node's TOML differs from the configuration in force (after
+        version 1; before it the TOML is what is in force)."""
+        from .limits import diff_docs
+        m = self.state.machine
+        if m.config_version < 1:
+            return []
+        key = (m.limits, m.config_version)
+        cached = getattr(self, "_toml_diff", None)
+        if cached is not None and cached[0] == key:
+            return cached[1]
+        out = [k for k, _, _ in diff_docs(m.limits.doc, self.settings.limits.doc)]
+        in_force = {name: (rec[0], rec[1]) for name, rec in m.keys.items()}
+        for name in sorted(set(in_force) | set(self.toml_keys)):
+            if in_force.get(name) != self.toml_keys.get(name):
+                out.append(f"auth.api_keys[{name}]")
+        self._toml_diff = (key, out)
+        return out
+
+    async def _watch_config(self):
+        while not self.stopping:
+            try:
+                self.follow_config()
+            except Exception:                       # pragma: no cover
+                log.exception("config watch failed")
+            await asyncio.sleep(0.2)
+
+    async def _seed(self):
+        """The first leader of a new cluster (or of one upgraded from 0.1.0) proposes version 1
+        from its TOML; two leaders racing are decided by expect_version 0 at apply."""
+        while not self.stopping and not self.is_seeded():
+            if self.replica.is_leader():
+                status, body = await self.proposer.run(validate.seed(self.settings.limits, self.settings.api_keys))
+                if status == 200:
+                    log.info("configuration version %d seeded from this node's TOML", body["version"])
+                    self.follow_config()
+                    continue
+            await asyncio.sleep(SEED_RETRY_S)
+
+    def not_seeded(self):
+        return error("unavailable", "the cluster's configuration is being seeded (a new leader of a new cluster); "
+                     "retry in a moment", applied=False)
+
+    def slot(self, rid, who, route: str, body, param=None):
+        return validate.request_slot(who, rid, route, body, param)
 
     # ---------------------------------------------------------------- time and roles
     def stamp(self) -> int:
@@ -145,6 +247,9 @@ class NodeService:
         """On the Raft thread after an apply: schedule a wake-up of the parked reserves when a
         command may have made a job ready. Enqueues name their queues; the other waking ops
         (nack, sweep, requeue, resume) make the wake look at every queue with waiters."""
+        m = self.state.machine
+        if (m.limits, m.config_version) != self._config_seen:
+            self.follow_config()            # a config entry: in force here from this index on
         waiters = self.waiters
         if not waiters:
             return
@@ -254,31 +359,38 @@ class NodeService:
         return False
 
     # ---------------------------------------------------------------- job operations
-    def prepare(self, op: str, body, rid, job_id=None):
+    def prepare(self, op: str, body, rid, job_id=None, who=None):
         """The command for one operation (everything but reserve), or an immediate error:
         (cmd, size_hint) or (None, (status, body)). `job_id` comes from the HTTP path; a
-        session frame carries it in the body."""
+        session frame carries it in the body. `rid` is the Request-Id as the client sent it,
+        `who` the caller's key name (None without auth)."""
         try:
-            if op == "enqueue":
-                return validate.enqueue(body, self.limits, self.stamp(), _new_id, rid), 256
-            if op == "enqueue_batch":
-                return validate.enqueue_batch(body, self.limits, self.stamp(), _new_id, rid), 4096
-            if op == "enqueue_atomic":
-                return validate.enqueue_atomic(body, self.limits, self.stamp(), _new_id, rid), 4096
-            if op == "ack_batch":
-                cmd = validate.ack_batch(body, self.limits, rid)
-                return cmd, 64 * len(ops.ack_batch_pairs(cmd))
-            if op == "drain":
-                return validate.drain(body, self.limits, rid), 64
-            if op in ("ack", "nack", "extend"):
+            limits = self.state.machine.limits          # the configuration in force, applied here
+            if op in JOB_ID_OPS:
                 if job_id is None:
                     if not isinstance(body, dict):
                         raise ApiError("invalid_argument", "body must be a JSON object with job_id")
                     job_id = body.get("job_id")
+                if rid is not None:
+                    hashed = {k: v for k, v in body.items() if k != "job_id"} if isinstance(body, dict) else body
+                    rid = validate.request_slot(who, rid, op, hashed, job_id)
                 if op == "nack":
-                    return validate.nack(job_id, body, rid, self.limits), 64
+                    return validate.nack(job_id, body, rid, limits), 64
                 build = validate.ack if op == "ack" else validate.extend
                 return build(job_id, body, rid), 64
+            if rid is not None:
+                rid = validate.request_slot(who, rid, op, body)
+            if op == "enqueue":
+                return validate.enqueue(body, limits, self.stamp(), _new_id, rid), 256
+            if op == "enqueue_batch":
+                return validate.enqueue_batch(body, limits, self.stamp(), _new_id, rid), 4096
+            if op == "enqueue_atomic":
+                return validate.enqueue_atomic(body, limits, self.stamp(), _new_id, rid), 4096
+            if op == "ack_batch":
+                cmd = validate.ack_batch(body, limits, rid)
+                return cmd, 64 * len(ops.ack_batch_pairs(cmd))
+            if op == "drain":
+                return validate.drain(body, limits, rid, who), 64
         except ApiError as e:
             return None, e.result
         return None, error("invalid_argument", f"unknown op {op!r}")
@@ -286,30 +398,32 @@ class NodeService:
     # The job operations below are plain functions that return a future to await, not
     # coroutines: each `async def` layer costs a frame and a send() per request on the path
     # every enqueue, reserve and ack takes.
-    def run(self, op: str, body, rid=None, job_id=None) -> asyncio.Future:
+    def run(self, op: str, body, rid=None, job_id=None, who=None) -> asyncio.Future:
         """Prepare and propose one operation: a future of its committed result or the error."""
-        cmd, extra = self.prepare(op, body, rid, job_id)
+        cmd, extra = self.prepare(op, body, rid, job_id, who)
         if cmd is None:
             return self.proposer.answered(extra)
         return self.proposer.submit(cmd, extra)
 
-    def enqueue(self, body, rid=None) -> asyncio.Future:
-        return self.run("enqueue", body, rid)
+    def enqueue(self, body, rid=None, who=None) -> asyncio.Future:
+        return self.run("enqueue", body, rid, None, who)
 
-    def enqueue_batch(self, body, rid=None) -> asyncio.Future:
-        return self.run("enqueue_batch", body, rid)
+    def enqueue_batch(self, body, rid=None, who=None) -> asyncio.Future:
+        return self.run("enqueue_batch", body, rid, None, who)
 
-    def enqueue_atomic(self, body, rid=None) -> asyncio.Future:
-        return self.run("enqueue_atomic", body, rid)
+    def enqueue_atomic(self, body, rid=None, who=None) -> asyncio.Future:
+        return self.run("enqueue_atomic", body, rid, None, who)
 
-    async def reserve(self, body, rid=None, alive=None, owner=None):
+    async def reserve(self, body, rid=None, alive=None, owner=None, who=None):
         """A reserve; with `wait_ms`, a long poll that parks until a job may be ready in one of
         its queues. `alive()` says whether the client is still there; `owner` (a session) has
-        `parked` and `max_parked`, its own bound on parked reserves."""
+        `parked` and `max_parked`, its own bound on parked reserves; `who` is the caller's key
+        name (the request id's scope)."""
         try:
-            cmd, wait_ms = validate.reserve(body, self.limits, rid)
+            cmd, wait_ms = validate.reserve(body, self.limits, validate.request_slot(who, rid, "reserve", body))
         except ApiError as e:
             return e.result
+        slot = cmd[1]
         queue_names = ops.reserve_queue_names(cmd)
         loop = self.loop
         deadline = loop.time() + wait_ms / 1000.0
@@ -321,7 +435,7 @@ class NodeService:
                     return 200, {"jobs": []}        # the client has gone: take nothing for it
                 if self.stopping or epoch != self.leader_epoch:
                     return 200, {"jobs": []}        # leadership moved while parked
-                if rid is not None and stored_key(rid) in self.state.machine.rids or self._has_ready(queue_names):
+                if slot is not None and self.state.machine.has_request(slot) or self._has_ready(queue_names):
                     result = await self.proposer.submit(cmd)
                     if result[0] != 200:
                         return result
@@ -361,32 +475,55 @@ class NodeService:
             if wake_owed:
                 self._schedule_wake(queue_names)
 
-    def ack(self, job_id, body, rid=None) -> asyncio.Future:
-        return self.run("ack", body, rid, job_id)
+    def ack(self, job_id, body, rid=None, who=None) -> asyncio.Future:
+        return self.run("ack", body, rid, job_id, who)
 
-    def ack_batch(self, body, rid=None) -> asyncio.Future:
-        return self.run("ack_batch", body, rid)
+    def ack_batch(self, body, rid=None, who=None) -> asyncio.Future:
+        return self.run("ack_batch", body, rid, None, who)
 
-    def nack(self, job_id, body, rid=None) -> asyncio.Future:
-        return self.run("nack", body, rid, job_id)
+    def nack(self, job_id, body, rid=None, who=None) -> asyncio.Future:
+        return self.run("nack", body, rid, job_id, who)
 
-    def extend(self, job_id, body, rid=None) -> asyncio.Future:
-        return self.run("extend", body, rid, job_id)
+    def extend(self, job_id, body, rid=None, who=None) -> asyncio.Future:
+        return self.run("extend", body, rid, job_id, who)
 
-    def drain(self, body, rid=None) -> asyncio.Future:
-        return self.run("drain", body, rid)
+    def drain(self, body, rid=None, who=None) -> asyncio.Future:
+        return self.run("drain", body, rid, None, who)
 
-    async def requeue(self, body, rid=None):
-        return await self._run(validate.requeue, body, rid)
+    # Operator moves: each command carries the caller's name for the audit trail.
+    async def requeue(self, body, rid=None, who=None):
+        return await self._run(validate.requeue, body, self.slot(rid, who, "requeue", body), who)
 
-    async def delete_dead_letters(self, body, rid=None):
-        return await self._run(validate.delete_dead_letters, body, rid)
+    async def delete_dead_letters(self, body, rid=None, who=None):
+        return await self._run(validate.delete_dead_letters, body, self.slot(rid, who, "dead_letters_delete", body), who)
 
-    async def cancel(self, job_id, rid=None):
-        return await self._run(validate.cancel, job_id, rid)
+    async def cancel(self, job_id, rid=None, who=None):
+        return await self._run(validate.cancel, job_id, self.slot(rid, who, "cancel", None, job_id), who)
 
-    async def pause(self, queue, paused: bool, rid=None):
-        return await self._run(validate.pause, queue, paused, self.limits, rid)
+    async def pause(self, queue, paused: bool, rid=None, body=None, who=None):
+        route = "pause" if paused else "resume"
+        return await self._run(validate.pause, queue, paused, self.limits,
+                               self.slot(rid, who, route, body, queue), body, who)
+
+    async def move_to_dead_letters(self, queue, body, rid=None, who=None):
+        return await self._run(validate.move_to_dead_letters, queue, body, self.limits,
+                               self.slot(rid, who, "dead_letter_move", body, queue), who)
+
+    async def purge(self, queue, body=None, rid=None, who=None):
+        return await self._run(validate.purge, queue, self.limits, self.slot(rid, who, "purge", body, queue), who)
+
+    async def delete_queue(self, queue, rid=None, who=None):
+        return await self._run(validate.delete_queue, queue, self.limits,
+                               self.slot(rid, who, "queue_delete", None, queue), who)
+
+    async def put_config(self, body, rid=None, who=None):
+        return await self._run(validate.configure, body, self.slot(rid, who, "config", body), who)
+
+    async def add_key(self, body, rid=None, who=None):
+        return await self._run(validate.add_key, body, self.slot(rid, who, "key_add", body), who)
+
+    async def remove_key(self, name, rid=None, who=None):
+        return await self._run(validate.remove_key, name, self.slot(rid, who, "key_remove", None, name), who)
 
     async def _run(self, build, *args):
         try:
@@ -399,9 +536,9 @@ class NodeService:
     async def sweep_loop(self):
         """While leader: propose a sweep when something is due, and at least every
         sweep_interval_ms while anything is pending."""
-        interval = self.limits.sweep_interval_ms / 1000.0
         last = 0.0
         while not self.stopping:
+            interval = self.limits.sweep_interval_ms / 1000.0      # the configuration in force
             delay = interval
             try:
                 if self.replica.is_leader():
@@ -450,7 +587,7 @@ class NodeService:
             members.append({"id": p.id, "url": p.url, "raft_addr": p.raft,
                             "connected": True if p.id == self.settings.node_id else r.connected(p.raft)})
         with self.state.lock:
-            applied = r.last_applied()
+            applied = r.applied_index()
             cached_at, digest = self._digest_cache
             if not with_digest:
                 digest = None
@@ -458,13 +595,65 @@ class NodeService:
                 digest = self.state.machine.digest()
                 self._digest_cache = ((applied, self.state.machine.applied), digest)
             machine_counts = self.state.machine.counts()
+            config_version = self.state.machine.config_version
+        toml_differs = bool(self.toml_differences())
         return 200, {"node_id": self.settings.node_id, "role": role,
                      "leader": leader, "term": term, "commit_index": status["commit_index"],
                      "last_applied": applied, "members": members, "ready": self.ready(),
                      "digest": digest, "durability": self.settings.durability,
-                     "limits_fingerprint": self.limits.fingerprint(), "state": machine_counts,
+                     "limits_fingerprint": self.limits.fingerprint(), "config_version": config_version,
+                     "toml_differs": toml_differs, "state": machine_counts,
                      "cpu": r.cpu(), "proposer": dict(self.proposer.stats), "journal_syncs": r.syncs,
                      "event_loop": "uvloop" if type(self.loop).__module__.startswith("uvloop") else "asyncio"}
+
+    async def cluster_with_digest(self):
+        """`cluster(True)` without hashing a large state on the event loop: a state of more than
+        `tuning.digest_inline_max_entries` (5,000: ~20 ms inline, less than a fork costs) is hashed in a child forked at a tick boundary
+        (Replica.fork_at_tick), and the view's `last_applied` is the index that digest belongs
+        to. At 100k jobs the digest costs ~0.4 s of CPU (seconds on a busy machine): inline,
+        under the state lock, every request of the node would wait for it. Concurrent callers
+        share one child; the result is cached per applied index like the inline one."""
+        m = self.state.machine
+        with self.state.lock:
+            key = (self.replica.applied_index(), m.applied)
+            small = len(m.jobs) + len(m.rids) + len(m.dlq) <= self.settings.tuning["digest_inline_max_entries"]
+        if small or self._digest_cache[0] == key:
+            return self.cluster(True)
+        if self._digest_job is None or self._digest_job.done():
+            self._digest_job = self.loop.create_task(self._forked_digest())
+        index, applied, digest = await asyncio.shield(self._digest_job)
+        status, view = self.cluster(False)
+        view["last_applied"], view["digest"] = index, digest
+        return status, view
+
+    async def _forked_digest(self):
+        rfd, wfd = os.pipe()
+
+        def work(machine) -> int:
+            os.close(rfd)
+            os.write(wfd, f"{machine.applied} {machine.digest()}".encode())
+            return 0
+        try:
+            pid, index, _ = await asyncio.wrap_future(self.replica.fork_at_tick(work))
+        except BaseException:
+            os.close(rfd)
+            os.close(wfd)
+            raise
+        os.close(wfd)
+
+        def collect() -> bytes:
+            try:
+                chunks = []
+                while chunk := os.read(rfd, 4096):
+                    chunks.append(chunk)
+                return b"".join(chunks)
+            finally:
+                os.close(rfd)
+                os.waitpid(pid, 0)
+        raw = await self.loop.run_in_executor(None, collect)
+        applied, digest = raw.decode().split()
+        self._digest_cache = ((index, int(applied)), digest)
+        return index, int(applied), digest
 
     def ready(self) -> bool:
         r = self.replica
@@ -479,13 +668,37 @@ class NodeService:
     def queue(self, name):
         with self.state.lock:
             stats = self.state.machine.queue_stats(name)
+            limits = self.limits
         if stats is None:
-            if name in self.limits.queues or not self.limits.strict_queues:
-                stats = Queue(name).stats(name in self.limits.queues)
+            if name in limits.queues or not limits.strict_queues:
+                stats = Queue(name).stats(name in limits.queues)
             else:
                 return error("not_found", f"queue {name!r} is not declared", queue=name)
-        stats["limits"] = self.limits.queue(name).describe()
+        stats["limits"] = limits.queue(name).describe()
         return 200, stats
+
+    def config(self):
+        with self.state.lock:
+            return 200, self.state.machine.config_view()
+
+    def keys(self):
+        with self.state.lock:
+            return 200, {"keys": self.state.machine.keys_view(), "version": self.state.machine.config_version}
+
+    def audit(self, query):
+        limit = _page_limit(query)
+        if limit is None:
+            return error("invalid_argument", "limit must be an integer 1..100")
+        before = None
+        cursor = query.get("cursor")
+        if cursor:
+            try:
+                before = int(cursor)
+            except ValueError:
+                return error("invalid_argument", "cursor is not one this server returned")
+        with self.state.lock:
+            entries, nxt = self.state.machine.audit_page(limit, before)
+        return 200, {"entries": entries, "next_cursor": str(nxt) if nxt is not None else None}
 
     def queue_jobs(self, name, query):
         state = query.get("state", "ready")
@@ -532,68 +745,8 @@ class NodeService:
     def start(self, on_fatal=None):
         if self.settings.testing.sweeps:
             self.sweeper = self.loop.create_task(self.sweep_loop())
-        self.limits_check = self.loop.create_task(self.check_peer_limits(on_fatal))
-
-    async def check_peer_limits(self, on_fatal):
-        """Every node of a cluster must run the same limits (validation and apply depend on
-        them). A node whose limits differ from a majority of the cluster refuses to serve; one
-        that agrees with a majority carries on (a single misconfigured node cannot stop the rest)."""
-        import aiohttp
-        from .tls import peer_context, peer_problem
-        mine = self.limits.fingerprint()
-        n = len(self.settings.peers)
-        seen: dict[str, str] = {}
-        told: set[str] = set()
-        try:
-            ssl_ctx = peer_context(self.settings.tls)   # https peers: tls_peer_ca, this node's certificate
-        except Exception as e:                          # the files changed since the start
-            log.warning("cannot compare limits with the other nodes: their https client context: %s", e)
-            return
-        # With API keys on, /v1/cluster needs one: this node's own, the least privileged first
-        # (a viewer's is enough). Without one every answer was a 401 and the check retried
-        # forever: a node with other limits kept serving, and could lead.
-        keys = sorted(self.settings.api_keys or (), key=lambda k: ROLES.index(k.get("role", "admin")))
-        credentials = [{"Authorization": f"Bearer {k['key']}"} for k in keys] or [{}]
-        which: dict[str, int] = {}          # peer id -> the credentials it took last
-        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=True if ssl_ctx is None else ssl_ctx)) as http:
-            while not self.stopping:
-                for p in self.settings.others:
-                    if p.id in seen:
-                        continue
-                    k = which.get(p.id, 0)
-                    try:
-                        async with http.get(p.url + "/v1/cluster?digest=false", headers=credentials[k],
-                                            timeout=aiohttp.ClientTimeout(total=2)) as r:
-                            if r.status in (401, 403):
-                                which[p.id] = (k + 1) % len(credentials)    # another of our keys next time
-                                if p.id not in told and which[p.id] == 0:
-                                    told.add(p.id)
-                                    log.warning("cannot compare limits with %s at %s: it refuses every API key of "
-                                                "this node (%d); give every node the same [auth] api_keys",
-                                                p.id, p.url, r.status)
-                                continue
-                            theirs = (await r.json()).get("limits_fingerprint") if r.status == 200 else None
-                    except Exception as e:
-                        why = peer_problem(e)
-                        if why is not None and p.id not in told:
-                            told.add(p.id)
-                            log.warning("cannot compare limits with %s at %s: %s", p.id, p.url, why)
-                        continue
-                    if theirs:
-                        seen[p.id] = theirs
-                agree = 1 + sum(1 for f in seen.values() if f == mine)
-                if agree * 2 > n:
-                    return
-                differ = {pid: f for pid, f in seen.items() if f != mine}
-                if len(differ) * 2 > n - 1 or (len(seen) == n - 1 and agree * 2 <= n):
-                    self.fatal = (f"limits differ from those of {', '.join(sorted(differ))} ({mine} here); every node "
-                                  "of a cluster must have the same [limits], [storage] and [[queues]]: fix this node's "
-                                  "config and restart it")
-                    log.critical(self.fatal)
-                    if on_fatal is not None:
-                        on_fatal()
-                    return
-                await asyncio.sleep(2.0)
+        self.seeder = self.loop.create_task(self._seed())
+        self.config_watch = self.loop.create_task(self._watch_config())
 
     async def stop(self, transfer_timeout_s: float = 3.0):
         """Stop taking requests, hand leadership over if leader, let in-flight work finish."""
@@ -611,6 +764,7 @@ class NodeService:
         end = self.loop.time() + self.proposer.request_timeout_s
         while self.proposer.inflight and self.loop.time() < end:
             await asyncio.sleep(0.02)
-        if self.sweeper:
-            self.sweeper.cancel()
+        for task in (self.sweeper, self.seeder, self.config_watch):
+            if task:
+                task.cancel()
         self.replica.destroy()

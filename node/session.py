@@ -14,8 +14,8 @@ import logging
 import orjson
 from aiohttp import WSMsgType, web
 
-from . import bounds, request_ids
-from .auth import OPERATOR, VIEWER, WORKER, Auth
+from . import bounds
+from .auth import OPERATOR, VIEWER, WORKER
 from .errors import error
 from .service import NodeService
 from .settings import TUNING_DEFAULTS
@@ -31,7 +31,7 @@ FAST_OPS = frozenset(("enqueue", "enqueue_batch", "enqueue_atomic", "ack", "ack_
 OP_ROLES = {**{op: WORKER for op in FAST_OPS}, "reserve": WORKER, "drain": OPERATOR}
 READ_OPS = {
     "server_info": lambda s: s.server_info(),
-    "cluster": lambda s: s.cluster(),
+    "cluster": lambda s: s.cluster_with_digest(),       # a coroutine: awaited
 }
 ALL_OPS = tuple(sorted(FAST_OPS | {"reserve"} | set(READ_OPS)))
 
@@ -106,10 +106,12 @@ class Sessions:
             except Exception:
                 pass
 
-    async def handle(self, request: web.Request, who=None) -> web.StreamResponse:
-        """`who`: the caller's (key name, role level) when API keys are on, else None."""
+    async def handle(self, request: web.Request, header=None) -> web.StreamResponse:
+        """`header`: the upgrade's Authorization header; each frame is checked with it against
+        the key set in force when the frame arrives (a removed key stops working at once)."""
         service = self.service
         tuning = service.settings.tuning
+        auth = service.auth
         ws = web.WebSocketResponse(max_msg_size=service.limits.max_request_bytes + 4096, heartbeat=20.0,
                                    autoping=True)
         await ws.prepare(request)
@@ -164,15 +166,18 @@ class Sessions:
             except (ConnectionError, RuntimeError):
                 return
 
-        async def serve(frame_id, op, body, rid, binary):
+        async def serve(frame_id, op, body, rid, binary, who):
             try:
                 if not service.is_leader():
                     status, out = error("unavailable", "this node is no longer the leader; reconnect",
                                         applied=False)
+                elif op == "reserve" and not service.is_seeded():
+                    status, out = service.not_seeded()
                 elif op == "reserve":          # a long poll: needs its own task
-                    status, out = await service.reserve(body, rid, alive=alive, owner=state)
+                    status, out = await service.reserve(body, rid, alive=alive, owner=state, who=who)
                 else:
-                    status, out = READ_OPS[op](service)
+                    answer = READ_OPS[op](service)
+                    status, out = await answer if asyncio.iscoroutine(answer) else answer
             except Exception:
                 log.exception("session op %s failed", op)
                 status, out = error("internal", "internal error (a bug): see the node's log")
@@ -197,21 +202,22 @@ class Sessions:
                                     or not all(0x21 <= ord(c) <= 0x7E for c in rid)):
                 reply(frame_id, *error("invalid_argument", "request_id must be 1..128 visible ASCII characters"), binary)
                 return
-            if who is not None:
-                denied = Auth.permits(who, OP_ROLES.get(op, VIEWER))
+            who = None
+            if auth.enabled:
+                found, denied = auth.frame_check(header, OP_ROLES.get(op, VIEWER))
                 if denied is not None:
                     reply(frame_id, *denied, binary)
                     return
-            if rid is not None and (op in FAST_OPS or op == "reserve"):
-                body = frame.get("body")
-                rid = request_ids.key(who[0] if who is not None else "", rid, op,
-                                      request_ids.session_target(op, body), body)
+                who = found[0]
             if op in FAST_OPS:
                 if not service.is_leader():
                     reply(frame_id, *error("unavailable", "this node is no longer the leader; reconnect",
                                            applied=False), binary)
                     return
-                cmd, extra = service.prepare(op, frame.get("body"), rid)
+                if not service.seeded and not service.is_seeded():
+                    reply(frame_id, *service.not_seeded(), binary)
+                    return
+                cmd, extra = service.prepare(op, frame.get("body"), rid, None, who)
                 if cmd is None:
                     reply(frame_id, *extra, binary)
                     return
@@ -222,7 +228,7 @@ class Sessions:
                 reply(frame_id, *error("invalid_argument", f"unknown op {op[:64]!r}; one of {', '.join(ALL_OPS)}"),
                       binary)
                 return
-            t = asyncio.create_task(serve(frame_id, op, frame.get("body"), rid, binary))
+            t = asyncio.create_task(serve(frame_id, op, frame.get("body"), rid, binary, who))
             tasks.add(t)
             t.add_done_callback(tasks.discard)
 

@@ -244,6 +244,8 @@ def parse(doc: dict, source: str = "", base_dir: Path | None = None) -> Settings
                     if kk not in ("name", "key", "role"):
                         raise ConfigError(f"{where}.{kk}: unknown key")
                 name = _str(f"{where}.name", k.get("name"))
+                if len(name) > 128 or any(ord(c) < 0x20 or 0x7F <= ord(c) <= 0x9F for c in name):
+                    raise ConfigError(f"{where}.name: must be 1..128 characters, no control characters")
                 key = _str(f"{where}.key", k.get("key"))
                 if not all(0x21 <= ord(c) <= 0x7E for c in key):
                     raise ConfigError(f"{where}.key: must be visible ASCII characters only")
@@ -272,6 +274,9 @@ def parse(doc: dict, source: str = "", base_dir: Path | None = None) -> Settings
         elif key == "raft_compression_level":
             if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 9:
                 raise ConfigError(f"tuning.{key}: must be an integer 0..9, got {value!r}")
+        elif key == "digest_inline_max_entries":
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ConfigError(f"tuning.{key}: must be an integer >= 0, got {value!r}")
         elif isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
             raise ConfigError(f"tuning.{key}: must be a positive number, got {value!r}")
     tuning = {**TUNING_DEFAULTS, **tuning}
@@ -367,6 +372,7 @@ TUNING_DEFAULTS = {
     # must be done within the timeout; at most this many handshakes at once.
     "raft_handshake_timeout_s": 5.0,
     "raft_max_pending_handshakes": 64,
+    "digest_inline_max_entries": 5000,   # larger states are hashed in a forked child (service.py)
 }
 EVENT_LOOPS = ("uvloop", "asyncio")
 

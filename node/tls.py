@@ -16,12 +16,13 @@
   connection is closed: nothing it sends reaches the API. Demanding the certificate inside the
   handshake would refuse it just as well, but under TLS 1.3 the client only sees its
   connection closed (asyncio drops the alert), and the answer says what is missing.
-* `peer_context(files)`: the context of the node's own calls to its peers' https URLs (trusting
-  `tls_peer_ca`, else `tls_client_ca`, else the system's store; presenting the node's
-  certificate, for peers that require client certificates).
+* `tls_peer_ca` is read and checked like the others, and nothing uses it now: it was the CA of
+  the node's calls to its peers' https URLs, whose only use, the start-up limits check, gave way
+  to the configuration in force replicated in the log. It is still accepted so that the configs
+  `raftq config init --tls` wrote keep starting.
 
 The Raft link does not use TLS: it is encrypted and authenticated with the cluster secret
-(node/wire.py), so rotating a certificate never touches it.
+(node/raft/encryptor.py), so rotating a certificate never touches it.
 """
 from __future__ import annotations
 
@@ -213,17 +214,6 @@ def names_host(names, host: str) -> bool:
         if n == h or (n.startswith("*.") and "." in h and h.split(".", 1)[1] == n[2:]):
             return True
     return False
-
-
-def peer_context(files: TlsFiles | None) -> ssl.SSLContext | None:
-    """The context of the node's own calls to https peers; None without TLS (aiohttp's default)."""
-    if files is None:
-        return None
-    ca = files.peer_ca or files.client_ca
-    ctx = ssl.create_default_context(cafile=str(ca) if ca else None)
-    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
-    ctx.load_cert_chain(str(files.cert), str(files.key))
-    return ctx
 
 
 # ---------------------------------------------------------------------------- serving
@@ -455,15 +445,3 @@ class TlsSite(web.BaseSite):
             await asyncio.wait_for(loop.sock_recv(conn, 65536), 0.5)    # let the client read it first
         except (OSError, asyncio.TimeoutError):
             pass
-
-
-def peer_problem(e: BaseException) -> str | None:
-    """Why a call to a peer's https URL failed at the TLS level (worth a warning), or None."""
-    import aiohttp
-    if isinstance(e, aiohttp.ClientConnectorCertificateError):
-        why = getattr(e.certificate_error, "verify_message", None) or str(e.certificate_error)
-        return (f"its certificate does not verify ({why}); set node.tls_peer_ca to the CA of the nodes' "
-                "certificates")
-    if isinstance(e, aiohttp.ClientSSLError):
-        return f"TLS handshake failed ({getattr(getattr(e, 'os_error', None), 'reason', None) or e})"
-    return None

@@ -12,12 +12,15 @@ A command is `(op, request_id, *fields)` of builtins, built by the constructors 
 from __future__ import annotations
 
 import binascii
+import hashlib
 import re
 import sys
 
 from . import bounds
+import orjson
+
 from .errors import ApiError, invalid
-from .limits import Limits, check_queue_name
+from .limits import ConfigError, Limits, check_queue_name
 from .core import ops
 from .core.ops import ATOMIC, BATCH, SINGLE
 
@@ -26,6 +29,20 @@ INT64_MIN = -(2**63)
 MAX_ADMIN_IDS = 1000
 _HEX = frozenset("0123456789abcdefABCDEF")
 _UUID = re.compile(r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}")
+
+
+def request_slot(who, rid, route: str, body, param=None):
+    """The request-id slot of a command (node/core/ops.py `request_id`), or None without a
+    Request-Id: the caller's key name, the id, the route, and a short hash of the request (its
+    body as orjson with sorted keys, and the path's job id or queue name), blake2b-128. A
+    reuse of the id by the same caller with another route or body is refused at apply."""
+    if rid is None:
+        return None
+    try:
+        data = orjson.dumps([param, body], option=orjson.OPT_SORT_KEYS)
+    except (TypeError, orjson.JSONEncodeError):
+        data = repr([param, body]).encode()
+    return ops.request_id(who, rid, route, hashlib.blake2b(data, digest_size=16).hexdigest())
 
 
 def is_int(v) -> bool:
@@ -384,7 +401,7 @@ def extend(job_id, body, rid=None) -> tuple:
     return ops.extend(rid, jid, attempt, lease)
 
 
-def drain(body, limits: Limits, rid=None) -> tuple:
+def drain(body, limits: Limits, rid=None, who=None) -> tuple:
     body = require_object(body) if body is not None else {}
     queue = body.get("queue")
     if queue is not None:
@@ -394,7 +411,7 @@ def drain(body, limits: Limits, rid=None) -> tuple:
         if _utf8_len(queue) > limits.max_queue_name_bytes:
             raise invalid(f"queue: name longer than max_queue_name_bytes ({limits.max_queue_name_bytes})")
     mx = _opt_int(body, "max", 1, 1)
-    return ops.drain(rid, queue, min(mx, limits.max_reserve_batch))
+    return ops.drain(rid, queue, min(mx, limits.max_reserve_batch), who)
 
 
 def _ids(body) -> tuple:
@@ -406,27 +423,118 @@ def _ids(body) -> tuple:
     return tuple(job_id_arg(i) for i in ids)
 
 
-def requeue(body, rid=None) -> tuple:
-    return ops.requeue(rid, _ids(body))
+def requeue(body, rid=None, who=None) -> tuple:
+    return ops.requeue(rid, _ids(body), who)
 
 
-def delete_dead_letters(body, rid=None) -> tuple:
-    return ops.delete_dead_letters(rid, _ids(body))
+def delete_dead_letters(body, rid=None, who=None) -> tuple:
+    return ops.delete_dead_letters(rid, _ids(body), who)
 
 
-def cancel(job_id, rid=None) -> tuple:
-    return ops.cancel(rid, job_id_arg(job_id))
+def cancel(job_id, rid=None, who=None) -> tuple:
+    return ops.cancel(rid, job_id_arg(job_id), who)
 
 
-def pause(queue, paused: bool, limits: Limits, rid=None) -> tuple:
+def queue_arg(queue, limits: Limits) -> str:
+    """A queue name from a path: the rules of EnqueueRequest.queue, max_queue_name_bytes included."""
     why = check_queue_name(queue, 0)
     if why:
         raise invalid(why)
     if _utf8_len(queue) > limits.max_queue_name_bytes:
         raise invalid(f"queue name longer than max_queue_name_bytes ({limits.max_queue_name_bytes})")
+    return sys.intern(queue)
+
+
+def pause(queue, paused: bool, limits: Limits, rid=None, body=None, who=None) -> tuple:
+    """Pause or resume. A queue that neither exists nor is declared is refused at apply (404)
+    unless the body says {"create": true}."""
+    queue = queue_arg(queue, limits)
+    create = (require_object(body) if body is not None else {}).get("create", False)
+    if create is None:
+        create = False
+    if not isinstance(create, bool):
+        raise invalid(f"create must be true or false, got {create!r}")
     if limits.strict_queues and queue not in limits.queues:
         raise ApiError("not_found", f"queue {queue!r} is not declared (strict mode)", queue=queue)
-    return ops.pause(rid, sys.intern(queue), paused)
+    return ops.pause(rid, queue, paused, create, who)
+
+
+def move_to_dead_letters(queue, body, limits: Limits, rid=None, who=None) -> tuple:
+    """POST /v1/queues/{name}/dead-letter {"ids", "reason"}."""
+    queue = queue_arg(queue, limits)
+    ids = _ids(body)
+    reason = body.get("reason")
+    if reason is not None and not isinstance(reason, str):
+        raise invalid("reason must be a string")
+    return ops.move_to_dead_letters(rid, queue, ids, reason or None, who)
+
+
+def purge(queue, limits: Limits, rid=None, who=None) -> tuple:
+    return ops.purge(rid, queue_arg(queue, limits), who)
+
+
+def delete_queue(queue, limits: Limits, rid=None, who=None) -> tuple:
+    return ops.delete_queue(rid, queue_arg(queue, limits), who)
+
+
+# ---------------------------------------------------------------------------- configuration
+def key_sha256(key: str) -> str:
+    """The digest an API key is kept as (node/auth.py looks keys up by it)."""
+    import hashlib
+    return hashlib.sha256(key.encode("utf-8", "surrogateescape")).hexdigest()
+
+
+def configure(body, rid=None, who=None) -> tuple:
+    """PUT /v1/config {"config": {limits, storage, queues}, "expect_version", "keys"?}: checked
+    exactly as the TOML sections are (Limits.from_doc is Limits.build), 400 naming the key."""
+    body = require_object(body)
+    expect = body.get("expect_version")
+    if not is_int(expect) or expect < 0:
+        raise invalid(f"expect_version is required and must be an integer >= 0 (the version in force, "
+                      f"GET /v1/config), got {expect!r}")
+    config = body.get("config")
+    if not isinstance(config, dict):
+        raise invalid("config is required: an object {limits, storage, queues}")
+    try:
+        Limits.from_doc(config)
+    except ConfigError as e:
+        raise invalid(str(e))
+    keys = body.get("keys")
+    if keys is not None:
+        keys = tuple(_key_entry(k, f"keys[{i}]") for i, k in enumerate(keys if isinstance(keys, list) else [None]))
+    return ops.configure(rid, expect, config, keys, who)
+
+
+def _key_entry(k, where: str) -> tuple:
+    from .core.config import key_problem
+    if not isinstance(k, dict):
+        raise invalid(f"{where}: must be an object {{name, role, key_sha256}}")
+    name, role, digest = k.get("name"), k.get("role"), k.get("key_sha256")
+    why = key_problem(name, role, digest)
+    if why:
+        raise invalid(f"{where}: {why}")
+    return name, role, digest
+
+
+def add_key(body, rid=None, who=None) -> tuple:
+    """POST /v1/keys {"name", "role", "key_sha256"}: the node never sees the key."""
+    name, role, digest = _key_entry(require_object(body), "key")
+    return ops.add_key(rid, name, role, digest, who)
+
+
+def remove_key(name, rid=None, who=None) -> tuple:
+    if not isinstance(name, str) or not name:
+        raise invalid("key name must be a non-empty string")
+    return ops.remove_key(rid, name, who)
+
+
+def seed(limits: Limits, api_keys) -> tuple:
+    """Version 1 from a node's TOML: its [limits], [storage], [[queues]] and [auth] keys (as
+    digests). Proposed by the first leader; expect_version 0 decides a race between two."""
+    keys = tuple((k["name"], k["role"], key_sha256(k["key"])) for k in api_keys or ())
+    doc = limits.doc
+    return ops.configure(None, 0, {"limits": doc["limits"], "storage": doc["storage"], "queues": doc["queues"]},
+                         keys, None)
 
 
 def sweep() -> tuple:

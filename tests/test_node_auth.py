@@ -141,7 +141,7 @@ def test_admin_page_is_served_by_every_node_without_a_key_and_its_calls_exist(cl
                                ("GET", "/v1/dead-letters?limit=50", None),
                                ("POST", "/v1/dead-letters/requeue", {"ids": [str(uuid.uuid4())]}),
                                ("POST", "/v1/dead-letters/delete", {"ids": [str(uuid.uuid4())]}),
-                               ("POST", "/v1/queues/ui-q/pause", {}), ("POST", "/v1/queues/ui-q/resume", {})):
+                               ("POST", "/v1/queues/ui-q/pause", {"create": True}), ("POST", "/v1/queues/ui-q/resume", {})):
         status, out = http_json(method, leader + path, body, headers=bearer("operator"))
         assert status == 200, (path, out)
 
