@@ -2,8 +2,8 @@
 documented status or close code, the bound's hit counted in /metrics, and the node's memory
 and enqueue latency back near their baseline afterwards (tests/attacks.py).
 
-Two clusters, three nodes each (memory durability), shared by the tests of this module with
-bounds turned down so that each attack stays small:
+Two clusters, three nodes each (memory durability, no sweeps), shared by the tests of this
+module with bounds turned down so that each attack stays small:
 * `keyed`: API keys on (one per role), the long-poll and session bounds;
 * `keyless`: no keys, on loopback (the Host check), the connection cap and the HTTP deadlines.
 Each test uses queue names of its own and leaves nothing parked or open behind it.
@@ -38,18 +38,24 @@ KEYLESS_TUNING = {
     "http_body_timeout_s": 1.0,
 }
 
+# The leader proposes a sweep every second while anything is pending (the configuration's audit
+# entry is, from the start): without them the state changes only by requests, so a refused
+# request can be checked to leave the digest as it was.
+NO_SWEEPS = {"sweeps": False}
+
 
 @pytest.fixture(scope="module")
 def keyed(tmp_path_factory):
     c = LocalCluster(tmp_path_factory.mktemp("keyed"), durability="memory", api_keys=API_KEYS, secret=SECRET,
-                     tuning=KEYED_TUNING).launch()
+                     tuning=KEYED_TUNING, testing=NO_SWEEPS).launch()
     yield c
     c.close()
 
 
 @pytest.fixture(scope="module")
 def keyless(tmp_path_factory):
-    c = LocalCluster(tmp_path_factory.mktemp("keyless"), durability="memory", tuning=KEYLESS_TUNING).launch()
+    c = LocalCluster(tmp_path_factory.mktemp("keyless"), durability="memory", tuning=KEYLESS_TUNING,
+                     testing=NO_SWEEPS).launch()
     yield c
     c.close()
 

@@ -28,7 +28,8 @@ MAX_FRAME = 4096            # node/raft/transport.py HANDSHAKE_MAX_FRAME
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    c = LocalCluster(tmp_path_factory.mktemp("raft-hostile"), durability="memory", secret=SECRET,
+    # [testing] sweeps = false: the state changes only by requests (the digest is compared).
+    c = LocalCluster(tmp_path_factory.mktemp("raft-hostile"), durability="memory", secret=SECRET, testing={"sweeps": False},
                      tuning={"raft_handshake_timeout_s": HANDSHAKE_TIMEOUT_S,
                              "raft_max_pending_handshakes": MAX_PENDING}).launch()
     c.wait_converged()
