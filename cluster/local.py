@@ -399,6 +399,13 @@ class LocalCluster:
                                  context=self.client_ssl)
         return body if status == 200 else None
 
+    def cluster_views(self, among=None, digest: bool = True) -> list:
+        """Every (listed) node's view, taken at the same moment (one thread each)."""
+        import concurrent.futures
+        among = list(range(self.n) if among is None else among)
+        with concurrent.futures.ThreadPoolExecutor(len(among) or 1) as pool:
+            return list(pool.map(lambda i: self.cluster_view(i, digest=digest), among))
+
     def leader(self, among=None) -> int | None:
         """The index of the node that says it leads and that the others agree on, and that has
         applied a configuration (a new cluster's leader seeds version 1 first, in milliseconds,
@@ -427,7 +434,9 @@ class LocalCluster:
         end = time.monotonic() + timeout
         views = []
         while time.monotonic() < end:
-            views = [self.cluster_view(i) for i in among]
+            # All at once: the leader's sweeps keep committing entries, and views taken one
+            # after the other on a busy machine would straddle one.
+            views = self.cluster_views(among)
             if all(views) and len({(v["last_applied"], v["digest"]) for v in views}) == 1 \
                     and views[0]["last_applied"] >= views[0]["commit_index"]:
                 return views

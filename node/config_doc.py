@@ -56,10 +56,10 @@ NODE = {
                          "certificate it did not sign fails the handshake, a client without one gets `401 "
                          "client_certificate_required` and is disconnected before any request reaches the API. "
                          "Reloaded on SIGHUP.", default="unset", rule="needs `tls_cert`"),
-    "tls_peer_ca": Key("string", "PEM file of the CA(s) of the other nodes' certificates. The file is checked "
-                       "at start, and nothing uses it now: the node's only calls to its peers' https URLs were the "
-                       "limits check at start, which the configuration in force (replicated in the log) replaced. "
-                       "Accepted so that configs written by `raftq config init --tls` keep starting.",
+    "tls_peer_ca": Key("string", "PEM file of the CA(s) of the other nodes' certificates, trusted when this "
+                       "node calls its peers' https URLs (`GET /v1/cluster/nodes`, which the admin page uses to show "
+                       "every member); this node's certificate is presented to them as a client certificate. The file "
+                       "is checked at start.",
                        default="`tls_client_ca`, else the system's CAs", rule="needs `tls_cert`"),
 }
 CLUSTER = {
@@ -155,6 +155,13 @@ STORAGE = {
                               "operator action; the sweep drops older entries.", minimum=1),
     "audit_max_entries": Key("integer", "Most entries the audit trail keeps; beyond that the oldest go first.",
                              minimum=1),
+    "min_free_bytes": Key("integer", "The data disk's free-space reserve. While the filesystem of `data_dir` has "
+                          "less free space than this (checked every half second), the node refuses writes with "
+                          "503 `unavailable` and `Retry-After`, a leader hands leadership to a node that has "
+                          "space, and the node does not stand for election; writes resume by themselves once "
+                          "space is back. It keeps a filling disk an outage of writes, never a failed write "
+                          "(which makes the node exit, code 74). 0: no reserve. This node's own, read from its TOML "
+                          "(not the configuration in force: their disks may differ).", minimum=0),
 }
 QUEUE_ONLY = {
     "name": Key("string", "The queue's name: non-empty, not `.` or `..`, no `/`, no control characters.",
@@ -171,8 +178,10 @@ TUNING = {
     "raft_min_timeout_s": Key("number", "Shortest election timeout: a follower that hears no leader for a random "
                               "time between the two starts an election.", positive=True),
     "raft_max_timeout_s": Key("number", "Longest election timeout.", positive=True),
-    "leader_fallback_timeout_s": Key("number", "A leader that hears from no majority for this long steps down "
-                                     "(the stale-leader window of a paused or cut-off leader).", positive=True),
+    "leader_fallback_timeout_s": Key("number", "Upper bound of how long a leader that hears from no majority "
+                                     "stays leader. CheckQuorum already makes it step down after `raft_min_timeout_s` "
+                                     "(and ask a follower to stand at once): the shorter of the two applies.",
+                                     positive=True),
     "connection_retry_s": Key("number", "How often a node retries a lost connection to a peer.", positive=True),
     "request_timeout_s": Key("number", "How long a request waits for its change to commit before it is "
                              "answered 503 `unavailable` (outcome unknown: retry with the same Request-Id).",
@@ -240,6 +249,14 @@ TESTING = {
     "sweeps": Key("boolean", "`false`: the leader proposes no sweeps (leases, schedules and windows stop "
                   "expiring), so the state changes only by requests: the hostile-input tests compare state "
                   "digests around each refused request.", default="true"),
+    "fsync_eio": Key("boolean", "Fail the next journal sync with EIO when the file `fail-next-fsync` appears in "
+                     "the data dir (the chaos tool's fsync-eio fault)."),
+    "clock_strobe": Key("boolean", "While the file `clock-strobe` in the data dir says `AMPLITUDE_MS PERIOD_MS`, this "
+                        "node's idea of now jumps between +AMPLITUDE and -AMPLITUDE every PERIOD (the chaos tool's "
+                        "clock-strobe fault); never the system clock."),
+    "free_space_file": Key("boolean", "While the file `disk-free-bytes` in the data dir holds a number, take it as the "
+                           "data disk's free space (the chaos tool's disk-full fault where it cannot mount a small "
+                           "filesystem per node)."),
 }
 
 # (TOML header, keys, where the code keeps them / their defaults, what the section is)
@@ -260,8 +277,9 @@ SECTIONS = [
      "configuration in force is replicated state, changed online with `raftq config apply FILE` (`PUT "
      "/v1/config`), and editing these sections in a node's file changes nothing: the node follows the "
      "configuration in force and reports the difference (`toml_differs`, see docs/cluster.md)."),
-    ("[storage]", STORAGE, L.STORAGE_KEYS, "Retention, dedup window, the sweep and the audit trail. Part of the "
-     "configuration in force, like `[limits]`."),
+    ("[storage]", STORAGE, L.STORAGE_KEYS, "Retention, dedup window, the sweep, the audit trail and the disk's free-space "
+     "reserve. Part of the configuration in force, like `[limits]`, except `min_free_bytes`, which each node "
+     "reads from its own file."),
     ("[[queues]]", QUEUE_ONLY, None, "Optional, one table per declared queue: `name`, any ★ key of `[limits]` "
      "(its value for this queue), and the keys below. Undeclared queues use `[limits]` as they are (unless "
      "`strict_queues` is on). Part of the configuration in force, like `[limits]`."),

@@ -199,6 +199,9 @@ def build_app(service: NodeService) -> web.Application:
         await resp.write_eof()
         return resp
 
+    async def cluster_nodes(request: web.Request) -> web.Response:
+        return respond(*await service.cluster_nodes(request.headers.get("Authorization") if auth.enabled else None))
+
     routes = [("POST", path, _leader_write(fn, auth, role)) for path, role, fn in leader_post]
     routes += [(method, path, _leader_write(fn, auth, role, optional=True))
                for method, path, role, fn in optional_body]
@@ -208,10 +211,12 @@ def build_app(service: NodeService) -> web.Application:
     routes += [("GET", path, _guarded(handler)) for path, handler in (
         ("/v1/session", session),
         ("/v1/server-info", _authorized(auth, VIEWER, _any(lambda s: s.server_info()))),
-        ("/v1/cluster", _authorized(auth, VIEWER, cluster)), ("/metrics", _authorized(auth, VIEWER, metrics)),
+        ("/v1/cluster", _authorized(auth, VIEWER, cluster)),
+        ("/v1/cluster/nodes", _authorized(auth, VIEWER, cluster_nodes)),
+        ("/metrics", _authorized(auth, VIEWER, metrics)),
         ("/v1/openapi.json", _authorized(auth, VIEWER, _openapi)),
         ("/v1/backup", _authorized(auth, ADMIN, backup_handler)),
-        ("/healthz", _healthz), ("/readyz", _readyz), ("/", _admin_page))]
+        ("/healthz", _healthz), ("/readyz", _readyz), ("/", _admin_page(service)))]
     r = app.router
     for method, path, handler in routes:
         if method == "GET":
@@ -353,16 +358,33 @@ def _any(fn):
 _ADMIN_PAGE: bytes | None = None
 
 
-async def _admin_page(request: web.Request) -> web.Response:
+def _origin(url: str) -> str:
+    from urllib.parse import urlsplit
+    u = urlsplit(url)
+    return f"{u.scheme}://{u.netloc}"
+
+
+def _admin_page(service: NodeService):
     """The admin UI: one static page that calls this node's /v1 API from the browser (with the
-    key the user types in, when keys are on), so it needs no key itself."""
-    global _ADMIN_PAGE
-    if _ADMIN_PAGE is None:
-        _ADMIN_PAGE = (Path(__file__).parent / "admin.html").read_bytes()
-    return web.Response(body=_ADMIN_PAGE, content_type="text/html", charset="utf-8",
-                        headers={"Content-Security-Policy": "default-src 'self'; script-src 'self' 'unsafe-inline'; "
-                                                            "style-src 'unsafe-inline'; frame-ancestors 'none'",
-                                 "Cache-Control": "no-cache"})
+    key the user types in, when keys are on), so it needs no key itself. Its policy lets it
+    call only this node, plus a bodiless probe of the other nodes' /healthz: how the page finds
+    a live node to move to when this one dies."""
+    csp = None
+
+    async def page(request: web.Request) -> web.Response:
+        global _ADMIN_PAGE
+        nonlocal csp
+        if _ADMIN_PAGE is None:
+            _ADMIN_PAGE = (Path(__file__).parent / "admin.html").read_bytes()
+        if csp is None:             # at the first request: building the app needs no peers
+            peers = " ".join(sorted({_origin(p.url) for p in service.settings.others}))
+            csp = (f"default-src 'self'; connect-src 'self' {peers}; script-src 'self' 'unsafe-inline'; "
+                   "style-src 'unsafe-inline'; img-src 'self' data:; base-uri 'none'; form-action 'self'; "
+                   "frame-ancestors 'none'")
+        return web.Response(body=_ADMIN_PAGE, content_type="text/html", charset="utf-8",
+                            headers={"Content-Security-Policy": csp, "Cache-Control": "no-cache",
+                                     "Referrer-Policy": "no-referrer"})
+    return page
 
 
 _OPENAPI: bytes | None = None

@@ -54,7 +54,11 @@ STORAGE_KEYS: dict[str, object] = {
     "sweep_limit": 10_000,
     "audit_retention_ms": 2_592_000_000,   # 30 days
     "audit_max_entries": 10_000,
+    "min_free_bytes": 128 * MIB,      # the data disk's free-space reserve (0 = no reserve)
 }
+# [storage] keys about this node's own disk, not the replicated rules: they may differ between
+# the nodes of a cluster (their disks may), so they are left out of the fingerprint.
+NODE_LOCAL_STORAGE_KEYS = ("min_free_bytes",)
 QUEUE_ONLY_KEYS = ("name", "allowed_job_types", "dedup_window_ms")
 
 
@@ -228,6 +232,7 @@ class Limits:
         _int("storage.sweep_limit", s["sweep_limit"])
         _int("storage.audit_retention_ms", s["audit_retention_ms"])
         _int("storage.audit_max_entries", s["audit_max_entries"])
+        _int("storage.min_free_bytes", s["min_free_bytes"], 0)
 
         base = {**QUEUE_KEYS, **{k: v for k, v in limits.items() if k in QUEUE_KEYS}}
         _check_queue_values("limits", base, g["max_request_bytes"])
@@ -307,7 +312,8 @@ class Limits:
 
     def fingerprint(self) -> str:
         """A hash of every limit; nodes of one cluster must agree on it."""
-        doc = {"limits": self.globals, "storage": self.storage,
+        doc = {"limits": self.globals,
+               "storage": {k: v for k, v in self.storage.items() if k not in NODE_LOCAL_STORAGE_KEYS},
                "default": self.default_queue.describe(),
                "queues": {n: q.describe() for n, q in sorted(self.queues.items())}}
         return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:16]

@@ -66,6 +66,16 @@ def render(view: dict, queues: list[dict], inflight: int, gauges: dict | None = 
              [({"peer": m["id"]}, m["connected"]) for m in view["members"] if m["id"] != view["node_id"]])
     t.family("raftq_journal_syncs_total", "counter", "journal fsyncs (fsync durability)",
              [({}, view.get("journal_syncs", 0))])
+    disk = view.get("disk") or {}
+    t.family("raftq_disk_damage_found_total", "counter", "damage the disk checks found since the node started "
+             "(journal, snapshot and meta file checksums), by kind",
+             [({"kind": k}, n) for k, n in sorted((disk.get("findings") or {}).items())])
+    t.family("raftq_log_verified", "gauge", "0 while the node's log is not trusted for voting (it was damaged and "
+             "has not caught up with a leader yet)", [({}, disk.get("log_verified", True))])
+    t.family("raftq_disk_free_bytes", "gauge", "free space of the data disk (NaN when no reserve is set)",
+             [({}, disk.get("free_bytes"))])
+    t.family("raftq_disk_low_space", "gauge", "1 while the data disk is below storage.min_free_bytes (writes refused)",
+             [({}, disk.get("low_space", False))])
     p = view.get("proposer", {})
     t.family("raftq_proposals_total", "counter", "Raft entries proposed by this node (each a batch of requests)",
              [({}, p.get("batches", 0))])
@@ -75,6 +85,8 @@ def render(view: dict, queues: list[dict], inflight: int, gauges: dict | None = 
              [({}, p.get("overloaded", 0))])
     t.family("raftq_commit_timeouts_total", "counter", "requests not committed within the request timeout",
              [({}, p.get("timeouts", 0))])
+    t.family("raftq_refused_low_space_total", "counter", "requests refused with 503 unavailable because the data "
+             "disk was below its reserve", [({}, p.get("refused", 0))])
     t.family("raftq_requests_in_flight", "gauge", "requests proposed and not yet answered", [({}, inflight)])
     g = gauges or {}
     t.family("raftq_http_connections", "gauge", "HTTP connections open on this node (sessions included)",

@@ -23,6 +23,7 @@ from .. import __version__
 from . import errors
 from .auth import ADMIN, OPERATOR, VIEWER, WORKER
 from .limits import QUEUE_KEYS, Limits
+from .core.jobs import DEAD_LETTER_CAUSES
 from .machine import STATE_NAMES
 from .settings import ROLES
 
@@ -92,7 +93,6 @@ REJECTION_REASONS = {
     "queue_full": "the queue holds `max_queue_depth` live jobs (`queue`, `limit`)",
 }
 
-DEAD_LETTER_CAUSES = ("attempts_exhausted", "rejected", "lease_expired", "admin", "expired")
 # What a configuration change can warn about (node/core/config.py change_warnings).
 CONFIG_WARNINGS = {
     "depth_above_limit": "a queue holds more live jobs than its new `max_queue_depth` (`queue`, `depth`, `limit`): "
@@ -498,9 +498,40 @@ def schemas() -> dict:
             "cpu": {"type": "object", "additionalProperties": {"type": ["number", "null"]}},
             "proposer": {"type": "object", "additionalProperties": {"type": "integer"}},
             "journal_syncs": integer(0),
+            "disk": obj({
+                "log_verified": {"type": "boolean", "description": "false while the node's log is untrusted: it "
+                                 "found damage and no leader has repaired it yet; it neither votes nor leads"},
+                "unverified": {"type": ["object", "null"], "description": "what was found and the commit index "
+                               "to catch up to"},
+                "findings": {"type": "object", "additionalProperties": {"type": "integer"},
+                             "description": "damage found since the node started, by kind"},
+                "last_findings": {"type": "array", "items": {"type": "object"}},
+                "free_bytes": {"type": ["integer", "null"], "description": "the data disk's free space"},
+                "min_free_bytes": integer(0),
+                "low_space": {"type": "boolean", "description": "below min_free_bytes: writes refused"},
+            }, description="The disk checks and the free-space reserve"),
             "event_loop": {"type": "string", "enum": ["uvloop", "asyncio"]},
         }, ["node_id", "role", "leader", "term", "commit_index", "last_applied", "members", "ready", "digest"],
             "This node's own view of the cluster."),
+        "NodeRow": obj({
+            "id": string(), "url": string(),
+            "reachable": {"type": "boolean", "description": "the node answered this node's request"},
+            "error": {"type": ["string", "null"], "description": "why it did not (refused, timed out, an HTTP "
+                      "status such as `401 unauthenticated`)"},
+            "role": {"type": "string", "enum": ["leader", "follower", "candidate"]},
+            "term": integer(0), "commit_index": integer(0), "last_applied": integer(0),
+            "ready": {"type": "boolean"},
+            "leader_id": {"type": ["string", "null"], "description": "the leader as that node knows it"},
+            "peers_connected": integer(0, description="that node's Raft links that are up"),
+            "peers": integer(0, description="that node's peers"),
+            "durability": {"type": "string", "enum": ["fsync", "memory"]},
+            "lag": integer(0, description="the highest commit index among the nodes that answered, minus "
+                              "this node's `last_applied`: entries it has yet to apply"),
+        }, ["id", "url", "reachable", "error"], "One member: its own view when it answered (the fields after "
+           "`error`), else only `id`, `url`, `reachable` false and `error`."),
+        "ClusterNodes": obj({"node_id": string("the node that asked"),
+                             "nodes": {"type": "array", "items": ref("NodeRow")}}, ["node_id", "nodes"],
+                            "Every member's own view, asked by the node that answers."),
         "Health": obj({"status": {"const": "ok"}}, ["status"]),
         "Readiness": obj({"status": {"type": "string", "enum": ["ready", "not_ready"]},
                           "leader": {"type": ["string", "null"], "description": "the leader's URL as this node "
@@ -683,6 +714,9 @@ ROUTES = [
            "Oldest first, without removing them.", VIEWER, ok="DeadLetterPage", tags=("dead letters",),
            errors_=[(400, ["invalid_argument"])],
            params=[{"name": "queue", "in": "query", "description": "only this queue's", "schema": {"type": "string"}},
+                   {"name": "cause", "in": "query", "description": "only this cause's; at most 10000 records are "
+                    "looked at per call, so a page may hold fewer than `limit` records and still have a "
+                    "`next_cursor`", "schema": {"type": "string", "enum": list(DEAD_LETTER_CAUSES)}},
                    LIMIT_PARAM, CURSOR_PARAM]),
     _route("get", "/v1/session", "session", "Open a session (WebSocket)",
            "Upgrades to a WebSocket that carries the operations of this API as JSON frames, many in flight at "
@@ -708,6 +742,12 @@ ROUTES = [
            "`digest=false`.", VIEWER, leader=False, ok="ClusterView", tags=("cluster",),
            params=[{"name": "digest", "in": "query", "description": "`false`, `0` or `no` leaves the digest out",
                     "schema": {"type": "string", "default": "true"}}]),
+    _route("get", "/v1/cluster/nodes", "cluster_nodes", "Every node's view",
+           "Any node answers: it asks every member for its own view (`GET /v1/cluster?digest=false`) at once, "
+           "passing the caller's `Authorization` on (each node checks the key itself), and answers a row per "
+           "member; a member that does not answer within 1.5 s has `reachable` false and `error`. The admin UI's "
+           "node table reads it (a browser page may only call its own node).", VIEWER, leader=False,
+           ok="ClusterNodes", tags=("cluster",)),
     _route("get", "/v1/openapi.json", "openapi", "This document", "Any node answers.", VIEWER, leader=False,
            ok=None, tags=("cluster",)),
     _route("get", "/v1/backup", "backup", "An online backup of the state",

@@ -127,9 +127,17 @@ class Proposer:
         # per request: a loop callback less for every request).
         self.outstanding: collections.deque = collections.deque()
         self.reaper: asyncio.Task | None = None
+        # The answer every request gets while writes are refused (503 unavailable), or None.
+        self.refusal: tuple | None = None
 
-    def submit(self, cmd, size_hint: int = 64) -> asyncio.Future:
+    def submit(self, cmd, size_hint: int = 64, internal: bool = False) -> asyncio.Future:
         fut = self.loop.create_future()
+        if self.refusal is not None and not internal:
+            # Writes are refused as a whole (the data disk is below its free-space reserve):
+            # the answer is set by NodeService's disk monitor, and cleared when space is back.
+            fut.set_result(self.refusal)
+            self.stats["refused"] += 1
+            return fut
         if self.inflight >= self.max_inflight:
             fut.set_result(error("overloaded", f"more than {self.max_inflight} requests in flight on this node; "
                                                "retry after a moment"))
@@ -207,10 +215,11 @@ class Proposer:
         fut.set_result(result)
         return fut
 
-    async def run(self, cmd, size_hint: int = 64) -> tuple[int, dict]:
+    async def run(self, cmd, size_hint: int = 64, internal: bool = False) -> tuple[int, dict]:
         """Propose one command and wait for its committed result, or a mapped failure (a
-        request that is not committed within request_timeout_s is answered `unavailable`)."""
-        return await self.submit(cmd, size_hint)
+        request that is not committed within request_timeout_s is answered `unavailable`).
+        `internal`: the node's own command (a sweep), proposed even while writes are refused."""
+        return await self.submit(cmd, size_hint, internal)
 
 
 def wall_ms() -> int:

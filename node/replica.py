@@ -18,12 +18,12 @@ import time
 
 import cryptography  # noqa: F401 - a node needs the server extra (the Raft link's AES-GCM), said at import
 
-from . import sync_shadow
+from . import fault_hooks, sync_shadow
 from .machine import QueueMachine
-from .raft import _RAFT_STATE, FAIL_REASON, SyncObj, SyncObjConf, SyncObjConsumer, replicated
+from .raft import _RAFT_STATE, FAIL_REASON, StorageFailure, SyncObj, SyncObjConf, SyncObjConsumer, replicated
 from .settings import Settings
 
-__all__ = ["FAIL_REASON", "QueueState", "Replica"]
+__all__ = ["FAIL_REASON", "QueueState", "Replica", "StorageFailure"]
 
 log = logging.getLogger("raftq.replica")
 
@@ -113,15 +113,23 @@ class QueueState(SyncObjConsumer):
 class Replica:
     """One node's SyncObj around a QueueState, and every view of Raft the node needs."""
 
-    def __init__(self, settings: Settings, on_state_changed=None, on_ready=None):
+    def __init__(self, settings: Settings, on_state_changed=None, on_ready=None, on_storage_failure=None,
+                 election_eligible=None, accept_damaged_log: bool = False):
+        """`on_storage_failure(StorageFailure)`: called on the Raft tick thread when a write or
+        sync of the data dir failed (the thread stops ticking); `election_eligible() -> bool`:
+        asked before this node stands for election."""
         self.settings = settings
         self.state = QueueState(settings.limits)
         settings.data_dir.mkdir(parents=True, exist_ok=True)
         t = settings.tuning
         self.shadow = None
+        observers = []
         if settings.testing.sync_shadow:    # [testing]: the power-loss test hook (node/sync_shadow.py)
             self.shadow = sync_shadow.SyncShadow(settings.data_dir, settings.durability,
                                                  settings.testing.sync_shadow_writeback_s)
+            observers.append(self.shadow)
+        if settings.testing.fsync_eio:      # [testing]: the fsync-EIO test hook (node/fault_hooks.py)
+            observers.append(fault_hooks.FailingSync(settings.data_dir))
         conf = SyncObjConf(
             journalFile=str(settings.data_dir / "raft.journal"),
             fullDumpFile=str(settings.data_dir / "raft.dump"),
@@ -153,7 +161,10 @@ class Replica:
             durability=settings.durability,
             compressionLevel=int(t["raft_compression_level"]),
             dialMap=settings.testing.raft_dial_map,        # [testing]: chaos proxies
-            journalObserver=self.shadow,
+            journalObserver=fault_hooks.observer_of(observers),
+            onStorageFailure=on_storage_failure,
+            acceptDamagedLog=accept_damaged_log,
+            electionEligible=election_eligible,
         )
         others = [p.raft for p in settings.others]
         self.syncobj = SyncObj(settings.raft, others, conf=conf, consumers=[self.state])
@@ -293,9 +304,30 @@ class Replica:
                 pass
         return out
 
-    def transfer_leadership(self, callback=None):
+    def disk(self) -> dict:
+        """What the disk checks found (node/raft: journal, snapshot and meta file checksums) and
+        whether this node's log is trusted for voting."""
+        s = self.syncobj
+        findings: dict[str, int] = {}
+        for f in s.diskFindings:
+            findings[f["what"]] = findings.get(f["what"], 0) + 1
+        unverified = s.logUnverified
+        return {"log_verified": unverified is None, "unverified": unverified, "findings": findings,
+                "last_findings": [{k: f.get(k) for k in ("what", "file", "detail")} for f in s.diskFindings[-5:]]}
+
+    def peer_node(self, raft_addr: str):
+        for node in self.syncobj.otherNodes:
+            if node.id == raft_addr:
+                return node
+        return None
+
+    def transfer_leadership(self, callback=None, to: str | None = None):
+        """Hand leadership to the peer at Raft address `to` (None: the most caught-up one)."""
         try:
-            self.syncobj.transferLeadership(callback=callback)
+            node = None if to is None else self.peer_node(to)
+            if to is not None and node is None:
+                return
+            self.syncobj.transferLeadership(node, callback=callback)
         except Exception:
             log.exception("leadership transfer failed")
 
@@ -310,11 +342,9 @@ def write_restored_snapshot(data_dir, machine_builtins: dict, index: int) -> Non
     log never decrease (the source's term could exceed the new cluster's, and a log whose last
     term is higher than newer entries' would look more up to date than theirs in elections).
     Every node of the new cluster is restored from the same file, so their logs match."""
-    import gzip
     from pathlib import Path
 
-    from .raft import pickle as raft_pickle
-    from .raft.serializer import SNAPSHOT_FORMAT, SNAPSHOT_VERSION, atomicReplace
+    from .raft.serializer import SNAPSHOT_FORMAT, SNAPSHOT_VERSION, atomicReplace, writeDocument
     path = Path(data_dir) / "raft.dump"
     document = {
         "format": SNAPSHOT_FORMAT, "version": SNAPSHOT_VERSION,
@@ -323,6 +353,5 @@ def write_restored_snapshot(data_dir, machine_builtins: dict, index: int) -> Non
     }
     tmp = str(path) + ".tmp"
     with open(tmp, "wb") as f:
-        with gzip.GzipFile(fileobj=f, mode="wb", compresslevel=1) as g:
-            raft_pickle.dumpBuiltins(document, g)
+        writeDocument(f, document, 1)           # the checksummed snapshot file (node/raft/serializer.py)
     atomicReplace(tmp, str(path), fsync=True)

@@ -13,16 +13,26 @@ from aiohttp import web
 from .guard import GuardedRunner, allowed_hosts, install_redaction
 from .http import build_app
 from .limits import ConfigError
-from .service import NodeService
+from .replica import StorageFailure
+from .service import EXIT_STORAGE, NodeService
 from .settings import Settings, load
 
 log = logging.getLogger("raftq.node")
 
 
-async def serve(settings: Settings, tls_loaded=None) -> int:
+async def serve(settings: Settings, tls_loaded=None, accept_damaged_log: bool = False) -> int:
     """`tls_loaded`: node/tls.py's Loaded when the node serves TLS (checked before the start)."""
     loop = asyncio.get_running_loop()
-    service = NodeService(settings, loop)
+    try:
+        service = NodeService(settings, loop, accept_damaged_log=accept_damaged_log)
+    except StorageFailure as e:
+        # Opening the data dir failed (a journal or meta write, an upgrade, a rename): the same
+        # rule as a failed write later on.
+        msg = (f"storage failure: {e.op} of {e.path} failed with errno {e.errno} ({e.strerror}); exiting with "
+               f"code {EXIT_STORAGE}")
+        log.critical(msg)
+        print(f"raftq node {settings.node_id}: {msg}", file=sys.stderr, flush=True)
+        return EXIT_STORAGE
     app = build_app(service)
     runner = GuardedRunner(app, tuning=settings.tuning, allowed_hosts=allowed_hosts(settings), access_log=None,
                            handle_signals=False, shutdown_timeout=5.0)
@@ -89,9 +99,17 @@ def reload_tls(site, settings: Settings) -> None:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="raftq node", description="Run one raftq node.")
+    parser = argparse.ArgumentParser(
+        prog="raftq node", description="Run one raftq node.",
+        epilog=f"Exit status: 0 stopped; 1 cannot listen; 2 config error or limits that differ from the "
+               f"cluster's; {EXIT_STORAGE} a write or sync of the data dir failed (EIO, ENOSPC: the node stops "
+               "rather than retry; a restart recovers from what the disk holds).")
     parser.add_argument("--config", required=True, help="the node's TOML config file")
     parser.add_argument("--log-level", default="INFO")
+    parser.add_argument("--accept-damaged-log", action="store_true",
+                        help="take this node's log as the disk checks left it and vote with it at once (only when a "
+                             "majority was damaged together and no trusted leader can repair it: entries the checks "
+                             "cut may have been acknowledged)")
     parser.add_argument("--check", action="store_true",
                         help="check the config (and the TLS files it names) and exit: 0 when the node would start")
     args = parser.parse_args(argv)
@@ -121,7 +139,7 @@ def main(argv=None) -> int:
     # the cyclic GC walk them again and again, in pauses that stall the Raft tick thread;
     # collect the young often, the old rarely.
     gc.set_threshold(50_000, 50, 1000)
-    return run_loop(serve(settings, tls_loaded), settings.tuning["event_loop"])
+    return run_loop(serve(settings, tls_loaded, args.accept_damaged_log), settings.tuning["event_loop"])
 
 
 def run_loop(main, kind: str):

@@ -10,15 +10,17 @@ import asyncio
 import collections
 import logging
 import os
+import sys
 import threading
+import time
 
-from . import bounds, validate
+from . import bounds, fault_hooks, validate
 from .auth import Auth
 from .core import ops
-from .core.jobs import IN_FLIGHT, READY, SCHEDULED, Queue
+from .core.jobs import DEAD_LETTER_CAUSES, IN_FLIGHT, READY, SCHEDULED, Queue
 from .errors import ApiError, error
 from .proposer import Proposer, wall_ms
-from .replica import Replica
+from .replica import ROLES, Replica
 from .settings import Settings
 
 log = logging.getLogger("raftq.node")
@@ -29,6 +31,13 @@ ITEM_QUEUE = ops.ITEM_QUEUE
 # Beyond this many queue names with parked reserves, an apply of enqueues wakes only the
 # waiters of the queues it enqueued to (below it, looking at every name costs less).
 TARGETED_WAKE_NAMES = 64
+PEER_VIEW_TIMEOUT_S = 1.5       # a stopped peer must not hold up the others' rows for long
+
+# The node's exit status after a failed write or sync of its data dir (EX_IOERR): distinct from
+# 1 (cannot listen) and 2 (config or limits), so a supervisor or an operator can tell a disk
+# that failed from a node that was misconfigured.
+EXIT_STORAGE = 74
+DISK_CHECK_S = 0.5          # how often the free space of the data disk is looked at
 
 
 _random = bytearray()
@@ -78,12 +87,19 @@ SEED_RETRY_S = 0.05
 
 
 class NodeService:
-    def __init__(self, settings: Settings, loop: asyncio.AbstractEventLoop):
+    def __init__(self, settings: Settings, loop: asyncio.AbstractEventLoop, accept_damaged_log: bool = False):
         self.settings = settings
         self.clock_offset_ms = settings.testing.clock_offset_ms     # [testing]: chaos clock-skew
+        self.strober: asyncio.Task | None = None                      # [testing]: chaos clock-strobe
         self.loop = loop
         self.last_stamp = 0
-        self.replica = Replica(settings, on_state_changed=self._on_state_changed_thread)
+        # The data disk's free-space reserve ([storage] min_free_bytes, node-local).
+        self.min_free_bytes = int(settings.limits.storage.get("min_free_bytes", 0) or 0)
+        self.free_bytes: int | None = None
+        self.low_space = False
+        self.replica = Replica(settings, on_state_changed=self._on_state_changed_thread,
+                               on_storage_failure=self._storage_failed, election_eligible=self._may_lead,
+                               accept_damaged_log=accept_damaged_log)
         self.state = self.replica.state
         t = settings.tuning
         # A proposal wakes the Raft tick thread by itself (node/raft: event-driven replication).
@@ -109,6 +125,7 @@ class NodeService:
         self._digest_job: asyncio.Task | None = None
         self.leadership_lost_hooks: list = []     # coroutine functions(new_leader_url or "")
         self.fatal: str | None = None
+        self._peer_session = None                 # aiohttp client for GET /v1/cluster/nodes
         # The configuration in force as this node applied it: auth follows its keys (the TOML's
         # until version 1), `config_hooks` are called (on whichever thread saw the change) with
         # the new Limits, e.g. the HTTP app's body bound.
@@ -206,6 +223,8 @@ class NodeService:
 
     def slot(self, rid, who, route: str, body, param=None):
         return validate.request_slot(who, rid, route, body, param)
+        self.disk_task: asyncio.Task | None = None
+        self._check_space()
 
     # ---------------------------------------------------------------- time and roles
     def stamp(self) -> int:
@@ -224,6 +243,119 @@ class NodeService:
         peer = self.settings.peer_by_raft(raft)
         return peer.url if peer else None
 
+    async def strobe_loop(self):
+        """[testing] clock_strobe (node/fault_hooks.py): while the strobe file is there, the
+        clock offset flips between +A and -A every period; stamp() reads the attribute as ever,
+        and never goes behind replicated time or an earlier stamp."""
+        base = self.clock_offset_ms
+        sign = 1
+        while not self.stopping:
+            strobe = fault_hooks.read_strobe(self.settings.data_dir)
+            if strobe is None:
+                self.clock_offset_ms = base
+                await asyncio.sleep(0.1)
+                continue
+            amplitude, period = strobe
+            end = time.monotonic() + 0.5            # read the file again twice a second
+            while time.monotonic() < end and not self.stopping:
+                self.clock_offset_ms = base + sign * amplitude
+                sign = -sign
+                await asyncio.sleep(period / 1000.0)
+
+    # ---------------------------------------------------------------- the data disk
+    def _storage_failed(self, failure):
+        """A write or sync of the data dir failed (node/raft/journal.py StorageFailure), on the
+        Raft tick thread, which has stopped ticking. Nothing is retried and nothing written
+        since the last good sync is acknowledged: the process exits at once, and a restart
+        reads what the disk really holds (fsyncgate: a retried fsync can report success for
+        pages the kernel already dropped)."""
+        msg = (f"storage failure: {failure.op} of {failure.path} failed with errno {failure.errno} "
+               f"({failure.strerror}); exiting with code {EXIT_STORAGE}, nothing written since the last good sync "
+               "is acknowledged; a restart recovers from what the disk holds")
+        try:
+            log.critical(msg)
+            for handler in logging.getLogger().handlers:
+                handler.flush()
+            print(f"raftq node {self.settings.node_id}: {msg}", file=sys.stderr, flush=True)
+        finally:
+            os._exit(EXIT_STORAGE)
+
+    def _may_lead(self) -> bool:
+        """Asked by Raft before this node stands for election (tick thread): not while its data
+        disk is below the reserve."""
+        return not self.low_space
+
+    def _check_space(self):
+        if self.min_free_bytes <= 0:
+            return
+        try:
+            st = os.statvfs(self.settings.data_dir)
+        except OSError:
+            return
+        free = st.f_bavail * st.f_frsize
+        if self.settings.testing.free_space_file:       # [testing]: the disk-full fault without root
+            told = fault_hooks.read_free(self.settings.data_dir)
+            free = free if told is None else told
+        self.free_bytes = free
+        low = free < self.min_free_bytes
+        if low != self.low_space:
+            if low:
+                log.warning("the data disk of %s has %d bytes free, below storage.min_free_bytes (%d): writes are "
+                            "refused until space is freed", self.settings.data_dir, free, self.min_free_bytes)
+            else:
+                log.warning("the data disk of %s has %d bytes free again (storage.min_free_bytes %d): writes resume",
+                            self.settings.data_dir, free, self.min_free_bytes)
+        self.low_space = low
+        self.proposer.refusal = None if not low else error(
+            "unavailable", f"node {self.settings.node_id}'s data disk has {free} bytes free, below its reserve "
+            f"storage.min_free_bytes ({self.min_free_bytes}): writes are refused until space is freed (leadership "
+            "moves to a node with space); retry later", applied=False)
+
+    async def disk_loop(self):
+        """Watch the free space; while it is below the reserve on the leader, hand leadership to
+        a peer that has space and a trusted log (asked over HTTP, every check until it moved: a
+        transfer is refused while the peer has not acknowledged the leader's last entry)."""
+        last_try = 0.0
+        while not self.stopping:
+            try:
+                self._check_space()
+                if self.low_space and self.replica.is_leader() and time.monotonic() - last_try >= DISK_CHECK_S:
+                    last_try = time.monotonic()
+                    await self._hand_over_leadership()
+            except Exception:
+                log.exception("disk check loop error")
+            await asyncio.sleep(DISK_CHECK_S)
+
+    async def _hand_over_leadership(self):
+        import aiohttp
+        from .tls import peer_context
+        try:
+            ssl_ctx = peer_context(self.settings.tls)
+        except Exception:
+            ssl_ctx = None
+        best = None
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=True if ssl_ctx is None else ssl_ctx)) as http:
+            for p in self.settings.others:
+                if not self.replica.connected(p.raft):
+                    continue
+                try:
+                    async with http.get(p.url + "/v1/cluster?digest=false", timeout=aiohttp.ClientTimeout(total=1)) as r:
+                        view = await r.json()
+                except Exception:
+                    continue
+                disk = view.get("disk") or {}
+                if disk.get("low_space") or not disk.get("log_verified", True):
+                    continue
+                free = disk.get("free_bytes") or 0
+                if best is None or free > best[0]:
+                    best = (free, p)
+        if best is None:
+            log.warning("leader below its disk reserve, and no peer with space and a trusted log to hand "
+                        "leadership to: writes stay refused")
+            return
+        log.warning("leader below its disk reserve: handing leadership to %s (%d bytes free)", best[1].id, best[0])
+        self.replica.transfer_leadership(to=best[1].raft)
+
     def _on_state_changed_thread(self, old, new):
         try:
             self.loop.call_soon_threadsafe(self._on_state_changed, old, new)
@@ -232,9 +364,10 @@ class NodeService:
 
     def _on_state_changed(self, old, new):
         self.leader_epoch += 1
-        log.info("raft state %s -> %s", old, new)
+        # Role names, not the Raft layer's numbers: an operator reads this line.
+        log.info("raft role %s -> %s", ROLES.get(old, old), ROLES.get(new, new))
         self._wake_all()
-        if old == 2 and new != 2:
+        if ROLES.get(old) == "leader" and ROLES.get(new) != "leader":
             self._leadership_lost()
 
     def _leadership_lost(self):
@@ -548,7 +681,7 @@ class NodeService:
                     mono = self.loop.time()
                     if due is not None and (due <= now or mono - last >= interval):
                         last = mono
-                        status, body = await self.proposer.run(validate.sweep())
+                        status, body = await self.proposer.run(validate.sweep(), internal=True)
                         self.stats["sweeps"] += 1
                         if status == 200 and any(v >= self.limits.sweep_limit for v in body.values()):
                             delay = 0            # a phase hit its budget: go again at once
@@ -604,6 +737,7 @@ class NodeService:
                      "limits_fingerprint": self.limits.fingerprint(), "config_version": config_version,
                      "toml_differs": toml_differs, "state": machine_counts,
                      "cpu": r.cpu(), "proposer": dict(self.proposer.stats), "journal_syncs": r.syncs,
+                     "disk": self.disk(),
                      "event_loop": "uvloop" if type(self.loop).__module__.startswith("uvloop") else "asyncio"}
 
     async def cluster_with_digest(self):
@@ -655,9 +789,14 @@ class NodeService:
         self._digest_cache = ((index, int(applied)), digest)
         return index, int(applied), digest
 
+    def disk(self) -> dict:
+        d = self.replica.disk()
+        d.update(free_bytes=self.free_bytes, min_free_bytes=self.min_free_bytes, low_space=self.low_space)
+        return d
+
     def ready(self) -> bool:
         r = self.replica
-        return r.leader_raft() is not None and r.caught_up()
+        return r.leader_raft() is not None and r.caught_up() and r.syncobj.logUnverified is None
 
     def queues(self):
         with self.state.lock:
@@ -737,9 +876,75 @@ class NodeService:
         cursor = query.get("cursor") or None
         if cursor is not None and validate.canonical_uuid(cursor) is None:
             return error("invalid_argument", "cursor is not one this server returned")
+        cause = query.get("cause")      # present, it must name a cause (empty too: a typo, not "all")
+        if cause is not None and cause not in DEAD_LETTER_CAUSES:
+            return error("invalid_argument", f"cause must be one of {', '.join(DEAD_LETTER_CAUSES)}")
         with self.state.lock:
-            records, nxt = self.state.machine.list_dead_letters(queue, limit, cursor)
+            records, nxt = self.state.machine.list_dead_letters(queue, limit, cursor, cause)
         return 200, {"records": records, "next_cursor": nxt}
+
+    async def cluster_nodes(self, authorization: str | None):
+        """Every member's own view (`GET /v1/cluster?digest=false` on each), asked by this node
+        at once, so that one page served by one node can show them all (a browser page may
+        only call its own origin). The caller's Authorization goes along: the peers check the
+        key themselves, as they would the caller's own request."""
+        import aiohttp
+        from .tls import peer_problem
+        _, mine = self.cluster(False)
+        headers = {"Authorization": authorization} if authorization else {}
+        timeout = aiohttp.ClientTimeout(total=PEER_VIEW_TIMEOUT_S)
+
+        async def one(peer):
+            if peer.id == self.settings.node_id:
+                return mine, None
+            try:
+                http = self._peer_http()
+                async with http.get(peer.url + "/v1/cluster?digest=false", headers=headers,
+                                    allow_redirects=False, timeout=timeout) as r:
+                    body = await r.json(content_type=None)
+                    if r.status != 200 or not isinstance(body, dict):
+                        code = ((body or {}).get("error") or {}).get("code") if isinstance(body, dict) else None
+                        return None, f"answered {r.status}" + (f" {code}" if code else "")
+                    return body, None
+            except asyncio.TimeoutError:
+                return None, f"no answer within {PEER_VIEW_TIMEOUT_S:g} s"
+            except Exception as e:
+                why = peer_problem(e)
+                if why is None:
+                    cause = getattr(e, "os_error", e)
+                    why = ("connection refused" if isinstance(cause, ConnectionRefusedError)
+                           else f"cannot connect: {getattr(cause, 'strerror', None) or cause}"
+                           if isinstance(e, (aiohttp.ClientConnectorError, OSError)) else f"{type(e).__name__}: {e}")
+                return None, why
+
+        answers = await asyncio.gather(*(one(p) for p in self.settings.peers))
+        views = [v for v, _ in answers if v is not None]
+        top = max((v.get("commit_index") or 0 for v in views), default=0)
+        nodes = []
+        for peer, (view, why) in zip(self.settings.peers, answers):
+            node = {"id": peer.id, "url": peer.url, "reachable": view is not None, "error": why}
+            if view is not None:
+                others = [m for m in view.get("members", []) if m.get("id") != peer.id]
+                leader = view.get("leader")
+                node.update(role=view.get("role"), term=view.get("term"), commit_index=view.get("commit_index"),
+                            last_applied=view.get("last_applied"), ready=view.get("ready"),
+                            leader_id=leader.get("id") if isinstance(leader, dict) else None,
+                            peers_connected=sum(1 for m in others if m.get("connected")), peers=len(others),
+                            durability=view.get("durability"),
+                            lag=max(0, top - (view.get("last_applied") or 0)))
+            nodes.append(node)
+        return 200, {"node_id": self.settings.node_id, "nodes": nodes}
+
+    def _peer_http(self):
+        """One HTTP client for calls to the other nodes, made on first use (https peers: the
+        tls_peer_ca trust and this node's certificate, as for the limits check)."""
+        if self._peer_session is None or self._peer_session.closed:
+            import aiohttp
+            from .tls import peer_context
+            ctx = peer_context(self.settings.tls)
+            self._peer_session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(ssl=True if ctx is None else ctx, limit_per_host=4))
+        return self._peer_session
 
     # ---------------------------------------------------------------- lifecycle
     def start(self, on_fatal=None):
@@ -747,6 +952,9 @@ class NodeService:
             self.sweeper = self.loop.create_task(self.sweep_loop())
         self.seeder = self.loop.create_task(self._seed())
         self.config_watch = self.loop.create_task(self._watch_config())
+        self.disk_task = self.loop.create_task(self.disk_loop())
+        if self.settings.testing.clock_strobe:
+            self.strober = self.loop.create_task(self.strobe_loop())
 
     async def stop(self, transfer_timeout_s: float = 3.0):
         """Stop taking requests, hand leadership over if leader, let in-flight work finish."""
@@ -767,4 +975,10 @@ class NodeService:
         for task in (self.sweeper, self.seeder, self.config_watch):
             if task:
                 task.cancel()
+        if self._peer_session is not None:
+            await self._peer_session.close()
+        if self.disk_task:
+            self.disk_task.cancel()
+        if self.strober:
+            self.strober.cancel()
         self.replica.destroy()

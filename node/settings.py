@@ -45,13 +45,17 @@ class TestHooks:
     raft_dial_map: dict = field(default_factory=dict)   # peer raft address -> address to dial (proxies)
     sync_shadow: bool = False               # record what a disk honouring only fsync holds (node/sync_shadow.py)
     sync_shadow_writeback_s: float = 2.0    # memory mode: the simulated page writeback period
+    fsync_eio: bool = False                 # fail the next journal sync on demand (node/fault_hooks.py)
+    clock_strobe: bool = False              # make the clock jump back and forth on demand (node/fault_hooks.py)
+    free_space_file: bool = False           # take the data disk's free space from a file (node/fault_hooks.py)
     # false: the leader proposes no sweeps, so the state changes only by requests (the
     # hostile-input suite compares state digests around each refused request)
     sweeps: bool = True
 
 
 TESTING_KEYS = {f: t for f, t in (("clock_offset_ms", int), ("raft_dial_map", dict), ("sync_shadow", bool),
-                                  ("sync_shadow_writeback_s", (int, float)), ("sweeps", bool))}
+                                  ("sync_shadow_writeback_s", (int, float)), ("fsync_eio", bool),
+                                  ("clock_strobe", bool), ("free_space_file", bool), ("sweeps", bool))}
 
 
 @dataclass(frozen=True)

@@ -23,8 +23,9 @@ The meta file (term, vote, commit index) is synced whenever it is written, in bo
 (node/raft/journal.py MetaStorer; memory mode writes it only when term or vote change), and
 fsync mode syncs snapshots before they replace the old one: neither is rolled back there.
 
-The journal (node/raft/journal.py FileJournal, one file: a 40-byte header whose last 4 bytes are
-LAST_RECORD_OFFSET, then length-framed records) is rewritten *in place*: appends move the
+The journal (node/raft/journal.py FileJournal, one file: a 48-byte header holding the end marker
+LAST_RECORD_OFFSET and its CRC at byte 36, then length-framed, checksummed records; release
+0.1.0's format 1 had a 40-byte header and no checksums) is rewritten *in place*: appends move the
 header's offset forward, `deleteEntriesFrom` (a follower dropping a conflicting tail) moves it
 back and later appends overwrite the old bytes, `clear` (a snapshot received from the leader)
 and `deleteEntriesTo` (log compaction: clear, then append the kept entries again) rewrite the
@@ -56,11 +57,16 @@ import time
 import zlib
 from pathlib import Path
 
-# The journal file's layout (node/raft/journal.py; upstream pysyncobj's): name (24 bytes),
-# version (8), format version (4), LAST_RECORD_OFFSET (4), then records. The harness side below
+# The journal file's layout (node/raft/journal.py, format 2): name (24 bytes), version (8),
+# format version (4), LAST_RECORD_OFFSET (4) and its crc32 (4), 4 reserved, then records of
+# size (4), crc (4), index (8), term (8), command, size (4). Format 1 (upstream pysyncobj's,
+# raftq 0.1.0's; the node rewrites it as format 2 when it opens it): the header ends after
+# LAST_RECORD_OFFSET and a record is size, index, term, command, size. The harness side below
 # reads the file itself, without the node's code; a test checks these against the journal's.
+FORMAT_VERSION_OFFSET = 24 + 8
 LAST_RECORD_OFFSET_OFFSET = 24 + 8 + 4
-FIRST_RECORD_OFFSET = LAST_RECORD_OFFSET_OFFSET + 4
+FIRST_RECORD_OFFSET = LAST_RECORD_OFFSET_OFFSET + 4 + 8
+LEGACY_FIRST_RECORD_OFFSET = LAST_RECORD_OFFSET_OFFSET + 4
 DEFAULT_WRITEBACK_S = 2.0
 JOURNAL = "raft.journal"
 META = "raft.journal.meta"
@@ -79,6 +85,16 @@ def _write_atomic(path: Path, data: bytes):
 
 def _header_offset(read) -> int:
     return struct.unpack("<I", read(LAST_RECORD_OFFSET_OFFSET, 4))[0]
+
+
+def end_marker(offset: int, fmt: int = 2) -> bytes:
+    """The bytes written at LAST_RECORD_OFFSET_OFFSET for an end at `offset`."""
+    packed = struct.pack("<I", offset)
+    return packed if fmt == 1 else packed + struct.pack("<I", zlib.crc32(packed))
+
+
+def journal_format(read) -> int:
+    return struct.unpack("<I", read(FORMAT_VERSION_OFFSET, 4))[0]
 
 
 def read_record(data_dir) -> dict | None:
@@ -128,6 +144,9 @@ class SyncShadow:
             self.rec = rec
 
     # ---------------------------------------------------------------- events
+    def beforeSync(self):
+        """Before every journal sync (the observer API); nothing to do here."""
+
     def beforeWrite(self, offset: int):
         """The journal is about to write to its file at `offset` (the journal's observer API)."""
         if FIRST_RECORD_OFFSET <= offset < self.rec["preserved_from"]:
@@ -216,19 +235,21 @@ def read_journal(path) -> dict:
         data = Path(path).read_bytes()
     except OSError:
         return {"offset": None, "entries": []}
-    if len(data) < FIRST_RECORD_OFFSET:
+    if len(data) < LEGACY_FIRST_RECORD_OFFSET:
         return {"offset": None, "entries": []}
+    fmt = journal_format(lambda o, n: data[o:o + n])
     end = _header_offset(lambda o, n: data[o:o + n])
-    entries, pos = [], FIRST_RECORD_OFFSET
+    skip = 4 if fmt == 2 else 0                # the record's crc
+    entries, pos = [], FIRST_RECORD_OFFSET if fmt == 2 else LEGACY_FIRST_RECORD_OFFSET
     while pos + 4 <= min(end, len(data)):
         size = struct.unpack("<I", data[pos:pos + 4])[0]
-        if size < 16 or pos + 8 + size > min(end, len(data)):
+        if size < 16 + skip or pos + 8 + size > min(end, len(data)):
             break
-        body = data[pos + 4:pos + 4 + size]
+        body = data[pos + 4 + skip:pos + 4 + size]
         idx, term = struct.unpack("<QQ", body[:16])
         entries.append((idx, term, zlib.crc32(body[16:])))
         pos += size + 8
-    return {"offset": end, "entries": entries}
+    return {"offset": end, "entries": entries, "format": fmt}
 
 
 def unsynced(data_dir) -> bool | None:
@@ -294,7 +315,7 @@ def restore(data_dir, durability: str) -> dict:
         f.write(tail)
         f.truncate(s)
         f.seek(LAST_RECORD_OFFSET_OFFSET)
-        f.write(struct.pack("<I", s))
+        f.write(end_marker(s, before.get("format", 2)))
     after = read_journal(jpath)
     kept = set(after["entries"])
     had = set(before["entries"])

@@ -445,3 +445,28 @@ class TlsSite(web.BaseSite):
             await asyncio.wait_for(loop.sock_recv(conn, 65536), 0.5)    # let the client read it first
         except (OSError, asyncio.TimeoutError):
             pass
+
+
+# ---------------------------------------------------------------------------- calls to peers
+def peer_context(files: TlsFiles | None) -> ssl.SSLContext | None:
+    """The context of the node's own calls to https peers (GET /v1/cluster/nodes, for the admin
+    page); None without TLS (aiohttp's default)."""
+    if files is None:
+        return None
+    ca = files.peer_ca or files.client_ca
+    ctx = ssl.create_default_context(cafile=str(ca) if ca else None)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    ctx.load_cert_chain(str(files.cert), str(files.key))
+    return ctx
+
+
+def peer_problem(e: BaseException) -> str | None:
+    """Why a call to a peer's https URL failed at the TLS level (worth a warning), or None."""
+    import aiohttp
+    if isinstance(e, aiohttp.ClientConnectorCertificateError):
+        why = getattr(e.certificate_error, "verify_message", None) or str(e.certificate_error)
+        return (f"its certificate does not verify ({why}); set node.tls_peer_ca to the CA of the nodes' "
+                "certificates")
+    if isinstance(e, aiohttp.ClientSSLError):
+        return f"TLS handshake failed ({getattr(getattr(e, 'os_error', None), 'reason', None) or e})"
+    return None

@@ -482,6 +482,77 @@ def test_chaos_fault_kind(tmp_path, kind, kw):
     chaos_run(tmp_path, [kind], **kw)
 
 
+# ---------------------------------------------------------------------------- faults of the disk
+DISK_CASES = [
+    ("bitflip", {}),
+    ("truncate", {}),
+    ("rollback", {}),
+    ("fsync-eio", {}),
+    ("disk-full", {"hold_scale": 0.6}),
+    ("clock-strobe", {"hold_scale": 0.6}),
+]
+
+
+@skip_cluster
+@pytest.mark.parametrize("kind,kw", DISK_CASES, ids=[k for k, _ in DISK_CASES])
+def test_chaos_disk_fault_kind(tmp_path, kind, kw):
+    """Each fault of the disk (and the clock strobe) on a real cluster: every invariant holds,
+    checksum_failures_contained and failed_writes_stop included, and the fault did what it says:
+    the damage was found by its node, the failed fsync stopped the node with code 74, the
+    rollback went back, the full disk was reported low or failed a write."""
+    r = chaos_run(tmp_path, [kind], duration=10.0, **kw)
+    faults = [f for f in r["faults"]["list"] if f["kind"] == kind and not f.get("skipped")]
+    assert faults, r["faults"]
+    for f in faults:
+        if kind in ("bitflip", "truncate") and not f.get("damage_skipped"):
+            assert f["found"], f                            # the node found it
+        if kind == "fsync-eio" and not f.get("not_triggered"):
+            assert f["exit_code"] == 74 and f["logged"], f
+        if kind == "rollback":
+            assert f["journal_end_after"] <= f["journal_end_before"], f
+        if kind == "disk-full":
+            assert f.get("free_bytes", 0) < r["disks"]["reserve_bytes"] or f.get("hook"), f
+    names = {i["name"]: i for i in r["invariants"]}
+    assert names["checksum_failures_contained"]["ok"] and names["failed_writes_stop"]["ok"]
+
+
+@skip_cluster
+def test_chaos_disk_faults_mixed_with_the_others(tmp_path):
+    chaos_run(tmp_path, ["bitflip", "truncate", "fsync-eio", "kill-leader", "partition-oneway", "clock-strobe"],
+              mix=1.0, duration=12.0, seed=8, hold_scale=0.6)
+
+
+def test_disk_faults_are_opt_in_and_named_disk():
+    from raftq.cluster.chaos.nemesis import DISK_KINDS, KINDS, ScheduleConfig, plan_step
+    from raftq.cluster.chaos.runner import build_parser, options_from_args
+    import random
+
+    assert not set(DISK_KINDS) & set(KINDS)
+    kinds = options_from_args(build_parser().parse_args(["--faults", "all,power-loss,disk"])).faults
+    assert kinds == KINDS + ("power-loss",) + DISK_KINDS
+    # At most one disk-damaging fault per step.
+    rng, cfg = random.Random(3), ScheduleConfig(kinds=DISK_KINDS + ("kill-leader", "latency"), mix_prob=1.0)
+    for _ in range(200):
+        chosen = [k for k, _, _ in plan_step(rng, cfg).faults]
+        assert sum(1 for k in chosen if k in ("bitflip", "truncate", "rollback", "fsync-eio", "disk-full")) <= 1
+
+
+def test_the_checker_wants_every_damage_found_and_no_untrusted_leader():
+    bad = failed(run(H(), disk_faults=[{"id": 1, "kind": "bitflip", "node": "n2", "found": {}, "file": "raft.journal"}]))
+    assert set(bad) == {"checksum_failures_contained"}
+    bad = failed(run(H(), disk_faults=[], untrusted_claims=[{"t": 1.0, "node": "n1", "role": "leader", "term": 4}]))
+    assert set(bad) == {"checksum_failures_contained"}
+    logs = {"critical": [], "critical_by_node": {
+        "n2": ["n2 CRITICAL raftq.node.raft.syncobj: disk check: journal_torn_tail in x: ..."],
+        "n3": ["n3 CRITICAL raftq.node.raft.syncobj: disk check: journal_torn_tail in y: ..."]}}
+    r = run(H(), node_logs=logs, disk_faults=[{"id": 1, "kind": "truncate", "node": "n2", "found": {"journal_truncated": 1}}])
+    bad = failed(r)
+    assert set(bad) == {"checksum_failures_contained", "no_critical_node_logs"}     # n3 was not damaged
+    assert r["stats"]["disk_critical_lines"] == 1
+    bad = failed(run(H(), disk_faults=[{"id": 2, "kind": "fsync-eio", "node": "n1", "exit_code": 1, "logged": False}]))
+    assert set(bad) == {"failed_writes_stop"}
+
+
 @skip_cluster
 def test_chaos_kill_all_in_memory_mode(tmp_path):
     """kill -9 of every node loses nothing in memory mode either: the page cache survives a

@@ -99,7 +99,9 @@ def test_enqueue_one_and_inspect_it(cluster):
     code, out, err = raftq("job", job_id, urls=cluster.urls)
     assert code == 0, err
     assert "state        ready" in out and "priority     7" in out and "attempt      1 of 5" in out
-    assert "12 bytes, application/json" in out and '{\\"user\\": 42}' in out
+    assert "12 bytes, application/json" in out
+    # The JSON payload pretty-printed under its key, not one escaped string.
+    assert re.search(r'^data +\{\n +"user": 42\n +\}$', out, re.M), out
 
     code, out, err = raftq("job", job_id, "--json", urls=cluster.urls)
     job = json.loads(out)
@@ -169,6 +171,10 @@ def test_queues_table_detail_and_json(cluster, client):
     code, out, err = raftq("queues", "tiny", urls=cluster.urls)
     assert code == 0 and "declared               yes" in out and "limits:" in out
     assert "max_queue_depth          5" in out
+    assert re.search(r"^  allowed_encodings +any$", out, re.M), out      # unset: any encoding
+    code, out, err = raftq("queues", "jsononly", urls=cluster.urls)
+    assert re.search(r"^  allowed_encodings +application/json$", out, re.M) and \
+        re.search(r"^  max_queue_depth +unlimited$", out, re.M), out
     code, out, err = raftq("queues", "tiny", "--json", urls=cluster.urls)
     assert json.loads(out)["limits"]["max_queue_depth"] == 5
 

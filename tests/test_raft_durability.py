@@ -153,7 +153,9 @@ def test_sync_shadow_restores_exactly_the_durable_journal(tmp_path, mode, seed):
     for _ in range(300):
         r = rng.random()
         if r < 0.45:
-            e = (rng.randbytes(rng.randint(0, 300)), (model[-1][1] if model else 0) + 1, rng.randint(1, 5))
+            # A Raft log: consecutive indices, terms that never go down (the journal checks both).
+            e = (rng.randbytes(rng.randint(0, 300)), (model[-1][1] if model else 0) + 1,
+                 (model[-1][2] if model else 1) + rng.choice((0, 0, 0, 1)))
             j.add(*e)
             model.append(e)
         elif r < 0.52 and model:

@@ -165,6 +165,35 @@ def test_follower_keeps_entries_that_match(tmp_path, case):
         so.destroy()
 
 
+def test_a_conflicting_tail_is_skipped_a_term_at_a_time(tmp_path):
+    """pysyncobj backed off one entry per rejected append. A node that led alone for a while
+    (its outgoing traffic cut one way: it kept accepting writes) held thousands of entries of its
+    own term; with leaders changing every few seconds the repair never finished and the chaos
+    run's one-way partitions stalled the cluster for good. The follower now answers with the
+    first index of the conflicting term, never at or below its commit index."""
+    log = [(b"", 10, 1)] + [(b"a", i, 2) for i in range(11, 16)] + [(b"mine", i, 3) for i in range(16, 60)]
+    so, t, leader = _follower(tmp_path, log, term=3)
+    try:
+        t._onMessageReceived(leader, _append(59, 4, [(b"new", 60, 4)], commit=12, term=4))
+        reply = t.sent[-1]
+        assert (reply["success"], reply["reset"], reply["next_node_idx"]) == (False, True, 16)
+        t._onMessageReceived(leader, _append(15, 2, [(b"new", 16, 4)], commit=12, term=4))
+        assert t.sent[-1]["success"] and t.sent[-1]["next_node_idx"] == 17
+        assert so.getStatus()["log_len"] == 7
+        # A conflict that reaches down to the commit index stops above it.
+        (tmp_path / "b").mkdir()
+        so2, t2, leader2 = _follower(tmp_path / "b", [(b"", 10, 1)] + [(b"x", i, 3) for i in range(11, 30)], term=3)
+        try:
+            t2._onMessageReceived(leader2, _append(20, 3, [], commit=20, term=4))      # matches: commit 20
+            assert so2.raftCommitIndex == 20
+            t2._onMessageReceived(leader2, _append(29, 4, [], commit=20, term=4))
+            assert t2.sent[-1]["next_node_idx"] == 21 and not t2.sent[-1]["success"]
+        finally:
+            so2.destroy()
+    finally:
+        so.destroy()
+
+
 # ---------------------------------------------------------------------------- applying in slices
 def test_apply_is_sliced_so_a_replaying_node_keeps_handling_messages():
     """A node replaying a long journal applied it all in one pysyncobj tick, deaf to heartbeats

@@ -63,6 +63,12 @@ def test_the_builtins_pickler_and_unpickler_refuse_everything_else():
         raft_pickle.loadsBuiltins(evil)
 
 
+def snapshot_pickle(path: Path) -> bytes:
+    """The pickled document inside a snapshot file (the checksummed format or a bare gzip)."""
+    with open(path, "rb") as f, serializer.openDocument(f) as g:
+        return g.read()
+
+
 def _write_gz(path: Path, data: bytes):
     with gzip.open(path, "wb") as g:
         g.write(data)
@@ -129,7 +135,7 @@ def test_a_fresh_snapshot_holds_builtins_only(tmp_path):
             for i in range(5):
                 api.enqueue("filler")
             try:
-                doc = raft_pickle.loadsBuiltins(gzip.decompress(dump.read_bytes()))
+                doc = raft_pickle.loadsBuiltins(snapshot_pickle(dump))
             except (OSError, EOFError):
                 return False
             m = doc["consumers"][0]["machine"]
@@ -139,7 +145,8 @@ def test_a_fresh_snapshot_holds_builtins_only(tmp_path):
     finally:
         c.stop_all()
         c.close()
-    raw = gzip.decompress(dump.read_bytes())
+    assert serializer.verifyPath(str(dump)) is None
+    raw = snapshot_pickle(dump)
     assert not opcodes(raw) & CODE_OPCODES, opcodes(raw) & CODE_OPCODES
     paths = [t for t in strings(raw) if any(m in t for m in ("raftq.", "pysyncobj", "node.", "QueueMachine", "Limits", "TCPNode"))]
     assert paths == []
@@ -222,6 +229,12 @@ def test_a_cluster_of_release_0_1_0_starts_from_its_data_dirs(tmp_path):
         # The acked job is gone; the dead letter's job is held with its record.
         assert views[0]["state"]["jobs"] == len(fx["jobs"]) + len(fx["dead_letters"])
         assert views[0]["state"]["dead_letters"] == len(fx["dead_letters"])
+        # The unchecksummed journals were rewritten in the checksummed format, found nothing
+        # wrong, and every node's log is trusted (an upgrade is not damage).
+        for i, v in enumerate(views):
+            assert v["disk"]["findings"] == {} and v["disk"]["log_verified"], v["disk"]
+            with open(c.data_dir(i) / "raft.journal", "rb") as f:
+                assert int.from_bytes(f.read(36)[32:36], "little") == 2
     finally:
         c.stop_all()
         c.close()

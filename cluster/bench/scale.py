@@ -14,7 +14,11 @@ size the run measures, in this order:
 * work beside the backlog: enqueue -> reserve -> ack p50/p99 on another queue;
 * snapshot: the leader's raft.dump size;
 * recovery: a follower wiped and restarted, seconds until it has applied the leader's commit
-  index of that moment with the same digest (catch-up by snapshot install); the leader killed
+  index of that moment with the same digest (catch-up by snapshot install); a follower whose
+  journal was cut at a random offset below its end marker (the chaos tool's `truncate`),
+  seconds until it answers and until its log is trusted again and it applied the leader's
+  commit index of that moment (the disk checks: verify, keep the good prefix, repair from the
+  leader); the leader killed
   (SIGKILL), seconds until a write succeeds again; every node killed and restarted, seconds
   until a write succeeds again.
 
@@ -149,6 +153,36 @@ class Scale:
         return {"seconds": None, "why": f"not caught up after {self.recovery_timeout:g} s "
                                        f"(applied {v.get('last_applied')} of {target})"}
 
+    def truncated_follower(self) -> dict:
+        import random
+        from ..chaos import diskfaults
+        lead = self.leader()
+        f = (lead + 2) % self.c.n
+        self.c.kill(f)
+        d = self.c.data_dir(f)
+        journal = d / "raft.journal"
+        size = journal.stat().st_size if journal.exists() else None
+        cut = diskfaults.truncate(d, random.Random(self.filled))
+        lv = self.c.cluster_view(lead, timeout=30.0)
+        target = lv["commit_index"]
+        t0 = time.monotonic()
+        self.c.start(f)
+        out = {"node": self.c.ids[f], "journal_bytes": size, "snapshot": (d / "raft.dump").exists(), **cut}
+        end = t0 + self.recovery_timeout
+        answered = None
+        while time.monotonic() < end:
+            v = self.c.cluster_view(f, timeout=5.0, digest=False)
+            if v and answered is None:
+                answered = round(time.monotonic() - t0, 1)
+                out["found"] = v["disk"]["findings"]
+            if v and v["disk"]["log_verified"] and v["last_applied"] >= target:
+                return dict(out, answers_after_s=answered, seconds=round(time.monotonic() - t0, 1))
+            if not self.c.alive(f):
+                return dict(out, seconds=None, why=f"{self.c.ids[f]} exited (code {self.c.procs[f].returncode})")
+            time.sleep(0.25)
+        return dict(out, answers_after_s=answered, seconds=None,
+                    why=f"not trusted and caught up after {self.recovery_timeout:g} s")
+
     async def _first_write(self, t0: float) -> dict:
         end = t0 + self.recovery_timeout
         async with Client(self.c.urls, timeout=self.recovery_timeout) as client:
@@ -208,6 +242,10 @@ class Scale:
         out["dump_bytes"] = self.dump_size(lead)
         self.say(f"backlog {size:,}: wiped follower catch-up")
         out["wiped_follower_catch_up"] = self.wiped_follower()
+        self.say(f"backlog {size:,}: truncated journal, repair")
+        self.converge()
+        out["truncated_follower_repair"] = self.truncated_follower()
+        self.converge()
         self.say(f"backlog {size:,}: leader kill to first write")
         out["leader_kill_to_write"] = await self.leader_kill()
         self.converge()
@@ -257,6 +295,11 @@ def format_scale(result: dict) -> str:
         lines.append(f"  beside backlog   enqueue->reserve->ack p50 {b['p50_ms']} ms, p99 {b['p99_ms']} ms")
         lines.append(f"  snapshot         {st['dump_bytes']} bytes (leader's raft.dump)")
         lines.append(f"  wiped follower   {sec(st['wiped_follower_catch_up'])}")
+        t = st.get("truncated_follower_repair")
+        if t:
+            lines.append(f"  truncated journal answers after {t.get('answers_after_s')} s, trusted and caught up after "
+                         f"{sec(t)} (journal {t.get('journal_bytes')} bytes cut at {t.get('cut_at')}, "
+                         f"found {t.get('found')})")
         lines.append(f"  leader kill      first write after {sec(st['leader_kill_to_write'])}")
         lines.append(f"  restart all      first write after {sec(st['restart_all_to_write'])}")
     return "\n".join(lines)

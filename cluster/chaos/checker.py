@@ -185,12 +185,16 @@ def reserve_now(op: dict, job: dict):
 def check(ops: list[dict], *, dead_letters: list[dict], drain: dict | None = None, views: list | None = None,
           leader_claims: dict | None = None, liveness: dict | None = None, retry: dict | None = None,
           clock_tolerance_ms: int = 100, internal_errors: list | None = None,
-          node_logs: dict | None = None, power_losses: list | None = None) -> dict:
+          node_logs: dict | None = None, power_losses: list | None = None, disk_faults: list | None = None,
+          untrusted_claims: list | None = None) -> dict:
     """All invariants. `retry` = {retry_delay_ms, retry_backoff, retry_delay_max_ms,
     max_schedule_horizon_ms}: the cluster's retry policy (to check default-nack delays).
     `leader_claims` = {term: [node ids that said they lead in that term]}. `power_losses` = the
     `power-loss` fault records: in memory mode, what a cut explains is counted apart as expected
-    (PowerCuts), never hidden; fsync-mode cuts excuse nothing."""
+    (PowerCuts), never hidden; fsync-mode cuts excuse nothing. `disk_faults` = the records of the
+    faults that damaged, failed or filled a node's disk (bitflip, truncate, rollback, fsync-eio,
+    disk-full), `untrusted_claims` = views of a node leading or standing for election while its
+    log was untrusted (the sampler's)."""
     ix = Index(ops, dead_letters)
     pc = PowerCuts(power_losses)
     invs = {name: Inv(name, about) for name, about in (
@@ -211,7 +215,13 @@ def check(ops: list[dict], *, dead_letters: list[dict], drain: dict | None = Non
         ("one_leader_per_term", "at most one node claims leadership in any term"),
         ("liveness", "a leader within the bound after healing; expired leases redelivered within lease + sweep"),
         ("no_internal_errors", "the cluster never answered `internal`"),
-        ("no_critical_node_logs", "no node logged CRITICAL (e.g. pysyncobj truncating already-applied entries)"),
+        ("no_critical_node_logs", "no node logged CRITICAL (e.g. pysyncobj truncating already-applied entries), "
+                                  "but a damaged node's disk-check and storage-failure lines"),
+        ("checksum_failures_contained", "no node answered from, voted with or sent data that failed its checksum: "
+                                        "every damage injected was found, no node led or stood for election with an "
+                                        "untrusted log, no snapshot arrived damaged, only damaged nodes found damage"),
+        ("failed_writes_stop", "a node whose fsync failed, or whose full disk failed a write, exited with code 74 "
+                               "and said which file and errno"),
     )}
 
     # ------------------------------------------------------------------ identity
@@ -545,11 +555,45 @@ def check(ops: list[dict], *, dead_letters: list[dict], drain: dict | None = Non
     else:
         invs["liveness"].skipped = "not measured"
 
+    # ------------------------------------------------------------------ disks
+    damaged_nodes = {f.get("node") for f in disk_faults or [] if not f.get("skipped")}
+    disk_lines = 0
     if node_logs is not None:
-        for line in node_logs.get("critical", []):
-            invs["no_critical_node_logs"].bad({"line": line})
+        by_node = node_logs.get("critical_by_node")
+        if by_node is None:
+            by_node = {None: node_logs.get("critical", [])}
+        for nid, lines in by_node.items():
+            for line in lines:
+                if "disk check: snapshot_received_damaged" in line:
+                    invs["checksum_failures_contained"].bad({"node": nid, "why": "a snapshot arrived damaged", "line": line})
+                    continue
+                ours = "disk check:" in line or "storage failure:" in line
+                if ours and nid in damaged_nodes:
+                    disk_lines += 1                   # what a damaged node must say
+                    continue
+                if ours:
+                    invs["checksum_failures_contained"].bad({"node": nid, "why": "damage found on a node no fault "
+                                                                                "damaged", "line": line})
+                invs["no_critical_node_logs"].bad({"line": line})
     else:
         invs["no_critical_node_logs"].skipped = "no node logs"
+    for f in disk_faults or []:
+        if f.get("skipped") or f.get("damage_skipped"):
+            continue
+        if f["kind"] in ("bitflip", "truncate") and not f.get("found"):
+            invs["checksum_failures_contained"].bad({"fault": f.get("id"), "kind": f["kind"], "node": f.get("node"),
+                                                     "why": "damage the node did not find", "damage": {
+                                                         k: f.get(k) for k in ("file", "bits", "cut_at")}})
+        if f["kind"] == "fsync-eio" and "exit_code" in f:
+            if f["exit_code"] != 74 or not f.get("logged"):
+                invs["failed_writes_stop"].bad({"fault": f.get("id"), "node": f.get("node"),
+                                                "exit_code": f["exit_code"], "logged": f.get("logged")})
+        if f["kind"] == "disk-full" and f.get("exit_code") is not None and f["exit_code"] != 74:
+            invs["failed_writes_stop"].bad({"fault": f.get("id"), "node": f.get("node"), "exit_code": f["exit_code"]})
+    for claim in untrusted_claims or []:
+        invs["checksum_failures_contained"].bad(dict(claim, why="led or stood for election with an untrusted log"))
+    if disk_faults is None:
+        invs["checksum_failures_contained"].skipped = invs["failed_writes_stop"].skipped = "no disk faults"
     for e in internal_errors or []:
         invs["no_internal_errors"].bad(e)
     for op in ops:
@@ -563,6 +607,7 @@ def check(ops: list[dict], *, dead_letters: list[dict], drain: dict | None = Non
     stats = {
         "ops": {f: dict(v) for f, v in sorted(by_outcome.items())},
         "lost_after_power_loss": invs["lost"].expected,
+        "disk_critical_lines": disk_lines,
         "expected_after_power_loss": sum(i.expected for i in invs.values()),
         "enqueued_ok_jobs": len(ok_jobs),
         "attempted_values": len(ix.attempted),

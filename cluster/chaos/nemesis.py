@@ -18,10 +18,17 @@ Fault kinds (`KINDS`):
 | reset | connection resets (RST) on random Raft links every 0.2-1 s | stop |
 | clock-skew | restart one node with its clock shifted ([testing] clock_offset_ms), then nudge leadership | restart it without |
 | power-loss | (opt-in) freeze every node at once, SIGKILL them, roll each data dir back to its last durable point (node/sync_shadow.py) | restart them all |
+| bitflip | (opt-in, `disk`) SIGKILL one node, flip 1-8 bits in its journal (end marker or records), snapshot or meta file | restart it |
+| truncate | (opt-in, `disk`) SIGKILL one node, cut its journal at a random offset below its end marker | restart it |
+| rollback | (opt-in, `disk`) copy one node's whole data dir (frozen), let the cluster go on, SIGKILL it and put the old copy back | restart it |
+| fsync-eio | (opt-in, `disk`) make one node's next journal fsync fail with EIO (node/fault_hooks.py); it must exit with code 74; roll its data dir back to its last good sync (what the kernel dropping the pages leaves) | restart it |
+| disk-full | (opt-in, `disk`) fill one node's data filesystem (a small loop-mounted ext4 per node, made and removed by the run; without root, a test hook tells the node its free space) below its reserve or to the last block | free it (restart the node if it exited) |
+| clock-strobe | (opt-in, `disk`) one node's clock jumps between +A and -A (0.5-5 s) every 20-250 ms (node/fault_hooks.py) | stop |
 
 Steps alternate a quiet period with either one fault or a mix of up to three compatible ones
-(kill-all, wipe-node, clock-skew and power-loss always run alone; at most one partition at a
-time). The schedule (kinds, timings, holds) comes from `random.Random(seed)`; targets that
+(kill-all, wipe-node, clock-skew and power-loss always run alone; at most one partition and one
+fault that damages or fills a disk at a time, and none while another node's log is still
+untrusted: two damaged nodes of three could out-vote the one that holds what they lost). The schedule (kinds, timings, holds) comes from `random.Random(seed)`; targets that
 depend on who leads are resolved when the fault fires, with a second seeded stream for the
 random picks. `KINDS` ("all") are the twelve kinds the tool started with; `OPT_IN_KINDS` are
 drawn only when listed, so every seed keeps replaying the schedule it always did.
@@ -38,8 +45,11 @@ from dataclasses import dataclass, field
 import aiohttp
 import orjson
 
-from ...node import sync_shadow
+from pathlib import Path
 
+from ...node import fault_hooks, sync_shadow
+
+from . import diskfaults
 from .proxy import NetState, ProxyNet
 from ..local import LocalCluster
 
@@ -48,14 +58,24 @@ KINDS = ("kill-leader", "kill-follower", "kill-all", "pause-leader", "wipe-node"
 # Kinds drawn only when listed by name (`--faults all,power-loss`): "all" stays the twelve
 # above, so a seed replays the same schedule it always did (plan_step draws from the listed
 # kinds, in order), and runs without them do not pay for the test hook they need.
-OPT_IN_KINDS = ("power-loss",)
+# The faults of the disk (and the clock strobe, added with them), drawn only when listed; `disk`
+# names them all (`--faults all,power-loss,disk`).
+DISK_KINDS = ("bitflip", "truncate", "rollback", "fsync-eio", "disk-full", "clock-strobe")
+OPT_IN_KINDS = ("power-loss",) + DISK_KINDS
 ALL_KINDS = KINDS + OPT_IN_KINDS
+GROUPS = {"all": KINDS, "disk": DISK_KINDS}
 EXCLUSIVE = frozenset(("kill-all", "wipe-node", "clock-skew", "power-loss"))
 PARTITIONS = frozenset(("partition-leader", "partition-minority", "partition-oneway", "partition-ring"))
+# Faults that leave one node's disk damaged, failed or full: one at a time.
+DISK_DAMAGE = frozenset(("bitflip", "truncate", "rollback", "fsync-eio", "disk-full"))
+STROBE_AMPLITUDES_MS = (500, 2000, 5000)
+STROBE_PERIODS_MS = (20, 100, 250)
 HOLD_S = {"kill-leader": (0.5, 5.0), "kill-follower": (0.5, 5.0), "kill-all": (0.5, 3.0),
           "pause-leader": (2.5, 6.0), "wipe-node": (0.5, 2.0), "partition-leader": (3.0, 8.0),
           "partition-minority": (3.0, 8.0), "partition-oneway": (3.0, 8.0), "partition-ring": (3.0, 8.0),
-          "latency": (3.0, 8.0), "reset": (3.0, 8.0), "clock-skew": (4.0, 8.0), "power-loss": (0.5, 3.0)}
+          "latency": (3.0, 8.0), "reset": (3.0, 8.0), "clock-skew": (4.0, 8.0), "power-loss": (0.5, 3.0),
+          "bitflip": (0.5, 3.0), "truncate": (0.5, 3.0), "rollback": (1.0, 4.0), "fsync-eio": (0.5, 3.0),
+          "disk-full": (3.0, 8.0), "clock-strobe": (3.0, 8.0)}
 CLOCK_OFFSETS_MS = (2000, 3000, -3000, -8000)
 
 
@@ -77,6 +97,11 @@ class Env:
         self.net_faults: dict[int, NetState] = {}
         self.http: aiohttp.ClientSession | None = None
         self.proc_lock = asyncio.Lock()
+        self.disks = None               # diskfaults.SmallDisks when the run mounted one per node
+        self.reserve_bytes = 0          # the nodes' storage.min_free_bytes
+        self.filled: set[int] = set()
+        self.strobed: set[int] = set()
+        self.stash_dir = None           # where rollback keeps its copies
 
     async def open(self):
         self.http = aiohttp.ClientSession()
@@ -177,12 +202,13 @@ class Env:
         return False
 
     async def wait_healthy(self, timeout: float = 30.0) -> float | None:
-        """Wait for every node up and one leader; seconds it took, or None."""
+        """Wait for every node up, every log trusted (the disk checks) and one leader; seconds
+        it took, or None."""
         t0 = time.monotonic()
         while time.monotonic() - t0 < timeout:
             if not self.down and not self.paused:
                 views = await self.views()
-                if all(views.values()):
+                if all(views.values()) and all((v.get("disk") or {}).get("log_verified", True) for v in views.values()):
                     leaders = [i for i, v in views.items() if v["role"] == "leader"]
                     agree = leaders and sum(1 for v in views.values()
                                             if v.get("leader") and v["leader"]["id"] == views[leaders[0]]["node_id"])
@@ -609,9 +635,212 @@ class PowerLoss(Fault):
             await self.env.start(i)
 
 
+# ---------------------------------------------------------------------------- the disk
+class DiskFault(OneNodeFault):
+    """A fault on one node's disk. `pick`: the leader now and then, else any node that is up.
+    After the node is back, `found` records what its disk checks reported (the checker's
+    `checksum_failures_contained` wants every damage found)."""
+
+    async def pick(self):
+        env = self.env
+        ups = env.up()
+        if len(ups) < env.n:
+            return None                 # another fault has a node down: keep to one at a time
+        leader = await env.leader(wait=2.0)
+        if leader is not None and self.rng.random() < 0.4:
+            return leader
+        return self.rng.choice(ups)
+
+    skip_reason = "not every node is up"
+
+    async def restart_and_look(self, i: int):
+        env = self.env
+        await env.start(i)
+        end = time.monotonic() + 20
+        while time.monotonic() < end:
+            v = await env.view(i, timeout=1.0)
+            if v is not None:
+                disk = v.get("disk") or {}
+                self.details["found"] = disk.get("findings") or {}
+                self.details["log_verified_at_start"] = disk.get("log_verified")
+                return
+            await asyncio.sleep(0.1)
+        self.details["found"] = None
+
+
+class Bitflip(DiskFault):
+    kind = "bitflip"
+
+    async def act(self, i):
+        await self.env.kill(i)
+        self.details.update(await asyncio.to_thread(diskfaults.bitflip, self.env.cluster.data_dir(i), self.rng))
+        if "skipped" in self.details:
+            self.details["damage_skipped"] = self.details.pop("skipped")
+
+    async def undo(self, i):
+        await self.restart_and_look(i)
+
+
+class Truncate(Bitflip):
+    kind = "truncate"
+
+    async def act(self, i):
+        await self.env.kill(i)
+        self.details.update(await asyncio.to_thread(diskfaults.truncate, self.env.cluster.data_dir(i), self.rng))
+        if "skipped" in self.details:
+            self.details["damage_skipped"] = self.details.pop("skipped")
+
+
+class Rollback(DiskFault):
+    """Copy the node's data dir while it is frozen (a consistent image: nothing is halfway
+    written by a stopped process), let the cluster go on, then kill it and put the old copy
+    back: term, vote, journal and snapshot all from the past. Nothing fails a checksum; the node
+    must catch up like any node that was down, and lose nothing anyone else relies on."""
+    kind = "rollback"
+
+    async def act(self, i):
+        env, c = self.env, self.env.cluster
+        stash = Path(env.stash_dir or c.dir) / f"rollback-{self.fid}"
+        async with env.proc_lock:
+            c.signal(i, signal.SIGSTOP, group=True)
+            try:
+                self.details.update(await asyncio.to_thread(diskfaults.stash, c.data_dir(i), stash))
+            finally:
+                c.signal(i, signal.SIGCONT, group=True)
+        self.details["stashed_at"] = round(env.h.now(), 3)
+        await asyncio.sleep(self.rng.uniform(1.0, 4.0))         # the cluster goes on without the copy
+        self.mark()
+        await env.kill(i)
+        self.details.update(await asyncio.to_thread(diskfaults.rollback, c.data_dir(i), stash))
+
+    async def undo(self, i):
+        await self.restart_and_look(i)
+
+
+class FsyncEio(DiskFault):
+    """The node's next journal fsync fails with EIO (node/fault_hooks.py, `[testing] fsync_eio`).
+    It must neither retry nor acknowledge, and exit with code 74; what its disk then holds is
+    what a kernel that dropped the dirty pages leaves: its data dir rolled back to the last sync
+    that succeeded (node/sync_shadow.py restore, the nodes run with `sync_shadow`)."""
+    kind = "fsync-eio"
+    WAIT_S = 15.0
+
+    async def act(self, i):
+        env, c = self.env, self.env.cluster
+        p = c.procs.get(i)
+        await asyncio.to_thread(fault_hooks.arm, c.data_dir(i))
+        end = time.monotonic() + self.WAIT_S
+        code = None
+        while time.monotonic() < end and p is not None:
+            code = p.poll()
+            if code is not None or i in env.down:
+                break
+            await asyncio.sleep(0.02)
+        if code is None or code < 0 or i in env.down and code != 74:
+            # Not this fault's doing: no sync came, or another fault of the step killed the node
+            # first. Disarm, so that no later life of the node fails a sync for it.
+            fault_hooks_disarm(c.data_dir(i))
+            if code is None and i not in env.down:
+                self.details["not_triggered"] = f"no journal sync within {self.WAIT_S:g} s"
+            else:
+                self.details["interrupted"] = "another fault of the step killed the node first"
+            if i not in env.down:
+                await env.kill(i)
+        else:
+            env.down.add(i)
+            self.details["exit_code"] = code
+            self.details["logged"] = _storage_failure_logged(c.log_path(i))
+        async with env.proc_lock:
+            if c.alive(i):                  # restarted meanwhile by another fault: leave it
+                self.details["restore"] = {"skipped": "the node is running again"}
+                return
+            self.details["restore"] = await asyncio.to_thread(sync_shadow.restore, c.data_dir(i), c.durability)
+
+    async def undo(self, i):
+        await self.restart_and_look(i)
+
+
+def fault_hooks_disarm(data_dir):
+    try:
+        os.unlink(Path(data_dir) / fault_hooks.FAIL_NEXT_SYNC)
+    except OSError:
+        pass
+
+
+def _storage_failure_logged(path) -> bool:
+    """The node's log names the file and the errno of the failed sync."""
+    try:
+        text = Path(path).read_text(errors="replace")
+    except OSError:
+        return False
+    return any("storage failure:" in line and "raft.journal" in line and ("rrno 5" in line)
+               for line in text.splitlines()[-50:])
+
+
+class DiskFull(DiskFault):
+    """Fill the node's data filesystem: below its free-space reserve (writes refused, a leader
+    hands over) or to the last block (a write or sync fails: the node exits 74 and cannot start
+    until space is back). Heal frees it and restarts the node if it exited."""
+    kind = "disk-full"
+
+    async def act(self, i):
+        env, c = self.env, self.env.cluster
+        full = self.rng.random() < 0.3
+        self.details["to"] = "full" if full else "below the reserve"
+        env.filled.add(i)
+        if env.disks is not None:
+            leave = 0 if full else max(1, env.reserve_bytes // 2)
+            self.details.update(await asyncio.to_thread(env.disks.fill, c.ids[i], leave))
+        else:
+            self.details["hook"] = True
+            await asyncio.to_thread(fault_hooks.set_free, c.data_dir(i), 0 if full else max(1, env.reserve_bytes // 2))
+        # The node looks at its free space twice a second: the fault counts from when it says it
+        # is low (or is gone: a full disk failed a write), so the unavailability is the outage.
+        end = time.monotonic() + 3.0
+        while time.monotonic() < end:
+            v = await env.view(i, timeout=0.5)
+            p = c.procs.get(i)
+            if (v is not None and (v.get("disk") or {}).get("low_space")) or (p is not None and p.poll() is not None):
+                self.mark()
+                break
+            await asyncio.sleep(0.05)
+
+    async def undo(self, i):
+        env, c = self.env, self.env.cluster
+        if env.disks is not None:
+            self.details["after"] = await asyncio.to_thread(env.disks.unfill, c.ids[i])
+        else:
+            await asyncio.to_thread(fault_hooks.clear_free, c.data_dir(i))
+        env.filled.discard(i)
+        p = c.procs.get(i)
+        if p is not None and p.poll() is not None and i not in env.down:
+            if p.returncode >= 0:           # a signal: another fault's kill, not the full disk
+                self.details["exit_code"] = p.returncode
+            env.down.add(i)
+            await self.restart_and_look(i)
+
+
+class ClockStrobe(OneNodeFault):
+    kind = "clock-strobe"
+    pick = Fault._leader_or_any
+
+    async def act(self, i):
+        env = self.env
+        amplitude = self.rng.choice(STROBE_AMPLITUDES_MS)
+        period = self.rng.choice(STROBE_PERIODS_MS)
+        self.details.update(amplitude_ms=amplitude, period_ms=period)
+        env.max_forward_skew_ms = max(env.max_forward_skew_ms, amplitude)
+        env.strobed.add(i)
+        await asyncio.to_thread(fault_hooks.start_strobe, env.cluster.data_dir(i), amplitude, period)
+
+    async def undo(self, i):
+        await asyncio.to_thread(fault_hooks.stop_strobe, self.env.cluster.data_dir(i))
+        self.env.strobed.discard(i)
+
+
 FAULTS = {cls.kind: cls for cls in (KillLeader, KillFollower, KillAll, PauseLeader, WipeNode, PartitionLeader,
                                       PartitionMinority, PartitionOneway, PartitionRing, Latency, Reset, ClockSkew,
-                                      PowerLoss)}
+                                      PowerLoss, Bitflip, Truncate, Rollback, FsyncEio, DiskFull, ClockStrobe)}
 
 
 # ---------------------------------------------------------------------------- the schedule
@@ -648,6 +877,8 @@ def plan_step(rng: random.Random, cfg: ScheduleConfig) -> Step:
             if len(chosen) >= want:
                 break
             if k in PARTITIONS and any(c in PARTITIONS for c in chosen):
+                continue
+            if k in DISK_DAMAGE and any(c in DISK_DAMAGE for c in chosen):
                 continue
             chosen.append(k)
     else:
@@ -737,6 +968,15 @@ class Nemesis:
             await env.kill(i)
             env.cluster.node_testing.get(i, {}).pop("clock_offset_ms", None)
             env.skewed.pop(i, None)
+        for i in list(env.strobed):
+            fault_hooks.stop_strobe(env.cluster.data_dir(i))
+            env.strobed.discard(i)
+        for i in list(env.filled):
+            if env.disks is not None:
+                env.disks.unfill(env.cluster.ids[i])
+            else:
+                fault_hooks.clear_free(env.cluster.data_dir(i))
+            env.filled.discard(i)
         for i in range(env.n):
             if i in env.down or not env.cluster.alive(i):
                 await env.start(i)
@@ -753,6 +993,9 @@ class Sampler:
         self.interval_s = interval_s
         self.claims: dict[int, set] = {}
         self.first_seen: dict[int, tuple] = {}     # term -> (leader, history time first seen)
+        # Views of a node leading or standing for election while its log was untrusted (the
+        # disk checks): the checker's checksum_failures_contained wants none.
+        self.untrusted_claims: list[dict] = []
         self.samples = 0
         self.last: dict = {}
         self.task: asyncio.Task | None = None
@@ -769,12 +1012,16 @@ class Sampler:
             if self.sink is not None:
                 brief = None if v is None else (
                     v.get("role"), v.get("term"), (v.get("leader") or {}).get("id"), v.get("commit_index"),
-                    v.get("last_applied"), "".join("1" if m.get("connected") else "0" for m in v.get("members", [])))
+                    v.get("last_applied"), "".join("1" if m.get("connected") else "0" for m in v.get("members", [])),
+                    (v.get("disk") or {}).get("log_verified", True))
                 if self._prev.get(i, "-") != brief:
                     self._prev[i] = brief
                     self.sink.write(orjson.dumps({"t": now, "node": self.env.cluster.ids[i], "view": brief}) + b"\n")
             if v is None:
                 continue
+            if v.get("role") in ("leader", "candidate") and (v.get("disk") or {}).get("log_verified") is False:
+                self.untrusted_claims.append({"t": now, "node": v["node_id"], "role": v["role"], "term": v.get("term"),
+                                              "unverified": (v.get("disk") or {}).get("unverified")})
             if v.get("role") == "leader":
                 term = int(v["term"])
                 self.claims.setdefault(term, set()).add(v["node_id"])

@@ -44,7 +44,8 @@ from pathlib import Path
 from .checker import check, percentile, unavailability
 from ...node import sync_shadow
 
-from .nemesis import ALL_KINDS, KINDS, Env, Nemesis, Sampler, ScheduleConfig
+from . import diskfaults
+from .nemesis import ALL_KINDS, GROUPS, KINDS, Env, Nemesis, Sampler, ScheduleConfig
 from .proxy import ProxyNet
 from .workload import History, WorkloadConfig, Workload, final_drain, lease_liveness_probe, wall_ms
 from ..local import LocalCluster, http_json
@@ -69,6 +70,8 @@ class ChaosOptions:
     lease_probe: bool = True
     tuning: dict = field(default_factory=dict)
     writeback_s: float = sync_shadow.DEFAULT_WRITEBACK_S   # memory mode's simulated page writeback (power-loss)
+    disk_bytes: int = 384 << 20         # disk-full: each node's loop-mounted filesystem
+    reserve_bytes: int = 32 << 20       # disk-full: the nodes' storage.min_free_bytes
 
 
 class StatusLine:
@@ -151,8 +154,8 @@ async def _wait_clock_sane(env: Env, timeout: float) -> float:
 
 
 def scan_node_logs(directory: Path, ids: list[str]) -> dict:
-    """CRITICAL lines and traceback counts from the node logs of a run."""
-    out = {"critical": [], "tracebacks": {}}
+    """CRITICAL lines (all, and by node) and traceback counts from the node logs of a run."""
+    out = {"critical": [], "critical_by_node": {}, "tracebacks": {}}
     for nid in ids:
         path = directory / f"{nid}.log"
         try:
@@ -160,7 +163,9 @@ def scan_node_logs(directory: Path, ids: list[str]) -> dict:
         except OSError:
             continue
         out["tracebacks"][nid] = text.count("Traceback (most recent call last)")
-        out["critical"] += [line.strip()[:300] for line in text.splitlines() if " CRITICAL " in line]
+        lines = [line.strip()[:300] for line in text.splitlines() if " CRITICAL " in line]
+        out["critical"] += lines
+        out["critical_by_node"][nid] = lines
     return out
 
 
@@ -177,8 +182,22 @@ async def run_chaos(opts: ChaosOptions) -> dict:
     cluster = LocalCluster(directory, nodes=opts.nodes, durability=opts.durability, limits=dict(RETRY_LIMITS),
                            storage={"dead_letter_retention_ms": 3_600_000, "sweep_interval_ms": opts.sweep_interval_ms},
                            tuning=dict(opts.tuning))
-    if "power-loss" in opts.faults:     # the nodes record what a disk honouring only fsync would hold
+    if "power-loss" in opts.faults or "fsync-eio" in opts.faults:
+        # The nodes record what a disk honouring only fsync would hold (power-loss; fsync-eio:
+        # what the disk holds after a failed fsync).
         cluster.testing.update({"sync_shadow": True, "sync_shadow_writeback_s": float(opts.writeback_s)})
+    if "fsync-eio" in opts.faults:
+        cluster.testing["fsync_eio"] = True
+    if "clock-strobe" in opts.faults:
+        cluster.testing["clock_strobe"] = True
+    disks = None
+    if "disk-full" in opts.faults:
+        cluster.storage["min_free_bytes"] = int(opts.reserve_bytes)
+        why = diskfaults.SmallDisks.available()
+        if why is None:
+            disks = diskfaults.SmallDisks(directory / "disks", size_bytes=int(opts.disk_bytes))
+        else:
+            cluster.testing["free_space_file"] = True       # the hook instead (node/fault_hooks.py)
     raft_addrs = [f"127.0.0.1:{p}" for p in cluster.raft_ports]
     net = ProxyNet(raft_addrs, encrypted=bool(cluster.secret), seed=seed)
     net.start()
@@ -188,6 +207,7 @@ async def run_chaos(opts: ChaosOptions) -> dict:
     sink = open(directory / "history.jsonl", "wb")
     h = History({u: cluster.ids[i] for i, u in enumerate(cluster.urls)}, sink=sink)
     env = Env(cluster, net, h)
+    env.disks, env.reserve_bytes, env.stash_dir = disks, int(opts.reserve_bytes), directory / "stash"
     report: dict = {"seed": seed, "nodes": opts.nodes, "durability": opts.durability, "duration_s": opts.duration,
                     "fault_kinds": list(opts.faults), "dir": str(directory)}
     phase = Phases()
@@ -201,6 +221,12 @@ async def run_chaos(opts: ChaosOptions) -> dict:
         progress.event(f"raftq chaos: seed {seed}, {opts.nodes} nodes, durability {opts.durability}, "
                        f"{opts.duration:.0f} s of faults ({', '.join(opts.faults)}); run directory {directory}")
         cluster.write_configs()
+        if disks is not None:               # a small filesystem on every node's data dir
+            for i in range(cluster.n):
+                await asyncio.to_thread(disks.mount, cluster.ids[i], cluster.data_dir(i))
+            report["disks"] = {"size_bytes": disks.size, "reserve_bytes": int(opts.reserve_bytes)}
+        elif "disk-full" in opts.faults:
+            report["disks"] = {"hook": "free_space_file", "reserve_bytes": int(opts.reserve_bytes)}
         cluster.start_all()
         await asyncio.to_thread(cluster.wait_leader, 40)
         status, info = http_json("GET", cluster.urls[0] + "/v1/server-info")
@@ -238,7 +264,7 @@ async def run_chaos(opts: ChaosOptions) -> dict:
         try:
             views = await asyncio.to_thread(cluster.wait_converged, 30)
         except TimeoutError:
-            views = [cluster.cluster_view(i) for i in range(cluster.n)]
+            views = await asyncio.to_thread(cluster.cluster_views)
         await sampler.sample_once()
         await sampler.stop()
         phase.enter("check")
@@ -251,7 +277,9 @@ async def run_chaos(opts: ChaosOptions) -> dict:
         result = check(h.ops, dead_letters=drain["dead_letters"], drain=drain, views=views,
                        leader_claims={t: sorted(s) for t, s in sampler.claims.items()}, liveness=liveness,
                        retry=retry, clock_tolerance_ms=env.max_forward_skew_ms + 100,
-                       internal_errors=h.internal_errors, node_logs=node_logs, power_losses=cuts)
+                       internal_errors=h.internal_errors, node_logs=node_logs, power_losses=cuts,
+                       disk_faults=[f for f in faults if f["kind"] in DISK_FAULT_KINDS],
+                       untrusted_claims=sampler.untrusted_claims)
         unav = unavailability(h.ops, [f for f in faults if not f.get("skipped")])
         for u in unav:          # when a leader of a newer term was first seen after the fault
             later = [(t, s) for t, s in sampler.first_seen.items() if s[1] >= u["t_inject"]]
@@ -288,6 +316,7 @@ async def run_chaos(opts: ChaosOptions) -> dict:
             "unavailability": {"by_kind": summary(by_kind), "alone_by_kind": summary(alone), "list": unav},
             "liveness": liveness,
             "power_loss": _power_loss_summary(cuts, result) if cuts else None,
+            "disk": _disk_summary(faults, result),
             "node_logs": {"critical": len(node_logs["critical"]), "tracebacks": node_logs["tracebacks"]},
             "drain": {"ok": drain["ok"], "seconds": round(drain["seconds"], 3),
                       "dead_letters": len(drain["dead_letters"])},
@@ -310,6 +339,8 @@ async def run_chaos(opts: ChaosOptions) -> dict:
         await sampler.stop()
         await env.close()
         cluster.close()             # kill -9: the final views are taken, nothing else matters
+        if disks is not None:
+            disks.close()
         net.close()
         sink.close()
         views_sink.close()
@@ -337,6 +368,27 @@ def _power_loss_summary(cuts: list, result: dict) -> dict:
             "restore_errors": sum(1 for n in nodes if n.get("error")),
             "lost_after_power_loss": result["stats"].get("lost_after_power_loss", 0),
             "expected_by_invariant": expected}
+
+
+DISK_FAULT_KINDS = ("bitflip", "truncate", "rollback", "fsync-eio", "disk-full")
+
+
+def _disk_summary(faults: list, result: dict) -> dict | None:
+    """What the disk faults did and what the nodes made of it."""
+    mine = [f for f in faults if f["kind"] in DISK_FAULT_KINDS and not f.get("skipped")]
+    if not mine:
+        return None
+    out: dict = {}
+    for f in mine:
+        k = out.setdefault(f["kind"], {"n": 0, "found": {}, "exit_codes": {}})
+        k["n"] += 1
+        for what, n in (f.get("found") or {}).items():
+            k["found"][what] = k["found"].get(what, 0) + n
+        if f.get("exit_code") is not None:
+            code = str(f["exit_code"])
+            k["exit_codes"][code] = k["exit_codes"].get(code, 0) + 1
+    out["critical_lines_expected"] = result["stats"].get("disk_critical_lines", 0)
+    return out
 
 
 def _fmt(x, nd=2):
@@ -373,6 +425,15 @@ def format_report(r: dict) -> str:
     out.append(f"\nliveness: leader {_fmt(lv.get('leader_after_heal_s'))} s after healing (bound "
                f"{lv.get('leader_bound_s')} s); expired leases redelivered after {lp.get('samples')} s "
                f"(bound {lp.get('bound_s')} s)")
+    dk = r.get("disk")
+    if dk:
+        parts = []
+        for kind, d in sorted((k, v) for k, v in dk.items() if isinstance(v, dict)):
+            found = ", ".join(f"{w} {n}" for w, n in sorted(d["found"].items())) or "nothing to find"
+            codes = ", ".join(f"exit {c}: {n}" for c, n in sorted(d["exit_codes"].items()))
+            parts.append(f"  {kind}: {d['n']} ({found}" + (f"; {codes}" if codes else "") + ")")
+        out.append("\ndisk faults, and what the nodes found:\n" + "\n".join(parts)
+                   + f"\n  ({dk.get('critical_lines_expected', 0)} CRITICAL disk-check/storage lines from the damaged nodes, expected)")
     pl = r.get("power_loss")
     if pl:
         out.append(f"\npower loss: {pl['cuts']} cut(s) of every node ({pl['cuts_with_unsynced_bytes']} with unsynced "
@@ -389,7 +450,7 @@ def format_report(r: dict) -> str:
         extra = f" (skipped: {inv['skipped']})" if inv.get("skipped") else ""
         if inv.get("expected_after_power_loss"):
             extra += f" [+{inv['expected_after_power_loss']} after power loss, memory mode: expected]"
-        out.append(f"  {mark} {inv['name']:22} {inv['count']:>5}  {inv['about']}{extra}")
+        out.append(f"  {mark} {inv['name']:28} {inv['count']:>5}  {inv['about']}{extra}")
         for ex in inv["examples"]:
             out.append(f"         e.g. {json.dumps(ex, default=str)[:300]}")
     verdict = "PASS" if r["valid"] else f"FAIL: {r['violations']} violation(s)"
@@ -403,8 +464,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--duration", type=float, default=60.0, help="seconds of faults (default 60)")
     p.add_argument("--nodes", type=int, default=3, choices=(3, 5))
     p.add_argument("--seed", type=int, default=None, help="replay a schedule (default: random, printed)")
-    p.add_argument("--faults", default="all", help=f"comma-separated kinds; 'all' = {','.join(KINDS)}; "
-                   f"opt-in (only when listed, e.g. all,power-loss): {','.join(k for k in ALL_KINDS if k not in KINDS)}")
+    p.add_argument("--faults", default="all", help=f"comma-separated kinds or groups; 'all' = {','.join(KINDS)}; "
+                   f"opt-in (only when listed, e.g. all,power-loss,disk): {','.join(k for k in ALL_KINDS if k not in KINDS)}; "
+                   f"'disk' = {','.join(GROUPS['disk'])}")
     p.add_argument("--writeback", type=float, default=None,
                    help="memory mode, power-loss: seconds between simulated page-cache writebacks (default "
                         f"{sync_shadow.DEFAULT_WRITEBACK_S:g}; Linux writes dirty pages back after 5-30 s)")
@@ -423,7 +485,7 @@ def build_parser() -> argparse.ArgumentParser:
 def options_from_args(args) -> ChaosOptions:
     kinds: list = []
     for k in (x.strip() for x in (args.faults or "all").split(",")):
-        for kind in (KINDS if k == "all" else (k,) if k else ()):
+        for kind in (GROUPS[k] if k in GROUPS else (k,) if k else ()):
             if kind not in kinds:
                 kinds.append(kind)
     kinds = tuple(kinds)

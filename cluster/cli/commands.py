@@ -234,8 +234,11 @@ def format_table(headers: list[str], rows: list[list], right: set[int] | None = 
 
 
 def format_pairs(pairs: list[tuple[str, Any]], indent: str = "") -> str:
+    """`key  value` lines; a multi-line value (pretty JSON) continues under its first line."""
     width = max((len(k) for k, _ in pairs), default=0)
-    return "\n".join(f"{indent}{k.ljust(width)}  {'-' if v is None else v}" for k, v in pairs)
+    under = "\n" + indent + " " * (width + 2)
+    return "\n".join(f"{indent}{k.ljust(width)}  {'-' if v is None else str(v).replace(chr(10), under)}"
+                     for k, v in pairs)
 
 
 def fmt_ms(ms: int | None, now_ms: int | None = None) -> str | None:
@@ -730,8 +733,8 @@ async def cmd_queues(ctx: Ctx) -> int:
                 v = ", ".join(map(str, v)) or "(none)"
             elif k.endswith("_ms") and isinstance(v, int):
                 v = fmt_ms_duration(v)
-            elif v is None:
-                v = "none"
+            elif v is None:         # unset: no limit (a list: any value; a number: no maximum)
+                v = "any" if k.startswith("allowed_") else "unlimited"
             pairs.append((k, v))
         ctx.out(format_pairs(pairs, indent="  "))
     return EXIT_OK
@@ -740,6 +743,9 @@ async def cmd_queues(ctx: Ctx) -> int:
 def _path(name: str) -> str:
     from urllib.parse import quote
     return quote(name, safe="")
+
+
+JSON_LINES = 40     # a longer pretty-printed payload is cut: `raftq job ID --payload` has it all
 
 
 def payload_preview(payload: dict | None, n: int = 200) -> tuple[int, str] | None:
@@ -754,6 +760,16 @@ def payload_preview(payload: dict | None, n: int = 200) -> tuple[int, str] | Non
         printable = all(c.isprintable() or c in "\n\t\r" for c in text)
     except UnicodeDecodeError:
         printable = False
+    if printable and "json" in str(payload.get("encoding", "")).lower():
+        # A person reads this: JSON indented, not one escaped string.
+        try:
+            lines = json.dumps(json.loads(text), indent=2, ensure_ascii=False).splitlines()
+        except ValueError:
+            pass                    # not JSON after all: shown as text below
+        else:
+            if len(lines) > JSON_LINES:
+                lines = lines[:JSON_LINES] + [f"… ({len(lines) - JSON_LINES} more lines: --payload shows it all)"]
+            return len(data), "\n".join(lines)
     if printable:
         return len(data), json.dumps(text if len(text) <= n else text[:n] + "…", ensure_ascii=False)
     return len(data), f"(binary) {data[:n // 4].hex()}" + ("…" if len(data) > n // 4 else "")

@@ -190,6 +190,31 @@ class SyncObjConf(object):
         #: told about every write to the journal file and every durable point (journal.FileJournal).
         self.journalObserver = kwargs.get('journalObserver', None)
 
+        #: raftq: called (on the tick thread, which then stops) with the journal.StorageFailure
+        #: of a write or sync that failed; nothing is retried. raftq's node exits.
+        self.onStorageFailure = kwargs.get('onStorageFailure', None)
+
+        #: raftq: PreVote (Raft thesis §9.6): before an election a node asks whether a majority
+        #: would vote for it, without raising its term; nodes that heard from a leader within
+        #: raftMinTimeout say no. A node cut off one way cannot depose a healthy leader.
+        self.preVote = kwargs.get('preVote', True)
+
+        #: raftq: CheckQuorum (Raft thesis §6.2): a leader that has not heard from a majority
+        #: within raftMinTimeout steps down (leaderFallbackTimeout when that is shorter) and asks
+        #: the most up-to-date follower to stand at once (TimeoutNow).
+        self.checkQuorum = kwargs.get('checkQuorum', True)
+
+        #: raftq: an operator's decision (raftq node --accept-damaged-log): take the log as it is
+        #: after the disk checks cut what failed, and vote with it at once. Only for a majority
+        #: damaged at once, where no trusted leader can repair anyone: entries the cut removed
+        #: may have been acknowledged.
+        self.acceptDamagedLog = kwargs.get('acceptDamagedLog', False)
+
+        #: raftq: () -> bool, asked before this node starts an election (or a pre-vote) or
+        #: answers a leader's transfer request; False keeps it from leading (raftq: its data
+        #: disk is below the free-space reserve). None: always eligible.
+        self.electionEligible = kwargs.get('electionEligible', None)
+
     def validate(self):
         assert self.autoTickPeriod > 0
         assert self.commandsQueueSize >= 0

@@ -1,7 +1,8 @@
 import os
 import mmap
+import errno
 import struct
-import shutil
+import zlib
 
 from .version import VERSION
 from .pickle import to_bytes, loadsBuiltins, dumps
@@ -10,10 +11,33 @@ from .pickle import to_bytes, loadsBuiltins, dumps
 datasync = getattr(os, 'fdatasync', os.fsync)
 
 
+class StorageFailure(Exception):
+    """raftq: a write or a sync of a file the node's promises depend on failed (EIO, ENOSPC, ...).
+
+    Never retried: after a failed fsync the kernel may have dropped the dirty pages and marked
+    them clean, so a second fsync can report success for data that is gone (PostgreSQL's
+    "fsyncgate"). SyncObj stops ticking when one reaches it (so nothing written since the last
+    good sync is ever acknowledged) and calls SyncObjConf.onStorageFailure; raftq's node exits,
+    and a restart reads what the disk really holds."""
+
+    def __init__(self, path, op, error):
+        self.path = path
+        self.op = op
+        self.errno = getattr(error, 'errno', None)
+        self.strerror = getattr(error, 'strerror', None) or str(error)
+        name = errno.errorcode.get(self.errno, '?') if self.errno is not None else '?'
+        Exception.__init__(self, '%s of %s failed: [Errno %s %s] %s' % (op, path, self.errno, name, self.strerror))
+
+
 def fsyncDir(path):
-    fd = os.open(path or '.', os.O_RDONLY)
+    try:
+        fd = os.open(path or '.', os.O_RDONLY)
+    except OSError as e:
+        raise StorageFailure(path or '.', 'open (directory)', e)
     try:
         os.fsync(fd)
+    except OSError as e:
+        raise StorageFailure(path or '.', 'fsync (directory)', e)
     finally:
         os.close(fd)
 
@@ -68,6 +92,18 @@ class Journal(object):
     def syncs(self):
         return 0
 
+    # raftq: what the journal found wrong with its files when it read them (see FileJournal).
+    @property
+    def findings(self):
+        return []
+
+    def getUnverified(self):
+        """raftq: why this node's log is not trusted for voting yet (a dict), or None."""
+        return None
+
+    def setUnverified(self, info):
+        pass
+
 
 class MemoryJournal(Journal):
 
@@ -116,64 +152,15 @@ class MemoryJournal(Journal):
         return self.__votedForNodeId
 
 
-
-class ResizableFile(object):
-
-    def __init__(self, fileName, initialSize = 1024, resizeFactor = 2.0, defaultContent = None):
-        self.__fileName = fileName
-        self.__resizeFactor = resizeFactor
-        if not os.path.exists(fileName):
-            with open(fileName, 'wb') as f:
-                if defaultContent is not None:
-                    f.write(defaultContent)
-        self.__f = open(fileName, 'r+b')
-        self.__mm = mmap.mmap(self.__f.fileno(), 0)
-        currSize = self.__mm.size()
-        if currSize < initialSize:
-            try:
-                self.__mm.resize(initialSize)
-            except (SystemError, OSError):
-                self.__extand(initialSize - currSize)
-
-    def write(self, offset, values):
-        size = len(values)
-        while offset + size > self.__mm.size():
-            currSize = self.__mm.size()
-            newSize = max(int(currSize * self.__resizeFactor), offset + size)
-            try:
-                self.__mm.resize(newSize)
-            except (SystemError, OSError):
-                self.__extand(newSize - currSize)
-        self.__mm[offset:offset + size] = values
-
-    def read(self, offset, size):
-        return self.__mm[offset:offset + size]
-
-    def __extand(self, bytesToAdd):
-        self.__mm.close()
-        self.__f.close()
-        with open(self.__fileName, 'ab') as f:
-            f.write(b'\0' * bytesToAdd)
-        self.__f = open(self.__fileName, 'r+b')
-        self.__mm = mmap.mmap(self.__f.fileno(), 0)
-
-    def _destroy(self):
-        self.__mm.flush()
-        self.__mm.close()
-        self.__f.close()
-
-    def flush(self):
-        self.__mm.flush()
-
-
 GROW_BYTES = 2 << 20        # zero-filled ahead of the write offset per step (~1 ms of writing and syncing)
 _ZEROS = bytes(1 << 20)
 
 
 class JournalFile(object):
-    """raftq: the journal's file in fsync durability - ResizableFile's interface (write, read,
-    flush, _destroy) plus fileno(), written with pwrite into space that was filled with zeros
-    ahead of time, so that syncing an append flushes data only.
+    """raftq: the journal's file - upstream's ResizableFile interface (write, read, flush,
+    _destroy) plus fileno(), written with pwrite into space that was filled with zeros ahead of
+    time, so that syncing an append flushes data only. Used in both durabilities; `durable`
+    (fsync) syncs the zero fill and flush() (memory durability never syncs the journal).
 
     ResizableFile keeps the journal in an mmap'd file that it grows with ftruncate: the file is
     sparse past what was written. On ext4 (delayed allocation) the first write into a hole
@@ -189,18 +176,27 @@ class JournalFile(object):
     CPU, 775-867 -> 559-622 us wall. And the sync is fdatasync, not ResizableFile's mmap.flush(),
     which in CPython holds the GIL through the whole msync.
 
+    Memory durability used ResizableFile until the disk checks: a store into an mmap'd page
+    that the filesystem cannot allocate (a full disk) kills the process with SIGBUS, where
+    pwrite returns ENOSPC, which the node reports (StorageFailure) and exits on. Every failed
+    write, sync or fill raises StorageFailure naming the file.
+
     So the file is kept zero-filled GROW_BYTES ahead of the last write, and those zeros are
     synced when they are written (once per region: after log compaction the journal rewrites
-    the file from its start, over blocks that are already there). On-disk format and contents
-    are upstream's: a journal written by either class is read by the other.
+    the file from its start, over blocks that are already there).
     """
 
-    def __init__(self, fileName, initialSize=1024, resizeFactor=2.0, defaultContent=None):
-        if not os.path.exists(fileName):
-            with open(fileName, 'wb') as f:
-                if defaultContent is not None:
-                    f.write(defaultContent)
-        self.__fd = os.open(fileName, os.O_RDWR)
+    def __init__(self, fileName, initialSize=1024, resizeFactor=2.0, defaultContent=None, durable=True):
+        self.__fileName = fileName
+        self.__durable = durable
+        try:
+            if not os.path.exists(fileName):
+                with open(fileName, 'wb') as f:
+                    if defaultContent is not None:
+                        f.write(defaultContent)
+            self.__fd = os.open(fileName, os.O_RDWR)
+        except OSError as e:
+            raise StorageFailure(fileName, 'create', e)
         # Bytes that exist on disk as written blocks (data or zeros). A file that ResizableFile
         # grew may have holes below its size; they are filled as writes reach them only if they
         # lie past this mark, so such a file keeps the sparse file's costs until the next
@@ -209,39 +205,64 @@ class JournalFile(object):
         if self.__filled < initialSize:
             self.__fill(initialSize)
 
+    @property
+    def fileName(self):
+        return self.__fileName
+
     def fileno(self):
         return self.__fd
+
+    def size(self):
+        return os.fstat(self.__fd).st_size
 
     def write(self, offset, values):
         end = offset + len(values)
         if end > self.__filled:
             self.__fill(end + GROW_BYTES)
         view = memoryview(values)
-        while view:
-            n = os.pwrite(self.__fd, view, offset)
-            view, offset = view[n:], offset + n
+        try:
+            while view:
+                n = os.pwrite(self.__fd, view, offset)
+                view, offset = view[n:], offset + n
+        except OSError as e:
+            raise StorageFailure(self.__fileName, 'pwrite', e)
 
     def read(self, offset, size):
         return os.pread(self.__fd, size, offset)
 
     def __fill(self, end):
-        """Write zeros from the filled mark to `end` and sync them, so later appends there
-        overwrite allocated blocks."""
+        """Write zeros from the filled mark to `end` and sync them (fsync durability), so later
+        appends there overwrite allocated blocks."""
         pos = self.__filled
-        while pos < end:
-            n = os.pwrite(self.__fd, _ZEROS[:min(len(_ZEROS), end - pos)], pos)
-            pos += n
-        datasync(self.__fd)
+        try:
+            while pos < end:
+                n = os.pwrite(self.__fd, _ZEROS[:min(len(_ZEROS), end - pos)], pos)
+                pos += n
+        except OSError as e:
+            raise StorageFailure(self.__fileName, 'pwrite (zero fill)', e)
+        if self.__durable:
+            self.flush()
         self.__filled = pos
 
     def flush(self):
-        datasync(self.__fd)
+        try:
+            datasync(self.__fd)
+        except OSError as e:
+            raise StorageFailure(self.__fileName, 'fdatasync', e)
 
     def _destroy(self):
-        if self.__fd >= 0:                  # as ResizableFile does (mmap.flush, then close)
-            datasync(self.__fd)
+        if self.__fd >= 0:                  # as ResizableFile did (mmap.flush, then close)
+            try:
+                if self.__durable:
+                    datasync(self.__fd)
+            except OSError:
+                pass                        # closing after a failure: nothing is promised any more
             os.close(self.__fd)
             self.__fd = -1
+
+
+META_MAGIC = b'RQMETA\x00\x02'   # raftq's meta file: magic, crc32 of the pickle, the pickle
+META_HEAD = struct.Struct('<8sI')
 
 
 class MetaStorer(object):
@@ -257,40 +278,87 @@ class MetaStorer(object):
     changed (elections: rare), never for the commit index alone, which memory durability does
     not trust after a restart anyway (SyncObj.__init__). The file is read back with an
     unpickler that refuses every global: it holds builtins only.
+
+    raftq: the file carries a CRC-32 of its pickle (META_MAGIC, crc, pickle); upstream's bare
+    pickle is still read. getMeta() reports a file that fails its check or does not load
+    (`damaged`): a node that cannot trust its term and vote must not vote (SyncObj). A failed
+    write raises StorageFailure.
     """
 
     def __init__(self, path, termVoteOnly=False):
         self.__path = path
         self.__termVoteOnly = termVoteOnly
         self.__stored = None
+        self.damaged = None          # what was wrong with the file when it was read, or None
+        self.legacy = False          # the file was upstream's bare pickle
 
     def getMeta(self):
         meta = {}
+        self.damaged = None
         try:
             with open(self.__path, 'rb') as f:
-                meta = loadsBuiltins(f.read())
-        except:
-            pass
+                raw = f.read()
+        except FileNotFoundError:
+            return meta
+        except OSError as e:
+            self.damaged = 'cannot be read: %s' % e
+            return meta
+        try:
+            if raw[:len(META_MAGIC)] == META_MAGIC:
+                _, crc = META_HEAD.unpack_from(raw)
+                body = raw[META_HEAD.size:]
+                if zlib.crc32(body) != crc:
+                    self.damaged = 'fails its checksum (%d bytes)' % len(raw)
+                    return {}
+            else:
+                body = raw
+                self.legacy = True
+            meta = loadsBuiltins(body)
+            if not isinstance(meta, dict):
+                raise ValueError('not a dict')
+        except Exception as e:
+            self.damaged = 'does not load (%s: %s)' % (type(e).__name__, e)
+            return {}
         return meta
 
     def storeMeta(self, meta):
         if self.__termVoteOnly:
-            key = (meta.get('currentTerm'), meta.get('votedForNodeId'))
+            key = (meta.get('currentTerm'), meta.get('votedForNodeId'), meta.get('unverified'))
             if self.__stored == key:
                 return
             self.__stored = key
-        with open(self.__path + '.tmp', 'wb') as f:
-            f.write(dumps(meta))
-            f.flush()
-            os.fsync(f.fileno())
-        shutil.move(self.__path + '.tmp', self.__path)
+        body = dumps(meta)
+        tmp = self.__path + '.tmp'
+        try:
+            with open(tmp, 'wb') as f:
+                f.write(META_HEAD.pack(META_MAGIC, zlib.crc32(body)) + body)
+                f.flush()
+                os.fsync(f.fileno())
+        except OSError as e:
+            raise StorageFailure(tmp, 'write and fsync', e)
+        try:
+            os.replace(tmp, self.__path)
+        except OSError as e:
+            raise StorageFailure(self.__path, 'rename', e)
         fsyncDir(os.path.dirname(self.__path))
 
     def getPath(self):
         return self.__path
 
 
-JOURNAL_FORMAT_VERSION = 1
+# raftq: format 2, checksummed. Upstream's format 1 (still read, and rewritten as format 2 when
+# a journal is opened):
+#  APP_NAME (24b) + APP_VERSION (8b) + FORMAT_VERSION (4b) + LAST_RECORD_OFFSET (4b) +
+#      record1size + record1 + record1size   +  record2size + record2 + record2size   +  ...
+#  where a record is idx (8b) + term (8b) + command.
+# Format 2:
+#  APP_NAME (24b) + APP_VERSION (8b) + FORMAT_VERSION=2 (4b) + LAST_RECORD_OFFSET (4b) +
+#      crc32(LAST_RECORD_OFFSET) (4b) + 0 (4b) +
+#      size + crc + idx (8b) + term (8b) + command + size   +  ...
+#  where size = 4 + 16 + len(command) (crc to command) and crc = crc32(size, idx, term,
+#  command). The end marker and its crc are one 8-byte write, inside one sector.
+JOURNAL_FORMAT_VERSION = 2
+LEGACY_FORMAT_VERSION = 1
 APP_NAME = b'PYSYNCOBJ'
 APP_VERSION = str.encode(VERSION)
 
@@ -298,59 +366,273 @@ NAME_SIZE = 24
 VERSION_SIZE = 8
 assert len(APP_NAME) < NAME_SIZE
 assert len(APP_VERSION) < VERSION_SIZE
-FIRST_RECORD_OFFSET = NAME_SIZE + VERSION_SIZE + 4 + 4
 LAST_RECORD_OFFSET_OFFSET = NAME_SIZE + VERSION_SIZE + 4
+FORMAT_VERSION_OFFSET = NAME_SIZE + VERSION_SIZE
+LEGACY_FIRST_RECORD_OFFSET = NAME_SIZE + VERSION_SIZE + 4 + 4
+FIRST_RECORD_OFFSET = LEGACY_FIRST_RECORD_OFFSET + 8
+RECORD_HEAD = struct.Struct('<IIQQ')     # size, crc, idx, term
+END_MARKER = struct.Struct('<II')        # offset, crc32(offset)
+LENGTH = struct.Struct('<I')
 
-#
-#  APP_NAME (24b) + APP_VERSION (8b) + FORMAT_VERSION (4b) + LAST_RECORD_OFFSET (4b) +
-#      record1size + record1 + record1size   +  record2size + record2 + record2size   +  ...
-#                (record1)                   |               (record2)                |  ...
-#
+
+def endMarker(offset):
+    packed = LENGTH.pack(offset)
+    return packed + LENGTH.pack(zlib.crc32(packed))
+
+
+def packRecord(command, idx, term):
+    """One format-2 record (see above)."""
+    command = to_bytes(command)
+    size = 20 + len(command)
+    sizeData = LENGTH.pack(size)
+    body = struct.pack('<QQ', idx, term) + command
+    return sizeData + LENGTH.pack(zlib.crc32(body, zlib.crc32(sizeData))) + body + sizeData
+
+
+def readRecord(data, pos, end):
+    """The format-2 record at `pos` of `data` (bytes or an mmap) ending by `end`:
+    ((command, idx, term), next position), or (None, what is wrong)."""
+    if pos + RECORD_HEAD.size + 4 > end:
+        return None, 'incomplete record'
+    size, crc, idx, term = RECORD_HEAD.unpack_from(data, pos)
+    if size < 20 or pos + 8 + size > end:
+        return None, 'impossible record size %d' % size
+    if LENGTH.unpack_from(data, pos + 4 + size)[0] != size:
+        return None, 'record sizes at its two ends differ'
+    view = memoryview(data)[pos + 8:pos + 4 + size]
+    try:
+        if zlib.crc32(view, zlib.crc32(data[pos:pos + 4])) != crc:
+            return None, 'checksum mismatch'
+        command = bytes(view[16:])
+    finally:
+        view.release()
+    return (command, idx, term), pos + 8 + size
+
+
+def readLegacyRecord(data, pos, end):
+    """A format-1 record (no checksum: only its framing can be checked)."""
+    if pos + 4 > end:
+        return None, 'incomplete record'
+    size = LENGTH.unpack_from(data, pos)[0]
+    if size < 16 or pos + 8 + size > end:
+        return None, 'impossible record size %d' % size
+    if LENGTH.unpack_from(data, pos + 4 + size)[0] != size:
+        return None, 'record sizes at its two ends differ'
+    idx, term = struct.unpack_from('<QQ', data, pos + 4)
+    return (bytes(data[pos + 20:pos + 4 + size]), idx, term), pos + 8 + size
+
+
+def defaultHeader(formatVersion=JOURNAL_FORMAT_VERSION):
+    appName = APP_NAME + b'\0' * (NAME_SIZE - len(APP_NAME))
+    appVersion = APP_VERSION + b'\0' * (VERSION_SIZE - len(APP_VERSION))
+    if formatVersion == LEGACY_FORMAT_VERSION:
+        return appName + appVersion + struct.pack('<II', LEGACY_FORMAT_VERSION, LEGACY_FIRST_RECORD_OFFSET)
+    return appName + appVersion + struct.pack('<I', formatVersion) + endMarker(FIRST_RECORD_OFFSET) + bytes(4)
+
 
 class FileJournal(Journal):
-    """raftq: `durable` (fsync durability) writes the file with JournalFile and makes sync()
-    fdatasync it when something was added since the last sync; otherwise (memory durability)
-    upstream's mmap'd ResizableFile, never synced. `observer` is a test hook (the chaos
-    harness's power-loss simulation, node/sync_shadow.py): attach(journal, journalFile) once the
-    file is read, before its first write; beforeWrite(offset) before every write to the file;
-    durable() after every sync."""
+    """raftq: one JournalFile in both durabilities; `durable` (fsync durability) makes sync()
+    fdatasync it when something was added since the last sync. `observer` is a test hook (the
+    chaos harness's power-loss simulation, node/sync_shadow.py, and the fsync-EIO hook):
+    attach(journal, journalFile) once the file is read, before its first write;
+    beforeWrite(offset) before every write to the file; beforeSync() before every sync (it may
+    raise OSError, which fails the sync); durable() after every sync.
+
+    raftq: every record carries a CRC-32 (format 2, above) and the end marker its own. Opening
+    the file verifies all of it: each record's framing and checksum, indices that follow each
+    other and terms that never go down. What it finds is in `findings` (what, where, what was
+    cut), and the journal then holds the good prefix only:
+    * a torn tail - the last records up to the end marker fail and nothing valid follows (what a
+      crash in the middle of a write leaves): cut at the last good entry;
+    * a corrupted entry with valid entries after it, or a file shorter than its end marker (cut
+      from outside), or an end marker that fails its own check: cut at the last good entry too;
+    * a header that is not a journal's: the file is moved aside (`.damaged`) and a new one begun.
+    Any of them makes the node's log untrusted (SyncObj: no votes until it caught up with a
+    leader): a torn tail after a crash holds only unsynced, never acknowledged entries, but the
+    same bytes after a bit flip at rest may have been acknowledged, and the two cannot be told
+    apart. Entries and their file offsets are kept in memory, so nothing is read back from the
+    file after it was opened."""
 
     def __init__(self, journalFile, durable=True, observer=None):
-        fileClass = JournalFile if durable else ResizableFile
-        self.__journalFile = fileClass(journalFile, defaultContent=self.__getDefaultHeader())
+        self.__fileName = journalFile
         self.__durable = durable
         self.__dirty = False
         self.__syncs = 0
         self.__observer = None
         self.__journal = []
+        self.__offsets = []          # raftq: each entry's offset in the file
+        self.__findings = []
         self.__metaStorer = MetaStorer(journalFile + '.meta', termVoteOnly=not durable)
         self.__meta = self.__metaStorer.getMeta()
+        if self.__metaStorer.damaged:
+            self.__findings.append({'what': 'meta_damaged', 'file': self.__metaStorer.getPath(),
+                                    'detail': 'the meta file (term, vote, commit index) %s' % self.__metaStorer.damaged})
         self.__metaSaved = True
-        currentOffset = FIRST_RECORD_OFFSET
-        lastRecordOffset = self.__getLastRecordOffset()
-        while currentOffset < lastRecordOffset:
-            nextRecordSize = struct.unpack('<I', self.__journalFile.read(currentOffset, 4))[0]
-            nextRecordData = self.__journalFile.read(currentOffset + 4, nextRecordSize)
-            command = nextRecordData[16:]
-            idx, term = struct.unpack('<QQ', nextRecordData[:16])
-            self.__journal.append((command, idx, term))
-            currentOffset += nextRecordSize + 8
-        self.__currentOffset = currentOffset
+        fmt = self.__openFile()
+        if fmt == LEGACY_FORMAT_VERSION:
+            self.__upgrade()
         if observer is not None:
             observer.attach(self, self.__journalFile)
             self.__observer = observer
 
-    def __getDefaultHeader(self):
-        appName = APP_NAME + b'\0' * (NAME_SIZE - len(APP_NAME))
-        appVersion = APP_VERSION + b'\0' * (VERSION_SIZE - len(APP_VERSION))
-        header = appName + appVersion + struct.pack('<II', JOURNAL_FORMAT_VERSION, FIRST_RECORD_OFFSET)
-        return header
+    # ---------------------------------------------------------------- reading the file
+    def __openFile(self):
+        """Open and verify the file; returns its format version as it was found."""
+        exists = os.path.exists(self.__fileName)
+        self.__journalFile = JournalFile(self.__fileName, defaultContent=defaultHeader(), durable=self.__durable)
+        if not exists:
+            self.__currentOffset = FIRST_RECORD_OFFSET
+            return JOURNAL_FORMAT_VERSION
+        jf = self.__journalFile
+        size = jf.size()
+        header = jf.read(0, FIRST_RECORD_OFFSET)
+        fmt = None
+        if len(header) >= LEGACY_FIRST_RECORD_OFFSET and header[:NAME_SIZE].rstrip(b'\0') == APP_NAME:
+            fmt = struct.unpack_from('<I', header, FORMAT_VERSION_OFFSET)[0]
+        if fmt not in (LEGACY_FORMAT_VERSION, JOURNAL_FORMAT_VERSION) or \
+                (fmt == JOURNAL_FORMAT_VERSION and len(header) < FIRST_RECORD_OFFSET):
+            self.__moveAside('the file does not start with a journal header (%d bytes)' % size)
+            return JOURNAL_FORMAT_VERSION
+        if fmt == LEGACY_FORMAT_VERSION:
+            first, read = LEGACY_FIRST_RECORD_OFFSET, readLegacyRecord
+            end = LENGTH.unpack_from(header, LAST_RECORD_OFFSET_OFFSET)[0]
+            markerOk = True
+        else:
+            first, read = FIRST_RECORD_OFFSET, readRecord
+            end, crc = END_MARKER.unpack_from(header, LAST_RECORD_OFFSET_OFFSET)
+            markerOk = zlib.crc32(LENGTH.pack(end)) == crc
+            if not markerOk:
+                end = size          # read every valid record there is
+        if end < first:
+            markerOk, end = False, size
+        data = self.__map(size)
+        try:
+            pos, problem = first, None
+            while pos < min(end, size):
+                record, nxt = read(data, pos, min(end, size))
+                if record is None:
+                    problem = nxt
+                    break
+                if self.__journal:
+                    prevIdx, prevTerm = self.__journal[-1][1], self.__journal[-1][2]
+                    if record[1] != prevIdx + 1 or record[2] < prevTerm:
+                        problem = 'entry (%d, term %d) does not follow (%d, term %d)' % (
+                            record[1], record[2], prevIdx, prevTerm)
+                        break
+                self.__journal.append(record)
+                self.__offsets.append(pos)
+                pos = nxt
+            if pos < end and markerOk:
+                if problem is None:
+                    problem = 'the file ends at %d' % size
+                self.__found(data, pos, end, size, problem, read)
+            elif not markerOk:
+                self.__findings.append({
+                    'what': 'journal_end_marker', 'file': self.__fileName, 'offset': LAST_RECORD_OFFSET_OFFSET,
+                    'detail': 'the end marker fails its check; kept the %d valid entries up to offset %d' % (
+                        len(self.__journal), pos)})
+        finally:
+            if isinstance(data, mmap.mmap):
+                data.close()
+        self.__currentOffset = pos
+        if pos != end or not markerOk:
+            self.__setLastRecordOffset(pos, fmt)
+            if self.__durable:
+                jf.flush()
+        return fmt
 
-    def __getLastRecordOffset(self):
-        return struct.unpack('<I', self.__journalFile.read(LAST_RECORD_OFFSET_OFFSET, 4))[0]
+    def __map(self, size):
+        if size == 0:
+            return b''
+        try:
+            return mmap.mmap(self.__journalFile.fileno(), size, access=mmap.ACCESS_READ)
+        except (OSError, ValueError):
+            return self.__journalFile.read(0, size)
 
-    def __setLastRecordOffset(self, offset):
-        self.__write(LAST_RECORD_OFFSET_OFFSET, struct.pack('<I', offset))
+    def __found(self, data, pos, end, size, problem, read):
+        """A bad record at `pos` before the end marker: what it is, for the findings."""
+        last = self.__journal[-1][1] if self.__journal else None
+        finding = {'file': self.__fileName, 'offset': pos, 'end_marker': end, 'file_size': size,
+                   'kept_entries': len(self.__journal), 'last_good_index': last}
+        if size < end:
+            finding.update(what='journal_truncated', detail='the file is %d bytes, shorter than its end marker %d '
+                           '(cut from outside); %s at offset %d' % (size, end, problem, pos))
+        elif self.__validAfter(data, pos, min(end, size), last, read):
+            finding.update(what='journal_corrupt_entry', detail='%s at offset %d, with valid entries after it' % (
+                problem, pos))
+        else:
+            finding.update(what='journal_torn_tail', detail='%s at offset %d, nothing valid after it up to the end '
+                           'marker %d' % (problem, pos, end))
+        self.__findings.append(finding)
+
+    @staticmethod
+    def __validAfter(data, pos, end, last, read):
+        """Is there a valid record of one of the next few indices between pos and end? (Found by
+        its index bytes, so a damaged size field does not hide it.)"""
+        if last is None or read is not readRecord:
+            return False
+        for idx in range(last + 2, last + 10):
+            needle = struct.pack('<Q', idx)
+            at = data.find(needle, pos) if isinstance(data, (bytes, mmap.mmap)) else -1
+            while at != -1 and at < end:
+                start = at - 8
+                if start >= pos:
+                    record, _ = read(data, start, end)
+                    if record is not None and record[1] == idx:
+                        return True
+                at = data.find(needle, at + 1)
+        return False
+
+    def __moveAside(self, why):
+        """The file is not a journal at all: keep it as `<file>.damaged` and start a new one."""
+        self.__journalFile._destroy()
+        aside = self.__fileName + '.damaged'
+        try:
+            os.replace(self.__fileName, aside)
+        except OSError as e:
+            raise StorageFailure(self.__fileName, 'rename to .damaged', e)
+        self.__findings.append({'what': 'journal_header', 'file': self.__fileName, 'moved_to': aside,
+                                'detail': '%s; moved aside, starting an empty journal' % why})
+        self.__journalFile = JournalFile(self.__fileName, defaultContent=defaultHeader(), durable=self.__durable)
+        self.__currentOffset = FIRST_RECORD_OFFSET
+
+    def __upgrade(self):
+        """A format-1 journal (upstream's, raftq 0.1.0's): rewrite it as format 2, through a
+        new file renamed into place, so that a crash leaves one whole journal or the other."""
+        entries = list(self.__journal)
+        self.__journalFile._destroy()
+        tmp = self.__fileName + '.upgrade.tmp'
+        try:
+            with open(tmp, 'wb') as f:
+                f.write(defaultHeader())
+                pos = FIRST_RECORD_OFFSET
+                offsets = []
+                for entry in entries:
+                    rec = packRecord(*entry)
+                    f.write(rec)
+                    offsets.append(pos)
+                    pos += len(rec)
+                f.seek(LAST_RECORD_OFFSET_OFFSET)
+                f.write(endMarker(pos))
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, self.__fileName)
+        except OSError as e:
+            raise StorageFailure(tmp, 'upgrade to format 2', e)
+        fsyncDir(os.path.dirname(self.__fileName))
+        self.__journalFile = JournalFile(self.__fileName, defaultContent=defaultHeader(), durable=self.__durable)
+        self.__offsets = offsets
+        self.__currentOffset = pos
+        self.upgradedFrom = LEGACY_FORMAT_VERSION
+
+    upgradedFrom = None
+
+    # ---------------------------------------------------------------- writing
+    def __setLastRecordOffset(self, offset, fmt=JOURNAL_FORMAT_VERSION):
+        if fmt == LEGACY_FORMAT_VERSION:
+            self.__write(LAST_RECORD_OFFSET_OFFSET, LENGTH.pack(offset))
+        else:
+            self.__write(LAST_RECORD_OFFSET_OFFSET, endMarker(offset))
 
     def __write(self, offset, data):
         if self.__observer is not None:
@@ -359,16 +641,16 @@ class FileJournal(Journal):
 
     def add(self, command, idx, term):
         self.__journal.append((command, idx, term))
-        cmdData = struct.pack('<QQ', idx, term) + to_bytes(command)
-        cmdLenData = struct.pack('<I', len(cmdData))
-        cmdData = cmdLenData + cmdData + cmdLenData
+        cmdData = packRecord(command, idx, term)
         self.__write(self.__currentOffset, cmdData)
+        self.__offsets.append(self.__currentOffset)
         self.__currentOffset += len(cmdData)
         self.__setLastRecordOffset(self.__currentOffset)
         self.__dirty = True
 
     def clear(self):
         self.__journal = []
+        self.__offsets = []
         self.__setLastRecordOffset(FIRST_RECORD_OFFSET)
         self.__currentOffset = FIRST_RECORD_OFFSET
 
@@ -379,18 +661,15 @@ class FileJournal(Journal):
         return len(self.__journal)
 
     def deleteEntriesFrom(self, entryFrom):
-        entriesToRemove = len(self.__journal) - entryFrom
+        # raftq: the offsets are kept in memory; upstream walked back through the records'
+        # trailing sizes, read from the file.
+        if entryFrom >= len(self.__journal):
+            return
+        offset = self.__offsets[entryFrom] if entryFrom >= 0 else FIRST_RECORD_OFFSET
         del self.__journal[entryFrom:]
-        currentOffset = self.__currentOffset
-        removedEntries = 0
-        while removedEntries < entriesToRemove:
-            prevRecordSize = struct.unpack('<I', self.__journalFile.read(currentOffset - 4, 4))[0]
-            currentOffset -= prevRecordSize + 8
-            removedEntries += 1
-            if removedEntries % 10 == 0:
-                self.__setLastRecordOffset(currentOffset)
-        self.__currentOffset = currentOffset
-        self.__setLastRecordOffset(currentOffset)
+        del self.__offsets[entryFrom:]
+        self.__currentOffset = offset
+        self.__setLastRecordOffset(offset)
 
     def deleteEntriesTo(self, entryTo):
         journal = self.__journal[entryTo:]
@@ -410,7 +689,12 @@ class FileJournal(Journal):
         # releases the GIL while the disk works.
         if self.__durable and self.__dirty:
             self.__dirty = False
-            datasync(self.__journalFile.fileno())
+            if self.__observer is not None:
+                try:
+                    self.__observer.beforeSync()
+                except OSError as e:
+                    raise StorageFailure(self.__fileName, 'fdatasync', e)
+            self.__journalFile.flush()
             self.__syncs += 1
             if self.__observer is not None:
                 self.__observer.durable()
@@ -418,6 +702,15 @@ class FileJournal(Journal):
     @property
     def syncs(self):
         return self.__syncs
+
+    @property
+    def findings(self):
+        return list(self.__findings)
+
+    @property
+    def recordOffsets(self):
+        """raftq: each entry's offset in the file (for tests)."""
+        return list(self.__offsets)
 
     def setRaftCommitIndex(self, raftCommitIndex):
         self.__meta['raftCommitIndex'] = raftCommitIndex
@@ -439,6 +732,19 @@ class FileJournal(Journal):
 
     def getVotedForNodeId(self):
         return self.__meta.get('votedForNodeId', None)
+
+    def getUnverified(self):
+        return self.__meta.get('unverified')
+
+    def setUnverified(self, info):
+        """raftq: record (synced) why the log is not trusted for voting, or that it is again
+        (None): a node that restarts before it caught up must still not vote."""
+        if info is None:
+            self.__meta.pop('unverified', None)
+        else:
+            self.__meta['unverified'] = info
+        self.__metaStorer.storeMeta(self.__meta)
+        self.__metaSaved = True
 
     def onOneSecondTimer(self):
         if not self.__metaSaved:

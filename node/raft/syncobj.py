@@ -10,16 +10,18 @@ import struct
 import logging
 import copy
 import types
+import errno
 import queue as Queue
 
 from . import pickle
 from .dns_resolver import globalDnsResolver
 from .poller import createPoller
 from .pipe_notifier import PipeNotifier
-from .serializer import Serializer, SERIALIZER_STATE, SNAPSHOT_FORMAT, SNAPSHOT_VERSION, LegacyObject
+from .serializer import Serializer, SERIALIZER_STATE, SNAPSHOT_FORMAT, SNAPSHOT_VERSION, LegacyObject, \
+    EXIT_EIO, EXIT_ENOSPC, verifyPath
 from .node import Node, TCPNode
 from .transport import Transport, TCPTransport, TransportNotReadyError
-from .journal import createJournal
+from .journal import createJournal, StorageFailure
 from .config import SyncObjConf, FAIL_REASON
 from .encryptor import HAS_CRYPTO, getEncryptor
 from .version import VERSION
@@ -162,6 +164,11 @@ class SyncObj(object):
         # Set while a leadership transfer (Raft 'TimeoutNow') is pending, to stop
         # the outgoing leader's heartbeats from postponing the forced election.
         self.__transferInProgress = False
+        # raftq: PreVote and CheckQuorum (see __startPreVote, __checkQuorum)
+        self.__preVoteTerm = None           # the term a pre-vote in progress asks for
+        self.__preVoters = set()            # who granted it (a set: a late answer of an earlier round counts once)
+        self.__lastLeaderContact = 0.0      # when a leader of this term was last heard (monotonic)
+        self.__lastPollEnd = monotonicTime()    # when the last round of message handling ended
         # raftq (set before the replicated methods are enumerated: dir() reads the properties)
         self.__sentIndex = 0        # the last index the leader's tick sent (see _onTick)
         self.__raftView = None      # (raft state, term) between two rounds of message handling
@@ -172,6 +179,9 @@ class SyncObj(object):
         self.answerWanted = True
         self.__raftLog = createJournal(self.__conf.journalFile, self.__conf.durability == 'fsync',
                                        self.__conf.journalObserver)
+        # raftq: what the journal found wrong with its files, and the snapshot's own check
+        # (__checkDisk); acted on below, once the term and the commit index are read.
+        self.__diskFindings = self.__checkDisk()
         if len(self.__raftLog) == 0:
             self.__raftLog.add(_bchr(_COMMAND_TYPE.NO_OP), 1, self.__raftCurrentTerm)
         # Restore raft persistent state (see raft paper §5 - currentTerm and votedFor
@@ -196,6 +206,7 @@ class SyncObj(object):
             self.__raftCommitIndex = self.__raftLog.getRaftCommitIndex()
         else:
             self.__raftCommitIndex = 1
+        self.__unverified = self.__judgeDisk()
         self.__raftLastApplied = 1
         self.__raftNextIndex = {}
         self.__lastResponseTime = {}
@@ -223,7 +234,8 @@ class SyncObj(object):
                                        self.__conf.durability == 'fsync',
                                        self.__conf.snapshotCompressionLevel,
                                        [c for consumer in consumers for c in consumer._legacySnapshotClasses],
-                                       self.__upgradeLegacySnapshot)
+                                       self.__upgradeLegacySnapshot,
+                                       self.__onSnapshotDamaged)
         self.__lastInitTryTime = 0
         self._poller = createPoller(self.__conf.pollerType)
 
@@ -597,6 +609,11 @@ class SyncObj(object):
                     break
                 try:
                     self._onTick(self.__conf.autoTickPeriod)
+                except StorageFailure as e:
+                    # raftq: never retried (see journal.StorageFailure): the tick thread stops
+                    # here, so nothing written since the last good sync is ever acknowledged.
+                    self.__storageFailed(e)
+                    break
                 except Exception:
                     # log, wait a little and retry
                     logger.exception('failed _onTick in _autoTickThread')
@@ -629,7 +646,11 @@ class SyncObj(object):
 
         if self.__needLoadDumpFile:
             if self.__conf.fullDumpFile is not None and os.path.isfile(self.__conf.fullDumpFile):
-                self.__loadDumpFile(clearJournal=False)
+                if not self.__loadDumpFile(clearJournal=False):
+                    # raftq: a snapshot that verified but does not load is not trusted either
+                    # (upstream logged it and went on with the compacted journal: an apply that
+                    # could never start).
+                    self.__discardSnapshotAtStart('the snapshot verifies but does not load (see the error above)')
             self.__needLoadDumpFile = False
 
         workTime = monotonicTime() - self.__startTime
@@ -638,23 +659,15 @@ class SyncObj(object):
             self.__raftLog.onOneSecondTimer()
 
         if self.__raftState in (_RAFT_STATE.FOLLOWER, _RAFT_STATE.CANDIDATE) and self.__selfNode is not None:
-            if self.__raftElectionDeadline < monotonicTime() and self.__connectedToAnyone():
+            if self.__raftElectionDeadline < monotonicTime() and self.__connectedToAnyone() and \
+                    self.__mayStandForElection():
                 self.__raftElectionDeadline = monotonicTime() + self.__generateRaftTimeout()
-                self.__transferInProgress = False
-                self.__raftLeader = None
-                self.__setState(_RAFT_STATE.CANDIDATE)
-                self.__setCurrentTerm(self.__raftCurrentTerm + 1, self.__selfNode.id)
-                self.__votesCount = 1
-                for node in self.__otherNodes:
-                    self.__transport.send(node, {
-                        'type': 'request_vote',
-                        'term': self.__raftCurrentTerm,
-                        'last_log_index': self.__getCurrentLogIndex(),
-                        'last_log_term': self.__getCurrentLogTerm(),
-                    })
-                self.__onLeaderChanged()
-                if self.__votesCount > (len(self.__otherNodes) + 1) / 2:
-                    self.__onBecomeLeader()
+                if self.__conf.preVote and not self.__transferInProgress:
+                    self.__startPreVote()
+                else:
+                    # A leader's transfer request (TimeoutNow) skips the pre-vote: the leader
+                    # itself asked, so nobody is deposed against its will.
+                    self.__startElection()
 
         if self.__raftState == _RAFT_STATE.LEADER:
 
@@ -682,14 +695,8 @@ class SyncObj(object):
                 self.__raftLog.setRaftCommitIndex(self.__raftCommitIndex)
 
             self.__leaderCommitIndex = self.__raftCommitIndex
-            deadline = monotonicTime() - self.__conf.leaderFallbackTimeout
-            count = 1
-            for node in self.__otherNodes:
-                if self.__lastResponseTime[node] > deadline:
-                    count += 1
-            if count <= (len(self.__otherNodes) + 1) / 2:
-                self.__setState(_RAFT_STATE.FOLLOWER)
-                self.__raftLeader = None
+            self.__lastLeaderContact = monotonicTime()
+            self.__checkQuorum()
 
         needSendAppendEntries = self.__applyLogEntries()
 
@@ -731,6 +738,7 @@ class SyncObj(object):
                 callback()
 
         self._poller.poll(timeToWait)
+        self.__lastPollEnd = monotonicTime()
 
     def __applyLogEntries(self):
         # raftq: upstream applies every committed entry it has not applied yet in one tick and
@@ -948,9 +956,19 @@ class SyncObj(object):
         if message['type'] == 'timeout_now' and self.__selfNode is not None:
             # Graceful leadership transfer (Raft 'TimeoutNow'): trigger an
             # immediate election, but only on request of the current leader.
-            if message['term'] >= self.__raftCurrentTerm and node == self.__raftLeader:
+            if message['term'] >= self.__raftCurrentTerm and node == self.__raftLeader and \
+                    self.__mayStandForElection():
                 self.__raftElectionDeadline = 0
                 self.__transferInProgress = True
+
+        if message['type'] == 'request_prevote' and self.__selfNode is not None:
+            self.__onPreVoteRequest(node, message)
+
+        if message['type'] == 'response_prevote' and self.__preVoteTerm is not None and \
+                message['term'] == self.__preVoteTerm and self.__raftState != _RAFT_STATE.LEADER:
+            self.__preVoters.add(node)
+            if len(self.__preVoters) + 1 > (len(self.__otherNodes) + 1) / 2:
+                self.__startElection()
 
         if message['type'] == 'request_vote' and self.__selfNode is not None:
 
@@ -970,6 +988,8 @@ class SyncObj(object):
                         return
                     if self.__votedForNodeId is not None:
                         return
+                    if self.__unverified is not None:
+                        return          # raftq: never a vote from a log that is not trusted
 
                     self.__setCurrentTerm(self.__raftCurrentTerm, node.id)
 
@@ -994,12 +1014,15 @@ class SyncObj(object):
             if self.__raftLeader != node:
                 self.__onLeaderChanged()
             self.__raftLeader = node
+            self.__lastLeaderContact = monotonicTime()
+            self.__preVoteTerm = None
             if message['term'] > self.__raftCurrentTerm:
                 self.__setCurrentTerm(message['term'], None)
             self.__setState(_RAFT_STATE.FOLLOWER)
             newEntries = message.get('entries', [])
             serialized = message.get('serialized', None)
             self.__leaderCommitIndex = leaderCommitIndex = message['commit_index']
+            matched = None          # raftq: the index up to which the leader's log is now ours
 
             # Regular append entries
             if 'prevLogIdx' in message:
@@ -1027,7 +1050,13 @@ class SyncObj(object):
                     self.__sendNextNodeIdx(node, success=False, reset=True)
                     return
                 if prevEntries[0][2] != prevLogTerm:
-                    self.__sendNextNodeIdx(node, nextNodeIdx = prevLogIdx, success = False, reset=True)
+                    # raftq: back off past the whole conflicting term at once (Raft §5.3's
+                    # optimisation). Upstream backed off one entry per round trip: a node that
+                    # had led alone for a while (its outgoing traffic cut one way) held thousands
+                    # of entries of its own term, and with leaders changing every few seconds the
+                    # repair never finished (the chaos run's one-way partitions stalled for good).
+                    self.__sendNextNodeIdx(node, nextNodeIdx=self.__conflictStart(prevLogIdx, prevEntries[0][2]),
+                                           success=False, reset=True)
                     return
                 if len(prevEntries) > 1:
                     # rollback cluster changes
@@ -1060,11 +1089,13 @@ class SyncObj(object):
                     nextNodeIdx = replyNextIdx
 
                 self.__sendNextNodeIdx(node, nextNodeIdx=nextNodeIdx, success=True)
+                matched = nextNodeIdx - 1
 
             # Install snapshot
             elif serialized is not None:
                 if self.__serializer.setTransmissionData(serialized):
-                    self.__loadDumpFile(clearJournal=True)
+                    if self.__loadDumpFile(clearJournal=True):
+                        matched = self.__getCurrentLogIndex()
                     self.__sendNextNodeIdx(node, success=True)
 
             # If the log was truncated below the commit index, don't persist a commit
@@ -1076,6 +1107,9 @@ class SyncObj(object):
                 self.__raftCommitIndex = min(leaderCommitIndex, self.__getCurrentLogIndex())
 
             self.__raftLog.setRaftCommitIndex(self.__raftCommitIndex)
+
+            if self.__unverified is not None and matched is not None:
+                self.__checkCaughtUp(node, matched, leaderCommitIndex)
 
         if message['type'] == 'apply_command':
             if 'request_id' in message:
@@ -1568,7 +1602,17 @@ class SyncObj(object):
             self.__lastSerializedEntry = serializeID
 
         if serializeState == SERIALIZER_STATE.FAILED:
-            logger.warning('Failed to store full dump')
+            failure = self.__serializer.lastFailure
+            if failure == EXIT_EIO:
+                # raftq: the disk failed the snapshot's write or sync: fatal, as any failed write
+                raise StorageFailure(self.__conf.fullDumpFile + '.tmp', 'write and fsync (snapshot)',
+                                     OSError(errno.EIO, os.strerror(errno.EIO)))
+            if failure == EXIT_ENOSPC:
+                # The old snapshot and the whole journal are still there; a later compaction
+                # writes a new file (nothing is retried on the same pages).
+                logger.error('Failed to store full dump: the disk is full (ENOSPC); the journal keeps everything')
+            else:
+                logger.warning('Failed to store full dump')
 
         if serializeState != SERIALIZER_STATE.NOT_SERIALIZING:
             return
@@ -1619,6 +1663,242 @@ class SyncObj(object):
 
         self.__serializer.serialize(buildDocument, lastAppliedEntries[0][1])
 
+    # raftq: PreVote and CheckQuorum (Raft thesis §9.6 and §6.2; FORK.md "PreVote and
+    # CheckQuorum"). Upstream has neither: a node that stops hearing the leader (its incoming
+    # traffic cut one way) raises its term and deposes a healthy leader again and again, and a
+    # leader that no majority hears from stays leader for leaderFallbackTimeout.
+    def __startPreVote(self):
+        """Ask, without raising the term, whether a majority would vote for this node: they
+        would only if they too have not heard from a leader for an election timeout."""
+        if self.__raftLeader is not None:
+            self.__raftLeader = None
+            self.__onLeaderChanged()
+        self.__preVoteTerm = self.__raftCurrentTerm + 1
+        self.__preVoters = set()
+        for node in self.__otherNodes:
+            self.__transport.send(node, {
+                'type': 'request_prevote',
+                'term': self.__preVoteTerm,
+                'last_log_index': self.__getCurrentLogIndex(),
+                'last_log_term': self.__getCurrentLogTerm(),
+            })
+        if 1 > (len(self.__otherNodes) + 1) / 2:
+            self.__startElection()
+
+    def __startElection(self):
+        # upstream's election, as it was in _onTick
+        self.__preVoteTerm = None
+        self.__transferInProgress = False
+        self.__raftLeader = None
+        self.__setState(_RAFT_STATE.CANDIDATE)
+        self.__setCurrentTerm(self.__raftCurrentTerm + 1, self.__selfNode.id)
+        self.__votesCount = 1
+        for node in self.__otherNodes:
+            self.__transport.send(node, {
+                'type': 'request_vote',
+                'term': self.__raftCurrentTerm,
+                'last_log_index': self.__getCurrentLogIndex(),
+                'last_log_term': self.__getCurrentLogTerm(),
+            })
+        self.__onLeaderChanged()
+        if self.__votesCount > (len(self.__otherNodes) + 1) / 2:
+            self.__onBecomeLeader()
+
+    def __conflictStart(self, prevLogIdx, term):
+        """The first index of the run of entries of `term` that ends at prevLogIdx; never at or
+        below the commit index (committed entries match the leader's) nor at the log's first
+        entry (the leader's next append must find its prevLogIdx here)."""
+        floor = max(self.__raftCommitIndex + 1, self.__raftLog[0][1] + 1)
+        idx = prevLogIdx
+        while idx - 1 >= floor:
+            entries = self.__getEntries(idx - 1, 1)
+            if not entries or entries[0][2] != term:
+                break
+            idx -= 1
+        return max(idx, floor) if prevLogIdx >= floor else prevLogIdx
+
+    def __heardFromLeaderRecently(self):
+        """A leader (this node, or one of this term) was heard within the shortest election
+        timeout. Measured against the end of the last round of message handling when that is
+        earlier: a node whose tick thread stalled has not read what its leader sent meanwhile."""
+        if self.__raftState == _RAFT_STATE.LEADER:
+            return True
+        if self.__raftLeader is None:
+            return False
+        now = min(monotonicTime(), self.__lastPollEnd)
+        return now - self.__lastLeaderContact < self.__conf.raftMinTimeout
+
+    def __onPreVoteRequest(self, node, message):
+        # Granting changes nothing here: no term, no vote, no timer.
+        if self.__unverified is not None:
+            return                      # never from a log that is not trusted (disk checks)
+        if message['term'] <= self.__raftCurrentTerm or self.__heardFromLeaderRecently():
+            return
+        lastLogTerm, lastLogIdx = message['last_log_term'], message['last_log_index']
+        if lastLogTerm < self.__getCurrentLogTerm():
+            return
+        if lastLogTerm == self.__getCurrentLogTerm() and lastLogIdx < self.__getCurrentLogIndex():
+            return
+        self.__transport.send(node, {'type': 'response_prevote', 'term': message['term']})
+
+    def __checkQuorum(self):
+        """On the leader, every tick: step down when no majority answered within the window
+        (CheckQuorum: the shortest election timeout; upstream: leaderFallbackTimeout only), and
+        ask the most up-to-date follower to stand at once (TimeoutNow): if only this node's
+        incoming traffic is cut, the followers still hear it and would otherwise wait for their
+        own timers, with no leader meanwhile. Measured from the end of the last round of message
+        handling, so a tick thread that stalled does not step down over answers it has not read."""
+        window = self.__conf.leaderFallbackTimeout
+        if self.__conf.checkQuorum:
+            window = min(window, self.__conf.raftMinTimeout)
+        deadline = min(monotonicTime(), self.__lastPollEnd) - window
+        count = 1
+        for node in self.__otherNodes:
+            if self.__lastResponseTime[node] > deadline:
+                count += 1
+        if count > (len(self.__otherNodes) + 1) / 2:
+            return
+        logger.warning('no majority heard from for %.2f s: stepping down (term %d)', window, self.__raftCurrentTerm)
+        target = None
+        if self.__conf.checkQuorum:
+            candidates = [(self.__raftMatchIndex.get(n, 0), self.__lastResponseTime.get(n, 0), n.id, n)
+                          for n in self.__otherNodes if n in self.__connectedNodes]
+            if candidates:
+                target = max(candidates)[3]
+        self.__setState(_RAFT_STATE.FOLLOWER)
+        self.__raftLeader = None
+        if target is not None:
+            self.__transport.send(target, {'type': 'timeout_now', 'term': self.__raftCurrentTerm})
+
+    # raftq: the disk checks (FORK.md "Checksums"). What the journal found (journal.FileJournal),
+    # the snapshot's check, and the commit index the node knew: anything found makes the log
+    # untrusted - the node keeps the good part, neither votes nor stands for election, and
+    # becomes a voter again once a leader's log has been matched up to the leader's commit
+    # index and the one it knew itself. The state is in the meta file, so a restart before
+    # that keeps it.
+    def __checkDisk(self):
+        log = self.__raftLog
+        findings = list(log.findings)
+        dump = self.__conf.fullDumpFile
+        if dump is not None and os.path.exists(dump):
+            problem = verifyPath(dump)
+            if problem is not None:
+                findings.append(self.__moveSnapshotAside('snapshot_damaged', problem))
+        if dump is not None and len(log) and log[0][1] > 1 and not os.path.exists(dump):
+            findings.append({'what': 'snapshot_missing', 'file': dump,
+                             'detail': 'the journal starts at index %d, after a snapshot, and there is no snapshot: '
+                                       'the journal is discarded too (%d entries)' % (log[0][1], len(log))})
+            log.clear()
+        return findings
+
+    def __moveSnapshotAside(self, what, problem):
+        dump = self.__conf.fullDumpFile
+        aside = dump + '.damaged'
+        try:
+            os.replace(dump, aside)
+        except OSError as e:
+            raise StorageFailure(dump, 'rename to .damaged', e)
+        return {'what': what, 'file': dump, 'moved_to': aside, 'detail': '%s; moved aside' % problem}
+
+    def __judgeDisk(self):
+        findings = self.__diskFindings
+        log = self.__raftLog
+        last = self.__getCurrentLogIndex()
+        stored = log.getRaftCommitIndex() if self.__conf.durability == 'fsync' else 0
+        if stored > last:
+            # In fsync durability the journal is synced before the commit index is stored, so
+            # this is lost data, not a crash artefact.
+            findings.append({'what': 'journal_short_of_commit', 'file': self.__conf.journalFile,
+                             'detail': 'the journal ends at index %d but the node knew index %d committed' % (
+                                 last, stored)})
+        if self.__raftCommitIndex > last:
+            self.__raftCommitIndex = last
+        if any(f['what'] == 'meta_damaged' for f in findings) and self.__selfNode is not None:
+            # The vote of this term is unknown: count it as given, so none is given again.
+            self.__votedForNodeId = self.__selfNode.id
+        previous = log.getUnverified()
+        info = previous if isinstance(previous, dict) else None
+        if findings:
+            found = {f['what'] for f in findings} | set((info or {}).get('found', ()))
+            claimed = max(stored, (info or {}).get('claimed_commit', 0))
+            info = {'since_ms': int(time.time() * 1000), 'found': sorted(found), 'claimed_commit': claimed}
+            log.setUnverified(info)
+        for f in findings:
+            logger.critical('disk check: %s in %s: %s', f['what'], f.get('file'), f['detail'])
+        if info is not None and self.__conf.acceptDamagedLog:
+            logger.critical('disk check: the operator accepts this log as it is (acceptDamagedLog): it votes and '
+                            'stands for election again; entries cut from it (%s) may have been acknowledged',
+                            ', '.join(info['found']))
+            log.setUnverified(None)
+            info = None
+        if info is not None:
+            logger.critical('disk check: this node neither votes nor stands for election until its log matches a '
+                            'leader\'s up to that leader\'s commit index (and index %d): it was damaged (%s)',
+                            info['claimed_commit'], ', '.join(info['found']))
+        return info
+
+    def __discardSnapshotAtStart(self, problem):
+        finding = self.__moveSnapshotAside('snapshot_damaged', problem)
+        self.__raftLog.clear()
+        self.__raftLog.add(_bchr(_COMMAND_TYPE.NO_OP), 1, 0)
+        self.__raftLastApplied = 1
+        self.__raftCommitIndex = 1
+        self.__enabledCodeVersion = 0
+        self.__onSetCodeVersion(0)
+        finding['detail'] += '; the journal is discarded with it'
+        self.__diskFindings.append(finding)
+        self.__unverified = self.__judgeDiskAgain(finding)
+
+    def __judgeDiskAgain(self, finding):
+        logger.critical('disk check: %s in %s: %s', finding['what'], finding.get('file'), finding['detail'])
+        previous = self.__raftLog.getUnverified() or {}
+        info = {'since_ms': int(time.time() * 1000),
+                'found': sorted(set(previous.get('found', ())) | {finding['what']}),
+                'claimed_commit': max(previous.get('claimed_commit', 0),
+                                      self.__raftLog.getRaftCommitIndex() if self.__conf.durability == 'fsync' else 0)}
+        self.__raftLog.setUnverified(info)
+        logger.critical('disk check: this node neither votes nor stands for election until it has caught up with a '
+                        'leader (index %d at least)', info['claimed_commit'])
+        return info
+
+    def __checkCaughtUp(self, node, matched, leaderCommitIndex):
+        need = max(leaderCommitIndex, self.__unverified.get('claimed_commit', 0))
+        if matched >= need:
+            self.__unverified = None
+            self.__raftLog.setUnverified(None)
+            logger.warning('disk check: the log matches the leader %s up to index %d (its commit index %d): this node '
+                           'votes and stands for election again', node, matched, leaderCommitIndex)
+
+    def __mayStandForElection(self):
+        if self.__unverified is not None:
+            return False
+        eligible = self.__conf.electionEligible
+        return eligible is None or eligible()
+
+    def __onSnapshotDamaged(self, what, detail):
+        """The serializer found the node's own snapshot damaged when about to send it, or one
+        received from the leader (dropped; the leader sends it again)."""
+        self.__diskFindings.append({'what': what, 'file': self.__conf.fullDumpFile, 'detail': detail})
+        if what == 'snapshot_damaged':
+            self.__forceLogCompaction = True        # write a good one; nothing is sent meanwhile
+
+    def __storageFailed(self, failure):
+        logger.critical('storage failure: %s; the node stops: nothing written since its last good sync is '
+                        'acknowledged, and nothing is retried', failure)
+        callback = self.__conf.onStorageFailure
+        if callback is not None:
+            callback(failure)
+
+    @property
+    def diskFindings(self):
+        """raftq: what the disk checks found since the start (dicts: what, file, detail, ...)."""
+        return list(self.__diskFindings)
+
+    @property
+    def logUnverified(self):
+        """raftq: why the log is not trusted for voting yet ({'found', 'claimed_commit', ...}), or None."""
+        return self.__unverified
+
     def __upgradeLegacySnapshot(self, old):
         """raftq: upstream's (data, last, prev, cluster) -> the snapshot document. `data` is the
         SyncObj's own attributes ({'_SyncObj__enabledCodeVersion': v}), followed by each
@@ -1650,13 +1930,17 @@ class SyncObj(object):
             for i, consumer in enumerate(self.__consumers):
                 consumer._deserialize(consumersData[i])
 
-            if clearJournal or \
-                    len(self.__raftLog) < 2 or \
-                    self.__raftLog[0] != prev or \
-                    self.__raftLog[1] != last:
+            # raftq: a journal that holds the snapshot's two entries keeps the entries after
+            # them. Upstream cleared it unless they were its first two: after a crash between
+            # the snapshot's rename and the journal's compaction, the entries past the snapshot,
+            # committed ones included, were gone from this node.
+            held = None if clearJournal else self.__snapshotInJournal(prev, last)
+            if held is None:
                 self.__raftLog.clear()
                 self.__raftLog.add(*prev)
                 self.__raftLog.add(*last)
+            elif held > 0:
+                self.__raftLog.deleteEntriesTo(held)
 
             self.__raftLastApplied = last[1]
 
@@ -1671,8 +1955,24 @@ class SyncObj(object):
             if self.__conf.dynamicMembershipChange:
                 self.__updateClusterConfiguration([node for node in raft['members'] if node != self.__selfNode.id])
             self.__onSetCodeVersion(0)
+            return True
+        except StorageFailure:
+            raise
         except:
             logger.exception('failed to load full dump')
+            return False
+
+    def __snapshotInJournal(self, prev, last):
+        """raftq: the position of the snapshot's `prev` entry in the journal, followed by its
+        `last` entry, or None."""
+        if not len(self.__raftLog):
+            return None
+        k = prev[1] - self.__raftLog[0][1]
+        if k < 0 or k + 1 >= len(self.__raftLog):
+            return None
+        if tuple(self.__raftLog[k]) != prev or tuple(self.__raftLog[k + 1]) != last:
+            return None
+        return k
 
     def __updateClusterConfiguration(self, newNodes):
         # newNodes: list of Node or node ID

@@ -1,0 +1,214 @@
+"""PreVote and CheckQuorum in the Raft fork (FORK.md "PreVote and CheckQuorum"): a node that stops
+hearing its leader asks for a pre-vote before it raises its term, and nodes that still hear the
+leader refuse it, so a node cut off one way cannot depose a healthy leader; a leader that no
+majority answers for an election timeout steps down and asks a follower to stand at once.
+SyncObj driven by hand first, then real clusters with a one-way cut in the chaos proxy."""
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+import pytest
+
+from raftq.cluster.chaos.proxy import NetState, ProxyNet
+from raftq.cluster.local import LocalCluster, free_ports, http_json
+from raftq.node.raft import SyncObj, SyncObjConf
+from raftq.node.raft.node import TCPNode
+from raftq.node.raft.transport import Transport
+from tests.conftest import poll
+
+skip_cluster = pytest.mark.skipif(os.environ.get("RAFTQ_SKIP_CHAOS", "") not in ("", "0"),
+                                  reason="RAFTQ_SKIP_CHAOS set")
+
+FOLLOWER, CANDIDATE, LEADER = 0, 1, 2
+
+
+class RecordingTransport(Transport):
+    def __init__(self):
+        super().__init__(None, None, [])
+        self.sent = []
+
+    def send(self, node, message):
+        self.sent.append((node, message))
+        return True
+
+    def of(self, kind):
+        return [(n, m) for n, m in self.sent if m.get("type") == kind]
+
+
+def node3(tmp_path, **conf):
+    """A SyncObj with two peers, both 'connected', and short election timeouts."""
+    ports = free_ports(3)
+    t = RecordingTransport()
+    conf = {"autoTick": False, "journalFile": str(tmp_path / "raft.journal"), "raftMinTimeout": 0.31,
+            "raftMaxTimeout": 0.32, "appendEntriesPeriod": 0.1, **conf}
+    so = SyncObj(f"127.0.0.1:{ports[0]}", [f"127.0.0.1:{p}" for p in ports[1:]], transport=t,
+                 conf=SyncObjConf(**conf))
+    peers = [TCPNode(f"127.0.0.1:{p}") for p in ports[1:]]
+    for p in peers:
+        t._onNodeConnected(p)
+    return so, t, peers
+
+
+def heartbeat(term, commit=1):
+    return {"type": "append_entries", "term": term, "commit_index": commit, "prevLogIdx": 1, "prevLogTerm": 0,
+            "entries": []}
+
+
+def prevote(term, last_index=1, last_term=0):
+    return {"type": "request_prevote", "term": term, "last_log_index": last_index, "last_log_term": last_term}
+
+
+def test_a_pre_vote_neither_raises_the_term_nor_wins_without_a_majority(tmp_path):
+    so, t, (a, b) = node3(tmp_path)
+    try:
+        poll(lambda: so.doTick(0) or t.of("request_prevote"), timeout=5, what="a pre-vote after the timeout")
+        asks = t.of("request_prevote")
+        assert {n for n, _ in asks} == {a, b} and all(m["term"] == 1 for _, m in asks)
+        assert so.raftCurrentTerm == 0 and so.raftState == FOLLOWER and t.of("request_vote") == []
+        # The same node granting twice (a late answer of an earlier round) counts once.
+        t._onMessageReceived(a, {"type": "response_prevote", "term": 1})
+        # 2 of 3 (itself and a): the real election, in term 1.
+        assert so.raftCurrentTerm == 1 and so.raftState in (CANDIDATE, LEADER)
+        assert {n for n, m in t.of("request_vote")} == {a, b}
+    finally:
+        so.destroy()
+
+
+def test_a_node_that_hears_its_leader_refuses_pre_votes(tmp_path):
+    so, t, (leader, other) = node3(tmp_path)
+    try:
+        t._onMessageReceived(leader, heartbeat(3))
+        t._onMessageReceived(other, prevote(4, last_index=100, last_term=3))
+        assert t.of("response_prevote") == [] and so.raftCurrentTerm == 3
+        # No leader heard for an election timeout: granted, and still nothing changed here.
+        granted = poll(lambda: so.doTick(0) or t._onMessageReceived(other, prevote(4, last_index=100, last_term=3))
+                       or t.of("response_prevote"), timeout=5, what="a granted pre-vote")
+        assert granted[0] == (other, {"type": "response_prevote", "term": 4})
+        assert so.raftCurrentTerm == 3 and so.raftState == FOLLOWER
+        # A log behind this node's is refused, as a vote would be.
+        t.sent.clear()
+        t._onMessageReceived(leader, {"type": "append_entries", "term": 3, "commit_index": 1, "prevLogIdx": 1,
+                                      "prevLogTerm": 0, "entries": [(b"\x01", 2, 3)]})
+        poll(lambda: so.doTick(0) or t._onMessageReceived(other, prevote(4, last_index=100, last_term=3))
+             or t.of("response_prevote"), timeout=5, what="the timeout again")
+        t.sent.clear()
+        t._onMessageReceived(other, prevote(4, last_index=1, last_term=3))
+        assert t.of("response_prevote") == []
+    finally:
+        so.destroy()
+
+
+def test_a_leader_that_no_majority_answers_steps_down_and_hands_over(tmp_path):
+    so, t, (a, b) = node3(tmp_path)
+    try:
+        poll(lambda: so.doTick(0) or t.of("request_prevote"), timeout=5, what="a pre-vote")
+        t._onMessageReceived(a, {"type": "response_prevote", "term": 1})
+        t._onMessageReceived(a, {"type": "response_vote", "term": 1})
+        assert so.raftState == LEADER
+        t._onMessageReceived(b, {"type": "next_node_idx", "next_node_idx": 3, "success": True, "reset": False})
+        t.sent.clear()
+        # Nobody answers any more: after an election timeout it steps down and asks the most
+        # up-to-date follower (b acknowledged more) to stand at once.
+        poll(lambda: so.doTick(0) or so.raftState != LEADER, timeout=5, what="the step down")
+        assert [(n, m) for n, m in t.of("timeout_now")] == [(b, {"type": "timeout_now", "term": 1})]
+    finally:
+        so.destroy()
+
+
+def test_a_leader_keeps_leading_while_a_majority_answers(tmp_path):
+    so, t, (a, b) = node3(tmp_path)
+    try:
+        poll(lambda: so.doTick(0) or t.of("request_prevote"), timeout=5, what="a pre-vote")
+        t._onMessageReceived(a, {"type": "response_prevote", "term": 1})
+        t._onMessageReceived(a, {"type": "response_vote", "term": 1})
+        end = time.monotonic() + 1.0          # three election timeouts, one follower answering
+        while time.monotonic() < end:
+            t._onMessageReceived(a, {"type": "next_node_idx", "next_node_idx": 3, "success": True, "reset": False})
+            so.doTick(0.01)
+            assert so.raftState == LEADER
+        assert t.of("timeout_now") == []
+    finally:
+        so.destroy()
+
+
+# ---------------------------------------------------------------------------- real clusters
+def _cluster_with_proxies(tmp_path):
+    c = LocalCluster(tmp_path / "c", nodes=3)
+    net = ProxyNet([f"127.0.0.1:{p}" for p in c.raft_ports])
+    net.start()
+    for i, m in net.dial_maps().items():
+        if m:
+            c.node_testing[i] = {"raft_dial_map": m}
+    c.write_configs()
+    c.start_all()
+    return c, net
+
+
+def _watch(c, stop, claims):
+    def run(i):
+        while not stop.is_set():
+            s, v = http_json("GET", c.urls[i] + "/v1/cluster?digest=false", timeout=1)
+            if s == 200:
+                claims.append((i, v["role"], v["term"]))
+            time.sleep(0.05)
+    threads = [threading.Thread(target=run, args=(i,), daemon=True) for i in range(c.n)]
+    for th in threads:
+        th.start()
+    return threads
+
+
+@skip_cluster
+def test_a_follower_cut_off_one_way_does_not_depose_the_leader(tmp_path):
+    """A follower that hears nothing (its incoming Raft traffic stalls) while it can still send:
+    without PreVote it raised its term every election timeout and each vote request deposed the
+    leader. With it, the leader and its term stay as they were for the whole cut."""
+    c, net = _cluster_with_proxies(tmp_path)
+    stop, claims = threading.Event(), []
+    try:
+        leader = c.wait_leader(30)
+        term = c.cluster_view(leader)["term"]
+        x = next(i for i in range(3) if i != leader)
+        threads = _watch(c, stop, claims)
+        net.apply(NetState(blocked={(j, x) for j in range(3) if j != x}))
+        poll(lambda: (v := c.cluster_view(x, digest=False)) and v["leader"] is None, timeout=10,
+             what="the cut-off follower losing its leader")
+        deadline = time.monotonic() + 5.0     # several election timeouts of the cut-off node
+        while time.monotonic() < deadline:
+            v = c.cluster_view(leader, digest=False)
+            assert v["role"] == "leader" and v["term"] == term, v
+            time.sleep(0.2)
+        net.apply(NetState())
+        c.wait_converged(20)
+        assert c.cluster_view(leader, digest=False)["term"] == term
+        stop.set()
+        for th in threads:
+            th.join(5)
+        assert {t for _, _, t in claims} == {term}, "a term changed during or after the cut"
+    finally:
+        stop.set()
+        c.close()
+        net.close()
+
+
+@skip_cluster
+def test_a_leader_nobody_answers_steps_down_and_another_node_leads(tmp_path):
+    """The leader's incoming Raft traffic stalls: the followers still hear it, so they would wait
+    for it forever; CheckQuorum makes it step down, and its TimeoutNow has a follower stand at
+    once. Another node leads in a higher term while the cut lasts, and the old leader follows it."""
+    c, net = _cluster_with_proxies(tmp_path)
+    try:
+        old = c.wait_leader(30)
+        term = c.cluster_view(old)["term"]
+        net.apply(NetState(blocked={(j, old) for j in range(3) if j != old}))
+        new = c.wait_leader(15, exclude=old, among=[j for j in range(3) if j != old])
+        assert c.cluster_view(new)["term"] > term
+        poll(lambda: (v := c.cluster_view(old, digest=False)) and v["role"] != "leader", timeout=10,
+             what="the old leader stepping down")
+        assert "stepping down" in c.log_path(old).read_text(errors="replace")
+        net.apply(NetState())
+        c.wait_converged(20)
+    finally:
+        c.close()
+        net.close()
