@@ -45,7 +45,8 @@ import orjson
 
 SESSION_OPS = frozenset(("enqueue", "enqueue_batch", "enqueue_atomic", "reserve", "ack", "ack_batch",
                          "nack", "extend", "drain", "server_info", "cluster"))
-RETRYABLE_CODES = frozenset(("no_leader", "unavailable", "overloaded"))
+# request_timeout: the node did not get the whole body in time (so applied nothing).
+RETRYABLE_CODES = frozenset(("no_leader", "unavailable", "overloaded", "request_timeout"))
 
 
 # ---------------------------------------------------------------------------- errors
@@ -225,6 +226,7 @@ _ERRORS = {
     "failed_precondition": Conflict, "unknown_queues": Conflict, "request_too_large": RequestTooLarge,
     "unauthenticated": Unauthenticated, "permission_denied": PermissionDenied, "internal": Internal,
     "no_leader": Unavailable, "unavailable": Unavailable, "overloaded": Unavailable,
+    "request_timeout": Unavailable, "method_not_allowed": InvalidArgument, "unsupported_media_type": InvalidArgument,
     "tls_required": TlsError, "client_certificate_required": TlsError,
 }
 

@@ -1,12 +1,15 @@
 """The HTTP/JSON API of API.md over aiohttp: thin adapters around `NodeService`."""
 from __future__ import annotations
 
+import asyncio
 import logging
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import orjson
-from aiohttp import web
+from aiohttp import HttpVersion11, web
 
+from . import bounds
 from .auth import ADMIN, OPERATOR, VIEWER, WORKER, Auth
 from .backup import Backups, Busy
 from .errors import error
@@ -14,6 +17,7 @@ from .metrics import CONTENT_TYPE, render as render_metrics
 from .proposer import wall_ms
 from .service import NodeService
 from .session import Sessions
+from .settings import TUNING_DEFAULTS
 
 log = logging.getLogger("raftq.http")
 JSON = "application/json"
@@ -37,14 +41,34 @@ def request_id(request: web.Request):
     return rid
 
 
+def _too_large(request: web.Request) -> web.Response:
+    bounds.hit("max_request_bytes")
+    limit = request.app["service"].limits.max_request_bytes
+    return respond(*error("request_too_large", f"the request body is larger than max_request_bytes ({limit})",
+                          limit=limit))
+
+
 async def read_json(request: web.Request, optional: bool = False):
-    """The body as JSON; (None, response) on failure."""
+    """The body as JSON; (None, response) on failure. A body must be declared JSON (415
+    otherwise: a web page's form or text/plain POST is not a request of this API) and arrive
+    within tuning.http_body_timeout_s (408, and the connection is closed)."""
+    if request.body_exists and request.content_type != JSON:
+        return None, respond(*error("unsupported_media_type", "a request body must be JSON sent with "
+                                    f"'Content-Type: application/json', got {request.content_type!r}"[:300]))
     try:
-        raw = await request.read()
+        if request.content.is_eof():            # all here already: the usual small request
+            raw = await request.read()
+        else:
+            async with asyncio.timeout(request.app["body_timeout_s"]):
+                raw = await request.read()
     except web.HTTPRequestEntityTooLarge:
-        limit = request.app["service"].limits.max_request_bytes
-        return None, respond(*error("request_too_large", f"the request body is larger than max_request_bytes ({limit})",
-                                    limit=limit))
+        return None, _too_large(request)
+    except TimeoutError:
+        bounds.hit("http_body_timeout_s")
+        resp = respond(*error("request_timeout", "the request body did not arrive within "
+                              f"tuning.http_body_timeout_s ({request.app['body_timeout_s']} s)"))
+        resp.force_close()
+        return None, resp
     if not raw:
         if optional:
             return {}, None
@@ -63,6 +87,8 @@ def build_app(service: NodeService) -> web.Application:
     # from the application for each request it makes.
     app = web.Application(client_max_size=service.limits.max_request_bytes)
     app["service"] = service
+    tuning = getattr(service.settings, "tuning", None) or TUNING_DEFAULTS
+    app["body_timeout_s"] = float(tuning["http_body_timeout_s"])
 
     def follow_limits(limits):
         app._client_max_size = limits.max_request_bytes
@@ -118,6 +144,13 @@ def build_app(service: NodeService) -> web.Application:
             _, refused = auth.who(header)
             if refused is not None:
                 return respond(*refused)
+        if not web.WebSocketResponse().can_prepare(request).ok:
+            return respond(*error("invalid_argument", "GET /v1/session is the session WebSocket: send a "
+                                  "WebSocket upgrade (Connection: Upgrade, Upgrade: websocket)"))
+        origin = request.headers.get("Origin")
+        if origin is not None and not _same_origin(origin, request.headers.get("Host")):
+            # A web page may open a WebSocket to any site (no CORS): only this node's own may.
+            return respond(*error("permission_denied", f"a session from another origin ({origin[:100]}) is refused"))
         redirect = _not_leader(service, request)
         if redirect is not None:
             return redirect
@@ -126,7 +159,13 @@ def build_app(service: NodeService) -> web.Application:
     async def metrics(request: web.Request) -> web.Response:
         _, view = service.cluster(False)
         _, queues = service.queues()
-        text = render_metrics(view, queues["queues"], service.proposer.inflight)
+        runner = app.get("runner")
+        gauges = {"connections": getattr(runner, "connections", None), "sessions": len(sessions.open),
+                  "parked_reserves": service.parked, "parked_reserve_queues": len(service.waiters)}
+        refusals = service.replica.raft_refusals
+        gauges["raft_pending_handshakes"] = refusals.get("pending", 0)
+        text = render_metrics(view, queues["queues"], service.proposer.inflight, gauges, bounds.all_hits(refusals),
+                              refusals)
         return web.Response(body=text.encode(), headers={"Content-Type": CONTENT_TYPE})
 
     async def cluster(request: web.Request) -> web.Response:
@@ -181,17 +220,34 @@ def build_app(service: NodeService) -> web.Application:
     r = app.router
     for method, path, handler in routes:
         if method == "GET":
-            r.add_get(path, handler)            # and HEAD, as aiohttp does by default
+            r.add_get(path, handler, expect_handler=_expect)    # and HEAD, as aiohttp does by default
         else:
-            r.add_route(method, path, handler)
-    r.add_route("*", "/{tail:.*}", _guarded(_fallback(list(r.resources()), auth)))
+            r.add_route(method, path, handler, expect_handler=_expect)
+    r.add_route("*", "/{tail:.*}", _guarded(_fallback(list(r.resources()), auth)), expect_handler=_expect)
     return app
 
 
+async def _expect(request: web.Request) -> None:
+    """`Expect: 100-continue` is answered as aiohttp does; any other expectation is ignored (RFC
+    9110 allows either). aiohttp's own handler answered it 417 in plain text, and 500 for a value
+    it could not write back into that text (a value with the byte 0x80)."""
+    if request.version == HttpVersion11 and request.headers.get("Expect", "").lower() == "100-continue":
+        await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        request.writer.output_size = 0          # (as aiohttp does: the body has not started)
+
+
+def _same_origin(origin: str, host: str | None) -> bool:
+    try:
+        netloc = urlsplit(origin).netloc
+    except ValueError:
+        return False
+    return bool(host) and bool(netloc) and netloc.lower() == host.strip().lower()
+
+
 def _fallback(resources, auth: Auth):
-    """Unknown path: 404 not_found; known path, other method: 400 (as API.md answers a
-    request it cannot take), both in the API's JSON error shape. Under /v1/ only for a
-    caller with a key: every /v1/ request needs one."""
+    """Unknown path: 404 not_found; known path, other method: 405 method_not_allowed with
+    `Allow`, both in the API's JSON error shape. Under /v1/ only for a caller with a key:
+    every /v1/ request needs one."""
     async def handler(request: web.Request) -> web.Response:
         if auth.enabled and request.path.startswith("/v1/") and \
                 (refused := _refusal(auth, request, VIEWER)) is not None:
@@ -202,8 +258,10 @@ def _fallback(resources, auth: Auth):
             if methods:
                 allowed |= methods
         if allowed:
-            return respond(*error("invalid_argument", f"method {request.method} not allowed on {request.path}"))
-        return respond(*error("not_found", f"no route for {request.method} {request.path}"))
+            allow = ", ".join(sorted(allowed))
+            return respond(*error("method_not_allowed", f"method {request.method[:20]} not allowed on "
+                                  f"{request.path[:200]}; allowed: {allow}"), headers={"Allow": allow})
+        return respond(*error("not_found", f"no route for {request.method[:20]} {request.path[:200]}"))
     return handler
 
 
@@ -365,9 +423,7 @@ def _failure(request: web.Request, exc: Exception) -> web.StreamResponse:
     """A bug in a handler answers 500 `internal` in the API's shape (and is logged), never a
     bare aiohttp error page; a 413 from the body reader answers request_too_large."""
     if isinstance(exc, web.HTTPRequestEntityTooLarge):
-        limit = request.app["service"].limits.max_request_bytes
-        return respond(*error("request_too_large", f"the request body is larger than max_request_bytes ({limit})",
-                              limit=limit))
+        return _too_large(request)
     if isinstance(exc, web.HTTPException):
         raise exc
     log.exception("unhandled error in %s %s", request.method, request.path, exc_info=exc)

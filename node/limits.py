@@ -42,6 +42,10 @@ GLOBAL_KEYS: dict[str, object] = {
     "strict_queues": False,
     "max_request_bytes": 16 * MIB,
     "request_id_window_ms": 60_000,
+    "max_trace_context_bytes": 1024,
+    "max_encoding_bytes": 128,
+    "max_reason_bytes": 4096,
+    "max_worker_id_bytes": 256,
 }
 STORAGE_KEYS: dict[str, object] = {
     "dead_letter_retention_ms": 0,    # 0 = no dead-letter store
@@ -215,7 +219,8 @@ class Limits:
         g = {**GLOBAL_KEYS, **{k: v for k, v in limits.items() if k in GLOBAL_KEYS}}
         for key in ("max_reserve_batch", "max_reserve_queues", "max_wait_timeout_ms",
                     "max_enqueue_batch", "max_job_type_bytes", "max_idempotency_key_bytes",
-                    "max_request_bytes", "request_id_window_ms"):
+                    "max_request_bytes", "request_id_window_ms", "max_trace_context_bytes",
+                    "max_encoding_bytes", "max_reason_bytes", "max_worker_id_bytes"):
             _int(f"limits.{key}", g[key])
         _int("limits.max_queue_name_bytes", g["max_queue_name_bytes"], 1, 65535)
         if not isinstance(g["strict_queues"], bool):
@@ -331,6 +336,10 @@ class Limits:
             "max_wait_timeout_ms": self.max_wait_timeout_ms,
             "max_lease_duration_ms": d.max_lease_duration_ms,
             "max_request_bytes": self.max_request_bytes,
+            "max_trace_context_bytes": self.max_trace_context_bytes,
+            "max_encoding_bytes": self.max_encoding_bytes,
+            "max_reason_bytes": self.max_reason_bytes,
+            "max_worker_id_bytes": self.max_worker_id_bytes,
             "restricts_encodings": d.allowed_encodings is not None,
             "allowed_encodings": list(d.allowed_encodings or ()),
             "strict_queues": self.strict_queues,

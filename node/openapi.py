@@ -39,10 +39,11 @@ EXAMPLE_ID = "8a3c2f8e-5b1d-4c47-9a51-0b7e2f3d9c10"
 
 # What each error code means (the statuses come from node/errors.py).
 CODE_MEANINGS = {
-    "invalid_argument": "malformed JSON, a body that is not an object, missing or mistyped request fields, "
-                        "out-of-range values, an empty or oversized batch, too many reserve queues, a "
-                        "non-canonical job id, a bad Request-Id, a Request-Id reused for another route or body, "
-                        "an invalid configuration (the message names the key)",
+    "invalid_argument": "malformed JSON or HTTP, a body that is not an object, missing or mistyped request "
+                        "fields, out-of-range values, a string over its length limit (`field` names it), an empty "
+                        "or oversized batch, too many reserve queues, a non-canonical job id, a bad Request-Id, a "
+                        "Request-Id reused for another route or body, an invalid configuration (the message names "
+                        "the key)",
     "unauthenticated": "API keys are on and the request has no key or an unknown one",
     "permission_denied": "the key's role is below the operation's",
     "job_not_found": "ack/nack/extend of a job that is not in flight (acked, expired and not re-reserved, "
@@ -55,10 +56,15 @@ CODE_MEANINGS = {
                            "admin key",
     "unknown_queues": "reserve names queues that are not declared while `strict_queues` is on; `queues` "
                       "lists them",
+    "method_not_allowed": "the path does not take this method; `Allow` lists those it takes",
+    "request_timeout": "the request body did not arrive within `tuning.http_body_timeout_s` (30 s); the "
+                       "connection is closed",
     "request_too_large": "the body is larger than `max_request_bytes`",
+    "unsupported_media_type": "a request body that is not sent as `Content-Type: application/json`",
     "rejected": "the job was refused; `rejection` says why",
     "batch_rejected": "the atomic batch was refused; `errors` lists every failing job",
-    "overloaded": "the node has too many requests waiting for commit; retry after `Retry-After` seconds",
+    "overloaded": "the node sheds load: too many requests waiting for commit, or too many long polls waiting "
+                  "(on the node or in the session); retry after `Retry-After` seconds",
     "not_leader": "this node is a follower: the request is redirected to the leader",
     "no_leader": "no leader is known (election in progress, or this node is cut off); retry after "
                  "`Retry-After` seconds",
@@ -255,10 +261,12 @@ def schemas() -> dict:
         "Payload": obj({
             "data_b64": string("standard base64 with padding, decoding to at least one byte", minLength=4,
                                pattern=B64_PATTERN, contentEncoding="base64"),
-            "encoding": string("a hint for the worker, usually a MIME type", minLength=1),
+            "encoding": string("a hint for the worker, usually a MIME type; at most `max_encoding_bytes` (128) "
+                               "UTF-8 bytes", minLength=1),
         }, ["data_b64", "encoding"], "Opaque bytes with an encoding hint. A job without data has no payload."),
         "TraceContext": obj({"traceparent": string(minLength=1), "tracestate": {"type": ["string", "null"]}},
-                            ["traceparent"], "W3C trace context, carried through to the worker."),
+                            ["traceparent"], "W3C trace context, carried through to the worker; `traceparent` and "
+                            "`tracestate` together at most `max_trace_context_bytes` (1024) UTF-8 bytes."),
         "QueueName": queue_name,
         "EnqueueRequest": obj({
             "queue": queue_name,
@@ -292,6 +300,7 @@ def schemas() -> dict:
                           "message": string(), "queue": string(), "job_type": string(), "encoding": string(),
                           "key": string(), "allowed": {"type": "array", "items": string()},
                           "limit": {"type": "integer"}, "actual": {"type": "integer"},
+                          "field": string("invalid_request of a string over its length limit: the field"),
                           "horizon_ms": {"type": "integer"}, "scheduled_at_ms": {"type": "integer"}},
                          ["reason"], "Why a job was refused; first failing check wins, in this order:\n\n"
                          + "\n".join(f"* `{k}`: {v}" for k, v in REJECTION_REASONS.items())),
@@ -309,10 +318,11 @@ def schemas() -> dict:
             "queues": {"type": "array", "items": queue_name, "minItems": 1,
                        "description": "polled in this order; 1..`max_reserve_queues` (32)"},
             "lease_ms": integer(1, description="clamped to the smallest `max_lease_duration_ms` of the queues"),
-            "wait_ms": integer(0, description="long poll: wait up to this long for a job (clamped to "
-                               "`max_wait_timeout_ms`)", default=0),
-            "max_jobs": integer(1, description="clamped to `max_reserve_batch` (256)", default=1),
-            "worker_id": nullable(string("free text, for your logs", minLength=1)),
+            "wait_ms": nullable(integer(0, description="long poll: wait up to this long for a job (clamped to "
+                                        "`max_wait_timeout_ms`)", default=0)),
+            "max_jobs": nullable(integer(1, description="clamped to `max_reserve_batch` (256)", default=1)),
+            "worker_id": nullable(string("free text, for your logs; at most `max_worker_id_bytes` (256) UTF-8 bytes",
+                                         minLength=1)),
         }, ["queues", "lease_ms"], example={"queues": ["emails"], "lease_ms": 30000, "wait_ms": 1000, "max_jobs": 10}),
         "ReserveResponse": obj({"jobs": {"type": "array", "items": ref("Job")}}, ["jobs"],
                                "Possibly empty when nothing was ready within `wait_ms`."),
@@ -349,7 +359,8 @@ def schemas() -> dict:
         "RetryDeadLetter": obj({"strategy": {"const": "dead_letter"}}, ["strategy"],
                                "dead-letter at once (cause `rejected`), whatever attempts remain"),
         "NackRequest": obj({"attempt": integer(1),
-                            "reason": nullable(string("becomes the job's `last_reason`; empty = none")),
+                            "reason": nullable(string("becomes the job's `last_reason`; empty = none; at most "
+                                                      "`max_reason_bytes` (4096) UTF-8 bytes")),
                             "retry": {"oneOf": [ref("RetryDefault"), ref("RetryDelay"), ref("RetryDeadLetter"),
                                                 {"type": "null"}],
                                       "description": "default (and null): `{\"strategy\": \"default\"}`"}},
@@ -363,8 +374,9 @@ def schemas() -> dict:
                              ["attempt", "lease_ms"], example={"attempt": 1, "lease_ms": 30000}),
         "ExtendResponse": obj({"job_id": string(format="uuid"), "lease_expires_at_ms": ms("the new deadline")},
                               ["job_id", "lease_expires_at_ms"]),
-        "DrainRequest": obj({"queue": nullable(string("only this queue's dead letters", minLength=1)),
-                             "max": integer(1, description="clamped to `max_reserve_batch` (256)", default=1)},
+        "DrainRequest": obj({"queue": nullable({**queue_name, "description": "only this queue's dead letters"}),
+                             "max": nullable(integer(1, description="clamped to `max_reserve_batch` (256)",
+                                                     default=1))},
                             example={"queue": "emails", "max": 100}),
         "DeadLetterRecord": obj({"job": ref("Job"), "cause": {"type": "string", "enum": list(DEAD_LETTER_CAUSES)},
                                  "failed_at_ms": ms("when it was dead-lettered"),
@@ -532,17 +544,20 @@ def schemas() -> dict:
                             "errors": {"type": "array", "items": ref("BatchRejection")},
                             "queues": {"type": "array", "items": string()},
                             "leader_url": string(), "job_id": string(), "attempt": {"type": "integer"},
-                            "limit": {"type": "integer"}, "role": {"type": "string", "enum": list(ROLES)},
+                            "limit": {"type": "integer"}, "actual": {"type": "integer"}, "field": string(),
+                            "role": {"type": "string", "enum": list(ROLES)},
                             "required_role": {"type": "string", "enum": list(ROLES)},
                             "queue": string(), "version": {"type": "integer"}, "reason": string(),
                             "name": {"type": ["string", "null"]}, "jobs": {"type": "object"},
                             "applied": {"type": ["boolean", "null"]}},
                            ["code", "message"], "Further fields by code: `rejection` (rejected), `errors` "
                            "(batch_rejected), `queues` (unknown_queues), `leader_url` (not_leader), `job_id` and "
-                           "`attempt` (job_not_found, attempt_mismatch), `limit` (request_too_large), `role` and "
+                           "`attempt` (job_not_found, attempt_mismatch), `limit` (request_too_large), `field`, "
+                           "`limit` and `actual` (invalid_argument of a string over its length limit), `role` and "
                            "`required_role` (permission_denied), `version` (a stale `expect_version`), `queue`, "
                            "`reason` and `jobs` (a queue that cannot be deleted), `reason` and `name` (a key "
-                           "change refused), `applied` (unavailable)."),
+                           "change refused), `applied` (unavailable: false when the request was certainly not "
+                           "applied)."),
         "Error": obj({"error": ref("ErrorDetail")}, ["error"], "Every error has this shape."),
         "SessionRequestFrame": obj({"id": {"type": "integer", "description": "chosen by the client, unique in the "
                                            "session"},
@@ -712,7 +727,12 @@ ROUTES = [
            "get answers batched the same way. When this node stops leading it closes the session with code 4001 "
            "and the new leader's URL as the reason: reconnect there and re-send unanswered frames with their "
            "request ids. With API keys the key is checked at the upgrade (any role) and each frame against its "
-           "op's role. A plain GET that is not an upgrade is answered 400 in plain text.", VIEWER,
+           "op's role. A plain GET that is not an upgrade is answered 400 `invalid_argument`; an upgrade whose "
+           "`Origin` is another site's is 403. A session takes at most `tuning.max_session_inflight` (512) frames "
+           "unanswered and `tuning.max_session_queued_bytes` (1 MiB) of answers unsent: at either bound the node "
+           "stops reading the socket until answers drain (TCP pushes back), and a session whose answers stay "
+           "unread for `tuning.session_stall_timeout_s` (20 s) is closed with code 4008. A frame larger than "
+           "`max_request_bytes` closes the session with code 1009.", VIEWER,
            ok=None, ok_status=101, tags=("session",), params=[{"name": "batch", "in": "query",
                                                                  "schema": {"type": "string", "enum": ["1"]}}]),
     _route("get", "/v1/server-info", "server_info", "Server info and limits", "Any node answers.", VIEWER,
@@ -779,6 +799,7 @@ SHARED_RESPONSES = {
     (400, ("invalid_argument",)): "InvalidArgument", (401, ("unauthenticated",)): "Unauthenticated",
     (403, ("permission_denied",)): "PermissionDenied", (307, ("not_leader",)): "NotLeader",
     (413, ("request_too_large",)): "RequestTooLarge", (429, ("overloaded",)): "Overloaded",
+    (408, ("request_timeout",)): "RequestTimeout", (415, ("unsupported_media_type",)): "UnsupportedMediaType",
     (503, ("no_leader",)): "NoLeader", (503, ("no_leader", "unavailable")): "Unavailable",
     (500, ("internal",)): "Internal",
 }
@@ -803,7 +824,9 @@ def _responses(route) -> dict:
         add(503, "no_leader")
     if route["write"]:
         add(400, "invalid_argument")
+        add(408, "request_timeout")
         add(413, "request_too_large")
+        add(415, "unsupported_media_type")
         add(429, "overloaded")
         add(503, "no_leader", "unavailable")
     if route["params"] and any(p["in"] == "path" and p["name"] == "id" for p in route["params"]):
@@ -815,8 +838,11 @@ def _responses(route) -> dict:
     ok_status = str(route["ok_status"])
     if route["ok_status"] == 101:
         out[ok_status] = {"description": "Switching Protocols: the session is open"}
-        out["400"] = {"description": "not a WebSocket upgrade request", "content": {"text/plain": {
-            "schema": {"type": "string"}}}}
+        out["400"] = _error_response(400, ["invalid_argument"])
+        out["400"]["description"] = "not a WebSocket upgrade request: " + out["400"]["description"]
+        out["403"] = _error_response(403, ["permission_denied"])
+        out["403"]["description"] = ("the key's role, or an upgrade from a web page of another origin: "
+                                     + out["403"]["description"])
     elif route["ok"] is not None:
         out[ok_status] = {"description": "OK", "content": {route["ok_type"]: {"schema": ref(route["ok"])}}}
     elif route["op_id"] == "openapi":
@@ -879,7 +905,9 @@ def document() -> dict:
             "description": "Every node serves the whole API. Leader-only operations sent to a follower are "
                            "answered 307 to the leader (follow redirects, keeping method and body). JSON bodies, "
                            "snake_case fields, unknown request fields ignored, an optional field given as null "
-                           "taken as left out; integers are written as JSON integers (`1`, not `1.0`: a number "
+                           "taken as left out; a request body must be sent as `Content-Type: application/json` "
+                           "(415 otherwise); a method a path does not take is 405 `method_not_allowed` with "
+                           "`Allow`; integers are written as JSON integers (`1`, not `1.0`: a number "
                            "with a fraction or exponent is refused as a wrong type, which JSON Schema cannot "
                            "express); instants are integer ms since the "
                            "Unix epoch (`*_at_ms`), durations integer ms (`*_ms`). Any POST, PUT or DELETE may "

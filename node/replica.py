@@ -142,6 +142,8 @@ class Replica:
             leaderFallbackTimeout=t["leader_fallback_timeout_s"],
             connectionRetryTime=t["connection_retry_s"],
             connectionTimeout=max(3.5, t["raft_max_timeout_s"]),
+            handshakeTimeout=t["raft_handshake_timeout_s"],
+            maxPendingConnections=int(t["raft_max_pending_handshakes"]),
             commandsWaitLeader=False,
             commandsQueueSize=int(t["max_inflight"]),
             logCompactionMinEntries=int(t["log_compaction_min_entries"]),
@@ -209,6 +211,12 @@ class Replica:
     def syncs(self) -> int:
         """Journal syncs so far (fsync durability)."""
         return self.syncobj.journalSyncs
+
+    @property
+    def raft_refusals(self) -> dict:
+        """Raft-port connections refused or closed, by reason, and the handshakes under way
+        ('pending'): node/raft/transport.py REFUSALS."""
+        return self.syncobj.transportRefusals
 
     def is_leader(self) -> bool:
         return self.syncobj._isLeader()

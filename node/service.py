@@ -11,9 +11,10 @@ import collections
 import logging
 import os
 import sys
+import threading
 import time
 
-from . import fault_hooks, validate
+from . import bounds, fault_hooks, validate
 from .auth import Auth
 from .core import ops
 from .core.jobs import DEAD_LETTER_CAUSES, IN_FLIGHT, READY, SCHEDULED, Queue
@@ -25,6 +26,11 @@ from .settings import Settings
 log = logging.getLogger("raftq.node")
 from .. import __version__ as VERSION
 WAKING_OPS = ops.WAKING_OPS
+ENQUEUE_ITEMS = ops.reader(ops.ENQUEUE, "items")
+ITEM_QUEUE = ops.ITEM_QUEUE
+# Beyond this many queue names with parked reserves, an apply of enqueues wakes only the
+# waiters of the queues it enqueued to (below it, looking at every name costs less).
+TARGETED_WAKE_NAMES = 64
 PEER_VIEW_TIMEOUT_S = 1.5       # a stopped peer must not hold up the others' rows for long
 
 # The node's exit status after a failed write or sync of its data dir (EX_IOERR): distinct from
@@ -49,6 +55,21 @@ def _new_id() -> str:
     b[8] = (b[8] & 0x3F) | 0x80
     h = b.hex()
     return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
+
+
+class Waiter:
+    """One parked long-poll reserve: its future (True: a job may be ready, False: leave, None:
+    its time is up), the queues it waits on, whether its client is still there, and what it is
+    counted against (its session, or None)."""
+    __slots__ = ("fut", "names", "alive", "owner")
+
+    def __init__(self, fut, names, alive, owner):
+        self.fut, self.names, self.alive, self.owner = fut, names, alive, owner
+
+
+def _time_up(fut):
+    if not fut.done():
+        fut.set_result(None)
 
 
 def _page_limit(query) -> int | None:
@@ -87,8 +108,14 @@ class NodeService:
                                  max_batch_bytes=int(t["max_batch_bytes"]),
                                  max_inflight=int(t["max_inflight"]),
                                  request_timeout_s=float(t["request_timeout_s"]))
-        self.waiters: dict[str, collections.deque] = {}
+        # Parked long polls: queue name -> {Waiter: None} in park order. A waiter is in the map
+        # under each of its queue names while it is parked, and nowhere once it leaves.
+        self.waiters: dict[str, dict] = {}
+        self.parked = 0
+        self.max_parked = int(t["max_parked_reserves"])
         self.wake_scheduled = False
+        self._wake_names: set | None = set()    # what the next wake looks at; None: every name
+        self._wake_lock = threading.Lock()
         self.stopping = False
         self.leader_epoch = 0
         self.state.after_apply = self._after_apply_thread
@@ -350,40 +377,111 @@ class NodeService:
 
     # ---------------------------------------------------------------- long-poll wake-ups
     def _after_apply_thread(self, cmds, results):
+        """On the Raft thread after an apply: schedule a wake-up of the parked reserves when a
+        command may have made a job ready. Enqueues name their queues; the other waking ops
+        (nack, sweep, requeue, resume) make the wake look at every queue with waiters."""
         m = self.state.machine
         if (m.limits, m.config_version) != self._config_seen:
             self.follow_config()            # a config entry: in force here from this index on
-        if self.wake_scheduled or not self.waiters:
+        waiters = self.waiters
+        if not waiters:
             return
+        names: set | None = set()
+        targeted = len(waiters) > TARGETED_WAKE_NAMES
         for c in cmds:
-            if ops.op_of(c) in WAKING_OPS:
-                self.wake_scheduled = True
-                try:
-                    self.loop.call_soon_threadsafe(self._wake)
-                except RuntimeError:
-                    pass
+            op = ops.op_of(c)
+            if op == ops.ENQUEUE:
+                if not targeted:
+                    names = None
+                    break
+                for it in ENQUEUE_ITEMS(c):
+                    if type(it) is tuple:
+                        names.add(it[ITEM_QUEUE])
+            elif op in WAKING_OPS:
+                names = None
+                break
+        if names is not None and not names:
+            return
+        with self._wake_lock:
+            if names is None or self._wake_names is None:
+                self._wake_names = None
+            else:
+                self._wake_names |= names
+            if self.wake_scheduled:
                 return
+            self.wake_scheduled = True
+        try:
+            self.loop.call_soon_threadsafe(self._wake)
+        except RuntimeError:
+            pass
+
+    def _schedule_wake(self, names=None):
+        """On the loop: wake the waiters of `names` (None: of every queue) soon."""
+        with self._wake_lock:
+            if names is None or self._wake_names is None:
+                self._wake_names = None
+            else:
+                self._wake_names.update(names)
+            if self.wake_scheduled:
+                return
+            self.wake_scheduled = True
+        self.loop.call_soon(self._wake)
 
     def _wake(self):
-        self.wake_scheduled = False
+        """Wake, per queue that has jobs ready, up to that many of its live waiters, oldest
+        first. A waiter whose client has gone is told to leave and does not count: the wake-up
+        goes to the next one."""
+        with self._wake_lock:
+            names, self._wake_names = self._wake_names, set()
+            self.wake_scheduled = False
+        waiters = self.waiters
         queues = self.state.machine.queues
-        for name, dq in list(self.waiters.items()):
+        for name in list(waiters) if names is None else names:
+            parked = waiters.get(name)
+            if not parked:
+                continue
             q = queues.get(name)
             n = 0 if q is None or q.paused else q.ready
-            while dq and n > 0:
-                fut = dq.popleft()
-                if not fut.done():
-                    fut.set_result(True)
-                    n -= 1
-            if not dq:
-                del self.waiters[name]
+            if n <= 0:
+                continue
+            for w in list(parked):
+                fut = w.fut
+                if fut.done():
+                    continue
+                if w.alive is not None and not w.alive():
+                    fut.set_result(False)
+                    continue
+                fut.set_result(True)
+                n -= 1
+                if n <= 0:
+                    break
 
     def _wake_all(self):
-        for dq in self.waiters.values():
-            for fut in dq:
-                if not fut.done():
-                    fut.set_result(False)
-        self.waiters.clear()
+        """Leadership moved (or the node stops): every parked reserve leaves, empty."""
+        for parked in list(self.waiters.values()):
+            for w in parked:
+                if not w.fut.done():
+                    w.fut.set_result(False)
+
+    def _park(self, names, alive, owner) -> Waiter:
+        w = Waiter(self.loop.create_future(), names, alive, owner)
+        for name in names:
+            self.waiters.setdefault(name, {})[w] = None
+        self.parked += 1
+        if owner is not None:
+            owner.parked += 1
+        return w
+
+    def _unpark(self, w: Waiter):
+        for name in w.names:
+            parked = self.waiters.get(name)
+            if parked is not None:
+                parked.pop(w, None)
+                if not parked:
+                    del self.waiters[name]
+        self.parked -= 1
+        if w.owner is not None:
+            w.owner.parked -= 1
 
     def _has_ready(self, queue_names) -> bool:
         queues = self.state.machine.queues
@@ -409,7 +507,9 @@ class NodeService:
                 if rid is not None:
                     hashed = {k: v for k, v in body.items() if k != "job_id"} if isinstance(body, dict) else body
                     rid = validate.request_slot(who, rid, op, hashed, job_id)
-                build = {"ack": validate.ack, "nack": validate.nack, "extend": validate.extend}[op]
+                if op == "nack":
+                    return validate.nack(job_id, body, rid, limits), 64
+                build = validate.ack if op == "ack" else validate.extend
                 return build(job_id, body, rid), 64
             if rid is not None:
                 rid = validate.request_slot(who, rid, op, body)
@@ -447,39 +547,66 @@ class NodeService:
     def enqueue_atomic(self, body, rid=None, who=None) -> asyncio.Future:
         return self.run("enqueue_atomic", body, rid, None, who)
 
-    async def reserve(self, body, rid=None, alive=None, who=None):
+    async def reserve(self, body, rid=None, alive=None, owner=None, who=None):
+        """A reserve; with `wait_ms`, a long poll that parks until a job may be ready in one of
+        its queues. `alive()` says whether the client is still there; `owner` (a session) has
+        `parked` and `max_parked`, its own bound on parked reserves; `who` is the caller's key
+        name (the request id's scope)."""
         try:
             cmd, wait_ms = validate.reserve(body, self.limits, validate.request_slot(who, rid, "reserve", body))
         except ApiError as e:
             return e.result
         slot = cmd[1]
         queue_names = ops.reserve_queue_names(cmd)
-        deadline = self.loop.time() + wait_ms / 1000.0
+        loop = self.loop
+        deadline = loop.time() + wait_ms / 1000.0
         epoch = self.leader_epoch
-        while True:
-            if alive is not None and not alive():
-                return 200, {"jobs": []}        # the client has gone: take nothing for it
-            if self.stopping or epoch != self.leader_epoch:
-                return 200, {"jobs": []}        # leadership moved while parked
-            if slot is not None and self.state.machine.has_request(slot) or self._has_ready(queue_names):
-                result = await self.proposer.submit(cmd)
-                if result[0] != 200 or result[1]["jobs"]:
-                    return result
-            remaining = deadline - self.loop.time()
-            if remaining <= 0:
-                return 200, {"jobs": []}
-            fut = self.loop.create_future()
-            for name in queue_names:
-                self.waiters.setdefault(name, collections.deque()).append(fut)
-            if self._has_ready(queue_names):    # an apply slipped in before we parked
-                fut.set_result(True)
-            try:
-                await asyncio.wait_for(fut, remaining)
-            except asyncio.TimeoutError:
-                return 200, {"jobs": []}
-            finally:
-                if not fut.done():
-                    fut.cancel()
+        wake_owed = False        # woken for a ready job and not (yet) reserved: pass it on when leaving
+        try:
+            while True:
+                if alive is not None and not alive():
+                    return 200, {"jobs": []}        # the client has gone: take nothing for it
+                if self.stopping or epoch != self.leader_epoch:
+                    return 200, {"jobs": []}        # leadership moved while parked
+                if slot is not None and self.state.machine.has_request(slot) or self._has_ready(queue_names):
+                    result = await self.proposer.submit(cmd)
+                    if result[0] != 200:
+                        return result
+                    wake_owed = False
+                    if result[1]["jobs"]:
+                        return result
+                else:
+                    wake_owed = False               # taken by another reserve meanwhile
+                remaining = deadline - loop.time()
+                if remaining <= 0:
+                    return 200, {"jobs": []}
+                if self.parked >= self.max_parked:
+                    bounds.hit("max_parked_reserves")
+                    return error("overloaded", f"{self.max_parked} long polls are waiting on this node "
+                                               "(tuning.max_parked_reserves); retry after a moment")
+                if owner is not None and owner.parked >= owner.max_parked:
+                    bounds.hit("max_session_parked_reserves")
+                    return error("overloaded", f"{owner.max_parked} long polls are waiting in this session "
+                                               "(tuning.max_session_parked_reserves); retry after a moment")
+                w = self._park(tuple(dict.fromkeys(queue_names)), alive, owner)
+                fut = w.fut
+                if self._has_ready(queue_names):    # an apply slipped in before we parked
+                    fut.set_result(True)
+                timer = loop.call_later(remaining, _time_up, fut)
+                try:
+                    woken = await fut
+                finally:
+                    timer.cancel()
+                    self._unpark(w)
+                    if not fut.done():
+                        fut.cancel()
+                    elif not fut.cancelled() and fut.result() is True:
+                        wake_owed = True
+                if woken is None:
+                    return 200, {"jobs": []}        # the time is up
+        finally:
+            if wake_owed:
+                self._schedule_wake(queue_names)
 
     def ack(self, job_id, body, rid=None, who=None) -> asyncio.Future:
         return self.run("ack", body, rid, job_id, who)
@@ -821,7 +948,8 @@ class NodeService:
 
     # ---------------------------------------------------------------- lifecycle
     def start(self, on_fatal=None):
-        self.sweeper = self.loop.create_task(self.sweep_loop())
+        if self.settings.testing.sweeps:
+            self.sweeper = self.loop.create_task(self.sweep_loop())
         self.seeder = self.loop.create_task(self._seed())
         self.config_watch = self.loop.create_task(self._watch_config())
         self.disk_task = self.loop.create_task(self.disk_loop())

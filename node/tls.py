@@ -324,10 +324,16 @@ class TlsSite(web.BaseSite):
     any other (keep-alive, WebSocket upgrade, shutdown)."""
 
     def __init__(self, runner: web.BaseRunner, host: str, port: int, loaded: Loaded, url: str,
-                 backlog: int = 128, handshake_timeout: float = HANDSHAKE_TIMEOUT_S):
+                 backlog: int = 128, handshake_timeout: float = HANDSHAKE_TIMEOUT_S, max_pending: int = 1000):
         super().__init__(runner, backlog=backlog)
         self.host, self.port, self.loaded, self.url = host, port, loaded, url
         self.handshake_timeout = handshake_timeout
+        # Connections not yet handed to aiohttp (first byte, TLS handshake) are not among the
+        # server's connections that tuning.max_connections bounds: at most `max_pending` of
+        # them at once, the oldest closed to make room (a client's handshake takes a round trip
+        # or two; a connection that never sends holds a slot until handshake_timeout).
+        self.max_pending = max_pending
+        self._pending: dict[asyncio.Task, None] = {}        # in arrival order
         self._socks: list[socket.socket] = []
         self._tasks: set[asyncio.Task] = set()
         self._plain = _answer("400 Bad Request", "tls_required",
@@ -374,7 +380,20 @@ class TlsSite(web.BaseSite):
                 log.warning("TLS: accept failed: %s", e)
                 await asyncio.sleep(0.1)
                 continue
-            self._spawn(loop, self._connection(loop, conn))
+            if len(self._pending) >= self.max_pending:
+                oldest = next(iter(self._pending))
+                self._pending.pop(oldest)
+                oldest.cancel()
+                from . import bounds
+                bounds.hit("max_connections_evicted")
+            t = loop.create_task(self._connection(loop, conn))
+            self._tasks.add(t)
+            self._pending[t] = None
+            t.add_done_callback(self._done)
+
+    def _done(self, t: asyncio.Task) -> None:
+        self._tasks.discard(t)
+        self._pending.pop(t, None)
 
     async def _connection(self, loop, conn: socket.socket) -> None:
         loaded = self.loaded                 # the context of this connection, whatever reloads follow
@@ -397,6 +416,7 @@ class TlsSite(web.BaseSite):
             handed = True                    # from here on the transport owns the socket
             await loop.connect_accepted_socket(factory, conn, ssl=loaded.context,
                                                ssl_handshake_timeout=self.handshake_timeout)
+            self._pending.pop(asyncio.current_task(), None)     # handed over: aiohttp's bounds hold
         except asyncio.CancelledError:
             raise
         except (OSError, ssl.SSLError, asyncio.TimeoutError, ConnectionError) as e:

@@ -16,6 +16,7 @@ import hashlib
 import re
 import sys
 
+from . import bounds
 import orjson
 
 from .errors import ApiError, invalid
@@ -69,9 +70,9 @@ def require_object(body) -> dict:
 
 
 def _opt_int(body: dict, key: str, default, minimum: int, what: str = ""):
-    v = body.get(key, default)
-    if v is None and default is None:
-        return None
+    v = body.get(key)
+    if v is None:               # absent or null: the default (API.md: null counts as left out)
+        return default
     if not is_int(v) or v < minimum:
         raise invalid(f"{key} must be an integer >= {minimum}{what}, got {v!r}")
     return v
@@ -88,6 +89,41 @@ def _bad(message: str):
 
 def _utf8_len(s: str) -> int:
     return len(s.encode("utf-8")) if not s.isascii() else len(s)
+
+
+def _too_long(field: str, key: str, limit: int, actual: int) -> dict:
+    """What a string over its length limit gets: the field, the limit's key, the sizes."""
+    bounds.hit(key)
+    return {"message": f"{field} is {actual} bytes, more than {key} ({limit})", "field": field,
+            "limit": limit, "actual": actual}
+
+
+def _check_lengths(encoding, trace, limits: Limits) -> None:
+    """The free-text fields a job carries to every replica (rejection `invalid_request`)."""
+    if encoding is not None:
+        n = _utf8_len(encoding)
+        if n > limits.max_encoding_bytes:
+            raise _Reject({"reason": "invalid_request",
+                           **_too_long("payload.encoding", "max_encoding_bytes", limits.max_encoding_bytes, n)})
+    if trace is not None:
+        n = _utf8_len(trace[0]) + (_utf8_len(trace[1]) if trace[1] is not None else 0)
+        if n > limits.max_trace_context_bytes:
+            raise _Reject({"reason": "invalid_request", **_too_long(
+                "trace_context", "max_trace_context_bytes", limits.max_trace_context_bytes, n)})
+
+
+def _check_text(body: dict, key: str, limit_key: str, limits: Limits):
+    """An optional non-empty string field of a request, within its byte limit (400 naming it)."""
+    v = body.get(key)
+    if v is None:
+        return None
+    if not isinstance(v, str) or not v:
+        raise invalid(f"{key} must be a non-empty string")
+    limit = getattr(limits, limit_key)
+    n = _utf8_len(v)
+    if n > limit:
+        raise ApiError("invalid_argument", **_too_long(key, limit_key, limit, n))
+    return v
 
 
 def _structure(job) -> tuple:
@@ -171,6 +207,8 @@ def check_job(job, limits: Limits, now_ms: int, new_id) -> tuple:
     failing check."""
     (queue, job_type, payload, encoding, key, priority, max_attempts, custom,
      scheduled, delay, trace, deadline) = _structure(job)
+    if encoding is not None or trace is not None:
+        _check_lengths(encoding, trace, limits)
     if limits.strict_queues and queue not in limits.queues:
         raise _Reject({"reason": "unknown_queue", "queue": queue})
     n = len(queue) if queue.isascii() else len(queue.encode("utf-8"))        # _utf8_len, inline
@@ -294,9 +332,7 @@ def reserve(body, limits: Limits, rid=None) -> tuple[tuple, int]:
         raise invalid(f"lease_ms is required and must be an integer > 0, got {lease!r}")
     wait = _opt_int(body, "wait_ms", 0, 0)
     max_jobs = _opt_int(body, "max_jobs", 1, 1)
-    worker = body.get("worker_id")
-    if worker is not None and (not isinstance(worker, str) or not worker):
-        raise invalid("worker_id must be a non-empty string")
+    _check_text(body, "worker_id", "max_worker_id_bytes", limits)     # accepted, not used
     lease = min(lease, min(limits.queue(q).max_lease_duration_ms for q in queues))
     return (ops.reserve(rid, queues, lease, min(max_jobs, limits.max_reserve_batch)),
             min(wait, limits.max_wait_timeout_ms))
@@ -328,7 +364,7 @@ def ack_batch(body, limits: Limits, rid=None) -> tuple:
     return ops.ack_batch(rid, tuple(pairs))
 
 
-def nack(job_id, body, rid=None) -> tuple:
+def nack(job_id, body, rid=None, limits: Limits | None = None) -> tuple:
     body = require_object(body)
     jid, attempt = job_id_arg(job_id), _attempt(body)
     reason = body.get("reason")
@@ -336,6 +372,11 @@ def nack(job_id, body, rid=None) -> tuple:
         raise invalid("reason must be a string")
     if reason == "":
         reason = None           # sepp's clients send an empty reason as absent
+    if reason is not None:
+        limit = limits.max_reason_bytes if limits is not None else Limits.build().max_reason_bytes
+        n = _utf8_len(reason)
+        if n > limit:
+            raise ApiError("invalid_argument", **_too_long("reason", "max_reason_bytes", limit, n))
     retry = body.get("retry")
     strategy, delay = ops.DEFAULT, None
     if retry is not None:
@@ -363,8 +404,12 @@ def extend(job_id, body, rid=None) -> tuple:
 def drain(body, limits: Limits, rid=None, who=None) -> tuple:
     body = require_object(body) if body is not None else {}
     queue = body.get("queue")
-    if queue is not None and (not isinstance(queue, str) or not queue):
-        raise invalid("queue must be a non-empty string")
+    if queue is not None:
+        why = check_queue_name(queue, 0)
+        if why:
+            raise invalid(f"queue: {why}")
+        if _utf8_len(queue) > limits.max_queue_name_bytes:
+            raise invalid(f"queue: name longer than max_queue_name_bytes ({limits.max_queue_name_bytes})")
     mx = _opt_int(body, "max", 1, 1)
     return ops.drain(rid, queue, min(mx, limits.max_reserve_batch), who)
 

@@ -320,10 +320,14 @@ def explained_refusal(case, body):
     """A request the document admits and the node refuses with 400: only where the document
     cannot say what the node checks. JSON Schema's "integer" admits 2.0, which the node refuses
     as a wrong type (the document says so in words); a paging cursor must be one the server
-    returned. Anything else is the document being looser than the validation."""
+    returned; a string longer than a `max_*_bytes` limit of the config (written in the
+    descriptions, not as maxima: the config sets them). Anything else is the document being
+    looser than the validation."""
     message = (body or {}).get("error", {}).get("message", "")
     if "cursor is not one this server returned" in message:
         return
+    if (body or {}).get("error", {}).get("field") and re.search(r"is \d+ bytes, more than max_\w+_bytes", message):
+        return          # a length limit of the config (described in words, not encoded as a maximum)
     body_sent = case.body if isinstance(case.body, (dict, list)) else None
     if _floats_for_integers(body_sent) and "integer" in message:
         return
