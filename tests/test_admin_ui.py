@@ -33,7 +33,7 @@ from urllib.parse import parse_qs, urlsplit
 import pytest
 
 from raftq.cluster.local import LocalCluster, http_json
-from tests.conftest import Api
+from tests.conftest import Api, poll
 
 try:
     from playwright.sync_api import Error as PlaywrightError
@@ -146,9 +146,40 @@ def ui(browser, request):
             assert limit is not None and int(limit) <= 100, url
 
 
+def launch_all(directory, **kw) -> LocalCluster:
+    """A cluster with all three nodes up. LocalCluster.launch() waits for a leader, which two nodes
+    make; the node table, the kill test and the fan-out need the third too. A node that did not
+    come up (on a shared machine its free port can be taken before it binds) is told, with its log,
+    and the cluster starts again on other ports, once."""
+    for attempt in range(2):
+        c = LocalCluster(Path(directory) / f"try{attempt}", **kw).launch()
+        try:
+            poll(lambda: all(c.alive(i) and c.cluster_view(i, digest=False) for i in range(c.n)),
+                 timeout=20, what="every node answering")
+            return c
+        except AssertionError:
+            logs = {c.ids[i]: c.log_path(i).read_text()[-1500:] for i in range(c.n) if not c.alive(i)}
+            c.close()
+            if attempt:
+                raise AssertionError(f"nodes did not come up: {logs}") from None
+            print(f"nodes {sorted(logs)} did not come up, starting again on other ports; their logs: {logs}")
+
+
+@pytest.fixture
+def fresh_cluster(tmp_path):
+    made = []
+
+    def make(**kw):
+        made.append(launch_all(tmp_path / f"c{len(made)}", **kw))
+        return made[-1]
+    yield make
+    for c in made:
+        c.close()
+
+
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    c = LocalCluster(tmp_path_factory.mktemp("ui"), durability="memory", storage=RETENTION).launch()
+    c = launch_all(tmp_path_factory.mktemp("ui"), durability="memory", storage=RETENTION)
     yield c
     c.close()
 
@@ -161,7 +192,7 @@ def api(cluster):
 @pytest.fixture(scope="module")
 def auth_cluster(tmp_path_factory):
     # keys on, and no dead-letter store (the default retention of 0)
-    c = LocalCluster(tmp_path_factory.mktemp("ui-auth"), durability="memory", api_keys=API_KEYS).launch()
+    c = launch_all(tmp_path_factory.mktemp("ui-auth"), durability="memory", api_keys=API_KEYS)
     yield c
     c.close()
 
@@ -507,8 +538,8 @@ def test_api_keys_are_asked_for_kept_in_the_tab_and_sent_and_the_dead_letter_sto
 
 
 @needs_browser
-def test_leader_killed_under_an_open_page_marks_it_stale_then_moves_it_to_a_live_node(make_cluster, ui):
-    c = make_cluster(durability="memory", api_keys=API_KEYS, storage=RETENTION)
+def test_leader_killed_under_an_open_page_marks_it_stale_then_moves_it_to_a_live_node(fresh_cluster, ui):
+    c = fresh_cluster(durability="memory", api_keys=API_KEYS, storage=RETENTION)
     api = Api(c)
     q = qname()
     enqueue(api, q, 5, headers=bearer("operator"))
@@ -554,8 +585,8 @@ def test_leader_killed_under_an_open_page_marks_it_stale_then_moves_it_to_a_live
 
 
 # ------------------------------------------------------------------------------ the routes it uses
-def test_cluster_nodes_answers_every_members_view_and_says_why_one_is_missing(make_cluster):
-    c = make_cluster(durability="memory", api_keys=API_KEYS)
+def test_cluster_nodes_answers_every_members_view_and_says_why_one_is_missing(fresh_cluster):
+    c = fresh_cluster(durability="memory", api_keys=API_KEYS)
     lead = c.wait_leader(20)
     status, out = http_json("GET", c.urls[lead] + "/v1/cluster/nodes", headers=bearer("viewer"))
     assert status == 200 and out["node_id"] == c.ids[lead]

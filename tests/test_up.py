@@ -519,7 +519,8 @@ def test_demo_still_works(tmp_path, auth):
         n1 = json.loads((tmp_path / "demo" / "up.json").read_text())["nodes"][0]
         assert 'key = "k-0123456789abcdef"' in Path(n1["config"]).read_text()
     assert "demo: enqueue 3 jobs through follower" in out and out.count("-> 200") >= 3
-    assert re.search(r"reserved \S+ priority 9 attempt 1: 'hello 2'", out)
+    assert re.search(r'reserved \S+ priority 9 attempt 1: "hello 2"', out)     # JSON, not a Python repr
+    assert re.search(r'-> 200 \{"job_id": "[0-9a-f-]{36}", "deduplicated": false\}', out), out
     assert "queue demo: ready 0, in flight 0, enqueued 3, acked 3" in out
     assert re.search(r"all 3 nodes at applied index \d+ with digest [0-9a-f]+", out)
     assert "stopped: n1 exit code 0" in out
