@@ -45,7 +45,8 @@ import orjson
 
 SESSION_OPS = frozenset(("enqueue", "enqueue_batch", "enqueue_atomic", "reserve", "ack", "ack_batch",
                          "nack", "extend", "drain", "server_info", "cluster"))
-RETRYABLE_CODES = frozenset(("no_leader", "unavailable", "overloaded"))
+# request_timeout: the node did not get the whole body in time (so applied nothing).
+RETRYABLE_CODES = frozenset(("no_leader", "unavailable", "overloaded", "request_timeout"))
 
 
 # ---------------------------------------------------------------------------- errors
@@ -225,6 +226,7 @@ _ERRORS = {
     "failed_precondition": Conflict, "unknown_queues": Conflict, "request_too_large": RequestTooLarge,
     "unauthenticated": Unauthenticated, "permission_denied": PermissionDenied, "internal": Internal,
     "no_leader": Unavailable, "unavailable": Unavailable, "overloaded": Unavailable,
+    "request_timeout": Unavailable, "method_not_allowed": InvalidArgument, "unsupported_media_type": InvalidArgument,
     "tls_required": TlsError, "client_certificate_required": TlsError,
 }
 
@@ -960,11 +962,58 @@ class Client:
     async def cancel(self, job_id: str, *, request_id: str | None = None) -> None:
         await self.call("cancel", "DELETE", f"/v1/jobs/{job_id}", None, mutating=True, request_id=request_id)
 
-    async def pause(self, queue: str) -> None:
-        await self.call("pause", "POST", f"/v1/queues/{queue}/pause", {}, mutating=True)
+    async def pause(self, queue: str, *, create: bool = False) -> None:
+        """Pause a queue (reserve skips it). A queue that neither exists nor is declared is
+        NotFound unless `create`."""
+        await self.call("pause", "POST", f"/v1/queues/{queue}/pause", {"create": True} if create else {},
+                        mutating=True)
 
-    async def resume(self, queue: str) -> None:
-        await self.call("resume", "POST", f"/v1/queues/{queue}/resume", {}, mutating=True)
+    async def resume(self, queue: str, *, create: bool = False) -> None:
+        await self.call("resume", "POST", f"/v1/queues/{queue}/resume", {"create": True} if create else {},
+                        mutating=True)
+
+    # ------------------------------------------------------------------ operator moves
+    async def move_to_dead_letters(self, queue: str, ids: list[str], reason: str | None = None) -> dict:
+        """Ready or scheduled jobs of `queue` become dead letters (cause admin): {"dead_lettered",
+        "missing"}."""
+        body: dict[str, Any] = {"ids": list(ids)}
+        if reason is not None:
+            body["reason"] = reason
+        return await self.call("dead_letter_move", "POST", f"/v1/queues/{queue}/dead-letter", body, mutating=True)
+
+    async def purge(self, queue: str) -> int:
+        """Remove every ready and scheduled job of `queue`; the number removed."""
+        return (await self.call("purge", "POST", f"/v1/queues/{queue}/purge", {}, mutating=True))["purged"]
+
+    async def delete_queue(self, queue: str) -> None:
+        await self.call("queue_delete", "DELETE", f"/v1/queues/{queue}", None, mutating=True)
+
+    # ------------------------------------------------------------------ configuration, keys, audit
+    async def config(self) -> dict:
+        """The configuration in force: {"version", "fingerprint", "config": {limits, storage, queues}}."""
+        return await self.call("config", "GET", "/v1/config", mutating=False)
+
+    async def put_config(self, config: dict, expect_version: int, keys: list[dict] | None = None) -> dict:
+        """A whole new configuration, in force once committed: {"version", "warnings"}; Conflict
+        when `expect_version` is not the version in force."""
+        body: dict[str, Any] = {"config": config, "expect_version": expect_version}
+        if keys is not None:
+            body["keys"] = keys
+        return await self.call("config_put", "PUT", "/v1/config", body, mutating=True)
+
+    async def keys(self) -> list[dict]:
+        return (await self.call("keys", "GET", "/v1/keys", mutating=False))["keys"]
+
+    async def add_key(self, name: str, role: str, key_sha256: str) -> dict:
+        return await self.call("key_add", "POST", "/v1/keys", {"name": name, "role": role, "key_sha256": key_sha256},
+                               mutating=True)
+
+    async def remove_key(self, name: str) -> dict:
+        return await self.call("key_remove", "DELETE", f"/v1/keys/{name}", None, mutating=True)
+
+    async def audit(self, limit: int = 50, cursor: str | None = None) -> dict:
+        q = f"?limit={limit}" + (f"&cursor={cursor}" if cursor else "")
+        return await self.call("audit", "GET", f"/v1/audit{q}", mutating=False)
 
     async def dead_letters(self, queue: str | None = None, limit: int = 50, cursor: str | None = None) -> dict:
         q = f"?limit={limit}" + (f"&queue={queue}" if queue else "") + (f"&cursor={cursor}" if cursor else "")

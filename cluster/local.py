@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -112,14 +113,15 @@ def http_json(method: str, url: str, body=None, timeout: float = 2.0, headers: d
 class LocalCluster:
     def __init__(self, directory, nodes: int = 3, durability: str = "fsync", limits: dict | None = None,
                  storage: dict | None = None, queues: list | None = None, tuning: dict | None = None,
-                 secret: str | None = "local-secret", base_port: int | None = None,
+                 secret: str | None = "random", base_port: int | None = None,
                  python: str | None = None, env: dict | None = None, api_keys: list | None = None,
                  testing: dict | None = None, http_ports: list[int] | None = None,
                  raft_ports: list[int] | None = None, tls: bool | str = False):
         """Ports: `http_ports` and `raft_ports` as given, else from `base_port` (HTTP base..,
         Raft base+100..), else free ones. Every file it writes is 0600, its directories 0700,
         and the nodes run with umask 077 (their journals, snapshots and logs are private too:
-        a config holds the cluster secret).
+        a config holds the cluster secret). `secret="random"` (the default): a fresh random one
+        (nodes refuse weak secrets); None: none (loopback only).
         `tls`: True makes every node serve https:// with a certificate from a CA of the
         directory's own (ca.pem, n1-cert.pem, n1-key.pem...; kept and reused while valid),
         "mtls" also requires client certificates signed by it (client-cert.pem,
@@ -132,7 +134,7 @@ class LocalCluster:
         self.durability = durability
         self.limits, self.storage, self.queues = limits or {}, storage or {}, queues or []
         self.tuning = tuning or {}
-        self.secret = secret
+        self.secret = secrets.token_hex(32) if secret == "random" else secret
         self.python = python or sys.executable
         self.env = env or {}
         # [auth] api_keys ({name, key, role}); the launcher's own probes use the strongest key.
@@ -405,10 +407,12 @@ class LocalCluster:
             return list(pool.map(lambda i: self.cluster_view(i, digest=digest), among))
 
     def leader(self, among=None) -> int | None:
-        """The index of the node that says it leads and that the others agree on, or None."""
+        """The index of the node that says it leads and that the others agree on, and that has
+        applied a configuration (a new cluster's leader seeds version 1 first, in milliseconds,
+        and answers writes 503 until then), or None."""
         among = range(self.n) if among is None else among
         views = {i: self.cluster_view(i) for i in among if self.alive(i)}
-        leaders = [i for i, v in views.items() if v and v["role"] == "leader"]
+        leaders = [i for i, v in views.items() if v and v["role"] == "leader" and v.get("config_version", 1) >= 1]
         if len(leaders) != 1:
             return None
         lid = self.ids[leaders[0]]

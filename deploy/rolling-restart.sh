@@ -6,6 +6,11 @@
 #
 # Environment:
 #   PORT     the nodes' HTTP port (7001)
+#   SCHEME   http or https (http); for https, CURL_OPTS="--cacert /etc/raftq/ca.pem" when the
+#            nodes' certificates are from your own CA
+#   CURL_OPTS more curl options (a client certificate: --cert FILE --key FILE; a key for a
+#            cluster with API keys is not needed: /readyz is open and /v1/cluster is read with
+#            RAFTQ_API_KEY when set)
 #   RESTART  command that restarts the node on host $1 and returns once it has been started
 #            again (default: ssh "$1" sudo systemctl restart raftq)
 #   TIMEOUT  seconds to wait for a restarted node to be ready (300)
@@ -16,6 +21,8 @@
 set -eu
 
 PORT=${PORT:-7001}
+SCHEME=${SCHEME:-http}
+CURL_OPTS=${CURL_OPTS:-}
 TIMEOUT=${TIMEOUT:-300}
 # shellcheck disable=SC2016  # $1 is expanded later, by sh -c, to the host
 RESTART=${RESTART:-'ssh "$1" sudo systemctl restart raftq'}
@@ -23,12 +30,15 @@ RESTART=${RESTART:-'ssh "$1" sudo systemctl restart raftq'}
 [ $# -ge 1 ] || { echo "usage: $0 HOST..." >&2; exit 2; }
 
 ready() {   # ready HOST: /readyz answers 200
-    [ "$(curl -s -o /dev/null -m 3 -w '%{http_code}' "http://$1:$PORT/readyz")" = 200 ]
+    # shellcheck disable=SC2086  # CURL_OPTS is a list of options
+    [ "$(curl -s $CURL_OPTS -o /dev/null -m 3 -w '%{http_code}' "$SCHEME://$1:$PORT/readyz")" = 200 ]
 }
 
 leader_host() {   # the host part of the leader's URL, as any node sees it
     for h in "$@"; do
-        url=$(curl -s -m 3 "http://$h:$PORT/v1/cluster" | python3 -c \
+        # shellcheck disable=SC2086
+        url=$(curl -s $CURL_OPTS ${RAFTQ_API_KEY:+-H "Authorization: Bearer $RAFTQ_API_KEY"} -m 3 \
+            "$SCHEME://$h:$PORT/v1/cluster?digest=false" | python3 -c \
             'import json, sys; d = json.load(sys.stdin); print((d.get("leader") or {}).get("url", ""))' \
             2>/dev/null) || continue
         [ -n "$url" ] && { echo "$url" | sed -e 's#^[a-z]*://##' -e 's#:[0-9]*/*$##' -e 's#^\[\(.*\)\]$#\1#'; return 0; }

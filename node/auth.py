@@ -1,10 +1,13 @@
 """API keys and roles (API.md "Authentication").
 
-With `[auth] api_keys` configured, every `/v1/` request needs `Authorization: Bearer <key>`, and
-the key's role must reach the operation's: viewer < worker < operator < admin. Without keys the
-API is open (a node on loopback or behind a private network). Every node checks on its own, before
-any redirect: all nodes of a cluster share one config, and a follower must not tell an unknown
-caller where the leader is.
+The keys in force are replicated state (node/core/config.py: names, roles and SHA-256 digests,
+never the keys), seeded from `[auth] api_keys` of the first leader's TOML and changed with
+`POST/DELETE /v1/keys`. Auth is on exactly when the key set in force is not empty: every `/v1/`
+request then needs `Authorization: Bearer <key>`, and the key's role must reach the
+operation's: viewer < worker < operator < admin. Without keys the API is open (a node on
+loopback or behind a private network). Every node checks on its own, before any redirect, per
+request and per session frame, against the set in force as it has applied it (`load`, called
+when the configuration version changes): a removed key is refused everywhere from its entry on.
 """
 from __future__ import annotations
 
@@ -22,9 +25,26 @@ def _digest(key: str) -> bytes:
 
 
 class Auth:
-    def __init__(self, api_keys):
+    def __init__(self, api_keys=None):
+        """`api_keys`: the TOML's [auth] keys ({name, key, role}), in force until the cluster's
+        configuration version 1 is applied (the bootstrap; release 0.1.0 checked these)."""
         self.enabled = bool(api_keys)
         self.keys = {_digest(k["key"]): (k["name"], ROLES.index(k["role"])) for k in api_keys or ()}
+
+    def load(self, records) -> None:
+        """The key set in force: (name, key_sha256 hex, role) records. The dict is swapped whole
+        (readers on the event loop see the old or the new one); auth goes on after its keys are
+        there and off before they go."""
+        keys = {bytes.fromhex(digest): (name, ROLES.index(role)) for name, digest, role in records}
+        if keys:
+            self.keys = keys
+            self.enabled = True
+        else:
+            self.enabled = False
+            self.keys = keys
+
+    def lookup(self, key_digest: bytes):
+        return self.keys.get(key_digest)
 
     def who(self, header: str | None) -> tuple[tuple[str, int] | None, tuple[int, dict] | None]:
         """((key name, role level), None) for a known key, else (None, the 401 error)."""
@@ -39,6 +59,17 @@ class Auth:
         if found is None:
             return None, error("unauthenticated", "unknown API key")
         return found, None
+
+    def frame_check(self, header: str | None, need: int):
+        """A session frame: ((name, level) or None without auth, None) or (None, the 401/403),
+        against the set in force now (the key was checked at the upgrade, maybe under another)."""
+        if not self.enabled:
+            return None, None
+        found, refused = self.who(header)
+        if refused is not None:
+            return None, refused
+        denied = self.permits(found, need)
+        return (None, denied) if denied is not None else (found, None)
 
     def check(self, header: str | None, need: int) -> tuple[int, dict] | None:
         """None when the caller may do an operation that needs role level `need`, else the

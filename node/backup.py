@@ -2,21 +2,26 @@
 format `raftq restore` reads back.
 
 A backup is taken on the Raft tick thread between two ticks, where the state is exactly that of
-the last applied entry (`Replica.fork_backup`): the node forks, and the child, holding a
-copy-on-write image of that instant, writes the state as builtins while the parent goes on
-serving. Nothing is copied in the node itself and no lock is held while the file is written, so
-a backup of a million jobs costs the node a fork (page tables), not seconds of stalled applies.
+the last applied entry (`Replica.fork_at_tick`): the node forks, and the child, holding a
+copy-on-write image of that instant, writes the state as builtins into a pipe while the parent
+goes on serving and streams what comes out of the pipe to the client. Nothing is copied in the
+node itself, no lock is held while the state is written and no file is written on the node, so
+a backup of a million jobs costs the node a fork (page tables), not seconds of stalled applies
+or a second copy of the state on its disk.
 
 The file (`raftq backup --out FILE`):
 
     RAFTQ-BACKUP 1\\n
-    {header: format, version, index, term, digest, node, taken_at_ms, raftq, body_bytes, body_sha256}\\n
+    {header: format, version, index, term, node, taken_at_ms, raftq}\\n
     body: gzip (level 1) of the builtins-only pickle of {"machine": QueueMachine.to_builtins()}
+    trailer, the last TRAILER_BYTES bytes: "RAFTQ-END " {body_bytes, body_sha256, digest},
+                                           padded with spaces, "\\n"
 
 `index` and `term` are the source node's last applied entry's index and the term it was in;
 `digest` is the state digest at that index (the one `GET /v1/cluster` shows), so a restored
-cluster proves it holds exactly the backup. The checksum covers the body; the header is JSON so
-that a person (and `raftq restore --check`) can read it without unpacking anything.
+cluster proves it holds exactly the backup. The trailer comes last because the child knows the
+checksum and the digest only once it has written the body, and the body is streamed as it is
+made; a file without a good trailer is one whose stream was cut.
 """
 from __future__ import annotations
 
@@ -31,6 +36,8 @@ MAGIC = b"RAFTQ-BACKUP 1\n"
 FORMAT = "raftq-backup"
 VERSION = 1
 MAX_HEADER_BYTES = 64 * 1024
+TRAILER_MARK = b"RAFTQ-END "
+TRAILER_BYTES = 256
 COMPRESSION_LEVEL = 1       # as raft.dump: level 9 costs ~1.7x the CPU for ~1 % less
 
 
@@ -51,31 +58,42 @@ class _BuiltinsUnpickler(pickle.Unpickler):
 
 
 class _HashingWriter(io.RawIOBase):
-    """A file that hashes and counts what is written through it."""
+    """A file descriptor that hashes and counts what is written through it."""
 
-    def __init__(self, f):
-        self.f, self.sha, self.size = f, hashlib.sha256(), 0
+    def __init__(self, fd: int):
+        self.fd, self.sha, self.size = fd, hashlib.sha256(), 0
 
     def writable(self):
         return True
 
     def write(self, b):
+        b = bytes(b)
         self.sha.update(b)
         self.size += len(b)
-        return self.f.write(b)
+        view = memoryview(b)
+        while view:
+            view = view[os.write(self.fd, view):]
+        return len(b)
 
 
 # ---------------------------------------------------------------------------- writing (child)
-def write_body(machine, path: str) -> dict:
-    """Write the state's body to `path` (synced) and return the header fields it fixes. Runs in
-    the forked child: no logging (another thread may have held its lock at the fork)."""
-    with open(path, "wb") as f:
-        out = _HashingWriter(f)
+def child_write(machine, fd: int) -> int:
+    """In the forked child: the body and the trailer into `fd`; the exit code. No logging (another
+    thread may have held its lock at the fork)."""
+    try:
+        out = _HashingWriter(fd)
         with gzip.GzipFile(fileobj=out, mode="wb", compresslevel=COMPRESSION_LEVEL, mtime=0) as g:
             _BuiltinsPickler(g, 5).dump({"machine": machine.to_builtins()})
-        f.flush()
-        os.fsync(f.fileno())
-    return {"digest": machine.digest(), "body_bytes": out.size, "body_sha256": out.sha.hexdigest()}
+        trailer = TRAILER_MARK + json.dumps({"body_bytes": out.size, "body_sha256": out.sha.hexdigest(),
+                                             "digest": machine.digest()}, sort_keys=True).encode()
+        os.write(fd, trailer.ljust(TRAILER_BYTES - 1) + b"\n")
+        return 0
+    except BaseException as e:         # noqa: BLE001 - the child must exit, whatever happened
+        try:
+            os.write(2, f"raftq backup child: {e!r}\n".encode())
+        except OSError:
+            pass
+        return 1
 
 
 def header_line(fields: dict) -> bytes:
@@ -99,42 +117,70 @@ def read_header(f) -> dict:
         raise BackupError("the header does not name the raftq-backup format")
     if header.get("version") != VERSION:
         raise BackupError(f"backup format version {header.get('version')!r}; this raftq reads version {VERSION}")
-    for key, kind in (("index", int), ("term", int), ("digest", str), ("body_bytes", int), ("body_sha256", str)):
+    for key, kind in (("index", int), ("term", int), ("node", str)):
         if type(header.get(key)) is not kind:
             raise BackupError(f"the header has no valid {key!r}")
     return header
 
 
+def _trailer(path, body_start: int) -> dict:
+    size = os.path.getsize(path)
+    if size < body_start + TRAILER_BYTES:
+        raise BackupError("the file is cut short (no trailer): the stream ended before the node finished it")
+    with open(path, "rb") as f:
+        f.seek(size - TRAILER_BYTES)
+        raw = f.read(TRAILER_BYTES)
+    if not raw.startswith(TRAILER_MARK) or not raw.endswith(b"\n"):
+        raise BackupError("the file is cut short (no trailer): the stream ended before the node finished it")
+    try:
+        trailer = json.loads(raw[len(TRAILER_MARK):])
+    except ValueError as e:
+        raise BackupError(f"the trailer is not JSON: {e}") from None
+    for key, kind in (("body_bytes", int), ("body_sha256", str), ("digest", str)):
+        if type(trailer.get(key)) is not kind:
+            raise BackupError(f"the trailer has no valid {key!r}")
+    return trailer
+
+
 def verify(path) -> dict:
-    """Check a backup file end to end (header, length, checksum); its header."""
+    """Check a backup file end to end (header, trailer, length, checksum); header and trailer
+    fields in one dict."""
     with open(path, "rb") as f:
         header = read_header(f)
-        sha, size = hashlib.sha256(), 0
-        while chunk := f.read(1 << 20):
+        start = f.tell()
+    trailer = _trailer(path, start)
+    length = os.path.getsize(path) - TRAILER_BYTES - start
+    if length != trailer["body_bytes"]:
+        raise BackupError(f"the body is {length} bytes, the trailer says {trailer['body_bytes']}")
+    sha = hashlib.sha256()
+    with open(path, "rb") as f:
+        f.seek(start)
+        left = length
+        while left:
+            chunk = f.read(min(1 << 20, left))
+            if not chunk:
+                raise BackupError("the file is cut short")
             sha.update(chunk)
-            size += len(chunk)
-    if size != header["body_bytes"]:
-        raise BackupError(f"the body is {size} bytes, the header says {header['body_bytes']}: the file is cut short"
-                          if size < header["body_bytes"] else
-                          f"the body is {size} bytes, the header says {header['body_bytes']}")
-    if sha.hexdigest() != header["body_sha256"]:
+            left -= len(chunk)
+    if sha.hexdigest() != trailer["body_sha256"]:
         raise BackupError("the body fails its checksum (sha256): the file is damaged")
-    return header
+    return {**header, **trailer}
 
 
 def load(path) -> tuple[dict, dict]:
-    """(header, machine builtins) of a verified backup file."""
-    header = verify(path)
+    """(header and trailer fields, machine builtins) of a verified backup file."""
+    fields = verify(path)
     with open(path, "rb") as f:
         read_header(f)
-        try:
-            with gzip.GzipFile(fileobj=f, mode="rb") as g:
-                doc = _BuiltinsUnpickler(g).load()
-        except (OSError, EOFError, pickle.UnpicklingError, ValueError) as e:
-            raise BackupError(f"the body cannot be read: {e}") from None
+        body = io.BytesIO(f.read(fields["body_bytes"]))
+    try:
+        with gzip.GzipFile(fileobj=body, mode="rb") as g:
+            doc = _BuiltinsUnpickler(g).load()
+    except (OSError, EOFError, pickle.UnpicklingError, ValueError) as e:
+        raise BackupError(f"the body cannot be read: {e}") from None
     if not isinstance(doc, dict) or not isinstance(doc.get("machine"), dict):
         raise BackupError("the body holds no machine state")
-    return header, doc["machine"]
+    return fields, doc["machine"]
 
 
 # ---------------------------------------------------------------------------- taking (node)
@@ -144,75 +190,45 @@ class Busy(Exception):
 
 class Backups:
     """The node's side of `GET /v1/backup`: one backup at a time (each is a forked child with a
-    copy-on-write image of the whole state, and a file of the state's size in the data dir);
-    files are removed once sent, and at start-up if a node died while sending one."""
+    copy-on-write image of the whole state, which the node's memory pays for as the parent's
+    pages change while it runs)."""
 
-    def __init__(self, replica, data_dir, node_id: str):
-        self.replica = replica
-        self.dir = os.path.join(str(data_dir), "backups")
-        self.node_id = node_id
+    def __init__(self, service):
+        self.service = service              # its replica and node id are read when a backup starts
         self.running = False
-        self.taken = 0                  # /metrics
+        self.taken = 0
         self.failed = 0
-        if os.path.isdir(self.dir):
-            for name in os.listdir(self.dir):
-                try:
-                    os.unlink(os.path.join(self.dir, name))
-                except OSError:
-                    pass
 
-    async def take(self, loop, wall_ms: int) -> tuple[bytes, str]:
-        """(MAGIC + header line, body file path); the caller streams them and calls done(path)."""
+    async def stream(self, loop, wall_ms: int, start):
+        """Fork the child, call `await start(header_bytes, index, term)` once the state's index
+        is known, then yield the child's output in chunks; raises Busy or OSError before start."""
         if self.running:
             raise Busy()
         self.running = True
+        rfd, wfd = os.pipe()
+        pid = None
         try:
-            os.makedirs(self.dir, exist_ok=True)
-            path = os.path.join(self.dir, f"backup-{os.getpid()}-{self.taken + self.failed}.body")
+            def work(machine) -> int:
+                os.close(rfd)
+                return child_write(machine, wfd)
             import asyncio
-            pid, index, term = await asyncio.wrap_future(self.replica.fork_backup(path))
-            _, status = await loop.run_in_executor(None, os.waitpid, pid, 0)
-            code = os.waitstatus_to_exitcode(status)
-            if code != 0:
-                raise OSError(f"the backup child exited with {code} (see the node's stderr)")
-            with open(path + ".json", "rb") as f:
-                fields = json.load(f)
-            os.unlink(path + ".json")
+            pid, index, term = await asyncio.wrap_future(self.service.replica.fork_at_tick(work))
+            os.close(wfd)
+            wfd = None
             from .. import __version__
-            header = MAGIC + header_line({**fields, "index": index, "term": term, "node": self.node_id,
-                                          "taken_at_ms": wall_ms, "raftq": __version__})
+            await start(MAGIC + header_line({"index": index, "term": term, "node": self.service.settings.node_id,
+                                             "taken_at_ms": wall_ms, "raftq": __version__}), index, term)
+            while chunk := await loop.run_in_executor(None, os.read, rfd, 1 << 20):
+                yield chunk
             self.taken += 1
-            return header, path
         except BaseException:
             self.failed += 1
-            self.running = False
-            self._remove(path if "path" in locals() else None)
             raise
-
-    def done(self, path: str):
-        self.running = False
-        self._remove(path)
-
-    @staticmethod
-    def _remove(path):
-        for p in (path, path and path + ".json"):
-            if p:
-                try:
-                    os.unlink(p)
-                except OSError:
-                    pass
-
-
-def child_write(machine, path: str) -> int:
-    """In the forked child: write the body and its fields; the exit code."""
-    try:
-        fields = write_body(machine, path)
-        with open(path + ".json", "w") as f:
-            json.dump(fields, f)
-        return 0
-    except BaseException as e:         # noqa: BLE001 - the child must exit, whatever happened
-        try:
-            os.write(2, f"raftq backup child: {e!r}\n".encode())
-        except OSError:
-            pass
-        return 1
+        finally:
+            os.close(rfd)
+            if wfd is not None:
+                os.close(wfd)
+            if pid is not None:
+                # A child still writing (the client went away) stops at its next write (EPIPE).
+                await loop.run_in_executor(None, os.waitpid, pid, 0)
+            self.running = False

@@ -56,17 +56,21 @@ NODE = {
                          "certificate it did not sign fails the handshake, a client without one gets `401 "
                          "client_certificate_required` and is disconnected before any request reaches the API. "
                          "Reloaded on SIGHUP.", default="unset", rule="needs `tls_cert`"),
-    "tls_peer_ca": Key("string", "PEM file of the CA(s) this node trusts when it calls the other nodes' https URLs "
-                       "(its own HTTP calls, such as the limits check at start); it presents its own certificate "
-                       "there.", default="`tls_client_ca`, else the system's CAs", rule="needs `tls_cert`"),
+    "tls_peer_ca": Key("string", "PEM file of the CA(s) of the other nodes' certificates, trusted when this "
+                       "node calls its peers' https URLs (`GET /v1/cluster/nodes`, which the admin page uses to show "
+                       "every member); this node's certificate is presented to them as a client certificate. The file "
+                       "is checked at start.",
+                       default="`tls_client_ca`, else the system's CAs", rule="needs `tls_cert`"),
 }
 CLUSTER = {
     "peers": Key("array of tables", "Every member, this node included: `{ id, raft, url }` each (below). An odd "
                  "number (3 or 5), so that a majority survives a split; ids and Raft addresses unique.",
                  required=True),
     "secret": Key("string", "The Raft transport password (AES-GCM, authenticated). The Raft port speaks pickle: a "
-                  "node refuses to start without a secret when any peer's Raft address is not loopback.",
-                  default="none"),
+                  "node refuses to start without a secret when any peer's Raft address is not loopback, and "
+                  "with a weak one anywhere: fewer than 16 characters or 8 distinct ones, a repeated pattern, "
+                  "under 40 bits of entropy, or a placeholder of the docs (`change-me`, `CHANGE-ME-...`). Use "
+                  "`openssl rand -hex 32`, the same on every node.", default="none"),
     "durability": Key("string", "`fsync`: a change is acknowledged once it is synced to disk on a majority "
                       "(survives a power loss of every node). `memory`: once it is in the page cache of a "
                       "majority (survives process crashes and the loss of a minority of machines).",
@@ -127,6 +131,15 @@ LIMITS = {
                              rule="at least every queue's `max_payload_bytes`"),
     "request_id_window_ms": Key("integer", "How long the answer to a `Request-Id` is remembered (and replayed to a "
                                 "repeat of that id).", minimum=1),
+    "max_trace_context_bytes": Key("integer", "Longest `trace_context` of a job: `traceparent` and `tracestate` "
+                                   "together, in UTF-8 bytes; longer is refused with `invalid_request` naming "
+                                   "`trace_context`.", minimum=1),
+    "max_encoding_bytes": Key("integer", "Longest `payload.encoding`, in UTF-8 bytes; longer is refused with "
+                              "`invalid_request` naming `payload.encoding`.", minimum=1),
+    "max_reason_bytes": Key("integer", "Longest nack `reason` (it becomes the job's `last_reason`), in UTF-8 bytes; "
+                            "longer is 400 `invalid_argument` naming `reason`.", minimum=1),
+    "max_worker_id_bytes": Key("integer", "Longest reserve `worker_id`, in UTF-8 bytes; longer is 400 "
+                               "`invalid_argument` naming `worker_id`.", minimum=1),
 }
 STORAGE = {
     "dead_letter_retention_ms": Key("integer", "How long dead letters are kept. 0: there is no dead-letter store; "
@@ -138,13 +151,17 @@ STORAGE = {
                              "this often while anything is pending.", minimum=1),
     "sweep_limit": Key("integer", "Most entries each phase of one sweep handles; the rest waits for the next "
                        "sweep, which then follows at once.", minimum=1),
+    "audit_retention_ms": Key("integer", "How long the audit trail (`GET /v1/audit`, `raftq audit`) keeps an "
+                              "operator action; the sweep drops older entries.", minimum=1),
+    "audit_max_entries": Key("integer", "Most entries the audit trail keeps; beyond that the oldest go first.",
+                             minimum=1),
     "min_free_bytes": Key("integer", "The data disk's free-space reserve. While the filesystem of `data_dir` has "
                           "less free space than this (checked every half second), the node refuses writes with "
                           "503 `unavailable` and `Retry-After`, a leader hands leadership to a node that has "
                           "space, and the node does not stand for election; writes resume by themselves once "
                           "space is back. It keeps a filling disk an outage of writes, never a failed write "
-                          "(which makes the node exit, code 74). 0: no reserve. This node's own (it is not "
-                          "compared between nodes: their disks may differ).", minimum=0),
+                          "(which makes the node exit, code 74). 0: no reserve. This node's own, read from its TOML "
+                          "(not the configuration in force: their disks may differ).", minimum=0),
 }
 QUEUE_ONLY = {
     "name": Key("string", "The queue's name: non-empty, not `.` or `..`, no `/`, no control characters.",
@@ -182,9 +199,43 @@ TUNING = {
     "dns_cache_time_s": Key("number", "How long a peer's resolved address is cached; a peer that comes back on a "
                             "new IP is found after at most this long.", positive=True),
     "dns_fail_cache_time_s": Key("number", "How long a failed lookup of a peer's address is cached.", positive=True),
+    "digest_inline_max_entries": Key("integer", "`GET /v1/cluster` hashes a state of at most this many entries "
+                                     "(jobs, request ids, dead letters) on the event loop; a larger one in a child "
+                                     "forked between two Raft ticks, so the node keeps serving (at 100k jobs the "
+                                     "digest costs ≈ 0.4 s of CPU). 0: always in a child.", minimum=0),
     "event_loop": Key("string", "The node's event loop. `uvloop` (a dependency on Linux and macOS) answers each "
                       "request with ≈ 10 µs less CPU; a node without it runs on asyncio's loop and logs so. "
                       "`GET /v1/cluster` shows the loop in use.", choices=S.EVENT_LOOPS),
+    "max_connections": Key("integer", "Most HTTP connections (session WebSockets included) open on the node. A new "
+                           "one beyond it closes the idle connection quiet the longest (keep-alive, or a request head still "
+                           "arriving); when none is idle it is answered 503 `unavailable` and closed.",
+                           positive=True),
+    "http_header_timeout_s": Key("number", "A request head must be complete this long after its first byte (after "
+                                 "the connection opened, for the first request); else the connection is closed.",
+                                 positive=True),
+    "http_idle_timeout_s": Key("number", "An idle keep-alive connection is closed after this long.", positive=True),
+    "http_body_timeout_s": Key("number", "A request body must have arrived this long after its head; else 408 "
+                               "`request_timeout` and the connection is closed.", positive=True),
+    "max_parked_reserves": Key("integer", "Most long-poll reserves waiting on the node; one more that would wait is "
+                               "answered 429 `overloaded`.", positive=True),
+    "max_session_parked_reserves": Key("integer", "Most long-poll reserves one session may have waiting; one more "
+                                       "is answered 429 `overloaded`.", positive=True),
+    "max_session_inflight": Key("integer", "Most frames a session has taken and not answered; at the bound the node "
+                                "stops reading the session's socket until answers go out.", positive=True),
+    "max_session_queued_bytes": Key("integer", "Most answer bytes a session may have waiting to be sent; at the bound "
+                                    "the node stops reading its socket until the client reads.", positive=True),
+    "max_queued_answer_bytes": Key("integer", "Most answer bytes all sessions together may have waiting; beyond it "
+                                   "every session with answers waiting stops being read (the others go on).",
+                                   positive=True),
+    "session_stall_timeout_s": Key("number", "A session held back with answers waiting that sends none for this long "
+                                   "(its client does not read) is closed with code 4008.", positive=True),
+    "raft_handshake_timeout_s": Key("number", "A Raft-port connection (incoming or outgoing) must finish its "
+                                    "handshake (key exchange and address) this long after it started; else it is "
+                                    "closed (and an outgoing one dialled again).", positive=True),
+    "raft_max_pending_handshakes": Key("integer", "Most incoming Raft-port connections in their handshake at once; "
+                                       "a new one beyond it closes the oldest. Before its handshake a connection's "
+                                       "frames are at most 4096 bytes (a longer length prefix closes it before "
+                                       "anything of the frame is buffered).", positive=True),
 }
 TESTING = {
     "clock_offset_ms": Key("integer", "Shifts this node's idea of now (never the system clock): the chaos "
@@ -195,6 +246,9 @@ TESTING = {
                        "power-loss fault)."),
     "sync_shadow_writeback_s": Key("number", "With `sync_shadow` in memory mode: the simulated page writeback "
                                    "period."),
+    "sweeps": Key("boolean", "`false`: the leader proposes no sweeps (leases, schedules and windows stop "
+                  "expiring), so the state changes only by requests: the hostile-input tests compare state "
+                  "digests around each refused request.", default="true"),
     "fsync_eio": Key("boolean", "Fail the next journal sync with EIO when the file `fail-next-fsync` appears in "
                      "the data dir (the chaos tool's fsync-eio fault)."),
     "clock_strobe": Key("boolean", "While the file `clock-strobe` in the data dir says `AMPLITUDE_MS PERIOD_MS`, this "
@@ -214,15 +268,21 @@ SECTIONS = [
     ("[auth] api_keys = [ { … } ]", API_KEY, None, "Optional. Without `[auth]` the API is open (fine on loopback "
      "or a private network behind a firewall). With keys, every `/v1/` request needs `Authorization: Bearer "
      "<key>`; `/healthz`, `/readyz` and `/` (the admin page, which asks for a key) need none. `[auth]` has one "
-     "key, `api_keys`, an array of these tables."),
+     "key, `api_keys`, an array of these tables. Like `[limits]`, the keys seed the configuration in force "
+     "(version 1, where each is kept as its SHA-256 digest, never the key); afterwards keys are added and "
+     "removed online (`raftq keys add NAME ROLE`, `raftq keys remove NAME`) and this section changes nothing."),
     ("[limits]", LIMITS, {**L.QUEUE_KEYS, **L.GLOBAL_KEYS}, "Limits of requests and jobs. ★ marks the keys a "
-     "`[[queues]]` entry may override for its queue. Identical on every node: a node whose limits differ from "
-     "a majority's refuses to serve (exit code 2)."),
-    ("[storage]", STORAGE, L.STORAGE_KEYS, "Retention, dedup window, the sweep and the disk's free-space reserve. "
-     "Identical on every node, except `min_free_bytes`."),
+     "`[[queues]]` entry may override for its queue. `[limits]`, `[storage]` and `[[queues]]` seed the "
+     "configuration in force, version 1, when a new cluster's first leader is elected; from then on the "
+     "configuration in force is replicated state, changed online with `raftq config apply FILE` (`PUT "
+     "/v1/config`), and editing these sections in a node's file changes nothing: the node follows the "
+     "configuration in force and reports the difference (`toml_differs`, see docs/cluster.md)."),
+    ("[storage]", STORAGE, L.STORAGE_KEYS, "Retention, dedup window, the sweep, the audit trail and the disk's free-space "
+     "reserve. Part of the configuration in force, like `[limits]`, except `min_free_bytes`, which each node "
+     "reads from its own file."),
     ("[[queues]]", QUEUE_ONLY, None, "Optional, one table per declared queue: `name`, any ★ key of `[limits]` "
      "(its value for this queue), and the keys below. Undeclared queues use `[limits]` as they are (unless "
-     "`strict_queues` is on). Identical on every node."),
+     "`strict_queues` is on). Part of the configuration in force, like `[limits]`."),
     ("[tuning]", TUNING, S.TUNING_DEFAULTS, "Timers and bounds of the node process; the defaults were measured "
      "on a 2-core machine and rarely need changing. Every value must be a positive number (the exceptions are "
      "noted)."),
@@ -353,6 +413,9 @@ def render() -> str:
             "* A `[[queues]]` name must be unique and no longer than `max_queue_name_bytes`.",
             "* `cluster.peers` must list this node (`node.id`) with this node's `node.raft`.",
             "* API key names and keys must be unique.",
+            "* `cluster.secret`, when set, must not be weak: at least 16 characters and 8 distinct ones, no "
+            "repeated pattern, at least 40 bits of entropy by its characters' frequencies, and not a placeholder "
+            "of the docs.",
             ""]
     return "\n".join(out)
 
@@ -371,7 +434,8 @@ peers = [
   { id = "n2", raft = "127.0.0.1:7102", url = "http://127.0.0.1:7002" },
   { id = "n3", raft = "127.0.0.1:7103", url = "http://127.0.0.1:7003" },
 ]
-secret = "change-me"
+# The Raft secret, the same on every node: `openssl rand -hex 32` (a weak or placeholder one is refused).
+# secret = "..."
 durability = "fsync"
 
 [auth]

@@ -1,12 +1,15 @@
 """The HTTP/JSON API of API.md over aiohttp: thin adapters around `NodeService`."""
 from __future__ import annotations
 
+import asyncio
 import logging
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import orjson
-from aiohttp import web
+from aiohttp import HttpVersion11, web
 
+from . import bounds
 from .auth import ADMIN, OPERATOR, VIEWER, WORKER, Auth
 from .backup import Backups, Busy
 from .errors import error
@@ -14,6 +17,7 @@ from .metrics import CONTENT_TYPE, render as render_metrics
 from .proposer import wall_ms
 from .service import NodeService
 from .session import Sessions
+from .settings import TUNING_DEFAULTS
 
 log = logging.getLogger("raftq.http")
 JSON = "application/json"
@@ -37,14 +41,34 @@ def request_id(request: web.Request):
     return rid
 
 
+def _too_large(request: web.Request) -> web.Response:
+    bounds.hit("max_request_bytes")
+    limit = request.app["service"].limits.max_request_bytes
+    return respond(*error("request_too_large", f"the request body is larger than max_request_bytes ({limit})",
+                          limit=limit))
+
+
 async def read_json(request: web.Request, optional: bool = False):
-    """The body as JSON; (None, response) on failure."""
+    """The body as JSON; (None, response) on failure. A body must be declared JSON (415
+    otherwise: a web page's form or text/plain POST is not a request of this API) and arrive
+    within tuning.http_body_timeout_s (408, and the connection is closed)."""
+    if request.body_exists and request.content_type != JSON:
+        return None, respond(*error("unsupported_media_type", "a request body must be JSON sent with "
+                                    f"'Content-Type: application/json', got {request.content_type!r}"[:300]))
     try:
-        raw = await request.read()
+        if request.content.is_eof():            # all here already: the usual small request
+            raw = await request.read()
+        else:
+            async with asyncio.timeout(request.app["body_timeout_s"]):
+                raw = await request.read()
     except web.HTTPRequestEntityTooLarge:
-        limit = request.app["service"].limits.max_request_bytes
-        return None, respond(*error("request_too_large", f"the request body is larger than max_request_bytes ({limit})",
-                                    limit=limit))
+        return None, _too_large(request)
+    except TimeoutError:
+        bounds.hit("http_body_timeout_s")
+        resp = respond(*error("request_timeout", "the request body did not arrive within "
+                              f"tuning.http_body_timeout_s ({request.app['body_timeout_s']} s)"))
+        resp.force_close()
+        return None, resp
     if not raw:
         if optional:
             return {}, None
@@ -59,25 +83,45 @@ def build_app(service: NodeService) -> web.Application:
     # No middleware: aiohttp wraps every request in each one (two extra coroutine layers on
     # the hot path). Each handler catches its own errors (inline or `_guarded`), and a catch-all route
     # answers unknown paths and methods in the API's JSON error shape.
+    # The body bound follows the configuration in force (max_request_bytes): aiohttp reads it
+    # from the application for each request it makes.
     app = web.Application(client_max_size=service.limits.max_request_bytes)
     app["service"] = service
-    # (path, the role it needs, handler)
+    tuning = getattr(service.settings, "tuning", None) or TUNING_DEFAULTS
+    app["body_timeout_s"] = float(tuning["http_body_timeout_s"])
+
+    def follow_limits(limits):
+        app._client_max_size = limits.max_request_bytes
+    service.config_hooks.append(follow_limits)
+    # (path, the role it needs, handler(service, request, body, request id, caller's key name))
+    q = lambda req: req.match_info["name"]          # noqa: E731
     leader_post = [
-        ("/v1/jobs", WORKER, lambda s, req, b, rid: s.enqueue(b, rid)),
-        ("/v1/jobs/batch", WORKER, lambda s, req, b, rid: s.enqueue_batch(b, rid)),
-        ("/v1/jobs/atomic", WORKER, lambda s, req, b, rid: s.enqueue_atomic(b, rid)),
-        ("/v1/reserve", WORKER, lambda s, req, b, rid: s.reserve(b, rid, alive=_alive(req))),
-        ("/v1/acks", WORKER, lambda s, req, b, rid: s.ack_batch(b, rid)),
-        ("/v1/jobs/{id}/ack", WORKER, lambda s, req, b, rid: s.ack(req.match_info["id"], b, rid)),
-        ("/v1/jobs/{id}/nack", WORKER, lambda s, req, b, rid: s.nack(req.match_info["id"], b, rid)),
-        ("/v1/jobs/{id}/extend", WORKER, lambda s, req, b, rid: s.extend(req.match_info["id"], b, rid)),
-        ("/v1/dead-letters/requeue", OPERATOR, lambda s, req, b, rid: s.requeue(b, rid)),
-        ("/v1/dead-letters/delete", OPERATOR, lambda s, req, b, rid: s.delete_dead_letters(b, rid)),
+        ("/v1/jobs", WORKER, lambda s, req, b, rid, who: s.enqueue(b, rid, who)),
+        ("/v1/jobs/batch", WORKER, lambda s, req, b, rid, who: s.enqueue_batch(b, rid, who)),
+        ("/v1/jobs/atomic", WORKER, lambda s, req, b, rid, who: s.enqueue_atomic(b, rid, who)),
+        ("/v1/reserve", WORKER, lambda s, req, b, rid, who: s.reserve(b, rid, alive=_alive(req), who=who)),
+        ("/v1/acks", WORKER, lambda s, req, b, rid, who: s.ack_batch(b, rid, who)),
+        ("/v1/jobs/{id}/ack", WORKER, lambda s, req, b, rid, who: s.ack(req.match_info["id"], b, rid, who)),
+        ("/v1/jobs/{id}/nack", WORKER, lambda s, req, b, rid, who: s.nack(req.match_info["id"], b, rid, who)),
+        ("/v1/jobs/{id}/extend", WORKER, lambda s, req, b, rid, who: s.extend(req.match_info["id"], b, rid, who)),
+        ("/v1/dead-letters/requeue", OPERATOR, lambda s, req, b, rid, who: s.requeue(b, rid, who)),
+        ("/v1/dead-letters/delete", OPERATOR, lambda s, req, b, rid, who: s.delete_dead_letters(b, rid, who)),
+        ("/v1/queues/{name}/dead-letter", OPERATOR,
+         lambda s, req, b, rid, who: s.move_to_dead_letters(q(req), b, rid, who)),
+        ("/v1/keys", ADMIN, lambda s, req, b, rid, who: s.add_key(b, rid, who)),
     ]
     optional_body = [
-        ("/v1/dead-letters/drain", OPERATOR, lambda s, req, b, rid: s.drain(b, rid)),
-        ("/v1/queues/{name}/pause", OPERATOR, lambda s, req, b, rid: s.pause(req.match_info["name"], True, rid)),
-        ("/v1/queues/{name}/resume", OPERATOR, lambda s, req, b, rid: s.pause(req.match_info["name"], False, rid)),
+        ("POST", "/v1/dead-letters/drain", OPERATOR, lambda s, req, b, rid, who: s.drain(b, rid, who)),
+        ("POST", "/v1/queues/{name}/pause", OPERATOR, lambda s, req, b, rid, who: s.pause(q(req), True, rid, b, who)),
+        ("POST", "/v1/queues/{name}/resume", OPERATOR,
+         lambda s, req, b, rid, who: s.pause(q(req), False, rid, b, who)),
+        ("POST", "/v1/queues/{name}/purge", OPERATOR, lambda s, req, b, rid, who: s.purge(q(req), b, rid, who)),
+        ("DELETE", "/v1/jobs/{id}", OPERATOR, lambda s, req, b, rid, who: s.cancel(req.match_info["id"], rid, who)),
+        ("DELETE", "/v1/queues/{name}", ADMIN, lambda s, req, b, rid, who: s.delete_queue(q(req), rid, who)),
+        ("DELETE", "/v1/keys/{name}", ADMIN, lambda s, req, b, rid, who: s.remove_key(q(req), rid, who)),
+    ]
+    leader_put = [
+        ("/v1/config", ADMIN, lambda s, req, b, rid, who: s.put_config(b, rid, who)),
     ]
     leader_get = [
         ("/v1/queues", VIEWER, lambda s, req: s.queues()),
@@ -85,93 +129,125 @@ def build_app(service: NodeService) -> web.Application:
         ("/v1/queues/{name}/jobs", VIEWER, lambda s, req: s.queue_jobs(req.match_info["name"], req.query)),
         ("/v1/jobs/{id}", VIEWER, lambda s, req: s.job(req.match_info["id"])),
         ("/v1/dead-letters", VIEWER, lambda s, req: s.dead_letters(req.query)),
+        ("/v1/config", VIEWER, lambda s, req: s.config()),
+        ("/v1/keys", ADMIN, lambda s, req: s.keys()),
+        ("/v1/audit", OPERATOR, lambda s, req: s.audit(req.query)),
     ]
-    auth = Auth(service.settings.api_keys)
+    auth = service.auth
     sessions = Sessions(service)
     app["sessions"] = sessions
     service.leadership_lost_hooks.append(sessions.close_all)
 
     async def session(request: web.Request) -> web.StreamResponse:
-        who = None
-        if auth.enabled:                # at the upgrade; then each frame against its op's role
-            who, refused = auth.who(request.headers.get("Authorization"))
+        header = request.headers.get("Authorization")
+        if auth.enabled:                # at the upgrade; then each frame against the set in force
+            _, refused = auth.who(header)
             if refused is not None:
                 return respond(*refused)
+        if not web.WebSocketResponse().can_prepare(request).ok:
+            return respond(*error("invalid_argument", "GET /v1/session is the session WebSocket: send a "
+                                  "WebSocket upgrade (Connection: Upgrade, Upgrade: websocket)"))
+        origin = request.headers.get("Origin")
+        if origin is not None and not _same_origin(origin, request.headers.get("Host")):
+            # A web page may open a WebSocket to any site (no CORS): only this node's own may.
+            return respond(*error("permission_denied", f"a session from another origin ({origin[:100]}) is refused"))
         redirect = _not_leader(service, request)
         if redirect is not None:
             return redirect
-        return await sessions.handle(request, who)
+        return await sessions.handle(request, header)
 
     async def metrics(request: web.Request) -> web.Response:
         _, view = service.cluster(False)
         _, queues = service.queues()
-        text = render_metrics(view, queues["queues"], service.proposer.inflight)
+        runner = app.get("runner")
+        gauges = {"connections": getattr(runner, "connections", None), "sessions": len(sessions.open),
+                  "parked_reserves": service.parked, "parked_reserve_queues": len(service.waiters)}
+        refusals = service.replica.raft_refusals
+        gauges["raft_pending_handshakes"] = refusals.get("pending", 0)
+        text = render_metrics(view, queues["queues"], service.proposer.inflight, gauges, bounds.all_hits(refusals),
+                              refusals)
         return web.Response(body=text.encode(), headers={"Content-Type": CONTENT_TYPE})
 
     async def cluster(request: web.Request) -> web.Response:
-        return respond(*service.cluster(request.query.get("digest", "true").lower() not in ("false", "0", "no")))
+        if request.query.get("digest", "true").lower() in ("false", "0", "no"):
+            return respond(*service.cluster(False))
+        return respond(*await service.cluster_with_digest())
 
-    made = {}
+    backups = Backups(service)
 
     async def backup_handler(request: web.Request) -> web.StreamResponse:
-        backups = made.get("backups")
-        if backups is None:     # made on first use: it clears the backups a previous process left
-            backups = made["backups"] = Backups(service.replica, service.settings.data_dir, service.settings.node_id)
         # Any node answers with its own applied state (a follower's is a committed prefix), so
         # `raftq backup` takes it from a follower and the leader is not loaded at all.
+        resp = web.StreamResponse(headers={"Content-Type": "application/octet-stream"})
+
+        async def start(header: bytes, index: int, term: int):
+            resp.headers["Content-Disposition"] = f'attachment; filename="raftq-{index}.backup"'
+            resp.headers["Raftq-Backup-Index"], resp.headers["Raftq-Backup-Term"] = str(index), str(term)
+            await resp.prepare(request)
+            await resp.write(header)
         try:
-            header, path = await backups.take(service.loop, wall_ms())
+            async for chunk in backups.stream(service.loop, wall_ms(), start):
+                await resp.write(chunk)
         except Busy:
             return respond(*error("overloaded", "a backup is already being taken on this node; retry when it is done"))
         except OSError as e:
+            if resp.prepared:       # the client went away, or the child failed: the stream is cut
+                log.warning("backup stream ended early: %s", e)
+                return resp
             log.error("backup failed: %s", e)
-            return respond(*error("unavailable", f"the backup could not be written on this node: {e}"))
-        try:
-            meta = orjson.loads(header[header.index(b"\n") + 1:])
-            resp = web.StreamResponse(headers={
-                "Content-Type": "application/octet-stream",
-                "Content-Length": str(len(header) + meta["body_bytes"]),
-                "Content-Disposition": f'attachment; filename="raftq-{meta["index"]}.backup"',
-                "Raftq-Backup-Index": str(meta["index"]), "Raftq-Backup-Term": str(meta["term"]),
-                "Raftq-Backup-Digest": meta["digest"], "Raftq-Backup-Sha256": meta["body_sha256"]})
-            await resp.prepare(request)
-            await resp.write(header)
-            with open(path, "rb") as f:
-                while chunk := await service.loop.run_in_executor(None, f.read, 1 << 20):
-                    await resp.write(chunk)
-            await resp.write_eof()
-            return resp
-        finally:
-            backups.done(path)
+            return respond(*error("unavailable", f"the backup could not be taken on this node: {e}"))
+        await resp.write_eof()
+        return resp
+
+    async def cluster_nodes(request: web.Request) -> web.Response:
+        return respond(*await service.cluster_nodes(request.headers.get("Authorization") if auth.enabled else None))
 
     routes = [("POST", path, _leader_write(fn, auth, role)) for path, role, fn in leader_post]
-    routes += [("POST", path, _leader_write(fn, auth, role, optional=True)) for path, role, fn in optional_body]
-    routes.append(("DELETE", "/v1/jobs/{id}",
-                   _leader_write(lambda s, req, b, rid: s.cancel(req.match_info["id"], rid), auth, OPERATOR,
-                                 optional=True)))
+    routes += [(method, path, _leader_write(fn, auth, role, optional=True))
+               for method, path, role, fn in optional_body]
+    routes += [("PUT", path, _leader_write(fn, auth, role)) for path, role, fn in leader_put]
     routes += [("GET", path, _leader_read(fn, auth, role)) for path, role, fn in leader_get]
     # The hot handlers above guard themselves inline (one coroutine layer less per request).
     routes += [("GET", path, _guarded(handler)) for path, handler in (
         ("/v1/session", session),
         ("/v1/server-info", _authorized(auth, VIEWER, _any(lambda s: s.server_info()))),
-        ("/v1/cluster", _authorized(auth, VIEWER, cluster)), ("/metrics", _authorized(auth, VIEWER, metrics)),
+        ("/v1/cluster", _authorized(auth, VIEWER, cluster)),
+        ("/v1/cluster/nodes", _authorized(auth, VIEWER, cluster_nodes)),
+        ("/metrics", _authorized(auth, VIEWER, metrics)),
         ("/v1/openapi.json", _authorized(auth, VIEWER, _openapi)),
         ("/v1/backup", _authorized(auth, ADMIN, backup_handler)),
-        ("/healthz", _healthz), ("/readyz", _readyz), ("/", _admin_page))]
+        ("/healthz", _healthz), ("/readyz", _readyz), ("/", _admin_page(service)))]
     r = app.router
     for method, path, handler in routes:
         if method == "GET":
-            r.add_get(path, handler)            # and HEAD, as aiohttp does by default
+            r.add_get(path, handler, expect_handler=_expect)    # and HEAD, as aiohttp does by default
         else:
-            r.add_route(method, path, handler)
-    r.add_route("*", "/{tail:.*}", _guarded(_fallback(list(r.resources()), auth)))
+            r.add_route(method, path, handler, expect_handler=_expect)
+    r.add_route("*", "/{tail:.*}", _guarded(_fallback(list(r.resources()), auth)), expect_handler=_expect)
     return app
 
 
+async def _expect(request: web.Request) -> None:
+    """`Expect: 100-continue` is answered as aiohttp does; any other expectation is ignored (RFC
+    9110 allows either). aiohttp's own handler answered it 417 in plain text, and 500 for a value
+    it could not write back into that text (a value with the byte 0x80)."""
+    if request.version == HttpVersion11 and request.headers.get("Expect", "").lower() == "100-continue":
+        await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        request.writer.output_size = 0          # (as aiohttp does: the body has not started)
+
+
+def _same_origin(origin: str, host: str | None) -> bool:
+    try:
+        netloc = urlsplit(origin).netloc
+    except ValueError:
+        return False
+    return bool(host) and bool(netloc) and netloc.lower() == host.strip().lower()
+
+
 def _fallback(resources, auth: Auth):
-    """Unknown path: 404 not_found; known path, other method: 400 (as API.md answers a
-    request it cannot take), both in the API's JSON error shape. Under /v1/ only for a
-    caller with a key: every /v1/ request needs one."""
+    """Unknown path: 404 not_found; known path, other method: 405 method_not_allowed with
+    `Allow`, both in the API's JSON error shape. Under /v1/ only for a caller with a key:
+    every /v1/ request needs one."""
     async def handler(request: web.Request) -> web.Response:
         if auth.enabled and request.path.startswith("/v1/") and \
                 (refused := _refusal(auth, request, VIEWER)) is not None:
@@ -182,8 +258,10 @@ def _fallback(resources, auth: Auth):
             if methods:
                 allowed |= methods
         if allowed:
-            return respond(*error("invalid_argument", f"method {request.method} not allowed on {request.path}"))
-        return respond(*error("not_found", f"no route for {request.method} {request.path}"))
+            allow = ", ".join(sorted(allowed))
+            return respond(*error("method_not_allowed", f"method {request.method[:20]} not allowed on "
+                                  f"{request.path[:200]}; allowed: {allow}"), headers={"Allow": allow})
+        return respond(*error("not_found", f"no route for {request.method[:20]} {request.path[:200]}"))
     return handler
 
 
@@ -211,12 +289,21 @@ def _not_leader(service: NodeService, request: web.Request) -> web.Response | No
 
 def _leader_write(fn, auth: Auth, need: int, optional: bool = False):
     async def handler(request: web.Request) -> web.Response:
-        if auth.enabled and (refused := _refusal(auth, request, need)) is not None:
-            return refused
+        who = None
+        if auth.enabled:
+            found, refused = auth.who(request.headers.get("Authorization"))
+            if found is None:
+                return respond(*refused)
+            denied = auth.permits(found, need)
+            if denied is not None:
+                return respond(*denied)
+            who = found[0]
         service: NodeService = request.app["service"]
         redirect = _not_leader(service, request)
         if redirect is not None:
             return redirect
+        if not service.seeded and not service.is_seeded():
+            return respond(*service.not_seeded())
         try:
             rid = request_id(request)
         except ValueError as e:
@@ -225,7 +312,7 @@ def _leader_write(fn, auth: Auth, need: int, optional: bool = False):
             body, err = await read_json(request, optional=optional)
             if err is not None:
                 return err
-            status, out = await fn(service, request, body, rid)
+            status, out = await fn(service, request, body, rid, who)
         except Exception as exc:
             return _failure(request, exc)
         return respond(status, out)
@@ -248,12 +335,11 @@ def _leader_read(fn, auth: Auth, need: int):
 
 
 def _authorized(auth: Auth, need: int, handler):
-    if not auth.enabled:
-        return handler
-
+    # Auth can go on or off with the configuration in force: checked per request.
     async def authorized(request: web.Request) -> web.StreamResponse:
-        refused = _refusal(auth, request, need)
-        return refused if refused is not None else await handler(request)
+        if auth.enabled and (refused := _refusal(auth, request, need)) is not None:
+            return refused
+        return await handler(request)
     return authorized
 
 
@@ -272,16 +358,33 @@ def _any(fn):
 _ADMIN_PAGE: bytes | None = None
 
 
-async def _admin_page(request: web.Request) -> web.Response:
+def _origin(url: str) -> str:
+    from urllib.parse import urlsplit
+    u = urlsplit(url)
+    return f"{u.scheme}://{u.netloc}"
+
+
+def _admin_page(service: NodeService):
     """The admin UI: one static page that calls this node's /v1 API from the browser (with the
-    key the user types in, when keys are on), so it needs no key itself."""
-    global _ADMIN_PAGE
-    if _ADMIN_PAGE is None:
-        _ADMIN_PAGE = (Path(__file__).parent / "admin.html").read_bytes()
-    return web.Response(body=_ADMIN_PAGE, content_type="text/html", charset="utf-8",
-                        headers={"Content-Security-Policy": "default-src 'self'; script-src 'self' 'unsafe-inline'; "
-                                                            "style-src 'unsafe-inline'; frame-ancestors 'none'",
-                                 "Cache-Control": "no-cache"})
+    key the user types in, when keys are on), so it needs no key itself. Its policy lets it
+    call only this node, plus a bodiless probe of the other nodes' /healthz: how the page finds
+    a live node to move to when this one dies."""
+    csp = None
+
+    async def page(request: web.Request) -> web.Response:
+        global _ADMIN_PAGE
+        nonlocal csp
+        if _ADMIN_PAGE is None:
+            _ADMIN_PAGE = (Path(__file__).parent / "admin.html").read_bytes()
+        if csp is None:             # at the first request: building the app needs no peers
+            peers = " ".join(sorted({_origin(p.url) for p in service.settings.others}))
+            csp = (f"default-src 'self'; connect-src 'self' {peers}; script-src 'self' 'unsafe-inline'; "
+                   "style-src 'unsafe-inline'; img-src 'self' data:; base-uri 'none'; form-action 'self'; "
+                   "frame-ancestors 'none'")
+        return web.Response(body=_ADMIN_PAGE, content_type="text/html", charset="utf-8",
+                            headers={"Content-Security-Policy": csp, "Cache-Control": "no-cache",
+                                     "Referrer-Policy": "no-referrer"})
+    return page
 
 
 _OPENAPI: bytes | None = None
@@ -320,9 +423,7 @@ def _failure(request: web.Request, exc: Exception) -> web.StreamResponse:
     """A bug in a handler answers 500 `internal` in the API's shape (and is logged), never a
     bare aiohttp error page; a 413 from the body reader answers request_too_large."""
     if isinstance(exc, web.HTTPRequestEntityTooLarge):
-        limit = request.app["service"].limits.max_request_bytes
-        return respond(*error("request_too_large", f"the request body is larger than max_request_bytes ({limit})",
-                              limit=limit))
+        return _too_large(request)
     if isinstance(exc, web.HTTPException):
         raise exc
     log.exception("unhandled error in %s %s", request.method, request.path, exc_info=exc)

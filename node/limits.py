@@ -42,12 +42,18 @@ GLOBAL_KEYS: dict[str, object] = {
     "strict_queues": False,
     "max_request_bytes": 16 * MIB,
     "request_id_window_ms": 60_000,
+    "max_trace_context_bytes": 1024,
+    "max_encoding_bytes": 128,
+    "max_reason_bytes": 4096,
+    "max_worker_id_bytes": 256,
 }
 STORAGE_KEYS: dict[str, object] = {
     "dead_letter_retention_ms": 0,    # 0 = no dead-letter store
     "dedup_window_ms": 86_400_000,
     "sweep_interval_ms": 1000,
     "sweep_limit": 10_000,
+    "audit_retention_ms": 2_592_000_000,   # 30 days
+    "audit_max_entries": 10_000,
     "min_free_bytes": 128 * MIB,      # the data disk's free-space reserve (0 = no reserve)
 }
 # [storage] keys about this node's own disk, not the replicated rules: they may differ between
@@ -77,6 +83,38 @@ def _str_list(where: str, value, allow_empty: bool = True) -> tuple[str, ...]:
     if not value and not allow_empty:
         raise ConfigError(f"{where}: must not be empty")
     return tuple(value)
+
+
+def _plain(v):
+    """A value as the canonical document holds it (a checked list is a tuple inside Limits)."""
+    return list(v) if isinstance(v, tuple) else v
+
+
+def diff_docs(old: dict | None, new: dict | None) -> list[tuple[str, object, object]]:
+    """What differs between two canonical configuration documents: (dotted key, old value, new
+    value) sorted by key; a queue that is only in one of them is one entry `queues[name]` with
+    its declaration (or None) on each side."""
+    old, new = old or {}, new or {}
+    out = []
+    for section in ("limits", "storage"):
+        a, b = old.get(section) or {}, new.get(section) or {}
+        for key in sorted(set(a) | set(b)):
+            if a.get(key, _MISSING) != b.get(key, _MISSING):
+                out.append((f"{section}.{key}", a.get(key), b.get(key)))
+    qa = {q.get("name"): q for q in old.get("queues") or () if isinstance(q, dict)}
+    qb = {q.get("name"): q for q in new.get("queues") or () if isinstance(q, dict)}
+    for name in sorted(set(qa) | set(qb), key=str):
+        if name not in qa or name not in qb:
+            out.append((f"queues[{name}]", qa.get(name), qb.get(name)))
+            continue
+        a, b = qa[name], qb[name]
+        for key in sorted((set(a) | set(b)) - {"name"}):
+            if a.get(key, _MISSING) != b.get(key, _MISSING):
+                out.append((f"queues[{name}].{key}", a.get(key, _MISSING), b.get(key, _MISSING)))
+    return [(k, None if a is _MISSING else a, None if b is _MISSING else b) for k, a, b in out]
+
+
+_MISSING = type("Missing", (), {"__repr__": lambda self: "(not set)"})()
 
 
 def check_queue_name(name, max_bytes: int) -> str | None:
@@ -162,6 +200,10 @@ class Limits:
     storage: dict = field(default_factory=dict)
     queues: dict = field(default_factory=dict)          # name -> QueueLimits (declared)
     default_queue: QueueLimits | None = None            # view for undeclared queues
+    # The canonical document of this configuration (`canonical`): every [limits] and [storage]
+    # key with its effective value, and the [[queues]] entries as declared. What the replicated
+    # state keeps, `GET /v1/config` shows and `raftq config diff` compares.
+    doc: dict | None = field(default=None, compare=False)
 
     @classmethod
     def build(cls, limits: dict | None = None, storage: dict | None = None,
@@ -177,7 +219,8 @@ class Limits:
         g = {**GLOBAL_KEYS, **{k: v for k, v in limits.items() if k in GLOBAL_KEYS}}
         for key in ("max_reserve_batch", "max_reserve_queues", "max_wait_timeout_ms",
                     "max_enqueue_batch", "max_job_type_bytes", "max_idempotency_key_bytes",
-                    "max_request_bytes", "request_id_window_ms"):
+                    "max_request_bytes", "request_id_window_ms", "max_trace_context_bytes",
+                    "max_encoding_bytes", "max_reason_bytes", "max_worker_id_bytes"):
             _int(f"limits.{key}", g[key])
         _int("limits.max_queue_name_bytes", g["max_queue_name_bytes"], 1, 65535)
         if not isinstance(g["strict_queues"], bool):
@@ -187,6 +230,8 @@ class Limits:
         _int("storage.dedup_window_ms", s["dedup_window_ms"])
         _int("storage.sweep_interval_ms", s["sweep_interval_ms"])
         _int("storage.sweep_limit", s["sweep_limit"])
+        _int("storage.audit_retention_ms", s["audit_retention_ms"])
+        _int("storage.audit_max_entries", s["audit_max_entries"])
         _int("storage.min_free_bytes", s["min_free_bytes"], 0)
 
         base = {**QUEUE_KEYS, **{k: v for k, v in limits.items() if k in QUEUE_KEYS}}
@@ -218,7 +263,28 @@ class Limits:
             window = _int(f"{where}.dedup_window_ms", entry.get("dedup_window_ms", s["dedup_window_ms"]))
             declared[name] = QueueLimits(name=name, declared=True, **merged,
                                          allowed_job_types=job_types, dedup_window_ms=window)
-        return cls(globals=g, storage=s, queues=declared, default_queue=default_queue)
+        doc = {"limits": {**{k: _plain(v) for k, v in g.items()}, **{k: _plain(base[k]) for k in QUEUE_KEYS}},
+               "storage": dict(s),
+               "queues": [{k: _plain(v) for k, v in entry.items()} for entry in queues]}
+        return cls(globals=g, storage=s, queues=declared, default_queue=default_queue, doc=doc)
+
+    @classmethod
+    def from_doc(cls, doc) -> "Limits":
+        """`build` from a configuration document {"limits", "storage", "queues"} (each optional,
+        as the TOML sections are); raises ConfigError naming the key."""
+        if not isinstance(doc, dict):
+            raise ConfigError("config: must be an object {limits, storage, queues}")
+        for key in doc:
+            if key not in ("limits", "storage", "queues"):
+                raise ConfigError(f"{key}: unknown section (a configuration has limits, storage and queues)")
+        limits, storage, queues = doc.get("limits"), doc.get("storage"), doc.get("queues")
+        if limits is not None and not isinstance(limits, dict):
+            raise ConfigError("limits: must be a table")
+        if storage is not None and not isinstance(storage, dict):
+            raise ConfigError("storage: must be a table")
+        if queues is not None and not isinstance(queues, list):
+            raise ConfigError("queues: must be an array of tables [[queues]]")
+        return cls.build(limits, storage, queues)
 
     def __post_init__(self):
         # Global and storage limits are read on every request: store them as plain attributes
@@ -270,6 +336,10 @@ class Limits:
             "max_wait_timeout_ms": self.max_wait_timeout_ms,
             "max_lease_duration_ms": d.max_lease_duration_ms,
             "max_request_bytes": self.max_request_bytes,
+            "max_trace_context_bytes": self.max_trace_context_bytes,
+            "max_encoding_bytes": self.max_encoding_bytes,
+            "max_reason_bytes": self.max_reason_bytes,
+            "max_worker_id_bytes": self.max_worker_id_bytes,
             "restricts_encodings": d.allowed_encodings is not None,
             "allowed_encodings": list(d.allowed_encodings or ()),
             "strict_queues": self.strict_queues,

@@ -15,12 +15,19 @@ parts are in node/core/:
 | `handlers.py` | one handler per command, named with the spec's verbs |
 | `sweep.py` | the sweep, one function per step |
 | `answers.py` | results rendered into answers (status, body, messages), and back for old snapshots |
+| `config.py` | the configuration in force: configure, add_key, remove_key, change warnings |
+| `audit.py` | the audit trail: record, page, its sweep step |
 | `snapshot.py` | `to_builtins` / `from_builtins` and `digest` |
 | `invariants.py` | `check_invariants()` |
 
 Commands are tuples `(op, request_id, *fields)` of builtins (they cross Raft as pickles);
 results are tuples `(kind, *fields)` of codes and values (node/core/ops.py), which the node
 renders with `node.core.answers.render` when it sends the answer.
+
+The configuration in force is state too (node/core/config.py): `limits` is the configuration
+of the entry being applied, never the node's TOML (that only seeds version 1, and is the
+bootstrap configuration `QueueMachine(limits)` applies entries under until the first
+configuration command: journals of release 0.1.0 have none).
 
 Two rules shape the code:
 * `apply` never raises. Each command runs under an undo log (node/core/undo.py), and an
@@ -34,10 +41,11 @@ from __future__ import annotations
 
 import heapq
 import inspect
+from bisect import bisect_right
 from collections import OrderedDict, deque
-from itertools import chain
+from itertools import islice
 
-from .core import handlers, invariants, ops, snapshot
+from .core import audit, config, handlers, invariants, ops, snapshot
 from .core import sweep as sweeping
 from .core.answers import render_dead_letter, render_job
 from .core.jobs import IN_FLIGHT, READY, SCHEDULED, STATE_NAMES, Job, Queue, shown_fields
@@ -59,6 +67,12 @@ HANDLERS = {
     ops.CANCEL: handlers.cancel,
     ops.PAUSE: handlers.pause,
     ops.SWEEP: sweeping.sweep,
+    ops.CONFIGURE: config.configure,
+    ops.ADD_KEY: config.add_key,
+    ops.REMOVE_KEY: config.remove_key,
+    ops.MOVE_TO_DEAD_LETTERS: handlers.move_to_dead_letters,
+    ops.PURGE: handlers.purge,
+    ops.DELETE_QUEUE: handlers.delete_queue,
 }
 for _op, _handler in HANDLERS.items():
     if tuple(inspect.signature(_handler).parameters)[1:] != ops.COMMANDS[_op]:
@@ -67,9 +81,43 @@ if tuple(HANDLERS) != ops.OPS:
     raise RuntimeError("every op of node/core/ops.py needs a handler here")
 
 
+def _ready_key(entry) -> tuple:
+    return entry[0], entry[1], entry[2]     # (-priority, enqueued_at, seq): delivery order
+
+
+def _fifo_from(fifo: deque, after: tuple | None):
+    """The FIFO's entries after `after`, in order (the FIFO is kept ascending)."""
+    start = 0 if after is None else bisect_right(fifo, after, key=_ready_key)
+    return islice(fifo, start, None)
+
+
+def _heap_in_order(heap: list, after: tuple | None):
+    """The heap's entries after `after` in ascending order, best first: only the entries up to
+    the page's end (and their children) are visited, not the whole heap."""
+    if not heap:
+        return
+    frontier = [(_ready_key(heap[0]), 0)]
+    n = len(heap)
+    while frontier:
+        key, i = heapq.heappop(frontier)
+        if after is None or key > after:
+            yield heap[i]
+        for c in (2 * i + 1, 2 * i + 2):    # a child sorts after its parent
+            if c < n:
+                heapq.heappush(frontier, (_ready_key(heap[c]), c))
+
+
 class QueueMachine(UndoLog):
     def __init__(self, limits: Limits):
+        # The configuration in force (node/core/config.py): `limits` starts as the bootstrap
+        # configuration (version 0, the node's TOML) and is replaced by each configuration
+        # command; `keys` holds the API keys in force from version 1 on (name -> (key_sha256,
+        # role, added_by, added_at_ms)).
         self.limits = limits
+        self.config_version = 0
+        self.keys: dict[str, tuple] = {}
+        self.audit: deque = deque()     # (seq, at_ms, who, action, target, details), oldest first
+        self.audit_seq = 0
         self.clock = 0                  # replicated time: max of every command's now_ms
         self.seq = 0                    # order of jobs within a priority and millisecond
         self.ctr = 0                    # unique tie-break for lease entries and dead-letter order
@@ -80,8 +128,15 @@ class QueueMachine(UndoLog):
         self.deadline_heap: list = []   # (deadline, seq, job)
         self.dedup: dict[tuple[str, str], tuple[str, int]] = {}   # (queue, key) -> (job_id, expires)
         self.dedup_heap: list = []      # (expires, queue, key)
-        self.rids: dict[str, tuple[str, tuple, int]] = {}          # request id -> (op, result, expires)
-        self.rid_fifo: deque = deque()  # (expires, request id); expiry order = insertion order
+        # request key -> (op, result, expires[, route, body_hash]); the key is the request id, or
+        # (caller's key name, request id) for a caller with a name (ops.request_key)
+        self.rids: dict = {}
+        # (expires, order stored, request key), a heap: a record's expiry is fixed when it is
+        # stored, with the window in force then, so after a change to a shorter window a later
+        # record can expire before an earlier one (insertion order is not expiry order). The
+        # order stored (`applied` at the time, unique per record) breaks ties oldest first and
+        # keeps keys of different types (str, tuple) from ever being compared.
+        self.rid_heap: list = []
         # Whether anyone reads the answers of the commands being applied: a follower, or a
         # leader applying entries nobody on it waits for. Not replicated state: the node sets
         # it per entry (node/replica.py). Results are rendered outside the machine now, by the
@@ -121,16 +176,35 @@ class QueueMachine(UndoLog):
         try:
             op, rid = cmd[0], cmd[1]
             handler = HANDLERS[op]
-            if rid is not None and type(rid) is not str:
-                raise TypeError("request id")     # (an unhashable one would raise below)
+            if rid is not None:
+                if type(rid) is str:            # a bare request id (0.1.0's form): no route, no hash
+                    key = request_id = rid
+                    route = body_hash = None
+                else:                           # ops.request_id: (who, request id, route, body hash)
+                    who, request_id, route, body_hash = rid
+                    if type(request_id) is not str or type(route) is not str or type(body_hash) is not str \
+                            or (who is not None and type(who) is not str):
+                        raise TypeError("request id")
+                    key = request_id if who is None else (who, request_id)
         except Exception:
             return MALFORMED_RESULT
         self.applied += 1
         if rid is not None:
-            stored = self.rids.get(rid)
+            stored = self.rids.get(key)
+            if stored is None and type(key) is tuple:
+                # A record of a bare request id (kept from a journal or snapshot of an earlier
+                # release, which knew no callers) still answers its retry.
+                stored = self.rids.get(request_id)
+                if stored is not None and len(stored) != 3:
+                    stored = None
             if stored is not None and stored[2] > self.clock:
+                if route is not None and len(stored) == 5:
+                    if stored[3] != route:
+                        return ops.request_mismatch(request_id, stored[3], "operation")
+                    if stored[4] != body_hash:
+                        return ops.request_mismatch(request_id, route, "body")
                 if stored[0] != op:
-                    return ops.request_id_reused(rid, stored[0])
+                    return ops.request_id_reused(request_id, stored[0])
                 return stored[1]
         self._undo.clear()
         try:
@@ -144,8 +218,8 @@ class QueueMachine(UndoLog):
             # An empty reserve is not remembered: a long poll re-proposes the same request id
             # until it gets jobs, and only that answer must be replayed.
             expires = self.clock + self.limits.request_id_window_ms
-            self.rids[rid] = (op, result, expires)
-            self.rid_fifo.append((expires, rid))
+            self.rids[key] = (op, result, expires) if route is None else (op, result, expires, route, body_hash)
+            heapq.heappush(self.rid_heap, (expires, self.applied, key))
         return result
 
     def next_due_ms(self) -> int | None:
@@ -182,9 +256,23 @@ class QueueMachine(UndoLog):
         """Jobs of one queue in one state, in delivery order (ready), run time (scheduled) or
         lease expiry (in flight); `after` is the sort key of the last job of the previous page."""
         if state == READY:
+            # Walked in order from `after` instead of sorted whole: a page of a deep backlog
+            # costs O(page + position), not O(backlog), under the lock the apply thread waits on
+            # (100k ready jobs: ~0.5 s per page sorted whole).
             q = self.queues.get(qname)
-            cands = [((e[0], e[1], e[2]), e[3]) for e in (chain(q.ready_heap, q.ready_fifo) if q else ())
-                     if e[3].state == READY and e[3].seq == e[2] and self.jobs.get(e[3].id) is e[3]]
+            if q is None:
+                return [], None
+            jobs, page = self.jobs, []
+            for e in heapq.merge(_fifo_from(q.ready_fifo, after), _heap_in_order(q.ready_heap, after),
+                                 key=_ready_key):
+                job = e[3]
+                if job.state == READY and job.seq == e[2] and jobs.get(job.id) is job:
+                    page.append(e)
+                    if len(page) > limit:
+                        break
+            more = len(page) > limit
+            page = page[:limit]
+            return [self.job_view(e[3].id) for e in page], (list(_ready_key(page[-1])) if more else None)
         else:
             key = (lambda j: (j.run_at, j.seq)) if state == SCHEDULED else (lambda j: (j.lease_expires, j.seq))
             cands = [(key(j), j) for j in self.jobs.values() if j.queue == qname and j.state == state]
@@ -195,7 +283,11 @@ class QueueMachine(UndoLog):
         page = page[:limit]
         return [self.job_view(j.id) for _, j in page], (list(page[-1][0]) if more else None)
 
-    def list_dead_letters(self, qname, limit: int, after_id):
+    def list_dead_letters(self, qname, limit: int, after_id, cause: str | None = None,
+                          scan_limit: int = 10_000):
+        """Dead letters oldest first, of one queue or all, of one cause or all. With `cause`, at
+        most `scan_limit` records are looked at per call (the lock is held meanwhile): a page may
+        then hold fewer than `limit` records and still have a next cursor, the last id looked at."""
         source = self.dlq if qname is None else self.dlq_by_queue.get(qname, OrderedDict())
         it = iter(source)
         if after_id is not None:
@@ -205,18 +297,48 @@ class QueueMachine(UndoLog):
                 if job_id == after_id:
                     break
         page = []
+        scanned, last = 0, None
         for job_id in it:
             if len(page) > limit:
                 break
-            page.append(source[job_id])
+            rec = source[job_id]
+            if cause is not None:
+                if scanned >= scan_limit:       # more may follow: go on from the last one seen
+                    return self._render_dead(page), last
+                scanned += 1
+                last = job_id
+                if rec.cause != cause:
+                    continue
+            page.append(rec)
         more = len(page) > limit
         page = page[:limit]
-        return ([render_dead_letter(shown_fields(r.job), r.cause, r.failed_at, r.final_attempt, r.reason)
-                 for r in page], (page[-1].job.id if more else None))
+        return self._render_dead(page), (page[-1].job.id if more else None)
+
+    @staticmethod
+    def _render_dead(records) -> list[dict]:
+        return [render_dead_letter(shown_fields(r.job), r.cause, r.failed_at, r.final_attempt, r.reason)
+                for r in records]
 
     def counts(self) -> dict:
         return {"jobs": len(self.jobs), "dead_letters": len(self.dlq), "dedup_records": len(self.dedup),
-                "request_ids": len(self.rids), "clock_ms": self.clock}
+                "request_ids": len(self.rids), "audit_entries": len(self.audit), "clock_ms": self.clock}
+
+    def config_view(self) -> dict:
+        """GET /v1/config: the configuration in force."""
+        doc = self.limits.doc
+        return {"version": self.config_version, "fingerprint": self.limits.fingerprint(),
+                "config": {"limits": dict(doc["limits"]), "storage": dict(doc["storage"]),
+                           "queues": [dict(q) for q in doc["queues"]]}}
+
+    def keys_view(self) -> list:
+        return config.keys_view(self)
+
+    def audit_page(self, limit: int, before: int | None):
+        return audit.page(self, limit, before)
+
+    def has_request(self, slot) -> bool:
+        """Whether the request-id store holds a record for this command's request-id slot."""
+        return ops.request_key(slot) in self.rids
 
     def check_invariants(self) -> None:
         """Raise InvariantViolation naming every invariant that does not hold (O(state): tests)."""
@@ -235,7 +357,9 @@ class QueueMachine(UndoLog):
         return snapshot.from_builtins(cls(limits), data)
 
     def __getstate__(self):
-        # Pickling (pysyncobj snapshots) goes through the builtins form; limits come from config.
+        # Pickling goes through the builtins form (release 0.1.0's snapshots pickled the machine,
+        # node/replica.py reads those; tests copy machines this way). `limits` is the bootstrap:
+        # from version 1 on the state's own configuration wins.
         return {"limits": self.limits, "state": self.to_builtins()}
 
     def __setstate__(self, data):

@@ -46,8 +46,13 @@ def _number(v) -> str:
     return repr(float(v)) if isinstance(v, float) else str(int(v))
 
 
-def render(view: dict, queues: list[dict], inflight: int) -> str:
-    """`view` is NodeService.cluster()'s body (without digest), `queues` the queue stats."""
+def render(view: dict, queues: list[dict], inflight: int, gauges: dict | None = None, hits=None,
+           raft_refusals: dict | None = None) -> str:
+    """`view` is NodeService.cluster()'s body (without digest), `queues` the queue stats;
+    `gauges` the node's open connections, sessions, parked long polls and Raft handshakes,
+    `hits` the bound hits (node/bounds.py), `raft_refusals` the Raft port's refused
+    connections by reason (node/raft/transport.py REFUSALS)."""
+    from .bounds import BOUNDS
     t = _Text(view["node_id"])
     t.family("raftq_leader", "gauge", "1 on the node that leads the cluster", [({}, view["role"] == "leader")])
     t.family("raftq_ready", "gauge", "1 when the node knows a leader and has applied what it knows is committed",
@@ -83,6 +88,24 @@ def render(view: dict, queues: list[dict], inflight: int) -> str:
     t.family("raftq_refused_low_space_total", "counter", "requests refused with 503 unavailable because the data "
              "disk was below its reserve", [({}, p.get("refused", 0))])
     t.family("raftq_requests_in_flight", "gauge", "requests proposed and not yet answered", [({}, inflight)])
+    g = gauges or {}
+    t.family("raftq_http_connections", "gauge", "HTTP connections open on this node (sessions included)",
+             [({}, g.get("connections"))])
+    t.family("raftq_sessions", "gauge", "session WebSockets open on this node", [({}, g.get("sessions"))])
+    t.family("raftq_parked_reserves", "gauge", "long-poll reserves waiting on this node",
+             [({}, g.get("parked_reserves"))])
+    t.family("raftq_parked_reserve_queues", "gauge", "queue names that long-poll reserves wait on (each named "
+             "once however many wait on it; 0 when none waits)", [({}, g.get("parked_reserve_queues"))])
+    t.family("raftq_raft_pending_handshakes", "gauge", "incoming Raft-port connections in their handshake",
+             [({}, g.get("raft_pending_handshakes"))])
+    # Every reason the transport knows is in raft_refusals (0 until it happens).
+    refused = {r: n for r, n in (raft_refusals or {}).items() if r != "pending"}
+    t.family("raftq_raft_refused_connections_total", "counter", "Raft-port connections refused or closed before or "
+             "outside the protocol, by reason (auth_failed: a wrong secret or not the Raft protocol; see docs/limits.md)",
+             [({"reason": r}, n) for r, n in refused.items()])
+    hits = hits or {}
+    t.family("raftq_bound_hits_total", "counter", "times a resource bound held a client back, by the bound's "
+             "config key (docs/limits.md)", [({"bound": b}, hits.get(b, 0)) for b in BOUNDS])
     cpu = view.get("cpu", {})
     t.family("raftq_cpu_seconds_total", "counter", "process CPU time by part (http: event loop, raft: tick "
              "thread outside apply, apply: the state machine)",

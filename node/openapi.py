@@ -23,6 +23,7 @@ from .. import __version__
 from . import errors
 from .auth import ADMIN, OPERATOR, VIEWER, WORKER
 from .limits import QUEUE_KEYS, Limits
+from .core.jobs import DEAD_LETTER_CAUSES
 from .machine import STATE_NAMES
 from .settings import ROLES
 
@@ -38,28 +39,39 @@ EXAMPLE_ID = "8a3c2f8e-5b1d-4c47-9a51-0b7e2f3d9c10"
 
 # What each error code means (the statuses come from node/errors.py).
 CODE_MEANINGS = {
-    "invalid_argument": "malformed JSON, a body that is not an object, missing or mistyped request fields, "
-                        "out-of-range values, an empty or oversized batch, too many reserve queues, a "
-                        "non-canonical job id, a bad Request-Id, a Request-Id reused for another operation",
+    "invalid_argument": "malformed JSON or HTTP, a body that is not an object, missing or mistyped request "
+                        "fields, out-of-range values, a string over its length limit (`field` names it), an empty "
+                        "or oversized batch, too many reserve queues, a non-canonical job id, a bad Request-Id, a "
+                        "Request-Id reused for another route or body, an invalid configuration (the message names "
+                        "the key)",
     "unauthenticated": "API keys are on and the request has no key or an unknown one",
     "permission_denied": "the key's role is below the operation's",
     "job_not_found": "ack/nack/extend of a job that is not in flight (acked, expired and not re-reserved, "
                      "dead-lettered, never existed): you no longer own it",
-    "not_found": "an unknown resource (job, queue in strict mode, path)",
+    "not_found": "an unknown resource (job, key, a queue that neither exists nor is declared, path)",
     "attempt_mismatch": "ack/nack/extend with a stale attempt: the job is in flight under a newer attempt; you "
                         "no longer own it",
-    "failed_precondition": "the operation does not fit the job's state (cancelling an in-flight job)",
+    "failed_precondition": "the operation does not fit the state: cancelling an in-flight job, a stale "
+                           "`expect_version`, deleting a queue that holds jobs or is declared, removing the last "
+                           "admin key",
     "unknown_queues": "reserve names queues that are not declared while `strict_queues` is on; `queues` "
                       "lists them",
+    "method_not_allowed": "the path does not take this method; `Allow` lists those it takes",
+    "request_timeout": "the request body did not arrive within `tuning.http_body_timeout_s` (30 s); the "
+                       "connection is closed",
     "request_too_large": "the body is larger than `max_request_bytes`",
+    "unsupported_media_type": "a request body that is not sent as `Content-Type: application/json`",
     "rejected": "the job was refused; `rejection` says why",
     "batch_rejected": "the atomic batch was refused; `errors` lists every failing job",
-    "overloaded": "the node has too many requests waiting for commit; retry after `Retry-After` seconds",
+    "overloaded": "the node sheds load: too many requests waiting for commit, or too many long polls waiting "
+                  "(on the node or in the session); retry after `Retry-After` seconds",
     "not_leader": "this node is a follower: the request is redirected to the leader",
     "no_leader": "no leader is known (election in progress, or this node is cut off); retry after "
                  "`Retry-After` seconds",
-    "unavailable": "the change could not be committed in time (lost quorum, leadership lost mid-request); "
-                   "the outcome is unknown: retry with the same Request-Id",
+    "unavailable": "the change could not be committed in time (lost quorum, leadership lost mid-request; "
+                   "`applied` null: the outcome is unknown, retry with the same Request-Id), or was not "
+                   "proposed (`applied` false: a new cluster's leader is seeding its configuration, which "
+                   "takes milliseconds)",
     "internal": "a bug in the server, never bad input",
 }
 
@@ -81,7 +93,19 @@ REJECTION_REASONS = {
     "queue_full": "the queue holds `max_queue_depth` live jobs (`queue`, `limit`)",
 }
 
-DEAD_LETTER_CAUSES = ("attempts_exhausted", "rejected", "lease_expired", "expired")
+# What a configuration change can warn about (node/core/config.py change_warnings).
+CONFIG_WARNINGS = {
+    "depth_above_limit": "a queue holds more live jobs than its new `max_queue_depth` (`queue`, `depth`, `limit`): "
+                         "they stay, new enqueues are refused",
+    "undeclared_queue_has_jobs": "a queue no longer declared still holds jobs (`queue`, `jobs`): they stay",
+    "max_attempts_above_ceiling": "jobs of a queue have a `max_attempts` above its new ceiling (`queue`, `jobs`, "
+                                  "`limit`): they keep theirs",
+    "dead_letters_kept": "dead-letter retention was turned off; the records kept (`dead_letters`) stay until "
+                         "drained, requeued or deleted",
+}
+# The actions of the audit trail (node/core/*.py audit.record calls).
+AUDIT_ACTIONS = ("config_seed", "config_change", "key_add", "key_remove", "pause", "resume", "cancel", "purge",
+                 "queue_delete", "requeue", "dead_letters_delete", "dead_letter_move", "drain")
 
 # The session ops (node/session.py) and the HTTP route each one mirrors.
 SESSION_HTTP = {
@@ -184,6 +208,31 @@ def _server_info_schema() -> dict:
                "are restricted, strict mode, and whether the dead-letter store is on.")
 
 
+def _config_schema() -> dict:
+    from .limits import GLOBAL_KEYS, QUEUE_ONLY_KEYS, STORAGE_KEYS
+    special = {"max_queue_depth": {"type": ["integer", "null"], "minimum": 0, "description": "null: unlimited"},
+               "allowed_encodings": {"type": ["array", "null"], "items": string(minLength=1),
+                                     "description": "null: any"},
+               "allowed_job_types": {"type": ["array", "null"], "items": string(minLength=1), "minItems": 1,
+                                     "description": "null: any"},
+               "dedup_window_ms": integer(1)}
+
+    def props(defaults: dict) -> dict:
+        return {k: special.get(k) or _json_type(v) for k, v in defaults.items()}
+    limits = obj(props({**GLOBAL_KEYS, **QUEUE_KEYS}), description="`[limits]`: every key optional (default "
+                 "when left out); docs/configuration.md")
+    limits["additionalProperties"] = False
+    storage = obj(props(STORAGE_KEYS), description="`[storage]`")
+    storage["additionalProperties"] = False
+    queue = obj({"name": ref("QueueName"), **props(QUEUE_KEYS),
+                 **{k: special[k] for k in QUEUE_ONLY_KEYS if k != "name"}}, ["name"],
+                "A `[[queues]]` entry: the name and the keys it overrides")
+    queue["additionalProperties"] = False
+    return obj({"limits": limits, "storage": storage, "queues": {"type": "array", "items": queue}},
+               description="A configuration: the `[limits]`, `[storage]` and `[[queues]]` sections of a node's "
+               "TOML, checked exactly as the TOML is (a missing section or key takes its default)")
+
+
 def schemas() -> dict:
     queue_name = {"type": "string", "minLength": 1, "pattern": QUEUE_PATTERN, "not": {"enum": [".", ".."]},
                   "description": "1..`max_queue_name_bytes` (512) UTF-8 bytes; not `.` or `..`; no `/`; no control "
@@ -212,10 +261,12 @@ def schemas() -> dict:
         "Payload": obj({
             "data_b64": string("standard base64 with padding, decoding to at least one byte", minLength=4,
                                pattern=B64_PATTERN, contentEncoding="base64"),
-            "encoding": string("a hint for the worker, usually a MIME type", minLength=1),
+            "encoding": string("a hint for the worker, usually a MIME type; at most `max_encoding_bytes` (128) "
+                               "UTF-8 bytes", minLength=1),
         }, ["data_b64", "encoding"], "Opaque bytes with an encoding hint. A job without data has no payload."),
         "TraceContext": obj({"traceparent": string(minLength=1), "tracestate": {"type": ["string", "null"]}},
-                            ["traceparent"], "W3C trace context, carried through to the worker."),
+                            ["traceparent"], "W3C trace context, carried through to the worker; `traceparent` and "
+                            "`tracestate` together at most `max_trace_context_bytes` (1024) UTF-8 bytes."),
         "QueueName": queue_name,
         "EnqueueRequest": obj({
             "queue": queue_name,
@@ -249,6 +300,7 @@ def schemas() -> dict:
                           "message": string(), "queue": string(), "job_type": string(), "encoding": string(),
                           "key": string(), "allowed": {"type": "array", "items": string()},
                           "limit": {"type": "integer"}, "actual": {"type": "integer"},
+                          "field": string("invalid_request of a string over its length limit: the field"),
                           "horizon_ms": {"type": "integer"}, "scheduled_at_ms": {"type": "integer"}},
                          ["reason"], "Why a job was refused; first failing check wins, in this order:\n\n"
                          + "\n".join(f"* `{k}`: {v}" for k, v in REJECTION_REASONS.items())),
@@ -266,10 +318,11 @@ def schemas() -> dict:
             "queues": {"type": "array", "items": queue_name, "minItems": 1,
                        "description": "polled in this order; 1..`max_reserve_queues` (32)"},
             "lease_ms": integer(1, description="clamped to the smallest `max_lease_duration_ms` of the queues"),
-            "wait_ms": integer(0, description="long poll: wait up to this long for a job (clamped to "
-                               "`max_wait_timeout_ms`)", default=0),
-            "max_jobs": integer(1, description="clamped to `max_reserve_batch` (256)", default=1),
-            "worker_id": nullable(string("free text, for your logs", minLength=1)),
+            "wait_ms": nullable(integer(0, description="long poll: wait up to this long for a job (clamped to "
+                                        "`max_wait_timeout_ms`)", default=0)),
+            "max_jobs": nullable(integer(1, description="clamped to `max_reserve_batch` (256)", default=1)),
+            "worker_id": nullable(string("free text, for your logs; at most `max_worker_id_bytes` (256) UTF-8 bytes",
+                                         minLength=1)),
         }, ["queues", "lease_ms"], example={"queues": ["emails"], "lease_ms": 30000, "wait_ms": 1000, "max_jobs": 10}),
         "ReserveResponse": obj({"jobs": {"type": "array", "items": ref("Job")}}, ["jobs"],
                                "Possibly empty when nothing was ready within `wait_ms`."),
@@ -306,7 +359,8 @@ def schemas() -> dict:
         "RetryDeadLetter": obj({"strategy": {"const": "dead_letter"}}, ["strategy"],
                                "dead-letter at once (cause `rejected`), whatever attempts remain"),
         "NackRequest": obj({"attempt": integer(1),
-                            "reason": nullable(string("becomes the job's `last_reason`; empty = none")),
+                            "reason": nullable(string("becomes the job's `last_reason`; empty = none; at most "
+                                                      "`max_reason_bytes` (4096) UTF-8 bytes")),
                             "retry": {"oneOf": [ref("RetryDefault"), ref("RetryDelay"), ref("RetryDeadLetter"),
                                                 {"type": "null"}],
                                       "description": "default (and null): `{\"strategy\": \"default\"}`"}},
@@ -320,8 +374,9 @@ def schemas() -> dict:
                              ["attempt", "lease_ms"], example={"attempt": 1, "lease_ms": 30000}),
         "ExtendResponse": obj({"job_id": string(format="uuid"), "lease_expires_at_ms": ms("the new deadline")},
                               ["job_id", "lease_expires_at_ms"]),
-        "DrainRequest": obj({"queue": nullable(string("only this queue's dead letters", minLength=1)),
-                             "max": integer(1, description="clamped to `max_reserve_batch` (256)", default=1)},
+        "DrainRequest": obj({"queue": nullable({**queue_name, "description": "only this queue's dead letters"}),
+                             "max": nullable(integer(1, description="clamped to `max_reserve_batch` (256)",
+                                                     default=1))},
                             example={"queue": "emails", "max": 100}),
         "DeadLetterRecord": obj({"job": ref("Job"), "cause": {"type": "string", "enum": list(DEAD_LETTER_CAUSES)},
                                  "failed_at_ms": ms("when it was dead-lettered"),
@@ -340,6 +395,68 @@ def schemas() -> dict:
                                           "missing": {"type": "array", "items": string(format="uuid")}},
                                          ["deleted", "missing"]),
         "PauseResponse": obj({"queue": string(), "paused": {"type": "boolean"}}, ["queue", "paused"]),
+        "PauseRequest": obj({"create": nullable({"type": "boolean", "default": False, "description": "also for "
+                                                 "a queue that neither exists nor is declared (404 otherwise)"})},
+                            example={"create": True}),
+        "MoveRequest": obj({"ids": {"type": "array", "minItems": 1, "maxItems": 1000,
+                                    "items": string(format="uuid", pattern=UUID_PATTERN)},
+                            "reason": nullable(string("kept as the dead letter's `last_reason`"))}, ["ids"],
+                           example={"ids": [EXAMPLE_ID], "reason": "bad input, moved by hand"}),
+        "MoveResponse": obj({"dead_lettered": {"type": "array", "items": string(format="uuid")},
+                             "missing": {"type": "array", "items": string(format="uuid")}},
+                            ["dead_lettered", "missing"]),
+        "PurgeResponse": obj({"queue": string(), "purged": integer(0)}, ["queue", "purged"]),
+        "QueueDeleted": obj({"queue": string()}, ["queue"]),
+        "Config": _config_schema(),
+        "ConfigView": obj({"version": integer(0, description="bumped by every change (config or keys); 1 is "
+                                              "the first leader's TOML"),
+                           "fingerprint": string("hash of the configuration"),
+                           "config": ref("Config")}, ["version", "fingerprint", "config"],
+                          "The configuration in force, every [limits] and [storage] key with its effective value "
+                          "and the [[queues]] entries as declared."),
+        "KeyEntry": obj({"name": string("1..128 characters, no control characters", minLength=1, maxLength=128,
+                                        pattern="^[^\\u0000-\\u001f\\u007f-\\u009f]+$"),
+                         "role": {"type": "string", "enum": list(ROLES)},
+                         "key_sha256": string("the SHA-256 of the key, 64 lowercase hex digits",
+                                              pattern="^[0-9a-f]{64}$")}, ["name", "role", "key_sha256"],
+                        example={"name": "ci", "role": "viewer", "key_sha256": "9f86d081884c7d659a2feaa0c55ad015"
+                                                                               "a3bf4f1b2b0b822cd15d6c15b0f00a08"}),
+        "ConfigRequest": obj({"config": ref("Config"),
+                              "expect_version": integer(0, description="the version the change is made against "
+                                                        "(GET /v1/config); 409 when another is in force"),
+                              "keys": {"type": "array", "items": ref("KeyEntry"),
+                                       "description": "optional: the whole new key set (left out: unchanged)"}},
+                             ["config", "expect_version"],
+                             example={"config": {"limits": {"max_queue_depth": 100000},
+                                                 "storage": {"dead_letter_retention_ms": 604800000},
+                                                 "queues": [{"name": "emails", "default_max_attempts": 5}]},
+                                      "expect_version": 1}),
+        "ConfigWarning": obj({"code": {"type": "string", "enum": list(CONFIG_WARNINGS)}, "field": string(),
+                              "queue": string(), "depth": integer(0), "limit": integer(0), "jobs": integer(0),
+                              "dead_letters": integer(0)}, ["code", "field"],
+                             "\n".join(f"* `{c}`: {d}" for c, d in CONFIG_WARNINGS.items())),
+        "ConfigChanged": obj({"version": integer(1), "warnings": {"type": "array", "items": ref("ConfigWarning")}},
+                             ["version", "warnings"]),
+        "Key": obj({"name": string(), "role": {"type": "string", "enum": list(ROLES)},
+                    "added_by": {"type": ["string", "null"], "description": "the admin key's name; null for the "
+                                 "keys of the first TOML and without auth"},
+                    "added_at_ms": ms("replicated time"),
+                    "key_sha256_prefix": string("the first 12 hex digits of the key's SHA-256")},
+                   ["name", "role", "added_by", "added_at_ms", "key_sha256_prefix"]),
+        "KeysResponse": obj({"keys": {"type": "array", "items": ref("Key")}, "version": integer(0)},
+                            ["keys", "version"]),
+        "KeyAdded": obj({"name": string(), "role": {"type": "string", "enum": list(ROLES)}, "version": integer(1)},
+                        ["name", "role", "version"]),
+        "KeyRemoved": obj({"name": string(), "version": integer(1)}, ["name", "version"]),
+        "AuditEntry": obj({"at_ms": ms("replicated time"),
+                           "who": {"type": ["string", "null"], "description": "the caller's key name; null without "
+                                   "auth (and for the seed)"},
+                           "action": {"type": "string", "enum": list(AUDIT_ACTIONS)},
+                           "target": {"type": ["string", "null"], "description": "a queue, a job id, a key name"},
+                           "details": {"type": "object"}}, ["at_ms", "who", "action", "target", "details"]),
+        "AuditPage": obj({"entries": {"type": "array", "items": ref("AuditEntry")},
+                          "next_cursor": {"type": ["string", "null"]}}, ["entries", "next_cursor"],
+                         "Newest first."),
         "QueueStats": obj({
             "name": string(), "declared": {"type": "boolean", "description": "declared in `[[queues]]`"},
             "paused": {"type": "boolean"},
@@ -371,9 +488,13 @@ def schemas() -> dict:
             "digest": {"type": ["string", "null"], "description": "hash of the replicated state at "
                        "`last_applied`, equal on every node at the same index; null with `?digest=false`"},
             "durability": {"type": "string", "enum": ["fsync", "memory"]},
-            "limits_fingerprint": string("hash of the limits; equal on every node"),
+            "limits_fingerprint": string("hash of the configuration in force as this node applied it"),
+            "config_version": integer(0, description="the configuration version this node has applied (0: "
+                                      "none yet, the leader is seeding it)"),
+            "toml_differs": {"type": "boolean", "description": "this node's TOML [limits], [storage], [[queues]] "
+                             "or [auth] differ from the configuration in force (which the node follows)"},
             "state": obj({k: integer(None) for k in ("jobs", "dead_letters", "dedup_records", "request_ids",
-                                                      "clock_ms")}),
+                                                      "audit_entries", "clock_ms")}),
             "cpu": {"type": "object", "additionalProperties": {"type": ["number", "null"]}},
             "proposer": {"type": "object", "additionalProperties": {"type": "integer"}},
             "journal_syncs": integer(0),
@@ -392,6 +513,25 @@ def schemas() -> dict:
             "event_loop": {"type": "string", "enum": ["uvloop", "asyncio"]},
         }, ["node_id", "role", "leader", "term", "commit_index", "last_applied", "members", "ready", "digest"],
             "This node's own view of the cluster."),
+        "NodeRow": obj({
+            "id": string(), "url": string(),
+            "reachable": {"type": "boolean", "description": "the node answered this node's request"},
+            "error": {"type": ["string", "null"], "description": "why it did not (refused, timed out, an HTTP "
+                      "status such as `401 unauthenticated`)"},
+            "role": {"type": "string", "enum": ["leader", "follower", "candidate"]},
+            "term": integer(0), "commit_index": integer(0), "last_applied": integer(0),
+            "ready": {"type": "boolean"},
+            "leader_id": {"type": ["string", "null"], "description": "the leader as that node knows it"},
+            "peers_connected": integer(0, description="that node's Raft links that are up"),
+            "peers": integer(0, description="that node's peers"),
+            "durability": {"type": "string", "enum": ["fsync", "memory"]},
+            "lag": integer(0, description="the highest commit index among the nodes that answered, minus "
+                              "this node's `last_applied`: entries it has yet to apply"),
+        }, ["id", "url", "reachable", "error"], "One member: its own view when it answered (the fields after "
+           "`error`), else only `id`, `url`, `reachable` false and `error`."),
+        "ClusterNodes": obj({"node_id": string("the node that asked"),
+                             "nodes": {"type": "array", "items": ref("NodeRow")}}, ["node_id", "nodes"],
+                            "Every member's own view, asked by the node that answers."),
         "Health": obj({"status": {"const": "ok"}}, ["status"]),
         "Readiness": obj({"status": {"type": "string", "enum": ["ready", "not_ready"]},
                           "leader": {"type": ["string", "null"], "description": "the leader's URL as this node "
@@ -404,12 +544,20 @@ def schemas() -> dict:
                             "errors": {"type": "array", "items": ref("BatchRejection")},
                             "queues": {"type": "array", "items": string()},
                             "leader_url": string(), "job_id": string(), "attempt": {"type": "integer"},
-                            "limit": {"type": "integer"}, "role": {"type": "string", "enum": list(ROLES)},
-                            "required_role": {"type": "string", "enum": list(ROLES)}},
+                            "limit": {"type": "integer"}, "actual": {"type": "integer"}, "field": string(),
+                            "role": {"type": "string", "enum": list(ROLES)},
+                            "required_role": {"type": "string", "enum": list(ROLES)},
+                            "queue": string(), "version": {"type": "integer"}, "reason": string(),
+                            "name": {"type": ["string", "null"]}, "jobs": {"type": "object"},
+                            "applied": {"type": ["boolean", "null"]}},
                            ["code", "message"], "Further fields by code: `rejection` (rejected), `errors` "
                            "(batch_rejected), `queues` (unknown_queues), `leader_url` (not_leader), `job_id` and "
-                           "`attempt` (job_not_found, attempt_mismatch), `limit` (request_too_large), `role` and "
-                           "`required_role` (permission_denied)."),
+                           "`attempt` (job_not_found, attempt_mismatch), `limit` (request_too_large), `field`, "
+                           "`limit` and `actual` (invalid_argument of a string over its length limit), `role` and "
+                           "`required_role` (permission_denied), `version` (a stale `expect_version`), `queue`, "
+                           "`reason` and `jobs` (a queue that cannot be deleted), `reason` and `name` (a key "
+                           "change refused), `applied` (unavailable: false when the request was certainly not "
+                           "applied)."),
         "Error": obj({"error": ref("ErrorDetail")}, ["error"], "Every error has this shape."),
         "SessionRequestFrame": obj({"id": {"type": "integer", "description": "chosen by the client, unique in the "
                                            "session"},
@@ -492,12 +640,57 @@ ROUTES = [
            ok="DeleteDeadLettersResponse", write=True, tags=("dead letters",)),
     _route("post", "/v1/queues/{name}/pause", "pause", "Pause a queue",
            "Reserve skips a paused queue; enqueues are still accepted and time keeps running for schedules and "
-           "deadlines. The state is replicated. A body, if any, is ignored.", OPERATOR, body_required=False,
+           "deadlines. The state is replicated. A queue that neither exists nor is declared is 404 `not_found` "
+           "unless the body says `{\"create\": true}`.", OPERATOR, body="PauseRequest", body_required=False,
            ok="PauseResponse", write=True, params=[NAME_PARAM], tags=("queues",),
            errors_=[(404, ["not_found"])]),
-    _route("post", "/v1/queues/{name}/resume", "resume", "Resume a paused queue", "A body, if any, is ignored.",
-           OPERATOR, body_required=False, ok="PauseResponse", write=True, params=[NAME_PARAM], tags=("queues",),
-           errors_=[(404, ["not_found"])]),
+    _route("post", "/v1/queues/{name}/resume", "resume", "Resume a paused queue", "As pause (`create` included).",
+           OPERATOR, body="PauseRequest", body_required=False, ok="PauseResponse", write=True, params=[NAME_PARAM],
+           tags=("queues",), errors_=[(404, ["not_found"])]),
+    _route("post", "/v1/queues/{name}/dead-letter", "dead_letter_move", "Move jobs to the dead letters",
+           "Ready or scheduled jobs of this queue become dead letters with cause `admin` and the reason as "
+           "`last_reason` (kept only when retention is on, like every dead letter); requeue works on them. An id "
+           "that is not ready or scheduled in this queue (in flight included) is listed in `missing` and left "
+           "alone. At most 1000 ids.", OPERATOR, body="MoveRequest", ok="MoveResponse", write=True,
+           params=[NAME_PARAM], tags=("queues",), errors_=[(404, ["not_found"])]),
+    _route("post", "/v1/queues/{name}/purge", "purge", "Purge a queue",
+           "Removes every ready and scheduled job of the queue; in-flight jobs finish normally. A body, if any, "
+           "is ignored.", OPERATOR, body_required=False, ok="PurgeResponse", write=True, params=[NAME_PARAM],
+           tags=("queues",), errors_=[(404, ["not_found"])]),
+    _route("delete", "/v1/queues/{name}", "delete_queue", "Delete a queue",
+           "Only a queue with no job in any state (dead letters included) and not declared in the configuration; "
+           "409 `failed_precondition` otherwise (`reason`: `declared` or `not_empty`, `jobs`: its counts).", ADMIN,
+           ok="QueueDeleted", write=True, params=[NAME_PARAM], tags=("queues",),
+           errors_=[(404, ["not_found"]), (409, ["failed_precondition"])]),
+    _route("get", "/v1/config", "get_config", "The configuration in force",
+           "What every node applies, at the version this leader has applied.", VIEWER, ok="ConfigView",
+           tags=("configuration",)),
+    _route("put", "/v1/config", "put_config", "Change the configuration",
+           "The whole new configuration, validated exactly as the TOML sections are (400 `invalid_argument` "
+           "naming the key), proposed through the log and in force on every node from its entry on, with no "
+           "restart. 409 `failed_precondition` when `expect_version` is not the version in force. A change "
+           "that the existing state does not fit applies from then on (existing jobs untouched): `warnings` "
+           "says where.", ADMIN, body="ConfigRequest", ok="ConfigChanged", write=True, tags=("configuration",),
+           errors_=[(409, ["failed_precondition"])]),
+    _route("get", "/v1/keys", "list_keys", "The API keys in force",
+           "Names, roles, who added them and when (never a key).", ADMIN, ok="KeysResponse",
+           tags=("configuration",)),
+    _route("post", "/v1/keys", "add_key", "Add an API key",
+           "The node never sees the key: send its SHA-256 (`raftq keys add NAME ROLE` makes a random key and "
+           "prints it once). In force on every node once committed; the first key must be an admin key (409 "
+           "otherwise), and a name or a digest in use is 409.", ADMIN, body="KeyEntry", ok="KeyAdded", write=True,
+           tags=("configuration",), errors_=[(409, ["failed_precondition"])]),
+    _route("delete", "/v1/keys/{name}", "remove_key", "Remove an API key",
+           "Refused on every node from its entry on (401). The last admin key cannot be removed (409).", ADMIN,
+           ok="KeyRemoved", write=True, tags=("configuration",),
+           params=[{"name": "name", "in": "path", "required": True, "description": "the key's name",
+                    "schema": {"type": "string", "minLength": 1}}],
+           errors_=[(404, ["not_found"]), (409, ["failed_precondition"])]),
+    _route("get", "/v1/audit", "audit", "The audit trail",
+           "Operator actions, newest first, with who (the caller's key name, null without auth) and the "
+           "replicated time; kept for `audit_retention_ms` (30 days), at most `audit_max_entries` (10,000).",
+           OPERATOR, ok="AuditPage", tags=("configuration",), errors_=[(400, ["invalid_argument"])],
+           params=[LIMIT_PARAM, CURSOR_PARAM]),
     _route("delete", "/v1/jobs/{id}", "cancel", "Cancel a job",
            "Only a ready or scheduled job: an in-flight job is 409 `failed_precondition`, a dead-lettered or "
            "unknown one 404 `not_found`.", OPERATOR, ok="JobIdResponse", write=True, params=[ID_PARAM],
@@ -521,6 +714,9 @@ ROUTES = [
            "Oldest first, without removing them.", VIEWER, ok="DeadLetterPage", tags=("dead letters",),
            errors_=[(400, ["invalid_argument"])],
            params=[{"name": "queue", "in": "query", "description": "only this queue's", "schema": {"type": "string"}},
+                   {"name": "cause", "in": "query", "description": "only this cause's; at most 10000 records are "
+                    "looked at per call, so a page may hold fewer than `limit` records and still have a "
+                    "`next_cursor`", "schema": {"type": "string", "enum": list(DEAD_LETTER_CAUSES)}},
                    LIMIT_PARAM, CURSOR_PARAM]),
     _route("get", "/v1/session", "session", "Open a session (WebSocket)",
            "Upgrades to a WebSocket that carries the operations of this API as JSON frames, many in flight at "
@@ -531,7 +727,12 @@ ROUTES = [
            "get answers batched the same way. When this node stops leading it closes the session with code 4001 "
            "and the new leader's URL as the reason: reconnect there and re-send unanswered frames with their "
            "request ids. With API keys the key is checked at the upgrade (any role) and each frame against its "
-           "op's role. A plain GET that is not an upgrade is answered 400 in plain text.", VIEWER,
+           "op's role. A plain GET that is not an upgrade is answered 400 `invalid_argument`; an upgrade whose "
+           "`Origin` is another site's is 403. A session takes at most `tuning.max_session_inflight` (512) frames "
+           "unanswered and `tuning.max_session_queued_bytes` (1 MiB) of answers unsent: at either bound the node "
+           "stops reading the socket until answers drain (TCP pushes back), and a session whose answers stay "
+           "unread for `tuning.session_stall_timeout_s` (20 s) is closed with code 4008. A frame larger than "
+           "`max_request_bytes` closes the session with code 1009.", VIEWER,
            ok=None, ok_status=101, tags=("session",), params=[{"name": "batch", "in": "query",
                                                                  "schema": {"type": "string", "enum": ["1"]}}]),
     _route("get", "/v1/server-info", "server_info", "Server info and limits", "Any node answers.", VIEWER,
@@ -541,12 +742,19 @@ ROUTES = [
            "`digest=false`.", VIEWER, leader=False, ok="ClusterView", tags=("cluster",),
            params=[{"name": "digest", "in": "query", "description": "`false`, `0` or `no` leaves the digest out",
                     "schema": {"type": "string", "default": "true"}}]),
+    _route("get", "/v1/cluster/nodes", "cluster_nodes", "Every node's view",
+           "Any node answers: it asks every member for its own view (`GET /v1/cluster?digest=false`) at once, "
+           "passing the caller's `Authorization` on (each node checks the key itself), and answers a row per "
+           "member; a member that does not answer within 1.5 s has `reachable` false and `error`. The admin UI's "
+           "node table reads it (a browser page may only call its own node).", VIEWER, leader=False,
+           ok="ClusterNodes", tags=("cluster",)),
     _route("get", "/v1/openapi.json", "openapi", "This document", "Any node answers.", VIEWER, leader=False,
            ok=None, tags=("cluster",)),
     _route("get", "/v1/backup", "backup", "An online backup of the state",
            "Any node answers with its own applied state, consistent at one applied index (taken between two "
-           "Raft ticks by a forked child, while the node serves): `RAFTQ-BACKUP 1`, a JSON header line (index, "
-           "term, digest, node, body_bytes, body_sha256), then the gzip'd body. `raftq backup` takes it from a "
+           "Raft ticks by a forked child, while the node serves), streamed as it is made: `RAFTQ-BACKUP 1`, a JSON "
+           "header line (index, term, node), the gzip'd body, a 256-byte trailer `RAFTQ-END {body_bytes, "
+           "body_sha256, digest}`. `raftq backup` takes it from a "
            "caught-up follower and verifies it; `raftq restore` writes it into a new cluster's data dirs. One "
            "backup at a time per node (429 `overloaded` while one is taken).", ADMIN, leader=False, ok=None,
            ok_type="application/octet-stream", tags=("cluster",),
@@ -557,7 +765,8 @@ ROUTES = [
     _route("get", "/healthz", "healthz", "Liveness", "200 while the process serves HTTP. No key needed.", None,
            leader=False, ok="Health", tags=("cluster",)),
     _route("get", "/readyz", "readyz", "Readiness",
-           "200 when this node knows a leader and has applied everything it knows to be committed; 503 "
+           "200 when this node knows a leader, has heard a commit index from it and has applied all of it but at most 64 "
+           "entries; 503 "
            "otherwise. No key needed.", None, leader=False, ok="Readiness", tags=("cluster",),
            extra_responses={"503": {"description": "not ready", "headers": {"Retry-After": {"$ref": "#/components/headers/RetryAfter"}},
                                     "content": {"application/json": {"schema": ref("Readiness")}}}}),
@@ -590,6 +799,7 @@ SHARED_RESPONSES = {
     (400, ("invalid_argument",)): "InvalidArgument", (401, ("unauthenticated",)): "Unauthenticated",
     (403, ("permission_denied",)): "PermissionDenied", (307, ("not_leader",)): "NotLeader",
     (413, ("request_too_large",)): "RequestTooLarge", (429, ("overloaded",)): "Overloaded",
+    (408, ("request_timeout",)): "RequestTimeout", (415, ("unsupported_media_type",)): "UnsupportedMediaType",
     (503, ("no_leader",)): "NoLeader", (503, ("no_leader", "unavailable")): "Unavailable",
     (500, ("internal",)): "Internal",
 }
@@ -614,7 +824,9 @@ def _responses(route) -> dict:
         add(503, "no_leader")
     if route["write"]:
         add(400, "invalid_argument")
+        add(408, "request_timeout")
         add(413, "request_too_large")
+        add(415, "unsupported_media_type")
         add(429, "overloaded")
         add(503, "no_leader", "unavailable")
     if route["params"] and any(p["in"] == "path" and p["name"] == "id" for p in route["params"]):
@@ -626,8 +838,11 @@ def _responses(route) -> dict:
     ok_status = str(route["ok_status"])
     if route["ok_status"] == 101:
         out[ok_status] = {"description": "Switching Protocols: the session is open"}
-        out["400"] = {"description": "not a WebSocket upgrade request", "content": {"text/plain": {
-            "schema": {"type": "string"}}}}
+        out["400"] = _error_response(400, ["invalid_argument"])
+        out["400"]["description"] = "not a WebSocket upgrade request: " + out["400"]["description"]
+        out["403"] = _error_response(403, ["permission_denied"])
+        out["403"]["description"] = ("the key's role, or an upgrade from a web page of another origin: "
+                                     + out["403"]["description"])
     elif route["ok"] is not None:
         out[ok_status] = {"description": "OK", "content": {route["ok_type"]: {"schema": ref(route["ok"])}}}
     elif route["op_id"] == "openapi":
@@ -654,7 +869,7 @@ def _operation(route) -> dict:
     op = {"operationId": route["op_id"], "summary": route["summary"], "description": desc,
           "tags": list(route["tags"]), "x-raftq-role": role, "x-raftq-leader-only": route["leader"]}
     params = list(route["params"])
-    if route["method"] in ("post", "delete"):
+    if route["method"] in ("post", "delete", "put"):
         params.append({"$ref": "#/components/parameters/RequestId"})
     if params:
         op["parameters"] = params
@@ -690,15 +905,18 @@ def document() -> dict:
             "description": "Every node serves the whole API. Leader-only operations sent to a follower are "
                            "answered 307 to the leader (follow redirects, keeping method and body). JSON bodies, "
                            "snake_case fields, unknown request fields ignored, an optional field given as null "
-                           "taken as left out; integers are written as JSON integers (`1`, not `1.0`: a number "
+                           "taken as left out; a request body must be sent as `Content-Type: application/json` "
+                           "(415 otherwise); a method a path does not take is 405 `method_not_allowed` with "
+                           "`Allow`; integers are written as JSON integers (`1`, not `1.0`: a number "
                            "with a fraction or exponent is refused as a wrong type, which JSON Schema cannot "
                            "express); instants are integer ms since the "
-                           "Unix epoch (`*_at_ms`), durations integer ms (`*_ms`). Any POST or DELETE may carry "
-                           "`Request-Id`: a repeat within `request_id_window_ms` (60 s) gets the stored answer "
-                           "and applies nothing. See docs/api.md.",
+                           "Unix epoch (`*_at_ms`), durations integer ms (`*_ms`). Any POST, PUT or DELETE may "
+                           "carry `Request-Id`: a repeat by the same caller of the same request within "
+                           "`request_id_window_ms` (60 s) gets the stored answer and applies nothing. See "
+                           "docs/api.md.",
             "license": {"name": "see the repository"},
         },
-        "tags": [{"name": t} for t in ("jobs", "dead letters", "queues", "session", "cluster")],
+        "tags": [{"name": t} for t in ("jobs", "dead letters", "queues", "session", "cluster", "configuration")],
         "paths": paths,
         "components": {
             "schemas": schemas(),
@@ -706,8 +924,10 @@ def document() -> dict:
                           for (status, codes), name in SHARED_RESPONSES.items()},
             "parameters": {"RequestId": {
                 "name": "Request-Id", "in": "header", "required": False,
-                "description": "1..128 visible ASCII characters. A repeat within `request_id_window_ms` returns "
-                               "the stored answer and applies nothing; reused for another operation it is 400.",
+                "description": "1..128 visible ASCII characters, scoped to the caller (the API key's name). A "
+                               "repeat of the same request within `request_id_window_ms` returns the stored answer "
+                               "and applies nothing; reused for another route or another body it is 400 and "
+                               "changes nothing.",
                 "schema": {"type": "string", "pattern": REQUEST_ID_PATTERN}}},
             "headers": {"RetryAfter": {"required": True, "description": "seconds to wait before retrying",
                                        "schema": {"type": "string", "pattern": "^[0-9]+$"}}},

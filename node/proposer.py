@@ -21,6 +21,7 @@ import time
 
 from .replica import FAIL_REASON
 
+from . import bounds
 from .core.answers import render
 from .errors import error
 
@@ -141,6 +142,7 @@ class Proposer:
             fut.set_result(error("overloaded", f"more than {self.max_inflight} requests in flight on this node; "
                                                "retry after a moment"))
             self.stats["overloaded"] += 1
+            bounds.hit("max_inflight")
             return fut
         self.inflight += 1
         self.pending.append((cmd, fut))

@@ -18,7 +18,7 @@ import time
 
 import cryptography  # noqa: F401 - a node needs the server extra (the Raft link's AES-GCM), said at import
 
-from . import backup, fault_hooks, sync_shadow
+from . import fault_hooks, sync_shadow
 from .machine import QueueMachine
 from .raft import _RAFT_STATE, FAIL_REASON, StorageFailure, SyncObj, SyncObjConf, SyncObjConsumer, replicated
 from .settings import Settings
@@ -26,6 +26,9 @@ from .settings import Settings
 __all__ = ["FAIL_REASON", "QueueState", "Replica", "StorageFailure"]
 
 log = logging.getLogger("raftq.replica")
+
+# How far behind the leader's reported commit index a node may be and still be ready (/readyz).
+READY_MAX_LAG = 64
 
 ROLES = {_RAFT_STATE.FOLLOWER: "follower", _RAFT_STATE.CANDIDATE: "candidate", _RAFT_STATE.LEADER: "leader"}
 
@@ -51,6 +54,7 @@ class QueueState(SyncObjConsumer):
         self.limits = limits
         self.after_apply = None          # called on the tick thread after each applied batch
         self.apply_cpu_s = 0.0           # CPU spent in the state machine (for the benchmark split)
+        self.applied_index = 0           # the Raft index of the last entry apply_batch applied
         super().__init__()
         self.machine = QueueMachine(limits)
 
@@ -67,6 +71,9 @@ class QueueState(SyncObjConsumer):
                 # leader) are not rendered.
                 machine.render = self._syncObj.answerWanted
                 results = machine.apply_batch(now_ms, cmds)
+                # The entry this is (Raft counts it applied only after this returns, outside
+                # the lock): Replica.applied_index pairs the state with its index.
+                self.applied_index = self._syncObj.raftLastApplied + 1
             self.apply_cpu_s += time.thread_time() - t0
         except Exception:                               # pragma: no cover - defence in depth
             log.exception("apply_batch failed outside the state machine")
@@ -85,10 +92,14 @@ class QueueState(SyncObjConsumer):
         return {"machine": self.machine.to_builtins(), "limits_fingerprint": self.limits.fingerprint()}
 
     def _deserialize(self, data):
-        written = data.get("limits_fingerprint")
-        if written is not None and written != self.limits.fingerprint():
-            log.warning("snapshot was written with different limits; using this node's limits")
         machine = QueueMachine.from_builtins(self.limits, data["machine"])
+        if machine.config_version == 0:
+            # No configuration in the snapshot (release 0.1.0, or a cluster not seeded yet): its
+            # entries ran under the bootstrap, which is this node's TOML. From version 1 on the
+            # snapshot carries the configuration in force, and the TOML has no say.
+            written = data.get("limits_fingerprint")
+            if written is not None and written != self.limits.fingerprint():
+                log.warning("snapshot was written with different limits; using this node's limits")
         with self.lock:
             self.machine = machine
 
@@ -131,6 +142,8 @@ class Replica:
             leaderFallbackTimeout=t["leader_fallback_timeout_s"],
             connectionRetryTime=t["connection_retry_s"],
             connectionTimeout=max(3.5, t["raft_max_timeout_s"]),
+            handshakeTimeout=t["raft_handshake_timeout_s"],
+            maxPendingConnections=int(t["raft_max_pending_handshakes"]),
             commandsWaitLeader=False,
             commandsQueueSize=int(t["max_inflight"]),
             logCompactionMinEntries=int(t["log_compaction_min_entries"]),
@@ -157,40 +170,53 @@ class Replica:
         self.syncobj = SyncObj(settings.raft, others, conf=conf, consumers=[self.state])
         if self.shadow is not None:
             self.syncobj.addOnTickCallback(self.shadow.tick)     # memory mode: the simulated page writeback
-        self._backup_request = None      # (path, Future) for the next tick: fork_backup
-        self.syncobj.addOnTickCallback(self._backup_tick)
+        self._fork_requests: list = []   # (work, Future) for the next tick: fork_at_tick
+        self._fork_lock = threading.Lock()
+        self.syncobj.addOnTickCallback(self._fork_tick)
 
     # ---------------------------------------------------------------- online backup
-    def fork_backup(self, path: str) -> concurrent.futures.Future:
-        """Fork a child that writes the state to `path` (node/backup.py); the Future gets
-        (pid, index, term) where index is the last applied entry the state holds."""
+    def fork_at_tick(self, work) -> concurrent.futures.Future:
+        """Fork a child at the next tick boundary that runs `work(machine) -> exit code` on the
+        state as of the last applied entry and exits; the Future gets (pid, index, term). The
+        child must not log (another thread may have held the logging lock at the fork)."""
         fut = concurrent.futures.Future()
-        self._backup_request = (path, fut)      # taken within one tick period (auto_tick_period_s)
+        with self._fork_lock:
+            self._fork_requests.append((work, fut))   # taken within one tick period (auto_tick_period_s)
         return fut
 
-    def _backup_tick(self):
+    def _fork_tick(self):
         # On the tick thread, after the tick's applies: the machine is exactly the state of
         # raftLastApplied, and stays so until this returns (applies run on this thread only).
-        request = self._backup_request
-        if request is None:
+        if not self._fork_requests:
             return
-        self._backup_request = None
-        path, fut = request
+        with self._fork_lock:
+            requests, self._fork_requests = self._fork_requests, []
         index, term = self.syncobj.raftLastApplied, self.syncobj.raftCurrentTerm
-        try:
-            pid = os.fork()
-        except OSError as e:
-            fut.set_exception(e)
-            return
-        if pid == 0:                                            # the child: write, exit
-            os._exit(backup.child_write(self.state.machine, path))
-        fut.set_result((pid, index, term))
+        for work, fut in requests:
+            try:
+                pid = os.fork()
+            except OSError as e:
+                fut.set_exception(e)
+                continue
+            if pid == 0:                                        # the child: work, exit
+                code = 1
+                try:
+                    code = work(self.state.machine)
+                finally:
+                    os._exit(code)
+            fut.set_result((pid, index, term))
 
     # ---------------------------------------------------------------- status
     @property
     def syncs(self) -> int:
         """Journal syncs so far (fsync durability)."""
         return self.syncobj.journalSyncs
+
+    @property
+    def raft_refusals(self) -> dict:
+        """Raft-port connections refused or closed, by reason, and the handshakes under way
+        ('pending'): node/raft/transport.py REFUSALS."""
+        return self.syncobj.transportRefusals
 
     def is_leader(self) -> bool:
         return self.syncobj._isLeader()
@@ -221,6 +247,15 @@ class Replica:
     def last_applied(self) -> int:
         return self.syncobj.raftLastApplied
 
+    def applied_index(self) -> int:
+        """The index the machine's state is that of; call with the state lock held. Raft counts
+        an entry applied only after apply_batch returned and released the lock, so in between
+        the machine already holds entry raftLastApplied + 1. Entries without a command (a new
+        leader's no-op) leave the state as it was: it is then that of raftLastApplied."""
+        last = self.syncobj.raftLastApplied
+        applying = self.state.applied_index
+        return applying if applying == last + 1 else last
+
     def leader_commit_index(self) -> int:
         """The commit index the leader last reported (this node's own on the leader; 0 before
         any was heard)."""
@@ -229,8 +264,17 @@ class Replica:
         return leader_commit or 0
 
     def caught_up(self) -> bool:
-        """Applied everything the leader reported committed."""
-        return self.syncobj.raftLastApplied >= self.leader_commit_index()
+        """Heard a commit index from a leader, and applied all of it but at most READY_MAX_LAG
+        entries. Not "all of it": under load a healthy follower is always a few entries behind
+        the leader's last report (the next append is on its way), so /readyz would flap on every
+        node and a rolling restart would stop at the first check. A node replaying its journal
+        or receiving a snapshot is thousands of entries behind. Before it has heard a leader a
+        restarted node knows nothing to be caught up with, and is not ready."""
+        s = self.syncobj
+        leader_commit = s.leaderCommitIndex
+        if leader_commit is None:
+            return False
+        return s.raftLastApplied >= leader_commit - READY_MAX_LAG
 
     def connected(self, raft_addr: str) -> bool:
         try:

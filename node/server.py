@@ -10,6 +10,7 @@ import sys
 
 from aiohttp import web
 
+from .guard import GuardedRunner, allowed_hosts, install_redaction
 from .http import build_app
 from .limits import ConfigError
 from .replica import StorageFailure
@@ -33,13 +34,17 @@ async def serve(settings: Settings, tls_loaded=None, accept_damaged_log: bool = 
         print(f"raftq node {settings.node_id}: {msg}", file=sys.stderr, flush=True)
         return EXIT_STORAGE
     app = build_app(service)
-    runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=5.0)
+    runner = GuardedRunner(app, tuning=settings.tuning, allowed_hosts=allowed_hosts(settings), access_log=None,
+                           handle_signals=False, shutdown_timeout=5.0)
+    app["runner"] = runner
     await runner.setup()
     if tls_loaded is None:
         site = web.TCPSite(runner, settings.http_host, settings.http_port, reuse_address=True)
     else:
         from .tls import TlsSite
-        site = TlsSite(runner, settings.http_host, settings.http_port, tls_loaded, settings.url)
+        t = settings.tuning
+        site = TlsSite(runner, settings.http_host, settings.http_port, tls_loaded, settings.url,
+                       handshake_timeout=float(t["http_header_timeout_s"]), max_pending=int(t["max_connections"]))
     try:
         await site.start()
     except OSError as e:
@@ -127,6 +132,8 @@ def main(argv=None) -> int:
     logging.basicConfig(level=args.log_level.upper(),
                         format=f"%(asctime)s {settings.node_id} %(levelname)s %(name)s: %(message)s")
     logging.getLogger("raftq.node.raft").setLevel(logging.WARNING)       # the Raft fork (node/raft)
+    # No log line carries an API key (aiohttp quotes a malformed request's header lines).
+    install_redaction(k["key"] for k in settings.api_keys or ())
     # The queue state is millions of long-lived containers (jobs, heap entries, dedup and
     # request-id records) with almost no reference cycles. CPython's default thresholds make
     # the cyclic GC walk them again and again, in pauses that stall the Raft tick thread;

@@ -11,19 +11,27 @@ import collections
 import logging
 import os
 import sys
+import threading
 import time
 
-from . import fault_hooks, validate
+from . import bounds, fault_hooks, validate
+from .auth import Auth
 from .core import ops
-from .core.jobs import IN_FLIGHT, READY, SCHEDULED, Queue
+from .core.jobs import DEAD_LETTER_CAUSES, IN_FLIGHT, READY, SCHEDULED, Queue
 from .errors import ApiError, error
 from .proposer import Proposer, wall_ms
-from .replica import Replica
+from .replica import ROLES, Replica
 from .settings import Settings
 
 log = logging.getLogger("raftq.node")
 from .. import __version__ as VERSION
 WAKING_OPS = ops.WAKING_OPS
+ENQUEUE_ITEMS = ops.reader(ops.ENQUEUE, "items")
+ITEM_QUEUE = ops.ITEM_QUEUE
+# Beyond this many queue names with parked reserves, an apply of enqueues wakes only the
+# waiters of the queues it enqueued to (below it, looking at every name costs less).
+TARGETED_WAKE_NAMES = 64
+PEER_VIEW_TIMEOUT_S = 1.5       # a stopped peer must not hold up the others' rows for long
 
 # The node's exit status after a failed write or sync of its data dir (EX_IOERR): distinct from
 # 1 (cannot listen) and 2 (config or limits), so a supervisor or an operator can tell a disk
@@ -49,6 +57,21 @@ def _new_id() -> str:
     return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
 
 
+class Waiter:
+    """One parked long-poll reserve: its future (True: a job may be ready, False: leave, None:
+    its time is up), the queues it waits on, whether its client is still there, and what it is
+    counted against (its session, or None)."""
+    __slots__ = ("fut", "names", "alive", "owner")
+
+    def __init__(self, fut, names, alive, owner):
+        self.fut, self.names, self.alive, self.owner = fut, names, alive, owner
+
+
+def _time_up(fut):
+    if not fut.done():
+        fut.set_result(None)
+
+
 def _page_limit(query) -> int | None:
     """A listing's `limit` (default 50), or None when it is not an integer 1..100."""
     try:
@@ -58,10 +81,14 @@ def _page_limit(query) -> int | None:
     return limit if 1 <= limit <= 100 else None
 
 
+# The routes a request id is bound to (node/validate.py request_slot): one per endpoint.
+JOB_ID_OPS = frozenset(("ack", "nack", "extend"))
+SEED_RETRY_S = 0.05
+
+
 class NodeService:
     def __init__(self, settings: Settings, loop: asyncio.AbstractEventLoop, accept_damaged_log: bool = False):
         self.settings = settings
-        self.limits = settings.limits
         self.clock_offset_ms = settings.testing.clock_offset_ms     # [testing]: chaos clock-skew
         self.strober: asyncio.Task | None = None                      # [testing]: chaos clock-strobe
         self.loop = loop
@@ -81,16 +108,121 @@ class NodeService:
                                  max_batch_bytes=int(t["max_batch_bytes"]),
                                  max_inflight=int(t["max_inflight"]),
                                  request_timeout_s=float(t["request_timeout_s"]))
-        self.waiters: dict[str, collections.deque] = {}
+        # Parked long polls: queue name -> {Waiter: None} in park order. A waiter is in the map
+        # under each of its queue names while it is parked, and nowhere once it leaves.
+        self.waiters: dict[str, dict] = {}
+        self.parked = 0
+        self.max_parked = int(t["max_parked_reserves"])
         self.wake_scheduled = False
+        self._wake_names: set | None = set()    # what the next wake looks at; None: every name
+        self._wake_lock = threading.Lock()
         self.stopping = False
         self.leader_epoch = 0
         self.state.after_apply = self._after_apply_thread
         self.sweeper: asyncio.Task | None = None
         self.stats = collections.Counter()
         self._digest_cache = (None, None)
+        self._digest_job: asyncio.Task | None = None
         self.leadership_lost_hooks: list = []     # coroutine functions(new_leader_url or "")
         self.fatal: str | None = None
+        self._peer_session = None                 # aiohttp client for GET /v1/cluster/nodes
+        # The configuration in force as this node applied it: auth follows its keys (the TOML's
+        # until version 1), `config_hooks` are called (on whichever thread saw the change) with
+        # the new Limits, e.g. the HTTP app's body bound.
+        self.auth = Auth(settings.api_keys)
+        self.seeded = False
+        self.config_hooks: list = []
+        self._config_seen = (None, -1)
+        self._toml_logged = -1
+        self.toml_keys = {k["name"]: (validate.key_sha256(k["key"]), k["role"]) for k in settings.api_keys or ()}
+        self.seeder: asyncio.Task | None = None
+        self.config_watch: asyncio.Task | None = None
+        self.follow_config()
+
+    # ---------------------------------------------------------------- the configuration in force
+    @property
+    def limits(self):
+        """The configuration in force as this node has applied it (never the TOML after
+        version 1): what validation, server-info and the queue views use."""
+        return self.state.machine.limits
+
+    def is_seeded(self) -> bool:
+        if not self.seeded and self.state.machine.config_version >= 1:
+            self.seeded = True
+        return self.seeded
+
+    def follow_config(self) -> None:
+        """Follow a change of the configuration in force (a config or key command applied, or
+        a snapshot restored): the key set for auth, the hooks, a log line when the node's TOML
+        differs from it (once per version). Cheap when nothing changed; thread-safe enough (the
+        tick thread and the loop may both call it; each does the same)."""
+        m = self.state.machine
+        seen = (m.limits, m.config_version)
+        if seen == self._config_seen:
+            return
+        self._config_seen = seen
+        if m.config_version >= 1:
+            self.seeded = True
+            self.auth.load((name, rec[0], rec[1]) for name, rec in m.keys.items())
+        for hook in self.config_hooks:
+            try:
+                hook(m.limits)
+            except Exception:                       # pragma: no cover
+                log.exception("config hook failed")
+        if m.config_version >= 1 and self._toml_logged != m.config_version:
+            self._toml_logged = m.config_version
+            differs = self.toml_differences()
+            if differs:
+                log.warning("this node's TOML differs from the cluster's configuration in force (version %d): %s; "
+                            "the node follows the configuration in force (raftq config diff FILE shows it, "
+                            "raftq config apply FILE changes it)", m.config_version, ", ".join(differs[:10])
+                            + (f" and {len(differs) - 10} more" if len(differs) > 10 else ""))
+
+    def toml_differences(self) -> list[str]:
+        """The keys where this node's TOML differs from the configuration in force (after
+        version 1; before it the TOML is what is in force)."""
+        from .limits import diff_docs
+        m = self.state.machine
+        if m.config_version < 1:
+            return []
+        key = (m.limits, m.config_version)
+        cached = getattr(self, "_toml_diff", None)
+        if cached is not None and cached[0] == key:
+            return cached[1]
+        out = [k for k, _, _ in diff_docs(m.limits.doc, self.settings.limits.doc)]
+        in_force = {name: (rec[0], rec[1]) for name, rec in m.keys.items()}
+        for name in sorted(set(in_force) | set(self.toml_keys)):
+            if in_force.get(name) != self.toml_keys.get(name):
+                out.append(f"auth.api_keys[{name}]")
+        self._toml_diff = (key, out)
+        return out
+
+    async def _watch_config(self):
+        while not self.stopping:
+            try:
+                self.follow_config()
+            except Exception:                       # pragma: no cover
+                log.exception("config watch failed")
+            await asyncio.sleep(0.2)
+
+    async def _seed(self):
+        """The first leader of a new cluster (or of one upgraded from 0.1.0) proposes version 1
+        from its TOML; two leaders racing are decided by expect_version 0 at apply."""
+        while not self.stopping and not self.is_seeded():
+            if self.replica.is_leader():
+                status, body = await self.proposer.run(validate.seed(self.settings.limits, self.settings.api_keys))
+                if status == 200:
+                    log.info("configuration version %d seeded from this node's TOML", body["version"])
+                    self.follow_config()
+                    continue
+            await asyncio.sleep(SEED_RETRY_S)
+
+    def not_seeded(self):
+        return error("unavailable", "the cluster's configuration is being seeded (a new leader of a new cluster); "
+                     "retry in a moment", applied=False)
+
+    def slot(self, rid, who, route: str, body, param=None):
+        return validate.request_slot(who, rid, route, body, param)
         self.disk_task: asyncio.Task | None = None
         self._check_space()
 
@@ -232,9 +364,10 @@ class NodeService:
 
     def _on_state_changed(self, old, new):
         self.leader_epoch += 1
-        log.info("raft state %s -> %s", old, new)
+        # Role names, not the Raft layer's numbers: an operator reads this line.
+        log.info("raft role %s -> %s", ROLES.get(old, old), ROLES.get(new, new))
         self._wake_all()
-        if old == 2 and new != 2:
+        if ROLES.get(old) == "leader" and ROLES.get(new) != "leader":
             self._leadership_lost()
 
     def _leadership_lost(self):
@@ -244,37 +377,111 @@ class NodeService:
 
     # ---------------------------------------------------------------- long-poll wake-ups
     def _after_apply_thread(self, cmds, results):
-        if self.wake_scheduled or not self.waiters:
+        """On the Raft thread after an apply: schedule a wake-up of the parked reserves when a
+        command may have made a job ready. Enqueues name their queues; the other waking ops
+        (nack, sweep, requeue, resume) make the wake look at every queue with waiters."""
+        m = self.state.machine
+        if (m.limits, m.config_version) != self._config_seen:
+            self.follow_config()            # a config entry: in force here from this index on
+        waiters = self.waiters
+        if not waiters:
             return
+        names: set | None = set()
+        targeted = len(waiters) > TARGETED_WAKE_NAMES
         for c in cmds:
-            if ops.op_of(c) in WAKING_OPS:
-                self.wake_scheduled = True
-                try:
-                    self.loop.call_soon_threadsafe(self._wake)
-                except RuntimeError:
-                    pass
+            op = ops.op_of(c)
+            if op == ops.ENQUEUE:
+                if not targeted:
+                    names = None
+                    break
+                for it in ENQUEUE_ITEMS(c):
+                    if type(it) is tuple:
+                        names.add(it[ITEM_QUEUE])
+            elif op in WAKING_OPS:
+                names = None
+                break
+        if names is not None and not names:
+            return
+        with self._wake_lock:
+            if names is None or self._wake_names is None:
+                self._wake_names = None
+            else:
+                self._wake_names |= names
+            if self.wake_scheduled:
                 return
+            self.wake_scheduled = True
+        try:
+            self.loop.call_soon_threadsafe(self._wake)
+        except RuntimeError:
+            pass
+
+    def _schedule_wake(self, names=None):
+        """On the loop: wake the waiters of `names` (None: of every queue) soon."""
+        with self._wake_lock:
+            if names is None or self._wake_names is None:
+                self._wake_names = None
+            else:
+                self._wake_names.update(names)
+            if self.wake_scheduled:
+                return
+            self.wake_scheduled = True
+        self.loop.call_soon(self._wake)
 
     def _wake(self):
-        self.wake_scheduled = False
+        """Wake, per queue that has jobs ready, up to that many of its live waiters, oldest
+        first. A waiter whose client has gone is told to leave and does not count: the wake-up
+        goes to the next one."""
+        with self._wake_lock:
+            names, self._wake_names = self._wake_names, set()
+            self.wake_scheduled = False
+        waiters = self.waiters
         queues = self.state.machine.queues
-        for name, dq in list(self.waiters.items()):
+        for name in list(waiters) if names is None else names:
+            parked = waiters.get(name)
+            if not parked:
+                continue
             q = queues.get(name)
             n = 0 if q is None or q.paused else q.ready
-            while dq and n > 0:
-                fut = dq.popleft()
-                if not fut.done():
-                    fut.set_result(True)
-                    n -= 1
-            if not dq:
-                del self.waiters[name]
+            if n <= 0:
+                continue
+            for w in list(parked):
+                fut = w.fut
+                if fut.done():
+                    continue
+                if w.alive is not None and not w.alive():
+                    fut.set_result(False)
+                    continue
+                fut.set_result(True)
+                n -= 1
+                if n <= 0:
+                    break
 
     def _wake_all(self):
-        for dq in self.waiters.values():
-            for fut in dq:
-                if not fut.done():
-                    fut.set_result(False)
-        self.waiters.clear()
+        """Leadership moved (or the node stops): every parked reserve leaves, empty."""
+        for parked in list(self.waiters.values()):
+            for w in parked:
+                if not w.fut.done():
+                    w.fut.set_result(False)
+
+    def _park(self, names, alive, owner) -> Waiter:
+        w = Waiter(self.loop.create_future(), names, alive, owner)
+        for name in names:
+            self.waiters.setdefault(name, {})[w] = None
+        self.parked += 1
+        if owner is not None:
+            owner.parked += 1
+        return w
+
+    def _unpark(self, w: Waiter):
+        for name in w.names:
+            parked = self.waiters.get(name)
+            if parked is not None:
+                parked.pop(w, None)
+                if not parked:
+                    del self.waiters[name]
+        self.parked -= 1
+        if w.owner is not None:
+            w.owner.parked -= 1
 
     def _has_ready(self, queue_names) -> bool:
         queues = self.state.machine.queues
@@ -285,29 +492,38 @@ class NodeService:
         return False
 
     # ---------------------------------------------------------------- job operations
-    def prepare(self, op: str, body, rid, job_id=None):
+    def prepare(self, op: str, body, rid, job_id=None, who=None):
         """The command for one operation (everything but reserve), or an immediate error:
         (cmd, size_hint) or (None, (status, body)). `job_id` comes from the HTTP path; a
-        session frame carries it in the body."""
+        session frame carries it in the body. `rid` is the Request-Id as the client sent it,
+        `who` the caller's key name (None without auth)."""
         try:
-            if op == "enqueue":
-                return validate.enqueue(body, self.limits, self.stamp(), _new_id, rid), 256
-            if op == "enqueue_batch":
-                return validate.enqueue_batch(body, self.limits, self.stamp(), _new_id, rid), 4096
-            if op == "enqueue_atomic":
-                return validate.enqueue_atomic(body, self.limits, self.stamp(), _new_id, rid), 4096
-            if op == "ack_batch":
-                cmd = validate.ack_batch(body, self.limits, rid)
-                return cmd, 64 * len(ops.ack_batch_pairs(cmd))
-            if op == "drain":
-                return validate.drain(body, self.limits, rid), 64
-            if op in ("ack", "nack", "extend"):
+            limits = self.state.machine.limits          # the configuration in force, applied here
+            if op in JOB_ID_OPS:
                 if job_id is None:
                     if not isinstance(body, dict):
                         raise ApiError("invalid_argument", "body must be a JSON object with job_id")
                     job_id = body.get("job_id")
-                build = {"ack": validate.ack, "nack": validate.nack, "extend": validate.extend}[op]
+                if rid is not None:
+                    hashed = {k: v for k, v in body.items() if k != "job_id"} if isinstance(body, dict) else body
+                    rid = validate.request_slot(who, rid, op, hashed, job_id)
+                if op == "nack":
+                    return validate.nack(job_id, body, rid, limits), 64
+                build = validate.ack if op == "ack" else validate.extend
                 return build(job_id, body, rid), 64
+            if rid is not None:
+                rid = validate.request_slot(who, rid, op, body)
+            if op == "enqueue":
+                return validate.enqueue(body, limits, self.stamp(), _new_id, rid), 256
+            if op == "enqueue_batch":
+                return validate.enqueue_batch(body, limits, self.stamp(), _new_id, rid), 4096
+            if op == "enqueue_atomic":
+                return validate.enqueue_atomic(body, limits, self.stamp(), _new_id, rid), 4096
+            if op == "ack_batch":
+                cmd = validate.ack_batch(body, limits, rid)
+                return cmd, 64 * len(ops.ack_batch_pairs(cmd))
+            if op == "drain":
+                return validate.drain(body, limits, rid, who), 64
         except ApiError as e:
             return None, e.result
         return None, error("invalid_argument", f"unknown op {op!r}")
@@ -315,81 +531,132 @@ class NodeService:
     # The job operations below are plain functions that return a future to await, not
     # coroutines: each `async def` layer costs a frame and a send() per request on the path
     # every enqueue, reserve and ack takes.
-    def run(self, op: str, body, rid=None, job_id=None) -> asyncio.Future:
+    def run(self, op: str, body, rid=None, job_id=None, who=None) -> asyncio.Future:
         """Prepare and propose one operation: a future of its committed result or the error."""
-        cmd, extra = self.prepare(op, body, rid, job_id)
+        cmd, extra = self.prepare(op, body, rid, job_id, who)
         if cmd is None:
             return self.proposer.answered(extra)
         return self.proposer.submit(cmd, extra)
 
-    def enqueue(self, body, rid=None) -> asyncio.Future:
-        return self.run("enqueue", body, rid)
+    def enqueue(self, body, rid=None, who=None) -> asyncio.Future:
+        return self.run("enqueue", body, rid, None, who)
 
-    def enqueue_batch(self, body, rid=None) -> asyncio.Future:
-        return self.run("enqueue_batch", body, rid)
+    def enqueue_batch(self, body, rid=None, who=None) -> asyncio.Future:
+        return self.run("enqueue_batch", body, rid, None, who)
 
-    def enqueue_atomic(self, body, rid=None) -> asyncio.Future:
-        return self.run("enqueue_atomic", body, rid)
+    def enqueue_atomic(self, body, rid=None, who=None) -> asyncio.Future:
+        return self.run("enqueue_atomic", body, rid, None, who)
 
-    async def reserve(self, body, rid=None, alive=None):
+    async def reserve(self, body, rid=None, alive=None, owner=None, who=None):
+        """A reserve; with `wait_ms`, a long poll that parks until a job may be ready in one of
+        its queues. `alive()` says whether the client is still there; `owner` (a session) has
+        `parked` and `max_parked`, its own bound on parked reserves; `who` is the caller's key
+        name (the request id's scope)."""
         try:
-            cmd, wait_ms = validate.reserve(body, self.limits, rid)
+            cmd, wait_ms = validate.reserve(body, self.limits, validate.request_slot(who, rid, "reserve", body))
         except ApiError as e:
             return e.result
+        slot = cmd[1]
         queue_names = ops.reserve_queue_names(cmd)
-        deadline = self.loop.time() + wait_ms / 1000.0
+        loop = self.loop
+        deadline = loop.time() + wait_ms / 1000.0
         epoch = self.leader_epoch
-        while True:
-            if alive is not None and not alive():
-                return 200, {"jobs": []}        # the client has gone: take nothing for it
-            if self.stopping or epoch != self.leader_epoch:
-                return 200, {"jobs": []}        # leadership moved while parked
-            if rid is not None and rid in self.state.machine.rids or self._has_ready(queue_names):
-                result = await self.proposer.submit(cmd)
-                if result[0] != 200 or result[1]["jobs"]:
-                    return result
-            remaining = deadline - self.loop.time()
-            if remaining <= 0:
-                return 200, {"jobs": []}
-            fut = self.loop.create_future()
-            for name in queue_names:
-                self.waiters.setdefault(name, collections.deque()).append(fut)
-            if self._has_ready(queue_names):    # an apply slipped in before we parked
-                fut.set_result(True)
-            try:
-                await asyncio.wait_for(fut, remaining)
-            except asyncio.TimeoutError:
-                return 200, {"jobs": []}
-            finally:
-                if not fut.done():
-                    fut.cancel()
+        wake_owed = False        # woken for a ready job and not (yet) reserved: pass it on when leaving
+        try:
+            while True:
+                if alive is not None and not alive():
+                    return 200, {"jobs": []}        # the client has gone: take nothing for it
+                if self.stopping or epoch != self.leader_epoch:
+                    return 200, {"jobs": []}        # leadership moved while parked
+                if slot is not None and self.state.machine.has_request(slot) or self._has_ready(queue_names):
+                    result = await self.proposer.submit(cmd)
+                    if result[0] != 200:
+                        return result
+                    wake_owed = False
+                    if result[1]["jobs"]:
+                        return result
+                else:
+                    wake_owed = False               # taken by another reserve meanwhile
+                remaining = deadline - loop.time()
+                if remaining <= 0:
+                    return 200, {"jobs": []}
+                if self.parked >= self.max_parked:
+                    bounds.hit("max_parked_reserves")
+                    return error("overloaded", f"{self.max_parked} long polls are waiting on this node "
+                                               "(tuning.max_parked_reserves); retry after a moment")
+                if owner is not None and owner.parked >= owner.max_parked:
+                    bounds.hit("max_session_parked_reserves")
+                    return error("overloaded", f"{owner.max_parked} long polls are waiting in this session "
+                                               "(tuning.max_session_parked_reserves); retry after a moment")
+                w = self._park(tuple(dict.fromkeys(queue_names)), alive, owner)
+                fut = w.fut
+                if self._has_ready(queue_names):    # an apply slipped in before we parked
+                    fut.set_result(True)
+                timer = loop.call_later(remaining, _time_up, fut)
+                try:
+                    woken = await fut
+                finally:
+                    timer.cancel()
+                    self._unpark(w)
+                    if not fut.done():
+                        fut.cancel()
+                    elif not fut.cancelled() and fut.result() is True:
+                        wake_owed = True
+                if woken is None:
+                    return 200, {"jobs": []}        # the time is up
+        finally:
+            if wake_owed:
+                self._schedule_wake(queue_names)
 
-    def ack(self, job_id, body, rid=None) -> asyncio.Future:
-        return self.run("ack", body, rid, job_id)
+    def ack(self, job_id, body, rid=None, who=None) -> asyncio.Future:
+        return self.run("ack", body, rid, job_id, who)
 
-    def ack_batch(self, body, rid=None) -> asyncio.Future:
-        return self.run("ack_batch", body, rid)
+    def ack_batch(self, body, rid=None, who=None) -> asyncio.Future:
+        return self.run("ack_batch", body, rid, None, who)
 
-    def nack(self, job_id, body, rid=None) -> asyncio.Future:
-        return self.run("nack", body, rid, job_id)
+    def nack(self, job_id, body, rid=None, who=None) -> asyncio.Future:
+        return self.run("nack", body, rid, job_id, who)
 
-    def extend(self, job_id, body, rid=None) -> asyncio.Future:
-        return self.run("extend", body, rid, job_id)
+    def extend(self, job_id, body, rid=None, who=None) -> asyncio.Future:
+        return self.run("extend", body, rid, job_id, who)
 
-    def drain(self, body, rid=None) -> asyncio.Future:
-        return self.run("drain", body, rid)
+    def drain(self, body, rid=None, who=None) -> asyncio.Future:
+        return self.run("drain", body, rid, None, who)
 
-    async def requeue(self, body, rid=None):
-        return await self._run(validate.requeue, body, rid)
+    # Operator moves: each command carries the caller's name for the audit trail.
+    async def requeue(self, body, rid=None, who=None):
+        return await self._run(validate.requeue, body, self.slot(rid, who, "requeue", body), who)
 
-    async def delete_dead_letters(self, body, rid=None):
-        return await self._run(validate.delete_dead_letters, body, rid)
+    async def delete_dead_letters(self, body, rid=None, who=None):
+        return await self._run(validate.delete_dead_letters, body, self.slot(rid, who, "dead_letters_delete", body), who)
 
-    async def cancel(self, job_id, rid=None):
-        return await self._run(validate.cancel, job_id, rid)
+    async def cancel(self, job_id, rid=None, who=None):
+        return await self._run(validate.cancel, job_id, self.slot(rid, who, "cancel", None, job_id), who)
 
-    async def pause(self, queue, paused: bool, rid=None):
-        return await self._run(validate.pause, queue, paused, self.limits, rid)
+    async def pause(self, queue, paused: bool, rid=None, body=None, who=None):
+        route = "pause" if paused else "resume"
+        return await self._run(validate.pause, queue, paused, self.limits,
+                               self.slot(rid, who, route, body, queue), body, who)
+
+    async def move_to_dead_letters(self, queue, body, rid=None, who=None):
+        return await self._run(validate.move_to_dead_letters, queue, body, self.limits,
+                               self.slot(rid, who, "dead_letter_move", body, queue), who)
+
+    async def purge(self, queue, body=None, rid=None, who=None):
+        return await self._run(validate.purge, queue, self.limits, self.slot(rid, who, "purge", body, queue), who)
+
+    async def delete_queue(self, queue, rid=None, who=None):
+        return await self._run(validate.delete_queue, queue, self.limits,
+                               self.slot(rid, who, "queue_delete", None, queue), who)
+
+    async def put_config(self, body, rid=None, who=None):
+        return await self._run(validate.configure, body, self.slot(rid, who, "config", body), who)
+
+    async def add_key(self, body, rid=None, who=None):
+        return await self._run(validate.add_key, body, self.slot(rid, who, "key_add", body), who)
+
+    async def remove_key(self, name, rid=None, who=None):
+        return await self._run(validate.remove_key, name, self.slot(rid, who, "key_remove", None, name), who)
 
     async def _run(self, build, *args):
         try:
@@ -402,9 +669,9 @@ class NodeService:
     async def sweep_loop(self):
         """While leader: propose a sweep when something is due, and at least every
         sweep_interval_ms while anything is pending."""
-        interval = self.limits.sweep_interval_ms / 1000.0
         last = 0.0
         while not self.stopping:
+            interval = self.limits.sweep_interval_ms / 1000.0      # the configuration in force
             delay = interval
             try:
                 if self.replica.is_leader():
@@ -453,7 +720,7 @@ class NodeService:
             members.append({"id": p.id, "url": p.url, "raft_addr": p.raft,
                             "connected": True if p.id == self.settings.node_id else r.connected(p.raft)})
         with self.state.lock:
-            applied = r.last_applied()
+            applied = r.applied_index()
             cached_at, digest = self._digest_cache
             if not with_digest:
                 digest = None
@@ -461,14 +728,66 @@ class NodeService:
                 digest = self.state.machine.digest()
                 self._digest_cache = ((applied, self.state.machine.applied), digest)
             machine_counts = self.state.machine.counts()
+            config_version = self.state.machine.config_version
+        toml_differs = bool(self.toml_differences())
         return 200, {"node_id": self.settings.node_id, "role": role,
                      "leader": leader, "term": term, "commit_index": status["commit_index"],
                      "last_applied": applied, "members": members, "ready": self.ready(),
                      "digest": digest, "durability": self.settings.durability,
-                     "limits_fingerprint": self.limits.fingerprint(), "state": machine_counts,
+                     "limits_fingerprint": self.limits.fingerprint(), "config_version": config_version,
+                     "toml_differs": toml_differs, "state": machine_counts,
                      "cpu": r.cpu(), "proposer": dict(self.proposer.stats), "journal_syncs": r.syncs,
                      "disk": self.disk(),
                      "event_loop": "uvloop" if type(self.loop).__module__.startswith("uvloop") else "asyncio"}
+
+    async def cluster_with_digest(self):
+        """`cluster(True)` without hashing a large state on the event loop: a state of more than
+        `tuning.digest_inline_max_entries` (5,000: ~20 ms inline, less than a fork costs) is hashed in a child forked at a tick boundary
+        (Replica.fork_at_tick), and the view's `last_applied` is the index that digest belongs
+        to. At 100k jobs the digest costs ~0.4 s of CPU (seconds on a busy machine): inline,
+        under the state lock, every request of the node would wait for it. Concurrent callers
+        share one child; the result is cached per applied index like the inline one."""
+        m = self.state.machine
+        with self.state.lock:
+            key = (self.replica.applied_index(), m.applied)
+            small = len(m.jobs) + len(m.rids) + len(m.dlq) <= self.settings.tuning["digest_inline_max_entries"]
+        if small or self._digest_cache[0] == key:
+            return self.cluster(True)
+        if self._digest_job is None or self._digest_job.done():
+            self._digest_job = self.loop.create_task(self._forked_digest())
+        index, applied, digest = await asyncio.shield(self._digest_job)
+        status, view = self.cluster(False)
+        view["last_applied"], view["digest"] = index, digest
+        return status, view
+
+    async def _forked_digest(self):
+        rfd, wfd = os.pipe()
+
+        def work(machine) -> int:
+            os.close(rfd)
+            os.write(wfd, f"{machine.applied} {machine.digest()}".encode())
+            return 0
+        try:
+            pid, index, _ = await asyncio.wrap_future(self.replica.fork_at_tick(work))
+        except BaseException:
+            os.close(rfd)
+            os.close(wfd)
+            raise
+        os.close(wfd)
+
+        def collect() -> bytes:
+            try:
+                chunks = []
+                while chunk := os.read(rfd, 4096):
+                    chunks.append(chunk)
+                return b"".join(chunks)
+            finally:
+                os.close(rfd)
+                os.waitpid(pid, 0)
+        raw = await self.loop.run_in_executor(None, collect)
+        applied, digest = raw.decode().split()
+        self._digest_cache = ((index, int(applied)), digest)
+        return index, int(applied), digest
 
     def disk(self) -> dict:
         d = self.replica.disk()
@@ -488,13 +807,37 @@ class NodeService:
     def queue(self, name):
         with self.state.lock:
             stats = self.state.machine.queue_stats(name)
+            limits = self.limits
         if stats is None:
-            if name in self.limits.queues or not self.limits.strict_queues:
-                stats = Queue(name).stats(name in self.limits.queues)
+            if name in limits.queues or not limits.strict_queues:
+                stats = Queue(name).stats(name in limits.queues)
             else:
                 return error("not_found", f"queue {name!r} is not declared", queue=name)
-        stats["limits"] = self.limits.queue(name).describe()
+        stats["limits"] = limits.queue(name).describe()
         return 200, stats
+
+    def config(self):
+        with self.state.lock:
+            return 200, self.state.machine.config_view()
+
+    def keys(self):
+        with self.state.lock:
+            return 200, {"keys": self.state.machine.keys_view(), "version": self.state.machine.config_version}
+
+    def audit(self, query):
+        limit = _page_limit(query)
+        if limit is None:
+            return error("invalid_argument", "limit must be an integer 1..100")
+        before = None
+        cursor = query.get("cursor")
+        if cursor:
+            try:
+                before = int(cursor)
+            except ValueError:
+                return error("invalid_argument", "cursor is not one this server returned")
+        with self.state.lock:
+            entries, nxt = self.state.machine.audit_page(limit, before)
+        return 200, {"entries": entries, "next_cursor": str(nxt) if nxt is not None else None}
 
     def queue_jobs(self, name, query):
         state = query.get("state", "ready")
@@ -533,63 +876,85 @@ class NodeService:
         cursor = query.get("cursor") or None
         if cursor is not None and validate.canonical_uuid(cursor) is None:
             return error("invalid_argument", "cursor is not one this server returned")
+        cause = query.get("cause")      # present, it must name a cause (empty too: a typo, not "all")
+        if cause is not None and cause not in DEAD_LETTER_CAUSES:
+            return error("invalid_argument", f"cause must be one of {', '.join(DEAD_LETTER_CAUSES)}")
         with self.state.lock:
-            records, nxt = self.state.machine.list_dead_letters(queue, limit, cursor)
+            records, nxt = self.state.machine.list_dead_letters(queue, limit, cursor, cause)
         return 200, {"records": records, "next_cursor": nxt}
+
+    async def cluster_nodes(self, authorization: str | None):
+        """Every member's own view (`GET /v1/cluster?digest=false` on each), asked by this node
+        at once, so that one page served by one node can show them all (a browser page may
+        only call its own origin). The caller's Authorization goes along: the peers check the
+        key themselves, as they would the caller's own request."""
+        import aiohttp
+        from .tls import peer_problem
+        _, mine = self.cluster(False)
+        headers = {"Authorization": authorization} if authorization else {}
+        timeout = aiohttp.ClientTimeout(total=PEER_VIEW_TIMEOUT_S)
+
+        async def one(peer):
+            if peer.id == self.settings.node_id:
+                return mine, None
+            try:
+                http = self._peer_http()
+                async with http.get(peer.url + "/v1/cluster?digest=false", headers=headers,
+                                    allow_redirects=False, timeout=timeout) as r:
+                    body = await r.json(content_type=None)
+                    if r.status != 200 or not isinstance(body, dict):
+                        code = ((body or {}).get("error") or {}).get("code") if isinstance(body, dict) else None
+                        return None, f"answered {r.status}" + (f" {code}" if code else "")
+                    return body, None
+            except asyncio.TimeoutError:
+                return None, f"no answer within {PEER_VIEW_TIMEOUT_S:g} s"
+            except Exception as e:
+                why = peer_problem(e)
+                if why is None:
+                    cause = getattr(e, "os_error", e)
+                    why = ("connection refused" if isinstance(cause, ConnectionRefusedError)
+                           else f"cannot connect: {getattr(cause, 'strerror', None) or cause}"
+                           if isinstance(e, (aiohttp.ClientConnectorError, OSError)) else f"{type(e).__name__}: {e}")
+                return None, why
+
+        answers = await asyncio.gather(*(one(p) for p in self.settings.peers))
+        views = [v for v, _ in answers if v is not None]
+        top = max((v.get("commit_index") or 0 for v in views), default=0)
+        nodes = []
+        for peer, (view, why) in zip(self.settings.peers, answers):
+            node = {"id": peer.id, "url": peer.url, "reachable": view is not None, "error": why}
+            if view is not None:
+                others = [m for m in view.get("members", []) if m.get("id") != peer.id]
+                leader = view.get("leader")
+                node.update(role=view.get("role"), term=view.get("term"), commit_index=view.get("commit_index"),
+                            last_applied=view.get("last_applied"), ready=view.get("ready"),
+                            leader_id=leader.get("id") if isinstance(leader, dict) else None,
+                            peers_connected=sum(1 for m in others if m.get("connected")), peers=len(others),
+                            durability=view.get("durability"),
+                            lag=max(0, top - (view.get("last_applied") or 0)))
+            nodes.append(node)
+        return 200, {"node_id": self.settings.node_id, "nodes": nodes}
+
+    def _peer_http(self):
+        """One HTTP client for calls to the other nodes, made on first use (https peers: the
+        tls_peer_ca trust and this node's certificate, as for the limits check)."""
+        if self._peer_session is None or self._peer_session.closed:
+            import aiohttp
+            from .tls import peer_context
+            ctx = peer_context(self.settings.tls)
+            self._peer_session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(ssl=True if ctx is None else ctx, limit_per_host=4))
+        return self._peer_session
 
     # ---------------------------------------------------------------- lifecycle
     def start(self, on_fatal=None):
-        self.sweeper = self.loop.create_task(self.sweep_loop())
+        if self.settings.testing.sweeps:
+            self.sweeper = self.loop.create_task(self.sweep_loop())
+        self.seeder = self.loop.create_task(self._seed())
+        self.config_watch = self.loop.create_task(self._watch_config())
         self.disk_task = self.loop.create_task(self.disk_loop())
         if self.settings.testing.clock_strobe:
             self.strober = self.loop.create_task(self.strobe_loop())
-        self.limits_check = self.loop.create_task(self.check_peer_limits(on_fatal))
-
-    async def check_peer_limits(self, on_fatal):
-        """Every node of a cluster must run the same limits (validation and apply depend on
-        them). A node whose limits differ from a majority of the cluster refuses to serve; one
-        that agrees with a majority carries on (a single misconfigured node cannot stop the rest)."""
-        import aiohttp
-        from .tls import peer_context, peer_problem
-        mine = self.limits.fingerprint()
-        n = len(self.settings.peers)
-        seen: dict[str, str] = {}
-        told: set[str] = set()
-        try:
-            ssl_ctx = peer_context(self.settings.tls)   # https peers: tls_peer_ca, this node's certificate
-        except Exception as e:                          # the files changed since the start
-            log.warning("cannot compare limits with the other nodes: their https client context: %s", e)
-            return
-        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=True if ssl_ctx is None else ssl_ctx)) as http:
-            while not self.stopping:
-                for p in self.settings.others:
-                    if p.id in seen:
-                        continue
-                    try:
-                        async with http.get(p.url + "/v1/cluster?digest=false",
-                                            timeout=aiohttp.ClientTimeout(total=2)) as r:
-                            theirs = (await r.json()).get("limits_fingerprint")
-                    except Exception as e:
-                        why = peer_problem(e)
-                        if why is not None and p.id not in told:
-                            told.add(p.id)
-                            log.warning("cannot compare limits with %s at %s: %s", p.id, p.url, why)
-                        continue
-                    if theirs:
-                        seen[p.id] = theirs
-                agree = 1 + sum(1 for f in seen.values() if f == mine)
-                if agree * 2 > n:
-                    return
-                differ = {pid: f for pid, f in seen.items() if f != mine}
-                if len(differ) * 2 > n - 1 or (len(seen) == n - 1 and agree * 2 <= n):
-                    self.fatal = (f"limits differ from those of {', '.join(sorted(differ))} ({mine} here); every node "
-                                  "of a cluster must have the same [limits], [storage] and [[queues]]: fix this node's "
-                                  "config and restart it")
-                    log.critical(self.fatal)
-                    if on_fatal is not None:
-                        on_fatal()
-                    return
-                await asyncio.sleep(2.0)
 
     async def stop(self, transfer_timeout_s: float = 3.0):
         """Stop taking requests, hand leadership over if leader, let in-flight work finish."""
@@ -607,8 +972,11 @@ class NodeService:
         end = self.loop.time() + self.proposer.request_timeout_s
         while self.proposer.inflight and self.loop.time() < end:
             await asyncio.sleep(0.02)
-        if self.sweeper:
-            self.sweeper.cancel()
+        for task in (self.sweeper, self.seeder, self.config_watch):
+            if task:
+                task.cancel()
+        if self._peer_session is not None:
+            await self._peer_session.close()
         if self.disk_task:
             self.disk_task.cancel()
         if self.strober:

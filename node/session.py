@@ -14,12 +14,15 @@ import logging
 import orjson
 from aiohttp import WSMsgType, web
 
-from .auth import OPERATOR, VIEWER, WORKER, Auth
+from . import bounds
+from .auth import OPERATOR, VIEWER, WORKER
 from .errors import error
 from .service import NodeService
+from .settings import TUNING_DEFAULTS
 
 log = logging.getLogger("raftq.session")
 CLOSE_NOT_LEADER = 4001
+CLOSE_NOT_READ = 4008       # the client did not read its answers for session_stall_timeout_s
 
 
 # Answered without a task: prepared, proposed, and replied to from the future's callback.
@@ -28,8 +31,62 @@ FAST_OPS = frozenset(("enqueue", "enqueue_batch", "enqueue_atomic", "ack", "ack_
 OP_ROLES = {**{op: WORKER for op in FAST_OPS}, "reserve": WORKER, "drain": OPERATOR}
 READ_OPS = {
     "server_info": lambda s: s.server_info(),
-    "cluster": lambda s: s.cluster(),
+    "cluster": lambda s: s.cluster_with_digest(),       # a coroutine: awaited
 }
+ALL_OPS = tuple(sorted(FAST_OPS | {"reserve"} | set(READ_OPS)))
+
+
+class SessionState:
+    """One session's bounds and counters: parked long polls (`tuning.max_session_parked_reserves`),
+    frames taken and not yet answered (`max_session_inflight`) and answer bytes not yet sent
+    (`max_session_queued_bytes`, and all sessions' together `max_queued_answer_bytes`, which
+    holds back only sessions that have answers waiting). While a bound is reached the session
+    takes no frame: its socket is not read (TCP pushes back on the client) until its answers
+    drain."""
+    __slots__ = ("parked", "max_parked", "inflight", "max_inflight", "queued", "max_queued", "room", "shared",
+                 "sent", "closed")
+
+    def __init__(self, tuning: dict, shared: "Sessions"):
+        self.parked = 0
+        self.max_parked = int(tuning["max_session_parked_reserves"])
+        self.inflight = 0
+        self.max_inflight = int(tuning["max_session_inflight"])
+        self.queued = 0
+        self.max_queued = int(tuning["max_session_queued_bytes"])
+        self.shared = shared
+        self.sent = 0               # answer messages sent (the stall check's progress mark)
+        self.closed = False
+        self.room = asyncio.Event()
+        self.room.set()
+
+    def queue(self, n: int):
+        """`n` answer bytes more (negative: less) waiting to be sent."""
+        self.queued += n
+        self.shared.queued += n
+        self.update()
+
+    def update(self):
+        if self.inflight < self.max_inflight and self.queued < self.max_queued and (
+                self.queued == 0 or self.shared.queued < self.shared.max_queued):
+            if not self.room.is_set():
+                self.room.set()
+        elif self.room.is_set():
+            self.room.clear()
+            bounds.hit("max_session_inflight" if self.inflight >= self.max_inflight else
+                       "max_session_queued_bytes" if self.queued >= self.max_queued else "max_queued_answer_bytes")
+
+
+def _frame_bytes(frame_id, status, body) -> bytes:
+    """An answer frame as compact bytes. orjson's output keeps the buffer it was written into
+    (8 KiB for a small answer, about 7x the length for a large one), so an answer that waits in
+    the outbox is copied into a bytes object of its own length: what the queued-bytes bounds
+    count is what the node holds."""
+    try:
+        data = orjson.dumps({"id": frame_id, "status": status, "body": body})
+    except (TypeError, orjson.JSONEncodeError):      # an id orjson cannot write back (never a JSON one)
+        data = orjson.dumps({"id": None, "status": 400, "body": error(
+            "invalid_argument", "the frame's id cannot be written back: use an integer")[1]})
+    return bytes(memoryview(data))
 
 
 class Sessions:
@@ -38,6 +95,9 @@ class Sessions:
     def __init__(self, service: NodeService):
         self.service = service
         self.open: set[web.WebSocketResponse] = set()
+        self.queued = 0             # answer bytes waiting in every session's outbox
+        tuning = getattr(service.settings, "tuning", None) or TUNING_DEFAULTS
+        self.max_queued = int(tuning["max_queued_answer_bytes"])
 
     async def close_all(self, reason: str = ""):
         for ws in list(self.open):
@@ -46,9 +106,12 @@ class Sessions:
             except Exception:
                 pass
 
-    async def handle(self, request: web.Request, who=None) -> web.StreamResponse:
-        """`who`: the caller's (key name, role level) when API keys are on, else None."""
+    async def handle(self, request: web.Request, header=None) -> web.StreamResponse:
+        """`header`: the upgrade's Authorization header; each frame is checked with it against
+        the key set in force when the frame arrives (a removed key stops working at once)."""
         service = self.service
+        tuning = service.settings.tuning
+        auth = service.auth
         ws = web.WebSocketResponse(max_msg_size=service.limits.max_request_bytes + 4096, heartbeat=20.0,
                                    autoping=True)
         await ws.prepare(request)
@@ -57,7 +120,9 @@ class Sessions:
         # its answers batched the same way: every response ready at one moment goes out as one
         # WebSocket message, one syscall instead of one per response.
         batching = [request.query.get("batch") == "1"]
-        outbox: list = []
+        state = SessionState(tuning, self)
+        stall_s = float(tuning["session_stall_timeout_s"])
+        outbox: list = []                # (answer frame as bytes, binary)
         wake = asyncio.Event()
         tasks: set[asyncio.Task] = set()
 
@@ -65,67 +130,94 @@ class Sessions:
             return not ws.closed
 
         def reply(frame_id, status, body, binary):
-            outbox.append(({"id": frame_id, "status": status, "body": body}, binary))
+            if state.closed:                # a proposal committed after the session ended
+                state.inflight -= 1
+                return
+            data = _frame_bytes(frame_id, status, body)
+            outbox.append((data, binary))
+            state.inflight -= 1
+            state.queue(len(data))
             wake.set()
 
         async def writer():
             # One writer: aiohttp's WebSocket sends must not interleave.
-            while True:
-                await wake.wait()
-                wake.clear()
-                while outbox:
-                    if ws.closed:
-                        return
-                    if batching[0] and len(outbox) > 1:
-                        frames = [f for f, _ in outbox]
-                        binary = outbox[0][1]
-                        outbox.clear()
-                        data = orjson.dumps(frames)
-                    else:
-                        frame, binary = outbox.pop(0)
-                        data = orjson.dumps(frame)
-                    if binary:
-                        await ws.send_bytes(data)
-                    else:
-                        await ws.send_str(data.decode())
+            try:
+                while True:
+                    await wake.wait()
+                    wake.clear()
+                    while outbox:
+                        if ws.closed:
+                            return
+                        if batching[0] and len(outbox) > 1:
+                            parts = [d for d, _ in outbox]
+                            binary = outbox[0][1]
+                            outbox.clear()
+                            data = b"[" + b",".join(parts) + b"]"
+                            size = len(data) - len(parts) - 1
+                        else:
+                            data, binary = outbox.pop(0)
+                            size = len(data)
+                        if binary:
+                            await ws.send_bytes(data)
+                        else:
+                            await ws.send_str(data.decode())
+                        state.sent += 1
+                        state.queue(-size)
+            except (ConnectionError, RuntimeError):
+                return
 
-        async def serve(frame_id, op, body, rid, binary):
+        async def serve(frame_id, op, body, rid, binary, who):
             try:
                 if not service.is_leader():
                     status, out = error("unavailable", "this node is no longer the leader; reconnect",
                                         applied=False)
+                elif op == "reserve" and not service.is_seeded():
+                    status, out = service.not_seeded()
                 elif op == "reserve":          # a long poll: needs its own task
-                    status, out = await service.reserve(body, rid, alive=alive)
+                    status, out = await service.reserve(body, rid, alive=alive, owner=state, who=who)
                 else:
-                    status, out = READ_OPS[op](service)
+                    answer = READ_OPS[op](service)
+                    status, out = await answer if asyncio.iscoroutine(answer) else answer
             except Exception:
                 log.exception("session op %s failed", op)
                 status, out = error("internal", "internal error (a bug): see the node's log")
             reply(frame_id, status, out, binary)
 
         def dispatch(frame, binary):
+            state.inflight += 1             # every frame taken is answered once (reply)
+            if state.inflight >= state.max_inflight:
+                state.update()
             try:
                 frame_id = frame["id"]
                 op = frame["op"]
-            except (KeyError, TypeError):
+            except (KeyError, TypeError, IndexError):
                 reply(None, *error("invalid_argument", "a frame is {\"id\", \"op\", \"request_id\"?, \"body\"}"), binary)
+                return
+            if not isinstance(op, str):
+                reply(frame_id, *error("invalid_argument", f"op must be a string, one of {', '.join(ALL_OPS)}"),
+                      binary)
                 return
             rid = frame.get("request_id")
             if rid is not None and (not isinstance(rid, str) or not 1 <= len(rid) <= 128
                                     or not all(0x21 <= ord(c) <= 0x7E for c in rid)):
                 reply(frame_id, *error("invalid_argument", "request_id must be 1..128 visible ASCII characters"), binary)
                 return
-            if who is not None:
-                denied = Auth.permits(who, OP_ROLES.get(op, VIEWER))
+            who = None
+            if auth.enabled:
+                found, denied = auth.frame_check(header, OP_ROLES.get(op, VIEWER))
                 if denied is not None:
                     reply(frame_id, *denied, binary)
                     return
+                who = found[0]
             if op in FAST_OPS:
                 if not service.is_leader():
                     reply(frame_id, *error("unavailable", "this node is no longer the leader; reconnect",
                                            applied=False), binary)
                     return
-                cmd, extra = service.prepare(op, frame.get("body"), rid)
+                if not service.seeded and not service.is_seeded():
+                    reply(frame_id, *service.not_seeded(), binary)
+                    return
+                cmd, extra = service.prepare(op, frame.get("body"), rid, None, who)
                 if cmd is None:
                     reply(frame_id, *extra, binary)
                     return
@@ -133,36 +225,67 @@ class Sessions:
                 fut.add_done_callback(lambda f, i=frame_id, b=binary: reply(i, *f.result(), b))
                 return
             if op != "reserve" and op not in READ_OPS:
-                reply(frame_id, *error("invalid_argument", f"unknown op {op!r}; one of "
-                                                           f"{', '.join(sorted(FAST_OPS) + ['reserve'] + list(READ_OPS))}"),
+                reply(frame_id, *error("invalid_argument", f"unknown op {op[:64]!r}; one of {', '.join(ALL_OPS)}"),
                       binary)
                 return
-            t = asyncio.create_task(serve(frame_id, op, frame.get("body"), rid, binary))
+            t = asyncio.create_task(serve(frame_id, op, frame.get("body"), rid, binary, who))
             tasks.add(t)
             t.add_done_callback(tasks.discard)
 
+        async def room() -> bool:
+            """Wait until the session may take a frame; False when it is closed for not reading
+            its answers (the queued-bytes bound held for session_stall_timeout_s)."""
+            while not state.room.is_set():
+                sent = state.sent
+                try:
+                    await asyncio.wait_for(state.room.wait(), stall_s)
+                except asyncio.TimeoutError:
+                    if state.queued > 0 and state.sent == sent:     # answers waiting, none sent
+                        bounds.hit("session_stall_timeout_s")
+                        log.info("session closed: its answers were not read for %.0f s (%d bytes waiting)",
+                                 stall_s, state.queued)
+                        try:
+                            await asyncio.wait_for(ws.close(code=CLOSE_NOT_READ, message=b"answers not read"), 2.0)
+                        except (asyncio.TimeoutError, Exception):
+                            pass
+                        if request.transport is not None:
+                            request.transport.abort()
+                        return False
+            return True
+
         writer_task = asyncio.create_task(writer())
         try:
-            async for msg in ws:
+            while not ws.closed:
+                if not state.room.is_set() and not await room():
+                    break
+                msg = await ws.receive()
                 if msg.type == WSMsgType.BINARY:
                     raw, binary = msg.data, True
                 elif msg.type == WSMsgType.TEXT:
                     raw, binary = msg.data, False
                 else:
+                    if msg.type == WSMsgType.ERROR and getattr(msg.data, "code", None) == 1009:
+                        bounds.hit("max_request_bytes")
                     break
                 try:
                     frame = orjson.loads(raw)
                 except orjson.JSONDecodeError:
+                    state.inflight += 1     # (reply takes it back)
                     reply(None, *error("invalid_argument", "a frame must be JSON"), binary)
                     continue
                 if isinstance(frame, list):
                     batching[0] = True
                     for f in frame:
+                        if not state.room.is_set() and not await room():
+                            break
                         dispatch(f, binary)
                 else:
                     dispatch(frame, binary)
         finally:
             self.open.discard(ws)
+            state.closed = True
+            self.queued -= state.queued          # its unsent answers are dropped with it
+            state.queued = 0
             # Unanswered requests are abandoned: a proposal still commits (the client re-sends
             # it with its request id and gets the stored answer); a parked reserve takes nothing.
             for t in list(tasks):

@@ -4,6 +4,7 @@ Unknown keys are errors so that typos do not pass silently; every error names th
 """
 from __future__ import annotations
 
+import collections
 import ipaddress
 import tomllib
 from dataclasses import dataclass, field
@@ -47,11 +48,14 @@ class TestHooks:
     fsync_eio: bool = False                 # fail the next journal sync on demand (node/fault_hooks.py)
     clock_strobe: bool = False              # make the clock jump back and forth on demand (node/fault_hooks.py)
     free_space_file: bool = False           # take the data disk's free space from a file (node/fault_hooks.py)
+    # false: the leader proposes no sweeps, so the state changes only by requests (the
+    # hostile-input suite compares state digests around each refused request)
+    sweeps: bool = True
 
 
 TESTING_KEYS = {f: t for f, t in (("clock_offset_ms", int), ("raft_dial_map", dict), ("sync_shadow", bool),
                                   ("sync_shadow_writeback_s", (int, float)), ("fsync_eio", bool),
-                                  ("clock_strobe", bool), ("free_space_file", bool))}
+                                  ("clock_strobe", bool), ("free_space_file", bool), ("sweeps", bool))}
 
 
 @dataclass(frozen=True)
@@ -100,6 +104,36 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
+
+
+MIN_SECRET_CHARS = 16
+MIN_SECRET_BITS = 40
+# Placeholders of the docs and deploy/ examples (and their like), refused wherever they appear.
+PLACEHOLDER_WORDS = ("change-me", "changeme", "change_me", "replace-me", "replaceme", "replace_me",
+                     "placeholder", "openssl rand", "local-secret", "your-secret", "yoursecret")
+
+
+def weak_secret(secret: str) -> str | None:
+    """Why `secret` is too weak for the Raft transport, or None. Refused: the placeholders of the
+    docs and deploy/ examples, fewer than 16 characters, fewer than 8 distinct ones, a repeated
+    pattern, and less than 40 bits by the characters' own frequencies (Shannon entropy times
+    length: `openssl rand -hex 32` has about 230)."""
+    import math
+    low = secret.lower()
+    for word in PLACEHOLDER_WORDS:
+        if word in low:
+            return "it is (or contains) a placeholder of the documentation: replace it with a random secret"
+    if len(secret) < MIN_SECRET_CHARS:
+        return f"it has {len(secret)} characters, fewer than {MIN_SECRET_CHARS}"
+    if len(set(secret)) < 8:
+        return f"it has {len(set(secret))} distinct characters, fewer than 8"
+    if secret in (secret + secret)[1:-1]:
+        return "it is a shorter string repeated"
+    n = len(secret)
+    bits = -sum(c / n * math.log2(c / n) for c in collections.Counter(secret).values()) * n
+    if bits < MIN_SECRET_BITS:
+        return f"it holds about {bits:.0f} bits of entropy, fewer than {MIN_SECRET_BITS}"
+    return None
 
 
 def _str(where: str, value) -> str:
@@ -172,6 +206,11 @@ def parse(doc: dict, source: str = "", base_dir: Path | None = None) -> Settings
     secret = cluster.get("secret")
     if secret is not None:
         secret = _str("cluster.secret", secret)
+        why = weak_secret(secret)
+        if why:
+            raise ConfigError(f"cluster.secret: {why}; the Raft port speaks pickle, so whoever knows or guesses the "
+                              "secret runs code on the node: use the output of `openssl rand -hex 32`, the same "
+                              "on every node")
     if secret is None:
         for p in peers:
             if not is_loopback(_hostport("cluster.peers.raft", p.raft)[0]):
@@ -209,6 +248,8 @@ def parse(doc: dict, source: str = "", base_dir: Path | None = None) -> Settings
                     if kk not in ("name", "key", "role"):
                         raise ConfigError(f"{where}.{kk}: unknown key")
                 name = _str(f"{where}.name", k.get("name"))
+                if len(name) > 128 or any(ord(c) < 0x20 or 0x7F <= ord(c) <= 0x9F for c in name):
+                    raise ConfigError(f"{where}.name: must be 1..128 characters, no control characters")
                 key = _str(f"{where}.key", k.get("key"))
                 if not all(0x21 <= ord(c) <= 0x7E for c in key):
                     raise ConfigError(f"{where}.key: must be visible ASCII characters only")
@@ -237,6 +278,9 @@ def parse(doc: dict, source: str = "", base_dir: Path | None = None) -> Settings
         elif key == "raft_compression_level":
             if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 9:
                 raise ConfigError(f"tuning.{key}: must be an integer 0..9, got {value!r}")
+        elif key == "digest_inline_max_entries":
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ConfigError(f"tuning.{key}: must be an integer >= 0, got {value!r}")
         elif isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
             raise ConfigError(f"tuning.{key}: must be a positive number, got {value!r}")
     tuning = {**TUNING_DEFAULTS, **tuning}
@@ -317,6 +361,22 @@ TUNING_DEFAULTS = {
     "dns_cache_time_s": 30,          # pysyncobj caches peer addresses (default 600 s): a peer
     "dns_fail_cache_time_s": 5,      # that comes back on a new IP must be found quickly
     "event_loop": "uvloop",          # or "asyncio" (node/server.py run_loop)
+    # Bounds a client meets (docs/limits.md): connections, deadlines, long polls, sessions.
+    "max_connections": 1000,
+    "http_header_timeout_s": 10.0,
+    "http_idle_timeout_s": 60.0,
+    "http_body_timeout_s": 30.0,
+    "max_parked_reserves": 2048,
+    "max_session_parked_reserves": 256,
+    "max_session_inflight": 512,
+    "max_session_queued_bytes": 1024 * 1024,
+    "max_queued_answer_bytes": 32 * 1024 * 1024,
+    "session_stall_timeout_s": 20.0,
+    # The Raft port before authentication (node/raft/transport.py): a connection's handshake
+    # must be done within the timeout; at most this many handshakes at once.
+    "raft_handshake_timeout_s": 5.0,
+    "raft_max_pending_handshakes": 64,
+    "digest_inline_max_entries": 5000,   # larger states are hashed in a forked child (service.py)
 }
 EVENT_LOOPS = ("uvloop", "asyncio")
 

@@ -16,12 +16,13 @@
   connection is closed: nothing it sends reaches the API. Demanding the certificate inside the
   handshake would refuse it just as well, but under TLS 1.3 the client only sees its
   connection closed (asyncio drops the alert), and the answer says what is missing.
-* `peer_context(files)`: the context of the node's own calls to its peers' https URLs (trusting
-  `tls_peer_ca`, else `tls_client_ca`, else the system's store; presenting the node's
-  certificate, for peers that require client certificates).
+* `tls_peer_ca` is read and checked like the others, and nothing uses it now: it was the CA of
+  the node's calls to its peers' https URLs, whose only use, the start-up limits check, gave way
+  to the configuration in force replicated in the log. It is still accepted so that the configs
+  `raftq config init --tls` wrote keep starting.
 
 The Raft link does not use TLS: it is encrypted and authenticated with the cluster secret
-(node/wire.py), so rotating a certificate never touches it.
+(node/raft/encryptor.py), so rotating a certificate never touches it.
 """
 from __future__ import annotations
 
@@ -215,17 +216,6 @@ def names_host(names, host: str) -> bool:
     return False
 
 
-def peer_context(files: TlsFiles | None) -> ssl.SSLContext | None:
-    """The context of the node's own calls to https peers; None without TLS (aiohttp's default)."""
-    if files is None:
-        return None
-    ca = files.peer_ca or files.client_ca
-    ctx = ssl.create_default_context(cafile=str(ca) if ca else None)
-    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
-    ctx.load_cert_chain(str(files.cert), str(files.key))
-    return ctx
-
-
 # ---------------------------------------------------------------------------- serving
 def _answer(status: str, code: str, message: str) -> bytes:
     body = orjson.dumps({"error": {"code": code, "message": message}})
@@ -334,10 +324,16 @@ class TlsSite(web.BaseSite):
     any other (keep-alive, WebSocket upgrade, shutdown)."""
 
     def __init__(self, runner: web.BaseRunner, host: str, port: int, loaded: Loaded, url: str,
-                 backlog: int = 128, handshake_timeout: float = HANDSHAKE_TIMEOUT_S):
+                 backlog: int = 128, handshake_timeout: float = HANDSHAKE_TIMEOUT_S, max_pending: int = 1000):
         super().__init__(runner, backlog=backlog)
         self.host, self.port, self.loaded, self.url = host, port, loaded, url
         self.handshake_timeout = handshake_timeout
+        # Connections not yet handed to aiohttp (first byte, TLS handshake) are not among the
+        # server's connections that tuning.max_connections bounds: at most `max_pending` of
+        # them at once, the oldest closed to make room (a client's handshake takes a round trip
+        # or two; a connection that never sends holds a slot until handshake_timeout).
+        self.max_pending = max_pending
+        self._pending: dict[asyncio.Task, None] = {}        # in arrival order
         self._socks: list[socket.socket] = []
         self._tasks: set[asyncio.Task] = set()
         self._plain = _answer("400 Bad Request", "tls_required",
@@ -384,7 +380,20 @@ class TlsSite(web.BaseSite):
                 log.warning("TLS: accept failed: %s", e)
                 await asyncio.sleep(0.1)
                 continue
-            self._spawn(loop, self._connection(loop, conn))
+            if len(self._pending) >= self.max_pending:
+                oldest = next(iter(self._pending))
+                self._pending.pop(oldest)
+                oldest.cancel()
+                from . import bounds
+                bounds.hit("max_connections_evicted")
+            t = loop.create_task(self._connection(loop, conn))
+            self._tasks.add(t)
+            self._pending[t] = None
+            t.add_done_callback(self._done)
+
+    def _done(self, t: asyncio.Task) -> None:
+        self._tasks.discard(t)
+        self._pending.pop(t, None)
 
     async def _connection(self, loop, conn: socket.socket) -> None:
         loaded = self.loaded                 # the context of this connection, whatever reloads follow
@@ -407,6 +416,7 @@ class TlsSite(web.BaseSite):
             handed = True                    # from here on the transport owns the socket
             await loop.connect_accepted_socket(factory, conn, ssl=loaded.context,
                                                ssl_handshake_timeout=self.handshake_timeout)
+            self._pending.pop(asyncio.current_task(), None)     # handed over: aiohttp's bounds hold
         except asyncio.CancelledError:
             raise
         except (OSError, ssl.SSLError, asyncio.TimeoutError, ConnectionError) as e:
@@ -435,6 +445,19 @@ class TlsSite(web.BaseSite):
             await asyncio.wait_for(loop.sock_recv(conn, 65536), 0.5)    # let the client read it first
         except (OSError, asyncio.TimeoutError):
             pass
+
+
+# ---------------------------------------------------------------------------- calls to peers
+def peer_context(files: TlsFiles | None) -> ssl.SSLContext | None:
+    """The context of the node's own calls to https peers (GET /v1/cluster/nodes, for the admin
+    page); None without TLS (aiohttp's default)."""
+    if files is None:
+        return None
+    ca = files.peer_ca or files.client_ca
+    ctx = ssl.create_default_context(cafile=str(ca) if ca else None)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    ctx.load_cert_chain(str(files.cert), str(files.key))
+    return ctx
 
 
 def peer_problem(e: BaseException) -> str | None:

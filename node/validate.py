@@ -12,11 +12,15 @@ A command is `(op, request_id, *fields)` of builtins, built by the constructors 
 from __future__ import annotations
 
 import binascii
+import hashlib
 import re
 import sys
 
+from . import bounds
+import orjson
+
 from .errors import ApiError, invalid
-from .limits import Limits, check_queue_name
+from .limits import ConfigError, Limits, check_queue_name
 from .core import ops
 from .core.ops import ATOMIC, BATCH, SINGLE
 
@@ -25,6 +29,20 @@ INT64_MIN = -(2**63)
 MAX_ADMIN_IDS = 1000
 _HEX = frozenset("0123456789abcdefABCDEF")
 _UUID = re.compile(r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}")
+
+
+def request_slot(who, rid, route: str, body, param=None):
+    """The request-id slot of a command (node/core/ops.py `request_id`), or None without a
+    Request-Id: the caller's key name, the id, the route, and a short hash of the request (its
+    body as orjson with sorted keys, and the path's job id or queue name), blake2b-128. A
+    reuse of the id by the same caller with another route or body is refused at apply."""
+    if rid is None:
+        return None
+    try:
+        data = orjson.dumps([param, body], option=orjson.OPT_SORT_KEYS)
+    except (TypeError, orjson.JSONEncodeError):
+        data = repr([param, body]).encode()
+    return ops.request_id(who, rid, route, hashlib.blake2b(data, digest_size=16).hexdigest())
 
 
 def is_int(v) -> bool:
@@ -52,9 +70,9 @@ def require_object(body) -> dict:
 
 
 def _opt_int(body: dict, key: str, default, minimum: int, what: str = ""):
-    v = body.get(key, default)
-    if v is None and default is None:
-        return None
+    v = body.get(key)
+    if v is None:               # absent or null: the default (API.md: null counts as left out)
+        return default
     if not is_int(v) or v < minimum:
         raise invalid(f"{key} must be an integer >= {minimum}{what}, got {v!r}")
     return v
@@ -71,6 +89,41 @@ def _bad(message: str):
 
 def _utf8_len(s: str) -> int:
     return len(s.encode("utf-8")) if not s.isascii() else len(s)
+
+
+def _too_long(field: str, key: str, limit: int, actual: int) -> dict:
+    """What a string over its length limit gets: the field, the limit's key, the sizes."""
+    bounds.hit(key)
+    return {"message": f"{field} is {actual} bytes, more than {key} ({limit})", "field": field,
+            "limit": limit, "actual": actual}
+
+
+def _check_lengths(encoding, trace, limits: Limits) -> None:
+    """The free-text fields a job carries to every replica (rejection `invalid_request`)."""
+    if encoding is not None:
+        n = _utf8_len(encoding)
+        if n > limits.max_encoding_bytes:
+            raise _Reject({"reason": "invalid_request",
+                           **_too_long("payload.encoding", "max_encoding_bytes", limits.max_encoding_bytes, n)})
+    if trace is not None:
+        n = _utf8_len(trace[0]) + (_utf8_len(trace[1]) if trace[1] is not None else 0)
+        if n > limits.max_trace_context_bytes:
+            raise _Reject({"reason": "invalid_request", **_too_long(
+                "trace_context", "max_trace_context_bytes", limits.max_trace_context_bytes, n)})
+
+
+def _check_text(body: dict, key: str, limit_key: str, limits: Limits):
+    """An optional non-empty string field of a request, within its byte limit (400 naming it)."""
+    v = body.get(key)
+    if v is None:
+        return None
+    if not isinstance(v, str) or not v:
+        raise invalid(f"{key} must be a non-empty string")
+    limit = getattr(limits, limit_key)
+    n = _utf8_len(v)
+    if n > limit:
+        raise ApiError("invalid_argument", **_too_long(key, limit_key, limit, n))
+    return v
 
 
 def _structure(job) -> tuple:
@@ -154,6 +207,8 @@ def check_job(job, limits: Limits, now_ms: int, new_id) -> tuple:
     failing check."""
     (queue, job_type, payload, encoding, key, priority, max_attempts, custom,
      scheduled, delay, trace, deadline) = _structure(job)
+    if encoding is not None or trace is not None:
+        _check_lengths(encoding, trace, limits)
     if limits.strict_queues and queue not in limits.queues:
         raise _Reject({"reason": "unknown_queue", "queue": queue})
     n = len(queue) if queue.isascii() else len(queue.encode("utf-8"))        # _utf8_len, inline
@@ -277,9 +332,7 @@ def reserve(body, limits: Limits, rid=None) -> tuple[tuple, int]:
         raise invalid(f"lease_ms is required and must be an integer > 0, got {lease!r}")
     wait = _opt_int(body, "wait_ms", 0, 0)
     max_jobs = _opt_int(body, "max_jobs", 1, 1)
-    worker = body.get("worker_id")
-    if worker is not None and (not isinstance(worker, str) or not worker):
-        raise invalid("worker_id must be a non-empty string")
+    _check_text(body, "worker_id", "max_worker_id_bytes", limits)     # accepted, not used
     lease = min(lease, min(limits.queue(q).max_lease_duration_ms for q in queues))
     return (ops.reserve(rid, queues, lease, min(max_jobs, limits.max_reserve_batch)),
             min(wait, limits.max_wait_timeout_ms))
@@ -311,7 +364,7 @@ def ack_batch(body, limits: Limits, rid=None) -> tuple:
     return ops.ack_batch(rid, tuple(pairs))
 
 
-def nack(job_id, body, rid=None) -> tuple:
+def nack(job_id, body, rid=None, limits: Limits | None = None) -> tuple:
     body = require_object(body)
     jid, attempt = job_id_arg(job_id), _attempt(body)
     reason = body.get("reason")
@@ -319,6 +372,11 @@ def nack(job_id, body, rid=None) -> tuple:
         raise invalid("reason must be a string")
     if reason == "":
         reason = None           # sepp's clients send an empty reason as absent
+    if reason is not None:
+        limit = limits.max_reason_bytes if limits is not None else Limits.build().max_reason_bytes
+        n = _utf8_len(reason)
+        if n > limit:
+            raise ApiError("invalid_argument", **_too_long("reason", "max_reason_bytes", limit, n))
     retry = body.get("retry")
     strategy, delay = ops.DEFAULT, None
     if retry is not None:
@@ -343,13 +401,17 @@ def extend(job_id, body, rid=None) -> tuple:
     return ops.extend(rid, jid, attempt, lease)
 
 
-def drain(body, limits: Limits, rid=None) -> tuple:
+def drain(body, limits: Limits, rid=None, who=None) -> tuple:
     body = require_object(body) if body is not None else {}
     queue = body.get("queue")
-    if queue is not None and (not isinstance(queue, str) or not queue):
-        raise invalid("queue must be a non-empty string")
+    if queue is not None:
+        why = check_queue_name(queue, 0)
+        if why:
+            raise invalid(f"queue: {why}")
+        if _utf8_len(queue) > limits.max_queue_name_bytes:
+            raise invalid(f"queue: name longer than max_queue_name_bytes ({limits.max_queue_name_bytes})")
     mx = _opt_int(body, "max", 1, 1)
-    return ops.drain(rid, queue, min(mx, limits.max_reserve_batch))
+    return ops.drain(rid, queue, min(mx, limits.max_reserve_batch), who)
 
 
 def _ids(body) -> tuple:
@@ -361,25 +423,118 @@ def _ids(body) -> tuple:
     return tuple(job_id_arg(i) for i in ids)
 
 
-def requeue(body, rid=None) -> tuple:
-    return ops.requeue(rid, _ids(body))
+def requeue(body, rid=None, who=None) -> tuple:
+    return ops.requeue(rid, _ids(body), who)
 
 
-def delete_dead_letters(body, rid=None) -> tuple:
-    return ops.delete_dead_letters(rid, _ids(body))
+def delete_dead_letters(body, rid=None, who=None) -> tuple:
+    return ops.delete_dead_letters(rid, _ids(body), who)
 
 
-def cancel(job_id, rid=None) -> tuple:
-    return ops.cancel(rid, job_id_arg(job_id))
+def cancel(job_id, rid=None, who=None) -> tuple:
+    return ops.cancel(rid, job_id_arg(job_id), who)
 
 
-def pause(queue, paused: bool, limits: Limits, rid=None) -> tuple:
+def queue_arg(queue, limits: Limits) -> str:
+    """A queue name from a path: the rules of EnqueueRequest.queue, max_queue_name_bytes included."""
     why = check_queue_name(queue, 0)
     if why:
         raise invalid(why)
+    if _utf8_len(queue) > limits.max_queue_name_bytes:
+        raise invalid(f"queue name longer than max_queue_name_bytes ({limits.max_queue_name_bytes})")
+    return sys.intern(queue)
+
+
+def pause(queue, paused: bool, limits: Limits, rid=None, body=None, who=None) -> tuple:
+    """Pause or resume. A queue that neither exists nor is declared is refused at apply (404)
+    unless the body says {"create": true}."""
+    queue = queue_arg(queue, limits)
+    create = (require_object(body) if body is not None else {}).get("create", False)
+    if create is None:
+        create = False
+    if not isinstance(create, bool):
+        raise invalid(f"create must be true or false, got {create!r}")
     if limits.strict_queues and queue not in limits.queues:
         raise ApiError("not_found", f"queue {queue!r} is not declared (strict mode)", queue=queue)
-    return ops.pause(rid, sys.intern(queue), paused)
+    return ops.pause(rid, queue, paused, create, who)
+
+
+def move_to_dead_letters(queue, body, limits: Limits, rid=None, who=None) -> tuple:
+    """POST /v1/queues/{name}/dead-letter {"ids", "reason"}."""
+    queue = queue_arg(queue, limits)
+    ids = _ids(body)
+    reason = body.get("reason")
+    if reason is not None and not isinstance(reason, str):
+        raise invalid("reason must be a string")
+    return ops.move_to_dead_letters(rid, queue, ids, reason or None, who)
+
+
+def purge(queue, limits: Limits, rid=None, who=None) -> tuple:
+    return ops.purge(rid, queue_arg(queue, limits), who)
+
+
+def delete_queue(queue, limits: Limits, rid=None, who=None) -> tuple:
+    return ops.delete_queue(rid, queue_arg(queue, limits), who)
+
+
+# ---------------------------------------------------------------------------- configuration
+def key_sha256(key: str) -> str:
+    """The digest an API key is kept as (node/auth.py looks keys up by it)."""
+    import hashlib
+    return hashlib.sha256(key.encode("utf-8", "surrogateescape")).hexdigest()
+
+
+def configure(body, rid=None, who=None) -> tuple:
+    """PUT /v1/config {"config": {limits, storage, queues}, "expect_version", "keys"?}: checked
+    exactly as the TOML sections are (Limits.from_doc is Limits.build), 400 naming the key."""
+    body = require_object(body)
+    expect = body.get("expect_version")
+    if not is_int(expect) or expect < 0:
+        raise invalid(f"expect_version is required and must be an integer >= 0 (the version in force, "
+                      f"GET /v1/config), got {expect!r}")
+    config = body.get("config")
+    if not isinstance(config, dict):
+        raise invalid("config is required: an object {limits, storage, queues}")
+    try:
+        Limits.from_doc(config)
+    except ConfigError as e:
+        raise invalid(str(e))
+    keys = body.get("keys")
+    if keys is not None:
+        keys = tuple(_key_entry(k, f"keys[{i}]") for i, k in enumerate(keys if isinstance(keys, list) else [None]))
+    return ops.configure(rid, expect, config, keys, who)
+
+
+def _key_entry(k, where: str) -> tuple:
+    from .core.config import key_problem
+    if not isinstance(k, dict):
+        raise invalid(f"{where}: must be an object {{name, role, key_sha256}}")
+    name, role, digest = k.get("name"), k.get("role"), k.get("key_sha256")
+    why = key_problem(name, role, digest)
+    if why:
+        raise invalid(f"{where}: {why}")
+    return name, role, digest
+
+
+def add_key(body, rid=None, who=None) -> tuple:
+    """POST /v1/keys {"name", "role", "key_sha256"}: the node never sees the key."""
+    name, role, digest = _key_entry(require_object(body), "key")
+    return ops.add_key(rid, name, role, digest, who)
+
+
+def remove_key(name, rid=None, who=None) -> tuple:
+    if not isinstance(name, str) or not name:
+        raise invalid("key name must be a non-empty string")
+    return ops.remove_key(rid, name, who)
+
+
+def seed(limits: Limits, api_keys) -> tuple:
+    """Version 1 from a node's TOML: its [limits], [storage], [[queues]] and [auth] keys (as
+    digests). Proposed by the first leader; expect_version 0 decides a race between two."""
+    keys = tuple((k["name"], k["role"], key_sha256(k["key"])) for k in api_keys or ())
+    doc = limits.doc
+    return ops.configure(None, 0, {"limits": doc["limits"], "storage": doc["storage"], "queues": doc["queues"]},
+                         keys, None)
 
 
 def sweep() -> tuple:

@@ -53,6 +53,15 @@ def poll(fn, timeout=10.0, interval=0.05, what="condition"):
     raise AssertionError(f"timed out after {timeout}s waiting for {what} (last value {last!r})")
 
 
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    # Each phase's report on the test item, so a fixture's teardown can tell that the test
+    # failed (tests/test_admin_ui.py saves a screenshot then).
+    outcome = yield
+    rep = outcome.get_result()
+    setattr(item, "rep_" + rep.when, rep)
+
+
 @pytest.fixture
 def make_cluster(tmp_path):
     made = []

@@ -149,29 +149,66 @@ class Core:
     def extend(self, job_id, attempt, lease_ms, rid=None):
         return self.run(lambda: C.extend(job_id, {"attempt": attempt, "lease_ms": lease_ms}, rid=rid))
 
-    def drain(self, queue=None, max=None, rid=None):
+    def drain(self, queue=None, max=None, rid=None, who=None):
         body = {}
         if queue is not None:
             body["queue"] = queue
         if max is not None:
             body["max"] = max
-        return self.run(lambda: C.drain(body, self.limits, rid=rid))
+        return self.run(lambda: C.drain(body, self.limits, rid=rid, who=who))
 
     # -------------------------------------------------------------- operations
-    def requeue(self, ids, rid=None):
-        return self.run(lambda: C.requeue({"ids": list(ids)}, rid=rid))
+    def requeue(self, ids, rid=None, who=None):
+        return self.run(lambda: C.requeue({"ids": list(ids)}, rid=rid, who=who))
 
-    def delete_dead(self, ids, rid=None):
-        return self.run(lambda: C.delete_dead_letters({"ids": list(ids)}, rid=rid))
+    def delete_dead(self, ids, rid=None, who=None):
+        return self.run(lambda: C.delete_dead_letters({"ids": list(ids)}, rid=rid, who=who))
 
-    def cancel(self, job_id, rid=None):
-        return self.run(lambda: C.cancel(job_id, rid=rid))
+    def cancel(self, job_id, rid=None, who=None):
+        return self.run(lambda: C.cancel(job_id, rid=rid, who=who))
 
-    def pause(self, queue, rid=None):
-        return self.run(lambda: C.pause(queue, True, self.limits, rid=rid))
+    def pause(self, queue, rid=None, create=False, who=None):
+        return self.run(lambda: C.pause(queue, True, self.limits, rid=rid, body={"create": create}, who=who))
 
-    def resume(self, queue, rid=None):
-        return self.run(lambda: C.pause(queue, False, self.limits, rid=rid))
+    def resume(self, queue, rid=None, create=False, who=None):
+        return self.run(lambda: C.pause(queue, False, self.limits, rid=rid, body={"create": create}, who=who))
+
+    def move(self, queue, ids, reason=None, rid=None, who=None):
+        body = {"ids": list(ids)}
+        if reason is not None:
+            body["reason"] = reason
+        return self.run(lambda: C.move_to_dead_letters(queue, body, self.limits, rid=rid, who=who))
+
+    def purge(self, queue, rid=None, who=None):
+        return self.run(lambda: C.purge(queue, self.limits, rid=rid, who=who))
+
+    def delete_queue(self, queue, rid=None, who=None):
+        return self.run(lambda: C.delete_queue(queue, self.limits, rid=rid, who=who))
+
+    # -------------------------------------------------------------- configuration
+    def configure(self, limits=None, storage=None, queues=None, expect=None, keys=None, rid=None, who=None):
+        """PUT /v1/config with these sections (expect_version: the version in force unless given)."""
+        body = {"config": {"limits": limits or {}, "storage": storage or {}, "queues": queues or []},
+                "expect_version": self.m.config_version if expect is None else expect}
+        if keys is not None:
+            body["keys"] = keys
+        out = self.run(lambda: C.configure(body, rid=rid, who=who))
+        self.limits = self.m.limits         # validation follows the configuration in force
+        return out
+
+    def seed(self, api_keys=None):
+        out = self.apply(C.seed(self.limits, api_keys))
+        self.limits = self.m.limits
+        return out
+
+    def add_key(self, name, role, key_sha256, rid=None, who=None):
+        return self.run(lambda: C.add_key({"name": name, "role": role, "key_sha256": key_sha256}, rid=rid, who=who))
+
+    def remove_key(self, name, rid=None, who=None):
+        return self.run(lambda: C.remove_key(name, rid=rid, who=who))
+
+    def audit(self, limit=100):
+        return self.m.audit_page(limit, None)[0]
 
     def sweep(self):
         status, body = self.apply(C.sweep())

@@ -66,12 +66,14 @@ def test_status_table_and_json(cluster):
     assert code == 0, err
     leader = cluster.ids[cluster.wait_leader()]
     lines = out.splitlines()
-    assert lines[0].split() == ["NODE", "URL", "ROLE", "TERM", "COMMIT", "APPLIED", "DIGEST", "PEERS", "LEADER"]
+    assert lines[0].split() == ["NODE", "URL", "ROLE", "TERM", "COMMIT", "APPLIED", "DIGEST", "PEERS", "LEADER",
+                                "CONFIG"]
     for i, node in enumerate(cluster.ids):
         row = next(line.split() for line in lines[1:] if line.split()[:1] == [node])
         assert row[1] == cluster.urls[i]
         assert row[2] == ("leader" if node == leader else "follower")
-        assert row[7] == "2/2" and row[8] == leader
+        assert row[7] == "2/2" and row[8] == leader and row[9] == "1"     # the seeded config, as the TOML
+    assert "differs from the configuration in force" not in out
     assert f"leader: {leader} at {cluster.urls[cluster.ids.index(leader)]}" in out
 
     # One URL is enough: the others are found through the members list. Options work before the command.
@@ -97,7 +99,9 @@ def test_enqueue_one_and_inspect_it(cluster):
     code, out, err = raftq("job", job_id, urls=cluster.urls)
     assert code == 0, err
     assert "state        ready" in out and "priority     7" in out and "attempt      1 of 5" in out
-    assert "12 bytes, application/json" in out and '{\\"user\\": 42}' in out
+    assert "12 bytes, application/json" in out
+    # The JSON payload pretty-printed under its key, not one escaped string.
+    assert re.search(r'^data +\{\n +"user": 42\n +\}$', out, re.M), out
 
     code, out, err = raftq("job", job_id, "--json", urls=cluster.urls)
     job = json.loads(out)
@@ -167,6 +171,10 @@ def test_queues_table_detail_and_json(cluster, client):
     code, out, err = raftq("queues", "tiny", urls=cluster.urls)
     assert code == 0 and "declared               yes" in out and "limits:" in out
     assert "max_queue_depth          5" in out
+    assert re.search(r"^  allowed_encodings +any$", out, re.M), out      # unset: any encoding
+    code, out, err = raftq("queues", "jsononly", urls=cluster.urls)
+    assert re.search(r"^  allowed_encodings +application/json$", out, re.M) and \
+        re.search(r"^  max_queue_depth +unlimited$", out, re.M), out
     code, out, err = raftq("queues", "tiny", "--json", urls=cluster.urls)
     assert json.loads(out)["limits"]["max_queue_depth"] == 5
 
@@ -329,7 +337,7 @@ def test_status_warns_when_digests_differ_at_one_index(monkeypatch, capsys):
         return {"node_id": node, "role": role, "leader": {"id": "n1", "url": "http://h1"}, "term": 4,
                 "commit_index": 7, "last_applied": applied, "members": members, "ready": True, "digest": digest}
 
-    async def probe(self, urls):
+    async def probe(self, urls, digest=False):
         views = {"http://h1": view("n1", "leader", "a" * 64), "http://h2": view("n2", "follower", "a" * 64),
                  "http://h3": view("n3", "follower", "b" * 64)}
         return [commands.NodeAnswer(u, 200, views[u]) for u in urls]
@@ -397,3 +405,94 @@ def test_bench_backlog_refuses_bad_sizes_and_urls():
     assert code == 2 and "comma-separated job counts" in err
     code, out, err = raftq("bench", "--backlog", "10", "--urls", "http://127.0.0.1:1")
     assert code == 2 and "drop --urls" in err
+
+
+# ---------------------------------------------------------------------------- configuration, keys, moves, audit
+def test_config_keys_moves_and_audit_commands(make_cluster, tmp_path):
+    """config show | diff | apply, keys add | list | remove, dlq move, purge, queue delete,
+    pause --create and audit, on a cluster of their own (they change its configuration and keys)."""
+    c = make_cluster(storage={"dead_letter_retention_ms": 3_600_000})
+    urls = c.urls
+    # show prints TOML that applies back as it is.
+    code, shown, err = raftq("config", "show", urls=urls)
+    assert code == 0 and shown.startswith("# configuration version 1 "), (shown, err)
+    path = tmp_path / "cluster.toml"
+    path.write_text(shown)
+    code, out, err = raftq("config", "diff", str(path), urls=urls)
+    assert code == 0 and "matches the configuration in force (version 1)" in out, (out, err)
+    path.write_text(shown.replace("max_reserve_batch = 256", "max_reserve_batch = 64")
+                    + '\n[[queues]]\nname = "mail"\nmax_queue_depth = 1\n')
+    code, out, err = raftq("config", "diff", str(path), urls=urls)
+    assert code == 0 and "~ limits.max_reserve_batch: 256 -> 64" in out and "+ queues[mail]" in out, out
+    # apply asks first; without a terminal it says to pass --yes, and nothing changes.
+    code, out, err = raftq("config", "apply", str(path), urls=urls)
+    assert code == 2 and "--yes" in err, err
+    assert json.loads(raftq("config", "show", "--json", urls=urls)[1])["version"] == 1
+    code, out, err = raftq("config", "apply", str(path), "--yes", urls=urls)
+    assert code == 0 and "configuration version 2" in out, (out, err)
+    views = c.wait_converged()
+    assert [(v["config_version"], v["toml_differs"]) for v in views] == [(2, True)] * 3
+    code, out, err = raftq("status", urls=urls)
+    assert code == 0 and "2*" in out and "differs from the configuration in force" in out, out
+    # A file a node would refuse: refused naming the key, exit 1, nothing changes.
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[limits]\ndefault_max_attempts = 200\n")
+    code, out, err = raftq("config", "apply", str(bad), "--yes", urls=urls)
+    assert code == 1 and "limits.default_max_attempts" in err, err
+    assert json.loads(raftq("config", "show", "--json", urls=urls)[1])["version"] == 2
+
+    # Moves: one job dead-lettered by hand, the rest purged, then the empty queue deleted.
+    with SyncClient(urls, transport="http", timeout=15) as client:
+        ids = [client.enqueue("reports", "t", b"x").job_id for _ in range(3)]
+    code, out, err = raftq("dlq", "move", "reports", ids[0], "--reason", "bad input", urls=urls)
+    assert code == 0 and f"dead-lettered {ids[0]}" in out, (out, err)
+    code, out, err = raftq("dlq", "list", "--queue", "reports", "--json", urls=urls)
+    [rec] = json.loads(out)
+    assert (rec["job"]["id"], rec["cause"], rec["last_reason"]) == (ids[0], "admin", "bad input")
+    code, out, err = raftq("purge", "reports", urls=urls)
+    assert code == 2 and "--yes" in err
+    code, out, err = raftq("purge", "reports", "--yes", urls=urls)
+    assert code == 0 and "purged 2 job(s)" in out, (out, err)
+    code, out, err = raftq("queue", "delete", "reports", urls=urls)
+    assert code == 1 and "not empty" in err, err                  # its dead letter is still there
+    assert raftq("dlq", "delete", ids[0], urls=urls)[0] == 0
+    code, out, err = raftq("queue", "delete", "reports", urls=urls)
+    assert code == 0 and "queue reports deleted" in out, (out, err)
+    code, out, err = raftq("queue", "delete", "mail", urls=urls)
+    assert code == 1 and "declared" in err, err
+    code, out, err = raftq("pause", "nightly", urls=urls)
+    assert code == 1 and "neither exists nor is declared" in err, err
+    assert raftq("pause", "nightly", "--create", urls=urls)[0] == 0
+
+    # Keys: the first must be admin; add prints the key once (stdout), the cluster keeps its digest.
+    code, out, err = raftq("keys", "add", "ops", "operator", urls=urls)
+    assert code == 1 and "first API key must be an admin key" in err, err
+    code, root, err = raftq("keys", "add", "root", "admin", urls=urls)
+    assert code == 0 and re.fullmatch(r"rq_\S{20,}\n", root) and "shown only this once" in err, (root, err)
+    root = root.strip()
+    assert raftq("queues", urls=urls)[0] != 0                     # auth is on now, on every node
+    admin = {"RAFTQ_API_KEY": root}
+    code, ops_key, err = raftq("keys", "add", "ops", "operator", urls=urls, env=admin)
+    assert code == 0, err
+    code, out, err = raftq("keys", "list", "--json", urls=urls, env=admin)
+    assert {(k["name"], k["role"], k["added_by"]) for k in json.loads(out)} == {("root", "admin", None),
+                                                                               ("ops", "operator", "root")}
+    assert root not in out and ops_key.strip() not in out
+    assert raftq("queues", urls=urls, env={"RAFTQ_API_KEY": ops_key.strip()})[0] == 0
+    code, out, err = raftq("keys", "remove", "root", urls=urls, env=admin)
+    assert code == 1 and "last admin key" in err, err
+    assert raftq("keys", "remove", "ops", urls=urls, env=admin)[0] == 0
+    assert raftq("queues", urls=urls, env={"RAFTQ_API_KEY": ops_key.strip()})[0] != 0
+
+    # The audit trail names who did what, newest first.
+    code, out, err = raftq("audit", "--json", "--limit", "100", urls=urls, env=admin)
+    assert code == 0, err
+    trail = [(e["who"], e["action"], e["target"]) for e in json.loads(out)]
+    assert trail == [("root", "key_remove", "ops"), ("root", "key_add", "ops"), (None, "key_add", "root"),
+                     (None, "pause", "nightly"), (None, "queue_delete", "reports"),
+                     (None, "dead_letters_delete", None), (None, "purge", "reports"),
+                     (None, "dead_letter_move", "reports"), (None, "config_change", None),
+                     (None, "config_seed", None)], trail
+    code, out, err = raftq("audit", "--limit", "3", urls=urls, env=admin)
+    assert code == 0 and out.splitlines()[0].split()[:4] == ["WHEN", "WHO", "ACTION", "TARGET"], out
+    assert "key_remove" in out.splitlines()[1] and "root" in out.splitlines()[1]

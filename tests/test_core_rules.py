@@ -256,9 +256,11 @@ def test_paused_queue_is_skipped_keeps_accepting_enqueues_and_resumes():
     assert ids_of(c.reserve_jobs(["a", "b"], max_jobs=5)) == [a1, a2]
 
 
-def test_pausing_an_unused_queue_creates_it_paused():
+def test_pausing_an_unused_queue_creates_it_paused_only_when_asked():
     c = Core()
-    c.pause("later")
+    assert err(c.pause("later"), 404, "not_found")["queue"] == "later"
+    assert c.stats("later") is None
+    assert c.pause("later", create=True) == (200, {"queue": "later", "paused": True})
     assert c.stats("later")["paused"] is True
     c.enqueue_id("later")
     assert c.reserve_jobs(["later"]) == []
@@ -1185,6 +1187,31 @@ def test_request_id_expires_after_its_window():
     assert c.m.counts()["request_ids"] == 0
 
 
+def test_a_shorter_request_id_window_expires_later_records_first_and_keeps_earlier_expiries():
+    """A record's expiry is fixed when it is stored. After a change to a shorter window, a
+    record stored later expires before one stored earlier: the sweep drops each at its own
+    expiry (it used to stop at the older record and keep the newer one past its window), and
+    a snapshot keeps that order."""
+    c = Core(limits={"request_id_window_ms": 10_000})
+    c.seed()
+    long = c.enqueue(rid="long")                                # expires at T0 + 10 s
+    assert c.configure(limits={"request_id_window_ms": 1_000})[0] == 200
+    c.advance(100)
+    c.enqueue(rid="short")                                      # expires at T0 + 1.1 s
+    assert c.m.next_due_ms() == T0 + 1_100
+    restored = QueueMachine.from_builtins(c.limits, c.m.to_builtins())
+    assert restored.to_builtins() == c.m.to_builtins()
+    c.advance(1_000)
+    for m in (c.m, restored):
+        assert m.apply(c.now, C.sweep())[1]["request_ids_expired"] == 1
+        assert m.counts()["request_ids"] == 1                   # "long" only
+        m.check_invariants()
+    assert restored.digest() == c.m.digest()
+    assert c.enqueue(rid="long") == long                        # its 10 s window still holds
+    c.advance(8_900)
+    assert c.sweep()["request_ids_expired"] == 1 and c.m.counts()["request_ids"] == 0
+
+
 def test_request_id_reused_for_another_operation_is_refused():
     """Code's choice (spec silent): the same id on a different operation is a client bug."""
     c = Core()
@@ -1230,7 +1257,7 @@ def test_apply_batch_shares_one_stamp():
 # ============================================================================ sweep budgets
 
 def test_each_sweep_phase_has_its_own_budget_and_leftovers_go_next():
-    c = Core(storage={"sweep_limit": 2, "dead_letter_retention_ms": 100},
+    c = Core(storage={"sweep_limit": 2, "dead_letter_retention_ms": 100, "audit_retention_ms": 100},
              limits={"request_id_window_ms": 100},
              queues=[{"name": "k", "dedup_window_ms": 100}])
     for _ in range(3):
@@ -1246,15 +1273,18 @@ def test_each_sweep_phase_has_its_own_budget_and_leftovers_go_next():
         _kill(c, "d")                                                 # 3 dead letters
     for _ in range(3):
         c.enqueue_id("e", deadline_at_ms=c.now + 100)                # 3 deadlines
+    for i in range(3):
+        c.pause(f"p{i}", create=True)                                 # 3 audit entries
     c.advance(100)
     keys = ["promoted", "leases_expired", "deadlines_expired", "dedup_expired",
-            "request_ids_expired", "dead_letters_expired"]
+            "request_ids_expired", "dead_letters_expired", "audit_expired"]
     first = c.sweep()
-    assert [first[k] for k in keys] == [2, 2, 2, 2, 2, 2]
+    assert [first[k] for k in keys] == [2, 2, 2, 2, 2, 2, 2]
     second = c.sweep()
-    assert [second[k] for k in keys] == [2, 1, 1, 1, 1, 1]
+    assert [second[k] for k in keys] == [2, 1, 1, 1, 1, 1, 1]
     third = c.sweep()
-    assert [third[k] for k in keys] == [1, 0, 0, 0, 0, 0]
+    assert [third[k] for k in keys] == [1, 0, 0, 0, 0, 0, 0]
+    assert c.m.audit_page(10, None) == ([], None)
     assert c.counts("s")["ready"] == 5 and c.counts("w")["ready"] == 3
     assert c.counts("d")["dead_lettered"] == 0 and c.m.counts()["dedup_records"] == 0
 

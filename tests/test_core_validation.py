@@ -8,6 +8,7 @@ import uuid
 import pytest
 
 from raftq.node import validate as C
+from raftq.node.core import ops
 from raftq.node.errors import ApiError
 from raftq.node.limits import ConfigError, Limits
 
@@ -384,8 +385,8 @@ def test_bad_drain_bodies_are_invalid_argument(body):
 
 
 def test_drain_without_a_body_defaults_to_one_record_of_any_queue():
-    assert C.drain(None, Limits.build()) == ("drain", None, None, 1)
-    assert C.drain({"max": 10**6}, Limits.build())[-1] == 256
+    assert C.drain(None, Limits.build()) == ("drain", None, None, 1, None)
+    assert ops.reader(ops.DRAIN, "max_records")(C.drain({"max": 10**6}, Limits.build())) == 256
 
 
 @pytest.mark.parametrize("body", [None, {}, {"ids": []}, {"ids": "x"}, {"ids": [JID] * 1001}])

@@ -239,9 +239,15 @@ def test_bad_input_gets_clear_errors(cluster, api):
     status, body = api.get("/v1/nothing-here")
     assert status == 404 and body["error"]["code"] == "not_found"
     status, body = api.call("PUT", "/v1/jobs")
-    assert status == 400 and body["error"]["code"] == "invalid_argument" and "not allowed" in body["error"]["message"]
+    assert status == 405 and body["error"]["code"] == "method_not_allowed" and "not allowed" in body["error"]["message"]
     status, body = api.call("DELETE", "/v1/queues")
-    assert status == 400 and "not allowed" in body["error"]["message"]
+    assert status == 405 and "not allowed" in body["error"]["message"]
+    req = urllib.request.Request(url + "/v1/queues", method="DELETE")
+    try:
+        urllib.request.urlopen(req, timeout=5)
+        raise AssertionError("expected 405")
+    except urllib.error.HTTPError as e:
+        assert e.code == 405 and e.headers["Allow"] == "GET, HEAD"
 
 
 def test_cancel_pause_resume_and_listing(api):

@@ -132,18 +132,28 @@ def test_admin_page_is_served_by_every_node_without_a_key_and_its_calls_exist(cl
             assert "frame-ancestors 'none'" in r.headers["Content-Security-Policy"]
             page = r.read().decode()
         assert "<title>raftq admin</title>" in page and "Authorization" in page
-    # Every API path the page calls is a real route that answers it (with a key).
+    # Every API path the page calls (quoted or in a template, `${...}` for the variable parts) is a
+    # real route that answers it (with a key), not the catch-all's "no route".
     leader = cluster.urls[cluster.wait_leader(20)]
-    paths = set(re.findall(r'"(/v1/[a-z-]+(?:/[a-z-]+)?)', page))
-    assert paths == {"/v1/cluster", "/v1/queues", "/v1/dead-letters", "/v1/dead-letters/requeue",
-                     "/v1/dead-letters/delete", "/v1/jobs"}, paths
-    for method, path, body in (("GET", "/v1/cluster?digest=false", None), ("GET", "/v1/queues", None),
-                               ("GET", "/v1/dead-letters?limit=50", None),
-                               ("POST", "/v1/dead-letters/requeue", {"ids": [str(uuid.uuid4())]}),
-                               ("POST", "/v1/dead-letters/delete", {"ids": [str(uuid.uuid4())]}),
-                               ("POST", "/v1/queues/ui-q/pause", {}), ("POST", "/v1/queues/ui-q/resume", {})):
+    paths = {re.sub(r"\$\{[^}]*\}", "{}", m.group(1)) for m in re.finditer(r'["`](/v1/[^"`?]*)', page)}
+    assert paths == {"/v1/cluster", "/v1/cluster/nodes", "/v1/server-info", "/v1/queues", "/v1/queues/{}/jobs",
+                     "/v1/queues/{}/{}", "/v1/jobs", "/v1/jobs/{}", "/v1/jobs/{}/nack", "/v1/dead-letters",
+                     "/v1/dead-letters/{}"}, paths
+    unknown = str(uuid.uuid4())
+    for method, path, body, want in (
+            ("GET", "/v1/cluster?digest=false", None, 200), ("GET", "/v1/cluster/nodes", None, 200),
+            ("GET", "/v1/server-info", None, 200), ("GET", "/v1/queues", None, 200),
+            ("GET", "/v1/queues/ui-q/jobs?state=ready&limit=50", None, 200),
+            ("POST", "/v1/queues/ui-q/pause", {"create": True}, 200), ("POST", "/v1/queues/ui-q/resume", {}, 200),
+            ("POST", "/v1/jobs", {"queue": "ui-q", "job_type": "t"}, 200),
+            ("GET", f"/v1/jobs/{unknown}", None, 404), ("DELETE", f"/v1/jobs/{unknown}", None, 404),
+            ("POST", f"/v1/jobs/{unknown}/nack", {"attempt": 1}, 404),
+            ("GET", "/v1/dead-letters?limit=50&cause=rejected", None, 200),
+            ("POST", "/v1/dead-letters/requeue", {"ids": [unknown]}, 200),
+            ("POST", "/v1/dead-letters/delete", {"ids": [unknown]}, 200)):
         status, out = http_json(method, leader + path, body, headers=bearer("operator"))
-        assert status == 200, (path, out)
+        assert status == want, (path, out)
+        assert "no route" not in json.dumps(out), (path, out)
 
 
 def test_auth_rules_without_a_cluster():

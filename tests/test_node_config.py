@@ -4,6 +4,8 @@ import sys
 
 import pytest
 
+from conftest import poll
+
 from raftq.node.limits import ConfigError
 from raftq.node.settings import load, parse
 
@@ -71,19 +73,28 @@ def test_good_config_defaults():
     assert s.limits.max_enqueue_batch == 256 and s.limits.queue("x").default_max_attempts == 3
 
 
-def test_node_refuses_a_cluster_with_different_limits(make_cluster):
+def test_a_node_with_a_different_toml_follows_the_log_and_says_so(make_cluster):
+    """The start-up refusal ("limits differ from the majority") is gone: a node restarted with
+    other limits in its TOML serves the configuration in force and reports the difference."""
+    from raftq.cluster.local import http_json
     c = make_cluster()
-    # Restart one node with a different limit: it must stop with exit code 2 and say why.
-    victim = (c.wait_leader() + 1) % 3
+    leader = c.wait_leader()
+    victim = (leader + 1) % 3
     c.stop(victim)
-    text = c.config_path(victim).read_text() + "\n[limits]\nmax_enqueue_batch = 7\n"
-    c.config_path(victim).write_text(text)
+    c.config_path(victim).write_text(c.config_path(victim).read_text() + "\n[limits]\nmax_enqueue_batch = 7\n")
     c.start(victim)
-    proc = c.procs[victim]
-    proc.wait(30)
-    assert proc.returncode == 2
-    log = (c.dir / f"{c.ids[victim]}.log").read_text()
-    assert "limits differ" in log
+
+    def view():
+        status, v = http_json("GET", c.urls[victim] + "/v1/cluster?digest=false")
+        return v if status == 200 and v.get("toml_differs") else None
+    v = poll(view, 30, what="the restarted node to report toml_differs")
+    assert v["config_version"] == 1 and c.procs[victim].poll() is None
+    assert http_json("GET", c.urls[victim] + "/v1/server-info")[1]["max_enqueue_batch"] == 256
+    others = [http_json("GET", u + "/v1/cluster?digest=false")[1] for i, u in enumerate(c.urls) if i != victim]
+    assert [o["toml_differs"] for o in others] == [False, False]
+    log = poll(lambda: (t := c.log_path(victim).read_text()) and "differs from the cluster's configuration" in t
+               and t, 10, what="the log line")
+    assert "limits.max_enqueue_batch" in log and log.count("differs from the cluster's configuration") == 1
 
 
 def test_nodes_run_on_uvloop_unless_told_asyncio(make_cluster):

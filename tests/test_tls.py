@@ -257,8 +257,9 @@ async def test_mtls_refuses_a_client_without_a_certificate_and_accepts_one_with(
     code, out, err = raftq("enqueue", "m-env", "t", "--data", "x", "--urls", ",".join(c.urls),
                            extra_env={"RAFTQ_CA": ca, "RAFTQ_CERT": cert_file, "RAFTQ_KEY": key_file})
     assert code == 0 and re.fullmatch(r"[0-9a-f-]{36}\n", out), (out, err)
-    # The nodes call each other over mTLS with their own certificates (the limits check).
-    assert all("cannot compare limits" not in log_text(c, i) for i in range(c.n))
+    # Every node, read over mTLS, applies the configuration its TOML seeded (version 1).
+    views = c.wait_converged(30)
+    assert [(v["config_version"], v["toml_differs"]) for v in views] == [(1, False)] * c.n
 
 
 # ---------------------------------------------------------------------------- reload

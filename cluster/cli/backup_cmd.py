@@ -72,7 +72,6 @@ async def _download(ctx: Ctx, url: str, tmp: Path) -> dict:
                     except Exception:
                         msg = (await r.text())[:200]
                     raise CliError(f"HTTP {r.status}: {msg}", EXIT_FAILED)
-                total = int(r.headers.get("Content-Length", "0")) or None
                 done, shown = 0, 0.0
                 with open(tmp, "wb") as f:
                     async for chunk in r.content.iter_chunked(1 << 20):
@@ -80,8 +79,7 @@ async def _download(ctx: Ctx, url: str, tmp: Path) -> dict:
                         done += len(chunk)
                         if ctx.progress and time.monotonic() - shown > 0.5:
                             shown = time.monotonic()
-                            pct = f" {100 * done / total:.0f} %" if total else ""
-                            print(f"\rbackup: {done / 1e6:,.1f} MB{pct}", end="", file=sys.stderr, flush=True)
+                            print(f"\rbackup: {done / 1e6:,.1f} MB", end="", file=sys.stderr, flush=True)
                     f.flush()
                     os.fsync(f.fileno())
                 if ctx.progress:

@@ -109,13 +109,15 @@ class Ctx:
     def _headers(self) -> dict:
         return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
 
-    async def probe(self, urls: list[str]) -> list[NodeAnswer]:
-        """GET /v1/cluster from every URL at once, each answered by that node itself."""
+    async def probe(self, urls: list[str], digest: bool = False) -> list[NodeAnswer]:
+        """GET /v1/cluster from every URL at once, each answered by that node itself; with the
+        state digest only when asked (it costs the node O(state): seconds at a million jobs)."""
         timeout = self.probe_timeout
+        path = "/v1/cluster" if digest else "/v1/cluster?digest=false"
 
         async def one(session: aiohttp.ClientSession, url: str) -> NodeAnswer:
             try:
-                async with session.get(url + "/v1/cluster", headers=self._headers(), allow_redirects=False,
+                async with session.get(url + path, headers=self._headers(), allow_redirects=False,
                                        timeout=aiohttp.ClientTimeout(total=timeout)) as r:
                     raw = await r.read()
                     try:
@@ -232,8 +234,11 @@ def format_table(headers: list[str], rows: list[list], right: set[int] | None = 
 
 
 def format_pairs(pairs: list[tuple[str, Any]], indent: str = "") -> str:
+    """`key  value` lines; a multi-line value (pretty JSON) continues under its first line."""
     width = max((len(k) for k, _ in pairs), default=0)
-    return "\n".join(f"{indent}{k.ljust(width)}  {'-' if v is None else v}" for k, v in pairs)
+    under = "\n" + indent + " " * (width + 2)
+    return "\n".join(f"{indent}{k.ljust(width)}  {'-' if v is None else str(v).replace(chr(10), under)}"
+                     for k, v in pairs)
 
 
 def fmt_ms(ms: int | None, now_ms: int | None = None) -> str | None:
@@ -424,13 +429,18 @@ def _state(a) -> str:
 
 
 async def cmd_status(ctx: Ctx) -> int:
-    answers = await ctx.probe(ctx.urls)
+    # status shows the digests (and warns when they differ at one index): a slower probe.
+    timeout_was, ctx.probe_timeout = ctx.probe_timeout, max(ctx.probe_timeout, ctx.timeout)
+    try:
+        answers = await ctx.probe(ctx.urls, digest=True)
+    finally:
+        ctx.probe_timeout = timeout_was
     asked = {a.url for a in answers}
     more = [m["url"].rstrip("/") for a in answers if a.view for m in a.view.get("members", [])
             if m.get("url") and m["url"].rstrip("/") not in asked]
     more = list(dict.fromkeys(more))
     if more:
-        answers += await ctx.probe(more)
+        answers += await ctx.probe(more, digest=True)
     ids = {}
     for a in answers:
         for m in (a.view or {}).get("members", []):
@@ -467,21 +477,28 @@ async def cmd_status(ctx: Ctx) -> int:
             v = a.view
             if v is None:
                 rows.append([ids.get(a.url) or "?", a.url, _state(a),
-                             None, None, None, None, None, None])
+                             None, None, None, None, None, None, None])
                 continue
             peers = [m for m in v.get("members", []) if m.get("id") != v.get("node_id")]
             connected = sum(1 for m in peers if m.get("connected"))
             leader = v.get("leader")
+            config = v.get("config_version")
             rows.append([v.get("node_id"), a.url, v.get("role"), v.get("term"), v.get("commit_index"),
                          v.get("last_applied"), (v.get("digest") or "")[:12] or None,
-                         f"{connected}/{len(peers)}", leader["id"] if leader else "none"])
-        ctx.out(format_table(["NODE", "URL", "ROLE", "TERM", "COMMIT", "APPLIED", "DIGEST", "PEERS", "LEADER"],
+                         f"{connected}/{len(peers)}", leader["id"] if leader else "none",
+                         None if config is None else f"{config}{'*' if v.get('toml_differs') else ''}"])
+        ctx.out(format_table(["NODE", "URL", "ROLE", "TERM", "COMMIT", "APPLIED", "DIGEST", "PEERS", "LEADER", "CONFIG"],
                              rows, right={3, 4, 5}))
         for a in answers:
             if a.view is None:
                 ctx.out(f"  {ids.get(a.url) or a.url} "
                         f"{'refused the key' if _refused(a) else 'cannot be reached over TLS' if a.tls else 'is down'}: "
                         f"{a.error}")
+        differ = [a.view.get("node_id") for a in answers if a.view and a.view.get("toml_differs")]
+        if differ:
+            ctx.out(f"  * {', '.join(differ)}: the node's TOML differs from the configuration in force; it follows "
+                    "the configuration in force (`raftq config diff FILE` shows how, `raftq config apply FILE` "
+                    "makes a file the configuration)")
 
     if not up and answers and all(_refused(a) for a in answers):
         raise CliError("the nodes answer but refuse the request: "
@@ -716,8 +733,8 @@ async def cmd_queues(ctx: Ctx) -> int:
                 v = ", ".join(map(str, v)) or "(none)"
             elif k.endswith("_ms") and isinstance(v, int):
                 v = fmt_ms_duration(v)
-            elif v is None:
-                v = "none"
+            elif v is None:         # unset: no limit (a list: any value; a number: no maximum)
+                v = "any" if k.startswith("allowed_") else "unlimited"
             pairs.append((k, v))
         ctx.out(format_pairs(pairs, indent="  "))
     return EXIT_OK
@@ -726,6 +743,9 @@ async def cmd_queues(ctx: Ctx) -> int:
 def _path(name: str) -> str:
     from urllib.parse import quote
     return quote(name, safe="")
+
+
+JSON_LINES = 40     # a longer pretty-printed payload is cut: `raftq job ID --payload` has it all
 
 
 def payload_preview(payload: dict | None, n: int = 200) -> tuple[int, str] | None:
@@ -740,6 +760,16 @@ def payload_preview(payload: dict | None, n: int = 200) -> tuple[int, str] | Non
         printable = all(c.isprintable() or c in "\n\t\r" for c in text)
     except UnicodeDecodeError:
         printable = False
+    if printable and "json" in str(payload.get("encoding", "")).lower():
+        # A person reads this: JSON indented, not one escaped string.
+        try:
+            lines = json.dumps(json.loads(text), indent=2, ensure_ascii=False).splitlines()
+        except ValueError:
+            pass                    # not JSON after all: shown as text below
+        else:
+            if len(lines) > JSON_LINES:
+                lines = lines[:JSON_LINES] + [f"… ({len(lines) - JSON_LINES} more lines: --payload shows it all)"]
+            return len(data), "\n".join(lines)
     if printable:
         return len(data), json.dumps(text if len(text) <= n else text[:n] + "…", ensure_ascii=False)
     return len(data), f"(binary) {data[:n // 4].hex()}" + ("…" if len(data) > n // 4 else "")
@@ -826,7 +856,7 @@ async def cmd_cancel(ctx: Ctx) -> int:
 async def cmd_pause(ctx: Ctx) -> int:
     paused = ctx.args.command == "pause"
     out = await ctx.call(ctx.args.command, "POST", f"/v1/queues/{_path(ctx.args.queue)}/{ctx.args.command}",
-                         {}, mutating=True)
+                         {"create": True} if getattr(ctx.args, "create", False) else {}, mutating=True)
     if ctx.json:
         ctx.dump(out)
     elif paused:

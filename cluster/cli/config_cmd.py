@@ -90,10 +90,12 @@ def node_config(i: int, ids: list[str], hosts: list[str], args, secret: str, sec
         f"# for the cluster {members}.",
         "# Install as /etc/raftq/node.toml (owner root:raftq, mode 0640): it holds the cluster secret.",
         "# The configs of the nodes differ only in [node]; everything else must stay identical on all of them.",
+        "# [limits], [storage], [[queues]] and [auth] seed the cluster's configuration; after its first",
+        "# election the cluster keeps its own and changes it online (`raftq config apply FILE`, `raftq keys`).",
         "",
         "[node]",
         f"id = {toml_value(ids[i])}",
-        f"http = {toml_value(hostport(hosts[i], args.http_port))}".ljust(36) + "# the API, for clients and the other nodes",
+        f"http = {toml_value(hostport(hosts[i], args.http_port))}".ljust(36) + "# the API, for clients",
         f"url = {toml_value(me['url'])}".ljust(36) + "# where clients are redirected when this node leads",
         f"raft = {toml_value(me['raft'])}".ljust(36) + "# Raft, the other nodes only; bound to exactly this address",
         f"data_dir = {toml_value(args.data_dir)}".ljust(36) + "# journal, snapshot, term and vote",
@@ -101,7 +103,7 @@ def node_config(i: int, ids: list[str], hosts: list[str], args, secret: str, sec
             "# TLS: paths relative to this file (/etc/raftq/cert.pem ...). SIGHUP reloads them.",
             f"tls_cert = {toml_value(TLS_FILES['cert'])}".ljust(36) + f"# this node's certificate, for {hosts[i]}",
             f"tls_key = {toml_value(TLS_FILES['key'])}".ljust(36) + "# its private key (0640 root:raftq)",
-            f"tls_peer_ca = {toml_value(TLS_FILES['ca'])}".ljust(36) + "# the CA this node trusts when it calls the others",
+            f"tls_peer_ca = {toml_value(TLS_FILES['ca'])}".ljust(36) + "# the CA of the nodes' certificates (checked at start)",
         ] if args.tls else []),
         *([f"tls_client_ca = {toml_value(TLS_FILES['ca'])}".ljust(36)
            + "# clients must present a certificate signed by this CA"] if args.mtls else []),
@@ -361,9 +363,10 @@ def _init(args) -> int:
     return EXIT_OK
 
 
-def add_parser(sub) -> None:
-    c = sub.add_parser("config", help="node configs for machines: init (more actions to come)",
-                       description="Node configs for a cluster on real machines.")
+def add_parser(sub, add_common=None, run=None) -> None:
+    c = sub.add_parser("config", help="node configs (init) and the cluster's configuration in force (show, diff, "
+                       "apply)", description="Node configs for a cluster on real machines, and the configuration "
+                       "in force on a running cluster.")
     csub = c.add_subparsers(dest="config_action", required=True, title="actions")
 
     def add_action(name: str, fn, help: str):
@@ -388,6 +391,10 @@ def add_parser(sub) -> None:
     i.add_argument("--mtls", action="store_true", help="--tls, and the nodes require client certificates signed by "
                    "that CA (one is made: client-cert.pem)")
     i.add_argument("--force", action="store_true", help="overwrite the files of an earlier init in --out")
+
+    if add_common is not None:
+        from .admin_cmd import add_config_actions
+        add_config_actions(add_action, add_common, run)
 
     # Add further actions above this line: `raftq config` alone then lists them all.
     csub.metavar = "{" + ",".join(csub.choices) + "}"

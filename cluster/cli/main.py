@@ -5,7 +5,7 @@ import argparse
 import sys
 
 from . import commands as C
-from . import backup_cmd, config_cmd, local_cmd
+from . import admin_cmd, backup_cmd, config_cmd, local_cmd
 from .commands import DEFAULT_URLS
 from .up import cmd_up, default_dir
 
@@ -93,7 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
     u.add_argument("--exit-after-demo", action="store_true", help=argparse.SUPPRESS)
     u.set_defaults(fn=cmd_up)
     local_cmd.add_parser(sub, argparse.SUPPRESS)
-    config_cmd.add_parser(sub)
+    config_cmd.add_parser(sub, add_common, C.run)
 
     def client_cmd(name, fn, help, needs_client=True):
         c = sub.add_parser(name, help=help, description=help)
@@ -145,9 +145,12 @@ def build_parser() -> argparse.ArgumentParser:
                        ("resume", "resume a paused queue")):
         pr = client_cmd(name, C.cmd_pause, help)
         pr.add_argument("queue", metavar="QUEUE")
+        pr.add_argument("--create", action="store_true", help="also for a queue that neither exists nor is "
+                        "declared (refused otherwise: a typo would make a new queue)")
+    admin_cmd.add_parsers(sub, add_common, C.run)
 
-    d = sub.add_parser("dlq", help="dead letters: list, drain, requeue, delete",
-                       description="dead letters: list, drain, requeue, delete")
+    d = sub.add_parser("dlq", help="dead letters: list, drain, requeue, delete, move",
+                       description="dead letters: list, drain, requeue, delete, move")
     dsub = d.add_subparsers(dest="dlq_command", required=True, metavar="ACTION")
 
     def dlq_cmd(name, fn, help):
@@ -171,6 +174,7 @@ def build_parser() -> argparse.ArgumentParser:
     dr.add_argument("--queue", help="with --all: only this queue")
     dx = dlq_cmd("delete", C.cmd_dlq_delete, "delete dead letters by id")
     dx.add_argument("ids", nargs="+", metavar="ID", help="job ids; `-` reads them from stdin")
+    admin_cmd.add_dlq_move(dlq_cmd)
 
     b = sub.add_parser("bench", help="benchmark a cluster (`raftq bench --help` for its options)", add_help=False)
     b.add_argument("bench_args", nargs=argparse.REMAINDER)

@@ -749,12 +749,12 @@ def demo(cluster: LocalCluster, leader: int) -> None:
         status, out = http_json("POST", cluster.urls[follower] + "/v1/jobs", body, headers=h, context=ctx)
         if status == 307:
             status, out = http_json("POST", out["error"]["leader_url"] + "/v1/jobs", body, headers=h, context=ctx)
-        print(f"  POST /v1/jobs priority {prio} -> {status} {out}")
+        print(f"  POST /v1/jobs priority {prio} -> {status} {json.dumps(out)}")
     status, out = http_json("POST", url + "/v1/reserve", {"queues": ["demo"], "lease_ms": 30000, "max_jobs": 3},
                             headers=h, context=ctx)
     for job in out.get("jobs", []):
         data = base64.b64decode(job["payload"]["data_b64"]).decode()
-        print(f"  reserved {job['id']} priority {job['priority']} attempt {job['attempt']}: {data!r}")
+        print(f"  reserved {job['id']} priority {job['priority']} attempt {job['attempt']}: {json.dumps(data)}")
         s, _ = http_json("POST", url + f"/v1/jobs/{job['id']}/ack", {"attempt": job["attempt"]}, headers=h, context=ctx)
         print(f"  ack -> {s}")
     status, out = http_json("GET", url + "/v1/queues/demo", headers=h, context=ctx)

@@ -24,7 +24,8 @@ from . import ops
 from .ops import (ACKED_BATCH, ANSWER, ATTEMPT_MISMATCH, BATCH_FULL, CANCEL_IN_FLIGHT, CANCEL_NOT_FOUND,
                   DELETED, DRAINED, ENQUEUED, ENQUEUED_BATCH, EXTENDED, FAILED, JOB_ID, JOB_NOT_FOUND,
                   MALFORMED, NACKED, PAUSED, REJECTED, REQUEST_ID_REUSED, REQUEUED, RESERVED, SWEEP_STEPS,
-                  SWEPT)
+                  SWEPT, CONFIGURED, CONFIG_CONFLICT, CONFIG_INVALID, KEY_ADDED, KEY_REMOVED, KEY_REFUSED,
+                  KEY_NOT_FOUND, MOVED, PURGED, QUEUE_DELETED, QUEUE_NOT_FOUND, QUEUE_REFUSED, REQUEST_MISMATCH)
 
 # ---------------------------------------------------------------------------- messages
 JOB_NOT_FOUND_MESSAGE = "job not found: it is not in flight (acked, expired, dead-lettered or unknown)"
@@ -48,6 +49,37 @@ def request_id_reused_message(request_id: str, op: str) -> str:
 
 def failed_message(op, exception: str) -> str:
     return f"command {op!r} failed and was not applied: {exception}"
+
+
+def request_mismatch_message(request_id: str, route: str, what: str) -> str:
+    if what == "operation":
+        return (f"Request-Id {request_id!r} was already used for another operation ({route}); "
+                "use a new Request-Id for each request")
+    return (f"Request-Id {request_id!r} was already used for a request with another body ({route}); "
+            "a retry must send the same request, a new request a new Request-Id")
+
+
+def config_conflict_message(version: int, expected) -> str:
+    return (f"expect_version {expected!r} is not the configuration in force (version {version}); "
+            "read it again (GET /v1/config) and retry with its version")
+
+
+KEY_REFUSED_MESSAGES = {
+    "exists": "an API key with this name exists already (remove it first to replace it)",
+    "digest_in_use": "another API key has this key (its SHA-256): make a new random key",
+    "last_admin": "this is the last admin key: removing it would leave nobody who can change keys or config",
+    "first_not_admin": "the first API key must be an admin key (turning auth on with a lesser key would lock "
+                       "every admin action out)",
+    "no_admin": "a non-empty key set needs at least one admin key (nobody could change keys or config)",
+    "not_seeded": "the cluster has no configuration yet; retry in a moment",
+}
+
+
+def queue_refused_message(why: str, queue: str, jobs: dict) -> str:
+    if why == "declared":
+        return f"queue {queue!r} is declared in the configuration: remove its [[queues]] entry first"
+    held = ", ".join(f"{n} {state}" for state, n in jobs.items() if n)
+    return f"queue {queue!r} is not empty ({held}): only a queue with no job in any state can be deleted"
 
 
 # ---------------------------------------------------------------------------- jobs
@@ -148,6 +180,20 @@ _RENDER = {
     MALFORMED: lambda r: error("internal", MALFORMED_MESSAGE),
     FAILED: lambda r: error("internal", failed_message(r[1], r[2])),
     ANSWER: lambda r: (r[1], r[2]),
+    CONFIGURED: lambda r: (200, {"version": r[1], "warnings": list(r[2])}),
+    CONFIG_CONFLICT: lambda r: error("failed_precondition", config_conflict_message(r[1], r[2]), version=r[1]),
+    CONFIG_INVALID: lambda r: error("invalid_argument", r[1]),
+    KEY_ADDED: lambda r: (200, {"name": r[1], "role": r[2], "version": r[3]}),
+    KEY_REMOVED: lambda r: (200, {"name": r[1], "version": r[2]}),
+    KEY_REFUSED: lambda r: error("failed_precondition", KEY_REFUSED_MESSAGES.get(r[1], r[1]), reason=r[1], name=r[2]),
+    KEY_NOT_FOUND: lambda r: error("not_found", f"no API key named {r[1]!r}", name=r[1]),
+    MOVED: lambda r: (200, {"dead_lettered": list(r[1]), "missing": list(r[2])}),
+    PURGED: lambda r: (200, {"queue": r[1], "purged": r[2]}),
+    QUEUE_DELETED: lambda r: (200, {"queue": r[1]}),
+    QUEUE_NOT_FOUND: lambda r: error("not_found", f"queue {r[1]!r} neither exists nor is declared", queue=r[1]),
+    QUEUE_REFUSED: lambda r: error("failed_precondition", queue_refused_message(r[1], r[2], r[3]),
+                                   reason=r[1], queue=r[2], jobs=r[3]),
+    REQUEST_MISMATCH: lambda r: error("invalid_argument", request_mismatch_message(r[1], r[2], r[3])),
 }
 if set(_RENDER) | {ENQUEUED, JOB_ID, RESERVED} != set(ops.RESULTS):
     raise RuntimeError("every result kind of node/core/ops.py needs a renderer here")

@@ -10,10 +10,13 @@ from __future__ import annotations
 from collections import OrderedDict
 from heapq import heappop, heappush
 
+from collections import deque
+from itertools import chain
+
 from ..retry import policy_delay_ms
-from . import ops
+from . import audit, ops
 from .jobs import DEAD, GONE, IN_FLIGHT, READY, SCHEDULED, DeadLetter, Job, Queue, shown_fields
-from .ops import ATOMIC, DEAD_LETTER, DELAY, ENQUEUED, JOB_ID, RESERVED, SINGLE
+from .ops import ATOMIC, DEAD_LETTER, DELAY, ENQUEUED, JOB_ID, RESERVED, SINGLE, UNAUDITED
 from .undo import appendleft, drop_item, fifo_remove, heap_remove, heap_restore, restore_item
 
 # ---------------------------------------------------------------------------- enqueue
@@ -348,7 +351,7 @@ def forget(m, job: Job):
     m._pop(m.jobs, job.id)
 
 
-def drain(m, queue, max_records: int):
+def drain(m, queue, max_records: int, who=UNAUDITED):
     """Up to max_records dead letters, oldest first, removed in the same command."""
     source = m.dlq if queue is None else m.dlq_by_queue.get(queue, ())
     ids = []
@@ -361,10 +364,11 @@ def drain(m, queue, max_records: int):
         rec = drop_dead_letter(m, job_id)
         forget(m, rec.job)
         records.append((shown_fields(rec.job), rec.cause, rec.failed_at, rec.final_attempt, rec.reason))
+    audit.record(m, who, "drain", queue, {"drained": len(ids), "ids": audit.ids_shown(ids)})
     return ops.drained(tuple(records))
 
 
-def requeue(m, ids):
+def requeue(m, ids, who=UNAUDITED):
     """Back to ready: same id, attempt 1, enqueued now, no schedule, no deadline."""
     requeued, missing = [], []
     for job_id in ids:
@@ -380,10 +384,12 @@ def requeue(m, ids):
         m._set(job, "seq", m._new_seq())
         make_ready(m, job, q)
         requeued.append(job_id)
+    audit.record(m, who, "requeue", None, {"requeued": len(requeued), "missing": len(missing),
+                                           "ids": audit.ids_shown(requeued)})
     return ops.requeued(tuple(requeued), tuple(missing))
 
 
-def delete_dead_letters(m, ids):
+def delete_dead_letters(m, ids, who=UNAUDITED):
     deleted, missing = [], []
     for job_id in ids:
         if job_id not in m.dlq:
@@ -391,11 +397,13 @@ def delete_dead_letters(m, ids):
             continue
         forget(m, drop_dead_letter(m, job_id).job)
         deleted.append(job_id)
+    audit.record(m, who, "dead_letters_delete", None, {"deleted": len(deleted), "missing": len(missing),
+                                                       "ids": audit.ids_shown(deleted)})
     return ops.deleted(tuple(deleted), tuple(missing))
 
 
 # ---------------------------------------------------------------------------- operator moves
-def cancel(m, job_id: str):
+def cancel(m, job_id: str, who=UNAUDITED):
     """A ready or scheduled job is removed; in flight: failed_precondition."""
     job = m.jobs.get(job_id)
     if job is None or job.state == DEAD:
@@ -405,11 +413,96 @@ def cancel(m, job_id: str):
     q = m.queues[job.queue]
     m._add(q, "ready" if job.state == READY else "scheduled", -1)
     forget(m, job)
+    audit.record(m, who, "cancel", job_id, {"queue": job.queue})
     return JOB_ID, job_id
 
 
-def pause(m, queue: str, paused: bool):
-    """Reserve skips a paused queue; enqueues are still accepted."""
+def known_queue(m, queue) -> bool:
+    return queue in m.queues or queue in m.limits.queues
+
+
+def pause(m, queue: str, paused: bool, create: bool = True, who=UNAUDITED):
+    """Reserve skips a paused queue; enqueues are still accepted. A queue that neither exists
+    nor is declared is made only when the command says so (`create`; 0.1.0 always made it)."""
+    if not create and not known_queue(m, queue):
+        return ops.queue_not_found(queue)
     q = m.ensure_queue(queue)
     m._set(q, "paused", paused)
+    audit.record(m, who, "pause" if paused else "resume", queue, {})
     return ops.paused_result(queue, paused)
+
+
+def _live_waiting(m, q: Queue) -> tuple[list, list]:
+    """The ready and the scheduled jobs of queue q (each once)."""
+    jobs = m.jobs
+    ready = [e[3] for e in chain(q.ready_heap, q.ready_fifo)
+             if e[3].state == READY and e[3].seq == e[2] and jobs.get(e[3].id) is e[3]]
+    name = q.name
+    scheduled = list({id(e[2]): e[2] for e in m.sched_heap
+                      if e[2].queue == name and e[2].state == SCHEDULED and e[2].run_at == e[0]
+                      and jobs.get(e[2].id) is e[2]}.values())
+    return ready, scheduled
+
+
+def move_to_dead_letters(m, queue: str, ids, reason, who=UNAUDITED):
+    """Ready or scheduled jobs of `queue` become dead letters, cause admin, the reason as their
+    last_reason; any other id (in flight included) is missing and left alone."""
+    if not known_queue(m, queue):
+        return ops.queue_not_found(queue)
+    moved, missing = [], []
+    for job_id in ids:
+        job = m.jobs.get(job_id)
+        if job is None or job.queue != queue or job.state not in (READY, SCHEDULED):
+            missing.append(job_id)
+            continue
+        q = m.queues[queue]
+        m._add(q, "scheduled" if job.state == SCHEDULED else "ready", -1)
+        m._set(job, "last_reason", reason)
+        dead_letter(m, job, q, "admin", reason)
+        moved.append(job_id)
+    audit.record(m, who, "dead_letter_move", queue, {"dead_lettered": len(moved), "missing": len(missing),
+                                                     "reason": reason, "ids": audit.ids_shown(moved)})
+    return ops.moved(tuple(moved), tuple(missing))
+
+
+def purge(m, queue: str, who=UNAUDITED):
+    """Every ready and scheduled job of the queue is removed; in-flight jobs finish normally."""
+    if not known_queue(m, queue):
+        return ops.queue_not_found(queue)
+    q = m.queues.get(queue)
+    n = 0
+    if q is not None:
+        ready, scheduled = _live_waiting(m, q)
+        for job in ready:
+            forget(m, job)
+        for job in scheduled:
+            forget(m, job)
+        if ready:
+            m._add(q, "ready", -len(ready))
+            # Every entry of the ready index is stale now: drop them at once.
+            m._set(q, "ready_heap", [])
+            m._set(q, "ready_fifo", deque())
+        if scheduled:
+            m._add(q, "scheduled", -len(scheduled))
+        n = len(ready) + len(scheduled)
+    audit.record(m, who, "purge", queue, {"purged": n})
+    return ops.purged(queue, n)
+
+
+def delete_queue(m, queue: str, who=UNAUDITED):
+    """An undeclared queue with no job in any state leaves the machine (counters included)."""
+    q = m.queues.get(queue)
+    if queue in m.limits.queues:
+        jobs = {} if q is None else {"ready": q.ready, "scheduled": q.scheduled, "in_flight": q.in_flight,
+                                     "dead_lettered": q.dead}
+        return ops.queue_refused("declared", queue, jobs)
+    if q is None:
+        return ops.queue_not_found(queue)
+    if q.depth() or q.dead:
+        return ops.queue_refused("not_empty", queue, {"ready": q.ready, "scheduled": q.scheduled,
+                                                      "in_flight": q.in_flight, "dead_lettered": q.dead})
+    m._pop(m.queues, queue)
+    if queue in m.dlq_by_queue:
+        m._pop(m.dlq_by_queue, queue)
+    audit.record(m, who, "queue_delete", queue, {})
+    return ops.queue_deleted(queue)

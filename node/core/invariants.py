@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from collections import Counter
 
+from ..limits import Limits
+from .config import key_problem
 from .jobs import DEAD, IN_FLIGHT, READY, SCHEDULED, STATE_NAMES
 
 
@@ -120,25 +122,37 @@ def check(m) -> list[str]:
     for (qname, key), (job_id, expires) in m.dedup.items():
         if (expires, qname, key) not in dedup_entries:
             say(f"dedup record ({qname!r}, {key!r}) has no heap entry for its expiry {expires}")
-    fifo_entries = set(m.rid_fifo)
-    for rid, (op, result, expires) in m.rids.items():
-        if (expires, rid) not in fifo_entries:
-            say(f"request id {rid!r} has no FIFO entry for its expiry {expires}")
+    rid_entries = {(e[0], e[2]) for e in m.rid_heap}
+    for rid, rec in m.rids.items():
+        if len(rec) not in (3, 5):
+            say(f"request id {rid!r} keeps {len(rec)} fields")
+            continue
+        op, result, expires = rec[:3]
+        if (expires, rid) not in rid_entries:
+            say(f"request id {rid!r} has no expiry entry for {expires}")
         if type(result) is not tuple or not result or type(result[0]) is not str:
             say(f"request id {rid!r} keeps {result!r}, not a result")
-    fifo = list(m.rid_fifo)
-    for a, b in zip(fifo, fifo[1:]):
-        if a[0] > b[0]:
-            say(f"request-id FIFO out of expiry order: {a} then {b}")
+        if type(rid) not in (str, tuple):
+            say(f"request key {rid!r} is neither a request id nor (caller, request id)")
+        if len(rec) == 5 and (type(rec[3]) is not str or type(rec[4]) is not str):
+            say(f"request id {rid!r}: a scoped record without its route and body hash")
+        # (caller, id) keys only come from scoped requests; a bare id may be either (a caller
+        # without a name, or a record of an earlier release)
+        if type(rid) is tuple and (len(rid) != 2 or len(rec) != 5):
+            say(f"request key {rid!r}: (caller, id) keys are scoped records")
+    heap = m.rid_heap
+    for i in range(1, len(heap)):
+        if heap[(i - 1) // 2][:2] > heap[i][:2]:
+            say(f"request-id expiry heap property broken at {i}")
             break
+    if len({e[1] for e in heap}) != len(heap):
+        say("two request-id expiry entries share an order")
 
     # ---- dead letters: the store and its per-queue index hold the same records
-    retention = m.limits.dead_letter_retention_ms
+    # (Records can outlive a change that turned retention off: they stay until drained.)
     dead_jobs = {job_id for job_id, job in jobs.items() if job.state == DEAD}
     if set(m.dlq) != dead_jobs:
         say(f"dead-letter store holds {len(m.dlq)} records, the machine {len(dead_jobs)} dead jobs")
-    if retention <= 0 and (m.dlq or dead_jobs):
-        say("dead letters kept with retention off")
     per_queue_total = 0
     for name, od in m.dlq_by_queue.items():
         per_queue_total += len(od)
@@ -165,4 +179,33 @@ def check(m) -> list[str]:
         previous = rec
     if per_queue_total != len(m.dlq):
         say(f"per-queue dead-letter indexes hold {per_queue_total} records, the store {len(m.dlq)}")
+    for name in m.dlq_by_queue:
+        if name not in m.queues:
+            say(f"dead-letter index of queue {name!r}, which does not exist")
+
+    # ---- the configuration in force
+    if type(m.config_version) is not int or m.config_version < 0:
+        say(f"configuration version {m.config_version!r}")
+    if m.config_version == 0 and m.keys:
+        say("API keys in force before the first configuration")
+    if m.config_version and (m.limits.doc is None or Limits.from_doc(m.limits.doc).doc != m.limits.doc):
+        say("the configuration in force is not the one its document builds")
+    digests = [rec[0] for rec in m.keys.values()]
+    if len(set(digests)) != len(digests):
+        say("two API keys share a digest")
+    for name, rec in m.keys.items():
+        why = key_problem(name, rec[1], rec[0])
+        if why:
+            say(f"API key {name!r}: {why}")
+
+    # ---- the audit trail: in order, within its cap
+    trail = list(m.audit)
+    if len(trail) > m.limits.audit_max_entries:
+        say(f"audit trail holds {len(trail)} entries, above audit_max_entries ({m.limits.audit_max_entries})")
+    for a, b in zip(trail, trail[1:]):
+        if not (a[0] < b[0] and a[1] <= b[1]):
+            say(f"audit trail out of order at {a[:2]} then {b[:2]}")
+            break
+    if trail and (trail[-1][0] > m.audit_seq or trail[-1][1] > clock):
+        say(f"audit entry {trail[-1][:2]} beyond the machine's sequence {m.audit_seq} or clock {clock}")
     return bad

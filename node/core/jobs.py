@@ -11,6 +11,8 @@ from operator import attrgetter
 
 READY, SCHEDULED, IN_FLIGHT, DEAD, GONE = 0, 1, 2, 3, 4
 STATE_NAMES = ("ready", "scheduled", "in_flight", "dead_lettered", "gone")
+# Why a job was dead-lettered (a DeadLetter's `cause`), as SEMANTICS.md names them.
+DEAD_LETTER_CAUSES = ("attempts_exhausted", "rejected", "lease_expired", "admin", "expired")
 
 
 class Job:

@@ -31,6 +31,18 @@ DELETE_DEAD_LETTERS = "dldel"
 CANCEL = "cancel"
 PAUSE = "pause"
 SWEEP = "sweep"
+# Configuration, keys and operator moves (after release 0.1.0).
+CONFIGURE = "config"
+ADD_KEY = "keyadd"
+REMOVE_KEY = "keydel"
+MOVE_TO_DEAD_LETTERS = "dlmove"
+PURGE = "purge"
+DELETE_QUEUE = "qdel"
+
+# `who` of an operator command: the caller's key name (None without auth), put in by the
+# leader. Commands of release 0.1.0 have no such field: their handlers see UNAUDITED, and
+# record nothing in the audit trail (node/core/audit.py).
+UNAUDITED = False
 
 # The fields after (op, request_id), in wire order.
 COMMANDS: dict[str, tuple[str, ...]] = {
@@ -41,13 +53,23 @@ COMMANDS: dict[str, tuple[str, ...]] = {
     ACK_BATCH: ("pairs",),                      # ((job_id, attempt), ...)
     NACK: ("job_id", "attempt", "reason", "strategy", "delay_ms"),
     EXTEND: ("job_id", "attempt", "lease_ms"),
-    DRAIN: ("queue", "max_records"),            # queue None = every queue
-    REQUEUE: ("ids",),
-    DELETE_DEAD_LETTERS: ("ids",),
-    CANCEL: ("job_id",),
-    PAUSE: ("queue", "paused"),
+    DRAIN: ("queue", "max_records", "who"),     # queue None = every queue
+    REQUEUE: ("ids", "who"),
+    DELETE_DEAD_LETTERS: ("ids", "who"),
+    CANCEL: ("job_id", "who"),
+    PAUSE: ("queue", "paused", "create", "who"),  # create: also for a queue that neither exists nor is declared
     SWEEP: (),
+    CONFIGURE: ("expect_version", "config", "keys", "who"),   # config: {limits, storage, queues};
+                                                # keys: None (unchanged) or ((name, role, key_sha256), ...)
+    ADD_KEY: ("name", "role", "key_sha256", "who"),
+    REMOVE_KEY: ("name", "who"),
+    MOVE_TO_DEAD_LETTERS: ("queue", "ids", "reason", "who"),
+    PURGE: ("queue", "who"),
+    DELETE_QUEUE: ("queue", "who"),
 }
+# The fields a command of release 0.1.0 (and of this code before `who`) ends after: the
+# handlers give the later ones defaults (who = UNAUDITED, create = True, as pause was then).
+LEGACY_FIELDS = {DRAIN: 2, REQUEUE: 1, DELETE_DEAD_LETTERS: 1, CANCEL: 1, PAUSE: 2}
 OPS = tuple(COMMANDS)
 
 # Enqueue modes.
@@ -104,24 +126,48 @@ def extend(rid, job_id: str, attempt: int, lease_ms: int) -> tuple:
     return EXTEND, rid, job_id, attempt, lease_ms
 
 
-def drain(rid, queue, max_records: int) -> tuple:
-    return DRAIN, rid, queue, max_records
+def drain(rid, queue, max_records: int, who=None) -> tuple:
+    return DRAIN, rid, queue, max_records, who
 
 
-def requeue(rid, ids: tuple) -> tuple:
-    return REQUEUE, rid, ids
+def requeue(rid, ids: tuple, who=None) -> tuple:
+    return REQUEUE, rid, ids, who
 
 
-def delete_dead_letters(rid, ids: tuple) -> tuple:
-    return DELETE_DEAD_LETTERS, rid, ids
+def delete_dead_letters(rid, ids: tuple, who=None) -> tuple:
+    return DELETE_DEAD_LETTERS, rid, ids, who
 
 
-def cancel(rid, job_id: str) -> tuple:
-    return CANCEL, rid, job_id
+def cancel(rid, job_id: str, who=None) -> tuple:
+    return CANCEL, rid, job_id, who
 
 
-def pause(rid, queue: str, paused: bool) -> tuple:
-    return PAUSE, rid, queue, paused
+def pause(rid, queue: str, paused: bool, create: bool = False, who=None) -> tuple:
+    return PAUSE, rid, queue, paused, create, who
+
+
+def configure(rid, expect_version: int, config: dict, keys, who=None) -> tuple:
+    return CONFIGURE, rid, expect_version, config, keys, who
+
+
+def add_key(rid, name: str, role: str, key_sha256: str, who=None) -> tuple:
+    return ADD_KEY, rid, name, role, key_sha256, who
+
+
+def remove_key(rid, name: str, who=None) -> tuple:
+    return REMOVE_KEY, rid, name, who
+
+
+def move_to_dead_letters(rid, queue: str, ids: tuple, reason, who=None) -> tuple:
+    return MOVE_TO_DEAD_LETTERS, rid, queue, ids, reason, who
+
+
+def purge(rid, queue: str, who=None) -> tuple:
+    return PURGE, rid, queue, who
+
+
+def delete_queue(rid, queue: str, who=None) -> tuple:
+    return DELETE_QUEUE, rid, queue, who
 
 
 def sweep() -> tuple:
@@ -141,6 +187,27 @@ ack_batch_pairs = reader(ACK_BATCH, "pairs")
 
 # Ops after which a parked reserve may find a job ready (node/service.py wakes its waiters).
 WAKING_OPS = frozenset((ENQUEUE, NACK, SWEEP, REQUEUE, PAUSE))
+# Ops that change the configuration in force (node/service.py follows it).
+CONFIG_OPS = frozenset((CONFIGURE, ADD_KEY, REMOVE_KEY))
+
+
+# ---------------------------------------------------------------------------- request ids
+# The request-id slot of a command (its second element) is None, a bare request id (commands
+# of release 0.1.0 and of this code until request ids were scoped), or a RequestId tuple
+# (who, request_id, route, body_hash): the caller's key name (None without auth), the id the
+# client sent, the route it came by ("enqueue", "enqueue_batch", "pause", "resume", ...) and a
+# short hash of its request (node/service.py `request_hash`). The store keys a record by the
+# request id alone for a caller without a name (and for bare ids), by (who, request id) else.
+def request_id(who, rid: str, route: str, body_hash: str) -> tuple:
+    return who, rid, route, body_hash
+
+
+def request_key(slot):
+    """The request-id store's key for a command's request-id slot (not None)."""
+    if type(slot) is str:
+        return slot
+    who = slot[0]
+    return slot[1] if who is None else (who, slot[1])
 
 # ---------------------------------------------------------------------------- results
 # Kinds (the first three are also the forms release 0.1.0 kept under request ids).
@@ -156,6 +223,19 @@ REQUEUED = "requeued"               # 200 {"requeued", "missing"}
 DELETED = "deleted"                 # 200 {"deleted", "missing"}
 PAUSED = "paused"                   # 200 {"queue", "paused"}
 SWEPT = "swept"                     # 200 {"promoted", ...}: what each sweep step did
+CONFIGURED = "configured"           # 200 {"version", "warnings"}
+CONFIG_CONFLICT = "config_conflict"  # 409 failed_precondition: expect_version is not the version in force
+CONFIG_INVALID = "config_invalid"   # 400 invalid_argument: the message names the key
+KEY_ADDED = "key_added"             # 200 {"name", "role", "version"}
+KEY_REMOVED = "key_removed"         # 200 {"name", "version"}
+KEY_REFUSED = "key_refused"         # 409 failed_precondition: why (a code), the key's name
+KEY_NOT_FOUND = "key_not_found"     # 404 not_found
+MOVED = "moved"                     # 200 {"dead_lettered", "missing"}
+PURGED = "purged"                   # 200 {"queue", "purged"}
+QUEUE_DELETED = "queue_deleted"     # 200 {"queue"}
+QUEUE_NOT_FOUND = "queue_not_found"  # 404 not_found: neither exists nor is declared
+QUEUE_REFUSED = "queue_refused"     # 409 failed_precondition: why (declared, not_empty), counts
+REQUEST_MISMATCH = "request_mismatch"   # 400 invalid_argument: same caller and id, another route or body (never stored)
 JOB_NOT_FOUND = "job_not_found"     # 404 job_not_found (fencing)
 ATTEMPT_MISMATCH = "attempt_mismatch"   # 409 attempt_mismatch (fencing)
 REJECTED = "rejected"               # 422 rejected: a single enqueue refused at apply
@@ -169,7 +249,7 @@ ANSWER = "answer"                   # an answer kept verbatim (only from snapsho
                                     # held one this version no longer makes)
 
 SWEEP_STEPS = ("promoted", "leases_expired", "deadlines_expired", "dedup_expired",
-               "request_ids_expired", "dead_letters_expired")
+               "request_ids_expired", "dead_letters_expired", "audit_expired")
 
 RESULTS: dict[str, tuple[str, ...]] = {
     ENQUEUED: ("job_id", "deduplicated"),
@@ -194,9 +274,22 @@ RESULTS: dict[str, tuple[str, ...]] = {
     MALFORMED: (),
     FAILED: ("op", "exception"),
     ANSWER: ("status", "body"),
+    CONFIGURED: ("version", "warnings"),    # ({"code", ...fields}, ...)
+    CONFIG_CONFLICT: ("version", "expected"),
+    CONFIG_INVALID: ("message",),
+    KEY_ADDED: ("name", "role", "version"),
+    KEY_REMOVED: ("name", "version"),
+    KEY_REFUSED: ("why", "name"),           # why: exists, digest_in_use, last_admin, first_not_admin, not_seeded
+    KEY_NOT_FOUND: ("name",),
+    MOVED: ("dead_lettered", "missing"),
+    PURGED: ("queue", "purged"),
+    QUEUE_DELETED: ("queue",),
+    QUEUE_NOT_FOUND: ("queue",),
+    QUEUE_REFUSED: ("why", "queue", "jobs"),   # why: declared, not_empty; jobs: {state: count}
+    REQUEST_MISMATCH: ("request_id", "route", "what"),    # what: "operation" or "body"
 }
 # Results a request id never remembers (SEMANTICS.md / README "Decisions").
-NOT_REMEMBERED = frozenset((REQUEST_ID_REUSED, MALFORMED, FAILED))
+NOT_REMEMBERED = frozenset((REQUEST_ID_REUSED, MALFORMED, FAILED, REQUEST_MISMATCH))
 
 MALFORMED_RESULT = (MALFORMED,)
 
@@ -246,9 +339,9 @@ def paused_result(queue: str, paused: bool) -> tuple:
 
 
 def swept(promoted: int, leases_expired: int, deadlines_expired: int, dedup_expired: int,
-          request_ids_expired: int, dead_letters_expired: int) -> tuple:
+          request_ids_expired: int, dead_letters_expired: int, audit_expired: int = 0) -> tuple:
     return (SWEPT, promoted, leases_expired, deadlines_expired, dedup_expired, request_ids_expired,
-            dead_letters_expired)
+            dead_letters_expired, audit_expired)
 
 
 def job_not_found(job_id: str) -> tuple:
@@ -281,6 +374,58 @@ def request_id_reused(request_id: str, op: str) -> tuple:
 
 def failed(op, exception: str) -> tuple:
     return FAILED, op, exception
+
+
+def request_mismatch(request_id: str, route: str, what: str) -> tuple:
+    return REQUEST_MISMATCH, request_id, route, what
+
+
+def configured(version: int, warnings: tuple) -> tuple:
+    return CONFIGURED, version, warnings
+
+
+def config_conflict(version: int, expected) -> tuple:
+    return CONFIG_CONFLICT, version, expected
+
+
+def config_invalid(message: str) -> tuple:
+    return CONFIG_INVALID, message
+
+
+def key_added(name: str, role: str, version: int) -> tuple:
+    return KEY_ADDED, name, role, version
+
+
+def key_removed(name: str, version: int) -> tuple:
+    return KEY_REMOVED, name, version
+
+
+def key_refused(why: str, name) -> tuple:
+    return KEY_REFUSED, why, name
+
+
+def key_not_found(name: str) -> tuple:
+    return KEY_NOT_FOUND, name
+
+
+def moved(dead_lettered: tuple, missing: tuple) -> tuple:
+    return MOVED, dead_lettered, missing
+
+
+def purged(queue: str, n: int) -> tuple:
+    return PURGED, queue, n
+
+
+def queue_deleted(queue: str) -> tuple:
+    return QUEUE_DELETED, queue
+
+
+def queue_not_found(queue: str) -> tuple:
+    return QUEUE_NOT_FOUND, queue
+
+
+def queue_refused(why: str, queue: str, jobs: dict) -> tuple:
+    return QUEUE_REFUSED, why, queue, jobs
 
 
 def queue_full(queue: str, limit: int) -> dict:

@@ -7,7 +7,14 @@ answer into the result this version keeps (node/core/answers.py `result_of_answe
 restored node replays exactly the answers that were given and has the digest of a node that
 lived through the same history.
 
-The digest is unchanged from version 1: a state that holds the same results hashes the same.
+Version 3 adds the configuration in force (its version, canonical document and API keys), the
+audit trail, and request-id records keyed by (caller, request id) with their route and body
+hash. The request-id expiry index is a heap in the machine (a change to a shorter window makes
+insertion order differ from expiry order) and the same list in expiry order in every version. A snapshot of version 1 or 2 holds no configuration: it restores at version 0, the
+bootstrap configuration of the machine it is restored into (the node's TOML), as it ran then.
+
+The digest is unchanged from version 1 for a state without those additions (version 0, no
+audit entry, no scoped request id): a state that holds the same results hashes the same.
 """
 from __future__ import annotations
 
@@ -18,11 +25,12 @@ from itertools import chain
 
 import orjson
 
+from ..limits import Limits
 from .answers import result_of_answer
 from .jobs import READY, DeadLetter, Job, Queue
 
-VERSION = 2
-READABLE = (1, 2)
+VERSION = 3
+READABLE = (1, 2, 3)
 
 
 def to_builtins(m) -> dict:
@@ -46,9 +54,17 @@ def to_builtins(m) -> dict:
                       if e[2].deadline == e[0] and jobs.get(e[2].id) is e[2]],
         "dedup": [(k[0], k[1], v[0], v[1]) for k, v in m.dedup.items()],
         "dedup_heap": [e for e in m.dedup_heap if m.dedup.get((e[1], e[2]), (0, None))[1] == e[0]],
-        "rids": [(rid, op, result, exp) for rid, (op, result, exp) in m.rids.items()],
-        "rid_fifo": [e for e in m.rid_fifo if m.rids.get(e[1], (0, 0, None))[2] == e[0]],
+        "rids": [(key,) + rec for key, rec in m.rids.items()],     # (key, op, result, exp[, route, hash])
+        # The expiry index as a list in expiry order, oldest record first on ties, without the
+        # orders (they are positions in this list once restored): a restored node writes the
+        # same snapshot as the node it was restored from.
+        "rid_fifo": [(e[0], e[2]) for e in sorted(e for e in m.rid_heap
+                                                  if m.rids.get(e[2], (0, 0, None))[2] == e[0])],
         "dlq": [(rec.job.id,) + rec.fields() for rec in m.dlq.values()],
+        # Version 0 keeps no document: a restore applies the bootstrap of the machine it fills.
+        "config": {"version": m.config_version, "doc": m.limits.doc if m.config_version else None,
+                   "keys": [(name,) + rec for name, rec in m.keys.items()]},
+        "audit": list(m.audit), "audit_seq": m.audit_seq,
     }
 
 
@@ -95,9 +111,23 @@ def from_builtins(m, data: dict):
     m.dedup = {(a, b): (c, d) for a, b, c, d in data["dedup"]}
     m.dedup_heap = [tuple(e) for e in data["dedup_heap"]]
     heapq.heapify(m.dedup_heap)
-    m.rids = {rid: (op, kept_result(op, kept), exp) for rid, op, kept, exp in data["rids"]}
-    m.rid_fifo = deque(tuple(e) for e in data["rid_fifo"])
+    m.rids = {_key(key): (op, kept_result(op, kept), exp, *rest) for key, op, kept, exp, *rest in data["rids"]}
+    # (expires, key) in expiry order, oldest first on ties: orders below any later record's
+    # (those take `applied`, >= 0) keep that order; a sorted list is a heap.
+    fifo = data["rid_fifo"]
+    m.rid_heap = [(e[0], i - len(fifo), _key(e[1])) for i, e in enumerate(fifo)]
+    cfg = data.get("config")
+    if cfg is not None and cfg["version"] > 0:
+        m.limits = Limits.from_doc(cfg["doc"])
+        m.config_version = cfg["version"]
+        m.keys = {k[0]: tuple(k[1:]) for k in cfg["keys"]}
+    m.audit = deque(tuple(e) for e in data.get("audit", ()))
+    m.audit_seq = data.get("audit_seq", 0)
     return m
+
+
+def _key(key):
+    return key if type(key) is str else tuple(key)
 
 
 def digest(m) -> str:
@@ -112,10 +142,20 @@ def digest(m) -> str:
         h.update(repr((name, [getattr(q, c) for c in Queue.COUNTERS])).encode())
     for k in sorted(m.dedup):
         h.update(repr((k, m.dedup[k])).encode())
-    for rid in sorted(m.rids):
-        op, kept, exp = m.rids[rid]
-        h.update(repr((rid, op, exp)).encode())
+    for key in sorted(m.rids, key=_key_order):
+        op, kept, exp, *scope = m.rids[key]
+        h.update(repr((key, op, exp, *scope)).encode())
         h.update(repr(kept).encode() if type(kept[0]) is str else orjson.dumps(kept, option=orjson.OPT_SORT_KEYS))
     for job_id, rec in m.dlq.items():       # order matters: drain is oldest first
         h.update(repr((job_id,) + rec.fields()).encode())
+    # What version 3 added, only when present (so the digest of an earlier state is unchanged).
+    if m.config_version or m.keys:
+        h.update(orjson.dumps(["config", m.config_version, m.limits.doc, sorted((n,) + r for n, r in m.keys.items())],
+                              option=orjson.OPT_SORT_KEYS))
+    if m.audit or m.audit_seq:
+        h.update(orjson.dumps(["audit", m.audit_seq, list(m.audit)], option=orjson.OPT_SORT_KEYS))
     return h.hexdigest()[:32]
+
+
+def _key_order(key):
+    return (0, key) if type(key) is str else (1, key)

@@ -8,7 +8,7 @@ the undo log, like everything a command changes).
 """
 from __future__ import annotations
 
-from . import ops
+from . import audit, ops
 from .handlers import dead_letter, drop_dead_letter, forget, make_ready
 from .jobs import IN_FLIGHT, READY, SCHEDULED
 
@@ -21,7 +21,8 @@ def sweep(m):
                      expire_deadlines(m, now, budget),
                      drop_dedup_records(m, now, budget),
                      drop_request_ids(m, now, budget),
-                     drop_dead_letters_past_retention(m, now, budget))
+                     drop_dead_letters_past_retention(m, now, budget),
+                     audit.drop_past_retention(m, now, budget))
 
 
 def promote_due_schedules(m, now: int, budget: int) -> int:
@@ -85,10 +86,11 @@ def drop_dedup_records(m, now: int, budget: int) -> int:
 
 
 def drop_request_ids(m, now: int, budget: int) -> int:
-    """3b. Request-id records past their window (expiry order is insertion order)."""
-    fifo, rids, n = m.rid_fifo, m.rids, 0
-    while fifo and fifo[0][0] <= now and n < budget:
-        expires, rid = m._popleft(fifo)
+    """3b. Request-id records past their window, earliest expiry first (a record's expiry is
+    fixed when it is stored, with the window in force then)."""
+    heap, rids, n = m.rid_heap, m.rids, 0
+    while heap and heap[0][0] <= now and n < budget:
+        expires, _, rid = m._heappop(heap)
         rec = rids.get(rid)
         if rec is not None and rec[2] == expires:
             n += 1
@@ -97,7 +99,9 @@ def drop_request_ids(m, now: int, budget: int) -> int:
 
 
 def drop_dead_letters_past_retention(m, now: int, budget: int) -> int:
-    """4. With retention on, dead letters older than dead_letter_retention_ms, oldest first."""
+    """4. With retention on, dead letters older than dead_letter_retention_ms, oldest first
+    (the retention in force at this sweep; with retention turned off by a configuration change,
+    the records already kept stay until they are drained, requeued or deleted)."""
     retention = m.limits.dead_letter_retention_ms
     if retention <= 0:
         return 0
@@ -115,9 +119,11 @@ def next_due_ms(m) -> int | None:
     """The earliest replicated time at which a sweep has work (stale entries may make it
     early, never late)."""
     due = [h[0][0] for h in (m.sched_heap, m.lease_heap, m.deadline_heap, m.dedup_heap) if h]
-    if m.rid_fifo:
-        due.append(m.rid_fifo[0][0])
+    if m.rid_heap:
+        due.append(m.rid_heap[0][0])
     retention = m.limits.dead_letter_retention_ms
     if retention > 0 and m.dlq:
         due.append(m.dlq[next(iter(m.dlq))].failed_at + retention)
+    if m.audit:
+        due.append(m.audit[0][1] + m.limits.audit_retention_ms)
     return min(due) if due else None

@@ -57,6 +57,10 @@ def appendleft(dq: deque, entry, _):
     dq.appendleft(entry)
 
 
+def pop_right(dq: deque, _a, _b):
+    dq.pop()
+
+
 def heap_remove(heap: list, entry, _=None):
     for i, e in enumerate(heap):
         if e is entry:
@@ -137,6 +141,11 @@ class UndoLog:
         undo = self._undo
         undo += (heap_restore, heap, entry, None)
         return heappop(heap)
+
+    def _append(self, dq: deque, entry):
+        undo = self._undo
+        undo += (pop_right, dq, None, None)
+        dq.append(entry)
 
     def _popleft(self, dq: deque):
         entry = dq[0]

@@ -169,6 +169,19 @@ class SyncObjConf(object):
         #: any zlib call. Upstream: always 3.
         self.compressionLevel = kwargs.get('compressionLevel', 0)
 
+        #: raftq: bounds of the Raft port before a connection has authenticated (transport.py).
+        #: Upstream has none: a length prefix of 2 GB is buffered whole before the token is
+        #: checked, a connection that never finishes its handshake is held forever, and the
+        #: listen backlog is 5.
+        #:  * `handshakeTimeout` - seconds a connection (incoming or outgoing) may take from its
+        #:    start to the end of its handshake (key exchange and address) before it is closed;
+        #:  * `maxPendingConnections` - incoming connections in their handshake at once; a new
+        #:    one beyond it closes the oldest (a real peer's handshake takes one round trip);
+        #:  * `listenBacklog` - the Raft port's listen backlog.
+        self.handshakeTimeout = kwargs.get('handshakeTimeout', 5.0)
+        self.maxPendingConnections = kwargs.get('maxPendingConnections', 64)
+        self.listenBacklog = kwargs.get('listenBacklog', 128)
+
         #: raftq test hook (the chaos harness's proxies): peer address -> 'host:port' to dial
         #: instead of the peer's own address.
         self.dialMap = kwargs.get('dialMap', None) or {}
@@ -228,5 +241,8 @@ class SyncObjConf(object):
                 assert isinstance(self.tcp_keepalive[i], int)
                 assert self.tcp_keepalive[i] > 0
         assert self.durability in ('fsync', 'memory')
+        assert self.handshakeTimeout > 0
+        assert isinstance(self.maxPendingConnections, int) and self.maxPendingConnections >= 1
+        assert isinstance(self.listenBacklog, int) and self.listenBacklog >= 1
         assert isinstance(self.compressionLevel, int) and 0 <= self.compressionLevel <= 9
         assert isinstance(self.snapshotCompressionLevel, int) and 0 <= self.snapshotCompressionLevel <= 9

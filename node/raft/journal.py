@@ -1,3 +1,4 @@
+import logging
 import os
 import mmap
 import errno
@@ -6,6 +7,8 @@ import zlib
 
 from .version import VERSION
 from .pickle import to_bytes, loadsBuiltins, dumps
+
+logger = logging.getLogger(__name__)
 
 # raftq: fdatasync where there is one (macOS has none).
 datasync = getattr(os, 'fdatasync', os.fsync)
@@ -683,6 +686,14 @@ class FileJournal(Journal):
             self.add(*entry)
 
     def _destroy(self):
+        # raftq: a node that stops stores the commit index it knows (otherwise written once a
+        # second): restarted alone, it replays its journal up to there instead of an older one.
+        if not self.__metaSaved:
+            try:
+                self.__metaStorer.storeMeta(self.__meta)
+                self.__metaSaved = True
+            except Exception:
+                logger.exception('could not store the meta file at shutdown')
         self.__journalFile._destroy()
 
     def flush(self):

@@ -1325,6 +1325,16 @@ class SyncObj(object):
         """How many times the journal was synced (fsync durability)."""
         return self.__raftLog.syncs
 
+    @property
+    def transportRefusals(self):
+        """Connections the transport refused or closed, by reason (transport.REFUSALS), and
+        the handshakes under way now ('pending'); {} for a transport without them."""
+        t = self.__transport
+        refusals = getattr(t, 'refusals', None)
+        if refusals is None:
+            return {}
+        return dict(refusals, pending=t.pendingHandshakes)
+
     def _isLeader(self):
         """ Check if current node has a leader state.
         WARNING: there could be multiple leaders at the same time!

@@ -4,17 +4,38 @@ from .node import Node, TCPNode
 from .tcp_connection import TcpConnection, CONNECTION_STATE
 from .tcp_server import TcpServer
 import functools
+import logging
 import os
 import threading
 import time
 import random
 
 monotonicTime = time.monotonic
+log = logging.getLogger(__name__)
 
 # raftq: the link keepalive (see TCPTransport._onTick). The message is ignored by the receiving
 # SyncObj; only its arrival counts (it refreshes the connection's last read time).
 KEEPALIVE = {'type': 'raftq_keepalive'}
 KEEPALIVE_PERIOD = 1.0
+
+# raftq: the largest frame a connection may send before its peer has authenticated. The
+# handshake's frames are a 32-byte random key and a member's address (or 'readonly'), pickled
+# and, with the secret, encrypted: about 100 bytes each; a DNS name is at most 253 characters.
+HANDSHAKE_MAX_FRAME = 4096
+
+# raftq: why the transport refused or closed a connection (TCPTransport.refusals, /metrics):
+#  * frame_too_large - a length prefix beyond HANDSHAKE_MAX_FRAME before authentication (or a
+#    negative one at any time): refused before anything of the frame is buffered;
+#  * auth_failed - with the secret, a frame before authentication that does not decrypt (a
+#    wrong secret, or not the Raft protocol at all);
+#  * malformed - without the secret, a first frame that is not a message;
+#  * unknown_peer - a first message that names no member;
+#  * handshake_timeout - the handshake not done within handshakeTimeout of the start;
+#  * too_many_pending - closed to make room: maxPendingConnections handshakes were under way;
+#  * bad_frame - a frame that fails on an authenticated link (tampering, or a bug).
+REFUSALS = ('frame_too_large', 'auth_failed', 'malformed', 'unknown_peer', 'handshake_timeout',
+            'too_many_pending', 'bad_frame')
+REFUSAL_LOG_PERIOD = 10.0
 
 
 class TransportNotReadyError(Exception):
@@ -208,6 +229,9 @@ class TCPTransport(Transport):
         self._send_random_sleep_duration = 0
         self._nextKeepalive = 0
         self._encrypted = bool(syncObj.encryptor)
+        self.refusals = dict.fromkeys(REFUSALS, 0)     # raftq: see REFUSALS
+        self._refusalLogAt = 0.0
+        self._refusalsUnlogged = 0
 
         self._syncObj.addOnTickCallback(self._onTick)
 
@@ -272,7 +296,8 @@ class TCPTransport(Transport):
                                  sendBufferSize = conf.sendBufferSize,
                                  recvBufferSize = conf.recvBufferSize,
                                  connectionTimeout = conf.connectionTimeout,
-                                 compressionLevel = conf.compressionLevel)
+                                 compressionLevel = conf.compressionLevel,
+                                 backlog = conf.listenBacklog)
 
     def _maybeBind(self):
         """
@@ -305,6 +330,22 @@ class TCPTransport(Transport):
         except TransportNotReadyError:
             pass
         self._connectIfNecessary()
+        if self._server is not None:
+            self._server.resumeAccepting()
+
+        # raftq: the handshake deadline. Upstream checks a connection's timeout only when it
+        # reads or sends, so a connection that sent a few bytes and went quiet was held forever
+        # (incoming: in _unknownConnections; outgoing: CONNECTED to a peer that never sends its
+        # key, and never dialled again). Either is closed handshakeTimeout after its start.
+        now = monotonicTime()
+        deadline = now - self._syncObj.conf.handshakeTimeout
+        if self._unknownConnections:
+            for conn in [c for c in self._unknownConnections if c.startTime < deadline]:
+                self._refuse(conn, 'handshake_timeout')
+        for conn in list(self._connections.values()):
+            if conn.startTime < deadline and conn.state != CONNECTION_STATE.DISCONNECTED and \
+                    not self._handshakeDone(conn):
+                self._refuse(conn, 'handshake_timeout')
 
         # raftq: keep idle links alive. A connection whose last read is older than
         # connectionTimeout is dropped only when it next has to *send* (TcpConnection.
@@ -313,7 +354,6 @@ class TCPTransport(Transport):
         # between the survivors was always lost and every election took a second round
         # (2.5-3.5 s instead of 1-2 s, the term going up by two). Every connected peer gets a
         # keepalive once every KEEPALIVE_PERIOD.
-        now = monotonicTime()
         if now >= self._nextKeepalive:
             self._nextKeepalive = now + KEEPALIVE_PERIOD
             for node, conn in list(self._connections.items()):
@@ -326,6 +366,32 @@ class TCPTransport(Transport):
         key arrives and the address has gone out, the peer expects nothing else)."""
         return conn.state == CONNECTION_STATE.CONNECTED and (conn.sendRandKey or not self._encrypted)
 
+    @property
+    def pendingHandshakes(self):
+        """raftq: incoming connections whose handshake is under way."""
+        return len(self._unknownConnections)
+
+    def _refuse(self, conn, reason):
+        """raftq: close a connection for `reason` (REFUSALS); _onDisconnected counts and logs it."""
+        conn.refusal = reason
+        conn.disconnect()
+
+    def _refused(self, conn, reason):
+        """raftq: count a refusal and log it, at most one line per REFUSAL_LOG_PERIOD (a flood
+        must not flood the log) with the number left out since the last. Only the peer's
+        address and the reason: nothing of what it sent, and never the secret."""
+        self.refusals[reason] += 1
+        now = monotonicTime()
+        if now - self._refusalLogAt < REFUSAL_LOG_PERIOD:
+            self._refusalsUnlogged += 1
+            return
+        more = ' (%d more refusals since the last such line)' % self._refusalsUnlogged if self._refusalsUnlogged else ''
+        self._refusalLogAt, self._refusalsUnlogged = now, 0
+        peer = conn.peer
+        peer = '%s:%s' % peer[:2] if isinstance(peer, tuple) else str(peer)
+        log.warning('Raft link: closed the connection %s %s: %s%s', 'from' if conn.incoming else 'to', peer,
+                    reason.replace('_', ' '), more)
+
     def _onNewIncomingConnection(self, conn):
         """
         Callback for connections initiated by the other side
@@ -334,6 +400,12 @@ class TCPTransport(Transport):
         :type conn: TcpConnection
         """
 
+        # raftq: at most maxPendingConnections handshakes at once; the oldest makes room (a
+        # member's handshake takes one round trip, a connection that idles takes a slot until
+        # its deadline). Every frame before authentication is at most HANDSHAKE_MAX_FRAME.
+        if len(self._unknownConnections) >= self._syncObj.conf.maxPendingConnections:
+            self._refuse(min(self._unknownConnections, key=lambda c: c.startTime), 'too_many_pending')
+        conn.maxFrame = HANDSHAKE_MAX_FRAME
         self._unknownConnections.add(conn)
         encryptor = self._syncObj.encryptor
         if encryptor:
@@ -363,7 +435,7 @@ class TCPTransport(Transport):
         node = self._nodeAddrToNode.get(message) if isinstance(message, str) else None
 
         if node is None and message != 'readonly':
-            conn.disconnect()
+            self._refuse(conn, 'unknown_peer')
             self._unknownConnections.discard(conn)
             return
 
@@ -375,6 +447,7 @@ class TCPTransport(Transport):
             self._readonlyNodesCounter += 1
 
         self._unknownConnections.discard(conn)
+        conn.maxFrame = None                # raftq: authenticated (or, without the secret, identified)
         self._connections[node] = conn
         conn.setOnMessageReceivedCallback(functools.partial(self._onMessageReceived, node))
         if not readonly:
@@ -442,6 +515,7 @@ class TCPTransport(Transport):
         """
 
         if self._syncObj.encryptor:
+            conn.maxFrame = HANDSHAKE_MAX_FRAME     # raftq: until the peer's key has decrypted
             conn.setOnMessageReceivedCallback(functools.partial(self._onOutgoingMessageReceived, conn)) # So we can process the sendRandKey
             conn.recvRandKey = os.urandom(32)
             conn.send(conn.recvRandKey)
@@ -463,6 +537,7 @@ class TCPTransport(Transport):
 
         if not conn.sendRandKey:
             conn.sendRandKey = message
+            conn.maxFrame = None
             self._sendSelfAddress(conn)
 
         node = self._connToNode(conn)
@@ -477,6 +552,14 @@ class TCPTransport(Transport):
         :type conn: TcpConnection
         """
 
+        # raftq: why the connection was closed, if it was refused (see REFUSALS). A frame that
+        # failed before the handshake was done failed authentication (with the secret) or was
+        # not a message (without); on an established link it is bad_frame.
+        reason, conn.refusal = conn.refusal, None
+        if reason is not None:
+            if reason == 'bad_frame' and (conn in self._unknownConnections or conn.maxFrame is not None):
+                reason = 'auth_failed' if self._encrypted else 'malformed'
+            self._refused(conn, reason)
         self._unknownConnections.discard(conn)
         node = self._connToNode(conn)
         if node is not None:

@@ -1,0 +1,601 @@
+"""The admin UI (node/admin.html) in a real browser, against real clusters on loopback.
+
+Playwright drives Debian's Chromium (`apt-get install chromium`; `executable_path`, never a
+browser download). Without Playwright or Chromium the browser tests skip and say why; the API
+tests at the end (the routes the page relies on) run anyway.
+
+Covered: the page loads (from a follower it moves to the leader); the node table, the queue
+table and the rate chart; the job browser (pages, states, search by id, payloads decoded by
+encoding); every action (cancel, retry now, dead-letter, requeue and delete selected and all,
+enqueue a test job, pause and resume); dead letters by queue and cause with filters that clear,
+and a table that refreshes by itself; the notice when the cluster keeps no dead letters; API keys
+(asked for, kept in the tab's sessionStorage, sent as Bearer, a role too low explained); the
+leader killed under an open page (marked stale, then moved to a live node with the key and the
+panel choices). Every page is checked for script errors and for listings that ask for more than
+a page.
+
+On failure a screenshot and the page's HTML are saved under $RAFTQ_UI_ARTIFACTS (default
+<tmp>/raftq-ui-artifacts) and the test's output says where.
+"""
+from __future__ import annotations
+
+import base64
+import json
+import os
+import re
+import shutil
+import tempfile
+import urllib.request
+import uuid
+from pathlib import Path
+from urllib.parse import parse_qs, urlsplit
+
+import pytest
+
+from raftq.cluster.local import LocalCluster, http_json
+from tests.conftest import Api
+
+try:
+    from playwright.sync_api import Error as PlaywrightError
+    from playwright.sync_api import expect, sync_playwright
+except ImportError:                 # the browser tests skip; the API tests still run
+    sync_playwright = None
+
+CHROMIUM = os.environ.get("RAFTQ_CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
+ARTIFACTS = Path(os.environ.get("RAFTQ_UI_ARTIFACTS") or Path(tempfile.gettempdir()) / "raftq-ui-artifacts")
+RETENTION = {"dead_letter_retention_ms": 86_400_000}
+KEYS = {role: f"{role}-ui-{uuid.uuid4().hex[:8]}" for role in ("viewer", "operator")}
+API_KEYS = [{"name": f"{role}-app", "key": key, "role": role} for role, key in KEYS.items()]
+if sync_playwright is not None:
+    expect.set_options(timeout=20_000)      # a loaded CI machine; every wait polls, none sleeps
+# Said before any cluster starts for them (the browser fixture skips too, when Chromium is there
+# but does not start).
+needs_browser = pytest.mark.skipif(
+    sync_playwright is None or not CHROMIUM,
+    reason="playwright is not installed (pip install -e '.[test]')" if sync_playwright is None else
+    "Chromium is not installed (apt-get install chromium): the admin UI's browser tests need it")
+
+
+def qname() -> str:
+    return "ui-" + uuid.uuid4().hex[:8]
+
+
+def b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()
+
+
+def bearer(role):
+    return {"Authorization": f"Bearer {KEYS[role]}"}
+
+
+# ------------------------------------------------------------------------------ fixtures
+@pytest.fixture(scope="module")
+def browser():
+    if sync_playwright is None:
+        pytest.skip("playwright is not installed (pip install -e '.[test]')")
+    if not CHROMIUM:
+        pytest.skip("Chromium is not installed (apt-get install chromium): the admin UI's browser tests need it")
+    with sync_playwright() as p:
+        try:
+            b = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-dev-shm-usage"])
+        except PlaywrightError as e:
+            pytest.skip(f"Chromium at {CHROMIUM} does not start under Playwright: {str(e).splitlines()[0]}")
+        yield b
+        b.close()
+
+
+class UI:
+    """One browser tab and what it saw: script errors, dialogs (each accepted), listing calls."""
+
+    def __init__(self, browser):
+        self.context = browser.new_context(viewport={"width": 1400, "height": 1000})
+        self.page = self.context.new_page()
+        self.errors: list[str] = []
+        self.dialogs: list[str] = []
+        self.listings: list[str] = []
+        self.auth_headers: list[str | None] = []
+        self.page.on("pageerror", lambda e: self.errors.append(str(e)))
+        self.page.on("dialog", self._dialog)
+        self.page.on("request", self._request)
+
+    def _dialog(self, d):
+        self.dialogs.append(d.message)
+        d.accept()
+
+    def _request(self, r):
+        path = urlsplit(r.url).path
+        if path.startswith("/v1/"):
+            self.auth_headers.append(r.headers.get("authorization"))
+        if path.endswith("/jobs") and r.method == "GET" or path == "/v1/dead-letters":
+            self.listings.append(r.url)
+
+    def open(self, url: str):
+        """Load the page and wait for a leader's data."""
+        self.page.goto(url + "/")
+        self.wait_fresh()
+        return self.page
+
+    def wait_fresh(self):
+        expect(self.page.locator("body")).to_have_attribute("data-stale", "false")
+        expect(self.page.locator("#here .badge")).to_have_text("leader")
+
+    def msg(self):
+        return self.page.locator("#msg")
+
+
+@pytest.fixture
+def ui(browser, request):
+    u = UI(browser)
+    yield u
+    rep = getattr(request.node, "rep_call", None)
+    if rep is not None and rep.failed:
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
+        base = ARTIFACTS / re.sub(r"[^\w.-]+", "_", request.node.name)
+        try:
+            u.page.screenshot(path=f"{base}.png", full_page=True)
+            Path(f"{base}.html").write_text(u.page.content())
+            print(f"admin UI at failure: {base}.png and {base}.html (page {u.page.url}); script errors: {u.errors}")
+        except PlaywrightError as e:
+            print(f"no screenshot of the failure: {e}")
+    u.context.close()
+    if rep is not None and rep.passed:
+        assert u.errors == [], "the page raised script errors"
+        # never a whole queue: every listing asks for one page
+        for url in u.listings:
+            limit = parse_qs(urlsplit(url).query).get("limit", [None])[0]
+            assert limit is not None and int(limit) <= 100, url
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    c = LocalCluster(tmp_path_factory.mktemp("ui"), durability="memory", storage=RETENTION).launch()
+    yield c
+    c.close()
+
+
+@pytest.fixture(scope="module")
+def api(cluster):
+    return Api(cluster)
+
+
+@pytest.fixture(scope="module")
+def auth_cluster(tmp_path_factory):
+    # keys on, and no dead-letter store (the default retention of 0)
+    c = LocalCluster(tmp_path_factory.mktemp("ui-auth"), durability="memory", api_keys=API_KEYS).launch()
+    yield c
+    c.close()
+
+
+def leader_url(cluster) -> str:
+    return cluster.urls[cluster.wait_leader(20)]
+
+
+def follower_index(cluster) -> int:
+    lead = cluster.wait_leader(20)
+    return next(i for i in range(cluster.n) if i != lead and cluster.alive(i))
+
+
+def enqueue(api, queue, n=1, payload=None, encoding="application/json", headers=None, **fields):
+    """n jobs in one batch; their ids."""
+    job = {"queue": queue, "job_type": "t", **fields}
+    if payload is not None:
+        job["payload"] = {"data_b64": b64(payload), "encoding": encoding}
+    status, out = api.post("/v1/jobs/batch", {"jobs": [job] * n}, headers=headers)
+    assert status == 200, out
+    return [r["job_id"] for r in out["results"]]
+
+
+def reserve_all(api, queue, headers=None, lease_ms=300_000, max_jobs=100):
+    status, out = api.post("/v1/reserve", {"queues": [queue], "lease_ms": lease_ms, "max_jobs": max_jobs},
+                           headers=headers)
+    assert status == 200, out
+    return out["jobs"]
+
+
+def dead_letter(api, queue, cause, reason="boom"):
+    """A dead letter of `queue` with cause `rejected` or `attempts_exhausted`; its id."""
+    [jid] = enqueue(api, queue, max_attempts=1 if cause == "attempts_exhausted" else 3, payload=b"a,b\n1,2",
+                    encoding="text/csv")
+    [job] = reserve_all(api, queue)
+    assert job["id"] == jid
+    retry = {"strategy": "dead_letter"} if cause == "rejected" else {"strategy": "default"}
+    status, out = api.post(f"/v1/jobs/{jid}/nack", {"attempt": job["attempt"], "reason": reason, "retry": retry})
+    assert status == 200 and out["dead_lettered"], out
+    return jid
+
+
+def job_state(api, jid, headers=None):
+    status, out = api.get(f"/v1/jobs/{jid}", headers=headers)
+    return out["state"] if status == 200 else status
+
+
+def select_rows(page, table: str, ids):
+    for jid in ids:
+        page.locator(f"#{table} tbody input[value='{jid}']").check()
+
+
+# ------------------------------------------------------------------------------ the page
+@needs_browser
+def test_page_from_a_follower_moves_to_the_leader_and_shows_nodes_queues_and_rates(cluster, api, ui):
+    q = qname()
+    enqueue(api, q, 3)
+    lead = cluster.wait_leader(20)
+    page = ui.open(cluster.urls[follower_index(cluster)])
+    expect(page).to_have_url(cluster.urls[lead] + "/")       # moved itself to the leader's page
+    # the node table: one row per member, from each member's own view
+    rows = page.locator("#nodes tbody tr")
+    expect(rows).to_have_count(3)
+    expect(page.locator(f"#nodes tr[data-node='{cluster.ids[lead]}'] .badge")).to_have_text("leader")
+    expect(page.locator("#nodes tbody .badge.follower")).to_have_count(2)
+    view = cluster.cluster_view(lead, digest=False)
+    first = rows.nth(0).locator("td")
+    expect(first.nth(2)).to_have_text(str(view["term"]))
+    expect(first.nth(3)).to_have_text(re.compile(r"^[\d,]+$"))      # commit index
+    expect(first.nth(5)).to_have_text(re.compile(r"^\d+$"))         # lag
+    expect(page.locator("#cluster-sum")).to_contain_text("3 of 3 answering")
+    # the queue's row holds its counts
+    row = page.locator(f"#queues tr[data-queue='{q}'] td")
+    expect(row.nth(1)).to_have_text("3")
+    expect(row.nth(5)).to_have_text("3")
+    # rates: jobs enqueued and acked while the page watches show up as non-zero rates and lines
+    # (each reading shows the last ~10 s: the checks below all see the reading after the burst)
+    page.select_option("#chart-queue", q)                             # the chart of this queue
+    enqueue(api, q, 40)
+    acks = [{"job_id": j["id"], "attempt": j["attempt"]} for j in reserve_all(api, q)]
+    assert api.post("/v1/acks", {"acks": acks})[0] == 200
+    nonzero = re.compile(r"^(0\.[1-9]|[1-9])")
+    expect(page.locator("#legend [data-rate='enqueue']")).to_have_text(nonzero)
+    expect(page.locator("#legend [data-rate='ack']")).to_have_text(nonzero)
+    expect(row.nth(8)).to_have_text(nonzero)                          # the queue's own enq/s
+    expect(page.locator("#chart polyline")).to_have_count(4)
+    expect(page.locator("#dl-off")).to_be_hidden()                    # this cluster keeps dead letters
+
+
+@needs_browser
+def test_job_browser_pages_states_search_and_decoded_payloads(cluster, api, ui):
+    q = qname()
+    ready = enqueue(api, q, 120, payload=json.dumps({"user": 7, "tags": ["a"]}).encode())
+    later = enqueue(api, q, 3, payload="first line\nsecond line".encode(), encoding="text/plain",
+                    delay_ms=3_600_000)
+    enqueue(api, q, 2, payload=bytes(range(40)), encoding="application/octet-stream", priority=9)
+    flying = reserve_all(api, q, max_jobs=2)    # the two priority-9 binary jobs come first
+    assert {j["payload"]["encoding"] for j in flying} == {"application/octet-stream"}
+    page = ui.open(leader_url(cluster))
+    page.select_option("#jb-queue", q)
+    rows = page.locator("#jobs tbody tr[data-id]")
+    expect(rows).to_have_count(50)
+    expect(page.locator("#jb-page")).to_have_text("page 1 of 3")
+    status, first = api.get(f"/v1/queues/{q}/jobs?limit=50")
+    expect(rows.nth(0)).to_have_attribute("data-id", first["jobs"][0]["id"])   # delivery order
+    expect(rows.nth(49)).to_have_attribute("data-id", first["jobs"][49]["id"])
+    page.click("#jb-next")
+    expect(page.locator("#jb-page")).to_have_text("page 2 of 3")
+    expect(rows.nth(0)).to_have_attribute("data-id", ready[50])
+    page.click("#jb-next")
+    expect(rows).to_have_count(20)
+    expect(page.locator("#jb-next")).to_be_disabled()
+    page.click("#jb-prev")
+    expect(rows.nth(0)).to_have_attribute("data-id", ready[50])
+    page.click("#jb-first")
+    expect(rows.nth(0)).to_have_attribute("data-id", ready[0])
+    # JSON pretty-printed
+    page.locator(f"#jobs a[data-show='{ready[0]}']").click()
+    expect(page.locator("#payload")).to_have_attribute("data-kind", "json")
+    expect(page.locator("#payload")).to_have_text('{\n  "user": 7,\n  "tags": [\n    "a"\n  ]\n}')
+    # scheduled: text as text
+    page.click("#jb-states button[data-state=scheduled]")
+    expect(rows).to_have_count(3)
+    page.locator(f"#jobs a[data-show='{later[0]}']").click()
+    expect(page.locator("#payload")).to_have_attribute("data-kind", "text")
+    expect(page.locator("#payload")).to_have_text("first line\nsecond line")
+    expect(page.locator("#detail")).to_contain_text("runs at")
+    # in flight: binary as hex
+    page.click("#jb-states button[data-state=in_flight]")
+    expect(rows).to_have_count(2)
+    page.locator(f"#jobs a[data-show='{flying[0]['id']}']").click()
+    expect(page.locator("#payload")).to_have_attribute("data-kind", "hex")
+    expect(page.locator("#payload")).to_contain_text("000000  00 01 02 03 04 05 06 07 08 09 0a 0b 0c 0d 0e 0f")
+    # search by id (any case), a malformed id, an unknown one
+    page.fill("#search-id", later[1].upper())
+    page.click("#search button")
+    expect(page.locator("#detail-of")).to_contain_text(later[1])
+    expect(page.locator("#detail")).to_contain_text("scheduled")
+    page.fill("#search-id", "not-an-id")
+    page.click("#search button")
+    expect(ui.msg()).to_contain_text("is not a job id")
+    gone = str(uuid.uuid4())
+    page.fill("#search-id", gone)
+    page.click("#search button")
+    expect(page.locator("#detail")).to_contain_text(f"No job {gone}")
+
+
+@needs_browser
+def test_cancel_retry_now_and_dead_letter_from_the_browser(cluster, api, ui):
+    q = qname()
+    ids = enqueue(api, q, 3, payload=b"{}")
+    page = ui.open(leader_url(cluster))
+    page.select_option("#jb-queue", q)
+    expect(page.locator("#jobs tbody tr[data-id]")).to_have_count(3)
+    expect(page.locator("#jb-cancel")).to_be_disabled()               # nothing selected yet
+    select_rows(page, "jobs", ids[:2])
+    expect(page.locator("#jb-cancel")).to_have_text("Cancel selected (2)")
+    expect(page.locator("#jb-retry")).to_be_disabled()                # ready jobs are not in flight
+    page.click("#jb-cancel")
+    expect(ui.msg()).to_have_text("cancelled 2 job(s)")
+    assert [job_state(api, j) for j in ids] == [404, 404, "ready"]
+    expect(page.locator("#jobs tbody tr[data-id]")).to_have_count(1)
+    assert any("Cancel 2 job(s)" in d for d in ui.dialogs)
+    # in flight: retry now (a nack for its attempt, no delay) and dead-letter
+    extra = enqueue(api, q, 1, max_attempts=1)
+    flying = {j["id"]: j for j in reserve_all(api, q)}
+    assert set(flying) == {ids[2], extra[0]}
+    page.click("#jb-states button[data-state=in_flight]")
+    expect(page.locator("#jobs tbody tr[data-id]")).to_have_count(2)
+    expect(page.locator("#jb-cancel")).to_be_disabled()
+    select_rows(page, "jobs", [ids[2]])
+    page.click("#jb-retry")
+    expect(ui.msg()).to_have_text("retried 1 job(s)")
+    status, job = api.get(f"/v1/jobs/{ids[2]}")
+    assert job["state"] == "ready" and job["attempt"] == 2 and job["last_reason"] == "retried now from the admin UI"
+    # retry now on the last attempt says so first, and dead-letters it (attempts_exhausted)
+    expect(page.locator("#jobs tbody tr[data-id]")).to_have_count(1)
+    select_rows(page, "jobs", extra)
+    page.click("#jb-retry")
+    expect(ui.msg()).to_contain_text("on their last attempt: dead-lettered")
+    assert any("last attempt" in d for d in ui.dialogs)
+    status, recs = api.get(f"/v1/dead-letters?queue={q}")
+    assert [(r["job"]["id"], r["cause"]) for r in recs["records"]] == [(extra[0], "attempts_exhausted")]
+    # dead-letter from the job panel
+    [again] = reserve_all(api, q)
+    assert again["id"] == ids[2]
+    page.fill("#search-id", ids[2])
+    page.click("#search button")
+    expect(page.locator("#detail")).to_contain_text("in_flight")
+    page.click("#detail button[data-do=dead]")
+    expect(ui.msg()).to_have_text("dead-lettered 1 job(s)")
+    assert job_state(api, ids[2]) == "dead_lettered"
+    expect(page.locator("#detail button[data-do=requeue]")).to_be_visible()   # the panel follows the job
+    expect(page.locator(f"#dlq tr[data-id='{ids[2]}'] td").nth(4)).to_have_text("rejected")
+
+
+@needs_browser
+def test_enqueue_a_test_job_and_pause_and_resume(cluster, api, ui):
+    q = qname()
+    enqueue(api, q, 1)
+    page = ui.open(leader_url(cluster))
+    page.click("#enqueue-box summary")
+    page.fill("#enq-queue", q)
+    page.fill("#enq-type", "smoke")
+    page.fill("#enq-priority", "7")
+    page.fill("#enq-payload", '{"ping": true')                        # not JSON: refused in the page
+    page.click("#enq-submit")
+    expect(ui.msg()).to_contain_text("the payload is not JSON")
+    page.fill("#enq-payload", '{"ping": true}')
+    page.click("#enq-submit")
+    expect(ui.msg()).to_contain_text(f"enqueued ")
+    jid = ui.msg().inner_text().split()[1]
+    status, job = api.get(f"/v1/jobs/{jid}")
+    assert status == 200 and job["queue"] == q and job["job_type"] == "smoke" and job["priority"] == 7
+    assert base64.b64decode(job["payload"]["data_b64"]) == b'{"ping": true}'
+    expect(page.locator("#payload")).to_have_text('{\n  "ping": true\n}')   # shown at once
+    # binary, typed as hex
+    page.select_option("#enq-encoding", "application/octet-stream")
+    page.fill("#enq-payload", "00 ff 10")
+    page.fill("#enq-priority", "")
+    page.click("#enq-submit")
+    expect(ui.msg()).to_contain_text("enqueued ")
+    jid = ui.msg().inner_text().split()[1]
+    assert base64.b64decode(api.get(f"/v1/jobs/{jid}")[1]["payload"]["data_b64"]) == b"\x00\xff\x10"
+    expect(page.locator(f"#queues tr[data-queue='{q}'] td").nth(1)).to_have_text("3")
+    # pause, then resume
+    page.locator(f"#queues button[data-pause='{q}']").click()
+    expect(page.locator(f"#queues tr[data-queue='{q}'] .badge.paused")).to_be_visible()
+    assert api.get(f"/v1/queues/{q}")[1]["paused"] is True
+    assert reserve_all(api, q) == []                                  # reserve skips it
+    page.locator(f"#queues button[data-pause='{q}']").click()
+    expect(page.locator(f"#queues tr[data-queue='{q}'] .badge.paused")).to_have_count(0)
+    assert api.get(f"/v1/queues/{q}")[1]["paused"] is False
+
+
+@needs_browser
+def test_dead_letters_by_queue_and_cause_refresh_requeue_and_delete(cluster, api, ui):
+    qa, qb = qname(), qname()
+    a_rej = [dead_letter(api, qa, "rejected", f"bad row {i}") for i in range(3)]
+    a_ex = [dead_letter(api, qa, "attempts_exhausted") for _ in range(2)]
+    b_rej = [dead_letter(api, qb, "rejected") for _ in range(2)]
+    page = ui.open(leader_url(cluster))
+    rows = page.locator("#dlq tbody tr[data-id]")
+    # the queue row's dead-letter count opens the table on that queue
+    page.locator(f"#queues a[data-dlq='{qa}']").click()
+    expect(rows).to_have_count(5)
+    expect(page.locator("#dl-count")).to_contain_text(f"5 kept in {qa}")
+    page.select_option("#dl-cause", "rejected")
+    expect(rows).to_have_count(3)
+    expect(page.locator("#dlq tbody td:nth-child(5)")).to_have_text(["rejected"] * 3)
+    expect(page.locator("#dlq tbody td:nth-child(6)").first).to_have_text("bad row 0")
+    expect(page.locator("#dl-filters")).to_have_text(f"showing rejected in queue {qa}")
+    # the table refreshes by itself: a new dead letter appears without touching the page
+    a_rej.append(dead_letter(api, qa, "rejected"))
+    expect(rows).to_have_count(4)
+    # the filters clear
+    page.click("#dl-clear")
+    expect(page.locator("#dl-queue")).to_have_value("")
+    expect(page.locator("#dl-cause")).to_have_value("")
+    expect(page.locator("#dl-clear")).to_be_disabled()
+    for jid in a_rej + a_ex + b_rej:
+        expect(page.locator(f"#dlq tr[data-id='{jid}']")).to_have_count(1)
+    # requeue / delete selected: disabled with nothing selected, then only the selected ones
+    expect(page.locator("#dl-requeue")).to_be_disabled()
+    expect(page.locator("#dl-delete")).to_be_disabled()
+    select_rows(page, "dlq", [b_rej[0]])
+    page.click("#dl-requeue")
+    expect(ui.msg()).to_have_text("requeued 1")
+    assert job_state(api, b_rej[0]) == "ready"
+    select_rows(page, "dlq", [b_rej[1]])
+    page.click("#dl-delete")
+    expect(ui.msg()).to_have_text("deleted 1")
+    assert job_state(api, b_rej[1]) == 404
+    expect(page.locator(f"#dlq tr[data-id='{b_rej[1]}']")).to_have_count(0)
+    # requeue all shown by the filters: only qa's rejected ones
+    page.select_option("#dl-queue", qa)
+    page.select_option("#dl-cause", "rejected")
+    expect(rows).to_have_count(4)
+    page.click("#dl-requeue-all")
+    expect(ui.msg()).to_have_text(f"requeued 4 rejected dead letters of {qa}")
+    assert [job_state(api, j) for j in a_rej] == ["ready"] * 4
+    assert [job_state(api, j) for j in a_ex] == ["dead_lettered"] * 2
+    expect(rows).to_have_count(0)
+    # delete all shown: qa's, of every cause
+    page.click("#dl-clear")
+    page.select_option("#dl-queue", qa)
+    expect(rows).to_have_count(2)
+    page.click("#dl-delete-all")
+    expect(ui.msg()).to_have_text(f"deleted 2 dead letters of {qa}")
+    assert [job_state(api, j) for j in a_ex] == [404, 404]
+    expect(page.locator("#dlq tbody tr.empty")).to_contain_text("no dead letters match the filters")
+    assert api.get(f"/v1/dead-letters?queue={qa}")[1]["records"] == []
+
+
+@needs_browser
+@needs_browser
+def test_api_keys_are_asked_for_kept_in_the_tab_and_sent_and_the_dead_letter_store_off_is_told(
+        auth_cluster, ui, browser):
+    api = Api(auth_cluster)
+    q = qname()
+    enqueue(api, q, 2, headers=bearer("operator"))
+    url = leader_url(auth_cluster)
+    page = ui.page
+    page.goto(url + "/")
+    expect(page.locator("#authn")).to_contain_text("This cluster needs an API key")
+    expect(page.locator("#here")).to_contain_text("needs a key")
+    page.fill("#key", KEYS["viewer"])
+    page.click("#key-use")
+    ui.wait_fresh()
+    expect(page.locator("#authn")).to_be_hidden()
+    expect(page.locator("#key-state")).to_have_text("key set (this tab only)")
+    expect(page.locator(f"#queues tr[data-queue='{q}'] td").nth(1)).to_have_text("2")
+    assert f"Bearer {KEYS['viewer']}" in ui.auth_headers
+    # this cluster keeps no dead letters: the page says so instead of an always-empty table
+    expect(page.locator("#dl-off")).to_be_visible()
+    expect(page.locator("#dl-on")).to_be_hidden()
+    # a viewer may not pause: the page says which role it takes, and nothing changes
+    page.locator(f"#queues button[data-pause='{q}']").click()
+    expect(ui.msg()).to_have_text(f"pause {q}: the key's role is viewer; this needs operator or higher")
+    assert api.get(f"/v1/queues/{q}", headers=bearer("viewer"))[1]["paused"] is False
+    # the key lives in this tab: a reload keeps it; another key replaces it
+    page.reload()
+    ui.wait_fresh()
+    page.fill("#key", KEYS["operator"])
+    page.click("#key-use")
+    ui.wait_fresh()
+    page.locator(f"#queues button[data-pause='{q}']").click()
+    expect(page.locator(f"#queues tr[data-queue='{q}'] .badge.paused")).to_be_visible()
+    assert api.get(f"/v1/queues/{q}", headers=bearer("viewer"))[1]["paused"] is True
+    # a wrong key is refused and said so
+    page.fill("#key", "not-a-key")
+    page.click("#key-use")
+    expect(page.locator("#authn")).to_contain_text("The node refused this key")
+    page.click("#key-forget")
+    expect(page.locator("#authn")).to_contain_text("This cluster needs an API key")
+    # another tab starts without a key
+    other = UI(browser)
+    try:
+        other.page.goto(url + "/")
+        expect(other.page.locator("#authn")).to_contain_text("needs an API key")
+    finally:
+        other.context.close()
+
+
+@needs_browser
+def test_leader_killed_under_an_open_page_marks_it_stale_then_moves_it_to_a_live_node(make_cluster, ui):
+    c = make_cluster(durability="memory", api_keys=API_KEYS, storage=RETENTION)
+    api = Api(c)
+    q = qname()
+    enqueue(api, q, 5, headers=bearer("operator"))
+    lead = c.wait_leader(20)
+    page = ui.page
+    page.goto(c.urls[lead] + "/")
+    page.fill("#key", KEYS["operator"])
+    page.click("#key-use")
+    ui.wait_fresh()
+    page.select_option("#jb-queue", q)
+    page.select_option("#dl-cause", "expired")
+    expect(page.locator("#jobs tbody tr[data-id]")).to_have_count(5)
+    # Keep the page from finding another node at first, to see it mark its data stale.
+    others = [c.urls[i] + "/healthz" for i in range(c.n) if i != lead]
+    for u in others:
+        page.route(u, lambda route: route.abort())
+    c.kill(lead)
+    expect(page.locator("body")).to_have_attribute("data-stale", "true")
+    expect(page.locator("#stale")).to_contain_text(f"node {c.ids[lead]} ({c.urls[lead]}) does not answer")
+    expect(page.locator("#stale")).to_contain_text("The data below is from")
+    expect(page.locator(f"#queues tr[data-queue='{q}'] td").nth(1)).to_have_text("5")   # kept, greyed
+    for u in others:
+        page.unroute(u)
+    # now it moves to a node that answers, and once a new leader is elected shows fresh data there
+    expect(page).not_to_have_url(re.compile(re.escape(c.urls[lead])), timeout=30_000)
+    expect(page.locator("body")).to_have_attribute("data-stale", "false", timeout=30_000)
+    expect(page.locator("#here .badge")).to_have_text("leader")
+    new = next(i for i in range(c.n) if page.url.startswith(c.urls[i]))
+    assert new != lead and c.wait_leader(20, exclude=lead) == new
+    expect(page.locator("#moved")).to_contain_text(f"node {c.ids[lead]} ({c.urls[lead]}) does not answer")
+    expect(page.locator(f"#nodes tr[data-node='{c.ids[lead]}'] .badge")).to_have_text("down")
+    expect(page.locator(f"#nodes tr[data-node='{c.ids[lead]}']")).to_contain_text("connection refused")
+    # the key and the panel choices came along; the key is not left in the address bar
+    expect(page.locator("#key-state")).to_have_text("key set (this tab only)")
+    assert "key=" not in page.url
+    expect(page.locator("#jb-queue")).to_have_value(q)
+    expect(page.locator("#dl-cause")).to_have_value("expired")
+    expect(page.locator("#jobs tbody tr[data-id]")).to_have_count(5)
+    # and the nodes' logs name Raft roles, not the Raft layer's numbers
+    log = c.log_path(new).read_text()
+    assert re.search(r"raft role (follower|candidate) -> leader", log), log[-2000:]
+    assert "raft state" not in log
+
+
+# ------------------------------------------------------------------------------ the routes it uses
+def test_cluster_nodes_answers_every_members_view_and_says_why_one_is_missing(make_cluster):
+    c = make_cluster(durability="memory", api_keys=API_KEYS)
+    lead = c.wait_leader(20)
+    status, out = http_json("GET", c.urls[lead] + "/v1/cluster/nodes", headers=bearer("viewer"))
+    assert status == 200 and out["node_id"] == c.ids[lead]
+    rows = {n["id"]: n for n in out["nodes"]}
+    assert set(rows) == set(c.ids) and all(n["reachable"] and n["error"] is None for n in rows.values())
+    assert rows[c.ids[lead]]["role"] == "leader" and all(n["lag"] >= 0 for n in rows.values())
+    assert {n["peers"] for n in rows.values()} == {2}
+    # the caller's key goes along: no key is 401 here before anything is asked of the others
+    assert http_json("GET", c.urls[lead] + "/v1/cluster/nodes")[0] == 401
+    # a member that is down: its row says so, the others still answer
+    down = follower_index(c)
+    c.kill(down)
+    status, out = http_json("GET", c.urls[lead] + "/v1/cluster/nodes", headers=bearer("viewer"))
+    rows = {n["id"]: n for n in out["nodes"]}
+    assert rows[c.ids[down]] == {"id": c.ids[down], "url": c.urls[down], "reachable": False,
+                                 "error": "connection refused"}
+    assert rows[c.ids[lead]]["reachable"] and rows[c.ids[lead]]["peers_connected"] in (1, 2)
+    # the admin page lets itself call only its node, plus a probe of the others' /healthz
+    with urllib.request.urlopen(c.urls[lead] + "/", timeout=5) as r:
+        csp = r.headers["Content-Security-Policy"]
+    connect = next(d for d in csp.split(";") if d.strip().startswith("connect-src")).split()[1:]
+    assert connect[0] == "'self'" and sorted(connect[1:]) == sorted(u for i, u in enumerate(c.urls) if i != lead)
+
+
+def test_dead_letters_by_cause_pages_through_and_refuses_an_unknown_cause(cluster, api):
+    q = qname()
+    rejected = [dead_letter(api, q, "rejected") for _ in range(3)]
+    exhausted = [dead_letter(api, q, "attempts_exhausted") for _ in range(2)]
+    got, cursor = [], None
+    while True:
+        path = f"/v1/dead-letters?queue={q}&cause=rejected&limit=2" + (f"&cursor={cursor}" if cursor else "")
+        status, out = api.get(path)
+        assert status == 200 and all(r["cause"] == "rejected" for r in out["records"])
+        got += [r["job"]["id"] for r in out["records"]]
+        cursor = out["next_cursor"]
+        if cursor is None:
+            break
+    assert got == rejected
+    status, out = api.get(f"/v1/dead-letters?queue={q}&cause=attempts_exhausted")
+    assert [r["job"]["id"] for r in out["records"]] == exhausted
+    for bad in ("nope", ""):
+        status, out = api.get(f"/v1/dead-letters?cause={bad}")
+        assert status == 400 and out["error"]["code"] == "invalid_argument" and "cause must be" in out["error"]["message"]
