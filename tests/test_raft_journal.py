@@ -293,3 +293,17 @@ def test_the_meta_file_is_checksummed_and_the_old_one_still_read(tmp_path):
     path.write_bytes(pickle.dumps({"currentTerm": 2, "votedForNodeId": None, "raftCommitIndex": 5}, 2))
     m = MetaStorer(str(path))
     assert m.getMeta()["currentTerm"] == 2 and m.legacy and m.damaged is None
+
+
+def test_an_empty_file_is_a_journal_begun_again_not_damage(tmp_path):
+    """A crash between creating the file and writing its header leaves 0 bytes: nothing was
+    ever in it, and reporting it would make a fresh node's log untrusted for nothing."""
+    path = tmp_path / "raft.journal"
+    path.write_bytes(b"")
+    j = journal(path)
+    assert len(j) == 0 and j.findings == []
+    j.add(b"x", 1, 1)
+    j._destroy()
+    back = journal(path)
+    assert loaded(back) == [(b"x", 1, 1)] and back.findings == []
+    back._destroy()

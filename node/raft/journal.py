@@ -482,8 +482,13 @@ class FileJournal(Journal):
     def __openFile(self):
         """Open and verify the file; returns its format version as it was found."""
         exists = os.path.exists(self.__fileName)
+        # An empty file is a journal whose creation was cut short (created, header not yet
+        # written): nothing was ever in it, so it is begun again, not reported.
+        empty = exists and os.path.getsize(self.__fileName) == 0
         self.__journalFile = JournalFile(self.__fileName, defaultContent=defaultHeader(), durable=self.__durable)
-        if not exists:
+        if not exists or empty:
+            if empty:
+                self.__journalFile.write(0, defaultHeader())
             self.__currentOffset = FIRST_RECORD_OFFSET
             return JOURNAL_FORMAT_VERSION
         jf = self.__journalFile
