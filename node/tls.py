@@ -16,10 +16,10 @@
   connection is closed: nothing it sends reaches the API. Demanding the certificate inside the
   handshake would refuse it just as well, but under TLS 1.3 the client only sees its
   connection closed (asyncio drops the alert), and the answer says what is missing.
-* `tls_peer_ca` is read and checked like the others, and nothing uses it now: it was the CA of
-  the node's calls to its peers' https URLs, whose only use, the start-up limits check, gave way
-  to the configuration in force replicated in the log. It is still accepted so that the configs
-  `raftq config init --tls` wrote keep starting.
+* `peer_context(files)`: the context of the node's own calls to its peers' https URLs (GET
+  /v1/cluster/nodes asks every member for its view): it trusts `tls_peer_ca`, else
+  `tls_client_ca`, else the system's store, and presents the node's certificate, for peers that
+  require client certificates.
 
 The Raft link does not use TLS: it is encrypted and authenticated with the cluster secret
 (node/raft/encryptor.py), so rotating a certificate never touches it.

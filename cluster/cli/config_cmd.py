@@ -95,7 +95,7 @@ def node_config(i: int, ids: list[str], hosts: list[str], args, secret: str, sec
         "",
         "[node]",
         f"id = {toml_value(ids[i])}",
-        f"http = {toml_value(hostport(hosts[i], args.http_port))}".ljust(36) + "# the API, for clients",
+        f"http = {toml_value(hostport(hosts[i], args.http_port))}".ljust(36) + "# the API, for clients and the other nodes",
         f"url = {toml_value(me['url'])}".ljust(36) + "# where clients are redirected when this node leads",
         f"raft = {toml_value(me['raft'])}".ljust(36) + "# Raft, the other nodes only; bound to exactly this address",
         f"data_dir = {toml_value(args.data_dir)}".ljust(36) + "# journal, snapshot, term and vote",
@@ -103,7 +103,7 @@ def node_config(i: int, ids: list[str], hosts: list[str], args, secret: str, sec
             "# TLS: paths relative to this file (/etc/raftq/cert.pem ...). SIGHUP reloads them.",
             f"tls_cert = {toml_value(TLS_FILES['cert'])}".ljust(36) + f"# this node's certificate, for {hosts[i]}",
             f"tls_key = {toml_value(TLS_FILES['key'])}".ljust(36) + "# its private key (0640 root:raftq)",
-            f"tls_peer_ca = {toml_value(TLS_FILES['ca'])}".ljust(36) + "# the CA of the nodes' certificates (checked at start)",
+            f"tls_peer_ca = {toml_value(TLS_FILES['ca'])}".ljust(36) + "# the CA this node trusts when it calls the others",
         ] if args.tls else []),
         *([f"tls_client_ca = {toml_value(TLS_FILES['ca'])}".ljust(36)
            + "# clients must present a certificate signed by this CA"] if args.mtls else []),
