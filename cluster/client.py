@@ -623,7 +623,7 @@ class Client:
         http = self._http_session()
         order = self.urls[self._next:] + self.urls[:self._next]
         self._next = (self._next + 1) % len(self.urls)
-        tls_failures, answered = [], False
+        tls_failures, auth_refusals, answered = [], [], False
         for url in order:
             try:
                 # Without the digest: it is O(state) on the node, and a fleet of new clients
@@ -635,14 +635,18 @@ class Client:
                     if r.status in (400, 401) and r.headers.get("Raftq-Tls"):
                         tls_failures.append((url, _tls_refusal(r.status, await _json_or_none(r), r.headers)))
                         continue
-                    if r.status in (401, 403):    # the same keys on every node: asking on won't help
+                    if r.status in (401, 403):
+                        # The keys are replicated state: a follower that has not yet applied a key
+                        # added a moment ago refuses it while the leader knows it. Ask on; the
+                        # refusal stands only if no node points at a leader.
                         raw = await r.read()
                         try:
                             why = orjson.loads(raw)["error"]["message"]
                         except (ValueError, KeyError, TypeError):
                             why = raw[:200].decode(errors="replace")
                         code = "unauthenticated" if r.status == 401 else "permission_denied"
-                        raise error_from(r.status, {"error": {"code": code, "message": f"{url}: {why}"}})
+                        auth_refusals.append((r.status, {"error": {"code": code, "message": f"{url}: {why}"}}))
+                        continue
                     if r.status != 200:
                         continue
                     view = orjson.loads(await r.read())
@@ -663,6 +667,8 @@ class Client:
                     self.urls.append(m["url"].rstrip("/"))
             if view.get("leader"):
                 return view["leader"]["url"].rstrip("/")
+        if auth_refusals and not answered:    # every node that answered refused the key
+            raise error_from(*auth_refusals[0])
         if tls_failures and not answered:     # the rest refused connections or timed out
             raise _tls_error(tls_failures)
         return None

@@ -53,6 +53,7 @@ class QueueState(SyncObjConsumer):
         self.lock = threading.Lock()
         self.limits = limits
         self.after_apply = None          # called on the tick thread after each applied batch
+        self.after_restore = None        # called on the tick thread after a snapshot replaced the state
         self.apply_cpu_s = 0.0           # CPU spent in the state machine (for the benchmark split)
         self.applied_index = 0           # the Raft index of the last entry apply_batch applied
         super().__init__()
@@ -102,6 +103,14 @@ class QueueState(SyncObjConsumer):
                 log.warning("snapshot was written with different limits; using this node's limits")
         with self.lock:
             self.machine = machine
+        # The keys and configuration in force came with it: a node that lost its data dir must
+        # not answer under its TOML's (maybe no keys) a moment longer than it holds no state.
+        hook = self.after_restore
+        if hook is not None:
+            try:
+                hook()
+            except Exception:                           # pragma: no cover
+                log.exception("after_restore hook failed")
 
     def _upgradeLegacySnapshot(self, data):
         # A snapshot of the pickled-objects format: {"machine": QueueMachine}, whose pickled
@@ -331,8 +340,13 @@ class Replica:
         except Exception:
             log.exception("leadership transfer failed")
 
-    def destroy(self):
+    def destroy(self, wait_s: float = 5.0):
+        """Stop the tick thread and close the journal; wait (up to wait_s) until it is closed, so
+        the meta file holds the commit index this node knew when the process exits."""
         self.syncobj.destroy()
+        thread = self.syncobj.tickThread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(wait_s)
 
 
 def write_restored_snapshot(data_dir, machine_builtins: dict, index: int) -> None:

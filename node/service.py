@@ -138,6 +138,7 @@ class NodeService:
         self.seeder: asyncio.Task | None = None
         self.config_watch: asyncio.Task | None = None
         self.follow_config()
+        self.state.after_restore = self.follow_config
 
     # ---------------------------------------------------------------- the configuration in force
     @property

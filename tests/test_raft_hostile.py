@@ -47,6 +47,12 @@ def refused(c: LocalCluster, i: int) -> dict:
     return {k[len(prefix):-2]: v for k, v in m.items() if k.startswith(prefix)}
 
 
+def refused_reaches(c: LocalCluster, i: int, reason: str, want: float) -> dict:
+    """The refusal counts once `reason` reached `want`: the node closes a refused connection
+    and then counts it (on its tick thread), so the peer can see the close first."""
+    return poll(lambda: (r := refused(c, i))[reason] >= want and r, timeout=10, what=f"{reason} >= {want}")
+
+
 def bound_hits(c: LocalCluster, i: int, bound: str) -> float:
     return metrics(c, i)[f'raftq_bound_hits_total{{bound="{bound}"}}']
 
@@ -71,14 +77,16 @@ def test_a_huge_length_prefix_is_refused_before_anything_is_buffered(cluster):
     # did sat in the kernel's buffers), and it cost the node next to no CPU.
     assert out["sent_mb"] < 64, out
     assert cpu1 - cpu0 < 2.0, (cpu0, cpu1)
-    assert refused(cluster, t.node)["frame_too_large"] == r0["frame_too_large"] + 1
+    assert refused_reaches(cluster, t.node, "frame_too_large", r0["frame_too_large"] + 1)["frame_too_large"] \
+        == r0["frame_too_large"] + 1
     assert bound_hits(cluster, t.node, "raft_handshake_max_frame") == r0["frame_too_large"] + 1
     for prefix in (-1, MAX_FRAME + 1):
         s = socket.create_connection(("127.0.0.1", t.raft_port), timeout=10)
         s.sendall(struct.pack("i", prefix) + b"\0" * 100)
         assert closed_by_peer(s, 10.0), prefix
         s.close()
-    assert refused(cluster, t.node)["frame_too_large"] == r0["frame_too_large"] + 3
+    assert refused_reaches(cluster, t.node, "frame_too_large", r0["frame_too_large"] + 3)["frame_too_large"] \
+        == r0["frame_too_large"] + 3
     assert terms(cluster) == terms0 and links_up(cluster)
     assert digest(cluster, t.node) == state0
 
@@ -92,7 +100,7 @@ def test_a_wrong_secret_is_refused_counted_and_logged_without_the_secret(cluster
     s.sendall(struct.pack("i", len(token)) + token)
     assert closed_by_peer(s, 10.0)
     s.close()
-    assert refused(cluster, t.node)["auth_failed"] == r0["auth_failed"] + 1
+    assert refused_reaches(cluster, t.node, "auth_failed", r0["auth_failed"] + 1)["auth_failed"] == r0["auth_failed"] + 1
 
     def logged():
         text = cluster.log_path(t.node).read_text(errors="replace")
@@ -114,7 +122,8 @@ def test_idle_connections_are_closed_at_the_handshake_deadline_and_pending_ones_
     finally:
         for s in socks:
             s.close()
-    r1 = refused(cluster, t.node)
+    r1 = poll(lambda: (r := refused(cluster, t.node))["handshake_timeout"] + r["too_many_pending"]
+              - r0["handshake_timeout"] - r0["too_many_pending"] >= 300 and r, timeout=10, what="300 refusals counted")
     timed_out = r1["handshake_timeout"] - r0["handshake_timeout"]
     evicted = r1["too_many_pending"] - r0["too_many_pending"]
     # At most MAX_PENDING waited for their deadline; the others made room for newer ones.

@@ -602,10 +602,13 @@ class SyncObj(object):
         time.sleep(0.1)
         try:
             while True:
-                if not self.__mainThread.is_alive():
-                    break
+                # raftq: a destroy asked for is done before the main thread's end is looked at
+                # (upstream's order): a process whose main thread returned right after destroy()
+                # left with its journal unclosed and the commit index it knew unstored.
                 if self.__destroying:
                     self._doDestroy()
+                    break
+                if not self.__mainThread.is_alive():
                     break
                 try:
                     self._onTick(self.__conf.autoTickPeriod)
