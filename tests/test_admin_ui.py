@@ -7,7 +7,9 @@ tests at the end (the routes the page relies on) run anyway.
 Covered: the page loads (from a follower it moves to the leader); the node table, the queue
 table and the rate chart; the job browser (pages, states, search by id, payloads decoded by
 encoding); every action (cancel, retry now, dead-letter, requeue and delete selected and all,
-enqueue a test job, pause and resume); dead letters by queue and cause with filters that clear,
+enqueue a test job, pause and resume; dead-letter of ready and scheduled jobs with a reason, purge
+and delete of a queue, each asked first and left alone when the dialog is dismissed); the audit
+tab (newest first, older pages, who by key name, the permission message for a viewer); dead letters by queue and cause with filters that clear,
 and a table that refreshes by itself; the notice when the cluster keeps no dead letters; API keys
 (asked for, kept in the tab's sessionStorage, sent as Bearer, a role too low explained); the
 leader killed under an open page (marked stale, then moved to a live node with the key and the
@@ -27,6 +29,7 @@ import shutil
 import tempfile
 import urllib.request
 import uuid
+from datetime import datetime, timezone
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
@@ -44,7 +47,8 @@ except ImportError:                 # the browser tests skip; the API tests stil
 CHROMIUM = os.environ.get("RAFTQ_CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
 ARTIFACTS = Path(os.environ.get("RAFTQ_UI_ARTIFACTS") or Path(tempfile.gettempdir()) / "raftq-ui-artifacts")
 RETENTION = {"dead_letter_retention_ms": 86_400_000}
-KEYS = {role: f"{role}-ui-{uuid.uuid4().hex[:8]}" for role in ("viewer", "operator")}
+DECLARED = "ui-declared-" + uuid.uuid4().hex[:6]     # a [[queues]] entry of the module's cluster
+KEYS = {role: f"{role}-ui-{uuid.uuid4().hex[:8]}" for role in ("viewer", "operator", "admin")}
 API_KEYS = [{"name": f"{role}-app", "key": key, "role": role} for role, key in KEYS.items()]
 if sync_playwright is not None:
     expect.set_options(timeout=20_000)      # a loaded CI machine; every wait polls, none sleeps
@@ -85,14 +89,19 @@ def browser():
 
 
 class UI:
-    """One browser tab and what it saw: script errors, dialogs (each accepted), listing calls."""
+    """One browser tab and what it saw: script errors, dialogs, listing calls, the calls that
+    change something. A dialog is answered from `answers` when it holds any (False: dismissed,
+    a string: accepted with that text typed into a prompt, True: accepted), else accepted (a
+    prompt with its default text)."""
 
     def __init__(self, browser):
         self.context = browser.new_context(viewport={"width": 1400, "height": 1000})
         self.page = self.context.new_page()
         self.errors: list[str] = []
         self.dialogs: list[str] = []
+        self.answers: list = []
         self.listings: list[str] = []
+        self.changes: list[tuple[str, str, object]] = []     # (method, path, JSON body) of non-GET /v1 calls
         self.auth_headers: list[str | None] = []
         self.page.on("pageerror", lambda e: self.errors.append(str(e)))
         self.page.on("dialog", self._dialog)
@@ -100,14 +109,22 @@ class UI:
 
     def _dialog(self, d):
         self.dialogs.append(d.message)
-        d.accept()
+        answer = self.answers.pop(0) if self.answers else True
+        if answer is False:
+            d.dismiss()
+        elif isinstance(answer, str):
+            d.accept(answer)
+        else:
+            d.accept(d.default_value if d.type == "prompt" else None)
 
     def _request(self, r):
         path = urlsplit(r.url).path
         if path.startswith("/v1/"):
             self.auth_headers.append(r.headers.get("authorization"))
-        if path.endswith("/jobs") and r.method == "GET" or path == "/v1/dead-letters":
+        if path.endswith("/jobs") and r.method == "GET" or path in ("/v1/dead-letters", "/v1/audit"):
             self.listings.append(r.url)
+        if path.startswith("/v1/") and r.method != "GET":
+            self.changes.append((r.method, path, json.loads(r.post_data) if r.post_data else None))
 
     def open(self, url: str):
         """Load the page and wait for a leader's data."""
@@ -121,6 +138,13 @@ class UI:
 
     def msg(self):
         return self.page.locator("#msg")
+
+    def calls(self, method, path):
+        return [body for m, p, body in self.changes if m == method and p == path]
+
+    def wait_dialogs(self, n):
+        """Until n dialogs in all were shown (and answered)."""
+        poll(lambda: len(self.dialogs) >= n, timeout=20, what=f"{n} dialogs (seen {self.dialogs})")
 
 
 @pytest.fixture
@@ -179,7 +203,8 @@ def fresh_cluster(tmp_path):
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    c = launch_all(tmp_path_factory.mktemp("ui"), durability="memory", storage=RETENTION)
+    c = launch_all(tmp_path_factory.mktemp("ui"), durability="memory", storage=RETENTION,
+                   queues=[{"name": DECLARED}])
     yield c
     c.close()
 
@@ -243,6 +268,19 @@ def job_state(api, jid, headers=None):
 def select_rows(page, table: str, ids):
     for jid in ids:
         page.locator(f"#{table} tbody input[value='{jid}']").check()
+
+
+def compact(obj) -> str:
+    """JSON as the page's JSON.stringify writes it."""
+    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False)
+
+
+def iso_utc(ms: int) -> str:
+    """The instant as the page's Date.toISOString() writes it."""
+    return datetime.fromtimestamp(ms // 1000, timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.") + f"{ms % 1000:03d}Z"
+
+
+MOVED = "dead-lettered {} job(s), {} missing (no longer ready or scheduled)"
 
 
 # ------------------------------------------------------------------------------ the page
@@ -488,6 +526,159 @@ def test_dead_letters_by_queue_and_cause_refresh_requeue_and_delete(cluster, api
 
 
 @needs_browser
+def test_dead_letter_ready_and_scheduled_jobs_from_the_browser_with_a_reason(cluster, api, ui):
+    q = qname()
+    [flying] = enqueue(api, q, 1)
+    assert [j["id"] for j in reserve_all(api, q)] == [flying]
+    ready = enqueue(api, q, 2)
+    later = enqueue(api, q, 2, delay_ms=3_600_000)
+    path = f"/v1/queues/{q}/dead-letter"
+    page = ui.open(leader_url(cluster))
+    page.select_option("#jb-queue", q)
+    rows = page.locator("#jobs tbody tr[data-id]")
+    expect(rows).to_have_count(2)
+    expect(page.locator("#jb-dead")).to_be_disabled()                 # nothing selected yet
+    select_rows(page, "jobs", [ready[0]])
+    expect(page.locator("#jb-dead")).to_have_text("Dead-letter selected (1)")
+    expect(page.locator("#jb-dead")).to_be_enabled()                  # ready jobs too, now
+    expect(page.locator("#jb-retry")).to_be_disabled()                # still in-flight only
+    # dismissed at the confirmation, then at the reason: nothing is sent, the row stays selected
+    ui.answers = [False]
+    page.click("#jb-dead")
+    ui.wait_dialogs(1)
+    assert ui.dialogs[0].startswith(f"Dead-letter 1 ready job(s) of {q}? No worker gets them") and "cause admin" in ui.dialogs[0]
+    ui.answers = [True, False]
+    page.click("#jb-dead")
+    ui.wait_dialogs(3)
+    assert ui.dialogs[2].startswith("Reason")
+    assert job_state(api, ready[0]) == "ready"
+    expect(page.locator(f"#jobs tbody input[value='{ready[0]}']")).to_be_checked()
+    # accepted, with a reason typed in
+    ui.answers = [True, "bad batch 7"]
+    page.click("#jb-dead")
+    expect(ui.msg()).to_have_text(MOVED.format(1, 0))
+    assert ui.calls("POST", path) == [{"ids": [ready[0]], "reason": "bad batch 7"}]   # the dismissed ones sent nothing
+    assert job_state(api, ready[0]) == "dead_lettered"
+    expect(rows).to_have_count(1)
+    # scheduled jobs, the reason as offered
+    page.click("#jb-states button[data-state=scheduled]")
+    expect(rows).to_have_count(2)
+    select_rows(page, "jobs", later)
+    page.click("#jb-dead")
+    expect(ui.msg()).to_have_text(MOVED.format(2, 0))
+    assert ui.dialogs[-2].startswith(f"Dead-letter 2 scheduled job(s) of {q}?")
+    assert sorted(ui.calls("POST", path)[-1]["ids"]) == sorted(later)
+    expect(rows).to_have_count(0)
+    # from the job panel, for a job reserved since the panel showed it ready: missing, left alone
+    page.fill("#search-id", ready[1])
+    page.click("#search button")
+    expect(page.locator("#detail-of")).to_contain_text("ready")
+    [got] = reserve_all(api, q)
+    assert got["id"] == ready[1]
+    page.click("#detail button[data-do=dead]")
+    expect(ui.msg()).to_have_text(MOVED.format(0, 1))
+    assert job_state(api, ready[1]) == "in_flight" and job_state(api, flying) == "in_flight"
+    expect(page.locator("#detail-of")).to_contain_text("in flight")   # the panel follows the job
+    # the dead letters: cause admin, the reasons kept
+    status, out = api.get(f"/v1/dead-letters?queue={q}")
+    assert status == 200
+    assert {r["job"]["id"]: (r["cause"], r["last_reason"]) for r in out["records"]} == {
+        ready[0]: ("admin", "bad batch 7"), later[0]: ("admin", "dead-lettered from the admin UI"),
+        later[1]: ("admin", "dead-lettered from the admin UI")}
+    page.select_option("#dl-queue", q)
+    page.select_option("#dl-cause", "admin")
+    expect(page.locator("#dlq tbody tr[data-id]")).to_have_count(3)
+    expect(page.locator("#dlq tbody td:nth-child(5)")).to_have_text(["admin"] * 3)
+    expect(page.locator(f"#dlq tr[data-id='{ready[0]}'] td").nth(5)).to_have_text("bad batch 7")
+
+
+@needs_browser
+def test_purge_a_queue_from_the_browser_leaves_its_in_flight_jobs(cluster, api, ui):
+    q = qname()
+    [flying] = enqueue(api, q, 1)
+    [job] = reserve_all(api, q)
+    waiting = enqueue(api, q, 3) + enqueue(api, q, 2, delay_ms=3_600_000)
+    path = f"/v1/queues/{q}/purge"
+    page = ui.open(leader_url(cluster))
+    row = page.locator(f"#queues tr[data-queue='{q}'] td")
+    expect(row.nth(1)).to_have_text("3")
+    expect(row.nth(2)).to_have_text("2")
+    expect(row.nth(3)).to_have_text("1")
+    purge = page.locator(f"#queues button[data-purge='{q}']")
+    # dismissed: nothing sent
+    ui.answers = [False]
+    purge.click()
+    ui.wait_dialogs(1)
+    assert ui.dialogs[0].startswith(f"Purge queue {q}? This removes its 5 ready and scheduled job(s) (3 ready, 2 scheduled)")
+    assert "its 1 in-flight job(s) finish normally" in ui.dialogs[0]
+    assert api.get(f"/v1/queues/{q}")[1]["ready"] == 3
+    # accepted
+    with page.expect_response(lambda r: urlsplit(r.url).path == path) as answer:
+        purge.click()
+    assert answer.value.status == 200 and answer.value.json() == {"queue": q, "purged": 5}
+    expect(ui.msg()).to_have_text(f"purged 5 job(s) of {q}")
+    assert len(ui.calls("POST", path)) == 1                           # the dismissed one sent nothing
+    assert [job_state(api, j) for j in waiting] == [404] * 5
+    status, info = api.get(f"/v1/queues/{q}")
+    assert (info["ready"], info["scheduled"], info["in_flight"]) == (0, 0, 1)
+    assert job_state(api, flying) == "in_flight"
+    assert api.post(f"/v1/jobs/{flying}/ack", {"attempt": job["attempt"]})[0] == 200   # its worker finishes it
+    expect(row.nth(1)).to_have_text("0")
+    expect(row.nth(2)).to_have_text("0")
+    # the audit tab, without keys: who is a dash
+    page.click("#tabs button[data-tab=audit]")
+    expect(page.locator("#view-main")).to_be_hidden()
+    expect(page.locator("#tabs button[data-tab=audit]")).to_have_attribute("aria-pressed", "true")
+    first = page.locator("#audit tbody tr").first.locator("td")
+    expect(first.nth(2)).to_have_text("purge")
+    expect(first.nth(3)).to_have_text(q)
+    expect(first.nth(1)).to_have_text("—")
+    expect(first.nth(4)).to_have_text('{"purged":5}')
+    page.click("#tabs button[data-tab=main]")
+    expect(page.locator("#view-audit")).to_be_hidden()
+    expect(row.nth(3)).to_have_text("0")                              # the ack, shown
+
+
+@needs_browser
+def test_delete_a_queue_from_the_browser_only_when_empty_and_undeclared(cluster, api, ui):
+    empty, full = qname(), qname()
+    [jid] = enqueue(api, empty, 1)
+    [job] = reserve_all(api, empty)
+    assert api.post(f"/v1/jobs/{jid}/ack", {"attempt": job["attempt"]})[0] == 200
+    enqueue(api, full, 2)
+    page = ui.open(leader_url(cluster))
+    page.select_option("#jb-queue", empty)                            # the job browser shows the queue that goes
+    # a queue with jobs, and a declared one: refused, and the node's reason shown
+    page.locator(f"#queues button[data-delqueue='{full}']").click()
+    expect(ui.msg()).to_have_text(f"delete queue {full}: queue '{full}' is not empty (2 ready): only a queue with "
+                                  "no job in any state can be deleted (409 failed_precondition)")
+    assert ui.msg().get_attribute("class") == "bad"
+    assert api.get(f"/v1/queues/{full}")[1]["ready"] == 2
+    page.locator(f"#queues button[data-delqueue='{DECLARED}']").click()
+    expect(ui.msg()).to_have_text(f"delete queue {DECLARED}: queue '{DECLARED}' is declared in the configuration: "
+                                  "remove its [[queues]] entry first (409 failed_precondition)")
+    assert api.get(f"/v1/queues/{DECLARED}")[0] == 200
+    # dismissed: nothing sent
+    delete = page.locator(f"#queues button[data-delqueue='{empty}']")
+    n = len(ui.dialogs)
+    ui.answers = [False]
+    delete.click()
+    ui.wait_dialogs(n + 1)
+    assert ui.dialogs[-1].startswith(f"Delete queue {empty}?")
+    # accepted: gone from the node and from the page, which stays fresh
+    delete.click()
+    expect(ui.msg()).to_have_text(f"deleted queue {empty}")
+    assert len(ui.calls("DELETE", f"/v1/queues/{empty}")) == 1
+    assert empty not in [x["name"] for x in api.get("/v1/queues")[1]["queues"]]
+    assert api.get(f"/v1/queues/{empty}")[1]["enqueued"] == 0             # its counters went with it
+    expect(page.locator(f"#queues tr[data-queue='{empty}']")).to_have_count(0)
+    expect(page.locator("#jb-queue")).not_to_have_value(empty)
+    before = page.locator("#updated").inner_text()
+    poll(lambda: page.locator("#updated").inner_text() != before, timeout=20, what="a later refresh")
+    expect(page.locator("body")).to_have_attribute("data-stale", "false")
+
+
+@needs_browser
 @needs_browser
 def test_api_keys_are_asked_for_kept_in_the_tab_and_sent_and_the_dead_letter_store_off_is_told(
         auth_cluster, ui, browser):
@@ -535,6 +726,102 @@ def test_api_keys_are_asked_for_kept_in_the_tab_and_sent_and_the_dead_letter_sto
         expect(other.page.locator("#authn")).to_contain_text("needs an API key")
     finally:
         other.context.close()
+
+
+@needs_browser
+def test_audit_tab_names_the_key_pages_older_entries_and_tells_a_viewer_it_may_not(auth_cluster, ui):
+    api = Api(auth_cluster)
+    op = bearer("operator")
+    q, other = qname(), qname()
+    ids = enqueue(api, q, 3, headers=op)
+    enqueue(api, other, 1, headers=op)
+    for _ in range(30):                       # older entries, more than a page
+        for verb in ("pause", "resume"):
+            assert api.post(f"/v1/queues/{other}/{verb}", headers=op)[0] == 200
+    page = ui.page
+    page.goto(leader_url(auth_cluster) + "/")
+    page.fill("#key", KEYS["operator"])
+    page.click("#key-use")
+    ui.wait_fresh()
+    # dead-letter one job and purge the rest with an operator key
+    page.select_option("#jb-queue", q)
+    expect(page.locator("#jobs tbody tr[data-id]")).to_have_count(3)
+    select_rows(page, "jobs", [ids[0]])
+    ui.answers = [True, "operator says no"]
+    page.click("#jb-dead")
+    expect(ui.msg()).to_have_text(MOVED.format(1, 0))
+    assert "this cluster keeps no dead letters, so they are dropped at once" in ui.dialogs[-2]
+    assert job_state(api, ids[0], headers=op) == 404                 # retention 0: dropped
+    page.locator(f"#queues button[data-purge='{q}']").click()
+    expect(ui.msg()).to_have_text(f"purged 2 job(s) of {q}")
+    # deleting a queue takes an admin key
+    page.locator(f"#queues button[data-delqueue='{q}']").click()
+    expect(ui.msg()).to_have_text(f"delete queue {q}: the key's role is operator; this needs admin or higher")
+    assert api.get(f"/v1/queues/{q}", headers=op)[0] == 200
+    # the audit tab: newest first, who by key name
+    page.click("#tabs button[data-tab=audit]")
+    rows = page.locator("#audit tbody tr")
+    expect(rows).to_have_count(50)
+    status, newest = api.get("/v1/audit?limit=50", headers=op)
+    assert status == 200 and newest["next_cursor"]
+    top = newest["entries"][:2]
+    assert [(e["action"], e["target"], e["who"]) for e in top] == [
+        ("purge", q, "operator-app"), ("dead_letter_move", q, "operator-app")]
+    first, second = rows.nth(0).locator("td"), rows.nth(1).locator("td")
+    expect(first.nth(1)).to_have_text("operator-app")
+    expect(first.nth(2)).to_have_text("purge")
+    expect(first.nth(3)).to_have_text(q)
+    expect(first.nth(4)).to_have_text(compact({"purged": 2}))
+    expect(second.nth(1)).to_have_text("operator-app")
+    expect(second.nth(2)).to_have_text("dead_letter_move")
+    expect(second.nth(4)).to_have_text(compact(top[1]["details"]))
+    assert top[1]["details"]["reason"] == "operator says no" and top[1]["details"]["ids"] == [ids[0]]
+    # at_ms in local time, the exact instant in the tooltip
+    at = top[0]["at_ms"]
+    expect(first.nth(0).locator("span").first).to_have_attribute("title", iso_utc(at))
+    expect(first.nth(0)).to_contain_text(datetime.fromtimestamp(at // 1000).strftime("%Y-%m-%d %H:%M:%S"))
+    # older: the next page by next_cursor, and back
+    expect(page.locator("#au-prev")).to_be_disabled()
+    page.click("#au-next")
+    expect(page.locator("#au-page")).to_have_text("page 2")
+    status, older = api.get(f"/v1/audit?limit=50&cursor={newest['next_cursor']}", headers=op)
+    expect(page.locator("#audit tbody td:nth-child(3)")).to_have_text([e["action"] for e in older["entries"]])
+    expect(page.locator("#audit tbody td:nth-child(4)")).to_have_text([e["target"] or "—" for e in older["entries"]])
+    page.click("#au-prev")
+    expect(page.locator("#au-page")).to_have_text("page 1")
+    expect(first.nth(2)).to_have_text("purge")
+    # shown again, it reads the newest entries (from an older page too)
+    page.click("#au-next")
+    expect(page.locator("#au-page")).to_have_text("page 2")
+    page.click("#tabs button[data-tab=main]")
+    assert api.post(f"/v1/queues/{other}/pause", headers=op)[0] == 200
+    page.click("#tabs button[data-tab=audit]")
+    expect(page.locator("#au-page")).to_have_text("page 1")
+    expect(first.nth(2)).to_have_text("pause")
+    expect(first.nth(3)).to_have_text(other)
+    # a viewer key: the permission message, no table
+    page.fill("#key", KEYS["viewer"])
+    page.click("#key-use")
+    ui.wait_fresh()
+    expect(page.locator("#au-denied")).to_have_text("the audit trail: the key's role is viewer; this needs operator or higher")
+    expect(page.locator("#audit")).to_be_hidden()
+    page.click("#tabs button[data-tab=main]")
+    page.click("#tabs button[data-tab=audit]")
+    expect(page.locator("#au-denied")).to_be_visible()
+    expect(page.locator("#audit")).to_be_hidden()
+    # an admin key deletes the queue (empty now), and the trail names it
+    page.fill("#key", KEYS["admin"])
+    page.click("#key-use")
+    ui.wait_fresh()
+    expect(page.locator("#au-denied")).to_be_hidden()
+    expect(page.locator("#audit")).to_be_visible()
+    page.click("#tabs button[data-tab=main]")
+    page.locator(f"#queues button[data-delqueue='{q}']").click()
+    expect(ui.msg()).to_have_text(f"deleted queue {q}")
+    page.click("#tabs button[data-tab=audit]")
+    expect(first.nth(2)).to_have_text("queue_delete")
+    expect(first.nth(1)).to_have_text("admin-app")
+    expect(first.nth(3)).to_have_text(q)
 
 
 @needs_browser
