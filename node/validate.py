@@ -313,13 +313,13 @@ def _queue_list(body: dict, limits: Limits) -> tuple:
         why = check_queue_name(q, 0)
         if why:
             raise invalid(f"queues: {why}")
-        if _utf8_len(q) > limits.max_queue_name_bytes:
+        if (len(q) if q.isascii() else len(q.encode("utf-8"))) > limits.max_queue_name_bytes:     # _utf8_len
             raise invalid(f"queues: name longer than max_queue_name_bytes ({limits.max_queue_name_bytes})")
     if limits.strict_queues:
         unknown = [q for q in queues if q not in limits.queues]
         if unknown:
             raise ApiError("unknown_queues", f"queue(s) not declared (strict mode): {unknown}", queues=unknown)
-    return tuple(sys.intern(q) for q in queues)
+    return tuple(map(sys.intern, queues))
 
 
 def reserve(body, limits: Limits, rid=None) -> tuple[tuple, int]:
@@ -332,8 +332,13 @@ def reserve(body, limits: Limits, rid=None) -> tuple[tuple, int]:
         raise invalid(f"lease_ms is required and must be an integer > 0, got {lease!r}")
     wait = _opt_int(body, "wait_ms", 0, 0)
     max_jobs = _opt_int(body, "max_jobs", 1, 1)
-    _check_text(body, "worker_id", "max_worker_id_bytes", limits)     # accepted, not used
-    lease = min(lease, min(limits.queue(q).max_lease_duration_ms for q in queues))
+    if body.get("worker_id") is not None:
+        _check_text(body, "worker_id", "max_worker_id_bytes", limits)     # accepted, not used
+    # The lease clamp; one queue (the common case) without building a generator.
+    cap = (limits.queue(queues[0]).max_lease_duration_ms if len(queues) == 1
+           else min(limits.queue(q).max_lease_duration_ms for q in queues))
+    if lease > cap:
+        lease = cap
     return (ops.reserve(rid, queues, lease, min(max_jobs, limits.max_reserve_batch)),
             min(wait, limits.max_wait_timeout_ms))
 

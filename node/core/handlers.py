@@ -29,18 +29,20 @@ def enqueue(m, mode: int, items):
             return ops.batch_full(tuple({"index": i, "rejection": ops.queue_full(item[ops.ITEM_QUEUE], full[item[ops.ITEM_QUEUE]])}
                                         for i, item in enumerate(items) if item[ops.ITEM_QUEUE] in full))
         return ops.enqueued_batch(tuple([_enqueue_one(m, item, now, False) for item in items]))
+    if mode == SINGLE:                        # the hot path: no list of one
+        r = items[0]
+        if not isinstance(r, dict):           # a dict: refused by validation before proposing
+            r = _enqueue_one(m, r, now, True)
+            if type(r) is tuple:
+                return r
+        r["reason"]                          # the answer names it: a rejection without one is malformed
+        return ops.rejected(r)
     results = []
     for item in items:
-        if isinstance(item, dict):            # refused by validation before proposing
+        if isinstance(item, dict):
             results.append(item)
         else:
             results.append(_enqueue_one(m, item, now, True))
-    if mode == SINGLE:
-        r = results[0]
-        if type(r) is not tuple:
-            r["reason"]                      # the answer names it: a rejection without one is malformed
-            return ops.rejected(r)
-        return r
     return ops.enqueued_batch(tuple(results))
 
 
