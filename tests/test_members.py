@@ -99,6 +99,8 @@ class Load:
         return self
 
     async def __aexit__(self, *exc):
+        if exc[0] is None:      # enough load around the changes to judge
+            await self.until(lambda: len(self.acked) > 80, "more load after the changes")
         self.stopping = True
         await asyncio.wait_for(asyncio.gather(*self.tasks), 60)
         await self.client.close()
@@ -129,7 +131,7 @@ class Load:
         """No failed call; every acknowledged job is acked or still in the queue (drained here),
         none twice; the same digest on every member."""
         assert self.failures == [], self.failures[:5]
-        assert len(self.acked) > 50 and len(self.enqueued) > 100
+        assert len(self.acked) > 80 and len(self.enqueued) > 80
         drained = []
         async with Client([c.urls[i] for i in members], transport="http", timeout=30) as drainer:
             while True:

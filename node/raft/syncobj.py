@@ -164,6 +164,8 @@ class SyncObj(object):
         # Set while a leadership transfer (Raft 'TimeoutNow') is pending, to stop
         # the outgoing leader's heartbeats from postponing the forced election.
         self.__transferInProgress = False
+        # raftq: until when a leader that sent TimeoutNow appends no new command (transferLeadership)
+        self.__transferPauseUntil = 0.0
         # raftq: PreVote and CheckQuorum (see __startPreVote, __checkQuorum)
         self.__preVoteTerm = None           # the term a pre-vote in progress asks for
         self.__preVoters = set()            # who granted it (a set: a late answer of an earlier round counts once)
@@ -581,6 +583,14 @@ class SyncObj(object):
             'type': 'timeout_now',
             'term': self.__raftCurrentTerm,
         })
+        # raftq: no new entries while the target stands (Raft thesis §3.10: the leader stops
+        # accepting new requests during a transfer). Upstream went on appending, so under load
+        # its log was longer than the target's by the time the vote request arrived: it and the
+        # followers it had sent the new entries to refused their votes, the target lost, and the
+        # old leader was elected again (measured: the leader's removal under load took two
+        # transfers and 600 ms without writes). Commands wait in the queue; once the node is a
+        # follower they go to the new leader. At most one election timeout, should it fail.
+        self.__transferPauseUntil = monotonicTime() + self.__conf.raftMinTimeout
         if callback is not None:
             callback(None, FAIL_REASON.SUCCESS)
 
@@ -641,6 +651,8 @@ class SyncObj(object):
         while monotonicTime() - startTime < self.__conf.appendEntriesPeriod:
             if self.__raftLeader is None and self.__conf.commandsWaitLeader:
                 break
+            if self.__raftState == _RAFT_STATE.LEADER and monotonicTime() < self.__transferPauseUntil:
+                break       # raftq: a leadership transfer is under way (transferLeadership)
             try:
                 command, callback = self.__commandsQueue.get_nowait()
             except Queue.Empty:
@@ -1534,6 +1546,7 @@ class SyncObj(object):
 
     def __onBecomeLeader(self):
         self.__raftLeader = self.__selfNode
+        self.__transferPauseUntil = 0.0
         self.__setState(_RAFT_STATE.LEADER)
 
         self.__lastResponseTime.clear()
