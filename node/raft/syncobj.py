@@ -2134,9 +2134,12 @@ class SyncObj(object):
                 self.__raftCommitIndex = self.__getCurrentLogIndex()
                 self.__raftLog.setRaftCommitIndex(self.__raftCommitIndex)
 
-            # raftq: a snapshot that names no members (raftq restore's) leaves the membership as
-            # it is; upstream made such a node a cluster of one
-            if self.__conf.dynamicMembershipChange and raft['members']:
+            # raftq: only a snapshot written under online membership change (it has member_info)
+            # says what the membership is. One that names no members (raftq restore's) or one of
+            # a release with a fixed peer list (whose members may have moved to other addresses
+            # since, the TOMLs edited and every node restarted) leaves it as configured; upstream
+            # made the first a cluster of one and took the second's old addresses.
+            if self.__conf.dynamicMembershipChange and raft['members'] and 'member_info' in raft:
                 for address, info in (raft.get('member_info') or {}).items():
                     if isinstance(info, dict):
                         self.__memberInfo[address] = info
