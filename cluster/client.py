@@ -531,6 +531,7 @@ class Client:
         if transport not in ("session", "http"):
             raise ValueError("transport must be 'session' or 'http'")
         self.urls = [u.rstrip("/") for u in urls]
+        self._given = frozenset(self.urls)      # the caller's; those learnt from members may be dropped again
         self.api_key = api_key
         self.transport = transport
         self.timeout = timeout
@@ -662,9 +663,17 @@ class Client:
                 self._note_failure(url, e)
                 continue
             answered = True
-            for m in view.get("members", []):
-                if m.get("url") and m["url"].rstrip("/") not in self.urls:
-                    self.urls.append(m["url"].rstrip("/"))
+            members = {m["url"].rstrip("/") for m in view.get("members", []) if m.get("url")}
+            for m in sorted(members):
+                if m not in self.urls:
+                    self.urls.append(m)
+            if view.get("removed"):
+                continue        # a node removed from the cluster (its members are those it left): no leader
+            if view.get("leader") and members:
+                # The membership in force, as a node that follows a leader sees it: a member that
+                # was removed is forgotten (unless the caller named it).
+                self.urls = [u for u in self.urls if u in members or u in self._given]
+                self._next %= len(self.urls)
             if view.get("leader"):
                 return view["leader"]["url"].rstrip("/")
         if auth_refusals and not answered:    # every node that answered refused the key

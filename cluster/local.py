@@ -162,6 +162,12 @@ class LocalCluster:
         self._client_ssl = None
         self.procs: dict[int, subprocess.Popen] = {}
         self.logs: dict[int, object] = {}
+        # Membership change (add_node): the peer list each node's TOML names (indices), where it
+        # is not the first `nodes`; and how many members a leader needs the agreement of
+        # (leader()), when the membership in force is not the `n` nodes.
+        self.initial_n = nodes
+        self.peers_of: dict[int, list[int]] = {}
+        self.members_count: int | None = None
 
     # ------------------------------------------------------------ configs
     def config_path(self, i: int) -> Path:
@@ -263,9 +269,30 @@ class LocalCluster:
     def _testing_of(self, i: int) -> dict:
         return {**self.testing, **self.node_testing.get(i, {})}
 
+    def member(self, i: int) -> dict:
+        """Node i as a member: {"id", "raft", "url"} (the body of POST /v1/cluster/members)."""
+        return {"id": self.ids[i], "raft": f"127.0.0.1:{self.raft_ports[i]}", "url": self.urls[i]}
+
+    def add_node(self, members: list[int] | None = None, node_id: str | None = None) -> int:
+        """A node for an online membership change: new ports and id, and a config naming
+        `members` (indices; default every node so far) and itself, as a joining node's must.
+        Written, not started (start(i)); its index is returned. With TLS, its certificate too."""
+        i = self.n
+        members = list(range(self.n)) if members is None else list(members)
+        http, raft = free_ports(2)
+        self.ids.append(node_id or f"n{i + 1}")
+        self.http_ports.append(http)
+        self.raft_ports.append(raft)
+        self.urls.append(f"{'https' if self.tls else 'http'}://127.0.0.1:{http}")
+        self.n += 1
+        self.peers_of[i] = members + [i]
+        if self.tls:
+            self.ensure_certs()
+        self.write_config(i)
+        return i
+
     def write_config(self, i: int):
-        peers = [{"id": self.ids[j], "raft": f"127.0.0.1:{self.raft_ports[j]}", "url": self.urls[j]}
-                 for j in range(self.n)]
+        peers = [self.member(j) for j in self.peers_of.get(i, range(self.initial_n))]
         node = {"id": self.ids[i], "http": f"127.0.0.1:{self.http_ports[i]}", "url": self.urls[i],
                 "raft": f"127.0.0.1:{self.raft_ports[i]}", "data_dir": str(self.data_dir(i))}
         if self.tls:        # paths relative to the config file, which is in the same directory
@@ -417,7 +444,7 @@ class LocalCluster:
             return None
         lid = self.ids[leaders[0]]
         agree = sum(1 for v in views.values() if v and v["leader"] and v["leader"]["id"] == lid)
-        return leaders[0] if agree * 2 > self.n else None
+        return leaders[0] if agree * 2 > (self.members_count or self.n) else None
 
     def wait_leader(self, timeout: float = 20.0, among=None, exclude=None) -> int:
         end = time.monotonic() + timeout

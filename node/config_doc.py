@@ -64,7 +64,10 @@ NODE = {
 }
 CLUSTER = {
     "peers": Key("array of tables", "Every member, this node included: `{ id, raft, url }` each (below). An odd "
-                 "number (3 or 5), so that a majority survives a split; ids and Raft addresses unique.",
+                 "number (3 or 5), so that a majority survives a split; ids and Raft addresses unique. It seeds a "
+                 "new cluster: after an online membership change (`raftq members`) the node follows the membership "
+                 "recorded in its data dir instead. A node joining a running cluster lists the current members "
+                 "and itself (so an even number is accepted).",
                  required=True),
     "secret": Key("string", "The Raft transport password (AES-GCM, authenticated). The Raft port speaks pickle: a "
                   "node refuses to start without a secret when any peer's Raft address is not loopback, and "

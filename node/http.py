@@ -109,6 +109,7 @@ def build_app(service: NodeService) -> web.Application:
         ("/v1/queues/{name}/dead-letter", OPERATOR,
          lambda s, req, b, rid, who: s.move_to_dead_letters(q(req), b, rid, who)),
         ("/v1/keys", ADMIN, lambda s, req, b, rid, who: s.add_key(b, rid, who)),
+        ("/v1/cluster/members", ADMIN, lambda s, req, b, rid, who: s.add_member(b, rid, who)),
     ]
     optional_body = [
         ("POST", "/v1/dead-letters/drain", OPERATOR, lambda s, req, b, rid, who: s.drain(b, rid, who)),
@@ -119,6 +120,9 @@ def build_app(service: NodeService) -> web.Application:
         ("DELETE", "/v1/jobs/{id}", OPERATOR, lambda s, req, b, rid, who: s.cancel(req.match_info["id"], rid, who)),
         ("DELETE", "/v1/queues/{name}", ADMIN, lambda s, req, b, rid, who: s.delete_queue(q(req), rid, who)),
         ("DELETE", "/v1/keys/{name}", ADMIN, lambda s, req, b, rid, who: s.remove_key(q(req), rid, who)),
+        ("DELETE", "/v1/cluster/members/{id}", ADMIN,
+         lambda s, req, b, rid, who: s.remove_member(req.match_info["id"], rid, who,
+                                                     req.headers.get("Authorization"))),
     ]
     leader_put = [
         ("/v1/config", ADMIN, lambda s, req, b, rid, who: s.put_config(b, rid, who)),
@@ -276,6 +280,8 @@ def _not_leader(service: NodeService, request: web.Request) -> web.Response | No
     """None when this node should serve a leader-only request, else the redirect or 503."""
     if service.stopping:
         return respond(*error("no_leader", "this node is shutting down; retry on another node"))
+    if service.replica.removed:
+        return respond(*error("unavailable", service.removed_reason(), removed=True))
     if service.is_leader():
         return None
     url = service.leader_url()
@@ -315,6 +321,9 @@ def _leader_write(fn, auth: Auth, need: int, optional: bool = False):
             status, out = await fn(service, request, body, rid, who)
         except Exception as exc:
             return _failure(request, exc)
+        if status == 307:       # (the leader handed leadership over: removing itself)
+            url = out["error"]["leader_url"]
+            return respond(status, out, headers={"Location": url + request.path_qs, "Leader-Url": url})
         return respond(status, out)
     return handler
 
@@ -377,7 +386,7 @@ def _admin_page(service: NodeService):
         if _ADMIN_PAGE is None:
             _ADMIN_PAGE = (Path(__file__).parent / "admin.html").read_bytes()
         if csp is None:             # at the first request: building the app needs no peers
-            peers = " ".join(sorted({_origin(p.url) for p in service.settings.others}))
+            peers = " ".join(sorted({_origin(p.url) for p in service.settings.others + service.others()}))
             csp = (f"default-src 'self'; connect-src 'self' {peers}; script-src 'self' 'unsafe-inline'; "
                    "style-src 'unsafe-inline'; img-src 'self' data:; base-uri 'none'; form-action 'self'; "
                    "frame-ancestors 'none'")

@@ -476,8 +476,29 @@ def schemas() -> dict:
         "DeadLetterPage": obj({"records": {"type": "array", "items": ref("DeadLetterRecord")},
                                "next_cursor": {"type": ["string", "null"]}}, ["records", "next_cursor"]),
         "ServerInfo": _server_info_schema(),
-        "Member": obj({"id": string(), "url": string(), "raft_addr": string(), "connected": {"type": "boolean"}},
-                      ["id", "url", "raft_addr", "connected"]),
+        "Member": obj({"id": string(), "url": string(), "raft": string("the member's Raft address, host:port"),
+                       "raft_addr": string("the same as `raft` (the older name)"),
+                       "connected": {"type": "boolean", "description": "this node's Raft link to it is up (itself: "
+                                     "true)"}},
+                      ["id", "url", "raft", "raft_addr", "connected"],
+                      "A member of the membership in force as this node knows it (changed online or, until the "
+                      "first change, the TOML's peers)."),
+        "MemberRequest": obj({"id": string("the new node's `node.id`: 1..64 letters, digits, `.`, `_`, `-`",
+                                           minLength=1, maxLength=64, pattern="^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"),
+                              "raft": string("its `node.raft`, host:port", minLength=3, maxLength=300),
+                              "url": string("its `node.url`, the address clients use", minLength=8, maxLength=500,
+                                            pattern="^https?://")},
+                             ["id", "raft", "url"], "A node to add. It must be running with a config whose "
+                             "`[cluster] peers` name the current members and itself, with the cluster's secret.",
+                             additionalProperties=False,
+                             example={"id": "n4", "raft": "10.0.0.14:7001", "url": "http://10.0.0.14:7000"}),
+        "MembersChanged": obj({"members": {"type": "array", "items": obj(
+                                   {"id": string(), "raft": string(), "url": string()}, ["id", "raft", "url"])},
+                               "changed": {"type": "boolean", "description": "false: the node was a member already "
+                                           "with the same id, Raft address and URL (a retried add)"},
+                               "caught_up_s": {"type": "number", "description": "an add: how long the new node took "
+                                               "to catch up before it was proposed"}},
+                              ["members", "changed"], "The membership in force once the change is committed."),
         "ClusterView": obj({
             "node_id": string(), "role": {"type": "string", "enum": ["leader", "follower", "candidate"]},
             "leader": {"type": ["object", "null"], "properties": {"id": string(), "url": string()},
@@ -511,6 +532,10 @@ def schemas() -> dict:
                 "low_space": {"type": "boolean", "description": "below min_free_bytes: writes refused"},
             }, description="The disk checks and the free-space reserve"),
             "event_loop": {"type": "string", "enum": ["uvloop", "asyncio"]},
+            "removed": {"type": "boolean", "description": "this node was removed from the cluster: it serves "
+                        "nothing (every other call answers 503 `unavailable`), and `members` are those it left"},
+            "membership_change": {"type": ["string", "null"], "description": "on the leader, the membership change "
+                                  "under way (e.g. `adding n4 at 10.0.0.14:7001`), else null"},
         }, ["node_id", "role", "leader", "term", "commit_index", "last_applied", "members", "ready", "digest"],
             "This node's own view of the cluster."),
         "NodeRow": obj({
@@ -748,6 +773,24 @@ ROUTES = [
            "member; a member that does not answer within 1.5 s has `reachable` false and `error`. The admin UI's "
            "node table reads it (a browser page may only call its own node).", VIEWER, leader=False,
            ok="ClusterNodes", tags=("cluster",)),
+    _route("post", "/v1/cluster/members", "add_member", "Add a member",
+           "Online membership change, one member at a time, through the Raft log. The leader first sends the new "
+           "node the log (or its snapshot) without counting it toward the majority, and proposes the change only "
+           "once it is within 64 entries of the leader's log; the answer comes once the change is committed (the "
+           "call can take as long as the snapshot's transfer). A node that never answers, or makes no progress for "
+           "15 s, is given up (503 `unavailable`, nothing changed). 409 `failed_precondition`: another change is "
+           "under way or not committed yet, or the id, Raft address or URL is a member's (the same member again "
+           "is 200 with `changed: false`).", ADMIN, body="MemberRequest", ok="MembersChanged", write=True,
+           tags=("cluster",), errors_=[(409, ["failed_precondition"])]),
+    _route("delete", "/v1/cluster/members/{id}", "remove_member", "Remove a member",
+           "Through the Raft log; answered once committed. The removed node learns it, logs why and serves nothing "
+           "from then on. Removing the leader: it hands leadership to a caught-up member first and answers 307 "
+           "to the new leader, which removes it. 404 `not_found`: no member with this id; 409 "
+           "`failed_precondition`: the last member, or another change under way.", ADMIN, ok="MembersChanged",
+           write=True, tags=("cluster",),
+           params=[{"name": "id", "in": "path", "required": True, "description": "the member's id",
+                    "schema": {"type": "string", "minLength": 1}}],
+           errors_=[(404, ["not_found"]), (409, ["failed_precondition"])]),
     _route("get", "/v1/openapi.json", "openapi", "This document", "Any node answers.", VIEWER, leader=False,
            ok=None, tags=("cluster",)),
     _route("get", "/v1/backup", "backup", "An online backup of the state",

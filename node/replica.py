@@ -11,6 +11,7 @@ asyncio loop only proposes and reads. `lock` keeps readers from seeing a half-ap
 from __future__ import annotations
 
 import concurrent.futures
+import json
 import logging
 import os
 import threading
@@ -21,7 +22,7 @@ import cryptography  # noqa: F401 - a node needs the server extra (the Raft link
 from . import fault_hooks, sync_shadow
 from .machine import QueueMachine
 from .raft import _RAFT_STATE, FAIL_REASON, StorageFailure, SyncObj, SyncObjConf, SyncObjConsumer, replicated
-from .settings import Settings
+from .settings import Peer, Settings
 
 __all__ = ["FAIL_REASON", "QueueState", "Replica", "StorageFailure"]
 
@@ -29,6 +30,44 @@ log = logging.getLogger("raftq.replica")
 
 # How far behind the leader's reported commit index a node may be and still be ready (/readyz).
 READY_MAX_LAG = 64
+
+# The membership in force, as this node last saw it change (CLUSTER.md "Membership changes"):
+# read at start instead of the TOML's peer list once it exists.
+MEMBERS_FILE = "members.json"
+
+
+def read_members_file(data_dir) -> dict | None:
+    """{"members": [Peer, ...], "removed": bool} from the data dir, or None when there is none
+    (a new node, or one from before online membership change: the TOML's peers are in force)."""
+    path = os.path.join(str(data_dir), MEMBERS_FILE)
+    try:
+        with open(path, "rb") as f:
+            doc = json.loads(f.read())
+        members = tuple(Peer(m["id"], m["raft"], m["url"]) for m in doc["members"])
+        return {"members": members, "removed": bool(doc.get("removed", False))}
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        log.error("%s is unreadable (%s): using the TOML's peer list", path, e)
+        return None
+
+
+def write_members_file(data_dir, members, removed: bool, durable: bool) -> None:
+    path = os.path.join(str(data_dir), MEMBERS_FILE)
+    tmp = path + ".tmp"
+    doc = {"members": [{"id": p.id, "raft": p.raft, "url": p.url} for p in members], "removed": removed}
+    with open(tmp, "wb") as f:
+        f.write(json.dumps(doc, indent=1, sort_keys=True).encode() + b"\n")
+        if durable:
+            f.flush()
+            os.fsync(f.fileno())
+    os.replace(tmp, path)
+    if durable:
+        fd = os.open(str(data_dir), os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
 ROLES = {_RAFT_STATE.FOLLOWER: "follower", _RAFT_STATE.CANDIDATE: "candidate", _RAFT_STATE.LEADER: "leader"}
 
@@ -130,6 +169,25 @@ class Replica:
         self.settings = settings
         self.state = QueueState(settings.limits)
         settings.data_dir.mkdir(parents=True, exist_ok=True)
+        # The membership in force: the data dir's record of the last change, else the TOML's
+        # peers (they only seed a new cluster). A TOML that lists other peers is said once.
+        stored = read_members_file(settings.data_dir)
+        initial = tuple(settings.peers)
+        self.removed_at_start = False
+        if stored is not None:
+            if stored["removed"]:
+                self.removed_at_start = True
+            elif {(p.id, p.raft, p.url) for p in stored["members"]} != {(p.id, p.raft, p.url) for p in settings.peers}:
+                log.warning("this node's TOML lists the peers %s, but the membership in force (changed online, "
+                            "recorded in %s) is %s: the node follows the membership in force",
+                            ", ".join(f"{p.id}={p.raft}" for p in settings.peers), MEMBERS_FILE,
+                            ", ".join(f"{p.id}={p.raft}" for p in stored["members"]))
+            if any(p.raft == settings.raft for p in stored["members"]):
+                initial = stored["members"]
+        self.members_lock = threading.Lock()
+        self._members = tuple(sorted(initial, key=lambda p: p.id))
+        self.removed = self.removed_at_start
+        self.on_members_changed = None      # called on the tick thread after a change (the service's hook)
         t = settings.tuning
         self.shadow = None
         observers = []
@@ -164,7 +222,9 @@ class Replica:
             recvBufferSize=1 << 21,
             onStateChanged=on_state_changed,
             onReady=on_ready,
-            dynamicMembershipChange=False,
+            dynamicMembershipChange=True,
+            memberInfo={p.raft: {"id": p.id, "url": p.url} for p in initial},
+            onMembershipChanged=self._membership_changed,
             dnsCacheTime=t["dns_cache_time_s"],
             dnsFailCacheTime=t["dns_fail_cache_time_s"],
             durability=settings.durability,
@@ -175,13 +235,82 @@ class Replica:
             acceptDamagedLog=accept_damaged_log,
             electionEligible=election_eligible,
         )
-        others = [p.raft for p in settings.others]
+        others = [p.raft for p in initial if p.raft != settings.raft]
         self.syncobj = SyncObj(settings.raft, others, conf=conf, consumers=[self.state])
+        if self.removed_at_start:
+            # Removed from the cluster before this start: Raft is not run at all (the peers
+            # refuse this node; it would only knock at their doors).
+            log.warning("this node (%s) was removed from the cluster (recorded in %s): it does not run Raft "
+                        "and serves nothing; to make it a member again, empty its data dir and add it",
+                        settings.node_id, MEMBERS_FILE)
+            self.syncobj.destroy()
         if self.shadow is not None:
             self.syncobj.addOnTickCallback(self.shadow.tick)     # memory mode: the simulated page writeback
         self._fork_requests: list = []   # (work, Future) for the next tick: fork_at_tick
         self._fork_lock = threading.Lock()
         self.syncobj.addOnTickCallback(self._fork_tick)
+
+    # ---------------------------------------------------------------- membership
+    def _membership_changed(self):
+        """On the tick thread, after Raft's membership changed (appended, rolled back, a
+        snapshot loaded, or this node's own removal applied): record it in the data dir, so a
+        restart uses it whatever the TOML lists."""
+        s = self.syncobj
+        members = []
+        for raft, info in s.membership.items():
+            known = next((p for p in self._members if p.raft == raft), None)
+            pid = info.get("id") or (known.id if known else raft)
+            url = info.get("url") or (known.url if known else "")
+            members.append(Peer(pid, raft, url))
+        members.sort(key=lambda p: p.id)
+        removed = s.removedFromCluster
+        with self.members_lock:
+            self._members = tuple(members)
+            self.removed = removed
+        try:
+            write_members_file(self.settings.data_dir, members, removed, self.settings.durability == "fsync")
+        except OSError as e:
+            log.error("cannot record the membership in %s: %s", MEMBERS_FILE, e)
+        log.info("membership in force: %s%s", ", ".join(f"{p.id}={p.raft}" for p in members),
+                 "; this node was removed" if removed else "")
+        hook = self.on_members_changed
+        if hook is not None:
+            try:
+                hook()
+            except Exception:                           # pragma: no cover
+                log.exception("members hook failed")
+
+    def members(self) -> tuple[Peer, ...]:
+        """The membership in force as this node knows it (sorted by id)."""
+        return self._members
+
+    def member_by_raft(self, raft_addr: str) -> Peer | None:
+        for p in self._members:
+            if p.raft == raft_addr:
+                return p
+        return None
+
+    def membership_change_pending(self) -> bool:
+        return self.syncobj.membershipChangePending
+
+    def add_learner(self, raft_addr: str) -> None:
+        self.syncobj.addLearner(raft_addr)
+
+    def drop_learner(self, raft_addr: str) -> None:
+        self.syncobj.dropLearner(raft_addr)
+
+    def learner_match(self, raft_addr: str) -> int | None:
+        return self.syncobj.learnerMatchIndex(raft_addr)
+
+    def last_log_index(self) -> int:
+        return self.syncobj.raftLastLogIndex
+
+    def add_member(self, peer: Peer, callback) -> None:
+        """Propose adding `peer` (a Raft log entry); callback(result, FAIL_REASON) at commit."""
+        self.syncobj.addNodeToCluster(peer.raft, callback=callback, info={"id": peer.id, "url": peer.url})
+
+    def remove_member(self, peer: Peer, callback) -> None:
+        self.syncobj.removeNodeFromCluster(peer.raft, callback=callback, info={"id": peer.id, "url": peer.url})
 
     # ---------------------------------------------------------------- online backup
     def fork_at_tick(self, work) -> concurrent.futures.Future:
@@ -286,6 +415,8 @@ class Replica:
         return s.raftLastApplied >= leader_commit - READY_MAX_LAG
 
     def connected(self, raft_addr: str) -> bool:
+        if raft_addr == self.settings.raft:
+            return True
         try:
             for node in self.syncobj.otherNodes:
                 if node.id == raft_addr:

@@ -139,6 +139,45 @@ class NodeService:
         self.config_watch: asyncio.Task | None = None
         self.follow_config()
         self.state.after_restore = self.follow_config
+        from .membership import Membership
+        self.membership = Membership(self)
+        self._removed_said = False
+        self.replica.on_members_changed = self._members_changed_thread
+        if self.replica.removed:
+            self._removed_said = True
+
+    # ---------------------------------------------------------------- membership
+    @property
+    def member_change_doing(self) -> str | None:
+        return self.membership.doing
+
+    async def add_member(self, body, rid, who):
+        return await self.membership.add(body, rid)
+
+    async def remove_member(self, member_id, rid, who, authorization=None):
+        return await self.membership.remove(member_id, rid, authorization)
+
+    def removed_reason(self) -> str:
+        return (f"node {self.settings.node_id} was removed from the cluster: it serves nothing any more; ask "
+                "another member (GET /v1/cluster there lists the members). To make this node a member again, "
+                "stop it, empty its data dir and add it (raftq members add)")
+
+    def _members_changed_thread(self):
+        try:
+            self.loop.call_soon_threadsafe(self._members_changed)
+        except RuntimeError:
+            pass
+
+    def _members_changed(self):
+        if self.replica.removed and not self._removed_said:
+            self._removed_said = True
+            log.critical("this node (%s, raft %s) was removed from the cluster (its removal is committed): it serves "
+                         "nothing from now on (every API call answers 503 unavailable, /readyz 503) and stops Raft; "
+                         "stop the process. To make it a member again, empty its data dir and add it",
+                         self.settings.node_id, self.settings.raft)
+            self._wake_all()
+            self._leadership_lost()         # sessions are closed: their clients go to the members
+            self.loop.run_in_executor(None, self.replica.destroy)
 
     # ---------------------------------------------------------------- the configuration in force
     @property
@@ -235,14 +274,20 @@ class NodeService:
         return now
 
     def is_leader(self) -> bool:
-        return self.replica.is_leader() and not self.stopping
+        return self.replica.is_leader() and not self.stopping and not self.replica.removed
 
     def leader_url(self) -> str | None:
+        if self.replica.removed:
+            return None
         raft = self.replica.leader_raft()
         if raft is None:
             return None
-        peer = self.settings.peer_by_raft(raft)
+        peer = self.replica.member_by_raft(raft) or self.settings.peer_by_raft(raft)
         return peer.url if peer else None
+
+    def others(self):
+        """The other members in force."""
+        return tuple(p for p in self.replica.members() if p.raft != self.settings.raft)
 
     async def strobe_loop(self):
         """[testing] clock_strobe (node/fault_hooks.py): while the strobe file is there, the
@@ -336,7 +381,7 @@ class NodeService:
             ssl_ctx = None
         best = None
         async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=True if ssl_ctx is None else ssl_ctx)) as http:
-            for p in self.settings.others:
+            for p in self.others():
                 if not self.replica.connected(p.raft):
                     continue
                 try:
@@ -712,14 +757,15 @@ class NodeService:
         role, term = r.raft_role_term()
         leader_raft = r.leader_raft()
         leader = None
-        if leader_raft is not None:
-            p = self.settings.peer_by_raft(leader_raft)
+        removed = r.removed
+        if leader_raft is not None and not removed:
+            p = r.member_by_raft(leader_raft) or self.settings.peer_by_raft(leader_raft)
             if p is not None:
                 leader = {"id": p.id, "url": p.url}
         members = []
-        for p in self.settings.peers:
-            members.append({"id": p.id, "url": p.url, "raft_addr": p.raft,
-                            "connected": True if p.id == self.settings.node_id else r.connected(p.raft)})
+        for p in r.members():       # the membership in force (changed online, or the TOML's seed)
+            members.append({"id": p.id, "url": p.url, "raft": p.raft, "raft_addr": p.raft,
+                            "connected": r.connected(p.raft)})
         with self.state.lock:
             applied = r.applied_index()
             cached_at, digest = self._digest_cache
@@ -734,6 +780,7 @@ class NodeService:
         return 200, {"node_id": self.settings.node_id, "role": role,
                      "leader": leader, "term": term, "commit_index": status["commit_index"],
                      "last_applied": applied, "members": members, "ready": self.ready(),
+                     "removed": removed, "membership_change": self.member_change_doing,
                      "digest": digest, "durability": self.settings.durability,
                      "limits_fingerprint": self.limits.fingerprint(), "config_version": config_version,
                      "toml_differs": toml_differs, "state": machine_counts,
@@ -797,7 +844,7 @@ class NodeService:
 
     def ready(self) -> bool:
         r = self.replica
-        return r.leader_raft() is not None and r.caught_up() and r.syncobj.logUnverified is None
+        return not r.removed and r.leader_raft() is not None and r.caught_up() and r.syncobj.logUnverified is None
 
     def queues(self):
         with self.state.lock:
@@ -918,11 +965,12 @@ class NodeService:
                            if isinstance(e, (aiohttp.ClientConnectorError, OSError)) else f"{type(e).__name__}: {e}")
                 return None, why
 
-        answers = await asyncio.gather(*(one(p) for p in self.settings.peers))
+        members = self.replica.members()
+        answers = await asyncio.gather(*(one(p) for p in members))
         views = [v for v, _ in answers if v is not None]
         top = max((v.get("commit_index") or 0 for v in views), default=0)
         nodes = []
-        for peer, (view, why) in zip(self.settings.peers, answers):
+        for peer, (view, why) in zip(members, answers):
             node = {"id": peer.id, "url": peer.url, "reachable": view is not None, "error": why}
             if view is not None:
                 others = [m for m in view.get("members", []) if m.get("id") != peer.id]
@@ -961,7 +1009,7 @@ class NodeService:
         """Stop taking requests, hand leadership over if leader, let in-flight work finish."""
         self.stopping = True
         self._wake_all()
-        if self.replica.is_leader() and len(self.settings.peers) > 1:
+        if self.replica.is_leader() and len(self.replica.members()) > 1:
             self.replica.transfer_leadership()
             end = self.loop.time() + transfer_timeout_s
             while self.replica.is_leader() and self.loop.time() < end:

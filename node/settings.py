@@ -201,8 +201,8 @@ def parse(doc: dict, source: str = "", base_dir: Path | None = None) -> Settings
     if me[0].raft != raft:
         raise ConfigError(f"cluster.peers: this node's raft address is {me[0].raft!r} there but node.raft is {raft!r}")
     _check_scheme(f"cluster.peers[{peers.index(me[0])}].url", me[0].url, tls)
-    if len(peers) % 2 == 0:
-        raise ConfigError(f"cluster.peers: {len(peers)} members; use an odd number (3 or 5) so a majority survives a split")
+    # An even number is allowed: a node that joins a running cluster lists the current members and
+    # itself (docs/cluster.md "Membership changes"), 3 + 1 while a cluster grows from 3 to 5.
     secret = cluster.get("secret")
     if secret is not None:
         secret = _str("cluster.secret", secret)

@@ -5,7 +5,7 @@ import argparse
 import sys
 
 from . import commands as C
-from . import admin_cmd, backup_cmd, config_cmd, local_cmd
+from . import admin_cmd, backup_cmd, config_cmd, local_cmd, members_cmd
 from .commands import DEFAULT_URLS
 from .up import cmd_up, default_dir
 
@@ -148,6 +148,7 @@ def build_parser() -> argparse.ArgumentParser:
         pr.add_argument("--create", action="store_true", help="also for a queue that neither exists nor is "
                         "declared (refused otherwise: a typo would make a new queue)")
     admin_cmd.add_parsers(sub, add_common, C.run)
+    members_cmd.add_parsers(sub, add_common, C.run)
 
     d = sub.add_parser("dlq", help="dead letters: list, drain, requeue, delete, move",
                        description="dead letters: list, drain, requeue, delete, move")

@@ -215,6 +215,17 @@ class SyncObjConf(object):
         #: disk is below the free-space reserve). None: always eligible.
         self.electionEligible = kwargs.get('electionEligible', None)
 
+        #: raftq: online membership change (FORK.md "Membership"). `memberInfo`: raft address ->
+        #: a dict of builtins kept with each member (raftq: its id and HTTP URL); a change carries
+        #: the member's, and snapshots keep them. `onMembershipChanged()`: called on the tick
+        #: thread after the membership (or this node's removal, `removedFromCluster`) changed.
+        self.memberInfo = kwargs.get('memberInfo', None)
+        self.onMembershipChanged = kwargs.get('onMembershipChanged', None)
+
+        #: raftq: how long a leader keeps replicating to a member it removed, at most, waiting for
+        #: it to acknowledge an append that tells it its removal is committed.
+        self.departingTimeout = kwargs.get('departingTimeout', 10.0)
+
     def validate(self):
         assert self.autoTickPeriod > 0
         assert self.commandsQueueSize >= 0

@@ -164,6 +164,8 @@ class SyncObj(object):
         # Set while a leadership transfer (Raft 'TimeoutNow') is pending, to stop
         # the outgoing leader's heartbeats from postponing the forced election.
         self.__transferInProgress = False
+        # raftq: until when a leader that sent TimeoutNow appends no new command (transferLeadership)
+        self.__transferPauseUntil = 0.0
         # raftq: PreVote and CheckQuorum (see __startPreVote, __checkQuorum)
         self.__preVoteTerm = None           # the term a pre-vote in progress asks for
         self.__preVoters = set()            # who granted it (a set: a late answer of an earlier round counts once)
@@ -218,6 +220,12 @@ class SyncObj(object):
         self.__onReadyCalled = False
         self.__changeClusterIDx = None
         self.__noopIDx = None
+        # raftq: online membership change (FORK.md "Membership")
+        self.__memberInfo = dict(self.__conf.memberInfo or {})  # raft address -> builtins (raftq: id, url)
+        self.__learners = {}            # leader: node -> when it began catching up (not a member yet)
+        self.__learnerRequests = collections.deque()   # ('add' | 'drop', address), from any thread
+        self.__departing = {}           # leader: removed node -> [removal index, since, when told it is committed]
+        self.__removed = False          # this node's own removal was applied (committed)
         self.__destroying = False
         self.__recvTransmission = ''
 
@@ -394,7 +402,7 @@ class SyncObj(object):
             raise Exception('wrong version, enabled version is %d, requested version is %d' % (self.__enabledCodeVersion, newVersion))
         self._applyCommand(pickle.dumps(newVersion), callback, _COMMAND_TYPE.VERSION)
 
-    def addNodeToCluster(self, node, callback = None):
+    def addNodeToCluster(self, node, callback = None, info = None):
         """Add single node to cluster (dynamic membership changes). Async.
         You should wait until node successfully added before adding
         next node.
@@ -408,9 +416,11 @@ class SyncObj(object):
             raise Exception('dynamicMembershipChange is disabled')
         if not isinstance(node, Node):
             node = self.__nodeClass(node)
-        self._applyCommand(pickle.dumps(['add', node.id, node]), callback, _COMMAND_TYPE.MEMBERSHIP)
+        # raftq: the address rather than the node object (a journal of builtins), and the
+        # member's info (memberInfo) as a fourth element
+        self._applyCommand(pickle.dumps(self.__membershipRequest('add', node, info)), callback, _COMMAND_TYPE.MEMBERSHIP)
 
-    def removeNodeFromCluster(self, node, callback = None):
+    def removeNodeFromCluster(self, node, callback = None, info = None):
         """Remove single node from cluster (dynamic membership changes). Async.
         You should wait until node successfully added before adding
         next node.
@@ -424,7 +434,116 @@ class SyncObj(object):
             raise Exception('dynamicMembershipChange is disabled')
         if not isinstance(node, Node):
             node = self.__nodeClass(node)
-        self._applyCommand(pickle.dumps(['rem', node.id, node]), callback, _COMMAND_TYPE.MEMBERSHIP)
+        self._applyCommand(pickle.dumps(self.__membershipRequest('rem', node, info)), callback, _COMMAND_TYPE.MEMBERSHIP)
+
+    @staticmethod
+    def __membershipRequest(kind, node, info):
+        request = [kind, node.id, node.id]
+        if info is not None:
+            request.append(dict(info))
+        return request
+
+    # raftq: learners (Raft thesis §4.2.1, "catching up new servers"). Upstream counts a new
+    # member toward the majority as soon as its 'add' is appended, with nothing of the log: a
+    # leader of three that adds an empty fourth needs three of four for every commit while the
+    # new node receives the snapshot, so one more failure stops all writes. A learner is sent
+    # the log like a member but neither counts nor votes; the caller proposes the 'add' once its
+    # match index is close to the leader's log (learnerMatchIndex), and the add keeps its link
+    # and indices. Requests are queued here and carried out by the tick thread.
+    def addLearner(self, address):
+        self.__learnerRequests.append(('add', address))
+        self.__pipeNotifier.notify()
+
+    def dropLearner(self, address):
+        self.__learnerRequests.append(('drop', address))
+        self.__pipeNotifier.notify()
+
+    def learnerMatchIndex(self, address):
+        """The match index of the learner at `address` on this leader, or None when it is none."""
+        node = self.__nodeClass(address)
+        if node not in self.__learners:
+            return None
+        return self.__raftMatchIndex.get(node, 0)
+
+    def __handleLearnerRequests(self):
+        while self.__learnerRequests:
+            kind, address = self.__learnerRequests.popleft()
+            node = self.__nodeClass(address)
+            if kind == 'add':
+                if self.__raftState != _RAFT_STATE.LEADER or node == self.__selfNode or \
+                        node in self.__otherNodes or node in self.__learners or node in self.__departing:
+                    continue
+                self.__learners[node] = monotonicTime()
+                self.__raftNextIndex[node] = self.__getCurrentLogIndex() + 1
+                self.__raftMatchIndex[node] = 0
+                self.__lastResponseTime[node] = monotonicTime()
+                self.__transport.addNode(node)
+            elif node in self.__learners:
+                self.__dropOutsider(node)
+
+    def __dropOutsider(self, node):
+        """Stop replicating to a learner or a departing member (neither is a member)."""
+        self.__learners.pop(node, None)
+        self.__departing.pop(node, None)
+        if node in self.__otherNodes:
+            return
+        self.__raftNextIndex.pop(node, None)
+        self.__raftMatchIndex.pop(node, None)
+        self.__lastResponseTime.pop(node, None)
+        self.__serializer.cancelTransmisstion(node)
+        self.__transport.dropNode(node)
+
+    def __tickDeparting(self):
+        """raftq: a removed member is told its removal is committed before the leader stops
+        replicating to it (Raft keeps sending to it until then). Upstream dropped it when the
+        'rem' was appended: it never received its own removal, and sat there believing it was
+        a member, refused by every peer. Dropped once it acknowledged an append that carried a
+        commit index covering its removal, or after departingTimeout."""
+        now = monotonicTime()
+        for node, (idx, since, told) in list(self.__departing.items()):
+            # (an answer well after the telling append went out: to that append or a later one)
+            if told is not None and self.__lastResponseTime.get(node, 0) > told + 5 * self.__conf.appendEntriesPeriod and \
+                    self.__raftMatchIndex.get(node, 0) >= idx:
+                self.__dropOutsider(node)
+            elif now - since > self.__conf.departingTimeout:
+                logger.warning('removed member %s did not acknowledge its removal within %.0f s: no longer '
+                               'replicating to it', node.id, self.__conf.departingTimeout)
+                self.__dropOutsider(node)
+
+    @property
+    def membership(self):
+        """raftq: the members in force (this node included unless it was removed): address ->
+        info (memberInfo; {} when none is known)."""
+        nodes = set(self.__otherNodes)
+        if self.__selfNode is not None and not self.__removed:
+            nodes.add(self.__selfNode)
+        return {node.id: dict(self.__memberInfo.get(node.id) or {}) for node in nodes}
+
+    @property
+    def removedFromCluster(self):
+        """raftq: this node applied its own removal (a committed 'rem' of it)."""
+        return self.__removed
+
+    @property
+    def membershipChangePending(self):
+        """raftq: on the leader, whether a change would be refused now: the last one is not
+        applied yet, or this leader's no-op is not (an earlier leader's change may be pending)."""
+        if self.__noopIDx is None or self.__raftLastApplied < self.__noopIDx:
+            return True
+        return self.__changeClusterIDx is not None and self.__raftLastApplied < self.__changeClusterIDx
+
+    @property
+    def raftLastLogIndex(self):
+        """raftq: the index of this node's last log entry."""
+        return self.__getCurrentLogIndex()
+
+    def __membershipChanged(self):
+        callback = self.__conf.onMembershipChanged
+        if callback is not None:
+            try:
+                callback()
+            except Exception:
+                logger.exception('onMembershipChanged failed')
 
     def transferLeadership(self, node=None, callback=None):
         """Gracefully transfer raft leadership to another node (Raft 'TimeoutNow').
@@ -464,6 +583,14 @@ class SyncObj(object):
             'type': 'timeout_now',
             'term': self.__raftCurrentTerm,
         })
+        # raftq: no new entries while the target stands (Raft thesis §3.10: the leader stops
+        # accepting new requests during a transfer). Upstream went on appending, so under load
+        # its log was longer than the target's by the time the vote request arrived: it and the
+        # followers it had sent the new entries to refused their votes, the target lost, and the
+        # old leader was elected again (measured: the leader's removal under load took two
+        # transfers and 600 ms without writes). Commands wait in the queue; once the node is a
+        # follower they go to the new leader. At most one election timeout, should it fail.
+        self.__transferPauseUntil = monotonicTime() + self.__conf.raftMinTimeout
         if callback is not None:
             callback(None, FAIL_REASON.SUCCESS)
 
@@ -524,6 +651,8 @@ class SyncObj(object):
         while monotonicTime() - startTime < self.__conf.appendEntriesPeriod:
             if self.__raftLeader is None and self.__conf.commandsWaitLeader:
                 break
+            if self.__raftState == _RAFT_STATE.LEADER and monotonicTime() < self.__transferPauseUntil:
+                break       # raftq: a leadership transfer is under way (transferLeadership)
             try:
                 command, callback = self.__commandsQueue.get_nowait()
             except Queue.Empty:
@@ -544,6 +673,11 @@ class SyncObj(object):
                 if changeClusterRequest is None or self.__changeCluster(changeClusterRequest):
 
                     self.__raftLog.add(command, idx, term)
+                    if changeClusterRequest is not None:
+                        # raftq: upstream never set it, so a second change was accepted while
+                        # the first was still uncommitted (two changes in flight: majorities of
+                        # the old and the new membership need not overlap).
+                        self.__changeClusterIDx = idx
 
                     if requestNode is None:
                         if callback is not None:
@@ -700,6 +834,16 @@ class SyncObj(object):
             self.__leaderCommitIndex = self.__raftCommitIndex
             self.__lastLeaderContact = monotonicTime()
             self.__checkQuorum()
+
+        # raftq: learners and departing members (membership change)
+        if self.__learnerRequests:
+            self.__handleLearnerRequests()
+        if self.__raftState == _RAFT_STATE.LEADER:
+            if self.__departing:
+                self.__tickDeparting()
+        elif self.__learners or self.__departing:
+            for node in list(self.__learners) + list(self.__departing):
+                self.__dropOutsider(node)
 
         needSendAppendEntries = self.__applyLogEntries()
 
@@ -932,6 +1076,13 @@ class SyncObj(object):
         clusterChangeRequest = self.__parseChangeClusterRequest(command)
         if clusterChangeRequest is not None:
              self.__doChangeCluster(clusterChangeRequest)
+             # raftq: this node's own removal, committed: it is no member any more (upstream
+             # ignored a 'rem' of itself and went on as a member nobody talks to)
+             if clusterChangeRequest[0] == 'rem' and self.__selfNode is not None and \
+                     self.__nodeClass(clusterChangeRequest[1]) == self.__selfNode and not self.__removed:
+                 self.__removed = True
+                 logger.warning('this node (%s) was removed from the cluster', self.__selfNode.id)
+                 self.__membershipChanged()
              return
 
         if commandType != _COMMAND_TYPE.REGULAR:
@@ -963,6 +1114,9 @@ class SyncObj(object):
                     self.__mayStandForElection():
                 self.__raftElectionDeadline = 0
                 self.__transferInProgress = True
+
+        if message['type'] in ('request_prevote', 'request_vote') and node not in self.__otherNodes:
+            return      # raftq: a learner or a removed node is no voter and elects nobody
 
         if message['type'] == 'request_prevote' and self.__selfNode is not None:
             self.__onPreVoteRequest(node, message)
@@ -1148,7 +1302,8 @@ class SyncObj(object):
                     self.__onBecomeLeader()
 
         if self.__raftState == _RAFT_STATE.LEADER:
-            if message['type'] == 'next_node_idx':
+            if message['type'] == 'next_node_idx' and node in self.__raftMatchIndex:
+                # raftq: (not from a node dropped meanwhile: a learner or a departing member)
                 reset = message['reset']
                 nextNodeIdx = message['next_node_idx']
                 success = message['success']
@@ -1391,6 +1546,7 @@ class SyncObj(object):
 
     def __onBecomeLeader(self):
         self.__raftLeader = self.__selfNode
+        self.__transferPauseUntil = 0.0
         self.__setState(_RAFT_STATE.LEADER)
 
         self.__lastResponseTime.clear()
@@ -1432,10 +1588,13 @@ class SyncObj(object):
 
         batchSizeBytes = self.__conf.appendEntriesBatchSizeBytes
 
-        for node in self.__otherNodes | self.__readonlyNodes:
+        departing = self.__departing
+        for node in self.__otherNodes | self.__readonlyNodes | set(self.__learners) | set(departing):
             if node not in self.__connectedNodes:
                 self.__serializer.cancelTransmisstion(node)
                 continue
+            if node in departing and departing[node][2] is None and self.__raftCommitIndex >= departing[node][0]:
+                departing[node][2] = monotonicTime()    # raftq: this append tells it (__tickDeparting)
 
             sendSingle = True
             sendingSerialized = False
@@ -1558,6 +1717,8 @@ class SyncObj(object):
         else:
             requestNode = self.__nodeClass(requestNodeId)
 
+        info = request[3] if len(request) >= 4 and isinstance(request[3], dict) else None
+
         if requestType == 'add':
             adding = not reverse
         elif requestType == 'rem':
@@ -1571,11 +1732,19 @@ class SyncObj(object):
             if newNode == self.__selfNode or newNode in self.__otherNodes:
                 return False
             self.__otherNodes.add(newNode)
-            self.__raftNextIndex[newNode] = self.__getCurrentLogIndex() + 1
-            self.__raftMatchIndex[newNode] = 0
-            if self._isLeader():
-                self.__lastResponseTime[newNode] = monotonicTime()
-            self.__transport.addNode(newNode)
+            # raftq: a learner that caught up (or a departing member added back) keeps its link
+            # and its indices: it counts with what it already holds
+            kept = self.__learners.pop(newNode, None) is not None or \
+                self.__departing.pop(newNode, None) is not None
+            if not kept:
+                self.__raftNextIndex[newNode] = self.__getCurrentLogIndex() + 1
+                self.__raftMatchIndex[newNode] = 0
+                if self._isLeader():
+                    self.__lastResponseTime[newNode] = monotonicTime()
+                self.__transport.addNode(newNode)
+            if info is not None:
+                self.__memberInfo[newNode.id] = info
+            self.__membershipChanged()
             return True
         else:
             oldNode = requestNode
@@ -1584,9 +1753,16 @@ class SyncObj(object):
             if oldNode not in self.__otherNodes:
                 return False
             self.__otherNodes.discard(oldNode)
-            self.__raftNextIndex.pop(oldNode, None)
-            self.__raftMatchIndex.pop(oldNode, None)
-            self.__transport.dropNode(oldNode)
+            self.__memberInfo.pop(oldNode.id, None)
+            if not reverse and self.__raftState == _RAFT_STATE.LEADER:
+                # raftq: the leader appends this removal next (_checkCommandsToApply) and keeps
+                # replicating to the node until it learnt that it is committed (__tickDeparting)
+                self.__departing[oldNode] = [self.__getCurrentLogIndex() + 1, monotonicTime(), None]
+            else:
+                self.__raftNextIndex.pop(oldNode, None)
+                self.__raftMatchIndex.pop(oldNode, None)
+                self.__transport.dropNode(oldNode)
+            self.__membershipChanged()
             return True
 
     def __parseChangeClusterRequest(self, command):
@@ -1653,6 +1829,9 @@ class SyncObj(object):
             'last': tuple(lastAppliedEntries[1]),
             'prev': tuple(lastAppliedEntries[0]),
             'members': sorted(str(node.id) for node in self.__otherNodes | {self.__selfNode}),
+            # raftq: each member's info (memberInfo), builtins
+            'member_info': {node.id: dict(self.__memberInfo[node.id])
+                            for node in self.__otherNodes | {self.__selfNode} if node.id in self.__memberInfo},
             'code_version': self.__enabledCodeVersion,
         }
 
@@ -1955,7 +2134,15 @@ class SyncObj(object):
                 self.__raftCommitIndex = self.__getCurrentLogIndex()
                 self.__raftLog.setRaftCommitIndex(self.__raftCommitIndex)
 
-            if self.__conf.dynamicMembershipChange:
+            # raftq: only a snapshot written under online membership change (it has member_info)
+            # says what the membership is. One that names no members (raftq restore's) or one of
+            # a release with a fixed peer list (whose members may have moved to other addresses
+            # since, the TOMLs edited and every node restarted) leaves it as configured; upstream
+            # made the first a cluster of one and took the second's old addresses.
+            if self.__conf.dynamicMembershipChange and raft['members'] and 'member_info' in raft:
+                for address, info in (raft.get('member_info') or {}).items():
+                    if isinstance(info, dict):
+                        self.__memberInfo[address] = info
                 self.__updateClusterConfiguration([node for node in raft['members'] if node != self.__selfNode.id])
             self.__onSetCodeVersion(0)
             return True
@@ -1991,6 +2178,10 @@ class SyncObj(object):
             self.__transport.addNode(node)
             self.__raftNextIndex[node] = self.__getCurrentLogIndex() + 1
             self.__raftMatchIndex[node] = 0
+        for node in nodesToRemove:
+            self.__memberInfo.pop(node.id, None)
+        if nodesToAdd or nodesToRemove:
+            self.__membershipChanged()
 
 def __copy_func(f, name):
     res = types.FunctionType(f.__code__, f.__globals__, name, f.__defaults__, f.__closure__)
