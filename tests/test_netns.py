@@ -1,7 +1,7 @@
 """A deploy on separate hosts, as far as one machine can make them: three network namespaces
 joined by a bridge, each with an address this test assigns, one node in each from the configs
 `raftq config init --tls` writes (secret on, Raft on non-loopback addresses, https://). A client
-outside drives them; one namespace is cut off (its link taken down inside it) and healed; then
+outside drives them; one namespace is cut off (nftables inside it drops its traffic) and healed; then
 deploy/rolling-restart.sh restarts every node under load with no failed client call. Root only
 (network namespaces); everything created is removed, and traffic only goes to the addresses
 assigned here, inside the namespaces made here."""
@@ -90,8 +90,21 @@ class Hosts:
             sh("ip", "netns", "exec", ns, "ip", "link", "set", "lo", "up")
 
     def cut(self, i: int, up: bool):
-        """Take host i's only link down (or up) inside its namespace: it neither sends nor receives."""
-        sh("ip", "netns", "exec", self.ns[i], "ip", "link", "set", self.veth[i][0], "up" if up else "down")
+        """Cut host i off (or heal it) with a firewall inside its namespace: nftables drops
+        everything in and out of its only link, as a host firewall or a dead switch port would;
+        the link stays up. Without the nft tool, the link is taken down inside the namespace."""
+        ns, link = self.ns[i], self.veth[i][0]
+        if shutil.which("nft") is None:
+            sh("ip", "netns", "exec", ns, "ip", "link", "set", link, "up" if up else "down")
+            return
+        if up:
+            sh("ip", "netns", "exec", ns, "nft", "delete", "table", "inet", "raftq_cut")
+            return
+        rules = (f'table inet raftq_cut {{\n'
+                 f'  chain input {{ type filter hook input priority 0; iifname "{link}" drop; }}\n'
+                 f'  chain output {{ type filter hook output priority 0; oifname "{link}" drop; }}\n}}\n')
+        subprocess.run(["ip", "netns", "exec", ns, "nft", "-f", "-"], input=rules.encode(), check=True,
+                       capture_output=True, timeout=30)
 
     def node_dir(self, i: int) -> Path:
         return self.base / f"host{i + 1}"

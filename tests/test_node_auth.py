@@ -137,8 +137,9 @@ def test_admin_page_is_served_by_every_node_without_a_key_and_its_calls_exist(cl
     leader = cluster.urls[cluster.wait_leader(20)]
     paths = {re.sub(r"\$\{[^}]*\}", "{}", m.group(1)) for m in re.finditer(r'["`](/v1/[^"`?]*)', page)}
     assert paths == {"/v1/cluster", "/v1/cluster/nodes", "/v1/server-info", "/v1/queues", "/v1/queues/{}/jobs",
-                     "/v1/queues/{}/{}", "/v1/jobs", "/v1/jobs/{}", "/v1/jobs/{}/nack", "/v1/dead-letters",
-                     "/v1/dead-letters/{}"}, paths
+                     "/v1/queues/{}/{}", "/v1/queues/{}/purge", "/v1/queues/{}/dead-letter", "/v1/queues/{}",
+                     "/v1/jobs", "/v1/jobs/{}", "/v1/jobs/{}/nack", "/v1/dead-letters", "/v1/dead-letters/{}",
+                     "/v1/audit"}, paths
     unknown = str(uuid.uuid4())
     for method, path, body, want in (
             ("GET", "/v1/cluster?digest=false", None, 200), ("GET", "/v1/cluster/nodes", None, 200),
@@ -150,7 +151,10 @@ def test_admin_page_is_served_by_every_node_without_a_key_and_its_calls_exist(cl
             ("POST", f"/v1/jobs/{unknown}/nack", {"attempt": 1}, 404),
             ("GET", "/v1/dead-letters?limit=50&cause=rejected", None, 200),
             ("POST", "/v1/dead-letters/requeue", {"ids": [unknown]}, 200),
-            ("POST", "/v1/dead-letters/delete", {"ids": [unknown]}, 200)):
+            ("POST", "/v1/dead-letters/delete", {"ids": [unknown]}, 200),
+            ("POST", "/v1/queues/ui-q/dead-letter", {"ids": [unknown], "reason": "r"}, 200),
+            ("POST", "/v1/queues/ui-q/purge", {}, 200), ("GET", "/v1/audit?limit=50", None, 200),
+            ("DELETE", "/v1/queues/ui-q-never", None, 403)):      # admin only
         status, out = http_json(method, leader + path, body, headers=bearer("operator"))
         assert status == want, (path, out)
         assert "no route" not in json.dumps(out), (path, out)
