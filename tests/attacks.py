@@ -251,8 +251,10 @@ class RawWs:
 
     def answers(self, timeout: float = 10.0) -> list:
         """The next data frame's answers (a list, batched or not); raises ClosedByNode on a close."""
+        end = time.monotonic() + timeout
         while True:
-            op, payload = self.recv(timeout)
+            # One deadline for the whole wait: pings (answered here) must not extend it.
+            op, payload = self.recv(max(0.0, end - time.monotonic()))
             if op in (1, 2):
                 data = json.loads(payload)
                 return data if isinstance(data, list) else [data]
