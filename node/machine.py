@@ -73,6 +73,7 @@ HANDLERS = {
     ops.MOVE_TO_DEAD_LETTERS: handlers.move_to_dead_letters,
     ops.PURGE: handlers.purge,
     ops.DELETE_QUEUE: handlers.delete_queue,
+    ops.RECORD_ACTION: handlers.record_action,
 }
 for _op, _handler in HANDLERS.items():
     if tuple(inspect.signature(_handler).parameters)[1:] != ops.COMMANDS[_op]:

@@ -16,6 +16,7 @@ import asyncio
 import logging
 import re
 
+from .core import ops
 from .errors import error
 from .replica import FAIL_REASON, READY_MAX_LAG
 from .settings import ConfigError, Peer, _hostport
@@ -85,7 +86,7 @@ class Membership:
         self._rid = None
 
     # ---------------------------------------------------------------- add
-    async def add(self, body, rid):
+    async def add(self, body, rid, who=None):
         peer, bad = parse_member(body)
         if bad is not None:
             return bad
@@ -105,8 +106,20 @@ class Membership:
         busy = self._busy()
         if busy is not None:
             return busy
-        task = self._start(rid, f"adding {peer.id} at {peer.raft}", self._add(peer))
+        task = self._start(rid, f"adding {peer.id} at {peer.raft}", self._audited(self._add(peer), who, "member_add", peer))
         return await asyncio.shield(task)
+
+    async def _audited(self, change, who, action: str, peer: Peer):
+        """The change, then its entry in the audit trail (SEMANTICS.md: a membership change is an
+        operator action) once it is committed; one entry per change, whoever waits for it. The
+        change stands if the entry cannot be proposed (leadership lost at that moment): logged."""
+        status, out = await change
+        if status == 200 and out.get("changed"):
+            rec_status, rec = await self.service.proposer.run(
+                ops.record_action(None, action, peer.id, {"raft": peer.raft, "url": peer.url}, who), internal=True)
+            if rec_status != 200:
+                log.warning("%s of %s is committed but its audit entry was not: %s", action, peer.id, rec)
+        return status, out
 
     def _start(self, rid, what, coro):
         self.doing, self._rid = what, rid
@@ -179,7 +192,7 @@ class Membership:
                      f"{COMMIT_TIMEOUT_S:g} s): GET /v1/cluster shows the membership in force", member=peer.id)
 
     # ---------------------------------------------------------------- remove
-    async def remove(self, member_id: str, rid, authorization: str | None = None):
+    async def remove(self, member_id: str, rid, authorization: str | None = None, who=None):
         joined = await self._joined(rid)
         if joined is not None:
             return joined
@@ -199,7 +212,7 @@ class Membership:
         if peer.raft == s.settings.raft:
             task = self._start(rid, f"handing leadership over to remove {peer.id}", self._hand_over(peer, authorization))
         else:
-            task = self._start(rid, f"removing {peer.id}", self._remove(peer))
+            task = self._start(rid, f"removing {peer.id}", self._audited(self._remove(peer), who, "member_remove", peer))
         return await asyncio.shield(task)
 
     async def _remove(self, peer: Peer):

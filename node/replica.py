@@ -80,6 +80,16 @@ LEGACY_SNAPSHOT_CLASSES = tuple((f"{package}.{module}", name)
                                                      ("limits", "QueueLimits")))
 
 
+def _run_hook(hook, what: str) -> None:
+    """Call a node's hook (None: none set) on the tick thread; what it raises is logged, never
+    let into pysyncobj (an exception there would stop this node's ticks)."""
+    if hook is not None:
+        try:
+            hook()
+        except Exception:                               # pragma: no cover
+            log.exception("%s hook failed", what)
+
+
 class QueueState(SyncObjConsumer):
     """The replicated consumer. Attributes set before `SyncObjConsumer.__init__` are not
     replicated state, which is where the lock and the hooks belong. Its one replicated method,
@@ -144,12 +154,7 @@ class QueueState(SyncObjConsumer):
             self.machine = machine
         # The keys and configuration in force came with it: a node that lost its data dir must
         # not answer under its TOML's (maybe no keys) a moment longer than it holds no state.
-        hook = self.after_restore
-        if hook is not None:
-            try:
-                hook()
-            except Exception:                           # pragma: no cover
-                log.exception("after_restore hook failed")
+        _run_hook(self.after_restore, "after_restore")
 
     def _upgradeLegacySnapshot(self, data):
         # A snapshot of the pickled-objects format: {"machine": QueueMachine}, whose pickled
@@ -273,12 +278,7 @@ class Replica:
             log.error("cannot record the membership in %s: %s", MEMBERS_FILE, e)
         log.info("membership in force: %s%s", ", ".join(f"{p.id}={p.raft}" for p in members),
                  "; this node was removed" if removed else "")
-        hook = self.on_members_changed
-        if hook is not None:
-            try:
-                hook()
-            except Exception:                           # pragma: no cover
-                log.exception("members hook failed")
+        _run_hook(self.on_members_changed, "members")
 
     def members(self) -> tuple[Peer, ...]:
         """The membership in force as this node knows it (sorted by id)."""

@@ -152,10 +152,10 @@ class NodeService:
         return self.membership.doing
 
     async def add_member(self, body, rid, who):
-        return await self.membership.add(body, rid)
+        return await self.membership.add(body, rid, who)
 
     async def remove_member(self, member_id, rid, who, authorization=None):
-        return await self.membership.remove(member_id, rid, authorization)
+        return await self.membership.remove(member_id, rid, authorization, who)
 
     def removed_reason(self) -> str:
         return (f"node {self.settings.node_id} was removed from the cluster: it serves nothing any more; ask "

@@ -365,6 +365,15 @@ def test_refusals_one_change_at_a_time_and_the_cli(tmp_path):
         code, text, err = raftq("members", "add", m["id"], m["raft"], m["url"], urls=c.urls[:1], env=env)
         assert code == 0 and "n5 added" in text, err
         wait_members(c, [0, 1, 2, n5], ["n1", "n2", "n3", "n5"])
+        # Each committed change is an entry of the audit trail, with the caller's key name; the
+        # refused ones and the add that changed nothing are not.
+        status, out = call(c, "GET", "/v1/audit?limit=50", headers=admin)
+        changes = [(e["action"], e["target"], e["who"], e["details"]) for e in out["entries"]
+                   if e["action"].startswith("member_")]
+        assert status == 200 and changes == [
+            ("member_add", "n5", "root", {"raft": m["raft"], "url": m["url"]}),
+            ("member_remove", "n4", "root", {"raft": c.member(new)["raft"], "url": c.member(new)["url"]}),
+            ("member_add", "n4", "root", {"raft": c.member(new)["raft"], "url": c.member(new)["url"]})], changes
     finally:
         c.close()
 

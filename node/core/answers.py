@@ -25,7 +25,7 @@ from .ops import (ACKED_BATCH, ANSWER, ATTEMPT_MISMATCH, BATCH_FULL, CANCEL_IN_F
                   DELETED, DRAINED, ENQUEUED, ENQUEUED_BATCH, EXTENDED, FAILED, JOB_ID, JOB_NOT_FOUND,
                   MALFORMED, NACKED, PAUSED, REJECTED, REQUEST_ID_REUSED, REQUEUED, RESERVED, SWEEP_STEPS,
                   SWEPT, CONFIGURED, CONFIG_CONFLICT, CONFIG_INVALID, KEY_ADDED, KEY_REMOVED, KEY_REFUSED,
-                  KEY_NOT_FOUND, MOVED, PURGED, QUEUE_DELETED, QUEUE_NOT_FOUND, QUEUE_REFUSED, REQUEST_MISMATCH)
+                  KEY_NOT_FOUND, MOVED, PURGED, QUEUE_DELETED, RECORDED, QUEUE_NOT_FOUND, QUEUE_REFUSED, REQUEST_MISMATCH)
 
 # ---------------------------------------------------------------------------- messages
 JOB_NOT_FOUND_MESSAGE = "job not found: it is not in flight (acked, expired, dead-lettered or unknown)"
@@ -190,6 +190,7 @@ _RENDER = {
     MOVED: lambda r: (200, {"dead_lettered": list(r[1]), "missing": list(r[2])}),
     PURGED: lambda r: (200, {"queue": r[1], "purged": r[2]}),
     QUEUE_DELETED: lambda r: (200, {"queue": r[1]}),
+    RECORDED: lambda r: (200, {"action": r[1]}),
     QUEUE_NOT_FOUND: lambda r: error("not_found", f"queue {r[1]!r} neither exists nor is declared", queue=r[1]),
     QUEUE_REFUSED: lambda r: error("failed_precondition", queue_refused_message(r[1], r[2], r[3]),
                                    reason=r[1], queue=r[2], jobs=r[3]),

@@ -38,6 +38,7 @@ REMOVE_KEY = "keydel"
 MOVE_TO_DEAD_LETTERS = "dlmove"
 PURGE = "purge"
 DELETE_QUEUE = "qdel"
+RECORD_ACTION = "record"        # an operator action done outside the machine (a membership change)
 
 # `who` of an operator command: the caller's key name (None without auth), put in by the
 # leader. Commands of release 0.1.0 have no such field: their handlers see UNAUDITED, and
@@ -66,6 +67,7 @@ COMMANDS: dict[str, tuple[str, ...]] = {
     MOVE_TO_DEAD_LETTERS: ("queue", "ids", "reason", "who"),
     PURGE: ("queue", "who"),
     DELETE_QUEUE: ("queue", "who"),
+    RECORD_ACTION: ("action", "target", "details", "who"),   # action: one of RECORDED_ACTIONS
 }
 # The fields a command of release 0.1.0 (and of this code before `who`) ends after: the
 # handlers give the later ones defaults (who = UNAUDITED, create = True, as pause was then).
@@ -170,6 +172,16 @@ def delete_queue(rid, queue: str, who=None) -> tuple:
     return DELETE_QUEUE, rid, queue, who
 
 
+# The actions a RECORD_ACTION command may name: changes the node makes outside the state machine
+# (a membership change goes through pysyncobj's own log entries), recorded in the audit trail
+# once they are committed.
+RECORDED_ACTIONS = frozenset(("member_add", "member_remove"))
+
+
+def record_action(rid, action: str, target, details: dict, who=None) -> tuple:
+    return RECORD_ACTION, rid, action, target, details, who
+
+
 def sweep() -> tuple:
     return SWEEP, None
 
@@ -233,6 +245,7 @@ KEY_NOT_FOUND = "key_not_found"     # 404 not_found
 MOVED = "moved"                     # 200 {"dead_lettered", "missing"}
 PURGED = "purged"                   # 200 {"queue", "purged"}
 QUEUE_DELETED = "queue_deleted"     # 200 {"queue"}
+RECORDED = "recorded"               # 200 {"action"}: an audit entry of an action done elsewhere
 QUEUE_NOT_FOUND = "queue_not_found"  # 404 not_found: neither exists nor is declared
 QUEUE_REFUSED = "queue_refused"     # 409 failed_precondition: why (declared, not_empty), counts
 REQUEST_MISMATCH = "request_mismatch"   # 400 invalid_argument: same caller and id, another route or body (never stored)
@@ -284,6 +297,7 @@ RESULTS: dict[str, tuple[str, ...]] = {
     MOVED: ("dead_lettered", "missing"),
     PURGED: ("queue", "purged"),
     QUEUE_DELETED: ("queue",),
+    RECORDED: ("action",),
     QUEUE_NOT_FOUND: ("queue",),
     QUEUE_REFUSED: ("why", "queue", "jobs"),   # why: declared, not_empty; jobs: {state: count}
     REQUEST_MISMATCH: ("request_id", "route", "what"),    # what: "operation" or "body"
@@ -418,6 +432,10 @@ def purged(queue: str, n: int) -> tuple:
 
 def queue_deleted(queue: str) -> tuple:
     return QUEUE_DELETED, queue
+
+
+def recorded(action: str) -> tuple:
+    return RECORDED, action
 
 
 def queue_not_found(queue: str) -> tuple:
