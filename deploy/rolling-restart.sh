@@ -15,9 +15,10 @@
 #            again (default: ssh "$1" sudo systemctl restart raftq)
 #   TIMEOUT  seconds to wait for a restarted node to be ready (300)
 #
-# Stops (exit 1) without touching the next node if any node is not ready before its turn or a
-# restarted node does not come back in time: restarting another node then could cost the
-# cluster its majority.
+# Before each restart every node must be ready; one that is not (a follower still catching up
+# after a restart, a healed partition or a leader change) is waited for, up to TIMEOUT. Stops
+# (exit 1) without touching the next node if one stays not ready or a restarted node does not
+# come back in time: restarting another node then could cost the cluster its majority.
 set -eu
 
 PORT=${PORT:-7001}
@@ -52,18 +53,23 @@ for h in "$@"; do [ "$h" = "$leader" ] || order="$order $h"; done
 for h in "$@"; do [ "$h" = "$leader" ] && order="$order $h"; done
 echo "leader: $leader; order:$order"
 
-for h in $order; do
-    for other in "$@"; do
-        ready "$other" || { echo "$other is not ready; stopping before $h" >&2; exit 1; }
-    done
-    echo "restarting $h"
-    sh -c "$RESTART" restart "$h"
+wait_ready() {   # wait_ready HOST: until /readyz answers 200, at most TIMEOUT seconds; sets $waited
     waited=0
-    until ready "$h"; do
-        [ "$waited" -lt "$TIMEOUT" ] || { echo "$h not ready after ${TIMEOUT}s; stopping" >&2; exit 1; }
+    until ready "$1"; do
+        [ "$waited" -lt "$TIMEOUT" ] || return 1
         sleep 1
         waited=$((waited + 1))
     done
+}
+
+for h in $order; do
+    for other in "$@"; do
+        wait_ready "$other" || { echo "$other is not ready after ${TIMEOUT}s; stopping before $h" >&2; exit 1; }
+        [ "$waited" -eq 0 ] || echo "$other ready after ${waited}s"
+    done
+    echo "restarting $h"
+    sh -c "$RESTART" restart "$h"
+    wait_ready "$h" || { echo "$h not ready after ${TIMEOUT}s; stopping" >&2; exit 1; }
     echo "$h ready after ${waited}s"
 done
 echo "all restarted; leader now: $(leader_host "$@" || echo unknown)"
