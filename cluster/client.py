@@ -669,12 +669,12 @@ class Client:
                     self.urls.append(m)
             if view.get("removed"):
                 continue        # a node removed from the cluster (its members are those it left): no leader
-            if view.get("leader") and members:
-                # The membership in force, as a node that follows a leader sees it: a member that
-                # was removed is forgotten (unless the caller named it).
-                self.urls = [u for u in self.urls if u in members or u in self._given]
-                self._next %= len(self.urls)
             if view.get("leader"):
+                if members:
+                    # The membership in force, as a node that follows a leader sees it: a member
+                    # that was removed is forgotten (unless the caller named it).
+                    self.urls = [u for u in self.urls if u in members or u in self._given]
+                    self._next %= len(self.urls)
                 return view["leader"]["url"].rstrip("/")
         if auth_refusals and not answered:    # every node that answered refused the key
             raise error_from(*auth_refusals[0])

@@ -22,6 +22,7 @@ import cryptography  # noqa: F401 - a node needs the server extra (the Raft link
 from . import fault_hooks, sync_shadow
 from .machine import QueueMachine
 from .raft import _RAFT_STATE, FAIL_REASON, StorageFailure, SyncObj, SyncObjConf, SyncObjConsumer, replicated
+from .raft.serializer import atomicReplace
 from .settings import Peer, Settings
 
 __all__ = ["FAIL_REASON", "QueueState", "Replica", "StorageFailure"]
@@ -58,16 +59,7 @@ def write_members_file(data_dir, members, removed: bool, durable: bool) -> None:
     doc = {"members": [{"id": p.id, "raft": p.raft, "url": p.url} for p in members], "removed": removed}
     with open(tmp, "wb") as f:
         f.write(json.dumps(doc, indent=1, sort_keys=True).encode() + b"\n")
-        if durable:
-            f.flush()
-            os.fsync(f.fileno())
-    os.replace(tmp, path)
-    if durable:
-        fd = os.open(str(data_dir), os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+    atomicReplace(tmp, path, fsync=durable)     # synced before the rename, its directory after
 
 ROLES = {_RAFT_STATE.FOLLOWER: "follower", _RAFT_STATE.CANDIDATE: "candidate", _RAFT_STATE.LEADER: "leader"}
 
@@ -274,7 +266,7 @@ class Replica:
             self.removed = removed
         try:
             write_members_file(self.settings.data_dir, members, removed, self.settings.durability == "fsync")
-        except OSError as e:
+        except (OSError, StorageFailure) as e:
             log.error("cannot record the membership in %s: %s", MEMBERS_FILE, e)
         log.info("membership in force: %s%s", ", ".join(f"{p.id}={p.raft}" for p in members),
                  "; this node was removed" if removed else "")
@@ -489,7 +481,7 @@ def write_restored_snapshot(data_dir, machine_builtins: dict, index: int) -> Non
     Every node of the new cluster is restored from the same file, so their logs match."""
     from pathlib import Path
 
-    from .raft.serializer import SNAPSHOT_FORMAT, SNAPSHOT_VERSION, atomicReplace, writeDocument
+    from .raft.serializer import SNAPSHOT_FORMAT, SNAPSHOT_VERSION, writeDocument
     path = Path(data_dir) / "raft.dump"
     document = {
         "format": SNAPSHOT_FORMAT, "version": SNAPSHOT_VERSION,

@@ -516,8 +516,8 @@ def record_action(m, action: str, target, details: dict, who=UNAUDITED):
     change, committed through pysyncobj's own entries). Only the leader builds this command;
     anything but a known action with builtins fields is malformed (reverted, nothing kept)."""
     if action not in ops.RECORDED_ACTIONS or (target is not None and type(target) is not str) \
-            or type(details) is not dict or not all(type(k) is str and type(v) in (str, int, bool) or v is None
-                                                    for k, v in details.items()):
+            or type(details) is not dict \
+            or not all(type(k) is str and (v is None or type(v) in (str, int, bool)) for k, v in details.items()):
         raise ValueError("not a recordable action")
     audit.record(m, who, action, target, dict(details))
     return ops.recorded(action)
