@@ -67,7 +67,10 @@ class Scale:
         return self.c.wait_leader(timeout)
 
     def views(self, timeout: float = 5.0) -> list[dict | None]:
-        return [self.c.cluster_view(i, timeout=timeout) if self.c.alive(i) else None for i in range(self.c.n)]
+        # Without the digest: at a large backlog it takes longer than the timeout, and terms
+        # and indexes are all a step reads here.
+        return [self.c.cluster_view(i, timeout=timeout, digest=False) if self.c.alive(i) else None
+                for i in range(self.c.n)]
 
     def terms(self) -> list[int | None]:
         return [(v or {}).get("term") for v in self.views()]
