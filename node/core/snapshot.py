@@ -136,7 +136,7 @@ def digest(m) -> str:
     h = hashlib.sha256()
     h.update(orjson.dumps([m.clock, m.seq, m.applied]))
     for job_id in sorted(m.jobs):
-        h.update(repr(m.jobs[job_id].to_tuple()).encode())
+        h.update(repr(m.jobs[job_id].legacy_tuple()).encode())
     for name in sorted(m.queues):
         q = m.queues[name]
         h.update(repr((name, [getattr(q, c) for c in Queue.COUNTERS])).encode())
