@@ -18,7 +18,9 @@ Outcomes of a handler:
 | raises `RetryAfter(ms, reason)` | nack, strategy `delay` with `delay_ms = ms`        |
 | raises `Permanent(reason)`      | nack, strategy `dead_letter` (cause `rejected`)    |
 | raises anything else            | nack `default`, reason "handler raised T: message" |
-| no handler for the job type     | nack `default`, reason "no handler for job_type X" (unless `catch_all`) |
+| raises a `no_retry` type        | nack, strategy `dead_letter` at once               |
+| runs past the job's timeout_ms  | cancelled; nack `default`, reason "timeout", at once |
+| no handler for the job type     | release (no attempt used) after `foreign_job_delay` (5 s), unless `catch_all` |
 | lease lost (extend or ack/nack answered `LeaseLost`) | nothing: the handler is cancelled if still running |
 
 On the last attempt a `default`/`delay` nack dead-letters the job (`attempts_exhausted`), as the
@@ -48,8 +50,12 @@ stops reserving. A long-poll reserve already in flight is not cancelled — the 
 have leased jobs to it that a cancelled call would strand until their leases expire — so it is
 allowed to end (at most `wait_ms`) and whatever it returned is processed like any other job.
 In-flight jobs then get `shutdown_timeout` seconds to finish (their leases are still extended
-meanwhile); handlers still running after that are cancelled and their jobs nacked with
-`delay 0` ("worker shutting down") so another worker takes them at once. A second signal
+meanwhile); handlers still running after that are cancelled and their jobs released (no
+attempt used: "worker shutting down") so another worker takes them at once.
+
+Dead-letter handlers (`dead_letter_handler(job_type)`, `dead_letter_handlers=`) run when this
+worker's own nack dead-letters a job, with the job and the error; one that raises is logged and
+swallowed, the others still run. A second signal
 cuts the grace period short.
 
 Request ids: every reserve, ack, nack and extend carries the client's own `Request-Id`, reused
