@@ -504,6 +504,8 @@ class Worker:
         task = rec.task
         retry_pause = 0.1
         while not task.done():
+            if rec.interrupted:
+                return                      # shutdown cancelled it: _process releases the job now
             if rec.timeout_at is not None and loop.time() >= rec.timeout_at:
                 rec.timed_out = True        # _process nacks it ("timeout") and waits for the handler
                 task.cancel()

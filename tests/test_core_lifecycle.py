@@ -290,3 +290,25 @@ def test_replace_in_batches_answers_replaced():
     c.m.check_invariants()
     m = pickle.loads(pickle.dumps(c.m))
     assert m.digest() == c.m.digest()
+
+
+def test_a_cancel_written_before_issue_17_still_refuses_an_in_flight_job_on_replay():
+    c = Core()
+    jid = c.enqueue_id()
+    c.reserve_one()
+    legacy = (ops.CANCEL, None, jid, None)                  # no in_flight field: the old command
+    assert err(c.apply(legacy), 409, "failed_precondition")["job_id"] == jid
+    assert c.state(jid) == "in_flight"
+    assert C.cancel(jid) == (ops.CANCEL, None, jid, None, True)     # what validation writes now
+    assert c.cancel(jid) == (200, {"job_id": jid})
+
+
+def test_reserve_results_kept_by_older_code_get_the_new_fields_on_restore():
+    c = Core()
+    c.enqueue_id()
+    c.reserve(rid="r-old")
+    data = c.m.to_builtins()
+    data["rids"] = [(key, op, (kept[0], tuple(t[:14] for t in kept[1])) if op == ops.RESERVE else kept, *rest)
+                    for key, op, kept, *rest in data["rids"]]
+    m = RawMachine.from_builtins(c.limits, data)
+    assert m.rids == c.m.rids and m.digest() == c.m.digest()

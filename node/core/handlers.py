@@ -506,14 +506,19 @@ def delete_dead_letters(m, ids, who=UNAUDITED):
 
 
 # ---------------------------------------------------------------------------- operator moves
-def cancel(m, job_id: str, who=UNAUDITED):
+def cancel(m, job_id: str, who=UNAUDITED, in_flight=False):
     """A ready, scheduled or in-flight job is removed for good. An in-flight job's lease is
     dropped with it (its entry is stale once the job has left): its worker's next extend, ack,
-    nack or release is answered job_not_found, and it is never redelivered (issue 17; before it,
-    in flight answered failed_precondition)."""
+    nack or release is answered job_not_found, and it is never redelivered (issue 17). A cancel
+    command written before issue 17 has no `in_flight` field: it refuses an in-flight job with
+    failed_precondition, as it did then, so old journals replay unchanged."""
+    if type(in_flight) is not bool:
+        raise TypeError("in_flight")
     job = m.jobs.get(job_id)
     if job is None or job.state == DEAD:
         return ops.cancel_not_found(job_id)
+    if job.state == IN_FLIGHT and not in_flight:
+        return ops.cancel_in_flight(job_id)
     q = m.queues[job.queue]
     m._add(q, "ready" if job.state == READY else "scheduled" if job.state == SCHEDULED else "in_flight", -1)
     forget(m, job)

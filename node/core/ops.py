@@ -59,7 +59,7 @@ COMMANDS: dict[str, tuple[str, ...]] = {
     DRAIN: ("queue", "max_records", "who"),     # queue None = every queue
     REQUEUE: ("ids", "who"),
     DELETE_DEAD_LETTERS: ("ids", "who"),
-    CANCEL: ("job_id", "who"),
+    CANCEL: ("job_id", "who", "in_flight"),     # in_flight: may remove an in-flight job (issue 17; absent: no)
     PAUSE: ("queue", "paused", "create", "who"),  # create: also for a queue that neither exists nor is declared
     SWEEP: (),
     CONFIGURE: ("expect_version", "config", "keys", "who"),   # config: {limits, storage, queues};
@@ -75,6 +75,9 @@ COMMANDS: dict[str, tuple[str, ...]] = {
 # The fields a command of release 0.1.0 (and of this code before `who`) ends after: the
 # handlers give the later ones defaults (who = UNAUDITED, create = True, as pause was then).
 LEGACY_FIELDS = {DRAIN: 2, REQUEUE: 1, DELETE_DEAD_LETTERS: 1, CANCEL: 1, PAUSE: 2}
+# Fields added after that, with the default a command without them gets: a cancel written before
+# issue 17 refuses an in-flight job (409) on every replay, as it did then.
+LATER_DEFAULTS = {CANCEL: {"in_flight": False}}
 OPS = tuple(COMMANDS)
 
 # Enqueue modes.
@@ -150,8 +153,8 @@ def delete_dead_letters(rid, ids: tuple, who=None) -> tuple:
     return DELETE_DEAD_LETTERS, rid, ids, who
 
 
-def cancel(rid, job_id: str, who=None) -> tuple:
-    return CANCEL, rid, job_id, who
+def cancel(rid, job_id: str, who=None, in_flight: bool = True) -> tuple:
+    return CANCEL, rid, job_id, who, in_flight
 
 
 def pause(rid, queue: str, paused: bool, create: bool = False, who=None) -> tuple:
