@@ -51,12 +51,12 @@ have leased jobs to it that a cancelled call would strand until their leases exp
 allowed to end (at most `wait_ms`) and whatever it returned is processed like any other job.
 In-flight jobs then get `shutdown_timeout` seconds to finish (their leases are still extended
 meanwhile); handlers still running after that are cancelled and their jobs released (no
-attempt used: "worker shutting down") so another worker takes them at once.
+attempt used: "worker shutting down") so another worker takes them at once. A second signal
+cuts the grace period short.
 
 Dead-letter handlers (`dead_letter_handler(job_type)`, `dead_letter_handlers=`) run when this
 worker's own nack dead-letters a job, with the job and the error; one that raises is logged and
-swallowed, the others still run. A second signal
-cuts the grace period short.
+swallowed, the others still run.
 
 Request ids: every reserve, ack, nack and extend carries the client's own `Request-Id`, reused
 across the client's retries, so a retry after a failover is applied once.
@@ -190,6 +190,7 @@ class Worker:
         self._running = False
         self._fatal: BaseException | None = None
         self._hurry_task: asyncio.Task | None = None
+        self._interrupt: asyncio.Future | None = None   # set when the grace period ends: wakes supervisors
         self._loop: asyncio.AbstractEventLoop | None = None
 
     # ------------------------------------------------------------------ registration
@@ -266,6 +267,7 @@ class Worker:
                 except (NotImplementedError, RuntimeError, ValueError):
                     pass            # not the main thread, or no signal support
         self._hurry_task = loop.create_task(self._hurry.wait())
+        self._interrupt = loop.create_future()
         try:
             await self._sync_clock()
             await self._reserve_loop()
@@ -280,6 +282,7 @@ class Worker:
             for t in list(self._background):
                 t.cancel()
             self._stopping = self._capacity = self._hurry = None     # runnable again
+            self._interrupt = None
             for sig in signals:
                 loop.remove_signal_handler(sig)
             self._running = False
@@ -514,7 +517,8 @@ class Worker:
             if rec.timeout_at is not None:
                 delay = min(delay, rec.timeout_at - loop.time())
             if delay > 0:
-                await asyncio.wait({task}, timeout=delay)
+                await asyncio.wait({task, self._interrupt} if self._interrupt is not None else {task},
+                                   timeout=delay, return_when=asyncio.FIRST_COMPLETED)
                 continue
             ext = loop.create_task(self.client.extend(rec.job, self.lease_ms))
             try:
@@ -626,9 +630,11 @@ class Worker:
                 rec.interrupted = True
                 self.stats.interrupted += 1
                 rec.task.cancel()
+        if self._interrupt is not None and not self._interrupt.done():
+            self._interrupt.set_result(None)    # wakes the supervisors: interrupted jobs are released now
         if self._tasks:
-            # Releases of interrupted jobs; a handler that ignores cancellation is abandoned after
-            # this (its lease expires and the job is redelivered).
+            # Releases of interrupted jobs (sent at once, before waiting for the handlers); a
+            # handler that ignores cancellation is given up after this (its job already released).
             done, pending = await asyncio.wait(set(self._tasks), timeout=self.cancel_grace + self.client.timeout + 5.0)
             for t in pending:
                 log.warning("worker %s: abandoning %s (ignores cancellation)", self.worker_id, t.get_name())

@@ -97,6 +97,28 @@ async def test_clean_shutdown_releases_in_flight_jobs_attempt_not_used(client):
     assert (await client.queue("lc-shutdown"))["dead_lettered"] == 0
 
 
+async def test_clean_shutdown_releases_at_once_even_when_the_handler_ignores_its_cancellation(client):
+    job_id = (await client.enqueue("lc-shutdown-stubborn", "hang")).job_id
+    started, seen = [], []
+
+    async def hang(job):
+        started.append(job.id)
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            await asyncio.sleep(2.0)            # ignores it; meanwhile the job is released already
+            seen.append(await client.job(job.id))
+
+    w = Worker(client, ["lc-shutdown-stubborn"], {"hang": hang}, wait_ms=300, shutdown_timeout=0.3,
+               cancel_grace=0.2)             # the default 30 s lease: no extend wakes the supervisor
+    r = Running(w)
+    await until(lambda: started, what="the handler to start")
+    stats = await r.finish()
+    assert (stats.interrupted, stats.releases, stats.cancellation_ignored, stats.nacked) == (1, 1, 1, 0)
+    (view,) = seen
+    assert (view.id, view.state, view.attempt, view.releases) == (job_id, "ready", 2, 1)
+
+
 # ---------------------------------------------------------------------------- foreign job type
 async def test_foreign_job_type_is_deferred_attempt_not_used_and_the_owner_takes_it(client):
     """003: the job type is not available in this process -> deferred by ForeignJobRetryDelay."""
