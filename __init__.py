@@ -24,7 +24,7 @@ _EXPORTS = {
     "BatchRejected": "raftq.cluster.client", "Unauthenticated": "raftq.cluster.client",
     "PermissionDenied": "raftq.cluster.client",
     "Worker": "raftq.cluster.worker", "RetryAfter": "raftq.cluster.worker",
-    "Permanent": "raftq.cluster.worker",
+    "Permanent": "raftq.cluster.worker", "ExecutionTimeout": "raftq.cluster.worker",
 }
 __all__ = sorted(_EXPORTS) + ["__version__"]
 

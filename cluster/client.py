@@ -44,7 +44,7 @@ import aiohttp
 import orjson
 
 SESSION_OPS = frozenset(("enqueue", "enqueue_batch", "enqueue_atomic", "reserve", "ack", "ack_batch",
-                         "nack", "extend", "drain", "server_info", "cluster"))
+                         "nack", "extend", "drain", "server_info", "cluster", "release"))
 # request_timeout: the node did not get the whole body in time (so applied nothing).
 RETRYABLE_CODES = frozenset(("no_leader", "unavailable", "overloaded", "request_timeout"))
 
@@ -183,6 +183,11 @@ class Rejected(RaftqError):
     def reason(self) -> str | None:
         return self.rejection.get("reason")
 
+    @property
+    def existing_job_id(self) -> str | None:
+        """With reason `duplicate` (duplicate_policy reject): the job the idempotency key names."""
+        return self.rejection.get("job_id")
+
 
 class BatchRejected(RaftqError):
     """An atomic batch refused; `errors` lists `{"index", "rejection"}` for every failing job."""
@@ -245,6 +250,7 @@ def error_from(status: int, body) -> RaftqError:
 class EnqueueResult:
     job_id: str
     deduplicated: bool
+    replaced: bool = False          # duplicate_policy replace: the existing job was replaced
 
 
 @dataclass
@@ -266,6 +272,8 @@ class Job:
     trace_context: dict | None = None
     deadline_at_ms: int | None = None
     state: str | None = None            # only from job inspection
+    timeout_ms: int | None = None       # the execution timeout (the job's, else its queue's)
+    releases: int = 0                   # deliveries handed back by release (no attempt used)
 
     @classmethod
     def from_wire(cls, d: dict) -> "Job":
@@ -276,11 +284,17 @@ class Job:
                    max_attempts=d["max_attempts"], enqueued_at_ms=d["enqueued_at_ms"],
                    lease_expires_at_ms=d.get("lease_expires_at_ms"), scheduled_at_ms=d.get("scheduled_at_ms"),
                    custom=d.get("custom") or {}, trace_context=d.get("trace_context"),
-                   deadline_at_ms=d.get("deadline_at_ms"), state=d.get("state"))
+                   deadline_at_ms=d.get("deadline_at_ms"), state=d.get("state"),
+                   timeout_ms=d.get("timeout_ms"), releases=d.get("releases") or 0)
+
+    @property
+    def attempts_used(self) -> int:
+        """This delivery included: `attempt - releases` (a release uses no attempt)."""
+        return self.attempt - self.releases
 
     @property
     def is_last_attempt(self) -> bool:
-        return self.attempt >= self.max_attempts
+        return self.attempts_used >= self.max_attempts
 
 
 @dataclass
@@ -354,7 +368,8 @@ def job_request(queue: str, job_type: str, payload: bytes | str | None = None, *
                 encoding: str = "application/octet-stream", priority: int | None = None,
                 idempotency_key: str | None = None, max_attempts: int | None = None,
                 custom: dict | None = None, scheduled_at_ms: int | None = None, delay_ms: int | None = None,
-                trace_context: dict | None = None, deadline_at_ms: int | None = None) -> dict:
+                trace_context: dict | None = None, deadline_at_ms: int | None = None,
+                timeout_ms: int | None = None, duplicate_policy: str | None = None) -> dict:
     """Build an EnqueueRequest body."""
     req: dict[str, Any] = {"queue": queue, "job_type": job_type}
     if payload is not None:
@@ -363,7 +378,8 @@ def job_request(queue: str, job_type: str, payload: bytes | str | None = None, *
         req["payload"] = {"data_b64": base64.b64encode(payload).decode(), "encoding": encoding}
     for k, v in (("priority", priority), ("idempotency_key", idempotency_key), ("max_attempts", max_attempts),
                  ("custom", custom), ("scheduled_at_ms", scheduled_at_ms), ("delay_ms", delay_ms),
-                 ("trace_context", trace_context), ("deadline_at_ms", deadline_at_ms)):
+                 ("trace_context", trace_context), ("deadline_at_ms", deadline_at_ms),
+                 ("timeout_ms", timeout_ms), ("duplicate_policy", duplicate_policy)):
         if v is not None:
             req[k] = v
     return req
@@ -854,20 +870,20 @@ class Client:
                       request_id: str | None = None, timeout: float | None = None, **fields) -> EnqueueResult:
         req = self._with_key(job_request(queue, job_type, payload, **fields))
         out = await self.call("enqueue", "POST", "/v1/jobs", req, mutating=True, request_id=request_id, timeout=timeout)
-        return EnqueueResult(out["job_id"], out["deduplicated"])
+        return EnqueueResult(out["job_id"], out["deduplicated"], out.get("replaced", False))
 
     async def enqueue_request(self, req: dict, *, request_id: str | None = None,
                               timeout: float | None = None) -> EnqueueResult:
         out = await self.call("enqueue", "POST", "/v1/jobs", self._with_key(req), mutating=True,
                               request_id=request_id, timeout=timeout)
-        return EnqueueResult(out["job_id"], out["deduplicated"])
+        return EnqueueResult(out["job_id"], out["deduplicated"], out.get("replaced", False))
 
     async def enqueue_batch(self, reqs: list[dict], *, request_id: str | None = None,
                             timeout: float | None = None) -> list:
         """Best effort: one EnqueueResult or Rejected per job, in order."""
         out = await self.call("enqueue_batch", "POST", "/v1/jobs/batch", {"jobs": [self._with_key(r) for r in reqs]},
                               mutating=True, request_id=request_id, timeout=timeout)
-        return [EnqueueResult(r["job_id"], r["deduplicated"]) if "job_id" in r
+        return [EnqueueResult(r["job_id"], r["deduplicated"], r.get("replaced", False)) if "job_id" in r
                 else Rejected("rejected", r["rejection"].get("reason", ""), 422, {"rejection": r["rejection"]})
                 for r in out["results"]]
 
@@ -876,7 +892,7 @@ class Client:
         """All or nothing; raises BatchRejected listing every failing job."""
         out = await self.call("enqueue_atomic", "POST", "/v1/jobs/atomic", {"jobs": [self._with_key(r) for r in reqs]},
                               mutating=True, request_id=request_id, timeout=timeout)
-        return [EnqueueResult(r["job_id"], r["deduplicated"]) for r in out["results"]]
+        return [EnqueueResult(r["job_id"], r["deduplicated"], r.get("replaced", False)) for r in out["results"]]
 
     async def reserve(self, queues, lease_ms: int, *, wait_ms: int = 0, max_jobs: int = 1,
                       worker_id: str | None = None, request_id: str | None = None) -> list[Job]:
@@ -921,6 +937,19 @@ class Client:
             body["retry"] = retry
         out = await self.call("nack", "POST", f"/v1/jobs/{job_id}/nack", body, mutating=True, request_id=request_id)
         return out["dead_lettered"]
+
+    async def release(self, job, attempt: int | None = None, *, delay_ms: int | None = None,
+                      reason: str | None = None, request_id: str | None = None) -> None:
+        """Hand the job back without using an attempt (POST /v1/jobs/{id}/release): ready at
+        once in its place, or after `delay_ms`. This delivery's attempt is fenced off: a later
+        ack, nack or extend of it is refused (LeaseLost)."""
+        job_id, attempt = self._fence(job, attempt)
+        body: dict[str, Any] = {"job_id": job_id, "attempt": attempt}
+        if delay_ms:
+            body["delay_ms"] = int(delay_ms)
+        if reason is not None:
+            body["reason"] = reason
+        await self.call("release", "POST", f"/v1/jobs/{job_id}/release", body, mutating=True, request_id=request_id)
 
     async def extend(self, job, lease_ms: int, attempt: int | None = None, *,
                      request_id: str | None = None) -> int:

@@ -18,7 +18,9 @@ Outcomes of a handler:
 | raises `RetryAfter(ms, reason)` | nack, strategy `delay` with `delay_ms = ms`        |
 | raises `Permanent(reason)`      | nack, strategy `dead_letter` (cause `rejected`)    |
 | raises anything else            | nack `default`, reason "handler raised T: message" |
-| no handler for the job type     | nack `default`, reason "no handler for job_type X" (unless `catch_all`) |
+| raises a `no_retry` type        | nack, strategy `dead_letter` at once               |
+| runs past the job's timeout_ms  | cancelled; nack `default`, reason "timeout", at once |
+| no handler for the job type     | release (no attempt used) after `foreign_job_delay` (5 s), unless `catch_all` |
 | lease lost (extend or ack/nack answered `LeaseLost`) | nothing: the handler is cancelled if still running |
 
 On the last attempt a `default`/`delay` nack dead-letters the job (`attempts_exhausted`), as the
@@ -48,9 +50,13 @@ stops reserving. A long-poll reserve already in flight is not cancelled — the 
 have leased jobs to it that a cancelled call would strand until their leases expire — so it is
 allowed to end (at most `wait_ms`) and whatever it returned is processed like any other job.
 In-flight jobs then get `shutdown_timeout` seconds to finish (their leases are still extended
-meanwhile); handlers still running after that are cancelled and their jobs nacked with
-`delay 0` ("worker shutting down") so another worker takes them at once. A second signal
+meanwhile); handlers still running after that are cancelled and their jobs released (no
+attempt used: "worker shutting down") so another worker takes them at once. A second signal
 cuts the grace period short.
+
+Dead-letter handlers (`dead_letter_handler(job_type)`, `dead_letter_handlers=`) run when this
+worker's own nack dead-letters a job, with the job and the error; one that raises is logged and
+swallowed, the others still run.
 
 Request ids: every reserve, ack, nack and extend carries the client's own `Request-Id`, reused
 across the client's retries, so a retry after a failover is applied once.
@@ -95,6 +101,10 @@ class WorkerStats:
     extended: int = 0        # successful lease extensions
     interrupted: int = 0     # handlers cancelled at the end of the shutdown grace period
     errors: int = 0          # calls that failed for good with something other than LeaseLost
+    releases: int = 0        # jobs handed back by release (shutdown, foreign job type): no attempt used
+    timeouts: int = 0        # handlers cancelled because the job's timeout_ms passed (nacked "timeout")
+    cancellation_ignored: int = 0   # cancelled handlers still running after cancel_grace (slot kept)
+    dead_letter_handler_errors: int = 0   # dead-letter handlers that raised (logged, swallowed)
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -105,7 +115,7 @@ def default_worker_id() -> str:
 
 
 class _InFlight:
-    __slots__ = ("job", "task", "deadline", "extend_at", "lost", "interrupted")
+    __slots__ = ("job", "task", "deadline", "extend_at", "lost", "interrupted", "timeout_at", "timed_out")
 
     def __init__(self, job: Job):
         self.job = job
@@ -114,6 +124,12 @@ class _InFlight:
         self.extend_at = 0.0     # local loop time of the next extension
         self.lost = False
         self.interrupted = False
+        self.timeout_at: float | None = None     # local loop time the job's timeout_ms passes
+        self.timed_out = False
+
+
+class ExecutionTimeout(TimeoutError):
+    """The error a dead-letter handler gets for a job whose handler ran past its timeout_ms."""
 
 
 class Worker:
@@ -122,7 +138,9 @@ class Worker:
                  wait_ms: int = 5_000, extend_margin: float = 1 / 3, min_extend_margin_ms: int = 250,
                  shutdown_timeout: float = 30.0, worker_id: str | None = None,
                  reserve_error_backoff: float = 1.0, clock_refresh_s: float = 60.0,
-                 on_outcome: Callable[[Job, str, BaseException | None], None] | None = None):
+                 on_outcome: Callable[[Job, str, BaseException | None], None] | None = None,
+                 foreign_job_delay: float = 5.0, no_retry: tuple = (), cancel_grace: float = 1.0,
+                 dead_letter_handlers: dict | None = None):
         if isinstance(queues, str):
             queues = [queues]
         if not queues:
@@ -147,6 +165,17 @@ class Worker:
         self.reserve_error_backoff = reserve_error_backoff
         self.clock_refresh_s = clock_refresh_s
         self.on_outcome = on_outcome
+        if foreign_job_delay < 0 or cancel_grace < 0:
+            raise ValueError("foreign_job_delay and cancel_grace must be >= 0 (seconds)")
+        self.foreign_job_delay = foreign_job_delay
+        self.no_retry = tuple(no_retry)
+        self.cancel_grace = cancel_grace
+        # job_type (None: every type) -> [handler(job, error)], called when this worker's nack
+        # dead-letters the job
+        self.dead_letter_handlers: dict[str | None, list] = {}
+        for jt, fns in (dead_letter_handlers or {}).items():
+            for fn in (fns if isinstance(fns, (list, tuple)) else [fns]):
+                self.dead_letter_handler(jt, fn)
         self.stats = WorkerStats()
         # server clock - local wall clock, and the uncertainty of that estimate (ms)
         self.clock_offset_ms = 0.0
@@ -161,6 +190,7 @@ class Worker:
         self._running = False
         self._fatal: BaseException | None = None
         self._hurry_task: asyncio.Task | None = None
+        self._interrupt: asyncio.Future | None = None   # set when the grace period ends: wakes supervisors
         self._loop: asyncio.AbstractEventLoop | None = None
 
     # ------------------------------------------------------------------ registration
@@ -168,6 +198,19 @@ class Worker:
         """Register a handler; usable as a decorator: `@worker.handle("send")`."""
         def register(f):
             self.handlers[job_type] = f
+            return f
+        return register(fn) if fn is not None else register
+
+    def dead_letter_handler(self, job_type: str | None = None, fn=None):
+        """Register a dead-letter handler `fn(job, error)` (a coroutine function or a plain one)
+        for `job_type`, or for every type with None; usable as a decorator:
+        `@worker.dead_letter_handler("send")`. Called when this worker's own nack dead-letters
+        the job (its last attempt failed, `Permanent`, a `no_retry` exception, a timeout on the
+        last attempt) with the job and the error; the type's handlers first, then the ones for
+        every type, in the order registered. One that raises is logged and swallowed; the
+        others still run."""
+        def register(f):
+            self.dead_letter_handlers.setdefault(job_type, []).append(f)
             return f
         return register(fn) if fn is not None else register
 
@@ -224,6 +267,7 @@ class Worker:
                 except (NotImplementedError, RuntimeError, ValueError):
                     pass            # not the main thread, or no signal support
         self._hurry_task = loop.create_task(self._hurry.wait())
+        self._interrupt = loop.create_future()
         try:
             await self._sync_clock()
             await self._reserve_loop()
@@ -238,6 +282,7 @@ class Worker:
             for t in list(self._background):
                 t.cancel()
             self._stopping = self._capacity = self._hurry = None     # runnable again
+            self._interrupt = None
             for sig in signals:
                 loop.remove_signal_handler(sig)
             self._running = False
@@ -384,10 +429,14 @@ class Worker:
         job = rec.job
         handler = self._handler_for(job)
         if handler is None:
-            self.stats.failed += 1
-            await self._nack(job, Retry.default(), f"no handler for job_type {job.job_type}")
+            # Another service's job: hand it back without using an attempt, after
+            # foreign_job_delay, so a worker that has the handler takes it.
+            await self._release(job, int(self.foreign_job_delay * 1000), f"no handler for job_type {job.job_type}")
             return
-        rec.task = asyncio.get_running_loop().create_task(self._invoke(handler, job))
+        loop = asyncio.get_running_loop()
+        rec.task = loop.create_task(self._invoke(handler, job))
+        if job.timeout_ms:
+            rec.timeout_at = loop.time() + job.timeout_ms / 1000.0
         try:
             await self._supervise(rec)
         except asyncio.CancelledError:          # run() itself was cancelled: not graceful
@@ -395,28 +444,62 @@ class Worker:
             raise
         if rec.lost:
             return                          # counted and reported by _supervise: send nothing
-        if rec.interrupted:
-            await self._nack(job, Retry.delay(0), "worker shutting down")
-            return
         task = rec.task
+        if rec.timed_out:
+            # Nacked at once (a failure, reason "timeout") so the job is retried elsewhere; the
+            # slot stays taken until the handler really ends.
+            self.stats.timeouts += 1
+            log.info("worker %s: job %s (%s) attempt %d ran past its timeout of %d ms; cancelled",
+                     self.worker_id, job.id, job.job_type, job.attempt, job.timeout_ms)
+            err = ExecutionTimeout(f"the handler ran longer than timeout_ms ({job.timeout_ms})")
+            await self._nack(job, Retry.default(), "timeout", err)
+            await self._wait_cancelled(rec)
+            return
+        if rec.interrupted:
+            # The grace period is over: handed back without using an attempt (a release, not a
+            # nack), ready at once for another worker.
+            await self._release(job, 0, "worker shutting down")
+            await self._wait_cancelled(rec)
+            return
         if task.cancelled():
             self.stats.failed += 1
-            await self._nack(job, Retry.default(), "handler was cancelled")
+            await self._nack(job, Retry.default(), "handler was cancelled", asyncio.CancelledError())
             return
         exc = task.exception()
         if exc is None:
             await self._ack(job)
         elif isinstance(exc, Permanent):
-            await self._nack(job, Retry.dead_letter(), exc.reason)
+            await self._nack(job, Retry.dead_letter(), exc.reason, exc)
         elif isinstance(exc, RetryAfter):
-            await self._nack(job, Retry.delay(exc.delay_ms), exc.reason)
+            await self._nack(job, Retry.delay(exc.delay_ms), exc.reason, exc)
         elif isinstance(exc, Retry):
-            await self._nack(job, Retry.default(), exc.reason)
+            await self._nack(job, Retry.default(), exc.reason, exc)
+        elif self.no_retry and isinstance(exc, self.no_retry):
+            self.stats.failed += 1
+            log.info("worker %s: job %s (%s) attempt %d raised %r (no_retry): dead-lettering it",
+                     self.worker_id, job.id, job.job_type, job.attempt, exc)
+            await self._nack(job, Retry.dead_letter(), f"handler raised {type(exc).__name__}: {exc}", exc)
         else:
             self.stats.failed += 1
             log.info("worker %s: job %s (%s) attempt %d raised %r", self.worker_id, job.id, job.job_type,
                      job.attempt, exc)
-            await self._nack(job, Retry.default(), f"handler raised {type(exc).__name__}: {exc}")
+            await self._nack(job, Retry.default(), f"handler raised {type(exc).__name__}: {exc}", exc)
+
+    async def _wait_cancelled(self, rec: _InFlight):
+        """After a cancel: wait for the handler to end. One still running after cancel_grace
+        ignores its cancellation: logged once and counted, and it keeps its slot (this job's
+        task, counted against `concurrency`) until it really ends."""
+        task = rec.task
+        if task is None or task.done():
+            return
+        done, _ = await asyncio.wait({task}, timeout=self.cancel_grace)
+        if not done:
+            self.stats.cancellation_ignored += 1
+            log.warning("worker %s: ignored cancellation: job %s (%s) attempt %d still holds its worker slot",
+                        self.worker_id, rec.job.id, rec.job.job_type, rec.job.attempt)
+            await asyncio.wait({task})
+        if not task.cancelled():
+            task.exception()                # retrieved: no "exception never retrieved" warning
 
     async def _supervise(self, rec: _InFlight):
         """Wait for the handler, extending the lease as its real expiry approaches."""
@@ -424,9 +507,18 @@ class Worker:
         task = rec.task
         retry_pause = 0.1
         while not task.done():
+            if rec.interrupted:
+                return                      # shutdown cancelled it: _process releases the job now
+            if rec.timeout_at is not None and loop.time() >= rec.timeout_at:
+                rec.timed_out = True        # _process nacks it ("timeout") and waits for the handler
+                task.cancel()
+                return
             delay = rec.extend_at - loop.time()
+            if rec.timeout_at is not None:
+                delay = min(delay, rec.timeout_at - loop.time())
             if delay > 0:
-                await asyncio.wait({task}, timeout=delay)
+                await asyncio.wait({task, self._interrupt} if self._interrupt is not None else {task},
+                                   timeout=delay, return_when=asyncio.FIRST_COMPLETED)
                 continue
             ext = loop.create_task(self.client.extend(rec.job, self.lease_ms))
             try:
@@ -446,13 +538,11 @@ class Worker:
             except LeaseLost as e:
                 rec.lost = True
                 self.stats.lease_lost += 1
+                # job_not_found: the job was deleted (or expired); attempt_mismatch: redelivered.
                 log.info("worker %s: job %s attempt %d lost its lease (%s); cancelling the handler",
                          self.worker_id, rec.job.id, rec.job.attempt, e.code)
                 task.cancel()
-                try:
-                    await task
-                except BaseException:
-                    pass
+                await self._wait_cancelled(rec)
                 self._report(rec.job, "lease_lost", e)
                 return
             except Exception as e:
@@ -471,7 +561,7 @@ class Worker:
             self.stats.acked += 1
             self._report(job, "acked", None)
 
-    async def _nack(self, job: Job, retry: dict, reason: str | None):
+    async def _nack(self, job: Job, retry: dict, reason: str | None, error: BaseException | None = None):
         if reason is not None:
             reason = reason[:MAX_REASON]
         answer = await self._settle(job, "nack", self.client.nack(job, reason=reason, retry=retry))
@@ -481,6 +571,31 @@ class Worker:
             if dead:
                 self.stats.dead_lettered += 1
             self._report(job, "dead_lettered" if dead else "nacked", None)
+            if dead:
+                await self._run_dead_letter_handlers(job, error)
+
+    async def _run_dead_letter_handlers(self, job: Job, error: BaseException | None):
+        """Every dead-letter handler for the job's type, then those for every type; one that
+        raises is logged and swallowed, and the others still run."""
+        for fn in self.dead_letter_handlers.get(job.job_type, []) + self.dead_letter_handlers.get(None, []):
+            try:
+                if inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(fn, "__call__", None)):
+                    await fn(job, error)
+                else:
+                    result = await asyncio.to_thread(fn, job, error)
+                    if inspect.isawaitable(result):
+                        await result
+            except Exception:
+                self.stats.dead_letter_handler_errors += 1
+                log.exception("worker %s: dead-letter handler %r of job %s (%s) raised (swallowed)",
+                              self.worker_id, getattr(fn, "__name__", fn), job.id, job.job_type)
+
+    async def _release(self, job: Job, delay_ms: int, reason: str):
+        """Hand the job back without using an attempt (not a failure: a circuit breaker counts
+        no release)."""
+        if await self._settle(job, "release", self.client.release(job, delay_ms=delay_ms, reason=reason)) is not None:
+            self.stats.releases += 1
+            self._report(job, "released", None)
 
     async def _settle(self, job: Job, what: str, call) -> tuple | None:
         """Await an ack or nack: (its answer,) on success, None after counting and reporting a
@@ -515,10 +630,12 @@ class Worker:
                 rec.interrupted = True
                 self.stats.interrupted += 1
                 rec.task.cancel()
+        if self._interrupt is not None and not self._interrupt.done():
+            self._interrupt.set_result(None)    # wakes the supervisors: interrupted jobs are released now
         if self._tasks:
-            # Nacks of interrupted jobs; a handler that ignores cancellation is abandoned after
-            # this (its lease expires and the job is redelivered).
-            done, pending = await asyncio.wait(set(self._tasks), timeout=self.client.timeout + 5.0)
+            # Releases of interrupted jobs (sent at once, before waiting for the handlers); a
+            # handler that ignores cancellation is given up after this (its job already released).
+            done, pending = await asyncio.wait(set(self._tasks), timeout=self.cancel_grace + self.client.timeout + 5.0)
             for t in pending:
                 log.warning("worker %s: abandoning %s (ignores cancellation)", self.worker_id, t.get_name())
                 t.cancel()

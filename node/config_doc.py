@@ -119,6 +119,17 @@ LIMITS = {
                                    "also caps nack delays and the retry policy.", minimum=1),
     "allowed_encodings": Key("array of strings", "Payload encodings accepted (`encoding_not_allowed` otherwise). "
                              "Unset: any; `[]`: no payloads at all.", default="unset"),
+    "execution_timeout_ms": Key("integer", "Execution timeout of the queue's jobs that set no `timeout_ms` "
+                                "(resolved at enqueue, shown as the job's `timeout_ms`): the Worker cancels a "
+                                "handler that runs longer and nacks the job as a failure, reason `timeout` "
+                                "(docs/semantics.md \"Execution timeout\"). Unset: none.", default="unset",
+                                minimum=1),
+    "duplicate_policy": Key("string", "What an enqueue whose `idempotency_key` hits a live dedup record does "
+                            "when it sets no `duplicate_policy`: `return_existing` answers the existing job's id "
+                            "(`deduplicated: true`), `reject` refuses it (422 `rejected`, reason `duplicate`), "
+                            "`replace` replaces the payload, priority and schedule of a job never delivered yet "
+                            "(409 once it has started); docs/semantics.md \"Duplicate policy\".",
+                            choices=("return_existing", "reject", "replace")),
     "max_reserve_batch": Key("integer", "Most jobs one reserve returns (`max_jobs` is clamped to it); also the "
                              "largest `POST /v1/acks` and the most records one drain returns.", minimum=1),
     "max_reserve_queues": Key("integer", "Most queues one reserve may name (more is 400).", minimum=1),

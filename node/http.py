@@ -104,6 +104,7 @@ def build_app(service: NodeService) -> web.Application:
         ("/v1/jobs/{id}/ack", WORKER, lambda s, req, b, rid, who: s.ack(req.match_info["id"], b, rid, who)),
         ("/v1/jobs/{id}/nack", WORKER, lambda s, req, b, rid, who: s.nack(req.match_info["id"], b, rid, who)),
         ("/v1/jobs/{id}/extend", WORKER, lambda s, req, b, rid, who: s.extend(req.match_info["id"], b, rid, who)),
+        ("/v1/jobs/{id}/release", WORKER, lambda s, req, b, rid, who: s.release(req.match_info["id"], b, rid, who)),
         ("/v1/dead-letters/requeue", OPERATOR, lambda s, req, b, rid, who: s.requeue(b, rid, who)),
         ("/v1/dead-letters/delete", OPERATOR, lambda s, req, b, rid, who: s.delete_dead_letters(b, rid, who)),
         ("/v1/queues/{name}/dead-letter", OPERATOR,

@@ -29,7 +29,11 @@ QUEUE_KEYS: dict[str, object] = {
     "max_custom_key_bytes": 256,
     "max_schedule_horizon_ms": 2_592_000_000,
     "allowed_encodings": None,        # None = any; [] = no payload at all
+    # issue 17 (lifecycle)
+    "execution_timeout_ms": None,     # None = no execution timeout (a job's timeout_ms wins)
+    "duplicate_policy": "return_existing",   # what an idempotency-key hit does: return_existing | reject | replace
 }
+DUPLICATE_POLICIES = ("return_existing", "reject", "replace")
 # Keys that only exist globally.
 GLOBAL_KEYS: dict[str, object] = {
     "max_reserve_batch": 256,
@@ -149,6 +153,8 @@ class QueueLimits:
     max_custom_key_bytes: int
     max_schedule_horizon_ms: int
     allowed_encodings: tuple[str, ...] | None
+    execution_timeout_ms: int | None
+    duplicate_policy: str
     allowed_job_types: tuple[str, ...] | None
     dedup_window_ms: int
 
@@ -191,6 +197,11 @@ def _check_queue_values(where: str, v: dict, max_request_bytes: int) -> None:
     _int(f"{where}.max_schedule_horizon_ms", v["max_schedule_horizon_ms"])
     if v["allowed_encodings"] is not None:
         v["allowed_encodings"] = _str_list(f"{where}.allowed_encodings", v["allowed_encodings"])
+    if v["execution_timeout_ms"] is not None:
+        _int(f"{where}.execution_timeout_ms", v["execution_timeout_ms"])
+    if v["duplicate_policy"] not in DUPLICATE_POLICIES:
+        raise ConfigError(f"{where}.duplicate_policy: must be \"return_existing\", \"reject\" or \"replace\", "
+                          f"got {v['duplicate_policy']!r}")
 
 
 @dataclass(frozen=True)

@@ -74,6 +74,7 @@ HANDLERS = {
     ops.PURGE: handlers.purge,
     ops.DELETE_QUEUE: handlers.delete_queue,
     ops.RECORD_ACTION: handlers.record_action,
+    ops.RELEASE: handlers.release,
 }
 for _op, _handler in HANDLERS.items():
     if tuple(inspect.signature(_handler).parameters)[1:] != ops.COMMANDS[_op]:
@@ -245,6 +246,8 @@ class QueueMachine(UndoLog):
         if job is None:
             return None
         out = render_job(*shown_fields(job))
+        out["timeout_ms"] = job.timeout_ms          # always shown here (null: none)
+        out["releases"] = job.releases
         out["state"] = STATE_NAMES[job.state]
         out["last_reason"] = job.last_reason
         if job.state == SCHEDULED:

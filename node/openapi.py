@@ -46,12 +46,13 @@ CODE_MEANINGS = {
                         "the key)",
     "unauthenticated": "API keys are on and the request has no key or an unknown one",
     "permission_denied": "the key's role is below the operation's",
-    "job_not_found": "ack/nack/extend of a job that is not in flight (acked, expired and not re-reserved, "
-                     "dead-lettered, never existed): you no longer own it",
+    "job_not_found": "ack/nack/extend/release of a job that is not in flight (acked, expired and not re-reserved, "
+                     "dead-lettered, deleted, never existed): you no longer own it",
     "not_found": "an unknown resource (job, key, a queue that neither exists nor is declared, path)",
-    "attempt_mismatch": "ack/nack/extend with a stale attempt: the job is in flight under a newer attempt; you "
+    "attempt_mismatch": "ack/nack/extend/release with a stale attempt: the job is in flight under a newer attempt; you "
                         "no longer own it",
-    "failed_precondition": "the operation does not fit the state: cancelling an in-flight job, a stale "
+    "failed_precondition": "the operation does not fit the state: a `replace` duplicate policy hit on a job "
+                           "that has started (`reason` `duplicate_started`, `job_id`), a stale "
                            "`expect_version`, deleting a queue that holds jobs or is declared, removing the last "
                            "admin key",
     "unknown_queues": "reserve names queues that are not declared while `strict_queues` is on; `queues` "
@@ -91,6 +92,9 @@ REJECTION_REASONS = {
     "custom_map_too_large": "`limit`, `actual`",
     "scheduled_too_far": "beyond now + `max_schedule_horizon_ms` (`horizon_ms`, `scheduled_at_ms`)",
     "queue_full": "the queue holds `max_queue_depth` live jobs (`queue`, `limit`)",
+    "duplicate": "duplicate policy `reject`: the idempotency key names a live record (`job_id`: the existing job)",
+    "duplicate_started": "duplicate policy `replace` in a batch: the existing job (`job_id`) has been delivered, "
+                         "finished or dead-lettered (a single enqueue: 409 `failed_precondition`)",
 }
 
 # What a configuration change can warn about (node/core/config.py change_warnings).
@@ -113,6 +117,7 @@ SESSION_HTTP = {
     "enqueue_atomic": ("post", "/v1/jobs/atomic"), "reserve": ("post", "/v1/reserve"),
     "ack": ("post", "/v1/jobs/{id}/ack"), "ack_batch": ("post", "/v1/acks"), "nack": ("post", "/v1/jobs/{id}/nack"),
     "extend": ("post", "/v1/jobs/{id}/extend"), "drain": ("post", "/v1/dead-letters/drain"),
+    "release": ("post", "/v1/jobs/{id}/release"),
     "server_info": ("get", "/v1/server-info"), "cluster": ("get", "/v1/cluster"),
 }
 
@@ -188,7 +193,8 @@ def _queue_limits_schema() -> dict:
     for key, value in shown.items():
         default = QUEUE_KEYS.get(key, value)
         if default is None or value is None:
-            kind = {"max_queue_depth": {"type": "integer"}}.get(key, {"type": "array", "items": {"type": "string"}})
+            kind = {"max_queue_depth": {"type": "integer"}, "execution_timeout_ms": {"type": "integer"}}.get(
+                key, {"type": "array", "items": {"type": "string"}})
             props[key] = {**kind, "type": [kind["type"], "null"]}
         else:
             props[key] = _json_type(default)
@@ -215,7 +221,10 @@ def _config_schema() -> dict:
                                      "description": "null: any"},
                "allowed_job_types": {"type": ["array", "null"], "items": string(minLength=1), "minItems": 1,
                                      "description": "null: any"},
-               "dedup_window_ms": integer(1)}
+               "dedup_window_ms": integer(1),
+               "execution_timeout_ms": {"type": ["integer", "null"], "minimum": 1,
+                                        "description": "null: no execution timeout"},
+               "duplicate_policy": {"type": "string", "enum": ["return_existing", "reject", "replace"]}}
 
     def props(defaults: dict) -> dict:
         return {k: special.get(k) or _json_type(v) for k, v in defaults.items()}
@@ -253,6 +262,11 @@ def schemas() -> dict:
         "lease_expires_at_ms": ms("in flight: the real, clamped lease deadline (budget against it, not against "
                                   "the lease asked for)", None, nullable=True),
         "deadline_at_ms": ms("present until the first delivery when the producer set one", None),
+        "timeout_ms": {"type": ["integer", "null"], "minimum": 1, "description": "the execution timeout: the "
+                       "job's `timeout_ms`, else its queue's `execution_timeout_ms` at enqueue, else null; in a "
+                       "reserve answer present only when set or when `releases` > 0"},
+        "releases": integer(0, description="deliveries handed back by release; attempts used = attempt - "
+                            "releases (in a reserve answer present only when > 0 or with a timeout)"),
     }
     job_required = ["id", "queue", "job_type", "priority", "custom", "enqueued_at_ms", "scheduled_at_ms",
                     "attempt", "max_attempts", "lease_expires_at_ms"]
@@ -288,20 +302,28 @@ def schemas() -> dict:
             "trace_context": nullable(ref("TraceContext")),
             "deadline_at_ms": nullable(ms("a job not reserved by then never runs: it is dead-lettered with cause `expired`",
                                  INT64_MIN)),
+            "timeout_ms": nullable(integer(1, description="execution timeout (ms) the Worker enforces; default: the "
+                                           "queue's `execution_timeout_ms`")),
+            "duplicate_policy": nullable({"type": "string", "enum": ["return_existing", "reject", "replace"],
+                                          "description": "what a hit of `idempotency_key` does; default: the "
+                                                         "queue's `duplicate_policy` (`return_existing`)"}),
         }, ["queue", "job_type"], "One job to enqueue. Unknown fields are ignored. Anything wrong with it is a "
            "rejection (422 for a single enqueue), never a 400.", example={
             "queue": "emails", "job_type": "welcome", "priority": 5,
             "payload": {"data_b64": "eyJ1c2VyIjo0Mn0=", "encoding": "application/json"},
             "idempotency_key": "welcome-42", "custom": {"tenant": "acme"}}),
         "EnqueueResult": obj({"job_id": string(format="uuid"), "deduplicated": {
-            "type": "boolean", "description": "true: the idempotency key matched a live record; no job was made"}},
+            "type": "boolean", "description": "true: the idempotency key matched a live record; no job was made"},
+            "replaced": {"type": "boolean", "const": True, "description": "duplicate policy `replace`: the "
+                         "existing job's payload, priority and schedule were replaced (present only then)"}},
             ["job_id", "deduplicated"]),
         "Rejection": obj({"reason": {"type": "string", "enum": list(REJECTION_REASONS)},
                           "message": string(), "queue": string(), "job_type": string(), "encoding": string(),
                           "key": string(), "allowed": {"type": "array", "items": string()},
                           "limit": {"type": "integer"}, "actual": {"type": "integer"},
                           "field": string("invalid_request of a string over its length limit: the field"),
-                          "horizon_ms": {"type": "integer"}, "scheduled_at_ms": {"type": "integer"}},
+                          "horizon_ms": {"type": "integer"}, "scheduled_at_ms": {"type": "integer"},
+                          "job_id": string("duplicate, duplicate_started: the existing job", format="uuid")},
                          ["reason"], "Why a job was refused; first failing check wins, in this order:\n\n"
                          + "\n".join(f"* `{k}`: {v}" for k, v in REJECTION_REASONS.items())),
         "RejectedItem": obj({"rejection": ref("Rejection")}, ["rejection"]),
@@ -372,6 +394,12 @@ def schemas() -> dict:
         "ExtendRequest": obj({"attempt": integer(1), "lease_ms": integer(1, description="new deadline = now + "
                               "lease_ms, clamped to the queue's `max_lease_duration_ms`")},
                              ["attempt", "lease_ms"], example={"attempt": 1, "lease_ms": 30000}),
+        "ReleaseRequest": obj({"attempt": integer(1),
+                               "delay_ms": nullable(ms("0 or absent: ready at once, in its place; > 0: scheduled "
+                                                       "(clamped to `max_schedule_horizon_ms`)")),
+                               "reason": nullable(string("becomes the job's `last_reason`; at most "
+                                                         "`max_reason_bytes` (4096) UTF-8 bytes"))},
+                              ["attempt"], example={"attempt": 1, "delay_ms": 5000, "reason": "shutting down"}),
         "ExtendResponse": obj({"job_id": string(format="uuid"), "lease_expires_at_ms": ms("the new deadline")},
                               ["job_id", "lease_expires_at_ms"]),
         "DrainRequest": obj({"queue": nullable({**queue_name, "description": "only this queue's dead letters"}),
@@ -622,8 +650,10 @@ CURSOR_PARAM = {"name": "cursor", "in": "query", "description": "`next_cursor` o
 ROUTES = [
     _route("post", "/v1/jobs", "enqueue", "Enqueue a job",
            "Validated first (a refused job changes nothing); with an idempotency key whose dedup record lives, "
-           "the first job's id comes back with `deduplicated: true`.", WORKER, body="EnqueueRequest",
-           ok="EnqueueResult", write=True, errors_=[(422, ["rejected"])]),
+           "the first job's id comes back with `deduplicated: true` (duplicate policy `return_existing`; `reject`: "
+           "422 `rejected`, reason `duplicate`; `replace`: `replaced: true`, or 409 once the job has started).",
+           WORKER, body="EnqueueRequest",
+           ok="EnqueueResult", write=True, errors_=[(409, ["failed_precondition"]), (422, ["rejected"])]),
     _route("post", "/v1/jobs/batch", "enqueue_batch", "Enqueue jobs, best effort",
            "Accepted jobs are committed together in one replicated command; refused ones are answered with their "
            "rejection. Two jobs with one idempotency key: the second deduplicates to the first.", WORKER,
@@ -650,6 +680,12 @@ ROUTES = [
     _route("post", "/v1/jobs/{id}/extend", "extend", "Extend a lease", "New deadline = now + lease_ms, "
            "clamped to the queue's `max_lease_duration_ms`; the attempt is unchanged.", WORKER,
            body="ExtendRequest", ok="ExtendResponse", write=True, params=[ID_PARAM],
+           errors_=[(404, ["job_not_found"]), (409, ["attempt_mismatch"])]),
+    _route("post", "/v1/jobs/{id}/release", "release", "Release a job without using an attempt",
+           "Hands the job back: `attempt` (the delivery fence) and `releases` both grow by one, so the attempts "
+           "used (`attempt - releases`) are unchanged and this delivery's later ack, nack, extend or release is "
+           "409 `attempt_mismatch`. Ready at once in its place, or scheduled after `delay_ms`.", WORKER,
+           body="ReleaseRequest", ok="JobIdResponse", write=True, params=[ID_PARAM],
            errors_=[(404, ["job_not_found"]), (409, ["attempt_mismatch"])]),
     _route("post", "/v1/dead-letters/drain", "drain", "Remove and return dead letters",
            "Destructive: the records returned are deleted in the same commit, so a lost answer loses them. "
@@ -716,10 +752,11 @@ ROUTES = [
            "replicated time; kept for `audit_retention_ms` (30 days), at most `audit_max_entries` (10,000).",
            OPERATOR, ok="AuditPage", tags=("configuration",), errors_=[(400, ["invalid_argument"])],
            params=[LIMIT_PARAM, CURSOR_PARAM]),
-    _route("delete", "/v1/jobs/{id}", "cancel", "Cancel a job",
-           "Only a ready or scheduled job: an in-flight job is 409 `failed_precondition`, a dead-lettered or "
-           "unknown one 404 `not_found`.", OPERATOR, ok="JobIdResponse", write=True, params=[ID_PARAM],
-           errors_=[(404, ["not_found"]), (409, ["failed_precondition"])]),
+    _route("delete", "/v1/jobs/{id}", "cancel", "Cancel (delete) a job",
+           "A ready, scheduled or in-flight job is removed for good. In flight (since issue 17; before, 409): "
+           "its lease is dropped, its worker's next extend, ack, nack or release is 404 `job_not_found`, and it "
+           "is never redelivered nor dead-lettered. A dead-lettered or unknown job is 404 `not_found`.", OPERATOR,
+           ok="JobIdResponse", write=True, params=[ID_PARAM], errors_=[(404, ["not_found"])]),
     _route("get", "/v1/queues", "list_queues", "List queues",
            "Every queue that has had a job or is declared, with its counts and totals.", VIEWER,
            ok="QueuesResponse", tags=("queues",)),

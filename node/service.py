@@ -82,7 +82,7 @@ def _page_limit(query) -> int | None:
 
 
 # The routes a request id is bound to (node/validate.py request_slot): one per endpoint.
-JOB_ID_OPS = frozenset(("ack", "nack", "extend"))
+JOB_ID_OPS = frozenset(("ack", "nack", "extend", "release"))
 SEED_RETRY_S = 0.05
 
 
@@ -555,6 +555,8 @@ class NodeService:
                     rid = validate.request_slot(who, rid, op, hashed, job_id)
                 if op == "nack":
                     return validate.nack(job_id, body, rid, limits), 64
+                if op == "release":
+                    return validate.release(job_id, body, rid, limits), 64
                 build = validate.ack if op == "ack" else validate.extend
                 return build(job_id, body, rid), 64
             if rid is not None:
@@ -665,6 +667,9 @@ class NodeService:
 
     def extend(self, job_id, body, rid=None, who=None) -> asyncio.Future:
         return self.run("extend", body, rid, job_id, who)
+
+    def release(self, job_id, body, rid=None, who=None) -> asyncio.Future:
+        return self.run("release", body, rid, job_id, who)
 
     def drain(self, body, rid=None, who=None) -> asyncio.Future:
         return self.run("drain", body, rid, None, who)

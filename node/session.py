@@ -26,7 +26,8 @@ CLOSE_NOT_READ = 4008       # the client did not read its answers for session_st
 
 
 # Answered without a task: prepared, proposed, and replied to from the future's callback.
-FAST_OPS = frozenset(("enqueue", "enqueue_batch", "enqueue_atomic", "ack", "ack_batch", "nack", "extend", "drain"))
+FAST_OPS = frozenset(("enqueue", "enqueue_batch", "enqueue_atomic", "ack", "ack_batch", "nack", "extend", "drain",
+                      "release"))
 # The role each op needs when API keys are on (API.md "Authentication"); read ops: viewer.
 OP_ROLES = {**{op: WORKER for op in FAST_OPS}, "reserve": WORKER, "drain": OPERATOR}
 READ_OPS = {

@@ -202,6 +202,18 @@ def _structure(job) -> tuple:
             scheduled, delay, trace, deadline)
 
 
+def _lifecycle_fields(job: dict) -> tuple:
+    """Issue 17's enqueue fields: timeout_ms (integer >= 1 or null) and duplicate_policy (one
+    of ops.DUPLICATE_POLICIES or null); rejection `invalid_request` otherwise."""
+    timeout = job.get("timeout_ms")
+    if timeout is not None and (not is_int(timeout) or timeout < 1):
+        _bad(f"timeout_ms must be an integer >= 1 (ms), got {timeout!r}")
+    policy = job.get("duplicate_policy")
+    if policy is not None and policy not in ops.DUPLICATE_POLICIES:
+        _bad(f"duplicate_policy must be \"return_existing\", \"reject\" or \"replace\", got {policy!r}")
+    return timeout, policy
+
+
 def check_job(job, limits: Limits, now_ms: int, new_id) -> tuple:
     """One EnqueueRequest → an enqueue item (node.core.ops.ITEM); raises _Reject with the first
     failing check."""
@@ -251,6 +263,10 @@ def check_job(job, limits: Limits, now_ms: int, new_id) -> tuple:
         priority = ql.default_priority
     max_attempts = min(max_attempts if max_attempts is not None else ql.default_max_attempts,
                        ql.max_attempts_ceiling)
+    if "timeout_ms" in job or "duplicate_policy" in job:       # issue 17; a plain job: the 12-field item
+        timeout, policy = _lifecycle_fields(job)
+        return ops.item(new_id(), sys.intern(queue), sys.intern(job_type), payload, encoding, priority,
+                        max_attempts, custom, trace, scheduled, deadline, key, timeout, policy)
     return ops.item(new_id(), sys.intern(queue), sys.intern(job_type), payload, encoding, priority,
                     max_attempts, custom, trace, scheduled, deadline, key)
 
@@ -395,6 +411,24 @@ def nack(job_id, body, rid=None, limits: Limits | None = None) -> tuple:
             if not is_int(delay) or delay < 0:
                 raise invalid(f"retry.delay_ms is required with strategy \"delay\" and must be an integer >= 0, got {delay!r}")
     return ops.nack(rid, jid, attempt, reason, strategy, delay)
+
+
+def release(job_id, body, rid=None, limits: Limits | None = None) -> tuple:
+    """POST /v1/jobs/{id}/release {"attempt", "delay_ms"?, "reason"?}."""
+    body = require_object(body)
+    jid, attempt = job_id_arg(job_id), _attempt(body)
+    delay = _opt_int(body, "delay_ms", 0, 0)
+    reason = body.get("reason")
+    if reason is not None and not isinstance(reason, str):
+        raise invalid("reason must be a string")
+    if reason == "":
+        reason = None
+    if reason is not None:
+        limit = limits.max_reason_bytes if limits is not None else Limits.build().max_reason_bytes
+        n = _utf8_len(reason)
+        if n > limit:
+            raise ApiError("invalid_argument", **_too_long("reason", "max_reason_bytes", limit, n))
+    return ops.release(rid, jid, attempt, delay, reason)
 
 
 def extend(job_id, body, rid=None) -> tuple:

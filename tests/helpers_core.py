@@ -146,6 +146,14 @@ class Core:
             body["retry"] = retry
         return self.run(lambda: C.nack(job_id, body, rid=rid))
 
+    def release(self, job_id, attempt, delay_ms=None, reason=None, rid=None):
+        body = {"attempt": attempt}
+        if delay_ms is not None:
+            body["delay_ms"] = delay_ms
+        if reason is not None:
+            body["reason"] = reason
+        return self.run(lambda: C.release(job_id, body, rid=rid))
+
     def extend(self, job_id, attempt, lease_ms, rid=None):
         return self.run(lambda: C.extend(job_id, {"attempt": attempt, "lease_ms": lease_ms}, rid=rid))
 

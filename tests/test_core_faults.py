@@ -290,7 +290,7 @@ def _malformed(m: QueueMachine) -> list:
         # wrong arity
         ("sweep",), ("sweep", None, 1), ("ack", None), ("ack", None, jid), ("ack", None, jid, 1, 2),
         ("res", None, ["a"], 1000), ("nack", None, jid, attempt), ("pause", None, "a"),
-        ("cancel", None, ready, None, "extra"), ("enq", None, 0),
+        ("cancel", None, ready, None, True, "extra"), ("cancel", None, ready, None, "yes"), ("enq", None, 0),
         # wrong types, failing before any mutation
         ("enq", None, 0, None), ("enq", None, 0, [("too", "short")]), ("res", None, 5, 1000, 1),
         ("acks", None, [1, 2]), ("requeue", None, None), ("requeue", None, [["unhashable"]]),

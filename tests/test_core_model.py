@@ -600,8 +600,7 @@ class Model:
         # A dead letter is "not found" for cancel (code's choice; API.md only names in-flight).
         if j is None or j.state == "dead_lettered":
             return err("not_found", job_id=jid)
-        if j.state == "in_flight":
-            return err("failed_precondition", job_id=jid)
+        # issue 17: an in-flight job is removed too (its worker's next call: job_not_found)
         del self.jobs[jid]
         self.record(who, "cancel", jid)
         return 200, {"job_id": jid}
@@ -785,6 +784,8 @@ class Model:
         if j is None:
             return None
         out = self.render(j)
+        out["timeout_ms"] = None            # issue 17: the model uses no timeouts and no releases
+        out["releases"] = 0
         out["state"] = j.state
         out["last_reason"] = j.last_reason
         if j.state == "scheduled":

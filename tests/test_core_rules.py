@@ -1085,19 +1085,30 @@ def test_cancel_ready_and_scheduled_jobs():
     err(c.cancel(ready), 404, "not_found")
 
 
-def test_cancel_in_flight_is_failed_precondition_and_unknown_is_not_found():
+def test_cancel_in_flight_removes_the_job_and_fences_its_worker_unknown_is_not_found():
+    """Issue 17: DELETE /v1/jobs/{id} also removes an in-flight job (before, a 409)."""
     c = Core(storage=RETAIN)
     jid = c.enqueue_id()
     c.reserve_one()
+    assert c.cancel(jid) == (200, {"job_id": jid})
+    assert c.view(jid) is None
+    assert c.counts() == {"ready": 0, "scheduled": 0, "in_flight": 0, "dead_lettered": 0}
+    for answer in (c.extend(jid, 1, 1000), c.ack(jid, 1), c.nack(jid, 1), c.release(jid, 1)):
+        assert err(answer, 404, "job_not_found")["job_id"] == jid
+    c.advance(60_000)
+    c.sweep()                       # its lease entry is stale: no redelivery, no dead letter
+    assert c.reserve_jobs() == [] and c.dead_letters() == [] and c.view(jid) is None
+    assert [e for e in c.audit() if e["action"] == "cancel"][-1]["target"] == jid
     before = c.snapshot_state()
-    e = err(c.cancel(jid), 409, "failed_precondition")
-    assert e["job_id"] == jid
     err(c.cancel(UNKNOWN_ID), 404, "not_found")
     assert c.snapshot_state() == before
     # code's choice (spec silent): a dead-lettered job is not cancellable and answers 404
-    c.nack(jid, 1, retry={"strategy": "dead_letter"})
-    err(c.cancel(jid), 404, "not_found")
-    assert c.state(jid) == "dead_lettered"
+    other = c.enqueue_id()
+    c.reserve_one()
+    c.nack(other, 1, retry={"strategy": "dead_letter"})
+    err(c.cancel(other), 404, "not_found")
+    assert c.state(other) == "dead_lettered"
+    c.m.check_invariants()
 
 
 # ============================================================================ request ids

@@ -328,7 +328,7 @@ def session_body(op: str):
     route = SESSION_OPS[op]["route"]
     method, path = route.split(" ", 1)
     ex = example_of(DOC["paths"][path][method.lower()]) if method != "GET" else None
-    if op in ("ack", "nack", "extend") and isinstance(ex, dict):
+    if op in ("ack", "nack", "extend", "release") and isinstance(ex, dict):
         ex = {**ex, "job_id": openapi.EXAMPLE_ID}
     return st.one_of(mutated(ex), json_values)
 

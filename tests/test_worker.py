@@ -167,19 +167,22 @@ async def test_other_exception_nacks_default_until_attempts_exhausted(client):
     assert rec.last_reason == "handler raised ValueError: kaput"
 
 
-async def test_unknown_job_type_nacks_with_reason_or_goes_to_catch_all(client):
+async def test_unknown_job_type_is_released_with_foreign_job_delay_or_goes_to_catch_all(client):
+    # Issue 17: a job type without a handler is released (no attempt used), deferred by
+    # foreign_job_delay, instead of nacked.
     job_id = (await client.enqueue("w-unknown", "mystery", max_attempts=1)).job_id
 
     async def known(job):
         raise AssertionError("not this one")
 
-    w = Worker(client, ["w-unknown"], {"known": known}, wait_ms=300)
+    w = Worker(client, ["w-unknown"], {"known": known}, wait_ms=300, foreign_job_delay=30.0)
     r = Running(w)
-    await until(lambda: w.stats.nacked == 1, what="nack of the unknown type")
+    await until(lambda: w.stats.releases == 1, what="release of the unknown type")
     stats = await r.finish()
-    assert (stats.failed, stats.dead_lettered, stats.acked) == (1, 1, 0)
-    (rec,) = await drain_dead(client, "w-unknown")
-    assert (rec.job.id, rec.cause, rec.last_reason) == (job_id, "attempts_exhausted", "no handler for job_type mystery")
+    assert (stats.failed, stats.nacked, stats.dead_lettered, stats.acked) == (0, 0, 0, 0)
+    view = await client.job(job_id)
+    assert (view.state, view.attempt, view.releases, view.attempts_used) == ("scheduled", 2, 1, 1)
+    assert await client.cancel(job_id) is None
 
     # With a catch-all, the unknown type is handled (and acked).
     await client.enqueue("w-unknown", "mystery")
@@ -323,7 +326,7 @@ async def test_sigterm_stops_reserving_and_lets_in_flight_jobs_finish(client):
         assert (await client.job(job_id)).state == "ready"
 
 
-async def test_shutdown_deadline_interrupts_and_requeues_stuck_jobs(client):
+async def test_shutdown_deadline_interrupts_and_releases_stuck_jobs(client):
     # Leases are clamped to 1.5 s on "stuck": extension keeps running during the grace period.
     job_id = (await client.enqueue("stuck", "hang")).job_id
     started = []
@@ -338,10 +341,11 @@ async def test_shutdown_deadline_interrupts_and_requeues_stuck_jobs(client):
     t0 = time.monotonic()
     stats = await r.finish()
     assert 2.0 <= time.monotonic() - t0 < 10
-    assert (stats.interrupted, stats.nacked, stats.acked, stats.lease_lost) == (1, 1, 0, 0)
+    assert (stats.interrupted, stats.releases, stats.nacked, stats.acked, stats.lease_lost) == (1, 1, 0, 0, 0)
     assert stats.extended >= 1                    # the grace period outlived the 1.5 s lease
     view = await client.job(job_id)
-    assert (view.state, view.attempt) == ("ready", 2)
+    # released (issue 17): ready at once, a new delivery fence, no attempt used
+    assert (view.state, view.attempt, view.releases, view.attempts_used) == ("ready", 2, 1, 1)
 
 
 # ---------------------------------------------------------------------------- lease budget

@@ -844,8 +844,7 @@ async def cmd_cancel(ctx: Ctx) -> int:
             failed += 1
             results.append({"job_id": jid, "cancelled": False, "error": {"code": e.code, "message": e.message}})
             if not ctx.json:
-                why = ("in flight: it can only be acked, nacked or left to expire" if isinstance(e, Conflict)
-                       else e.message)
+                why = e.message
                 ctx.err(f"raftq: cannot cancel {jid}: {why}")
     if ctx.json:
         ctx.dump(results)

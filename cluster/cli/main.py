@@ -138,7 +138,7 @@ def build_parser() -> argparse.ArgumentParser:
     j.add_argument("id", metavar="ID")
     j.add_argument("--payload", action="store_true", help="write only the raw payload bytes to stdout")
 
-    c = client_cmd("cancel", C.cmd_cancel, "cancel ready or scheduled jobs (in-flight jobs cannot be cancelled)")
+    c = client_cmd("cancel", C.cmd_cancel, "delete jobs: ready, scheduled or in flight (an in-flight job's worker is fenced off; it never comes back)")
     c.add_argument("ids", nargs="+", metavar="ID", help="job ids; `-` reads them from stdin")
 
     for name, help in (("pause", "pause a queue: reserve skips it, enqueues are still accepted"),

@@ -25,13 +25,23 @@ from .ops import (ACKED_BATCH, ANSWER, ATTEMPT_MISMATCH, BATCH_FULL, CANCEL_IN_F
                   DELETED, DRAINED, ENQUEUED, ENQUEUED_BATCH, EXTENDED, FAILED, JOB_ID, JOB_NOT_FOUND,
                   MALFORMED, NACKED, PAUSED, REJECTED, REQUEST_ID_REUSED, REQUEUED, RESERVED, SWEEP_STEPS,
                   SWEPT, CONFIGURED, CONFIG_CONFLICT, CONFIG_INVALID, KEY_ADDED, KEY_REMOVED, KEY_REFUSED,
-                  KEY_NOT_FOUND, MOVED, PURGED, QUEUE_DELETED, RECORDED, QUEUE_NOT_FOUND, QUEUE_REFUSED, REQUEST_MISMATCH)
+                  KEY_NOT_FOUND, MOVED, PURGED, QUEUE_DELETED, RECORDED, QUEUE_NOT_FOUND, QUEUE_REFUSED, REQUEST_MISMATCH,
+                  REPLACED, DUPLICATE_STARTED)
 
 # ---------------------------------------------------------------------------- messages
 JOB_NOT_FOUND_MESSAGE = "job not found: it is not in flight (acked, expired, dead-lettered or unknown)"
 CANCEL_NOT_FOUND_MESSAGE = "no ready or scheduled job with this id"
 CANCEL_IN_FLIGHT_MESSAGE = "the job is in flight; it can only be acked, nacked or left to expire"
 BATCH_FULL_MESSAGE = "the batch was refused: queue full"
+BATCH_DUPLICATE_MESSAGE = "the batch was refused: an idempotency key hit its duplicate policy (reject, or replace of a started job)"
+DUPLICATE_STARTED_MESSAGE = ("duplicate_policy replace: the job with this idempotency key has been delivered, "
+                             "is in flight, finished or dead-lettered; it can no longer be replaced")
+
+
+def batch_full_message(errors) -> str:
+    if any(e.get("rejection", {}).get("reason") in ("duplicate", "duplicate_started") for e in errors):
+        return BATCH_DUPLICATE_MESSAGE
+    return BATCH_FULL_MESSAGE
 MALFORMED_MESSAGE = "malformed command"
 
 
@@ -84,8 +94,11 @@ def queue_refused_message(why: str, queue: str, jobs: dict) -> str:
 
 # ---------------------------------------------------------------------------- jobs
 def render_job(id, queue, job_type, payload, encoding, priority, custom, trace, enqueued_at,
-               scheduled_at, attempt, max_attempts, lease_expires, deadline) -> dict:
-    """The Job shape of API.md from SHOWN_FIELDS (node/core/jobs.py)."""
+               scheduled_at, attempt, max_attempts, lease_expires, deadline, timeout_ms=None,
+               releases=0) -> dict:
+    """The Job shape of API.md from SHOWN_FIELDS (node/core/jobs.py). `timeout_ms` and
+    `releases` are shown when set (a job that uses neither renders byte for byte as before
+    issue 17; GET /v1/jobs/{id} always shows both)."""
     if payload is not None and trace is None:
         # The common shape, built in one go (same keys, same order as below).
         out = {"id": id, "queue": queue, "job_type": job_type,
@@ -95,6 +108,9 @@ def render_job(id, queue, job_type, payload, encoding, priority, custom, trace, 
                "attempt": attempt, "max_attempts": max_attempts, "lease_expires_at_ms": lease_expires}
         if deadline is not None:
             out["deadline_at_ms"] = deadline
+        if timeout_ms is not None or releases:
+            out["timeout_ms"] = timeout_ms
+            out["releases"] = releases
         return out
     out = {"id": id, "queue": queue, "job_type": job_type}
     if payload is not None:
@@ -110,6 +126,9 @@ def render_job(id, queue, job_type, payload, encoding, priority, custom, trace, 
     out["lease_expires_at_ms"] = lease_expires
     if deadline is not None:
         out["deadline_at_ms"] = deadline
+    if timeout_ms is not None or releases:
+        out["timeout_ms"] = timeout_ms
+        out["releases"] = releases
     return out
 
 
@@ -122,7 +141,8 @@ def shown_fields_of(shown: dict) -> tuple:
             a2b_base64(p["data_b64"]) if p is not None else None, p["encoding"] if p is not None else None,
             shown["priority"], shown["custom"] or None, (t["traceparent"], t["tracestate"]) if t is not None else None,
             shown["enqueued_at_ms"], shown["scheduled_at_ms"], shown["attempt"], shown["max_attempts"],
-            shown["lease_expires_at_ms"], shown.get("deadline_at_ms"))
+            shown["lease_expires_at_ms"], shown.get("deadline_at_ms"), shown.get("timeout_ms"),
+            shown.get("releases", 0))
 
 
 def render_dead_letter(fields: tuple, cause: str, failed_at: int, final_attempt: int, reason) -> dict:
@@ -151,8 +171,9 @@ def render(result) -> tuple:
 
 
 def _enqueued_batch(r):
-    return 200, {"results": [{"job_id": x[1], "deduplicated": x[2]} if type(x) is tuple else {"rejection": x}
-                             for x in r[1]]}
+    return 200, {"results": [({"job_id": x[1], "deduplicated": x[2]} if x[0] == ENQUEUED
+                              else {"job_id": x[1], "deduplicated": True, "replaced": True})
+                             if type(x) is tuple else {"rejection": x} for x in r[1]]}
 
 
 def _acked_batch(r):
@@ -173,7 +194,10 @@ _RENDER = {
     ATTEMPT_MISMATCH: lambda r: error("attempt_mismatch", attempt_mismatch_message(r[2], r[3]),
                                       job_id=r[1], attempt=r[2]),
     REJECTED: lambda r: error("rejected", rejected_message(r[1]), rejection=r[1]),
-    BATCH_FULL: lambda r: error("batch_rejected", BATCH_FULL_MESSAGE, errors=list(r[1])),
+    BATCH_FULL: lambda r: error("batch_rejected", batch_full_message(r[1]), errors=list(r[1])),
+    REPLACED: lambda r: (200, {"job_id": r[1], "deduplicated": True, "replaced": True}),
+    DUPLICATE_STARTED: lambda r: error("failed_precondition", DUPLICATE_STARTED_MESSAGE, reason="duplicate_started",
+                                       job_id=r[1]),
     CANCEL_NOT_FOUND: lambda r: error("not_found", CANCEL_NOT_FOUND_MESSAGE, job_id=r[1]),
     CANCEL_IN_FLIGHT: lambda r: error("failed_precondition", CANCEL_IN_FLIGHT_MESSAGE, job_id=r[1]),
     REQUEST_ID_REUSED: lambda r: error("invalid_argument", request_id_reused_message(r[1], r[2])),

@@ -24,6 +24,9 @@ def enqueue(m, mode: int, items):
     """SEMANTICS.md "Enqueue": one job, a best-effort batch or an atomic batch."""
     now = m.clock
     if mode == ATOMIC:
+        refused = _atomic_duplicates(m, items, now)
+        if refused:         # a reject or refused replace rejects the whole batch, like batch_full
+            return ops.batch_full(refused)
         full = _atomic_overflow(m, items, now)
         if full:
             return ops.batch_full(tuple({"index": i, "rejection": ops.queue_full(item[ops.ITEM_QUEUE], full[item[ops.ITEM_QUEUE]])}
@@ -35,6 +38,8 @@ def enqueue(m, mode: int, items):
             r = _enqueue_one(m, r, now, True)
             if type(r) is tuple:
                 return r
+            if r["reason"] == "duplicate_started":      # a replace refused: 409, not a rejection
+                return ops.duplicate_started(r["job_id"])
         r["reason"]                          # the answer names it: a rejection without one is malformed
         return ops.rejected(r)
     results = []
@@ -44,6 +49,40 @@ def enqueue(m, mode: int, items):
         else:
             results.append(_enqueue_one(m, item, now, True))
     return ops.enqueued_batch(tuple(results))
+
+
+def _policy(m, item) -> str:
+    """The duplicate policy of an item: its own, else its queue's (in force at this entry)."""
+    p = item[ops.ITEM_DUPLICATE_POLICY] if len(item) > ops.ITEM_DUPLICATE_POLICY else None
+    return p if p is not None else m.limits.queue(item[ops.ITEM_QUEUE]).duplicate_policy
+
+
+def _replaceable(job) -> bool:
+    """A job a `replace` may still change: waiting and never delivered."""
+    return job is not None and job.state in (READY, SCHEDULED) and job.attempt == 1 and job.releases == 0
+
+
+def _atomic_duplicates(m, items, now: int) -> tuple:
+    """The items of an atomic batch whose idempotency-key hit refuses them (policy reject, or a
+    replace of a job that has started), as batch_full errors; empty when none does. A key twice
+    in the batch is a hit of the second on the first (which has not started)."""
+    errors = []
+    keys: dict = {}
+    for i, item in enumerate(items):
+        qname, key = item[ops.ITEM_QUEUE], item[ops.ITEM_IDEMPOTENCY_KEY]
+        if key is None:
+            continue
+        rec = m.dedup.get((qname, key))
+        live = rec is not None and rec[1] > now
+        if live or (qname, key) in keys:
+            existing = rec[0] if live else keys[(qname, key)]
+            policy = _policy(m, item)
+            if policy == ops.REJECT:
+                errors.append({"index": i, "rejection": ops.duplicate(existing)})
+            elif policy == ops.REPLACE and live and not _replaceable(m.jobs.get(existing)):
+                errors.append({"index": i, "rejection": ops.duplicate_refused(existing)})
+        keys.setdefault((qname, key), item[0])
+    return tuple(errors)
 
 
 def _atomic_overflow(m, items, now: int) -> dict:
@@ -71,15 +110,49 @@ def _atomic_overflow(m, items, now: int) -> dict:
     return full
 
 
+def _duplicate(m, item, job_id: str, now: int):
+    """An idempotency-key hit on job `job_id`, decided by the duplicate policy: the existing
+    job (return_existing), a `duplicate` rejection (reject), or the job replaced / a
+    `duplicate_started` refusal (replace)."""
+    policy = _policy(m, item)
+    if policy == ops.REJECT:
+        return ops.duplicate(job_id)
+    if policy != ops.REPLACE:
+        return ENQUEUED, job_id, True
+    job = m.jobs.get(job_id)
+    if not _replaceable(job):
+        return ops.duplicate_refused(job_id)
+    (_, qname, _, payload, encoding, priority, _, _, _, scheduled_at, _, _) = item[:ops.ITEM_LEGACY_LEN]
+    q = m.queues[job.queue]
+    m._add(q, "ready" if job.state == READY else "scheduled", -1)
+    m._set(job, "payload", payload)
+    m._set(job, "encoding", encoding)
+    m._set(job, "priority", priority)
+    m._set(job, "scheduled_at", scheduled_at)
+    m._set(job, "seq", m._new_seq())        # the old ready/schedule entry is stale from here on
+    if scheduled_at is not None and scheduled_at > now:
+        schedule(m, job, q, scheduled_at)
+    else:
+        m._set(job, "run_at", None)
+        make_ready(m, job, q)
+    return ops.replaced(job_id)             # (its deadline entry stays live: it names the job)
+
+
 def _enqueue_one(m, item, now: int, check_depth: bool):
-    """One job: an ENQUEUED result, or the queue_full rejection object."""
-    (job_id, qname, job_type, payload, encoding, priority, max_attempts, custom, trace,
-     scheduled_at, deadline, idem_key) = item                 # ops.ITEM, in order
+    """One job: an ENQUEUED (or REPLACED) result, or a rejection object (queue_full, duplicate,
+    duplicate_started)."""
+    if len(item) == 12:                     # ops.ITEM before issue 17 (and every plain job)
+        (job_id, qname, job_type, payload, encoding, priority, max_attempts, custom, trace,
+         scheduled_at, deadline, idem_key) = item
+        timeout_ms = None
+    else:
+        (job_id, qname, job_type, payload, encoding, priority, max_attempts, custom, trace,
+         scheduled_at, deadline, idem_key, timeout_ms, _) = item               # ops.ITEM, in order
     ql = m.limits.queue(qname)
     if idem_key is not None:
         rec = m.dedup.get((qname, idem_key))
         if rec is not None and rec[1] > now:
-            return ENQUEUED, rec[0], True
+            return _duplicate(m, item, rec[0], now)
     q = m.queues.get(qname)
     if check_depth and ql.max_queue_depth is not None:
         depth = q.depth() if q is not None else 0
@@ -96,6 +169,8 @@ def _enqueue_one(m, item, now: int, check_depth: bool):
     job.enqueued_at, job.scheduled_at = now, scheduled_at
     job.attempt, job.max_attempts, job.lease_expires = 1, max_attempts, None
     job.deadline, job.last_reason = deadline, None
+    job.timeout_ms = timeout_ms if timeout_ms is not None else ql.execution_timeout_ms
+    job.releases = 0
     # The hot path: the undo log is written inline (see node/core/undo.py).
     undo = m._undo
     seq = m.seq
@@ -261,7 +336,8 @@ def nack(m, job_id: str, attempt: int, reason, strategy: str, delay_ms):
         m._add(q, "in_flight", -1)
         dead_letter(m, job, q, "rejected", reason)
         return ops.nacked(job_id, True)
-    if job.attempt >= job.max_attempts:
+    used = job.attempt - job.releases       # attempts used (a release uses none)
+    if used >= job.max_attempts:
         m._add(q, "in_flight", -1)
         dead_letter(m, job, q, "attempts_exhausted", reason)
         return ops.nacked(job_id, True)
@@ -269,7 +345,7 @@ def nack(m, job_id: str, attempt: int, reason, strategy: str, delay_ms):
     if strategy == DELAY:
         delay = min(delay_ms, ql.max_schedule_horizon_ms)
     else:
-        delay = policy_delay_ms(job.id, job.attempt, ql.retry_delay_ms, ql.retry_backoff,
+        delay = policy_delay_ms(job.id, used, ql.retry_delay_ms, ql.retry_backoff,
                                 ql.retry_delay_max_ms, ql.max_schedule_horizon_ms)
     m._set(job, "attempt", job.attempt + 1)
     m._add(q, "in_flight", -1)
@@ -278,6 +354,29 @@ def nack(m, job_id: str, attempt: int, reason, strategy: str, delay_ms):
     else:
         schedule(m, job, q, m.clock + delay)
     return ops.nacked(job_id, False)
+
+
+def release(m, job_id: str, attempt: int, delay_ms, reason):
+    """The worker hands the job back without using an attempt (SEMANTICS.md "Release"): the
+    delivery fence `attempt` grows by one, as on a redelivery (so the releasing worker's later
+    ack, nack or extend is refused with attempt_mismatch), and so does `releases`, so the
+    attempts used (attempt - releases) stay as they were. delay_ms 0: ready at once, in its
+    place (like a retry); > 0: scheduled, clamped to the queue's max_schedule_horizon_ms."""
+    job, err = fenced(m, job_id, attempt)
+    if err:
+        return err
+    q = m.queues[job.queue]
+    m._set(job, "attempt", job.attempt + 1)
+    m._set(job, "releases", job.releases + 1)
+    if reason is not None:
+        m._set(job, "last_reason", reason)
+    m._add(q, "in_flight", -1)
+    delay = min(delay_ms or 0, m.limits.queue(job.queue).max_schedule_horizon_ms)
+    if delay <= 0:
+        make_ready(m, job, q)
+    else:
+        schedule(m, job, q, m.clock + delay)
+    return JOB_ID, job_id
 
 
 def extend(m, job_id: str, attempt: int, lease_ms: int):
@@ -380,6 +479,8 @@ def requeue(m, ids, who=UNAUDITED):
         job = drop_dead_letter(m, job_id).job
         q = m.queues[job.queue]
         m._set(job, "attempt", 1)
+        if job.releases:
+            m._set(job, "releases", 0)
         m._set(job, "enqueued_at", m.clock)
         m._set(job, "scheduled_at", None)
         m._set(job, "deadline", None)
@@ -405,15 +506,21 @@ def delete_dead_letters(m, ids, who=UNAUDITED):
 
 
 # ---------------------------------------------------------------------------- operator moves
-def cancel(m, job_id: str, who=UNAUDITED):
-    """A ready or scheduled job is removed; in flight: failed_precondition."""
+def cancel(m, job_id: str, who=UNAUDITED, in_flight=False):
+    """A ready, scheduled or in-flight job is removed for good. An in-flight job's lease is
+    dropped with it (its entry is stale once the job has left): its worker's next extend, ack,
+    nack or release is answered job_not_found, and it is never redelivered (issue 17). A cancel
+    command written before issue 17 has no `in_flight` field: it refuses an in-flight job with
+    failed_precondition, as it did then, so old journals replay unchanged."""
+    if type(in_flight) is not bool:
+        raise TypeError("in_flight")
     job = m.jobs.get(job_id)
     if job is None or job.state == DEAD:
         return ops.cancel_not_found(job_id)
-    if job.state == IN_FLIGHT:
+    if job.state == IN_FLIGHT and not in_flight:
         return ops.cancel_in_flight(job_id)
     q = m.queues[job.queue]
-    m._add(q, "ready" if job.state == READY else "scheduled", -1)
+    m._add(q, "ready" if job.state == READY else "scheduled" if job.state == SCHEDULED else "in_flight", -1)
     forget(m, job)
     audit.record(m, who, "cancel", job_id, {"queue": job.queue})
     return JOB_ID, job_id

@@ -50,8 +50,13 @@ def check(m) -> list[str]:
             say(f"job {job_id} enqueued at {job.enqueued_at}, after the clock {clock}")
         if job.seq > m.seq:
             say(f"job {job_id} has sequence {job.seq} > the machine's {m.seq}")
-        if not 1 <= job.attempt <= max(job.max_attempts, 1):
-            say(f"job {job_id} at attempt {job.attempt} of {job.max_attempts}")
+        releases = job.releases
+        if type(releases) is not int or not 0 <= releases < job.attempt:
+            say(f"job {job_id} has {releases!r} releases at attempt {job.attempt}")
+        elif not 1 <= job.attempt - releases <= max(job.max_attempts, 1):
+            say(f"job {job_id} at attempt {job.attempt} ({releases} released) of {job.max_attempts}")
+        if job.timeout_ms is not None and (type(job.timeout_ms) is not int or job.timeout_ms < 1):
+            say(f"job {job_id} with execution timeout {job.timeout_ms!r}")
         if job.state == SCHEDULED and job.run_at is None:
             say(f"scheduled job {job_id} without a run time")
         if job.state == IN_FLIGHT and job.deadline is not None:

@@ -22,9 +22,14 @@ class Job:
     ready-index entry)."""
     __slots__ = ("id", "queue", "job_type", "payload", "encoding", "priority", "custom", "trace",
                  "enqueued_at", "scheduled_at", "attempt", "max_attempts", "lease_expires",
-                 "state", "seq", "run_at", "deadline", "last_reason")
+                 "state", "seq", "run_at", "deadline", "last_reason",
+                 # issue 17 (lifecycle): the job's execution timeout (ms, None = none; the queue's
+                 # execution_timeout_ms resolved at enqueue) and how many of its deliveries were
+                 # released (handed back without using an attempt): attempts used = attempt - releases.
+                 "timeout_ms", "releases")
 
     FIELDS = __slots__
+    LEGACY_LEN = 18             # the snapshot form before issue 17: no timeout_ms, no releases
 
     def to_tuple(self) -> tuple:
         return _job_fields(self)        # tuple(getattr(self, f) for f in Job.FIELDS), in C
@@ -32,20 +37,28 @@ class Job:
     @classmethod
     def from_tuple(cls, t) -> "Job":
         job = cls.__new__(cls)
-        if type(t) is tuple and len(t) == 18:      # the snapshot's own form: one unpacking
+        if type(t) is tuple and len(t) == 20:      # the snapshot's own form: one unpacking
             (job.id, job.queue, job.job_type, job.payload, job.encoding, job.priority, job.custom,
              job.trace, job.enqueued_at, job.scheduled_at, job.attempt, job.max_attempts,
-             job.lease_expires, job.state, job.seq, job.run_at, job.deadline, job.last_reason) = t
+             job.lease_expires, job.state, job.seq, job.run_at, job.deadline, job.last_reason,
+             job.timeout_ms, job.releases) = t
             return job
+        job.timeout_ms, job.releases = None, 0      # an older (18-field) form: the defaults
         for f, v in zip(Job.FIELDS, t):
             setattr(job, f, v)
         return job
+
+    def legacy_tuple(self) -> tuple:
+        """The fields the digest hashes: the 18 of before issue 17 while the new slots hold their
+        defaults (so a state that uses none of it hashes as it did), else all of them."""
+        t = _job_fields(self)
+        return t[:18] if t[18] is None and t[19] == 0 else t
 
 
 _job_fields = attrgetter(*Job.FIELDS)
 if Job.FIELDS != ("id", "queue", "job_type", "payload", "encoding", "priority", "custom", "trace",
                   "enqueued_at", "scheduled_at", "attempt", "max_attempts", "lease_expires",
-                  "state", "seq", "run_at", "deadline", "last_reason"):
+                  "state", "seq", "run_at", "deadline", "last_reason", "timeout_ms", "releases"):
     raise RuntimeError("Job.from_tuple unpacks the fields in this order: keep it in step with __slots__")
 
 
@@ -53,7 +66,8 @@ if Job.FIELDS != ("id", "queue", "job_type", "payload", "encoding", "priority", 
 # drain's result carries these (a tuple of atomic values, which the cyclic GC does not track,
 # sharing the job's own strings and payload bytes) instead of rendered jobs.
 SHOWN_FIELDS = ("id", "queue", "job_type", "payload", "encoding", "priority", "custom", "trace",
-                "enqueued_at", "scheduled_at", "attempt", "max_attempts", "lease_expires", "deadline")
+                "enqueued_at", "scheduled_at", "attempt", "max_attempts", "lease_expires", "deadline",
+                "timeout_ms", "releases")
 shown_fields = attrgetter(*SHOWN_FIELDS)
 
 

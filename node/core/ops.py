@@ -39,6 +39,8 @@ MOVE_TO_DEAD_LETTERS = "dlmove"
 PURGE = "purge"
 DELETE_QUEUE = "qdel"
 RECORD_ACTION = "record"        # an operator action done outside the machine (a membership change)
+# Issue 17 (lifecycle).
+RELEASE = "rel"                 # a worker hands a job back without using an attempt
 
 # `who` of an operator command: the caller's key name (None without auth), put in by the
 # leader. Commands of release 0.1.0 have no such field: their handlers see UNAUDITED, and
@@ -57,7 +59,7 @@ COMMANDS: dict[str, tuple[str, ...]] = {
     DRAIN: ("queue", "max_records", "who"),     # queue None = every queue
     REQUEUE: ("ids", "who"),
     DELETE_DEAD_LETTERS: ("ids", "who"),
-    CANCEL: ("job_id", "who"),
+    CANCEL: ("job_id", "who", "in_flight"),     # in_flight: may remove an in-flight job (issue 17; absent: no)
     PAUSE: ("queue", "paused", "create", "who"),  # create: also for a queue that neither exists nor is declared
     SWEEP: (),
     CONFIGURE: ("expect_version", "config", "keys", "who"),   # config: {limits, storage, queues};
@@ -68,10 +70,14 @@ COMMANDS: dict[str, tuple[str, ...]] = {
     PURGE: ("queue", "who"),
     DELETE_QUEUE: ("queue", "who"),
     RECORD_ACTION: ("action", "target", "details", "who"),   # action: one of RECORDED_ACTIONS
+    RELEASE: ("job_id", "attempt", "delay_ms", "reason"),    # fenced like nack; delay_ms 0 = ready at once
 }
 # The fields a command of release 0.1.0 (and of this code before `who`) ends after: the
 # handlers give the later ones defaults (who = UNAUDITED, create = True, as pause was then).
 LEGACY_FIELDS = {DRAIN: 2, REQUEUE: 1, DELETE_DEAD_LETTERS: 1, CANCEL: 1, PAUSE: 2}
+# Fields added after that, with the default a command without them gets: a cancel written before
+# issue 17 refuses an in-flight job (409) on every replay, as it did then.
+LATER_DEFAULTS = {CANCEL: {"in_flight": False}}
 OPS = tuple(COMMANDS)
 
 # Enqueue modes.
@@ -84,7 +90,14 @@ STRATEGIES = (DEFAULT, DELAY, DEAD_LETTER)
 # (defaults applied, max_attempts clamped, a past schedule turned into None).
 ITEM: tuple[str, ...] = ("job_id", "queue", "job_type", "payload", "encoding", "priority",
                          "max_attempts", "custom", "trace", "scheduled_at", "deadline",
-                         "idempotency_key")
+                         "idempotency_key",
+                         # issue 17 (lifecycle); items of the 12 fields above apply with None for both
+                         "timeout_ms", "duplicate_policy")
+ITEM_LEGACY_LEN = 12
+ITEM_DUPLICATE_POLICY = ITEM.index("duplicate_policy")
+# What an idempotency-key hit does (SEMANTICS.md "Duplicate policy"); None in an item = return_existing.
+RETURN_EXISTING, REJECT, REPLACE = "return_existing", "reject", "replace"
+DUPLICATE_POLICIES = (RETURN_EXISTING, REJECT, REPLACE)
 ITEM_QUEUE = ITEM.index("queue")
 ITEM_IDEMPOTENCY_KEY = ITEM.index("idempotency_key")
 
@@ -140,8 +153,8 @@ def delete_dead_letters(rid, ids: tuple, who=None) -> tuple:
     return DELETE_DEAD_LETTERS, rid, ids, who
 
 
-def cancel(rid, job_id: str, who=None) -> tuple:
-    return CANCEL, rid, job_id, who
+def cancel(rid, job_id: str, who=None, in_flight: bool = True) -> tuple:
+    return CANCEL, rid, job_id, who, in_flight
 
 
 def pause(rid, queue: str, paused: bool, create: bool = False, who=None) -> tuple:
@@ -186,11 +199,19 @@ def sweep() -> tuple:
     return SWEEP, None
 
 
+def release(rid, job_id: str, attempt: int, delay_ms: int, reason) -> tuple:
+    return RELEASE, rid, job_id, attempt, delay_ms, reason
+
+
 def item(job_id, queue, job_type, payload, encoding, priority, max_attempts, custom, trace,
-         scheduled_at, deadline, idempotency_key) -> tuple:
-    """One enqueue item, fields in ITEM order."""
+         scheduled_at, deadline, idempotency_key, timeout_ms=None, duplicate_policy=None) -> tuple:
+    """One enqueue item, fields in ITEM order. Without a timeout or a duplicate policy it is the
+    12-field item of before issue 17 (what journals hold), so nothing changes for such a job."""
+    if timeout_ms is None and duplicate_policy is None:
+        return (job_id, queue, job_type, payload, encoding, priority, max_attempts, custom, trace,
+                scheduled_at, deadline, idempotency_key)
     return (job_id, queue, job_type, payload, encoding, priority, max_attempts, custom, trace,
-            scheduled_at, deadline, idempotency_key)
+            scheduled_at, deadline, idempotency_key, timeout_ms, duplicate_policy)
 
 
 # Readers the node uses outside apply.
@@ -198,7 +219,7 @@ reserve_queue_names = reader(RESERVE, "queue_names")
 ack_batch_pairs = reader(ACK_BATCH, "pairs")
 
 # Ops after which a parked reserve may find a job ready (node/service.py wakes its waiters).
-WAKING_OPS = frozenset((ENQUEUE, NACK, SWEEP, REQUEUE, PAUSE))
+WAKING_OPS = frozenset((ENQUEUE, NACK, SWEEP, REQUEUE, PAUSE, RELEASE))
 # Ops that change the configuration in force (node/service.py follows it).
 CONFIG_OPS = frozenset((CONFIGURE, ADD_KEY, REMOVE_KEY))
 
@@ -254,7 +275,10 @@ ATTEMPT_MISMATCH = "attempt_mismatch"   # 409 attempt_mismatch (fencing)
 REJECTED = "rejected"               # 422 rejected: a single enqueue refused at apply
 BATCH_FULL = "batch_full"           # 422 batch_rejected: an atomic batch that does not fit
 CANCEL_NOT_FOUND = "cancel_not_found"   # 404 not_found: no ready or scheduled job
-CANCEL_IN_FLIGHT = "cancel_in_flight"   # 409 failed_precondition
+CANCEL_IN_FLIGHT = "cancel_in_flight"   # 409 failed_precondition (no longer made: cancel removes an
+                                        # in-flight job since issue 17; kept for stored results)
+REPLACED = "replaced"               # 200 {"job_id", "deduplicated": true, "replaced": true}
+DUPLICATE_STARTED = "duplicate_started"  # 409 failed_precondition: replace of a job already delivered
 REQUEST_ID_REUSED = "request_id_reused"  # 400 invalid_argument (never stored)
 MALFORMED = "malformed"             # 500 internal: not a command (never stored)
 FAILED = "failed"                   # 500 internal: the handler raised and was reverted (never stored)
@@ -283,6 +307,8 @@ RESULTS: dict[str, tuple[str, ...]] = {
     BATCH_FULL: ("errors",),                # ({"index", "rejection"}, ...)
     CANCEL_NOT_FOUND: ("job_id",),
     CANCEL_IN_FLIGHT: ("job_id",),
+    REPLACED: ("job_id",),
+    DUPLICATE_STARTED: ("job_id",),
     REQUEST_ID_REUSED: ("request_id", "op"),
     MALFORMED: (),
     FAILED: ("op", "exception"),
@@ -380,6 +406,24 @@ def cancel_not_found(job_id: str) -> tuple:
 
 def cancel_in_flight(job_id: str) -> tuple:
     return CANCEL_IN_FLIGHT, job_id
+
+
+def replaced(job_id: str) -> tuple:
+    return REPLACED, job_id
+
+
+def duplicate_started(job_id: str) -> tuple:
+    return DUPLICATE_STARTED, job_id
+
+
+def duplicate(job_id: str) -> dict:
+    """The rejection of an idempotency-key hit under the `reject` policy (fields only)."""
+    return {"reason": "duplicate", "job_id": job_id}
+
+
+def duplicate_refused(job_id: str) -> dict:
+    """A `replace` hit on a job that has been delivered, finished or dead-lettered (fields only)."""
+    return {"reason": "duplicate_started", "job_id": job_id}
 
 
 def request_id_reused(request_id: str, op: str) -> tuple:

@@ -27,7 +27,8 @@ import orjson
 
 from ..limits import Limits
 from .answers import result_of_answer
-from .jobs import READY, DeadLetter, Job, Queue
+from .jobs import READY, SHOWN_FIELDS, DeadLetter, Job, Queue
+from .ops import DRAINED, RESERVED
 
 VERSION = 3
 READABLE = (1, 2, 3)
@@ -68,10 +69,27 @@ def to_builtins(m) -> dict:
     }
 
 
+# The SHOWN_FIELDS issue 17 appended (timeout_ms, releases) and the values a job of before it has.
+_SHOWN_DEFAULTS = (None, 0)
+_SHOWN_LEGACY = len(SHOWN_FIELDS) - len(_SHOWN_DEFAULTS)
+
+
+def _shown(t) -> tuple:
+    """A job's shown fields as this version keeps them (an older result kept fewer)."""
+    t = tuple(t)
+    return t + _SHOWN_DEFAULTS[len(t) - _SHOWN_LEGACY:] if len(t) < len(SHOWN_FIELDS) else t
+
+
 def kept_result(op, kept) -> tuple:
-    """A request-id entry of a snapshot as this version keeps it."""
+    """A request-id entry of a snapshot as this version keeps it. Reserve and drain results kept
+    by code before issue 17 hold shorter job fields: they get the new fields' defaults, so the
+    request-id store is the one a node that lived through the same history holds."""
     if type(kept[0]) is int:                    # a rendered answer (version 1)
         return result_of_answer(op, kept)
+    if kept[0] == RESERVED:
+        return RESERVED, tuple(_shown(t) for t in kept[1])
+    if kept[0] == DRAINED:
+        return DRAINED, tuple((_shown(r[0]),) + tuple(r[1:]) for r in kept[1])
     return tuple(kept)
 
 
@@ -136,7 +154,7 @@ def digest(m) -> str:
     h = hashlib.sha256()
     h.update(orjson.dumps([m.clock, m.seq, m.applied]))
     for job_id in sorted(m.jobs):
-        h.update(repr(m.jobs[job_id].to_tuple()).encode())
+        h.update(repr(m.jobs[job_id].legacy_tuple()).encode())
     for name in sorted(m.queues):
         q = m.queues[name]
         h.update(repr((name, [getattr(q, c) for c in Queue.COUNTERS])).encode())

@@ -40,7 +40,7 @@ def promote_due_schedules(m, now: int, budget: int) -> int:
 
 
 def expire_leases(m, now: int, budget: int) -> int:
-    """2. Lapsed leases: on the final attempt the job is dead-lettered (cause lease_expired, no
+    """2. Lapsed leases: on the final attempt (attempts used, attempt - releases) the job is dead-lettered (cause lease_expired, no
     reason); otherwise it is ready at once with attempt + 1 (no retry policy for expiries)."""
     heap, jobs, n = m.lease_heap, m.jobs, 0
     while heap and heap[0][0] <= now and n < budget:
@@ -50,7 +50,7 @@ def expire_leases(m, now: int, budget: int) -> int:
             n += 1
             q = m.queues[job.queue]
             m._add(q, "in_flight", -1)
-            if job.attempt >= job.max_attempts:
+            if job.attempt - job.releases >= job.max_attempts:     # attempts used: releases use none
                 m._set(job, "last_reason", None)
                 dead_letter(m, job, q, "lease_expired", None)
             else:
