@@ -458,7 +458,8 @@ def check(ops: list[dict], *, dead_letters: list[dict], drain: dict | None = Non
                     horizon = (retry or {}).get("max_schedule_horizon_ms")
                     want = min(n["delay_ms"] or 0, horizon) if horizon else (n["delay_ms"] or 0)
                 elif retry is not None:
-                    want = policy_delay_ms(jid, a, retry["retry_delay_ms"], retry["retry_backoff"],
+                    # The policy counts attempts used: a release uses none.
+                    want = policy_delay_ms(jid, a - (j.get("releases") or 0), retry["retry_delay_ms"], retry["retry_backoff"],
                                            retry["retry_delay_max_ms"], retry["max_schedule_horizon_ms"])
                 else:
                     want = 0
