@@ -51,10 +51,11 @@ class H:
 
     @staticmethod
     def job(job_id, attempt, value, lease_expires=1_002_000, key=None, queue="a", max_attempts=3,
-            scheduled_at=None, job_type="work"):
+            scheduled_at=None, job_type="work", releases=0, resource=None):
         return {"job_id": job_id, "attempt": attempt, "max_attempts": max_attempts, "queue": queue,
                 "job_type": job_type, "value": value, "key": key, "lease_expires": lease_expires,
-                "scheduled_at": scheduled_at, "enqueued_at": 1_000_000}
+                "scheduled_at": scheduled_at, "enqueued_at": 1_000_000, "releases": releases,
+                "resource": resource}
 
     def res(self, jobs, t=(0.2, 0.3), lease_ms=2000, outcome="ok"):
         return self._op("reserve", *t, outcome, lease_ms=lease_ms, jobs=jobs if outcome == "ok" else None)
@@ -69,6 +70,10 @@ class H:
         if outcome == "ok":
             kw["dead_lettered"] = dead
         return self._op("nack", *t, outcome, **kw)
+
+    def release(self, job_id, attempt, t=(0.4, 0.5), outcome="ok", delay_ms=0, releases=0):
+        return self._op("release", *t, outcome, job_id=job_id, attempt=attempt, delay_ms=delay_ms,
+                        releases=releases)
 
     def extend(self, job_id, attempt, t=(0.4, 0.5), outcome="ok", lease_ms=2000, lease_expires=None):
         return self._op("extend", *t, outcome, job_id=job_id, attempt=attempt, lease_ms=lease_ms,
@@ -224,6 +229,84 @@ def test_attempt_beyond_max_is_caught():
     h.res([h.job("j1", 2, "v1", max_attempts=1)])
     h.ack("j1", 2)
     only(run(h), "attempts_bound")
+
+
+def test_a_release_uses_no_attempt():
+    h = H()
+    h.enq("v1", "j1", max_attempts=1)
+    h.res([h.job("j1", 1, "v1", max_attempts=1)], t=(0.2, 0.3))
+    h.release("j1", 1, t=(0.4, 0.5))
+    h.res([h.job("j1", 2, "v1", max_attempts=1, releases=1)], t=(0.6, 0.7))   # used 1 of 1: fine
+    h.ack("j1", 2, t=(0.8, 0.9))
+    r = run(h)
+    assert r["valid"], failed(r)
+    h = H()
+    h.enq("v1", "j1", max_attempts=3)
+    h.res([h.job("j1", 1, "v1")], t=(0.2, 0.3))
+    h.release("j1", 1, t=(0.4, 0.5))
+    h.res([h.job("j1", 2, "v1", releases=0)], t=(0.6, 0.7))       # the release burned an attempt
+    h.ack("j1", 2, t=(0.8, 0.9))
+    assert only(run(h), "release_uses_no_attempt")["count"] == 1
+
+
+GATES = {"resource_limits": {"r0": 2}, "circuit": {"queue": "cb", "failures": 2, "open_ms": 1500},
+         "windows": {"queue": "win", "open": [[1_000_000, 1_060_000], [1_120_000, 1_180_000]]}}
+
+
+def test_more_in_flight_than_a_resource_limit_is_caught():
+    def history(settle_first: bool):
+        h = H()
+        for v in ("v1", "v2", "v3"):
+            h.enq(v, "j" + v[1])
+        # leased at 1_000_000 (lease_expires - lease_ms)
+        h.res([h.job("j1", 1, "v1", resource="r0"), h.job("j2", 1, "v2", resource="r0")], t=(0.2, 0.3))
+        if settle_first:
+            h.ack("j1", 1, t=(0.35, 0.4))              # asked before the third was leased: may have freed a slot
+        h.res([h.job("j3", 1, "v3", resource="r0", lease_expires=1_002_500)], t=(0.5, 0.6))
+        if not settle_first:
+            h.ack("j1", 1, t=(0.7, 0.8))
+        h.ack("j2", 1, t=(0.7, 0.8))
+        h.ack("j3", 1, t=(0.7, 0.8))
+        return h
+    assert run(history(True), gates=GATES)["valid"]
+    bad = only(run(history(False), gates=GATES), "throttle_limit")
+    assert bad["examples"][0]["job_id"] == "j3" and bad["examples"][0]["limit"] == 2
+
+
+def test_an_open_circuit_handing_out_more_than_one_probe_is_caught():
+    def history(apart_ms: int):
+        h = H()
+        for v in ("v1", "v2", "v3", "v4"):
+            h.enq(v, "j" + v[1], queue="cb", max_attempts=5)
+        h.res([h.job("j1", 1, "v1", queue="cb", max_attempts=5), h.job("j2", 1, "v2", queue="cb", max_attempts=5)],
+              t=(0.2, 0.3))
+        h.nack("j1", 1, t=(0.4, 0.5), max_attempts=5)
+        h.nack("j2", 1, t=(0.4, 0.5), max_attempts=5)        # two failures: the breaker must be open
+        h.res([h.job("j3", 1, "v3", queue="cb", max_attempts=5, lease_expires=1_004_000)], t=(0.6, 0.7))
+        h.res([h.job("j4", 1, "v4", queue="cb", max_attempts=5, lease_expires=1_004_000 + apart_ms)], t=(0.8, 0.9))
+        for j in ("j3", "j4"):
+            h.ack(j, 1, t=(1.0, 1.1))
+        h.res([h.job("j1", 2, "v1", queue="cb", max_attempts=5, lease_expires=1_010_000),
+               h.job("j2", 2, "v2", queue="cb", max_attempts=5, lease_expires=1_010_000)], t=(1.2, 1.3))
+        h._op("lift_gates", 1.15, 1.18, "ok")                # the drain's deliveries are not held to the gates
+        h.ack("j1", 2, t=(1.4, 1.5))
+        h.ack("j2", 2, t=(1.4, 1.5))
+        return h
+    assert run(history(1500), gates=GATES)["valid"]
+    bad = only(run(history(200), gates=GATES), "circuit_open")
+    assert bad["examples"][0]["job_id"] == "j4" and bad["examples"][0]["apart_ms"] == 200
+
+
+def test_a_job_handed_out_while_its_window_is_closed_is_caught():
+    h = H()
+    h.enq("v1", "j1", queue="win")
+    h.enq("v2", "j2", queue="win")
+    h.res([h.job("j1", 1, "v1", queue="win", lease_expires=1_030_000)], t=(0.2, 0.3), lease_ms=2000)   # open
+    h.res([h.job("j2", 1, "v2", queue="win", lease_expires=1_090_000)], t=(0.4, 0.5), lease_ms=2000)   # closed
+    h.ack("j1", 1, t=(0.6, 0.7))
+    h.ack("j2", 1, t=(0.6, 0.7))
+    bad = only(run(h, gates=GATES), "window_closed")
+    assert [e["job_id"] for e in bad["examples"]] == ["j2"]
 
 
 def test_job_leased_before_its_schedule_is_caught():

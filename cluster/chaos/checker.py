@@ -8,8 +8,16 @@ dlq_drain), `outcome` (ok / fail / unknown), `t0`/`t1` (monotonic invoke/complet
   when ok, `results` [{job_id, dedup} | {rejected}] in the same order;
 * reserve: `lease_ms`, and when ok `jobs` [{job_id, attempt, max_attempts, value, key, job_type,
   lease_expires, scheduled_at, enqueued_at}];
-* ack / nack / extend: `job_id`, `attempt`; nack also `strategy`, `delay_ms`, `reason` and, when
-  ok, `dead_lettered`; extend `lease_ms` and, when ok, `lease_expires`.
+* ack / nack / extend / release: `job_id`, `attempt`; nack also `strategy`, `delay_ms`, `reason`
+  and, when ok, `dead_lettered`; extend `lease_ms` and, when ok, `lease_expires`; release
+  `delay_ms` and `releases` (the delivery's count of releases before it).
+* a delivered job also carries `releases` (how many of its deliveries were released: attempts
+  used = attempt - releases) and `resource` (its throttle resource, or None);
+* lift_gates: the run's end lifting windows and the breaker before the final drain (deliveries
+  reserved after it was invoked are not held to the gates).
+
+`gates` (optional) says what the run configured: `{"resource_limits": {name: max},
+"circuit": {"queue", "failures", "open_ms"}, "windows": {"queue", "open": [[from_ms, to_ms], ...]}}`.
 
 Unknown outcomes follow Jepsen: an unknown enqueue may or may not have created its job (a job
 delivered anyway is "recovered"); an unknown ack may or may not have completed the job.
@@ -24,6 +32,7 @@ from collections import defaultdict
 from ...node.retry import policy_delay_ms
 
 MAX_EXAMPLES = 5
+MAX_LEASE_MS = 300_000          # the longest lease a chaos run asks for (its max_lease_duration_ms)
 
 
 class Inv:
@@ -130,6 +139,7 @@ class Index:
         self.acks: dict[str, list] = defaultdict(list)
         self.nacks: dict[str, list] = defaultdict(list)
         self.extends: dict[str, list] = defaultdict(list)
+        self.releases: dict[str, list] = defaultdict(list)
         self.dlq: dict[str, list] = defaultdict(list)
         self.job_value: dict[str, set] = defaultdict(set)      # job id -> payload values seen
         self.job_key: dict[str, set] = defaultdict(set)
@@ -159,6 +169,8 @@ class Index:
                 self.nacks[op["job_id"]].append(op)
             elif f == "extend":
                 self.extends[op["job_id"]].append(op)
+            elif f == "release":
+                self.releases[op["job_id"]].append(op)
         for rec in dead_letters:
             self.dlq[rec["job_id"]].append(rec)
             self._learn(rec)
@@ -186,7 +198,7 @@ def check(ops: list[dict], *, dead_letters: list[dict], drain: dict | None = Non
           leader_claims: dict | None = None, liveness: dict | None = None, retry: dict | None = None,
           clock_tolerance_ms: int = 100, internal_errors: list | None = None,
           node_logs: dict | None = None, power_losses: list | None = None, disk_faults: list | None = None,
-          untrusted_claims: list | None = None) -> dict:
+          untrusted_claims: list | None = None, gates: dict | None = None) -> dict:
     """All invariants. `retry` = {retry_delay_ms, retry_backoff, retry_delay_max_ms,
     max_schedule_horizon_ms}: the cluster's retry policy (to check default-nack delays).
     `leader_claims` = {term: [node ids that said they lead in that term]}. `power_losses` = the
@@ -205,7 +217,11 @@ def check(ops: list[dict], *, dead_letters: list[dict], drain: dict | None = Non
         ("redelivery_attempts", "each redelivery of a job carries a strictly higher attempt (no attempt delivered twice)"),
         ("stale_attempt", "no ok ack/nack/extend with an attempt older than one already delivered"),
         ("no_delivery_after_ack", "after an ok ack the job is never delivered again, never dead-lettered, never acked or nacked again"),
-        ("attempts_bound", "1 <= attempt <= max_attempts on every delivery and dead letter"),
+        ("attempts_bound", "1 <= attempts used (attempt - releases) <= max_attempts on every delivery and dead letter"),
+        ("release_uses_no_attempt", "a released job comes back with the next attempt number and the same attempts used"),
+        ("throttle_limit", "never more jobs of a resource in flight at once than its limit (replicated clock, across failovers)"),
+        ("circuit_open", "once a queue's breaker must be open, its jobs are handed out one probe at a time, open_ms apart"),
+        ("window_closed", "no job of a windowed queue handed out while its window is closed (replicated clock)"),
         ("schedule", "no job leased before its scheduled time (replicated clock; wall clock within the skew tolerance)"),
         ("retry_delay", "a nacked job is not redelivered before its retry delay (replicated clock)"),
         ("lease_honoured", "a lease is not expired early: a redelivery without a nack comes after the (extended) lease end"),
@@ -318,8 +334,10 @@ def check(ops: list[dict], *, dead_letters: list[dict], drain: dict | None = Non
         for op, j in ds:
             by_attempt[j["attempt"]].append(op)
             mx = j.get("max_attempts")
-            if not (1 <= j["attempt"] and (mx is None or j["attempt"] <= mx)):
-                invs["attempts_bound"].bad({"job_id": jid, "attempt": j["attempt"], "max_attempts": mx, "op": op["id"]})
+            used = j["attempt"] - (j.get("releases") or 0)
+            if not (1 <= used and (mx is None or used <= mx)):
+                invs["attempts_bound"].bad({"job_id": jid, "attempt": j["attempt"], "releases": j.get("releases"),
+                                            "max_attempts": mx, "op": op["id"]})
         for a, same in by_attempt.items():
             if len(same) > 1:
                 # Excused when each earlier delivery of the attempt was lost to a cut before the next.
@@ -335,7 +353,7 @@ def check(ops: list[dict], *, dead_letters: list[dict], drain: dict | None = Non
                         {"job_id": jid, "first": {"op": op1["id"], "attempt": j1["attempt"]},
                          "later": {"op": op2["id"], "attempt": j2["attempt"]}})
 
-    for table in (ix.acks, ix.nacks, ix.extends):
+    for table in (ix.acks, ix.nacks, ix.extends, ix.releases):
         for jid, lst in table.items():
             for op in lst:
                 if not _ok(op):
@@ -369,7 +387,7 @@ def check(ops: list[dict], *, dead_letters: list[dict], drain: dict | None = Non
                 rec = ix.dlq[jid][0]
                 invs["no_delivery_after_ack"].bad_unless(pc.lost_before_wall(ack, rec.get("failed_at")),
                                                          {"job_id": jid, "ack": ack["id"], "dead_letter": rec})
-            for n in ix.nacks.get(jid, ()):
+            for n in list(ix.nacks.get(jid, ())) + list(ix.releases.get(jid, ())):
                 if _ok(n) and n["attempt"] >= a:
                     invs["no_delivery_after_ack"].bad_unless(either_lost(ack, n),
                                                              {"job_id": jid, "ack": ack["id"], "ok_nack": n["id"]})
@@ -427,15 +445,21 @@ def check(ops: list[dict], *, dead_letters: list[dict], drain: dict | None = Non
             now_a, now_b = reserve_now(op, j), reserve_now(*nxt)
             if now_a is None or now_b is None:
                 continue
-            ok_nacks = [n for n in nacks if n["attempt"] == a and _ok(n) and not n.get("dead_lettered")]
-            maybe_nacks = [n for n in nacks if n["attempt"] == a and n["outcome"] == "unknown"]
+            rels = ix.releases.get(jid, ())
+            ok_nacks = [n for n in nacks if n["attempt"] == a and _ok(n) and not n.get("dead_lettered")] + \
+                [r for r in rels if r["attempt"] == a and _ok(r)]
+            maybe_nacks = [n for n in list(nacks) + list(rels) if n["attempt"] == a and n["outcome"] == "unknown"]
             if ok_nacks:
                 n = ok_nacks[0]
-                if n["strategy"] == "delay":
+                if n["f"] == "release":
+                    horizon = (retry or {}).get("max_schedule_horizon_ms")
+                    want = min(n.get("delay_ms") or 0, horizon) if horizon else (n.get("delay_ms") or 0)
+                elif n["strategy"] == "delay":
                     horizon = (retry or {}).get("max_schedule_horizon_ms")
                     want = min(n["delay_ms"] or 0, horizon) if horizon else (n["delay_ms"] or 0)
                 elif retry is not None:
-                    want = policy_delay_ms(jid, a, retry["retry_delay_ms"], retry["retry_backoff"],
+                    # The policy counts attempts used: a release uses none.
+                    want = policy_delay_ms(jid, a - (j.get("releases") or 0), retry["retry_delay_ms"], retry["retry_backoff"],
                                            retry["retry_delay_max_ms"], retry["max_schedule_horizon_ms"])
                 else:
                     want = 0
@@ -467,7 +491,8 @@ def check(ops: list[dict], *, dead_letters: list[dict], drain: dict | None = Non
         rec = recs[0]
         causes[rec["cause"]] += 1
         fa, mx, cause = rec["final_attempt"], rec.get("max_attempts") or ix.job_max.get(jid), rec["cause"]
-        if not (1 <= fa and (mx is None or fa <= mx)):
+        used = fa - (rec.get("releases") or 0)
+        if not (1 <= used and (mx is None or used <= mx)):
             invs["attempts_bound"].bad({"job_id": jid, "dead_letter_final_attempt": fa, "max_attempts": mx})
         nacks_at = [n for n in ix.nacks.get(jid, ()) if n["attempt"] == fa and n["outcome"] in ("ok", "unknown")]
         if cause == "rejected":
@@ -478,15 +503,15 @@ def check(ops: list[dict], *, dead_letters: list[dict], drain: dict | None = Non
                                           "last_reason": rec.get("last_reason")})
         elif cause == "attempts_exhausted":
             match = [n for n in nacks_at if n["strategy"] != "dead_letter" and n["reason"] == rec.get("last_reason")]
-            if mx is not None and fa < mx or not match:
+            if mx is not None and used < mx or not match:
                 invs["dead_letters"].bad({"job_id": jid, "cause": cause, "final_attempt": fa, "max_attempts": mx,
                                           "why": "not the last attempt, or no nack for it with this reason",
                                           "last_reason": rec.get("last_reason")})
         elif cause == "lease_expired":
             done = [x for x in list(ix.acks.get(jid, ())) + list(ix.nacks.get(jid, ()))
                     if x["attempt"] == fa and _ok(x)]
-            if (mx is not None and fa < mx) or rec.get("last_reason") is not None or done:
-                excused = bool(done) and not ((mx is not None and fa < mx) or rec.get("last_reason") is not None) \
+            if (mx is not None and used < mx) or rec.get("last_reason") is not None or done:
+                excused = bool(done) and not ((mx is not None and used < mx) or rec.get("last_reason") is not None) \
                     and all(pc.lost_before_wall(x, rec.get("failed_at")) for x in done)
                 invs["dead_letters"].bad_unless(excused, {"job_id": jid, "cause": cause, "final_attempt": fa,
                                                           "max_attempts": mx, "ok_ops": [x["id"] for x in done],
@@ -498,7 +523,7 @@ def check(ops: list[dict], *, dead_letters: list[dict], drain: dict | None = Non
             if not _ok(n):
                 continue
             mx = n.get("max_attempts") or ix.job_max.get(jid)
-            expect = n["strategy"] == "dead_letter" or (mx is not None and n["attempt"] >= mx)
+            expect = n["strategy"] == "dead_letter" or (mx is not None and n["attempt"] - (n.get("releases") or 0) >= mx)
             if n.get("dead_lettered") != expect:
                 invs["dead_letters"].bad({"job_id": jid, "nack": n["id"], "attempt": n["attempt"], "max_attempts": mx,
                                           "strategy": n["strategy"], "dead_lettered": n.get("dead_lettered"),
@@ -511,6 +536,13 @@ def check(ops: list[dict], *, dead_letters: list[dict], drain: dict | None = Non
                         pc.lost_before_wall(n, recs[0].get("failed_at") if recs else None),
                         {"job_id": jid, "nack": n["id"], "want_cause": want, "found": recs[0] if recs else None,
                          "why": "an ok dead-lettering nack without its dead letter"})
+
+    _check_releases(ix, invs, pc)
+    if gates:
+        _check_gates(ix, invs, gates)
+    else:
+        for name in ("throttle_limit", "circuit_open", "window_closed"):
+            invs[name].skipped = "no gates configured"
 
     # ------------------------------------------------------------------ final state
     if drain is not None:
@@ -617,9 +649,108 @@ def check(ops: list[dict], *, dead_letters: list[dict], drain: dict | None = Non
         "redeliveries": redeliveries,
         "acked_ok_jobs": sum(1 for lst in ix.acks.values() if any(_ok(a) for a in lst)),
         "dead_letters": dict(causes),
+        "releases_ok": sum(1 for lst in ix.releases.values() for r in lst if _ok(r)),
+        "gated_deliveries": {q: sum(1 for ds in ix.deliveries.values() for _, j in ds if j.get("queue") == q)
+                             for q in ("thr", "cb", "win")} if gates else None,
     }
     out = [inv.out() for inv in invs.values()]
     return {"valid": all(i["ok"] for i in out), "invariants": out, "stats": stats}
+
+
+def _check_releases(ix: Index, invs: dict, pc: PowerCuts):
+    """An ok release of attempt a: the next delivery carries attempt a + 1 and one release more,
+    so the attempts used (attempt - releases) are those of the released delivery."""
+    for jid, lst in ix.releases.items():
+        ds = ix.deliveries.get(jid, ())
+        for r in lst:
+            if not _ok(r):
+                continue
+            before = [j for _, j in ds if j["attempt"] == r["attempt"]]
+            after = [(op, j) for op, j in ds if j["attempt"] == r["attempt"] + 1]
+            if not before or not after:
+                continue
+            used_before = before[0]["attempt"] - (before[0].get("releases") or 0)
+            op, j = after[0]
+            used_after = j["attempt"] - (j.get("releases") or 0)
+            if used_after != used_before:
+                invs["release_uses_no_attempt"].bad_unless(pc.lost_before(r, op["t1"]), {
+                    "job_id": jid, "release": r["id"], "attempt": r["attempt"], "used_before": used_before,
+                    "next_delivery": op["id"], "used_after": used_after})
+
+
+def _gated_deliveries(ix: Index, gates: dict) -> list:
+    """(reserve op, job, replicated time it was leased) of every delivery made before the gates
+    were lifted, in replicated-time order."""
+    lifted = min((op["t0"] for op in ix.ops if op.get("f") == "lift_gates"), default=None)
+    out = []
+    for jid, ds in ix.deliveries.items():
+        for op, j in ds:
+            if lifted is not None and op["t0"] >= lifted:
+                continue
+            now = reserve_now(op, j)
+            if now is not None:
+                out.append((op, j, now))
+    out.sort(key=lambda x: x[2])
+    return out
+
+
+def _settles(ix: Index, jid: str, attempt: int) -> list:
+    return [x for table in (ix.acks, ix.nacks, ix.releases) for x in table.get(jid, ()) if x["attempt"] == attempt]
+
+
+def _surely_in_flight(ix: Index, y: tuple, x: tuple) -> bool:
+    """Delivery y was certainly still in flight when delivery x was leased: leased no later,
+    its first lease not yet ended, and nothing that could have settled it invoked before x's
+    reserve was answered."""
+    (yop, yj, ynow), (xop, xj, xnow) = y, x
+    if ynow > xnow or yj["lease_expires"] is None or xnow >= yj["lease_expires"]:
+        return False
+    return all(s["t0"] > xop["t1"] for s in _settles(ix, yj["job_id"], yj["attempt"]))
+
+
+def _check_gates(ix: Index, invs: dict, gates: dict):
+    ds = _gated_deliveries(ix, gates)
+    limits = gates.get("resource_limits") or {}
+    by_resource: dict = defaultdict(list)
+    for d in ds:
+        r = d[1].get("resource")
+        if r in limits:
+            by_resource[r].append(d)
+    for r, lst in by_resource.items():
+        times = [d[2] for d in lst]
+        for i, x in enumerate(lst):
+            # Only deliveries leased within a lease before x can still hold a slot at x.
+            lo = bisect.bisect_left(times, x[2] - MAX_LEASE_MS)
+            hi = bisect.bisect_right(times, x[2])
+            held = [y for y in lst[lo:hi] if y is not x and y[1]["job_id"] != x[1]["job_id"]
+                    and _surely_in_flight(ix, y, x)]
+            if len(held) + 1 > limits[r]:
+                invs["throttle_limit"].bad({"resource": r, "limit": limits[r], "job_id": x[1]["job_id"],
+                                            "leased_at": x[2], "also_in_flight": [y[1]["job_id"] for y in held]})
+    cb = gates.get("circuit")
+    if cb:
+        mine = [d for d in ds if d[1].get("queue") == cb["queue"]]
+        fails = sorted(n["t1"] for lst in ix.nacks.values() for n in lst
+                       if _ok(n) and ix.job_queue.get(n["job_id"]) == cb["queue"] and n.get("proc") != "drain")
+        prev = None
+        for x in mine:
+            surely = bisect.bisect_left(fails, x[0]["t0"])        # failures answered before x was asked for
+            if prev is not None and surely >= cb["failures"] and x[2] - prev[2] < cb["open_ms"]:
+                invs["circuit_open"].bad({"queue": cb["queue"], "job_id": x[1]["job_id"], "leased_at": x[2],
+                                          "previous": prev[1]["job_id"], "previous_at": prev[2],
+                                          "apart_ms": x[2] - prev[2], "open_ms": cb["open_ms"],
+                                          "failures_before": surely})
+            prev = x
+    win = gates.get("windows")
+    if win:
+        spans = sorted(tuple(s) for s in win["open"])
+        starts = [a for a, _ in spans]
+        for op, j, now in ds:
+            if j.get("queue") != win["queue"]:
+                continue
+            i = bisect.bisect_right(starts, now) - 1
+            if i < 0 or not (spans[i][0] <= now < spans[i][1]):
+                invs["window_closed"].bad({"queue": win["queue"], "job_id": j["job_id"], "leased_at": now, "op": op["id"]})
 
 
 # ---------------------------------------------------------------------------- availability

@@ -47,7 +47,8 @@ from ...node import sync_shadow
 from . import diskfaults
 from .nemesis import ALL_KINDS, GROUPS, KINDS, Env, Nemesis, Sampler, ScheduleConfig
 from .proxy import ProxyNet
-from .workload import History, WorkloadConfig, Workload, final_drain, lease_liveness_probe, wall_ms
+from .workload import (History, WorkloadConfig, Workload, final_drain, gates_config, lease_liveness_probe, lift_gates,
+                       wall_ms)
 from ..local import LocalCluster, http_json
 
 RETRY_LIMITS = {"retry_delay_ms": 100, "retry_backoff": "exponential", "retry_delay_max_ms": 1000}
@@ -179,7 +180,14 @@ async def run_chaos(opts: ChaosOptions) -> dict:
     wcfg.sweep_interval_ms = opts.sweep_interval_ms
     scfg = opts.schedule
     scfg.kinds = tuple(opts.faults)
-    cluster = LocalCluster(directory, nodes=opts.nodes, durability=opts.durability, limits=dict(RETRY_LIMITS),
+    gate_limits, gate_queues, gates = {}, [], None
+    if wcfg.gated:
+        # The window spans the whole run and its phases (open every other minute); lift_gates
+        # takes it off before the final drain.
+        minutes = int(opts.duration // 60) + 15
+        gate_limits, gate_queues, gates = gates_config(time.time_ns() // 1_000_000, minutes)
+    cluster = LocalCluster(directory, nodes=opts.nodes, durability=opts.durability,
+                           limits={**RETRY_LIMITS, **gate_limits}, queues=gate_queues,
                            storage={"dead_letter_retention_ms": 3_600_000, "sweep_interval_ms": opts.sweep_interval_ms},
                            tuning=dict(opts.tuning))
     if "power-loss" in opts.faults or "fsync-eio" in opts.faults:
@@ -258,6 +266,9 @@ async def run_chaos(opts: ChaosOptions) -> dict:
             phase.enter("lease probe")
             lease_probe = await lease_liveness_probe(cluster.urls, h, lease_ms=1000,
                                                      sweep_interval_ms=opts.sweep_interval_ms)
+        if gates is not None:
+            phase.enter("lift gates")
+            report["gates_lifted"] = await lift_gates(cluster.urls, h)
         phase.enter("drain")
         drain = await final_drain(cluster.urls, h)
         phase.enter("converge")
@@ -279,7 +290,7 @@ async def run_chaos(opts: ChaosOptions) -> dict:
                        retry=retry, clock_tolerance_ms=env.max_forward_skew_ms + 100,
                        internal_errors=h.internal_errors, node_logs=node_logs, power_losses=cuts,
                        disk_faults=[f for f in faults if f["kind"] in DISK_FAULT_KINDS],
-                       untrusted_claims=sampler.untrusted_claims)
+                       untrusted_claims=sampler.untrusted_claims, gates=gates)
         unav = unavailability(h.ops, [f for f in faults if not f.get("skipped")])
         for u in unav:          # when a leader of a newer term was first seen after the fault
             later = [(t, s) for t, s in sampler.first_seen.items() if s[1] >= u["t_inject"]]
@@ -478,6 +489,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--mix", type=float, default=None, help="probability that a step mixes faults (default 0.35)")
     p.add_argument("--producers", type=int, default=None)
     p.add_argument("--workers", type=int, default=None)
+    p.add_argument("--no-gates", action="store_true", help="leave out the gated queues (throttles, a circuit "
+                   "breaker, an execution window) and releases")
     p.add_argument("--no-progress", action="store_true", help="no progress line on stderr")
     return p
 
@@ -505,6 +518,8 @@ def options_from_args(args) -> ChaosOptions:
         opts.workload.producers = args.producers
     if args.workers is not None:
         opts.workload.workers = args.workers
+    if args.no_gates:
+        opts.workload.gated = False
     return opts
 
 

@@ -17,6 +17,13 @@ retries safe). Some jobs are scheduled, some are `poison` (workers never ack the
 end dead-lettered). Workers ack, ack in batches, nack with each directive, extend, and sometimes
 stall past their lease and then ack (a zombie that must be fenced off). A probe writes one small
 job every 100 ms so that the report can say when writes work again after each fault.
+
+Gated queues (issue 17, on unless `gated=False`): `thr` jobs name one of a few resources with a
+small in-flight limit; `cb` has a circuit breaker and its jobs always fail, so after a few
+failures it is open for good and only probes go out; `win` has an execution window that is open
+in every other UTC minute. Workers also release some jobs (handed back, no attempt used). The
+checker holds the history to the limits, the breaker and the window (checker.py `gates`), and
+before the final drain `lift_gates` takes the window and the breaker off so everything drains.
 """
 from __future__ import annotations
 
@@ -33,6 +40,36 @@ from ..client import (BatchRejected, Client, Conflict, Internal, InvalidArgument
 QUEUES = ("a", "b")
 PROBE_QUEUE = "probe"
 LIVE_QUEUE = "live"
+THROTTLE_QUEUE, CIRCUIT_QUEUE, WINDOW_QUEUE = "thr", "cb", "win"
+GATED_QUEUES = (THROTTLE_QUEUE, CIRCUIT_QUEUE, WINDOW_QUEUE)
+RESOURCES = ("r0", "r1", "r2")
+RESOURCE_LIMIT = 2
+CIRCUIT = {"failures": 3, "window_ms": 3_600_000, "open_ms": 1500}
+ALL_DAYS = ["mon", "tue", "wed", "thu", "fri", "sat", "sun"]
+
+
+def gates_config(now_ms: int, minutes: int) -> tuple[dict, list, dict]:
+    """What a gated run configures: ([limits] additions, [[queues]] entries, the checker's
+    `gates`). The window is open in every even UTC minute from now for `minutes` minutes (a
+    minute that would end at midnight is left out: a window ending at 00:00 would span it)."""
+    spans, windows = [], []
+    first = now_ms // 60_000
+    for m in range(first, first + minutes):
+        if m % 2 or (m % 1440) == 1439:
+            continue
+        start = m * 60_000
+        spans.append([start, start + 60_000])
+        hh, mm = divmod(m % 1440, 60)
+        eh, em = divmod(m % 1440 + 1, 60)
+        windows.append({"days": list(ALL_DAYS), "start": f"{hh:02d}:{mm:02d}", "end": f"{eh:02d}:{em:02d}",
+                        "time_zone": "UTC"})
+    limits = {"resource_limits": {r: RESOURCE_LIMIT for r in RESOURCES}}
+    queues = [{"name": CIRCUIT_QUEUE, "circuit_breaker": dict(CIRCUIT)},
+              {"name": WINDOW_QUEUE, "windows": windows}]
+    gates = {"resource_limits": dict(limits["resource_limits"]),
+             "circuit": {"queue": CIRCUIT_QUEUE, "failures": CIRCUIT["failures"], "open_ms": CIRCUIT["open_ms"]},
+             "windows": {"queue": WINDOW_QUEUE, "open": spans}}
+    return limits, queues, gates
 
 
 def wall_ms() -> int:
@@ -123,7 +160,8 @@ def delivery(job: Job) -> dict:
     return {"job_id": job.id, "attempt": job.attempt, "max_attempts": job.max_attempts, "queue": job.queue,
             "job_type": job.job_type, "value": p.get("v"), "key": p.get("k"),
             "lease_expires": job.lease_expires_at_ms, "scheduled_at": job.scheduled_at_ms,
-            "enqueued_at": job.enqueued_at_ms}
+            "enqueued_at": job.enqueued_at_ms, "releases": getattr(job, "releases", 0) or 0,
+            "resource": getattr(job, "resource", None)}
 
 
 # ---------------------------------------------------------------------------- workload
@@ -144,6 +182,9 @@ class WorkloadConfig:
     scheduled_rate: float = 0.15
     max_schedule_ms: int = 2500
     transports: tuple = ("session", "http")
+    gated: bool = True                 # also the gated queues (thr, cb, win) and releases
+    gated_rate: float = 0.3            # share of producer jobs that go to a gated queue
+    release_rate: float = 0.05         # share of work jobs a worker hands back
 
 
 class Workload:
@@ -206,8 +247,18 @@ class Workload:
             fields["scheduled_at_ms"] = wall_ms() + rng.randint(200, cfg.max_schedule_ms)
         elif r < cfg.scheduled_rate:
             fields["delay_ms"] = rng.randint(200, cfg.max_schedule_ms)
-        req = job_request(rng.choice(QUEUES), job_type, payload_of(value, key, job_type),
+        queue = rng.choice(QUEUES)
+        resource = None
+        if cfg.gated and rng.random() < cfg.gated_rate:
+            queue = rng.choice(GATED_QUEUES)
+            if queue == THROTTLE_QUEUE:
+                resource = rng.choice(RESOURCES)
+            elif queue == CIRCUIT_QUEUE:
+                job_type = "cbfail"          # always fails: the breaker opens and stays open
+        req = job_request(queue, job_type, payload_of(value, key, job_type),
                           encoding="application/json", idempotency_key=key, **fields)
+        if resource is not None:
+            req["resource"] = resource
         return req
 
     @staticmethod
@@ -288,7 +339,7 @@ class Workload:
     # ------------------------------------------------------------------ workers
     async def worker(self, proc: str, rng: random.Random):
         c = self.client(transport=rng.choice(self.cfg.transports))
-        queues = list(QUEUES) + [PROBE_QUEUE]
+        queues = list(QUEUES) + [PROBE_QUEUE] + (list(GATED_QUEUES) if self.cfg.gated else [])
         while not self.stopping.is_set():
             rng.shuffle(queues)             # reserve polls in order: vary it so no queue starves
             jobs = await self.reserve(c, proc, queues, self.cfg.lease_ms, rng.choice((1, 1, 1, 2, 4)),
@@ -316,6 +367,13 @@ class Workload:
         cfg = self.cfg
         stall_s = cfg.lease_ms / 1000 + cfg.sweep_interval_ms / 1000 + rng.uniform(0.2, 1.0)
         await asyncio.sleep(rng.uniform(0, 0.02))            # "work"
+        r = rng.random()
+        if job.job_type == "cbfail":
+            await self.nack(c, proc, job, Retry.default())
+            return
+        if job.job_type == "work" and r < cfg.release_rate:
+            await self.release(c, proc, job, rng.choice((0, 0, rng.randint(50, 300))))
+            return
         r = rng.random()
         if job.job_type == "poison":
             if r < 0.55:
@@ -378,13 +436,25 @@ class Workload:
     async def nack(self, c: Client, proc: str, job: Job, retry: dict) -> bool:
         reason = f"{proc}:{job.id[:8]}:a{job.attempt}"
         op = self.h.invoke(proc, "nack", c, job_id=job.id, attempt=job.attempt, strategy=retry["strategy"],
-                           delay_ms=retry.get("delay_ms"), reason=reason, max_attempts=job.max_attempts)
+                           delay_ms=retry.get("delay_ms"), reason=reason, max_attempts=job.max_attempts,
+                           releases=getattr(job, "releases", 0) or 0)
         try:
             dead = await c.nack(job, reason=reason, retry=retry)
         except Exception as e:
             self.h.fail_from(op, e, c)
             return False
         self.h.complete(op, "ok", c, dead_lettered=dead)
+        return True
+
+    async def release(self, c: Client, proc: str, job: Job, delay_ms: int) -> bool:
+        op = self.h.invoke(proc, "release", c, job_id=job.id, attempt=job.attempt, delay_ms=delay_ms,
+                           releases=getattr(job, "releases", 0) or 0)
+        try:
+            await c.release(job, delay_ms=delay_ms, reason="chaos")
+        except Exception as e:
+            self.h.fail_from(op, e, c)
+            return False
+        self.h.complete(op, "ok", c)
         return True
 
     async def extend(self, c: Client, proc: str, job: Job, lease_ms: int) -> bool:
@@ -406,7 +476,7 @@ async def final_drain(urls: list[str], h: History, *, timeout_s: float = 90.0, l
     saw: {"ok": bool, "dead_letters": [...], "queues": [...], "seconds": s}."""
     c = Client(urls, timeout=op_timeout_s, connect_timeout=1.0)
     t0 = time.monotonic()
-    queues = list(QUEUES) + [PROBE_QUEUE, LIVE_QUEUE]
+    queues = list(QUEUES) + [PROBE_QUEUE, LIVE_QUEUE] + list(GATED_QUEUES)
     empty_rounds = 0
     stats: list = []
     ok = False
@@ -425,7 +495,8 @@ async def final_drain(urls: list[str], h: History, *, timeout_s: float = 90.0, l
                 if j.job_type == "poison":
                     reason = f"drain:{j.id[:8]}:a{j.attempt}"
                     nop = h.invoke("drain", "nack", c, job_id=j.id, attempt=j.attempt, strategy="default",
-                                   delay_ms=None, reason=reason, max_attempts=j.max_attempts)
+                                   delay_ms=None, reason=reason, max_attempts=j.max_attempts,
+                                   releases=getattr(j, "releases", 0) or 0)
                     try:
                         dead = await c.nack(j, reason=reason, retry=Retry.default())
                         h.complete(nop, "ok", c, dead_lettered=dead)
@@ -474,7 +545,7 @@ async def final_drain(urls: list[str], h: History, *, timeout_s: float = 90.0, l
                 recs.append({"job_id": r.job.id, "cause": r.cause, "final_attempt": r.final_attempt,
                              "last_reason": r.last_reason, "failed_at": r.failed_at_ms, "value": d["value"],
                              "key": d["key"], "queue": r.job.queue, "job_type": r.job.job_type, "max_attempts": r.job.max_attempts,
-                             "attempt": r.job.attempt})
+                             "attempt": r.job.attempt, "releases": getattr(r.job, "releases", 0) or 0})
             h.complete(op, "ok", c, records=recs)
             records += recs
             if not got:
@@ -484,6 +555,33 @@ async def final_drain(urls: list[str], h: History, *, timeout_s: float = 90.0, l
         except Exception:
             pass
         return {"ok": ok, "dead_letters": records, "queues": stats, "seconds": time.monotonic() - t0}
+    finally:
+        await c.close()
+
+
+async def lift_gates(urls: list[str], h: History, *, op_timeout_s: float = 15.0, tries: int = 5) -> bool:
+    """Before the final drain: take the execution window and the circuit breaker off the gated
+    queues (an operator's configuration change, as `raftq config` makes it), so every job can be
+    drained. Recorded as a `lift_gates` op: deliveries after it are not held to the gates."""
+    c = Client(urls, timeout=op_timeout_s, connect_timeout=1.0)
+    op = h.invoke("drain", "lift_gates", c)
+    try:
+        for i in range(tries):
+            cur = await c.config()
+            doc = cur["config"]
+            queues = [{k: v for k, v in q.items() if k not in ("windows", "circuit_breaker")}
+                      for q in doc.get("queues") or []]
+            try:
+                await c.put_config({**doc, "queues": queues}, cur["version"])
+            except Conflict:
+                continue                     # someone else changed it (never in a chaos run): read again
+            h.complete(op, "ok", c)
+            return True
+        h.complete(op, "fail", c, error="conflict")
+        return False
+    except Exception as e:
+        h.fail_from(op, e, c)
+        return False
     finally:
         await c.close()
 
