@@ -188,7 +188,8 @@ def _queue_limits_schema() -> dict:
     for key, value in shown.items():
         default = QUEUE_KEYS.get(key, value)
         if default is None or value is None:
-            kind = {"max_queue_depth": {"type": "integer"}}.get(key, {"type": "array", "items": {"type": "string"}})
+            kind = {"max_queue_depth": {"type": "integer"}, "dead_letter_forward": {"type": "string"}}.get(
+                key, {"type": "array", "items": {"type": "string"}})
             props[key] = {**kind, "type": [kind["type"], "null"]}
         else:
             props[key] = _json_type(default)
@@ -215,7 +216,13 @@ def _config_schema() -> dict:
                                      "description": "null: any"},
                "allowed_job_types": {"type": ["array", "null"], "items": string(minLength=1), "minItems": 1,
                                      "description": "null: any"},
-               "dedup_window_ms": integer(1)}
+               "dedup_window_ms": integer(1),
+               "dead_letter_forward": {"type": ["string", "null"], "minLength": 1,
+                                       "description": "the queue that gets a record job per forwarded dead letter; "
+                                                      "null: none"},
+               "dead_letter_forward_causes": {"type": ["array", "null"], "minItems": 1, "items": {
+                   "enum": list(DEAD_LETTER_CAUSES)},
+                   "description": "null: lease_expired, expired, admin"}}
 
     def props(defaults: dict) -> dict:
         return {k: special.get(k) or _json_type(v) for k, v in defaults.items()}
@@ -464,9 +471,17 @@ def schemas() -> dict:
                 ("ready", "jobs that can be reserved now"), ("scheduled", "jobs waiting for their time"),
                 ("in_flight", "jobs under a lease"), ("dead_lettered", "dead letters kept"),
                 ("enqueued", "jobs enqueued, total"), ("acked", "acks, total"), ("nacked", "nacks, total"),
-                ("dead_lettered_total", "jobs dead-lettered, total (kept or not)"))}},
+                ("dead_lettered_total", "jobs dead-lettered, total (kept or not)"),
+                ("expired_total", "jobs dead-lettered because their deadline passed before they started, total"))},
+            "dead_lettered_by_cause": obj({c: integer(0) for c in DEAD_LETTER_CAUSES}, list(DEAD_LETTER_CAUSES),
+                                          "the dead letters kept, by cause"),
+            "workers": {"type": ["integer", "null"], "minimum": 0,
+                        "description": "distinct workers that reserved from the queue in the last 30 s (the "
+                                       "leader's soft state; null on a follower and in a new leader's first 30 s)"},
+            "no_workers": {"type": ["boolean", "null"], "description": "workers is 0 (null when workers is)"}},
             ["name", "declared", "paused", "ready", "scheduled", "in_flight", "dead_lettered", "enqueued", "acked",
-             "nacked", "dead_lettered_total"], "Counts are exact; totals count since the queue first appeared."),
+             "nacked", "dead_lettered_total", "expired_total", "dead_lettered_by_cause", "workers", "no_workers"],
+            "Counts are exact; totals count since the queue first appeared."),
         "QueuesResponse": obj({"queues": {"type": "array", "items": ref("QueueStats")}}, ["queues"]),
         "QueueLimits": _queue_limits_schema(),
         "QueueDetail": {"allOf": [ref("QueueStats"), obj({"limits": ref("QueueLimits")}, ["limits"])]},
