@@ -105,7 +105,7 @@ class WorkersSeen:
         seen = self.seen
         while seen:
             key, at = next(iter(seen.items()))
-            if at > limit:
+            if at >= limit:                 # seen within the window (its edge included)
                 break
             del seen[key]
             self._drop(*key)
