@@ -328,7 +328,8 @@ def schemas() -> dict:
             "wait_ms": nullable(integer(0, description="long poll: wait up to this long for a job (clamped to "
                                         "`max_wait_timeout_ms`)", default=0)),
             "max_jobs": nullable(integer(1, description="clamped to `max_reserve_batch` (256)", default=1)),
-            "worker_id": nullable(string("free text, for your logs; at most `max_worker_id_bytes` (256) UTF-8 bytes",
+            "worker_id": nullable(string("names the worker in the queues' `workers` count (the leader's; reserves "
+                                         "without one count as one worker); at most `max_worker_id_bytes` (256) UTF-8 bytes",
                                          minLength=1)),
         }, ["queues", "lease_ms"], example={"queues": ["emails"], "lease_ms": 30000, "wait_ms": 1000, "max_jobs": 10}),
         "ReserveResponse": obj({"jobs": {"type": "array", "items": ref("Job")}}, ["jobs"],
