@@ -903,9 +903,10 @@ def test_cluster_nodes_answers_every_members_view_and_says_why_one_is_missing(fr
 def test_expired_tab_expired_counts_and_the_no_workers_badge(fresh_cluster, ui):
     """A queue whose job passed its deadline: its expired count links to the Expired tab, the tab
     counts and lists it (and the record forwarded into the forward queue); the no-workers badge
-    goes when a worker reserves and comes back a window (shortened to 1.5 s here) later."""
+    goes when a worker reserves and comes back a window (shortened to 6 s here: longer than the
+    page's refresh period, so a reading falls inside it) later."""
     src, fwd = "ui-src-" + uuid.uuid4().hex[:6], "ui-fwd-" + uuid.uuid4().hex[:6]
-    c = fresh_cluster(durability="memory", storage=RETENTION, testing={"workers_window_ms": 1500},
+    c = fresh_cluster(durability="memory", storage=RETENTION, testing={"workers_window_ms": 6000},
                       queues=[{"name": src, "dead_letter_forward": fwd}, {"name": fwd}])
     api = Api(c)
     lead = c.wait_leader(20)
