@@ -170,7 +170,8 @@ def test_queues_table_detail_and_json(cluster, client):
 
     code, out, err = raftq("queues", "tiny", urls=cluster.urls)
     assert code == 0 and "declared               yes" in out and "limits:" in out
-    assert "max_queue_depth          5" in out
+    assert re.search(r"^  max_queue_depth +5$", out, re.M), out
+    assert re.search(r"^  dead_letter_forward +none$", out, re.M), out
     assert re.search(r"^  allowed_encodings +any$", out, re.M), out      # unset: any encoding
     code, out, err = raftq("queues", "jsononly", urls=cluster.urls)
     assert re.search(r"^  allowed_encodings +application/json$", out, re.M) and \

@@ -756,7 +756,7 @@ async def cmd_queues(ctx: Ctx) -> int:
             elif k.endswith("_ms") and isinstance(v, int):
                 v = fmt_ms_duration(v)
             elif v is None:         # unset: no limit (a list: any value; a number: no maximum)
-                v = "any" if k.startswith("allowed_") else "unlimited"
+                v = "any" if k.startswith("allowed_") else "none" if k == "dead_letter_forward" else "unlimited"
             pairs.append((k, v))
         ctx.out(format_pairs(pairs, indent="  "))
     return EXIT_OK
