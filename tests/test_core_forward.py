@@ -225,7 +225,7 @@ def test_a_snapshot_without_the_counter_loads_it_at_0_and_hashes_as_before():
     jid = c.enqueue_id("work")
     c.move("work", [jid])
     data = c.m.to_builtins()
-    assert len(Queue.COUNTERS) == len(Queue.COUNTERS_V1) + 1
+    assert len(Queue.COUNTERS) > len(Queue.COUNTERS_V1)       # expired (and any later counter) at the end
     old = {**data, "queues": [(name, counters[:len(Queue.COUNTERS_V1)], heap) for name, counters, heap in data["queues"]]}
     m = QueueMachine.from_builtins(c.limits, old)
     m.check_invariants()
