@@ -453,6 +453,7 @@ def test_enqueue_a_test_job_and_pause_and_resume(cluster, api, ui):
     page.fill("#enq-payload", "00 ff 10")
     page.fill("#enq-priority", "")
     page.click("#enq-submit")
+    expect(ui.msg()).not_to_contain_text(jid)                     # the first enqueue's line is gone
     expect(ui.msg()).to_contain_text("enqueued ")
     jid = ui.msg().inner_text().split()[1]
     assert base64.b64decode(api.get(f"/v1/jobs/{jid}")[1]["payload"]["data_b64"]) == b"\x00\xff\x10"
