@@ -184,6 +184,22 @@ QUEUE_ONLY = {
                              "otherwise). Unset: any. Must not be empty.", default="unset"),
     "dedup_window_ms": Key("integer", "This queue's idempotency window.", default="`storage.dedup_window_ms`",
                            minimum=1),
+    "dead_letter_forward": Key("string", "A queue into which the cluster enqueues one record job (job type "
+                               "`raftq.dead_letter`, a JSON payload with the cause, the last reason, `failed_at_ms`, "
+                               "`final_attempt` and the original job) for each of this queue's dead letters of a cause "
+                               "in `dead_letter_forward_causes`, in the same command that dead-letters the job "
+                               "(docs/semantics.md \"Dead-letter forwarding\"). Not this queue, and no chain of "
+                               "forwards that comes back to it; need not be declared, except with `strict_queues`; "
+                               "a declared one with `allowed_job_types` or `allowed_encodings` must allow "
+                               "`raftq.dead_letter` and `application/json`. Record jobs are made past the forward "
+                               "queue's `max_queue_depth` (a forward is never lost) and whether or not dead letters "
+                               "are kept. Unset: no forwarding.", default="unset"),
+    "dead_letter_forward_causes": Key("array of strings", "The causes `dead_letter_forward` forwards, of "
+                                      "`attempts_exhausted`, `rejected`, `lease_expired`, `expired`, `admin`; "
+                                      "not empty, only with `dead_letter_forward`. The default is the causes the "
+                                      "cluster decides (no worker saw them fail); add `rejected` and "
+                                      "`attempts_exhausted` to forward a worker's nacks too.",
+                                      default='`["lease_expired", "expired", "admin"]`'),
 }
 TUNING = {
     "auto_tick_period_s": Key("number", "Period of the Raft tick thread (pysyncobj `autoTickPeriod`).", positive=True),
@@ -271,6 +287,9 @@ TESTING = {
     "free_space_file": Key("boolean", "While the file `disk-free-bytes` in the data dir holds a number, take it as the "
                            "data disk's free space (the chaos tool's disk-full fault where it cannot mount a small "
                            "filesystem per node)."),
+    "workers_window_ms": Key("integer", "How long a worker that reserved from a queue counts in the queue's "
+                             "`workers` (and keeps `no_workers` false) on this node when it leads; the tests shorten "
+                             "it.", minimum=1),
 }
 
 # (TOML header, keys, where the code keeps them / their defaults, what the section is)

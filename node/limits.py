@@ -11,6 +11,8 @@ import hashlib
 import json
 from dataclasses import dataclass, field, fields
 
+from .core.jobs import CLUSTER_CAUSES, DEAD_LETTER_CAUSES, DEAD_LETTER_RECORD_TYPE
+
 MIB = 1024 * 1024
 
 # Keys a [[queues]] entry may override (sepp notes §2.7), with the global defaults (§2.3).
@@ -63,7 +65,8 @@ STORAGE_KEYS: dict[str, object] = {
 # [storage] keys about this node's own disk, not the replicated rules: they may differ between
 # the nodes of a cluster (their disks may), so they are left out of the fingerprint.
 NODE_LOCAL_STORAGE_KEYS = ("min_free_bytes",)
-QUEUE_ONLY_KEYS = ("name", "allowed_job_types", "dedup_window_ms")
+QUEUE_ONLY_KEYS = ("name", "allowed_job_types", "dedup_window_ms", "dead_letter_forward",
+                   "dead_letter_forward_causes")
 
 
 class ConfigError(ValueError):
@@ -157,6 +160,10 @@ class QueueLimits:
     duplicate_policy: str
     allowed_job_types: tuple[str, ...] | None
     dedup_window_ms: int
+    # Dead-letter forwarding (node/core/handlers.py `forward`): the queue that gets one record
+    # job per dead letter of these causes; None: no forwarding (and no causes).
+    dead_letter_forward: str | None = None
+    dead_letter_forward_causes: tuple[str, ...] = ()
 
     def describe(self) -> dict:
         """The effective limits and retry policy as shown by GET /v1/queues/{name}."""
@@ -164,7 +171,61 @@ class QueueLimits:
         out["allowed_encodings"] = list(self.allowed_encodings) if self.allowed_encodings is not None else None
         out["allowed_job_types"] = list(self.allowed_job_types) if self.allowed_job_types is not None else None
         out["dedup_window_ms"] = self.dedup_window_ms
+        out["dead_letter_forward"] = self.dead_letter_forward
+        out["dead_letter_forward_causes"] = list(self.dead_letter_forward_causes)
         return out
+
+
+def _forward_of(where: str, entry: dict, name: str, max_name_bytes: int) -> tuple[str | None, tuple]:
+    """A [[queues]] entry's dead_letter_forward and dead_letter_forward_causes, checked."""
+    fwd = entry.get("dead_letter_forward")
+    causes = entry.get("dead_letter_forward_causes")
+    if fwd is None:
+        if causes is not None:
+            raise ConfigError(f"{where}.dead_letter_forward_causes: has no effect without dead_letter_forward")
+        return None, ()
+    why = check_queue_name(fwd, max_name_bytes)
+    if why:
+        raise ConfigError(f"{where}.dead_letter_forward: {why}")
+    if len(fwd.encode()) > max_name_bytes:
+        raise ConfigError(f"{where}.dead_letter_forward: longer than max_queue_name_bytes ({max_name_bytes})")
+    if fwd == name:
+        raise ConfigError(f"{where}.dead_letter_forward: a queue cannot forward its dead letters to itself")
+    if causes is None:
+        return fwd, CLUSTER_CAUSES
+    causes = _str_list(f"{where}.dead_letter_forward_causes", causes, allow_empty=False)
+    for c in causes:
+        if c not in DEAD_LETTER_CAUSES:
+            raise ConfigError(f"{where}.dead_letter_forward_causes: {c!r} is not a cause "
+                              f"(one of {', '.join(DEAD_LETTER_CAUSES)})")
+    return fwd, tuple(c for c in DEAD_LETTER_CAUSES if c in causes)     # each once, in a fixed order
+
+
+def _check_forwards(declared: dict, default_queue: "QueueLimits", strict: bool) -> None:
+    """Between queues: a forward queue that takes the record jobs (its job types and encodings),
+    declared under strict_queues (else no worker could reserve from it), and no chain of forwards
+    that comes back to where it started (a record of a record of a record ...)."""
+    for name, ql in declared.items():
+        fwd = ql.dead_letter_forward
+        if fwd is None:
+            continue
+        where = f"queues[{name}].dead_letter_forward"
+        target = declared.get(fwd)
+        if target is None and strict:
+            raise ConfigError(f"{where}: queue {fwd!r} is not declared (strict_queues: declare it)")
+        target = target or default_queue
+        if target.allowed_job_types is not None and DEAD_LETTER_RECORD_TYPE not in target.allowed_job_types:
+            raise ConfigError(f"{where}: queue {fwd!r} does not allow job type {DEAD_LETTER_RECORD_TYPE!r} "
+                              "(add it to its allowed_job_types)")
+        if target.allowed_encodings is not None and "application/json" not in target.allowed_encodings:
+            raise ConfigError(f"{where}: queue {fwd!r} does not allow encoding 'application/json' "
+                              "(the record's payload)")
+        seen, at = [name], fwd
+        while at is not None:
+            if at in seen:
+                raise ConfigError(f"{where}: the forwards go round in a circle ({' -> '.join(seen + [at])})")
+            seen.append(at)
+            at = declared[at].dead_letter_forward if at in declared else None
 
 
 def _check_queue_values(where: str, v: dict, max_request_bytes: int) -> None:
@@ -272,8 +333,11 @@ class Limits:
             if job_types is not None:
                 job_types = _str_list(f"{where}.allowed_job_types", job_types, allow_empty=False)
             window = _int(f"{where}.dedup_window_ms", entry.get("dedup_window_ms", s["dedup_window_ms"]))
+            fwd, causes = _forward_of(where, entry, name, g["max_queue_name_bytes"])
             declared[name] = QueueLimits(name=name, declared=True, **merged,
-                                         allowed_job_types=job_types, dedup_window_ms=window)
+                                         allowed_job_types=job_types, dedup_window_ms=window,
+                                         dead_letter_forward=fwd, dead_letter_forward_causes=causes)
+        _check_forwards(declared, default_queue, g["strict_queues"])
         doc = {"limits": {**{k: _plain(v) for k, v in g.items()}, **{k: _plain(base[k]) for k in QUEUE_KEYS}},
                "storage": dict(s),
                "queues": [{k: _plain(v) for k, v in entry.items()} for entry in queues]}

@@ -122,4 +122,13 @@ def render(view: dict, queues: list[dict], inflight: int, gauges: dict | None = 
         name = key if key.endswith("_total") else f"{key}_total"
         t.family(f"raftq_queue_{name}", "counter", f"{help_} since the queue was created",
                  [({"queue": q["name"]}, q[key]) for q in queues])
+    t.family("raftq_jobs_expired_total", "counter", "jobs dead-lettered because their deadline passed before "
+             "they started (cause expired), since the queue was created",
+             [({"queue": q["name"]}, q.get("expired_total", 0)) for q in queues])
+    t.family("raftq_dead_letters", "gauge", "dead letters kept, by cause",
+             [({"queue": q["name"], "cause": c}, n) for q in queues
+              for c, n in (q.get("dead_lettered_by_cause") or {}).items()])
+    t.family("raftq_queue_workers", "gauge", "distinct workers that reserved from the queue in the last 30 s "
+             "(the leader's count; NaN on a follower and in a new leader's first 30 s)",
+             [({"queue": q["name"]}, q.get("workers")) for q in queues])
     return t.text()

@@ -193,7 +193,8 @@ def _queue_limits_schema() -> dict:
     for key, value in shown.items():
         default = QUEUE_KEYS.get(key, value)
         if default is None or value is None:
-            kind = {"max_queue_depth": {"type": "integer"}, "execution_timeout_ms": {"type": "integer"}}.get(
+            kind = {"max_queue_depth": {"type": "integer"}, "execution_timeout_ms": {"type": "integer"},
+                    "dead_letter_forward": {"type": "string"}}.get(
                 key, {"type": "array", "items": {"type": "string"}})
             props[key] = {**kind, "type": [kind["type"], "null"]}
         else:
@@ -224,7 +225,13 @@ def _config_schema() -> dict:
                "dedup_window_ms": integer(1),
                "execution_timeout_ms": {"type": ["integer", "null"], "minimum": 1,
                                         "description": "null: no execution timeout"},
-               "duplicate_policy": {"type": "string", "enum": ["return_existing", "reject", "replace"]}}
+               "duplicate_policy": {"type": "string", "enum": ["return_existing", "reject", "replace"]},
+               "dead_letter_forward": {"type": ["string", "null"], "minLength": 1,
+                                       "description": "the queue that gets a record job per forwarded dead letter; "
+                                                      "null: none"},
+               "dead_letter_forward_causes": {"type": ["array", "null"], "minItems": 1, "items": {
+                   "enum": list(DEAD_LETTER_CAUSES)},
+                   "description": "null: lease_expired, expired, admin"}}
 
     def props(defaults: dict) -> dict:
         return {k: special.get(k) or _json_type(v) for k, v in defaults.items()}
@@ -343,7 +350,8 @@ def schemas() -> dict:
             "wait_ms": nullable(integer(0, description="long poll: wait up to this long for a job (clamped to "
                                         "`max_wait_timeout_ms`)", default=0)),
             "max_jobs": nullable(integer(1, description="clamped to `max_reserve_batch` (256)", default=1)),
-            "worker_id": nullable(string("free text, for your logs; at most `max_worker_id_bytes` (256) UTF-8 bytes",
+            "worker_id": nullable(string("names the worker in the queues' `workers` count (the leader's; reserves "
+                                         "without one count as one worker); at most `max_worker_id_bytes` (256) UTF-8 bytes",
                                          minLength=1)),
         }, ["queues", "lease_ms"], example={"queues": ["emails"], "lease_ms": 30000, "wait_ms": 1000, "max_jobs": 10}),
         "ReserveResponse": obj({"jobs": {"type": "array", "items": ref("Job")}}, ["jobs"],
@@ -492,9 +500,17 @@ def schemas() -> dict:
                 ("ready", "jobs that can be reserved now"), ("scheduled", "jobs waiting for their time"),
                 ("in_flight", "jobs under a lease"), ("dead_lettered", "dead letters kept"),
                 ("enqueued", "jobs enqueued, total"), ("acked", "acks, total"), ("nacked", "nacks, total"),
-                ("dead_lettered_total", "jobs dead-lettered, total (kept or not)"))}},
+                ("dead_lettered_total", "jobs dead-lettered, total (kept or not)"),
+                ("expired_total", "jobs dead-lettered because their deadline passed before they started, total"))},
+            "dead_lettered_by_cause": obj({c: integer(0) for c in DEAD_LETTER_CAUSES}, list(DEAD_LETTER_CAUSES),
+                                          "the dead letters kept, by cause"),
+            "workers": {"type": ["integer", "null"], "minimum": 0,
+                        "description": "distinct workers that reserved from the queue in the last 30 s (the "
+                                       "leader's soft state; null on a follower and in a new leader's first 30 s)"},
+            "no_workers": {"type": ["boolean", "null"], "description": "workers is 0 (null when workers is)"}},
             ["name", "declared", "paused", "ready", "scheduled", "in_flight", "dead_lettered", "enqueued", "acked",
-             "nacked", "dead_lettered_total"], "Counts are exact; totals count since the queue first appeared."),
+             "nacked", "dead_lettered_total", "expired_total", "dead_lettered_by_cause", "workers", "no_workers"],
+            "Counts are exact; totals count since the queue first appeared."),
         "QueuesResponse": obj({"queues": {"type": "array", "items": ref("QueueStats")}}, ["queues"]),
         "QueueLimits": _queue_limits_schema(),
         "QueueDetail": {"allOf": [ref("QueueStats"), obj({"limits": ref("QueueLimits")}, ["limits"])]},

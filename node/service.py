@@ -22,6 +22,7 @@ from .errors import ApiError, error
 from .proposer import Proposer, wall_ms
 from .replica import ROLES, Replica
 from .settings import Settings
+from .workers_seen import WorkersSeen
 
 log = logging.getLogger("raftq.node")
 from .. import __version__ as VERSION
@@ -114,6 +115,8 @@ class NodeService:
         self.parked = 0
         self.max_parked = int(t["max_parked_reserves"])
         self.wake_scheduled = False
+        # Which workers reserve from which queue (leader soft state: node/workers_seen.py).
+        self.workers_seen = WorkersSeen(window_ms=settings.testing.workers_window_ms)
         self._wake_names: set | None = set()    # what the next wake looks at; None: every name
         self._wake_lock = threading.Lock()
         self.stopping = False
@@ -413,6 +416,10 @@ class NodeService:
         # Role names, not the Raft layer's numbers: an operator reads this line.
         log.info("raft role %s -> %s", ROLES.get(old, old), ROLES.get(new, new))
         self._wake_all()
+        if ROLES.get(new) == "leader":
+            self.workers_seen.lead()
+        elif ROLES.get(old) == "leader":
+            self.workers_seen.follow()
         if ROLES.get(old) == "leader" and ROLES.get(new) != "leader":
             self._leadership_lost()
 
@@ -606,6 +613,9 @@ class NodeService:
             return e.result
         slot = cmd[1]
         queue_names = ops.reserve_queue_names(cmd)
+        worker = body.get("worker_id")
+        seen = self.workers_seen
+        seen.note(queue_names, worker)
         loop = self.loop
         deadline = loop.time() + wait_ms / 1000.0
         epoch = self.leader_epoch
@@ -641,10 +651,12 @@ class NodeService:
                 if self._has_ready(queue_names):    # an apply slipped in before we parked
                     fut.set_result(True)
                 timer = loop.call_later(remaining, _time_up, fut)
+                seen.park(w.names, worker)          # a worker waiting on a queue is there
                 try:
                     woken = await fut
                 finally:
                     timer.cancel()
+                    seen.unpark(w.names, worker)
                     self._unpark(w)
                     if not fut.done():
                         fut.cancel()
@@ -855,11 +867,18 @@ class NodeService:
         r = self.replica
         return not r.removed and r.leader_raft() is not None and r.caught_up() and r.syncobj.logUnverified is None
 
+    def _with_workers(self, stats: dict) -> dict:
+        """The leader's soft state next to the replicated stats: `workers`, `no_workers` (null
+        on a follower and in a new leader's first window: node/workers_seen.py)."""
+        stats["workers"], stats["no_workers"] = self.workers_seen.stats(stats["name"])
+        return stats
+
     def queues(self):
         with self.state.lock:
             m = self.state.machine
             out = [m.queue_stats(n) for n in m.queue_names()]
-        return 200, {"queues": [q for q in out if q is not None]}
+        self.workers_seen.prune()
+        return 200, {"queues": [self._with_workers(q) for q in out if q is not None]}
 
     def queue(self, name):
         with self.state.lock:
@@ -870,6 +889,8 @@ class NodeService:
                 stats = Queue(name).stats(name in limits.queues)
             else:
                 return error("not_found", f"queue {name!r} is not declared", queue=name)
+        self.workers_seen.prune()
+        self._with_workers(stats)
         stats["limits"] = limits.queue(name).describe()
         return 200, stats
 

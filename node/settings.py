@@ -51,11 +51,14 @@ class TestHooks:
     # false: the leader proposes no sweeps, so the state changes only by requests (the
     # hostile-input suite compares state digests around each refused request)
     sweeps: bool = True
+    # how long a worker that reserved counts for its queues' `workers` (node/workers_seen.py)
+    workers_window_ms: int = 30_000
 
 
 TESTING_KEYS = {f: t for f, t in (("clock_offset_ms", int), ("raft_dial_map", dict), ("sync_shadow", bool),
                                   ("sync_shadow_writeback_s", (int, float)), ("fsync_eio", bool),
-                                  ("clock_strobe", bool), ("free_space_file", bool), ("sweeps", bool))}
+                                  ("clock_strobe", bool), ("free_space_file", bool), ("sweeps", bool),
+                                  ("workers_window_ms", int))}
 
 
 @dataclass(frozen=True)
@@ -336,6 +339,8 @@ def _testing(raw) -> TestHooks:
             raise ConfigError(f"testing.{key}: unknown key (known: {', '.join(sorted(TESTING_KEYS))})")
         if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
             raise ConfigError(f"testing.{key}: wrong type, got {value!r}")
+    if raw.get("workers_window_ms", 1) < 1:
+        raise ConfigError(f"testing.workers_window_ms: must be >= 1, got {raw['workers_window_ms']}")
     dial = raw.get("raft_dial_map", {})
     for k, v in dial.items():
         _hostport(f"testing.raft_dial_map.{k}", v)

@@ -349,7 +349,7 @@ def reserve(body, limits: Limits, rid=None) -> tuple[tuple, int]:
     wait = _opt_int(body, "wait_ms", 0, 0)
     max_jobs = _opt_int(body, "max_jobs", 1, 1)
     if body.get("worker_id") is not None:
-        _check_text(body, "worker_id", "max_worker_id_bytes", limits)     # accepted, not used
+        _check_text(body, "worker_id", "max_worker_id_bytes", limits)     # counted by the leader (node/workers_seen.py)
     # The lease clamp; one queue (the common case) without building a generator.
     cap = (limits.queue(queues[0]).max_lease_duration_ms if len(queues) == 1
            else min(limits.queue(q).max_lease_duration_ms for q in queues))

@@ -27,6 +27,7 @@ import os
 import re
 import shutil
 import tempfile
+import time
 import urllib.request
 import uuid
 from datetime import datetime, timezone
@@ -452,6 +453,7 @@ def test_enqueue_a_test_job_and_pause_and_resume(cluster, api, ui):
     page.fill("#enq-payload", "00 ff 10")
     page.fill("#enq-priority", "")
     page.click("#enq-submit")
+    expect(ui.msg()).not_to_contain_text(jid)                     # the first enqueue's line is gone
     expect(ui.msg()).to_contain_text("enqueued ")
     jid = ui.msg().inner_text().split()[1]
     assert base64.b64decode(api.get(f"/v1/jobs/{jid}")[1]["payload"]["data_b64"]) == b"\x00\xff\x10"
@@ -896,6 +898,102 @@ def test_cluster_nodes_answers_every_members_view_and_says_why_one_is_missing(fr
         csp = r.headers["Content-Security-Policy"]
     connect = next(d for d in csp.split(";") if d.strip().startswith("connect-src")).split()[1:]
     assert connect[0] == "'self'" and sorted(connect[1:]) == sorted(u for i, u in enumerate(c.urls) if i != lead)
+
+
+@needs_browser
+def test_expired_tab_expired_counts_and_the_no_workers_badge(fresh_cluster, ui):
+    """A queue whose job passed its deadline: its expired count links to the Expired tab, the tab
+    counts and lists it (and the record forwarded into the forward queue); the no-workers badge
+    goes when a worker reserves and comes back a window (shortened to 6 s here: longer than the
+    page's refresh period, so a reading falls inside it) later."""
+    src, fwd = "ui-src-" + uuid.uuid4().hex[:6], "ui-fwd-" + uuid.uuid4().hex[:6]
+    c = fresh_cluster(durability="memory", storage=RETENTION, testing={"workers_window_ms": 6000},
+                      queues=[{"name": src, "dead_letter_forward": fwd}, {"name": fwd}])
+    api = Api(c)
+    lead = c.wait_leader(20)
+    [late] = enqueue(api, src, deadline_at_ms=int(time.time() * 1000) + 300)
+    poll(lambda: job_state(api, late) == "dead_lettered", timeout=20, what="the job past its deadline dead-lettered")
+    failed = dead_letter(api, src, "rejected")
+    page = ui.open(c.urls[lead])
+    row = page.locator(f"#queues tr[data-queue='{src}']")
+    expect(row.locator("td").nth(13)).to_have_text("1")                  # expired, total
+    expect(row.locator(".badge.noworkers")).to_have_text("no workers")
+    # the Expired tab: its count, then only the expired dead letter
+    tab = page.locator("#dl-tabs button[data-cause='expired']")
+    expect(tab).to_have_text("Expired (1)")
+    expect(page.locator("#dl-tabs button[data-cause='rejected']")).to_have_text("Rejected (1)")
+    tab.click()
+    expect(tab).to_have_attribute("aria-pressed", "true")
+    rows = page.locator("#dlq tbody tr[data-id]")
+    expect(rows).to_have_count(1)
+    expect(page.locator(f"#dlq tr[data-id='{late}'] td").nth(4)).to_have_text("expired")
+    expect(page.locator("#dl-cause")).to_have_value("expired")
+    page.locator("#dl-tabs button[data-cause='']").click()
+    expect(rows).to_have_count(2)
+    expect(page.locator(f"#dlq tr[data-id='{failed}']")).to_have_count(1)
+    # the queue row's expired count opens the Expired tab on that queue
+    page.locator(f"#queues a[data-expired='{src}']").click()
+    expect(tab).to_have_attribute("aria-pressed", "true")
+    expect(page.locator("#dl-queue")).to_have_value(src)
+    expect(rows).to_have_count(1)
+    # the forward queue holds the record job (it is a queue like any other in the table)
+    expect(page.locator(f"#queues tr[data-queue='{fwd}'] td").nth(1)).to_have_text("1")
+    # a worker reserves: the badge goes and the workers count says 1; a window later it is back
+    status, out = api.post("/v1/reserve", {"queues": [src], "lease_ms": 1000, "worker_id": "w-ui"})
+    assert status == 200, out
+    expect(row.locator(".badge.noworkers")).to_have_count(0)
+    expect(row.locator("td").nth(12)).to_have_text("1")                  # workers
+    expect(row.locator(".badge.noworkers")).to_have_text("no workers")
+    expect(row.locator("td").nth(12)).to_have_text("0")
+
+
+@needs_browser
+def test_circuit_window_and_throttle_badges_and_the_close_circuit_button(cluster, api, ui):
+    """The gating fields (circuit, window_open, throttled) come from nodes with those features:
+    here the page's GET /v1/queues answers are the cluster's with them added to one queue, and
+    the close call is answered by the test. A queue without the fields shows none of it."""
+    gated, plain, closed = qname(), qname(), qname()
+    for q in (gated, plain, closed):
+        enqueue(api, q)
+    added = {gated: {"circuit": {"state": "open", "failures": 5, "opened_at_ms": 1_700_000_000_000,
+                                 "open_until_ms": 4_102_444_800_000, "opened_total": 2},
+                     "window_open": False, "throttled": 4, "throttle_deferred_total": 9},
+             closed: {"circuit": {"state": "closed", "failures": 0, "opened_at_ms": None, "open_until_ms": None,
+                                  "opened_total": 0}, "window_open": True, "throttled": 0}}
+    closes = []
+
+    def queues(route):
+        if route.request.method != "GET":
+            return route.continue_()
+        resp = route.fetch()
+        body = resp.json()
+        for q in body["queues"]:
+            q.update(added.get(q["name"], {}))
+        route.fulfill(response=resp, json=body)
+
+    def close(route):
+        closes.append(route.request.url)
+        added[gated]["circuit"] = {**added[gated]["circuit"], "state": "closed"}
+        route.fulfill(status=200, json={"queue": gated, "circuit": added[gated]["circuit"]})
+
+    ui.page.route(re.compile(r".*/v1/queues$"), queues)
+    ui.page.route(re.compile(r".*/v1/queues/[^/]+/circuit/close$"), close)
+    page = ui.open(leader_url(cluster))
+    g = page.locator(f"#queues tr[data-queue='{gated}']")
+    expect(g.locator(".badge.circuit")).to_have_text("circuit open")
+    expect(g.locator(".badge.window")).to_have_text("window closed")
+    expect(g.locator(".badge.throttled")).to_have_text("4 throttled")
+    for other in (plain, closed):
+        r = page.locator(f"#queues tr[data-queue='{other}']")
+        expect(r.locator("td").nth(1)).to_have_text("1")
+        expect(r.locator(".badge.circuit, .badge.window, .badge.throttled")).to_have_count(0)
+        expect(r.locator("button[data-closecircuit]")).to_have_count(0)
+    g.locator(f"button[data-closecircuit='{gated}']").click()
+    expect(ui.msg()).to_have_text(f"closed the circuit of {gated}")
+    assert len(closes) == 1 and closes[0].endswith(f"/v1/queues/{gated}/circuit/close")
+    assert ui.calls("POST", f"/v1/queues/{gated}/circuit/close") == [None]
+    expect(g.locator(".badge.circuit")).to_have_count(0)                # the next reading: closed
+    expect(g.locator("button[data-closecircuit]")).to_have_count(0)
 
 
 def test_dead_letters_by_cause_pages_through_and_refuses_an_unknown_cause(cluster, api):

@@ -170,7 +170,8 @@ def test_queues_table_detail_and_json(cluster, client):
 
     code, out, err = raftq("queues", "tiny", urls=cluster.urls)
     assert code == 0 and "declared               yes" in out and "limits:" in out
-    assert "max_queue_depth          5" in out
+    assert re.search(r"^  max_queue_depth +5$", out, re.M), out
+    assert re.search(r"^  dead_letter_forward +none$", out, re.M), out
     assert re.search(r"^  allowed_encodings +any$", out, re.M), out      # unset: any encoding
     code, out, err = raftq("queues", "jsononly", urls=cluster.urls)
     assert re.search(r"^  allowed_encodings +application/json$", out, re.M) and \
@@ -496,3 +497,59 @@ def test_config_keys_moves_and_audit_commands(make_cluster, tmp_path):
     code, out, err = raftq("audit", "--limit", "3", urls=urls, env=admin)
     assert code == 0 and out.splitlines()[0].split()[:4] == ["WHEN", "WHO", "ACTION", "TARGET"], out
     assert "key_remove" in out.splitlines()[1] and "root" in out.splitlines()[1]
+
+
+def _queue_stats(name, **extra):
+    base = {"name": name, "declared": True, "paused": False, "ready": 3, "scheduled": 0, "in_flight": 1,
+            "dead_lettered": 2, "enqueued": 9, "acked": 4, "nacked": 2, "dead_lettered_total": 2}
+    return {**base, **extra}
+
+
+def test_queues_shows_workers_expired_and_what_holds_jobs_back(monkeypatch, capsys):
+    """Synthetic answers: a queue with the visibility fields and the gating ones (circuit, window,
+    throttled) present, one of a node that sends none of them (older, or without the features)."""
+    from raftq.cluster import cli
+    from raftq.cluster.cli import commands
+
+    full = _queue_stats("busy", paused=True, expired_total=5, workers=0, no_workers=True,
+                        dead_lettered_by_cause={"attempts_exhausted": 0, "rejected": 0, "lease_expired": 1,
+                                                "admin": 0, "expired": 1},
+                        circuit={"state": "half_open", "failures": 3, "opened_at_ms": 1_700_000_000_000,
+                                 "open_until_ms": None, "opened_total": 2},
+                        window_open=False, throttled=7, throttle_deferred_total=11)
+    bare = _queue_stats("plain")
+    known = _queue_stats("served", expired_total=0, workers=2, no_workers=False, circuit=None, window_open=True,
+                         throttled=0)
+
+    async def call(self, op, method, path, body=None, *, mutating=False):
+        if path == "/v1/queues":
+            return {"queues": [full, bare, known]}
+        return {**{"/v1/queues/busy": full, "/v1/queues/plain": bare}[path], "limits": {}}
+
+    async def connect(self):
+        return None
+
+    monkeypatch.setattr(commands.Ctx, "call", call)
+    monkeypatch.setattr(commands.Ctx, "connect", connect)
+    assert cli.main(["queues", "--urls", "http://h1"]) == 0
+    out = capsys.readouterr().out
+    head = out.splitlines()[0].split()
+    assert head[:6] == ["QUEUE", "PAUSED", "READY", "SCHEDULED", "IN_FLIGHT", "DEAD"]
+    assert head[-3:] == ["EXPIRED", "WORKERS", "NOTES"]
+    rows = {line.split()[0]: line for line in out.splitlines()[1:] if line.split() and line.split()[0] in
+            ("busy", "plain", "served")}
+    assert rows["busy"].rstrip().endswith("paused, no workers, circuit half open, window closed, 7 throttled")
+    assert re.search(r"\b5\s+0\s+paused", rows["busy"]), rows["busy"]
+    assert re.search(r"-\s+-\s+-$", rows["plain"].rstrip()), rows["plain"]       # nothing known: dashes
+    assert re.search(r"\b0\s+2\s+-$", rows["served"].rstrip()), rows["served"]
+    assert cli.main(["queues", "busy", "--urls", "http://h1"]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"^expired \(total\) +5$", out, re.M), out
+    assert re.search(r"^dead letters by cause +lease_expired 1, expired 1$", out, re.M), out
+    assert re.search(r"^workers \(last 30 s\) +0 - NO WORKERS", out, re.M), out
+    assert re.search(r"^circuit +half open, 3 failure\(s\), opened 2 time\(s\)$", out, re.M), out
+    assert re.search(r"^execution window +closed", out, re.M), out
+    assert re.search(r"^throttled now +7$", out, re.M) and re.search(r"^throttle deferrals \(total\) +11$", out, re.M)
+    assert cli.main(["queues", "plain", "--urls", "http://h1"]) == 0
+    out = capsys.readouterr().out
+    assert "workers" not in out and "circuit" not in out and "expired" not in out

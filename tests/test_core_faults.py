@@ -49,7 +49,8 @@ CONFIGS = [
       "retry_delay_max_ms": 3000},
      {"dead_letter_retention_ms": 5000, "dedup_window_ms": 3000},
      [{"name": "a", "max_queue_depth": 4, "max_lease_duration_ms": 3000},
-      {"name": "b", "default_max_attempts": 1}]),
+      {"name": "b", "default_max_attempts": 1, "dead_letter_forward": "c",
+       "dead_letter_forward_causes": ["lease_expired", "expired", "admin", "rejected", "attempts_exhausted"]}]),
 ]
 
 

@@ -294,6 +294,8 @@ class Model:
 
     def dead_letter(self, j: MJob, cause: str, reason):
         self.total(j.queue)["dead_total"] += 1
+        if cause == "expired":
+            self.total(j.queue)["expired"] += 1
         if self.retention == 0:
             del self.jobs[j.id]           # no store: dropped
             return
@@ -777,7 +779,10 @@ class Model:
                 "in_flight": len(self.in_queue(q, "in_flight")),
                 "dead_lettered": len(self.in_queue(q, "dead_lettered")),
                 "enqueued": t["enqueued"], "acked": t["acked"], "nacked": t["nacked"],
-                "dead_lettered_total": t["dead_total"]}
+                "dead_lettered_total": t["dead_total"], "expired_total": t["expired"],
+                "dead_lettered_by_cause": {c: sum(1 for d in self.dead if d.cause == c and self.jobs[d.id].queue == q)
+                                           for c in ("attempts_exhausted", "rejected", "lease_expired", "admin",
+                                                     "expired")}}
 
     def view(self, jid: str):
         j = self.jobs.get(jid)

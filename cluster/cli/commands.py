@@ -691,7 +691,36 @@ async def cmd_enqueue(ctx: Ctx) -> int:
 # ---------------------------------------------------------------------------- queues, jobs
 QUEUE_COLUMNS = [("QUEUE", "name"), ("PAUSED", "paused"), ("READY", "ready"), ("SCHEDULED", "scheduled"),
                  ("IN_FLIGHT", "in_flight"), ("DEAD", "dead_lettered"), ("ENQUEUED", "enqueued"),
-                 ("ACKED", "acked"), ("NACKED", "nacked"), ("DEAD_TOTAL", "dead_lettered_total")]
+                 ("ACKED", "acked"), ("NACKED", "nacked"), ("DEAD_TOTAL", "dead_lettered_total"),
+                 ("EXPIRED", "expired_total"), ("WORKERS", "workers"), ("NOTES", "notes")]
+
+
+def queue_notes(q: dict) -> list[str]:
+    """Why a queue's jobs may be waiting, as short notes: paused, no workers, the circuit, the
+    window, throttled jobs. A field the cluster does not send (an older node) is left out; so is
+    one it does not know yet (workers: null on a follower or a new leader)."""
+    notes = []
+    if q.get("paused"):
+        notes.append("paused")
+    if q.get("no_workers") is True:
+        notes.append("no workers")
+    circuit = q.get("circuit")
+    if isinstance(circuit, dict) and circuit.get("state") not in (None, "closed"):
+        notes.append("circuit " + str(circuit["state"]).replace("_", " "))
+    if q.get("window_open") is False:
+        notes.append("window closed")
+    if q.get("throttled"):
+        notes.append(f"{q['throttled']} throttled")
+    return notes
+
+
+def _queue_cell(q: dict, key: str):
+    if key == "paused":
+        return "yes" if q.get(key) else "no"
+    if key == "notes":
+        return ", ".join(queue_notes(q)) or "-"
+    v = q.get(key)
+    return "-" if v is None else v
 
 
 async def cmd_queues(ctx: Ctx) -> int:
@@ -704,10 +733,9 @@ async def cmd_queues(ctx: Ctx) -> int:
         if not queues:
             ctx.out("no queues yet (a queue appears with its first job, or when declared in the config)")
             return EXIT_OK
-        rows = [[("yes" if q.get(k) else "no") if k == "paused" else q.get(k) for _, k in QUEUE_COLUMNS]
-                for q in queues]
-        ctx.out(format_table([h for h, _ in QUEUE_COLUMNS], rows, right=set(range(2, len(QUEUE_COLUMNS)))))
-        totals = {k: sum(q.get(k) or 0 for q in queues) for _, k in QUEUE_COLUMNS[2:]}
+        rows = [[_queue_cell(q, k) for _, k in QUEUE_COLUMNS] for q in queues]
+        ctx.out(format_table([h for h, _ in QUEUE_COLUMNS], rows, right=set(range(2, len(QUEUE_COLUMNS) - 1))))
+        totals = {k: sum(q.get(k) or 0 for q in queues) for _, k in QUEUE_COLUMNS[2:-1]}
         ctx.out(f"{len(queues)} queue(s); ready {totals['ready']}, scheduled {totals['scheduled']}, "
                 f"in flight {totals['in_flight']}, dead {totals['dead_lettered']}; "
                 f"enqueued {totals['enqueued']}, acked {totals['acked']}")
@@ -716,13 +744,7 @@ async def cmd_queues(ctx: Ctx) -> int:
     if ctx.json:
         ctx.dump(q)
         return EXIT_OK
-    state = "paused (reserve skips it; enqueues are still accepted)" if q.get("paused") else "active"
-    ctx.out(format_pairs([
-        ("queue", q.get("name")), ("declared", "yes" if q.get("declared") else "no (default limits)"),
-        ("state", state), ("ready", q.get("ready")), ("scheduled", q.get("scheduled")),
-        ("in flight", q.get("in_flight")), ("dead letters", q.get("dead_lettered")),
-        ("enqueued (total)", q.get("enqueued")), ("acked (total)", q.get("acked")),
-        ("nacked (total)", q.get("nacked")), ("dead-lettered (total)", q.get("dead_lettered_total"))]))
+    ctx.out(format_pairs(queue_detail_pairs(q)))
     limits = q.get("limits") or {}
     if limits:
         ctx.out("limits:")
@@ -734,10 +756,54 @@ async def cmd_queues(ctx: Ctx) -> int:
             elif k.endswith("_ms") and isinstance(v, int):
                 v = fmt_ms_duration(v)
             elif v is None:         # unset: no limit (a list: any value; a number: no maximum)
-                v = "any" if k.startswith("allowed_") else "unlimited"
+                v = "any" if k.startswith("allowed_") else "none" if k == "dead_letter_forward" else "unlimited"
             pairs.append((k, v))
         ctx.out(format_pairs(pairs, indent="  "))
     return EXIT_OK
+
+
+def queue_detail_pairs(q: dict) -> list[tuple[str, object]]:
+    """`raftq queues NAME`: the queue's counts, and what may hold its jobs back."""
+    state = "paused (reserve skips it; enqueues are still accepted)" if q.get("paused") else "active"
+    pairs = [
+        ("queue", q.get("name")), ("declared", "yes" if q.get("declared") else "no (default limits)"),
+        ("state", state), ("ready", q.get("ready")), ("scheduled", q.get("scheduled")),
+        ("in flight", q.get("in_flight")), ("dead letters", q.get("dead_lettered")),
+        ("enqueued (total)", q.get("enqueued")), ("acked (total)", q.get("acked")),
+        ("nacked (total)", q.get("nacked")), ("dead-lettered (total)", q.get("dead_lettered_total"))]
+    if "expired_total" in q:
+        pairs.append(("expired (total)", q["expired_total"]))
+    by_cause = q.get("dead_lettered_by_cause")
+    if by_cause:
+        pairs.append(("dead letters by cause", ", ".join(f"{c} {n}" for c, n in by_cause.items() if n) or "none"))
+    if "workers" in q:
+        w = q["workers"]
+        pairs.append(("workers (last 30 s)", "unknown (ask the leader; a new leader counts after 30 s)" if w is None
+                      else f"{w}" + (" - NO WORKERS: nothing reserves from this queue" if w == 0 else "")))
+    if "circuit" in q:
+        c = q["circuit"]
+        if c is None:
+            pairs.append(("circuit", "no breaker"))
+        else:
+            text = f"{str(c.get('state')).replace('_', ' ')}, {c.get('failures', 0)} failure(s)"
+            if c.get("open_until_ms"):
+                text += f", open until {fmt_ms_time(c['open_until_ms'])}"
+            text += f", opened {c.get('opened_total', 0)} time(s)"
+            pairs.append(("circuit", text))
+    if "window_open" in q:
+        pairs.append(("execution window", "open" if q["window_open"] else "closed (reserve skips the queue)"))
+    if "throttled" in q:
+        pairs.append(("throttled now", q["throttled"]))
+    if "throttle_deferred_total" in q:
+        pairs.append(("throttle deferrals (total)", q["throttle_deferred_total"]))
+    return pairs
+
+
+def fmt_ms_time(ms) -> str:
+    try:
+        return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(int(ms) / 1000)) + " UTC"
+    except (TypeError, ValueError, OverflowError):
+        return str(ms)
 
 
 def _path(name: str) -> str:

@@ -12,10 +12,15 @@ from heapq import heappop, heappush
 
 from collections import deque
 from itertools import chain
+import uuid
+
+import orjson
 
 from ..retry import policy_delay_ms
 from . import audit, ops
-from .jobs import DEAD, GONE, IN_FLIGHT, READY, SCHEDULED, DeadLetter, Job, Queue, shown_fields
+from .answers import render_dead_letter
+from .jobs import (DEAD, DEAD_LETTER_RECORD_TYPE, GONE, IN_FLIGHT, READY, SCHEDULED, DeadLetter, Job, Queue,
+                   shown_fields)
 from .ops import ATOMIC, DEAD_LETTER, DELAY, ENQUEUED, JOB_ID, RESERVED, SINGLE, UNAUDITED
 from .undo import appendleft, drop_item, fifo_remove, heap_remove, heap_restore, restore_item
 
@@ -421,13 +426,20 @@ def ready_push(m, q: Queue, entry):
 # ---------------------------------------------------------------------------- dead letters
 def dead_letter(m, job: Job, q: Queue, cause: str, reason):
     """Move a job that has already left its ready/scheduled/in-flight count to the dead
-    letters (or drop it, without a store)."""
+    letters (or drop it, without a store); a queue with dead_letter_forward gets the record job
+    of a forwarded cause in the same command."""
     m._add(q, "dead_total", 1)
+    if cause == "expired":
+        m._add(q, "expired", 1)
+    ql = m.limits.queue(job.queue)
+    if ql.dead_letter_forward is not None and cause in ql.dead_letter_forward_causes:
+        forward(m, job, cause, reason, ql.dead_letter_forward)
     if m.limits.dead_letter_retention_ms <= 0:
         forget(m, job)
         return
     m._set(job, "state", DEAD)
     m._add(q, "dead", 1)
+    m._put(q.dead_by_cause, cause, q.dead_by_cause.get(cause, 0) + 1)
     rec = DeadLetter(job, cause, m.clock, job.attempt, reason, m._new_ctr())
     m._put(m.dlq, job.id, rec)
     per_queue = m.dlq_by_queue.get(job.queue)
@@ -438,12 +450,46 @@ def dead_letter(m, job: Job, q: Queue, cause: str, reason):
 
 
 def drop_dead_letter(m, job_id: str) -> DeadLetter:
-    """Take a record out of the store (both indexes and the queue's count)."""
+    """Take a record out of the store (both indexes and the queue's counts)."""
     rec = m._odict_pop(m.dlq, job_id)
     job = rec.job
     m._odict_pop(m.dlq_by_queue[job.queue], job_id)
-    m._add(m.queues[job.queue], "dead", -1)
+    q = m.queues[job.queue]
+    m._add(q, "dead", -1)
+    n = q.dead_by_cause.get(rec.cause, 0)
+    if n > 1:
+        m._put(q.dead_by_cause, rec.cause, n - 1)
+    elif n == 1:
+        m._pop(q.dead_by_cause, rec.cause)
     return rec
+
+
+# A forward's record job id: a name-based UUID (version 5) of the dead-lettered job's id and the
+# machine's counter at the forward, so every replica makes the same id and a job dead-lettered
+# again (after a requeue) forwards a record with a new one.
+_RECORD_NAMESPACE = uuid.UUID("5b0f8c1e-3c1d-4d7e-9a43-6d2f0c7a9e11")
+
+
+def record_job_id(job_id: str, ctr: int) -> str:
+    return str(uuid.uuid5(_RECORD_NAMESPACE, f"{job_id}/{ctr}"))
+
+
+def forward(m, job: Job, cause: str, reason, fwd: str):
+    """One record job of this dead letter into queue `fwd` (docs/semantics.md "Dead-letter
+    forwarding"): job type raftq.dead_letter, a JSON payload with the cause, the last reason,
+    when, the final attempt and the job as the API shows it. It is an ordinary ready job of
+    the forward queue (its default priority and max_attempts), made past the queue's depth limit
+    (a forward is never lost) and none of the enqueue checks (the cluster makes it); it carries
+    no deadline, so nothing in this command dead-letters it in turn."""
+    kept = m.limits.dead_letter_retention_ms > 0
+    record = render_dead_letter(shown_fields(job), cause, m.clock, job.attempt, reason)
+    record["dead_letter_kept"] = kept
+    body = orjson.dumps(record)
+    fl = m.limits.queue(fwd)
+    custom = {"dead_letter_cause": cause, "dead_letter_queue": job.queue, "dead_letter_job_id": job.id}
+    item = ops.item(record_job_id(job.id, m._new_ctr()), fwd, DEAD_LETTER_RECORD_TYPE, body, "application/json",
+                    fl.default_priority, fl.default_max_attempts, custom, job.trace, None, None, None)
+    return _enqueue_one(m, item, m.clock, False)
 
 
 def forget(m, job: Job):

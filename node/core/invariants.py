@@ -68,9 +68,14 @@ def check(m) -> list[str]:
         for state, attr in ((READY, "ready"), (SCHEDULED, "scheduled"), (IN_FLIGHT, "in_flight"), (DEAD, "dead")):
             if getattr(q, attr) != c[state]:
                 say(f"queue {name!r} counts {getattr(q, attr)} {attr}, holds {c[state]}")
-        for attr in ("enqueued", "acked", "nacked", "dead_total"):
+        for attr in ("enqueued", "acked", "nacked", "dead_total", "expired"):
             if getattr(q, attr) < 0:
                 say(f"queue {name!r} total {attr} is negative")
+        if q.expired > q.dead_total:
+            say(f"queue {name!r} counts {q.expired} expired of {q.dead_total} dead-lettered")
+        by_cause = Counter(rec.cause for rec in m.dlq_by_queue.get(name, {}).values())
+        if {c: n for c, n in q.dead_by_cause.items()} != dict(by_cause):
+            say(f"queue {name!r} counts dead letters by cause {dict(q.dead_by_cause)}, holds {dict(by_cause)}")
 
     # ---- the ready index: exactly one live entry per ready job, in order
     live_ready = Counter()

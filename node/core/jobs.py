@@ -13,6 +13,11 @@ READY, SCHEDULED, IN_FLIGHT, DEAD, GONE = 0, 1, 2, 3, 4
 STATE_NAMES = ("ready", "scheduled", "in_flight", "dead_lettered", "gone")
 # Why a job was dead-lettered (a DeadLetter's `cause`), as SEMANTICS.md names them.
 DEAD_LETTER_CAUSES = ("attempts_exhausted", "rejected", "lease_expired", "admin", "expired")
+# The causes the cluster decides (no worker reported them): what a queue's dead_letter_forward
+# forwards unless dead_letter_forward_causes says otherwise.
+CLUSTER_CAUSES = ("lease_expired", "expired", "admin")
+# The job type of a dead-letter record job (a forward, node/core/handlers.py `forward`).
+DEAD_LETTER_RECORD_TYPE = "raftq.dead_letter"
 
 
 class Job:
@@ -81,9 +86,13 @@ class Queue:
     of the two heads, so a deep backlog costs O(1) per reserve instead of O(log n). An entry is
     live while its job is READY, still in the machine and has the entry's seq."""
     __slots__ = ("name", "ready_heap", "ready_fifo", "ready", "scheduled", "in_flight", "dead",
-                 "enqueued", "acked", "nacked", "dead_total", "paused")
+                 "enqueued", "acked", "nacked", "dead_total", "paused", "expired", "dead_by_cause")
     COUNTERS = ("ready", "scheduled", "in_flight", "dead", "enqueued", "acked", "nacked",
-                "dead_total", "paused")
+                "dead_total", "paused", "expired")
+    # The counters of the snapshots and digests written before `expired` existed: a snapshot's
+    # shorter list loads with the later counters at 0, and the digest hashes a later counter only
+    # once it is not 0 (a state without expiries hashes as it did).
+    COUNTERS_V1 = COUNTERS[:9]
 
     def __init__(self, name: str):
         self.name = name
@@ -92,6 +101,10 @@ class Queue:
         self.ready = self.scheduled = self.in_flight = self.dead = 0
         self.enqueued = self.acked = self.nacked = self.dead_total = 0
         self.paused = False
+        self.expired = 0                # jobs dead-lettered with cause expired, ever (replicated)
+        # The dead-letter store's records of this queue by cause: derived from the store (kept
+        # in step by dead_letter / drop_dead_letter, rebuilt from it by a snapshot restore).
+        self.dead_by_cause: dict[str, int] = {}
 
     def depth(self) -> int:
         return self.ready + self.scheduled + self.in_flight
@@ -100,7 +113,9 @@ class Queue:
         return {"name": self.name, "declared": declared, "paused": self.paused,
                 "ready": self.ready, "scheduled": self.scheduled, "in_flight": self.in_flight,
                 "dead_lettered": self.dead, "enqueued": self.enqueued, "acked": self.acked,
-                "nacked": self.nacked, "dead_lettered_total": self.dead_total}
+                "nacked": self.nacked, "dead_lettered_total": self.dead_total,
+                "expired_total": self.expired,
+                "dead_lettered_by_cause": {c: self.dead_by_cause.get(c, 0) for c in DEAD_LETTER_CAUSES}}
 
 
 class DeadLetter:

@@ -15,6 +15,11 @@ bootstrap configuration of the machine it is restored into (the node's TOML), as
 
 The digest is unchanged from version 1 for a state without those additions (version 0, no
 audit entry, no scoped request id): a state that holds the same results hashes the same.
+
+A queue's counters are a list in `Queue.COUNTERS` order; counters added later (`expired`) are
+at its end, so a snapshot's shorter list loads with them at 0 (within version 3), and the
+digest hashes them only once one is not 0. The per-cause counts of the dead-letter store are
+derived from the store: not kept, rebuilt at restore.
 """
 from __future__ import annotations
 
@@ -121,6 +126,9 @@ def from_builtins(m, data: dict):
         heapq.heapify(q.ready_heap)
         q.ready_fifo = deque([(a, b, c, jobs[i]) for a, b, c, i in heap[k:]])
         m.queues[name] = q
+    for rec in m.dlq.values():          # derived from the store, not kept in the snapshot
+        d = m.queues[rec.job.queue].dead_by_cause
+        d[rec.cause] = d.get(rec.cause, 0) + 1
     m.sched_heap = [(a, b, jobs[i]) for a, b, i in data["sched"]]
     m.lease_heap = [(a, b, jobs[i].id) for a, b, i in data["leases"]]
     m.deadline_heap = [(a, b, jobs[i]) for a, b, i in data["deadlines"]]
@@ -157,7 +165,11 @@ def digest(m) -> str:
         h.update(repr(m.jobs[job_id].legacy_tuple()).encode())
     for name in sorted(m.queues):
         q = m.queues[name]
-        h.update(repr((name, [getattr(q, c) for c in Queue.COUNTERS])).encode())
+        counters = [getattr(q, c) for c in Queue.COUNTERS_V1]
+        later = [getattr(q, c) for c in Queue.COUNTERS[len(Queue.COUNTERS_V1):]]
+        if any(later):                  # only once there is one: earlier states hash as they did
+            counters += later
+        h.update(repr((name, counters)).encode())
     for k in sorted(m.dedup):
         h.update(repr((k, m.dedup[k])).encode())
     for key in sorted(m.rids, key=_key_order):
