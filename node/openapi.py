@@ -215,7 +215,21 @@ def _config_schema() -> dict:
                                      "description": "null: any"},
                "allowed_job_types": {"type": ["array", "null"], "items": string(minLength=1), "minItems": 1,
                                      "description": "null: any"},
-               "dedup_window_ms": integer(1)}
+               "dedup_window_ms": integer(1),
+               "resource_limits": {"type": "object", "additionalProperties": integer(0),
+                                   "description": "resource name -> most jobs in flight at once (a resource "
+                                                  "without an entry is unlimited)"},
+               "resource": {"type": ["string", "null"], "minLength": 1,
+                            "description": "the default resource of this queue's jobs"},
+               "circuit_breaker": {"type": ["object", "null"], "required": ["failures", "window_ms", "open_ms"],
+                                   "additionalProperties": False,
+                                   "properties": {"failures": integer(1), "window_ms": integer(1),
+                                                  "open_ms": integer(1)}},
+               "windows": {"type": ["array", "null"], "minItems": 1, "items": {
+                   "type": "object", "additionalProperties": False, "required": ["start", "end"],
+                   "properties": {"days": {"type": "array", "minItems": 1, "items": {
+                       "enum": ["mon", "tue", "wed", "thu", "fri", "sat", "sun"]}},
+                       "start": string(), "end": string(), "time_zone": string()}}}}
 
     def props(defaults: dict) -> dict:
         return {k: special.get(k) or _json_type(v) for k, v in defaults.items()}

@@ -778,7 +778,9 @@ class Model:
                 "in_flight": len(self.in_queue(q, "in_flight")),
                 "dead_lettered": len(self.in_queue(q, "dead_lettered")),
                 "enqueued": t["enqueued"], "acked": t["acked"], "nacked": t["nacked"],
-                "dead_lettered_total": t["dead_total"]}
+                "dead_lettered_total": t["dead_total"],
+                # gating (issue 17): the model uses no resource, breaker or window
+                "throttled": 0, "throttle_deferred_total": 0, "circuit": None, "window_open": True}
 
     def view(self, jid: str):
         j = self.jobs.get(jid)

@@ -84,8 +84,9 @@ def queue_refused_message(why: str, queue: str, jobs: dict) -> str:
 
 # ---------------------------------------------------------------------------- jobs
 def render_job(id, queue, job_type, payload, encoding, priority, custom, trace, enqueued_at,
-               scheduled_at, attempt, max_attempts, lease_expires, deadline) -> dict:
-    """The Job shape of API.md from SHOWN_FIELDS (node/core/jobs.py)."""
+               scheduled_at, attempt, max_attempts, lease_expires, deadline, resource=None) -> dict:
+    """The Job shape of API.md from SHOWN_FIELDS (node/core/jobs.py). `resource` (issue 17) is
+    shown when the job has one, like `deadline_at_ms`; results kept before it have 14 fields."""
     if payload is not None and trace is None:
         # The common shape, built in one go (same keys, same order as below).
         out = {"id": id, "queue": queue, "job_type": job_type,
@@ -95,6 +96,8 @@ def render_job(id, queue, job_type, payload, encoding, priority, custom, trace, 
                "attempt": attempt, "max_attempts": max_attempts, "lease_expires_at_ms": lease_expires}
         if deadline is not None:
             out["deadline_at_ms"] = deadline
+        if resource is not None:
+            out["resource"] = resource
         return out
     out = {"id": id, "queue": queue, "job_type": job_type}
     if payload is not None:
@@ -110,6 +113,8 @@ def render_job(id, queue, job_type, payload, encoding, priority, custom, trace, 
     out["lease_expires_at_ms"] = lease_expires
     if deadline is not None:
         out["deadline_at_ms"] = deadline
+    if resource is not None:
+        out["resource"] = resource
     return out
 
 
@@ -122,7 +127,7 @@ def shown_fields_of(shown: dict) -> tuple:
             a2b_base64(p["data_b64"]) if p is not None else None, p["encoding"] if p is not None else None,
             shown["priority"], shown["custom"] or None, (t["traceparent"], t["tracestate"]) if t is not None else None,
             shown["enqueued_at_ms"], shown["scheduled_at_ms"], shown["attempt"], shown["max_attempts"],
-            shown["lease_expires_at_ms"], shown.get("deadline_at_ms"))
+            shown["lease_expires_at_ms"], shown.get("deadline_at_ms"), shown.get("resource"))
 
 
 def render_dead_letter(fields: tuple, cause: str, failed_at: int, final_attempt: int, reason) -> dict:
@@ -191,6 +196,7 @@ _RENDER = {
     PURGED: lambda r: (200, {"queue": r[1], "purged": r[2]}),
     QUEUE_DELETED: lambda r: (200, {"queue": r[1]}),
     RECORDED: lambda r: (200, {"action": r[1]}),
+    ops.CIRCUIT_CLOSED: lambda r: (200, {"queue": r[1], "circuit": "closed", "was": r[2]}),
     QUEUE_NOT_FOUND: lambda r: error("not_found", f"queue {r[1]!r} neither exists nor is declared", queue=r[1]),
     QUEUE_REFUSED: lambda r: error("failed_precondition", queue_refused_message(r[1], r[2], r[3]),
                                    reason=r[1], queue=r[2], jobs=r[3]),

@@ -22,7 +22,7 @@ class Job:
     ready-index entry)."""
     __slots__ = ("id", "queue", "job_type", "payload", "encoding", "priority", "custom", "trace",
                  "enqueued_at", "scheduled_at", "attempt", "max_attempts", "lease_expires",
-                 "state", "seq", "run_at", "deadline", "last_reason")
+                 "state", "seq", "run_at", "deadline", "last_reason", "resource")
 
     FIELDS = __slots__
 
@@ -36,7 +36,15 @@ class Job:
             (job.id, job.queue, job.job_type, job.payload, job.encoding, job.priority, job.custom,
              job.trace, job.enqueued_at, job.scheduled_at, job.attempt, job.max_attempts,
              job.lease_expires, job.state, job.seq, job.run_at, job.deadline, job.last_reason) = t
+            job.resource = None                     # snapshots before issue 17: no resource
             return job
+        if type(t) is tuple and len(t) == 19:
+            (job.id, job.queue, job.job_type, job.payload, job.encoding, job.priority, job.custom,
+             job.trace, job.enqueued_at, job.scheduled_at, job.attempt, job.max_attempts,
+             job.lease_expires, job.state, job.seq, job.run_at, job.deadline, job.last_reason,
+             job.resource) = t
+            return job
+        job.resource = None
         for f, v in zip(Job.FIELDS, t):
             setattr(job, f, v)
         return job
@@ -45,7 +53,7 @@ class Job:
 _job_fields = attrgetter(*Job.FIELDS)
 if Job.FIELDS != ("id", "queue", "job_type", "payload", "encoding", "priority", "custom", "trace",
                   "enqueued_at", "scheduled_at", "attempt", "max_attempts", "lease_expires",
-                  "state", "seq", "run_at", "deadline", "last_reason"):
+                  "state", "seq", "run_at", "deadline", "last_reason", "resource"):
     raise RuntimeError("Job.from_tuple unpacks the fields in this order: keep it in step with __slots__")
 
 
@@ -53,7 +61,8 @@ if Job.FIELDS != ("id", "queue", "job_type", "payload", "encoding", "priority", 
 # drain's result carries these (a tuple of atomic values, which the cyclic GC does not track,
 # sharing the job's own strings and payload bytes) instead of rendered jobs.
 SHOWN_FIELDS = ("id", "queue", "job_type", "payload", "encoding", "priority", "custom", "trace",
-                "enqueued_at", "scheduled_at", "attempt", "max_attempts", "lease_expires", "deadline")
+                "enqueued_at", "scheduled_at", "attempt", "max_attempts", "lease_expires", "deadline",
+                "resource")
 shown_fields = attrgetter(*SHOWN_FIELDS)
 
 
@@ -67,7 +76,8 @@ class Queue:
     of the two heads, so a deep backlog costs O(1) per reserve instead of O(log n). An entry is
     live while its job is READY, still in the machine and has the entry's seq."""
     __slots__ = ("name", "ready_heap", "ready_fifo", "ready", "scheduled", "in_flight", "dead",
-                 "enqueued", "acked", "nacked", "dead_total", "paused")
+                 "enqueued", "acked", "nacked", "dead_total", "paused",
+                 "throttled", "deferred", "circuit")
     COUNTERS = ("ready", "scheduled", "in_flight", "dead", "enqueued", "acked", "nacked",
                 "dead_total", "paused")
 
@@ -78,6 +88,10 @@ class Queue:
         self.ready = self.scheduled = self.in_flight = self.dead = 0
         self.enqueued = self.acked = self.nacked = self.dead_total = 0
         self.paused = False
+        # Gating (node/core/gating.py): ready jobs held in blocked heaps because their resource
+        # is full, deferrals so far, and the circuit-breaker state (a Circuit, or None).
+        self.throttled = self.deferred = 0
+        self.circuit = None
 
     def depth(self) -> int:
         return self.ready + self.scheduled + self.in_flight
@@ -86,7 +100,8 @@ class Queue:
         return {"name": self.name, "declared": declared, "paused": self.paused,
                 "ready": self.ready, "scheduled": self.scheduled, "in_flight": self.in_flight,
                 "dead_lettered": self.dead, "enqueued": self.enqueued, "acked": self.acked,
-                "nacked": self.nacked, "dead_lettered_total": self.dead_total}
+                "nacked": self.nacked, "dead_lettered_total": self.dead_total,
+                "throttled": self.throttled, "throttle_deferred_total": self.deferred}
 
 
 class DeadLetter:

@@ -39,6 +39,7 @@ MOVE_TO_DEAD_LETTERS = "dlmove"
 PURGE = "purge"
 DELETE_QUEUE = "qdel"
 RECORD_ACTION = "record"        # an operator action done outside the machine (a membership change)
+CLOSE_CIRCUIT = "cclose"        # issue 17: an operator closes a queue's circuit breaker
 
 # `who` of an operator command: the caller's key name (None without auth), put in by the
 # leader. Commands of release 0.1.0 have no such field: their handlers see UNAUDITED, and
@@ -68,6 +69,7 @@ COMMANDS: dict[str, tuple[str, ...]] = {
     PURGE: ("queue", "who"),
     DELETE_QUEUE: ("queue", "who"),
     RECORD_ACTION: ("action", "target", "details", "who"),   # action: one of RECORDED_ACTIONS
+    CLOSE_CIRCUIT: ("queue", "who"),
 }
 # The fields a command of release 0.1.0 (and of this code before `who`) ends after: the
 # handlers give the later ones defaults (who = UNAUDITED, create = True, as pause was then).
@@ -84,7 +86,9 @@ STRATEGIES = (DEFAULT, DELAY, DEAD_LETTER)
 # (defaults applied, max_attempts clamped, a past schedule turned into None).
 ITEM: tuple[str, ...] = ("job_id", "queue", "job_type", "payload", "encoding", "priority",
                          "max_attempts", "custom", "trace", "scheduled_at", "deadline",
-                         "idempotency_key")
+                         "idempotency_key", "resource")
+# Items before issue 17 end after idempotency_key (12 fields): their job has no resource.
+ITEM_LEGACY_LEN = 12
 ITEM_QUEUE = ITEM.index("queue")
 ITEM_IDEMPOTENCY_KEY = ITEM.index("idempotency_key")
 
@@ -182,15 +186,23 @@ def record_action(rid, action: str, target, details: dict, who=None) -> tuple:
     return RECORD_ACTION, rid, action, target, details, who
 
 
+def close_circuit(rid, queue: str, who=None) -> tuple:
+    return CLOSE_CIRCUIT, rid, queue, who
+
+
 def sweep() -> tuple:
     return SWEEP, None
 
 
 def item(job_id, queue, job_type, payload, encoding, priority, max_attempts, custom, trace,
-         scheduled_at, deadline, idempotency_key) -> tuple:
-    """One enqueue item, fields in ITEM order."""
+         scheduled_at, deadline, idempotency_key, resource=None) -> tuple:
+    """One enqueue item, fields in ITEM order; without a resource, the 12 fields it had before
+    issue 17 (journals of jobs that use no throttle are unchanged)."""
+    if resource is None:
+        return (job_id, queue, job_type, payload, encoding, priority, max_attempts, custom, trace,
+                scheduled_at, deadline, idempotency_key)
     return (job_id, queue, job_type, payload, encoding, priority, max_attempts, custom, trace,
-            scheduled_at, deadline, idempotency_key)
+            scheduled_at, deadline, idempotency_key, resource)
 
 
 # Readers the node uses outside apply.
@@ -198,7 +210,11 @@ reserve_queue_names = reader(RESERVE, "queue_names")
 ack_batch_pairs = reader(ACK_BATCH, "pairs")
 
 # Ops after which a parked reserve may find a job ready (node/service.py wakes its waiters).
-WAKING_OPS = frozenset((ENQUEUE, NACK, SWEEP, REQUEUE, PAUSE))
+# Ack (a throttle slot freed, a probe closed the circuit), a configuration change (a limit
+# raised) and closing a circuit can make a held-back job reservable too: those wake only when
+# the machine says something was released (`QueueMachine.released`, node/core/gating.py).
+WAKING_OPS = frozenset((ENQUEUE, NACK, SWEEP, REQUEUE, PAUSE, CLOSE_CIRCUIT))
+RELEASING_OPS = frozenset((ACK, ACK_BATCH, CONFIGURE))
 # Ops that change the configuration in force (node/service.py follows it).
 CONFIG_OPS = frozenset((CONFIGURE, ADD_KEY, REMOVE_KEY))
 
@@ -246,6 +262,7 @@ MOVED = "moved"                     # 200 {"dead_lettered", "missing"}
 PURGED = "purged"                   # 200 {"queue", "purged"}
 QUEUE_DELETED = "queue_deleted"     # 200 {"queue"}
 RECORDED = "recorded"               # 200 {"action"}: an audit entry of an action done elsewhere
+CIRCUIT_CLOSED = "circuit_closed"   # 200 {"queue", "was"}: the circuit's state before the close
 QUEUE_NOT_FOUND = "queue_not_found"  # 404 not_found: neither exists nor is declared
 QUEUE_REFUSED = "queue_refused"     # 409 failed_precondition: why (declared, not_empty), counts
 REQUEST_MISMATCH = "request_mismatch"   # 400 invalid_argument: same caller and id, another route or body (never stored)
@@ -298,6 +315,7 @@ RESULTS: dict[str, tuple[str, ...]] = {
     PURGED: ("queue", "purged"),
     QUEUE_DELETED: ("queue",),
     RECORDED: ("action",),
+    CIRCUIT_CLOSED: ("queue", "was"),
     QUEUE_NOT_FOUND: ("queue",),
     QUEUE_REFUSED: ("why", "queue", "jobs"),   # why: declared, not_empty; jobs: {state: count}
     REQUEST_MISMATCH: ("request_id", "route", "what"),    # what: "operation" or "body"
@@ -436,6 +454,10 @@ def queue_deleted(queue: str) -> tuple:
 
 def recorded(action: str) -> tuple:
     return RECORDED, action
+
+
+def circuit_closed(queue: str, was: str) -> tuple:
+    return CIRCUIT_CLOSED, queue, was
 
 
 def queue_not_found(queue: str) -> tuple:
