@@ -127,7 +127,8 @@ def shown_fields_of(shown: dict) -> tuple:
             a2b_base64(p["data_b64"]) if p is not None else None, p["encoding"] if p is not None else None,
             shown["priority"], shown["custom"] or None, (t["traceparent"], t["tracestate"]) if t is not None else None,
             shown["enqueued_at_ms"], shown["scheduled_at_ms"], shown["attempt"], shown["max_attempts"],
-            shown["lease_expires_at_ms"], shown.get("deadline_at_ms"), shown.get("resource"))
+            shown["lease_expires_at_ms"], shown.get("deadline_at_ms")) + \
+        ((shown["resource"],) if shown.get("resource") is not None else ())
 
 
 def render_dead_letter(fields: tuple, cause: str, failed_at: int, final_attempt: int, reason) -> dict:

@@ -16,6 +16,7 @@ from itertools import chain
 from ..retry import policy_delay_ms
 from . import audit, gating, ops
 from .jobs import DEAD, GONE, IN_FLIGHT, READY, SCHEDULED, DeadLetter, Job, Queue, shown_fields
+from .jobs import _shown14 as shown14
 from .ops import ATOMIC, DEAD_LETTER, DELAY, ENQUEUED, JOB_ID, RESERVED, SINGLE, UNAUDITED
 from .undo import appendleft, drop_item, fifo_remove, heap_remove, heap_restore, restore_item
 
@@ -225,7 +226,7 @@ def reserve(m, queue_names, lease_ms: int, max_jobs: int):
             lease = (expires, ctr, job.id)
             undo += (heap_remove, lease_heap, lease, None)
             heappush(lease_heap, lease)
-            kept.append(shown_fields(job))
+            kept.append(shown14(job) if r is None else shown14(job) + (r,))   # shown_fields, inline
         if len(kept) >= max_jobs:
             break
     return RESERVED, tuple(kept)

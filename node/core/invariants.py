@@ -125,7 +125,7 @@ def check(m) -> list[str]:
                 say(f"queue {name!r}: circuit opened_at {c.opened_at} but open_until {c.open_until}")
     for job_id, job in jobs.items():
         if job.state == READY and live_ready[job_id] != 1:
-            say(f"ready job {job_id} has {live_ready[job_id]} live ready-index or blocked entries")
+            say(f"ready job {job_id} has {live_ready[job_id]} live ready-index entries (blocked ones included)")
 
     # ---- throttles: in flight per resource, as counted and within the limit in force at reserve
     in_use: Counter = Counter(j.resource for j in jobs.values() if j.state == IN_FLIGHT and j.resource is not None)

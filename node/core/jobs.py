@@ -61,9 +61,15 @@ if Job.FIELDS != ("id", "queue", "job_type", "payload", "encoding", "priority", 
 # drain's result carries these (a tuple of atomic values, which the cyclic GC does not track,
 # sharing the job's own strings and payload bytes) instead of rendered jobs.
 SHOWN_FIELDS = ("id", "queue", "job_type", "payload", "encoding", "priority", "custom", "trace",
-                "enqueued_at", "scheduled_at", "attempt", "max_attempts", "lease_expires", "deadline",
-                "resource")
-shown_fields = attrgetter(*SHOWN_FIELDS)
+                "enqueued_at", "scheduled_at", "attempt", "max_attempts", "lease_expires", "deadline")
+_shown14 = attrgetter(*SHOWN_FIELDS)
+
+
+def shown_fields(job) -> tuple:
+    """SHOWN_FIELDS, and the job's `resource` after them when it has one (issue 17): a job
+    without one shows the 14 fields results always kept, so kept results are unchanged."""
+    t = _shown14(job)
+    return t if job.resource is None else t + (job.resource,)
 
 
 class Queue:
