@@ -105,7 +105,7 @@ CONFIG_WARNINGS = {
 }
 # The actions of the audit trail (node/core/*.py audit.record calls).
 AUDIT_ACTIONS = ("config_seed", "config_change", "key_add", "key_remove", "pause", "resume", "cancel", "purge",
-                 "queue_delete", "requeue", "dead_letters_delete", "dead_letter_move", "drain")
+                 "queue_delete", "requeue", "dead_letters_delete", "dead_letter_move", "drain", "circuit_close")
 
 # The session ops (node/session.py) and the HTTP route each one mirrors.
 SESSION_HTTP = {
@@ -188,7 +188,12 @@ def _queue_limits_schema() -> dict:
     for key, value in shown.items():
         default = QUEUE_KEYS.get(key, value)
         if default is None or value is None:
-            kind = {"max_queue_depth": {"type": "integer"}}.get(key, {"type": "array", "items": {"type": "string"}})
+            kind = {"max_queue_depth": {"type": "integer"}, "resource": {"type": "string"},
+                    "circuit_breaker": {"type": "object", "properties": {
+                        "failures": {"type": "integer"}, "window_ms": {"type": "integer"},
+                        "open_ms": {"type": "integer"}}},
+                    "windows": {"type": "array", "items": {"type": "object"}}}.get(
+                key, {"type": "array", "items": {"type": "string"}})
             props[key] = {**kind, "type": [kind["type"], "null"]}
         else:
             props[key] = _json_type(default)
@@ -267,6 +272,7 @@ def schemas() -> dict:
         "lease_expires_at_ms": ms("in flight: the real, clamped lease deadline (budget against it, not against "
                                   "the lease asked for)", None, nullable=True),
         "deadline_at_ms": ms("present until the first delivery when the producer set one", None),
+        "resource": string("the job's throttle resource; present when it has one"),
     }
     job_required = ["id", "queue", "job_type", "priority", "custom", "enqueued_at_ms", "scheduled_at_ms",
                     "attempt", "max_attempts", "lease_expires_at_ms"]
@@ -302,6 +308,9 @@ def schemas() -> dict:
             "trace_context": nullable(ref("TraceContext")),
             "deadline_at_ms": nullable(ms("a job not reserved by then never runs: it is dead-lettered with cause `expired`",
                                  INT64_MIN)),
+            "resource": nullable(string("the throttle resource the job holds while in flight (`[limits] "
+                                        "resource_limits`); default: its queue's `resource`; 1..256 UTF-8 bytes",
+                                        minLength=1)),
         }, ["queue", "job_type"], "One job to enqueue. Unknown fields are ignored. Anything wrong with it is a "
            "rejection (422 for a single enqueue), never a 400.", example={
             "queue": "emails", "job_type": "welcome", "priority": 5,
@@ -420,6 +429,9 @@ def schemas() -> dict:
                              "missing": {"type": "array", "items": string(format="uuid")}},
                             ["dead_lettered", "missing"]),
         "PurgeResponse": obj({"queue": string(), "purged": integer(0)}, ["queue", "purged"]),
+        "CircuitClosed": obj({"queue": string(), "circuit": {"type": "string", "enum": ["closed"]},
+                              "was": {"type": "string", "enum": ["closed", "open", "half_open"]}},
+                             ["queue", "circuit", "was"]),
         "QueueDeleted": obj({"queue": string()}, ["queue"]),
         "Config": _config_schema(),
         "ConfigView": obj({"version": integer(0, description="bumped by every change (config or keys); 1 is "
@@ -478,9 +490,19 @@ def schemas() -> dict:
                 ("ready", "jobs that can be reserved now"), ("scheduled", "jobs waiting for their time"),
                 ("in_flight", "jobs under a lease"), ("dead_lettered", "dead letters kept"),
                 ("enqueued", "jobs enqueued, total"), ("acked", "acks, total"), ("nacked", "nacks, total"),
-                ("dead_lettered_total", "jobs dead-lettered, total (kept or not)"))}},
+                ("dead_lettered_total", "jobs dead-lettered, total (kept or not)"),
+                ("throttled", "ready jobs held back now because their resource is full (counted in `ready`)"),
+                ("throttle_deferred_total", "times reserve held a ready job back for a full resource, total"))},
+            "window_open": {"type": "boolean", "description": "inside one of the queue's execution windows (true "
+                            "without windows)"},
+            "circuit": {"type": ["object", "null"], "description": "null without a circuit breaker", "properties": {
+                "state": {"type": "string", "enum": ["closed", "open", "half_open"]},
+                "failures": integer(0, description="failures counted within the window"),
+                "opened_at_ms": {"type": ["integer", "null"]}, "open_until_ms": {"type": ["integer", "null"]},
+                "opened_total": integer(0)},
+                "required": ["state", "failures", "opened_at_ms", "open_until_ms", "opened_total"]}},
             ["name", "declared", "paused", "ready", "scheduled", "in_flight", "dead_lettered", "enqueued", "acked",
-             "nacked", "dead_lettered_total"], "Counts are exact; totals count since the queue first appeared."),
+             "nacked", "dead_lettered_total", "throttled", "throttle_deferred_total", "window_open", "circuit"], "Counts are exact; totals count since the queue first appeared."),
         "QueuesResponse": obj({"queues": {"type": "array", "items": ref("QueueStats")}}, ["queues"]),
         "QueueLimits": _queue_limits_schema(),
         "QueueDetail": {"allOf": [ref("QueueStats"), obj({"limits": ref("QueueLimits")}, ["limits"])]},
@@ -695,6 +717,11 @@ ROUTES = [
     _route("post", "/v1/queues/{name}/purge", "purge", "Purge a queue",
            "Removes every ready and scheduled job of the queue; in-flight jobs finish normally. A body, if any, "
            "is ignored.", OPERATOR, body_required=False, ok="PurgeResponse", write=True, params=[NAME_PARAM],
+           tags=("queues",), errors_=[(404, ["not_found"])]),
+    _route("post", "/v1/queues/{name}/circuit/close", "circuit_close", "Close a queue's circuit breaker",
+           "The circuit closes now, whatever its state: its failures are forgotten and reserve takes the queue's "
+           "jobs again (`was`: the state before). Replicated and audited (`circuit_close`). A body, if any, is "
+           "ignored.", OPERATOR, body_required=False, ok="CircuitClosed", write=True, params=[NAME_PARAM],
            tags=("queues",), errors_=[(404, ["not_found"])]),
     _route("delete", "/v1/queues/{name}", "delete_queue", "Delete a queue",
            "Only a queue with no job in any state (dead letters included) and not declared in the configuration; "
