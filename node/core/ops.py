@@ -210,11 +210,12 @@ reserve_queue_names = reader(RESERVE, "queue_names")
 ack_batch_pairs = reader(ACK_BATCH, "pairs")
 
 # Ops after which a parked reserve may find a job ready (node/service.py wakes its waiters).
-# Ack (a throttle slot freed, a probe closed the circuit), a configuration change (a limit
-# raised) and closing a circuit can make a held-back job reservable too: those wake only when
-# the machine says something was released (`QueueMachine.released`, node/core/gating.py).
-WAKING_OPS = frozenset((ENQUEUE, NACK, SWEEP, REQUEUE, PAUSE, CLOSE_CIRCUIT))
-RELEASING_OPS = frozenset((ACK, ACK_BATCH, CONFIGURE))
+# An ack can make a held-back job reservable too (a throttle slot freed, a probe closed the
+# circuit): it wakes only the queues the machine says it released (`QueueMachine.released`,
+# node/core/gating.py), so acks cost nothing more when no job is held back.
+# A configuration change wakes them all (it may open a window, remove a breaker, raise a limit).
+WAKING_OPS = frozenset((ENQUEUE, NACK, SWEEP, REQUEUE, PAUSE, CLOSE_CIRCUIT, CONFIGURE))
+RELEASING_OPS = frozenset((ACK, ACK_BATCH))
 # Ops that change the configuration in force (node/service.py follows it).
 CONFIG_OPS = frozenset((CONFIGURE, ADD_KEY, REMOVE_KEY))
 
