@@ -139,9 +139,17 @@ def test_an_operator_closes_the_circuit(make_cluster):
     api = Api(c)
     open_circuit(api)
     assert stats(api, "cb")["circuit"]["state"] == "open"
-    s, out = api.post("/v1/queues/cb/circuit/close")
-    assert (s, out) == (200, {"queue": "cb", "circuit": "closed", "was": "open"})
+    # raftq queues close-circuit NAME, as an operator types it
+    import os
+    import subprocess
+    import sys
+    env = {k: v for k, v in os.environ.items() if k not in ("RAFTQ_URLS", "RAFTQ_API_KEY")}
+    p = subprocess.run([sys.executable, "-m", "raftq.cluster.cli", "queues", "close-circuit", "cb",
+                        "--urls", ",".join(c.urls)], capture_output=True, text=True, env=env, timeout=60)
+    assert p.returncode == 0 and "circuit of queue cb closed (was open)" in p.stdout, (p.stdout, p.stderr)
     assert stats(api, "cb")["circuit"]["state"] == "closed"
+    s, out = api.post("/v1/queues/cb/circuit/close")
+    assert (s, out) == (200, {"queue": "cb", "circuit": "closed", "was": "closed"})
     s, got = api.reserve(["cb"])
     assert len(got["jobs"]) == 1
     s, trail = api.get("/v1/audit")
