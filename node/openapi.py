@@ -98,6 +98,8 @@ CONFIG_WARNINGS = {
     "depth_above_limit": "a queue holds more live jobs than its new `max_queue_depth` (`queue`, `depth`, `limit`): "
                          "they stay, new enqueues are refused",
     "undeclared_queue_has_jobs": "a queue no longer declared still holds jobs (`queue`, `jobs`): they stay",
+    "resource_above_limit": "more jobs of a resource are in flight than its new limit (`resource`, `in_flight`, "
+                            "`limit`): they finish, no more are handed out until the count is under the limit",
     "max_attempts_above_ceiling": "jobs of a queue have a `max_attempts` above its new ceiling (`queue`, `jobs`, "
                                   "`limit`): they keep theirs",
     "dead_letters_kept": "dead-letter retention was turned off; the records kept (`dead_letters`) stay until "
@@ -459,7 +461,8 @@ def schemas() -> dict:
                                       "expect_version": 1}),
         "ConfigWarning": obj({"code": {"type": "string", "enum": list(CONFIG_WARNINGS)}, "field": string(),
                               "queue": string(), "depth": integer(0), "limit": integer(0), "jobs": integer(0),
-                              "dead_letters": integer(0)}, ["code", "field"],
+                              "dead_letters": integer(0), "resource": string(), "in_flight": integer(0)},
+                             ["code", "field"],
                              "\n".join(f"* `{c}`: {d}" for c, d in CONFIG_WARNINGS.items())),
         "ConfigChanged": obj({"version": integer(1), "warnings": {"type": "array", "items": ref("ConfigWarning")}},
                              ["version", "warnings"]),

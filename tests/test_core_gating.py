@@ -119,7 +119,9 @@ def test_a_lowered_limit_leaves_jobs_in_flight_and_admits_no_more():
     jobs = [c.enqueue_id("q", resource="db") for _ in range(4)]
     got = c.reserve_jobs(max_jobs=3)
     c.m.check_invariants()
-    assert c.configure(limits={"resource_limits": {"db": 1}})[0] == 200
+    status, body = c.configure(limits={"resource_limits": {"db": 1}})
+    assert status == 200 and body["warnings"] == [{"code": "resource_above_limit", "field": "limits.resource_limits.db",
+                                                   "resource": "db", "in_flight": 3, "limit": 1}]
     assert c.reserve_jobs() == [] and c.m.in_use == {"db": 3}
     c.m.check_invariants()
     c.ack(got[0]["id"], 1)

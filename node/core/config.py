@@ -155,6 +155,11 @@ def change_warnings(m, old: Limits, new: Limits) -> tuple:
         for name in sorted(above):
             out.append({"code": "max_attempts_above_ceiling", "field": "max_attempts_ceiling", "queue": name,
                         "jobs": above[name], "limit": lowered[name]})
+    for r in sorted(m.in_use):
+        limit = new.resource_limits.get(r)
+        if limit is not None and m.in_use[r] > limit:
+            out.append({"code": "resource_above_limit", "field": f"limits.resource_limits.{r}", "resource": r,
+                        "in_flight": m.in_use[r], "limit": limit})
     if m.dlq and old.dead_letter_retention_ms > 0 and new.dead_letter_retention_ms <= 0:
         out.append({"code": "dead_letters_kept", "field": "storage.dead_letter_retention_ms",
                     "dead_letters": len(m.dlq)})

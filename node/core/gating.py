@@ -213,6 +213,8 @@ def gate_leave(m, job, q, outcome: int) -> None:
         return
     cb = m.limits.queue(q.name).circuit_breaker
     if cb is None:
+        if c is not None and c.probe == job.id:
+            m._set(c, "probe", None)            # the breaker was removed meanwhile
         return
     now = m.clock
     if c is None:

@@ -74,7 +74,7 @@ def _atomic_overflow(m, items, now: int) -> dict:
 
 def _enqueue_one(m, item, now: int, check_depth: bool):
     """One job: an ENQUEUED result, or the queue_full rejection object."""
-    if len(item) == ops.ITEM_LEGACY_LEN:       # an item written before issue 17: no resource
+    if len(item) == 12:                         # ops.ITEM_LEGACY_LEN: an item without a resource
         (job_id, qname, job_type, payload, encoding, priority, max_attempts, custom, trace,
          scheduled_at, deadline, idem_key) = item
         resource = None
