@@ -39,8 +39,11 @@ reserves after an ack or a configuration change. It never changes what the machi
 """
 from __future__ import annotations
 
+from heapq import heappush
+
 from . import audit, ops
 from .jobs import READY
+from .undo import fifo_remove, heap_remove
 
 NEUTRAL, OK, FAILED = 0, 1, 2       # how a job left IN_FLIGHT, for the circuit breaker
 CLOSED, OPEN, HALF_OPEN = "closed", "open", "half_open"
@@ -130,7 +133,6 @@ def release_blocked(m, r: str) -> None:
     free = None if limit is None else limit - m.in_use.get(r, 0)
     if free is not None and free <= 0:
         return
-    from .handlers import ready_push
     jobs, ids = m.jobs, m.blocked_ids
     for qname in list(per):
         heap = per[qname]
@@ -142,7 +144,7 @@ def release_blocked(m, r: str) -> None:
             if job.state == READY and job.seq == entry[2] and jobs.get(job.id) is job and ids.get(job.id) == r:
                 m._pop(ids, job.id)
                 m._add(q, "throttled", -1)
-                ready_push(m, q, entry)
+                _ready_push(m, q, entry)
                 moved += 1
         if moved:
             m.released.add(qname)
@@ -150,6 +152,18 @@ def release_blocked(m, r: str) -> None:
             m._pop(per, qname)
     if not per:
         m._pop(m.blocked, r)
+
+
+def _ready_push(m, q, entry) -> None:
+    """handlers.ready_push (an entry back into its queue's ready index, in its place)."""
+    fifo = q.ready_fifo
+    undo = m._undo
+    if not fifo or fifo[-1] < entry:
+        undo += (fifo_remove, fifo, entry, None)
+        fifo.append(entry)
+    else:
+        undo += (heap_remove, q.ready_heap, entry, None)
+        heappush(q.ready_heap, entry)
 
 
 def release_all(m) -> None:
