@@ -131,12 +131,13 @@ def check(m) -> list[str]:
     in_use: Counter = Counter(j.resource for j in jobs.values() if j.state == IN_FLIGHT and j.resource is not None)
     if dict(in_use) != m.in_use:
         say(f"in flight per resource {dict(in_use)}, the machine counts {m.in_use}")
-    last_in_use = getattr(m, "_checked_in_use", {})
+    # Above the limit only when the limit was lowered under jobs already in flight: then the
+    # count may only fall until it is back under the limit (checked against the previous check
+    # of this machine; a machine checked for the first time, say just restored, has none).
+    last_in_use = getattr(m, "_checked_in_use", None)
     for r, n in in_use.items():
         limit = m.limits.resource_limits.get(r)
-        # Above the limit only when the limit was lowered under jobs already in flight: then the
-        # count may only fall until it is back under the limit.
-        if limit is not None and n > limit and n > last_in_use.get(r, 0):
+        if last_in_use is not None and limit is not None and n > limit and n > last_in_use.get(r, 0):
             say(f"resource {r!r}: {n} in flight, above its limit {limit} and more than before ({last_in_use.get(r, 0)})")
     m._checked_in_use = dict(in_use)
 
