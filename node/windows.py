@@ -95,6 +95,18 @@ class Windows:
         self._parsed = tuple(parsed)
         self._cache = (None, True)       # (minute, open): derived, one tuple so a read sees a pair
 
+    def __eq__(self, other) -> bool:            # two Limits built from one document are equal
+        return isinstance(other, Windows) and other.spec == self.spec
+
+    def __hash__(self) -> int:
+        return hash(repr(self.spec))
+
+    def __reduce__(self):                       # pickled as its spec: zones reload from tzdata
+        return Windows, (self.spec,)
+
+    def __repr__(self) -> str:
+        return f"Windows({self.spec!r})"
+
     def open_at(self, ms: int) -> bool:
         """Whether any window is open in the minute of `ms` (a replicated time)."""
         minute = ms // MINUTE_MS
