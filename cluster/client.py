@@ -1025,6 +1025,10 @@ class Client:
             body["reason"] = reason
         return await self.call("dead_letter_move", "POST", f"/v1/queues/{queue}/dead-letter", body, mutating=True)
 
+    async def close_circuit(self, queue: str) -> dict:
+        """Close `queue`'s circuit breaker now (operator): {"queue", "circuit", "was"}."""
+        return await self.call("circuit_close", "POST", f"/v1/queues/{queue}/circuit/close", {}, mutating=True)
+
     async def purge(self, queue: str) -> int:
         """Remove every ready and scheduled job of `queue`; the number removed."""
         return (await self.call("purge", "POST", f"/v1/queues/{queue}/purge", {}, mutating=True))["purged"]

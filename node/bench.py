@@ -21,6 +21,18 @@ Figures:
 * snapshot_s_at_100k      to_builtins + pickle.dumps of the 100k-job machine;
   restore_s_at_100k       pickle.loads + from_builtins; the digest must survive.
 
+Throttles (issue 17), run alone with `--resources R --backlog N` (e.g. 10000 and 1000000):
+* throttle_reserve_us_*   reserve cost (parse + apply + render, max_jobs 1) with N ready jobs spread
+                          at random over R resources of limit 1 (`[limits] resource_limits`); half
+                          the resources are held full all along (a job of each in flight, never
+                          acked), and --workers jobs are in flight at once (each cycle acks the
+                          oldest one), so reserve keeps meeting full resources: their jobs move to
+                          the blocked heaps and back when a slot frees. Median, mean (the mean
+                          carries the blocking) and p99, the deferrals per reserve, the ack's cost
+                          (it frees a slot and moves the resource's best blocked job back), and
+                          baseline_*: the same loop with jobs that name no resource. The cyclic
+                          GC runs with the node's thresholds (node/server.py).
+
 Throughput figures are the best of --repeat runs (the machine may be shared); *_per_cpu_s
 divide by this process's CPU time instead, to show the code's cost when other processes steal
 the core. loadavg (before) and loadavg_after say how busy the machine was. Request ids are
@@ -201,6 +213,99 @@ def bench_reserve_at(depth: int, samples: int) -> float:
     return statistics.median(times) * 1e6
 
 
+def _fill_bodies(m, limits, bodies_iter, now) -> int:
+    batch = []
+    for body in bodies_iter:
+        batch.append(body)
+        if len(batch) == 256:
+            _check(m.apply(now, validate.enqueue_batch({"jobs": batch}, limits, now, new_id)), "enqueue_batch")
+            batch = []
+            now += 1
+    if batch:
+        _check(m.apply(now, validate.enqueue_batch({"jobs": batch}, limits, now, new_id)), "enqueue_batch")
+    return now + 1
+
+
+def bench_throttled_reserve(resources: int, backlog: int, samples: int, workers: int = 1000,
+                            with_baseline: bool = True) -> dict:
+    """Reserve cost with `backlog` ready jobs over `resources` resources of limit 1, half of them
+    held full (see the module docstring)."""
+    import random
+    if workers >= resources // 2:
+        raise SystemExit("--workers must be below half of --resources (the free resources, limit 1 each)")
+    rng = random.Random(17)
+    names = [f"res-{i}" for i in range(resources)]
+    limits = Limits.build(limits={"resource_limits": {r: 1 for r in names}})
+    pool = bodies(256)
+
+    def body(i, r):
+        return {**pool[i & 255], "resource": r} if r is not None else pool[i & 255]
+
+    out = {"resources": resources, "backlog": backlog, "samples": samples, "workers": workers}
+    # The cyclic GC as a node runs it (node/server.py): with a million long-lived jobs the
+    # default thresholds make its pauses, not reserve, the tail of the figure.
+    old_threshold = gc.get_threshold()
+    gc.set_threshold(50_000, 50, 1000)
+    runs = [("throttle", True)] + ([("baseline", False)] if with_baseline else [])
+    for label, throttled in runs:
+        m = QueueMachine(limits)
+        now = T0
+        t0 = time.perf_counter()
+        if throttled:
+            # Every other resource is held full: one job of each reserved and never acked.
+            held = names[::2]
+            now = _fill_bodies(m, limits, (body(i, r) for i, r in enumerate(held)), now)
+            while True:
+                cmd, _ = validate.reserve({"queues": [QUEUE], "lease_ms": 10**9, "max_jobs": 256}, limits)
+                if not _check(m.apply(now, cmd), "reserve")["jobs"]:
+                    break
+        pick = (lambda: names[rng.randrange(resources)]) if throttled else (lambda: None)
+        now = _fill_bodies(m, limits, (body(i, pick()) for i in range(backlog)), now)
+        out[f"{label}_fill_s"] = round(time.perf_counter() - t0, 1)
+        q = m.queues[QUEUE]
+        rbody = {"queues": [QUEUE], "lease_ms": 10**9, "max_jobs": 1}
+        reserve, ack, apply, enqueue = validate.reserve, validate.ack, m.apply, validate.enqueue
+        perf = time.perf_counter
+        inflight: list = []
+        # Warm-up: the workers fill up (reserve meets, and holds back, the jobs of the full
+        # resources it comes across on the way).
+        t0 = perf()
+        for i in range(workers):
+            inflight.append(_check(apply(now, reserve(rbody, limits)[0]), "reserve")["jobs"][0])
+        out[f"{label}_warmup_s"] = round(perf() - t0, 2)
+        res_t, ack_t = [], []
+        deferred0 = q.deferred
+        gc.collect()
+        for i in range(samples):
+            t = perf()
+            jobs = render(apply(now, reserve(rbody, limits)[0]))[1]["jobs"]
+            res_t.append(perf() - t)
+            inflight.append(jobs[0])
+            done = inflight.pop(0)
+            t = perf()
+            render(apply(now, ack(done["id"], {"attempt": done["attempt"]})))
+            ack_t.append(perf() - t)
+            # Untimed: a fresh job of the same resource, so the backlog stays as it was.
+            apply(now, enqueue(body(i, done.get("resource")), limits, now, new_id))
+            if i % JOBS_PER_MS == 0:
+                now += 1
+        res_t.sort()
+        out[f"{label}_reserve_us_median"] = round(statistics.median(res_t) * 1e6, 2)
+        out[f"{label}_reserve_us_mean"] = round(statistics.fmean(res_t) * 1e6, 2)
+        out[f"{label}_reserve_us_p99"] = round(res_t[int(len(res_t) * 0.99)] * 1e6, 2)
+        out[f"{label}_ack_us_mean"] = round(statistics.fmean(ack_t) * 1e6, 2)
+        if throttled:
+            out["throttle_deferrals_per_reserve"] = round((q.deferred - deferred0) / samples, 3)
+            out["throttle_held_back_at_end"] = q.throttled
+            out["throttle_ready_at_end"] = q.ready
+            out["throttle_resources_in_use"] = len(m.in_use)
+        del m, q
+        gc.collect()
+    gc.set_threshold(*old_threshold)
+    out["machine"] = machine_info()
+    return out
+
+
 def bench_memory_and_snapshot(n: int) -> dict:
     # Request bodies arrive as JSON bytes and are parsed per request (as the server does), so
     # every stored string and bytes object is the job's own; ids are fresh uuid4 texts.
@@ -307,7 +412,22 @@ def main(argv=None) -> int:
     ap.add_argument("--json", action="store_true", help="print one JSON line")
     ap.add_argument("--quick", action="store_true", help="a tenth of the work, one run each (smoke test)")
     ap.add_argument("--repeat", type=int, default=5, help="runs per throughput figure; the best is kept")
+    ap.add_argument("--resources", type=int, metavar="R", help="the throttle figure only: R distinct resources")
+    ap.add_argument("--backlog", type=int, default=1_000_000, metavar="N",
+                    help="the throttle figure: N ready jobs (default 1,000,000)")
+    ap.add_argument("--samples", type=int, default=20_000, help="the throttle figure: timed reserve+ack cycles")
+    ap.add_argument("--workers", type=int, default=1000, help="the throttle figure: jobs in flight at once")
+    ap.add_argument("--no-baseline", action="store_true", help="the throttle figure: skip the run without resources")
     args = ap.parse_args(argv)
+    if args.resources:
+        out = bench_throttled_reserve(args.resources, args.backlog, args.samples, args.workers,
+                                      not args.no_baseline)
+        if args.json:
+            print(json.dumps(out, separators=(",", ":")))
+        else:
+            for k, v in out.items():
+                print(f"{k:<34}  {v:,}" if isinstance(v, (int, float)) else f"{k:<34}  {v}")
+        return 0
     out = run(quick=args.quick, repeat=1 if args.quick else args.repeat)
     if args.json:
         print(json.dumps(out, separators=(",", ":")))

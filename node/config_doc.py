@@ -154,6 +154,14 @@ LIMITS = {
                             "longer is 400 `invalid_argument` naming `reason`.", minimum=1),
     "max_worker_id_bytes": Key("integer", "Longest reserve `worker_id`, in UTF-8 bytes; longer is 400 "
                                "`invalid_argument` naming `worker_id`.", minimum=1),
+    "resource_limits": Key("table", "Throttles: `{resource = max}`, the most jobs naming that `resource` (theirs or "
+                           "their queue's) in flight at once, across every queue and worker. A resource without "
+                           "an entry is unlimited; 0 holds all its jobs back. Reserve skips a job whose resource "
+                           "is full (no attempt used, it stays ready and counts in `throttled`) and takes the next "
+                           "one; a slot frees on ack, nack, release, delete and lease expiry. A raised or removed "
+                           "limit frees held-back jobs at once; a lowered one leaves jobs in flight alone. Global "
+                           "only: a queue cannot cap a resource of its own (give it a resource of its own). Names: "
+                           "1..256 UTF-8 bytes, no control characters.", default="`{}`"),
 }
 STORAGE = {
     "dead_letter_retention_ms": Key("integer", "How long dead letters are kept. 0: there is no dead-letter store; "
@@ -200,6 +208,20 @@ QUEUE_ONLY = {
                                       "cluster decides (no worker saw them fail); add `rejected` and "
                                       "`attempts_exhausted` to forward a worker's nacks too.",
                                       default='`["lease_expired", "expired", "admin"]`'),
+    "resource": Key("string", "The throttle resource of this queue's jobs that name none (`limits.resource_limits`). "
+                    "Unset: none.", default="unset"),
+    "circuit_breaker": Key("table", "`{failures = N, window_ms = W, open_ms = O}`: after N failures (nacks of any "
+                           "strategy, dead_letter included, and lease expiries) within W ms of the replicated clock "
+                           "the circuit opens and reserve skips the queue for O ms (jobs wait ready, no attempt is "
+                           "used); then one probe job may go (half open): its ack closes the circuit, its failure "
+                           "opens it again for O ms. `raftq queues close-circuit NAME` closes it. N: 1..10000; W, "
+                           "O: >= 1. Per queue only. Unset: no breaker.", default="unset"),
+    "windows": Key("array of tables", "Execution windows `[{days = [\"mon\", ...], start = \"09:00\", end = "
+                   "\"17:30\", time_zone = \"Europe/Berlin\"}]`: outside all of them reserve skips the queue "
+                   "(deadlines keep running). `days` default every day; `end` before `start` spans midnight "
+                   "(the window opens on a listed day); `end = \"24:00\"` is the end of the day; `time_zone` "
+                   "(default `UTC`) is an IANA name from the `tzdata` package, the same on every node. Evaluated "
+                   "at the replicated clock, per minute. Per queue only. Unset: always open.", default="unset"),
 }
 TUNING = {
     "auto_tick_period_s": Key("number", "Period of the Raft tick thread (pysyncobj `autoTickPeriod`).", positive=True),

@@ -118,6 +118,8 @@ def build_app(service: NodeService) -> web.Application:
         ("POST", "/v1/queues/{name}/resume", OPERATOR,
          lambda s, req, b, rid, who: s.pause(q(req), False, rid, b, who)),
         ("POST", "/v1/queues/{name}/purge", OPERATOR, lambda s, req, b, rid, who: s.purge(q(req), b, rid, who)),
+        ("POST", "/v1/queues/{name}/circuit/close", OPERATOR,
+         lambda s, req, b, rid, who: s.close_circuit(q(req), b, rid, who)),
         ("DELETE", "/v1/jobs/{id}", OPERATOR, lambda s, req, b, rid, who: s.cancel(req.match_info["id"], rid, who)),
         ("DELETE", "/v1/queues/{name}", ADMIN, lambda s, req, b, rid, who: s.delete_queue(q(req), rid, who)),
         ("DELETE", "/v1/keys/{name}", ADMIN, lambda s, req, b, rid, who: s.remove_key(q(req), rid, who)),

@@ -52,6 +52,7 @@ GLOBAL_KEYS: dict[str, object] = {
     "max_encoding_bytes": 128,
     "max_reason_bytes": 4096,
     "max_worker_id_bytes": 256,
+    "resource_limits": {},            # resource name -> most jobs in flight at once; absent = unlimited
 }
 STORAGE_KEYS: dict[str, object] = {
     "dead_letter_retention_ms": 0,    # 0 = no dead-letter store
@@ -66,7 +67,10 @@ STORAGE_KEYS: dict[str, object] = {
 # the nodes of a cluster (their disks may), so they are left out of the fingerprint.
 NODE_LOCAL_STORAGE_KEYS = ("min_free_bytes",)
 QUEUE_ONLY_KEYS = ("name", "allowed_job_types", "dedup_window_ms", "dead_letter_forward",
-                   "dead_letter_forward_causes")
+                   "dead_letter_forward_causes", "resource", "circuit_breaker", "windows")
+# Bounds of the gating keys (docs/configuration.md).
+MAX_BREAKER_FAILURES = 10_000
+MAX_RESOURCE_BYTES = 256
 
 
 class ConfigError(ValueError):
@@ -164,6 +168,11 @@ class QueueLimits:
     # job per dead letter of these causes; None: no forwarding (and no causes).
     dead_letter_forward: str | None = None
     dead_letter_forward_causes: tuple[str, ...] = ()
+    # Gating (issue 17): the default resource of the queue's jobs, the circuit breaker
+    # (failures, window_ms, open_ms) and the execution windows (node/windows.py), or None.
+    resource: str | None = None
+    circuit_breaker: tuple | None = None
+    windows: object = None
 
     def describe(self) -> dict:
         """The effective limits and retry policy as shown by GET /v1/queues/{name}."""
@@ -173,6 +182,10 @@ class QueueLimits:
         out["dedup_window_ms"] = self.dedup_window_ms
         out["dead_letter_forward"] = self.dead_letter_forward
         out["dead_letter_forward_causes"] = list(self.dead_letter_forward_causes)
+        out["resource"] = self.resource
+        cb = self.circuit_breaker
+        out["circuit_breaker"] = None if cb is None else {"failures": cb[0], "window_ms": cb[1], "open_ms": cb[2]}
+        out["windows"] = None if self.windows is None else [dict(w) for w in self.windows.spec]
         return out
 
 
@@ -226,6 +239,45 @@ def _check_forwards(declared: dict, default_queue: "QueueLimits", strict: bool) 
                 raise ConfigError(f"{where}: the forwards go round in a circle ({' -> '.join(seen + [at])})")
             seen.append(at)
             at = declared[at].dead_letter_forward if at in declared else None
+
+
+def check_resource_name(where: str, value) -> str:
+    if not isinstance(value, str) or not value or len(value.encode("utf-8")) > MAX_RESOURCE_BYTES \
+            or any(ord(c) < 0x20 or 0x7F <= ord(c) <= 0x9F for c in value):
+        raise ConfigError(f"{where}: must be a non-empty string of at most {MAX_RESOURCE_BYTES} UTF-8 bytes "
+                          f"without control characters, got {value!r}")
+    return value
+
+
+def _resource_limits(where: str, value) -> dict:
+    if not isinstance(value, dict):
+        raise ConfigError(f"{where}: must be a table {{resource = max in flight}}, got {value!r}")
+    for name, n in value.items():
+        check_resource_name(f"{where}.{name}", name)
+        _int(f"{where}.{name}", n, 0)
+    return dict(value)
+
+
+def _circuit_breaker(where: str, value) -> tuple:
+    if not isinstance(value, dict):
+        raise ConfigError(f"{where}: must be a table {{failures, window_ms, open_ms}}, got {value!r}")
+    for key in value:
+        if key not in ("failures", "window_ms", "open_ms"):
+            raise ConfigError(f"{where}.{key}: unknown key")
+    for key in ("failures", "window_ms", "open_ms"):
+        if key not in value:
+            raise ConfigError(f"{where}.{key}: required")
+    return (_int(f"{where}.failures", value["failures"], 1, MAX_BREAKER_FAILURES),
+            _int(f"{where}.window_ms", value["window_ms"]), _int(f"{where}.open_ms", value["open_ms"]))
+
+
+def _windows(where: str, value):
+    from .windows import WindowError, Windows
+    try:
+        return Windows(value)
+    except WindowError as e:
+        msg = str(e)
+        raise ConfigError(f"{where}{msg}" if msg.startswith("[") else f"{where}: {msg}") from None
 
 
 def _check_queue_values(where: str, v: dict, max_request_bytes: int) -> None:
@@ -295,6 +347,7 @@ class Limits:
                     "max_encoding_bytes", "max_reason_bytes", "max_worker_id_bytes"):
             _int(f"limits.{key}", g[key])
         _int("limits.max_queue_name_bytes", g["max_queue_name_bytes"], 1, 65535)
+        g["resource_limits"] = _resource_limits("limits.resource_limits", g["resource_limits"])
         if not isinstance(g["strict_queues"], bool):
             raise ConfigError(f"limits.strict_queues: must be true or false, got {g['strict_queues']!r}")
         s = {**STORAGE_KEYS, **storage}
@@ -334,9 +387,19 @@ class Limits:
                 job_types = _str_list(f"{where}.allowed_job_types", job_types, allow_empty=False)
             window = _int(f"{where}.dedup_window_ms", entry.get("dedup_window_ms", s["dedup_window_ms"]))
             fwd, causes = _forward_of(where, entry, name, g["max_queue_name_bytes"])
+            resource = entry.get("resource")
+            if resource is not None:
+                check_resource_name(f"{where}.resource", resource)
+            breaker = entry.get("circuit_breaker")
+            if breaker is not None:
+                breaker = _circuit_breaker(f"{where}.circuit_breaker", breaker)
+            windows = entry.get("windows")
+            if windows is not None:
+                windows = _windows(f"{where}.windows", windows)
             declared[name] = QueueLimits(name=name, declared=True, **merged,
                                          allowed_job_types=job_types, dedup_window_ms=window,
-                                         dead_letter_forward=fwd, dead_letter_forward_causes=causes)
+                                         dead_letter_forward=fwd, dead_letter_forward_causes=causes,
+                                         resource=resource, circuit_breaker=breaker, windows=windows)
         _check_forwards(declared, default_queue, g["strict_queues"])
         doc = {"limits": {**{k: _plain(v) for k, v in g.items()}, **{k: _plain(base[k]) for k in QUEUE_KEYS}},
                "storage": dict(s),
@@ -365,6 +428,11 @@ class Limits:
         # Global and storage limits are read on every request: store them as plain attributes
         # (globals win, as in __getattr__) so a read does not cost a failed lookup + __getattr__.
         # Names that are fields or class attributes keep their meaning, exactly as before.
+        # The queues reserve must gate (a circuit breaker or windows): one set test per queue of
+        # a reserve, nothing more for the others.
+        object.__setattr__(self, "gated", frozenset(
+            n for n, ql in (self.queues or {}).items()
+            if ql.circuit_breaker is not None or ql.windows is not None))
         taken = {f.name for f in fields(self)} | set(dir(type(self)))
         for source in (self.storage, self.globals):
             if isinstance(source, dict):

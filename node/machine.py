@@ -45,7 +45,7 @@ from bisect import bisect_right
 from collections import OrderedDict, deque
 from itertools import islice
 
-from .core import audit, config, handlers, invariants, ops, snapshot
+from .core import audit, config, gating, handlers, invariants, ops, snapshot
 from .core import sweep as sweeping
 from .core.answers import render_dead_letter, render_job
 from .core.jobs import IN_FLIGHT, READY, SCHEDULED, STATE_NAMES, Job, Queue, shown_fields
@@ -75,6 +75,7 @@ HANDLERS = {
     ops.DELETE_QUEUE: handlers.delete_queue,
     ops.RECORD_ACTION: handlers.record_action,
     ops.RELEASE: handlers.release,
+    ops.CLOSE_CIRCUIT: gating.close_circuit,
 }
 for _op, _handler in HANDLERS.items():
     if tuple(inspect.signature(_handler).parameters)[1:] != ops.COMMANDS[_op]:
@@ -147,6 +148,13 @@ class QueueMachine(UndoLog):
         self.dlq: OrderedDict[str, object] = OrderedDict()         # job id -> DeadLetter, oldest first
         self.dlq_by_queue: dict[str, OrderedDict] = {}
         self.applied = 0                # commands applied (for diagnostics, part of the state)
+        # Gating (node/core/gating.py): jobs in flight per resource (n > 0 only), blocked ready
+        # entries per (resource, queue), the blocked jobs' resources by id; `released` is soft
+        # state for the node's long-poll wake (not replicated, not in snapshots or the digest).
+        self.in_use: dict[str, int] = {}
+        self.blocked: dict[str, dict[str, list]] = {}
+        self.blocked_ids: dict[str, str] = {}
+        self.released: set = set()
         self._undo: list = []
 
     def ensure_queue(self, name: str) -> Queue:
@@ -238,8 +246,16 @@ class QueueMachine(UndoLog):
         q = self.queues.get(name)
         declared = name in self.limits.queues
         if q is None:
-            return Queue(name).stats(declared) if declared else None
-        return q.stats(declared)
+            return gating.queue_view(self, name, None, Queue(name).stats(declared)) if declared else None
+        return gating.queue_view(self, name, q, q.stats(declared))
+
+    def gating_view(self, name: str, stats: dict) -> dict:
+        """The gating fields for a queue's stats made outside the machine (node/service.py)."""
+        return gating.queue_view(self, name, self.queues.get(name), stats)
+
+    def reservable(self, q) -> bool:
+        """Whether a reserve could take a job of queue q now (paused, throttled, circuit, window)."""
+        return gating.reservable(self, q)
 
     def job_view(self, job_id: str) -> dict | None:
         job = self.jobs.get(job_id)
@@ -267,7 +283,8 @@ class QueueMachine(UndoLog):
             if q is None:
                 return [], None
             jobs, page = self.jobs, []
-            for e in heapq.merge(_fifo_from(q.ready_fifo, after), _heap_in_order(q.ready_heap, after),
+            blocked = [_heap_in_order(h, after) for per in self.blocked.values() for n, h in per.items() if n == qname]
+            for e in heapq.merge(_fifo_from(q.ready_fifo, after), _heap_in_order(q.ready_heap, after), *blocked,
                                  key=_ready_key):
                 job = e[3]
                 if job.state == READY and job.seq == e[2] and jobs.get(job.id) is job:

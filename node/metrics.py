@@ -118,6 +118,16 @@ def render(view: dict, queues: list[dict], inflight: int, gauges: dict | None = 
         t.family(f"raftq_queue_{suffix}", "gauge", help_, [({"queue": q["name"]}, q[key]) for q in queues])
     t.family("raftq_queue_paused", "gauge", "1 while the queue is paused", [({"queue": q["name"]}, q["paused"])
                                                                           for q in queues])
+    # gating (issue 17): circuit breakers, execution windows, throttles
+    t.family("raftq_queue_circuit_open", "gauge", "1 while the queue's circuit breaker is open or half open "
+             "(reserve skips it, or takes one probe job); 0 when closed or without a breaker",
+             [({"queue": q["name"]}, (q.get("circuit") or {}).get("state", "closed") != "closed") for q in queues])
+    t.family("raftq_queue_window_open", "gauge", "1 while the queue is inside one of its execution windows "
+             "(always 1 without windows)", [({"queue": q["name"]}, q.get("window_open", True)) for q in queues])
+    t.family("raftq_queue_throttled", "gauge", "ready jobs held back now because their resource is full",
+             [({"queue": q["name"]}, q.get("throttled", 0)) for q in queues])
+    t.family("raftq_throttle_deferred_total", "counter", "times reserve held a ready job back because its "
+             "resource was full", [({"queue": q["name"]}, q.get("throttle_deferred_total", 0)) for q in queues])
     for key, help_ in _QUEUE_COUNTERS:
         name = key if key.endswith("_total") else f"{key}_total"
         t.family(f"raftq_queue_{name}", "counter", f"{help_} since the queue was created",

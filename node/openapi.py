@@ -102,6 +102,8 @@ CONFIG_WARNINGS = {
     "depth_above_limit": "a queue holds more live jobs than its new `max_queue_depth` (`queue`, `depth`, `limit`): "
                          "they stay, new enqueues are refused",
     "undeclared_queue_has_jobs": "a queue no longer declared still holds jobs (`queue`, `jobs`): they stay",
+    "resource_above_limit": "more jobs of a resource are in flight than its new limit (`resource`, `in_flight`, "
+                            "`limit`): they finish, no more are handed out until the count is under the limit",
     "max_attempts_above_ceiling": "jobs of a queue have a `max_attempts` above its new ceiling (`queue`, `jobs`, "
                                   "`limit`): they keep theirs",
     "dead_letters_kept": "dead-letter retention was turned off; the records kept (`dead_letters`) stay until "
@@ -109,7 +111,7 @@ CONFIG_WARNINGS = {
 }
 # The actions of the audit trail (node/core/*.py audit.record calls).
 AUDIT_ACTIONS = ("config_seed", "config_change", "key_add", "key_remove", "pause", "resume", "cancel", "purge",
-                 "queue_delete", "requeue", "dead_letters_delete", "dead_letter_move", "drain")
+                 "queue_delete", "requeue", "dead_letters_delete", "dead_letter_move", "drain", "circuit_close")
 
 # The session ops (node/session.py) and the HTTP route each one mirrors.
 SESSION_HTTP = {
@@ -194,7 +196,11 @@ def _queue_limits_schema() -> dict:
         default = QUEUE_KEYS.get(key, value)
         if default is None or value is None:
             kind = {"max_queue_depth": {"type": "integer"}, "execution_timeout_ms": {"type": "integer"},
-                    "dead_letter_forward": {"type": "string"}}.get(
+                    "dead_letter_forward": {"type": "string"}, "resource": {"type": "string"},
+                    "circuit_breaker": {"type": "object", "properties": {
+                        "failures": {"type": "integer"}, "window_ms": {"type": "integer"},
+                        "open_ms": {"type": "integer"}}},
+                    "windows": {"type": "array", "items": {"type": "object"}}}.get(
                 key, {"type": "array", "items": {"type": "string"}})
             props[key] = {**kind, "type": [kind["type"], "null"]}
         else:
@@ -231,7 +237,21 @@ def _config_schema() -> dict:
                                                       "null: none"},
                "dead_letter_forward_causes": {"type": ["array", "null"], "minItems": 1, "items": {
                    "enum": list(DEAD_LETTER_CAUSES)},
-                   "description": "null: lease_expired, expired, admin"}}
+                   "description": "null: lease_expired, expired, admin"},
+               "resource_limits": {"type": "object", "additionalProperties": integer(0),
+                                   "description": "resource name -> most jobs in flight at once (a resource "
+                                                  "without an entry is unlimited)"},
+               "resource": {"type": ["string", "null"], "minLength": 1,
+                            "description": "the default resource of this queue's jobs"},
+               "circuit_breaker": {"type": ["object", "null"], "required": ["failures", "window_ms", "open_ms"],
+                                   "additionalProperties": False,
+                                   "properties": {"failures": integer(1), "window_ms": integer(1),
+                                                  "open_ms": integer(1)}},
+               "windows": {"type": ["array", "null"], "minItems": 1, "items": {
+                   "type": "object", "additionalProperties": False, "required": ["start", "end"],
+                   "properties": {"days": {"type": "array", "minItems": 1, "items": {
+                       "enum": ["mon", "tue", "wed", "thu", "fri", "sat", "sun"]}},
+                       "start": string(), "end": string(), "time_zone": string()}}}}
 
     def props(defaults: dict) -> dict:
         return {k: special.get(k) or _json_type(v) for k, v in defaults.items()}
@@ -274,6 +294,7 @@ def schemas() -> dict:
                        "reserve answer present only when set or when `releases` > 0"},
         "releases": integer(0, description="deliveries handed back by release; attempts used = attempt - "
                             "releases (in a reserve answer present only when > 0 or with a timeout)"),
+        "resource": string("the job's throttle resource; present when it has one"),
     }
     job_required = ["id", "queue", "job_type", "priority", "custom", "enqueued_at_ms", "scheduled_at_ms",
                     "attempt", "max_attempts", "lease_expires_at_ms"]
@@ -314,6 +335,9 @@ def schemas() -> dict:
             "duplicate_policy": nullable({"type": "string", "enum": ["return_existing", "reject", "replace"],
                                           "description": "what a hit of `idempotency_key` does; default: the "
                                                          "queue's `duplicate_policy` (`return_existing`)"}),
+            "resource": nullable(string("the throttle resource the job holds while in flight (`[limits] "
+                                        "resource_limits`); default: its queue's `resource`; 1..256 UTF-8 bytes",
+                                        minLength=1)),
         }, ["queue", "job_type"], "One job to enqueue. Unknown fields are ignored. Anything wrong with it is a "
            "rejection (422 for a single enqueue), never a 400.", example={
             "queue": "emails", "job_type": "welcome", "priority": 5,
@@ -442,6 +466,9 @@ def schemas() -> dict:
                              "missing": {"type": "array", "items": string(format="uuid")}},
                             ["dead_lettered", "missing"]),
         "PurgeResponse": obj({"queue": string(), "purged": integer(0)}, ["queue", "purged"]),
+        "CircuitClosed": obj({"queue": string(), "circuit": {"type": "string", "enum": ["closed"]},
+                              "was": {"type": "string", "enum": ["closed", "open", "half_open"]}},
+                             ["queue", "circuit", "was"]),
         "QueueDeleted": obj({"queue": string()}, ["queue"]),
         "Config": _config_schema(),
         "ConfigView": obj({"version": integer(0, description="bumped by every change (config or keys); 1 is "
@@ -469,7 +496,8 @@ def schemas() -> dict:
                                       "expect_version": 1}),
         "ConfigWarning": obj({"code": {"type": "string", "enum": list(CONFIG_WARNINGS)}, "field": string(),
                               "queue": string(), "depth": integer(0), "limit": integer(0), "jobs": integer(0),
-                              "dead_letters": integer(0)}, ["code", "field"],
+                              "dead_letters": integer(0), "resource": string(), "in_flight": integer(0)},
+                             ["code", "field"],
                              "\n".join(f"* `{c}`: {d}" for c, d in CONFIG_WARNINGS.items())),
         "ConfigChanged": obj({"version": integer(1), "warnings": {"type": "array", "items": ref("ConfigWarning")}},
                              ["version", "warnings"]),
@@ -501,15 +529,26 @@ def schemas() -> dict:
                 ("in_flight", "jobs under a lease"), ("dead_lettered", "dead letters kept"),
                 ("enqueued", "jobs enqueued, total"), ("acked", "acks, total"), ("nacked", "nacks, total"),
                 ("dead_lettered_total", "jobs dead-lettered, total (kept or not)"),
-                ("expired_total", "jobs dead-lettered because their deadline passed before they started, total"))},
+                ("expired_total", "jobs dead-lettered because their deadline passed before they started, total"),
+                ("throttled", "ready jobs held back now because their resource is full (counted in `ready`)"),
+                ("throttle_deferred_total", "times reserve held a ready job back for a full resource, total"))},
             "dead_lettered_by_cause": obj({c: integer(0) for c in DEAD_LETTER_CAUSES}, list(DEAD_LETTER_CAUSES),
                                           "the dead letters kept, by cause"),
             "workers": {"type": ["integer", "null"], "minimum": 0,
                         "description": "distinct workers that reserved from the queue in the last 30 s (the "
                                        "leader's soft state; null on a follower and in a new leader's first 30 s)"},
-            "no_workers": {"type": ["boolean", "null"], "description": "workers is 0 (null when workers is)"}},
+            "no_workers": {"type": ["boolean", "null"], "description": "workers is 0 (null when workers is)"},
+            "window_open": {"type": "boolean", "description": "inside one of the queue's execution windows (true "
+                            "without windows)"},
+            "circuit": {"type": ["object", "null"], "description": "null without a circuit breaker", "properties": {
+                "state": {"type": "string", "enum": ["closed", "open", "half_open"]},
+                "failures": integer(0, description="failures counted within the window"),
+                "opened_at_ms": {"type": ["integer", "null"]}, "open_until_ms": {"type": ["integer", "null"]},
+                "opened_total": integer(0)},
+                "required": ["state", "failures", "opened_at_ms", "open_until_ms", "opened_total"]}},
             ["name", "declared", "paused", "ready", "scheduled", "in_flight", "dead_lettered", "enqueued", "acked",
-             "nacked", "dead_lettered_total", "expired_total", "dead_lettered_by_cause", "workers", "no_workers"],
+             "nacked", "dead_lettered_total", "expired_total", "dead_lettered_by_cause", "workers", "no_workers",
+             "throttled", "throttle_deferred_total", "window_open", "circuit"],
             "Counts are exact; totals count since the queue first appeared."),
         "QueuesResponse": obj({"queues": {"type": "array", "items": ref("QueueStats")}}, ["queues"]),
         "QueueLimits": _queue_limits_schema(),
@@ -733,6 +772,11 @@ ROUTES = [
     _route("post", "/v1/queues/{name}/purge", "purge", "Purge a queue",
            "Removes every ready and scheduled job of the queue; in-flight jobs finish normally. A body, if any, "
            "is ignored.", OPERATOR, body_required=False, ok="PurgeResponse", write=True, params=[NAME_PARAM],
+           tags=("queues",), errors_=[(404, ["not_found"])]),
+    _route("post", "/v1/queues/{name}/circuit/close", "circuit_close", "Close a queue's circuit breaker",
+           "The circuit closes now, whatever its state: its failures are forgotten and reserve takes the queue's "
+           "jobs again (`was`: the state before). Replicated and audited (`circuit_close`). A body, if any, is "
+           "ignored.", OPERATOR, body_required=False, ok="CircuitClosed", write=True, params=[NAME_PARAM],
            tags=("queues",), errors_=[(404, ["not_found"])]),
     _route("delete", "/v1/queues/{name}", "delete_queue", "Delete a queue",
            "Only a queue with no job in any state (dead letters included) and not declared in the configuration; "

@@ -27,6 +27,7 @@ from .workers_seen import WorkersSeen
 log = logging.getLogger("raftq.node")
 from .. import __version__ as VERSION
 WAKING_OPS = ops.WAKING_OPS
+RELEASING_OPS = ops.RELEASING_OPS
 ENQUEUE_ITEMS = ops.reader(ops.ENQUEUE, "items")
 ITEM_QUEUE = ops.ITEM_QUEUE
 # Beyond this many queue names with parked reserves, an apply of enqueues wakes only the
@@ -436,6 +437,10 @@ class NodeService:
         m = self.state.machine
         if (m.limits, m.config_version) != self._config_seen:
             self.follow_config()            # a config entry: in force here from this index on
+        released = m.released
+        if released:                        # gating: held-back jobs became reservable
+            released = set(released)
+            m.released.clear()
         waiters = self.waiters
         if not waiters:
             return
@@ -453,6 +458,8 @@ class NodeService:
             elif op in WAKING_OPS:
                 names = None
                 break
+            elif op in RELEASING_OPS and released:
+                names |= released
         if names is not None and not names:
             return
         with self._wake_lock:
@@ -488,13 +495,14 @@ class NodeService:
             names, self._wake_names = self._wake_names, set()
             self.wake_scheduled = False
         waiters = self.waiters
-        queues = self.state.machine.queues
+        m = self.state.machine
+        queues = m.queues
         for name in list(waiters) if names is None else names:
             parked = waiters.get(name)
             if not parked:
                 continue
             q = queues.get(name)
-            n = 0 if q is None or q.paused else q.ready
+            n = 0 if q is None or not m.reservable(q) else q.ready - q.throttled
             if n <= 0:
                 continue
             for w in list(parked):
@@ -537,10 +545,12 @@ class NodeService:
             w.owner.parked -= 1
 
     def _has_ready(self, queue_names) -> bool:
-        queues = self.state.machine.queues
+        m = self.state.machine
+        queues = m.queues
+        gated = m.limits.gated
         for name in queue_names:
             q = queues.get(name)
-            if q is not None and q.ready > 0 and not q.paused:
+            if q is not None and q.ready > q.throttled and not q.paused and (not gated or m.reservable(q)):
                 return True
         return False
 
@@ -704,6 +714,10 @@ class NodeService:
     async def move_to_dead_letters(self, queue, body, rid=None, who=None):
         return await self._run(validate.move_to_dead_letters, queue, body, self.limits,
                                self.slot(rid, who, "dead_letter_move", body, queue), who)
+
+    async def close_circuit(self, queue, body=None, rid=None, who=None):
+        return await self._run(validate.close_circuit, queue, self.limits,
+                               self.slot(rid, who, "circuit_close", body, queue), who)
 
     async def purge(self, queue, body=None, rid=None, who=None):
         return await self._run(validate.purge, queue, self.limits, self.slot(rid, who, "purge", body, queue), who)
@@ -886,7 +900,8 @@ class NodeService:
             limits = self.limits
         if stats is None:
             if name in limits.queues or not limits.strict_queues:
-                stats = Queue(name).stats(name in limits.queues)
+                with self.state.lock:
+                    stats = self.state.machine.gating_view(name, Queue(name).stats(name in limits.queues))
             else:
                 return error("not_found", f"queue {name!r} is not declared", queue=name)
         self.workers_seen.prune()

@@ -20,7 +20,7 @@ from . import bounds
 import orjson
 
 from .errors import ApiError, invalid
-from .limits import ConfigError, Limits, check_queue_name
+from .limits import MAX_RESOURCE_BYTES, ConfigError, Limits, check_queue_name
 from .core import ops
 from .core.ops import ATOMIC, BATCH, SINGLE
 
@@ -263,12 +263,23 @@ def check_job(job, limits: Limits, now_ms: int, new_id) -> tuple:
         priority = ql.default_priority
     max_attempts = min(max_attempts if max_attempts is not None else ql.default_max_attempts,
                        ql.max_attempts_ceiling)
+    resource = job.get("resource")          # issue 17: the job's throttle resource, else its queue's
+    if resource is None:
+        resource = ql.resource
+    else:
+        if not isinstance(resource, str) or not resource:
+            _bad("resource must be a non-empty string")
+        n = _utf8_len(resource)
+        if n > MAX_RESOURCE_BYTES:
+            _bad(f"resource is longer than {MAX_RESOURCE_BYTES} UTF-8 bytes ({n})")
+        if any(ord(c) < 0x20 or 0x7F <= ord(c) <= 0x9F for c in resource):
+            _bad("resource must not contain control characters")
+        resource = sys.intern(resource)
+    timeout = policy = None
     if "timeout_ms" in job or "duplicate_policy" in job:       # issue 17; a plain job: the 12-field item
         timeout, policy = _lifecycle_fields(job)
-        return ops.item(new_id(), sys.intern(queue), sys.intern(job_type), payload, encoding, priority,
-                        max_attempts, custom, trace, scheduled, deadline, key, timeout, policy)
     return ops.item(new_id(), sys.intern(queue), sys.intern(job_type), payload, encoding, priority,
-                    max_attempts, custom, trace, scheduled, deadline, key)
+                    max_attempts, custom, trace, scheduled, deadline, key, timeout, policy, resource)
 
 
 def _jobs_list(body: dict, limits: Limits) -> list:
@@ -506,6 +517,11 @@ def move_to_dead_letters(queue, body, limits: Limits, rid=None, who=None) -> tup
     if reason is not None and not isinstance(reason, str):
         raise invalid("reason must be a string")
     return ops.move_to_dead_letters(rid, queue, ids, reason or None, who)
+
+
+def close_circuit(queue, limits: Limits, rid=None, who=None) -> tuple:
+    """POST /v1/queues/{name}/circuit/close."""
+    return ops.close_circuit(rid, queue_arg(queue, limits), who)
 
 
 def purge(queue, limits: Limits, rid=None, who=None) -> tuple:

@@ -782,7 +782,9 @@ class Model:
                 "dead_lettered_total": t["dead_total"], "expired_total": t["expired"],
                 "dead_lettered_by_cause": {c: sum(1 for d in self.dead if d.cause == c and self.jobs[d.id].queue == q)
                                            for c in ("attempts_exhausted", "rejected", "lease_expired", "admin",
-                                                     "expired")}}
+                                                     "expired")},
+                # gating (issue 17): the model uses no resource, breaker or window
+                "throttled": 0, "throttle_deferred_total": 0, "circuit": None, "window_open": True}
 
     def view(self, jid: str):
         j = self.jobs.get(jid)

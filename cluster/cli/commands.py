@@ -723,8 +723,24 @@ def _queue_cell(q: dict, key: str):
     return "-" if v is None else v
 
 
+async def cmd_close_circuit(ctx: Ctx, name: str) -> int:
+    """`raftq queues close-circuit NAME`: POST /v1/queues/{name}/circuit/close."""
+    out = await ctx.call("circuit_close", "POST", f"/v1/queues/{_path(name)}/circuit/close", {}, mutating=True)
+    if ctx.json:
+        ctx.dump(out)
+    else:
+        ctx.out(f"circuit of queue {name} closed (was {out.get('was')})")
+    return EXIT_OK
+
+
 async def cmd_queues(ctx: Ctx) -> int:
     name = ctx.args.name
+    extra = getattr(ctx.args, "circuit_queue", None)
+    if extra is not None:
+        if name != "close-circuit":
+            ctx.err(f"raftq: queues takes one NAME (or `close-circuit NAME`), got {name!r} and {extra!r}")
+            return EXIT_FAILED
+        return await cmd_close_circuit(ctx, extra)
     if name is None:
         queues = (await ctx.call("queues", "GET", "/v1/queues"))["queues"]
         if ctx.json:

@@ -132,7 +132,9 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--batch-size", type=int, default=256, metavar="N", help=argparse.SUPPRESS)
 
     q = client_cmd("queues", C.cmd_queues, "every queue with its counts and totals, or one queue with its limits")
-    q.add_argument("name", nargs="?", metavar="NAME", help="show this queue in detail, limits included")
+    q.add_argument("name", nargs="?", metavar="NAME", help="show this queue in detail, limits included; "
+                   "`raftq queues close-circuit NAME` closes the queue's circuit breaker (operator)")
+    q.add_argument("circuit_queue", nargs="?", metavar="QUEUE", help=argparse.SUPPRESS)
 
     j = client_cmd("job", C.cmd_job, "one job: state, attempts, times, payload")
     j.add_argument("id", metavar="ID")

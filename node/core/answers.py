@@ -95,10 +95,11 @@ def queue_refused_message(why: str, queue: str, jobs: dict) -> str:
 # ---------------------------------------------------------------------------- jobs
 def render_job(id, queue, job_type, payload, encoding, priority, custom, trace, enqueued_at,
                scheduled_at, attempt, max_attempts, lease_expires, deadline, timeout_ms=None,
-               releases=0) -> dict:
+               releases=0, resource=None) -> dict:
     """The Job shape of API.md from SHOWN_FIELDS (node/core/jobs.py). `timeout_ms` and
     `releases` are shown when set (a job that uses neither renders byte for byte as before
-    issue 17; GET /v1/jobs/{id} always shows both)."""
+    issue 17; GET /v1/jobs/{id} always shows both); `resource` when the job has one, like
+    `deadline_at_ms`."""
     if payload is not None and trace is None:
         # The common shape, built in one go (same keys, same order as below).
         out = {"id": id, "queue": queue, "job_type": job_type,
@@ -111,6 +112,8 @@ def render_job(id, queue, job_type, payload, encoding, priority, custom, trace, 
         if timeout_ms is not None or releases:
             out["timeout_ms"] = timeout_ms
             out["releases"] = releases
+        if resource is not None:
+            out["resource"] = resource
         return out
     out = {"id": id, "queue": queue, "job_type": job_type}
     if payload is not None:
@@ -129,6 +132,8 @@ def render_job(id, queue, job_type, payload, encoding, priority, custom, trace, 
     if timeout_ms is not None or releases:
         out["timeout_ms"] = timeout_ms
         out["releases"] = releases
+    if resource is not None:
+        out["resource"] = resource
     return out
 
 
@@ -142,7 +147,8 @@ def shown_fields_of(shown: dict) -> tuple:
             shown["priority"], shown["custom"] or None, (t["traceparent"], t["tracestate"]) if t is not None else None,
             shown["enqueued_at_ms"], shown["scheduled_at_ms"], shown["attempt"], shown["max_attempts"],
             shown["lease_expires_at_ms"], shown.get("deadline_at_ms"), shown.get("timeout_ms"),
-            shown.get("releases", 0))
+            shown.get("releases", 0)) + \
+        ((shown["resource"],) if shown.get("resource") is not None else ())
 
 
 def render_dead_letter(fields: tuple, cause: str, failed_at: int, final_attempt: int, reason) -> dict:
@@ -215,6 +221,7 @@ _RENDER = {
     PURGED: lambda r: (200, {"queue": r[1], "purged": r[2]}),
     QUEUE_DELETED: lambda r: (200, {"queue": r[1]}),
     RECORDED: lambda r: (200, {"action": r[1]}),
+    ops.CIRCUIT_CLOSED: lambda r: (200, {"queue": r[1], "circuit": "closed", "was": r[2]}),
     QUEUE_NOT_FOUND: lambda r: error("not_found", f"queue {r[1]!r} neither exists nor is declared", queue=r[1]),
     QUEUE_REFUSED: lambda r: error("failed_precondition", queue_refused_message(r[1], r[2], r[3]),
                                    reason=r[1], queue=r[2], jobs=r[3]),

@@ -21,7 +21,7 @@ longer declared keeps its jobs. The result's `warnings` say so.
 from __future__ import annotations
 
 from ..limits import ConfigError, Limits
-from . import audit, ops
+from . import audit, gating, ops
 
 ROLES = ("viewer", "worker", "operator", "admin")
 _HEX = frozenset("0123456789abcdef")
@@ -82,6 +82,8 @@ def configure(m, expect_version, config, keys, who=None):
     changed = [k for k, _, _ in _diff(m, limits)]
     m._set(m, "limits", limits)
     m._set(m, "config_version", version)
+    if m.blocked:
+        gating.release_all(m)                   # a raised or removed resource limit frees slots
     details = {"version": version, "changed": changed}
     if new_keys is not None and new_keys != m.keys:
         details["keys"] = sorted(n for n in set(new_keys) | set(m.keys) if new_keys.get(n) != m.keys.get(n))
@@ -153,6 +155,11 @@ def change_warnings(m, old: Limits, new: Limits) -> tuple:
         for name in sorted(above):
             out.append({"code": "max_attempts_above_ceiling", "field": "max_attempts_ceiling", "queue": name,
                         "jobs": above[name], "limit": lowered[name]})
+    for r in sorted(m.in_use):
+        limit = new.resource_limits.get(r)
+        if limit is not None and m.in_use[r] > limit:
+            out.append({"code": "resource_above_limit", "field": f"limits.resource_limits.{r}", "resource": r,
+                        "in_flight": m.in_use[r], "limit": limit})
     if m.dlq and old.dead_letter_retention_ms > 0 and new.dead_letter_retention_ms <= 0:
         out.append({"code": "dead_letters_kept", "field": "storage.dead_letter_retention_ms",
                     "dead_letters": len(m.dlq)})

@@ -17,10 +17,11 @@ import uuid
 import orjson
 
 from ..retry import policy_delay_ms
-from . import audit, ops
+from . import audit, gating, ops
 from .answers import render_dead_letter
 from .jobs import (DEAD, DEAD_LETTER_RECORD_TYPE, GONE, IN_FLIGHT, READY, SCHEDULED, DeadLetter, Job, Queue,
                    shown_fields)
+from .jobs import _shown as shown14
 from .ops import ATOMIC, DEAD_LETTER, DELAY, ENQUEUED, JOB_ID, RESERVED, SINGLE, UNAUDITED
 from .undo import appendleft, drop_item, fifo_remove, heap_remove, heap_restore, restore_item
 
@@ -149,10 +150,10 @@ def _enqueue_one(m, item, now: int, check_depth: bool):
     if len(item) == 12:                     # ops.ITEM before issue 17 (and every plain job)
         (job_id, qname, job_type, payload, encoding, priority, max_attempts, custom, trace,
          scheduled_at, deadline, idem_key) = item
-        timeout_ms = None
+        timeout_ms = resource = None
     else:
         (job_id, qname, job_type, payload, encoding, priority, max_attempts, custom, trace,
-         scheduled_at, deadline, idem_key, timeout_ms, _) = item               # ops.ITEM, in order
+         scheduled_at, deadline, idem_key, timeout_ms, _, resource) = item    # ops.ITEM, in order
     ql = m.limits.queue(qname)
     if idem_key is not None:
         rec = m.dedup.get((qname, idem_key))
@@ -173,7 +174,7 @@ def _enqueue_one(m, item, now: int, check_depth: bool):
     job.custom, job.trace = custom, trace
     job.enqueued_at, job.scheduled_at = now, scheduled_at
     job.attempt, job.max_attempts, job.lease_expires = 1, max_attempts, None
-    job.deadline, job.last_reason = deadline, None
+    job.deadline, job.last_reason, job.resource = deadline, None, resource
     job.timeout_ms = timeout_ms if timeout_ms is not None else ql.execution_timeout_ms
     job.releases = 0
     # The hot path: the undo log is written inline (see node/core/undo.py).
@@ -223,12 +224,24 @@ def reserve(m, queue_names, lease_ms: int, max_jobs: int):
     kept = []
     jobs, lease_heap = m.jobs, m.lease_heap
     undo = m._undo       # the hot path: the undo log is written inline
+    limits = m.limits
+    gated = limits.gated
+    in_use = m.in_use
     for qname in queue_names:
         q = m.queues.get(qname)
         if q is None or q.paused:
             continue
+        cap = max_jobs
+        if gated and qname in gated:            # a circuit breaker or windows (node/core/gating.py)
+            probe = gating.reserve_cap(m, q, now)
+            if probe == 0:
+                continue
+            if probe == 1:
+                cap = len(kept) + 1
+        else:
+            probe = -1
         heap, fifo = q.ready_heap, q.ready_fifo
-        while len(kept) < max_jobs:
+        while len(kept) < cap:
             # The next job is the smaller head of the FIFO and the heap. Stale heads are
             # dropped on the way: that changes nothing logical, so it is not logged.
             while fifo:
@@ -258,6 +271,16 @@ def reserve(m, queue_names, lease_ms: int, max_jobs: int):
                 m._add(q, "ready", -1)
                 dead_letter(m, job, q, "expired", None)   # too late to ever run
                 continue
+            r = job.resource
+            if r is not None:                    # a throttle: hold it back while r is full
+                n = in_use.get(r, 0)
+                limit = limits.resource_limits.get(r)
+                if limit is not None and n >= limit:
+                    gating.block(m, q, r, entry)
+                    continue
+                m._put(in_use, r, n + 1)
+            if probe == 1:
+                gating.set_probe(m, q, job.id)
             expires = now + lease_ms
             undo += (setattr, job, "state", job.state)
             job.state = IN_FLIGHT
@@ -278,7 +301,7 @@ def reserve(m, queue_names, lease_ms: int, max_jobs: int):
             lease = (expires, ctr, job.id)
             undo += (heap_remove, lease_heap, lease, None)
             heappush(lease_heap, lease)
-            kept.append(shown_fields(job))
+            kept.append(shown14(job) if r is None else shown14(job) + (r,))   # shown_fields, inline
         if len(kept) >= max_jobs:
             break
     return RESERVED, tuple(kept)
@@ -316,9 +339,11 @@ def ack(m, job_id: str, attempt: int):
     undo += (restore_item, jobs, job.id, job)
     del jobs[job.id]
     q = m.queues[job.queue]
-    n = q.in_flight
+    n = q.in_flight                     # gating.leave_in_flight(m, job, q, OK), inline
     undo += (setattr, q, "in_flight", n)
     q.in_flight = n - 1
+    if job.resource is not None or q.circuit is not None:
+        gating.gate_leave(m, job, q, gating.OK)
     n = q.acked
     undo += (setattr, q, "acked", n)
     q.acked = n + 1
@@ -338,12 +363,12 @@ def nack(m, job_id: str, attempt: int, reason, strategy: str, delay_ms):
     m._add(q, "nacked", 1)
     m._set(job, "last_reason", reason)
     if strategy == DEAD_LETTER:
-        m._add(q, "in_flight", -1)
+        gating.leave_in_flight(m, job, q, gating.FAILED)
         dead_letter(m, job, q, "rejected", reason)
         return ops.nacked(job_id, True)
     used = job.attempt - job.releases       # attempts used (a release uses none)
     if used >= job.max_attempts:
-        m._add(q, "in_flight", -1)
+        gating.leave_in_flight(m, job, q, gating.FAILED)
         dead_letter(m, job, q, "attempts_exhausted", reason)
         return ops.nacked(job_id, True)
     ql = m.limits.queue(job.queue)
@@ -353,7 +378,7 @@ def nack(m, job_id: str, attempt: int, reason, strategy: str, delay_ms):
         delay = policy_delay_ms(job.id, used, ql.retry_delay_ms, ql.retry_backoff,
                                 ql.retry_delay_max_ms, ql.max_schedule_horizon_ms)
     m._set(job, "attempt", job.attempt + 1)
-    m._add(q, "in_flight", -1)
+    gating.leave_in_flight(m, job, q, gating.FAILED)
     if delay <= 0:
         make_ready(m, job, q)
     else:
@@ -375,7 +400,7 @@ def release(m, job_id: str, attempt: int, delay_ms, reason):
     m._set(job, "releases", job.releases + 1)
     if reason is not None:
         m._set(job, "last_reason", reason)
-    m._add(q, "in_flight", -1)
+    gating.leave_in_flight(m, job, q, gating.NEUTRAL)     # its slot frees; not a breaker failure
     delay = min(delay_ms or 0, m.limits.queue(job.queue).max_schedule_horizon_ms)
     if delay <= 0:
         make_ready(m, job, q)
@@ -566,7 +591,12 @@ def cancel(m, job_id: str, who=UNAUDITED, in_flight=False):
     if job.state == IN_FLIGHT and not in_flight:
         return ops.cancel_in_flight(job_id)
     q = m.queues[job.queue]
-    m._add(q, "ready" if job.state == READY else "scheduled" if job.state == SCHEDULED else "in_flight", -1)
+    if job.state == READY:
+        gating.leave_ready(m, q, job)
+    elif job.state == SCHEDULED:
+        m._add(q, "scheduled", -1)
+    else:                                   # a running job (issue 17): its slot and probe go too
+        gating.leave_in_flight(m, job, q, gating.NEUTRAL)
     forget(m, job)
     audit.record(m, who, "cancel", job_id, {"queue": job.queue})
     return JOB_ID, job_id
@@ -590,7 +620,8 @@ def pause(m, queue: str, paused: bool, create: bool = True, who=UNAUDITED):
 def _live_waiting(m, q: Queue) -> tuple[list, list]:
     """The ready and the scheduled jobs of queue q (each once)."""
     jobs = m.jobs
-    ready = [e[3] for e in chain(q.ready_heap, q.ready_fifo)
+    blocked = [h for per in m.blocked.values() for n, h in per.items() if n == q.name]
+    ready = [e[3] for e in chain(q.ready_heap, q.ready_fifo, *blocked)
              if e[3].state == READY and e[3].seq == e[2] and jobs.get(e[3].id) is e[3]]
     name = q.name
     scheduled = list({id(e[2]): e[2] for e in m.sched_heap
@@ -611,7 +642,10 @@ def move_to_dead_letters(m, queue: str, ids, reason, who=UNAUDITED):
             missing.append(job_id)
             continue
         q = m.queues[queue]
-        m._add(q, "scheduled" if job.state == SCHEDULED else "ready", -1)
+        if job.state == SCHEDULED:
+            m._add(q, "scheduled", -1)
+        else:
+            gating.leave_ready(m, q, job)
         m._set(job, "last_reason", reason)
         dead_letter(m, job, q, "admin", reason)
         moved.append(job_id)
@@ -628,7 +662,10 @@ def purge(m, queue: str, who=UNAUDITED):
     n = 0
     if q is not None:
         ready, scheduled = _live_waiting(m, q)
+        ids = m.blocked_ids
         for job in ready:
+            if ids and job.id in ids:
+                m._pop(ids, job.id)
             forget(m, job)
         for job in scheduled:
             forget(m, job)
@@ -637,6 +674,9 @@ def purge(m, queue: str, who=UNAUDITED):
             # Every entry of the ready index is stale now: drop them at once.
             m._set(q, "ready_heap", [])
             m._set(q, "ready_fifo", deque())
+            if q.throttled:
+                m._set(q, "throttled", 0)
+                gating.drop_queue_blocked(m, q.name)
         if scheduled:
             m._add(q, "scheduled", -len(scheduled))
         n = len(ready) + len(scheduled)

@@ -96,9 +96,60 @@ def check(m) -> list[str]:
                     say(f"ready entry of job {job.id} (queue {job.queue!r}) in queue {name!r}")
                 if (e[0], e[1]) != (-job.priority, job.enqueued_at):
                     say(f"ready entry of job {job.id} keyed {e[:3]}, not by its priority and enqueue time")
+    # ---- gating: blocked heaps (node/core/gating.py): a ready job is reachable from exactly
+    # its queue's ready index or one blocked heap, blocked ones are counted and named by id
+    live_blocked: Counter = Counter()
+    throttled: Counter = Counter()
+    for r, per in m.blocked.items():
+        if not isinstance(per, dict):
+            say(f"blocked entries of resource {r!r} are not per queue")
+            continue
+        for qname, heap in per.items():
+            for i in range(1, len(heap)):
+                if heap[(i - 1) // 2][:3] > heap[i][:3]:
+                    say(f"blocked heap ({r!r}, {qname!r}) property broken at {i}")
+                    break
+            for e in heap:
+                job = e[3]
+                if job.state == READY and job.seq == e[2] and jobs.get(job.id) is job and m.blocked_ids.get(job.id) == r:
+                    live_ready[job.id] += 1
+                    live_blocked[job.id] += 1
+                    throttled[qname] += 1
+                    if job.queue != qname:
+                        say(f"blocked entry of job {job.id} (queue {job.queue!r}) under queue {qname!r}")
+                    if job.resource != r:
+                        say(f"blocked entry of job {job.id} (resource {job.resource!r}) under resource {r!r}")
+    for job_id, r in m.blocked_ids.items():
+        if live_blocked[job_id] != 1:
+            say(f"job {job_id} is named blocked on {r!r} with {live_blocked[job_id]} live blocked entries")
+    for name, q in m.queues.items():
+        if q.throttled != throttled[name]:
+            say(f"queue {name!r} counts {q.throttled} throttled, holds {throttled[name]} blocked jobs")
+        if q.deferred < q.throttled:
+            say(f"queue {name!r}: {q.deferred} deferrals in total, fewer than the {q.throttled} held now")
+        c = q.circuit
+        if c is not None:
+            if c.probe is not None and (c.open_until is None or c.open_until > clock):
+                say(f"queue {name!r}: a probe {c.probe} while the circuit is not half open")
+            if (c.opened_at is None) != (c.open_until is None):
+                say(f"queue {name!r}: circuit opened_at {c.opened_at} but open_until {c.open_until}")
     for job_id, job in jobs.items():
         if job.state == READY and live_ready[job_id] != 1:
-            say(f"ready job {job_id} has {live_ready[job_id]} live ready-index entries")
+            say(f"ready job {job_id} has {live_ready[job_id]} live ready-index entries (blocked ones included)")
+
+    # ---- throttles: in flight per resource, as counted and within the limit in force at reserve
+    in_use: Counter = Counter(j.resource for j in jobs.values() if j.state == IN_FLIGHT and j.resource is not None)
+    if dict(in_use) != m.in_use:
+        say(f"in flight per resource {dict(in_use)}, the machine counts {m.in_use}")
+    # Above the limit only when the limit was lowered under jobs already in flight: then the
+    # count may only fall until it is back under the limit (checked against the previous check
+    # of this machine; a machine checked for the first time, say just restored, has none).
+    last_in_use = getattr(m, "_checked_in_use", None)
+    for r, n in in_use.items():
+        limit = m.limits.resource_limits.get(r)
+        if last_in_use is not None and limit is not None and n > limit and n > last_in_use.get(r, 0):
+            say(f"resource {r!r}: {n} in flight, above its limit {limit} and more than before ({last_in_use.get(r, 0)})")
+    m._checked_in_use = dict(in_use)
 
     # ---- timers: schedules, leases, deadlines
     live_sched = Counter(e[2].id for e in m.sched_heap

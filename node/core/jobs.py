@@ -31,7 +31,9 @@ class Job:
                  # issue 17 (lifecycle): the job's execution timeout (ms, None = none; the queue's
                  # execution_timeout_ms resolved at enqueue) and how many of its deliveries were
                  # released (handed back without using an attempt): attempts used = attempt - releases.
-                 "timeout_ms", "releases")
+                 "timeout_ms", "releases",
+                 # issue 17 (gating): the throttle resource the job names (None = none).
+                 "resource")
 
     FIELDS = __slots__
     LEGACY_LEN = 18             # the snapshot form before issue 17: no timeout_ms, no releases
@@ -42,13 +44,14 @@ class Job:
     @classmethod
     def from_tuple(cls, t) -> "Job":
         job = cls.__new__(cls)
-        if type(t) is tuple and len(t) == 20:      # the snapshot's own form: one unpacking
+        if type(t) is tuple and len(t) == 21:      # the snapshot's own form: one unpacking
             (job.id, job.queue, job.job_type, job.payload, job.encoding, job.priority, job.custom,
              job.trace, job.enqueued_at, job.scheduled_at, job.attempt, job.max_attempts,
              job.lease_expires, job.state, job.seq, job.run_at, job.deadline, job.last_reason,
-             job.timeout_ms, job.releases) = t
+             job.timeout_ms, job.releases, job.resource) = t
             return job
-        job.timeout_ms, job.releases = None, 0      # an older (18-field) form: the defaults
+        # An older form (18 fields before issue 17): the later slots take their defaults.
+        job.timeout_ms, job.releases, job.resource = None, 0, None
         for f, v in zip(Job.FIELDS, t):
             setattr(job, f, v)
         return job
@@ -57,13 +60,13 @@ class Job:
         """The fields the digest hashes: the 18 of before issue 17 while the new slots hold their
         defaults (so a state that uses none of it hashes as it did), else all of them."""
         t = _job_fields(self)
-        return t[:18] if t[18] is None and t[19] == 0 else t
+        return t[:18] if t[18] is None and t[19] == 0 and t[20] is None else t
 
 
 _job_fields = attrgetter(*Job.FIELDS)
 if Job.FIELDS != ("id", "queue", "job_type", "payload", "encoding", "priority", "custom", "trace",
                   "enqueued_at", "scheduled_at", "attempt", "max_attempts", "lease_expires",
-                  "state", "seq", "run_at", "deadline", "last_reason", "timeout_ms", "releases"):
+                  "state", "seq", "run_at", "deadline", "last_reason", "timeout_ms", "releases", "resource"):
     raise RuntimeError("Job.from_tuple unpacks the fields in this order: keep it in step with __slots__")
 
 
@@ -73,7 +76,14 @@ if Job.FIELDS != ("id", "queue", "job_type", "payload", "encoding", "priority", 
 SHOWN_FIELDS = ("id", "queue", "job_type", "payload", "encoding", "priority", "custom", "trace",
                 "enqueued_at", "scheduled_at", "attempt", "max_attempts", "lease_expires", "deadline",
                 "timeout_ms", "releases")
-shown_fields = attrgetter(*SHOWN_FIELDS)
+_shown = attrgetter(*SHOWN_FIELDS)
+
+
+def shown_fields(job) -> tuple:
+    """SHOWN_FIELDS, and the job's `resource` after them when it has one (issue 17): a job
+    without one shows the fields results always kept, so kept results are unchanged."""
+    t = _shown(job)
+    return t if job.resource is None else t + (job.resource,)
 
 
 class Queue:
@@ -86,7 +96,8 @@ class Queue:
     of the two heads, so a deep backlog costs O(1) per reserve instead of O(log n). An entry is
     live while its job is READY, still in the machine and has the entry's seq."""
     __slots__ = ("name", "ready_heap", "ready_fifo", "ready", "scheduled", "in_flight", "dead",
-                 "enqueued", "acked", "nacked", "dead_total", "paused", "expired", "dead_by_cause")
+                 "enqueued", "acked", "nacked", "dead_total", "paused", "expired", "dead_by_cause",
+                 "throttled", "deferred", "circuit")
     COUNTERS = ("ready", "scheduled", "in_flight", "dead", "enqueued", "acked", "nacked",
                 "dead_total", "paused", "expired")
     # The counters of the snapshots and digests written before `expired` existed: a snapshot's
@@ -105,6 +116,10 @@ class Queue:
         # The dead-letter store's records of this queue by cause: derived from the store (kept
         # in step by dead_letter / drop_dead_letter, rebuilt from it by a snapshot restore).
         self.dead_by_cause: dict[str, int] = {}
+        # Gating (node/core/gating.py): ready jobs held in blocked heaps because their resource
+        # is full, deferrals so far, and the circuit-breaker state (a Circuit, or None).
+        self.throttled = self.deferred = 0
+        self.circuit = None
 
     def depth(self) -> int:
         return self.ready + self.scheduled + self.in_flight
@@ -115,7 +130,8 @@ class Queue:
                 "dead_lettered": self.dead, "enqueued": self.enqueued, "acked": self.acked,
                 "nacked": self.nacked, "dead_lettered_total": self.dead_total,
                 "expired_total": self.expired,
-                "dead_lettered_by_cause": {c: self.dead_by_cause.get(c, 0) for c in DEAD_LETTER_CAUSES}}
+                "dead_lettered_by_cause": {c: self.dead_by_cause.get(c, 0) for c in DEAD_LETTER_CAUSES},
+                "throttled": self.throttled, "throttle_deferred_total": self.deferred}
 
 
 class DeadLetter:

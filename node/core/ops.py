@@ -39,8 +39,9 @@ MOVE_TO_DEAD_LETTERS = "dlmove"
 PURGE = "purge"
 DELETE_QUEUE = "qdel"
 RECORD_ACTION = "record"        # an operator action done outside the machine (a membership change)
-# Issue 17 (lifecycle).
+# Issue 17.
 RELEASE = "rel"                 # a worker hands a job back without using an attempt
+CLOSE_CIRCUIT = "cclose"        # an operator closes a queue's circuit breaker
 
 # `who` of an operator command: the caller's key name (None without auth), put in by the
 # leader. Commands of release 0.1.0 have no such field: their handlers see UNAUDITED, and
@@ -71,6 +72,7 @@ COMMANDS: dict[str, tuple[str, ...]] = {
     DELETE_QUEUE: ("queue", "who"),
     RECORD_ACTION: ("action", "target", "details", "who"),   # action: one of RECORDED_ACTIONS
     RELEASE: ("job_id", "attempt", "delay_ms", "reason"),    # fenced like nack; delay_ms 0 = ready at once
+    CLOSE_CIRCUIT: ("queue", "who"),
 }
 # The fields a command of release 0.1.0 (and of this code before `who`) ends after: the
 # handlers give the later ones defaults (who = UNAUDITED, create = True, as pause was then).
@@ -91,8 +93,9 @@ STRATEGIES = (DEFAULT, DELAY, DEAD_LETTER)
 ITEM: tuple[str, ...] = ("job_id", "queue", "job_type", "payload", "encoding", "priority",
                          "max_attempts", "custom", "trace", "scheduled_at", "deadline",
                          "idempotency_key",
-                         # issue 17 (lifecycle); items of the 12 fields above apply with None for both
-                         "timeout_ms", "duplicate_policy")
+                         # issue 17; items of the 12 fields above (journals of before, and every
+                         # job that uses none of these) apply with None for all three
+                         "timeout_ms", "duplicate_policy", "resource")
 ITEM_LEGACY_LEN = 12
 ITEM_DUPLICATE_POLICY = ITEM.index("duplicate_policy")
 # What an idempotency-key hit does (SEMANTICS.md "Duplicate policy"); None in an item = return_existing.
@@ -195,6 +198,10 @@ def record_action(rid, action: str, target, details: dict, who=None) -> tuple:
     return RECORD_ACTION, rid, action, target, details, who
 
 
+def close_circuit(rid, queue: str, who=None) -> tuple:
+    return CLOSE_CIRCUIT, rid, queue, who
+
+
 def sweep() -> tuple:
     return SWEEP, None
 
@@ -204,14 +211,16 @@ def release(rid, job_id: str, attempt: int, delay_ms: int, reason) -> tuple:
 
 
 def item(job_id, queue, job_type, payload, encoding, priority, max_attempts, custom, trace,
-         scheduled_at, deadline, idempotency_key, timeout_ms=None, duplicate_policy=None) -> tuple:
-    """One enqueue item, fields in ITEM order. Without a timeout or a duplicate policy it is the
-    12-field item of before issue 17 (what journals hold), so nothing changes for such a job."""
-    if timeout_ms is None and duplicate_policy is None:
+         scheduled_at, deadline, idempotency_key, timeout_ms=None, duplicate_policy=None,
+         resource=None) -> tuple:
+    """One enqueue item, fields in ITEM order. Without a timeout, a duplicate policy or a
+    resource it is the 12-field item of before issue 17 (what journals hold), so nothing changes
+    for such a job."""
+    if timeout_ms is None and duplicate_policy is None and resource is None:
         return (job_id, queue, job_type, payload, encoding, priority, max_attempts, custom, trace,
                 scheduled_at, deadline, idempotency_key)
     return (job_id, queue, job_type, payload, encoding, priority, max_attempts, custom, trace,
-            scheduled_at, deadline, idempotency_key, timeout_ms, duplicate_policy)
+            scheduled_at, deadline, idempotency_key, timeout_ms, duplicate_policy, resource)
 
 
 # Readers the node uses outside apply.
@@ -219,7 +228,13 @@ reserve_queue_names = reader(RESERVE, "queue_names")
 ack_batch_pairs = reader(ACK_BATCH, "pairs")
 
 # Ops after which a parked reserve may find a job ready (node/service.py wakes its waiters).
-WAKING_OPS = frozenset((ENQUEUE, NACK, SWEEP, REQUEUE, PAUSE, RELEASE))
+# An ack can make a held-back job reservable too (a throttle slot freed, a probe closed the
+# circuit): it wakes only the queues the machine says it released (`QueueMachine.released`,
+# node/core/gating.py), so acks cost nothing more when no job is held back; so does the
+# delete of a running job. A release makes its job ready (and frees a slot), like a nack.
+# A configuration change wakes them all (it may open a window, remove a breaker, raise a limit).
+WAKING_OPS = frozenset((ENQUEUE, NACK, SWEEP, REQUEUE, PAUSE, RELEASE, CLOSE_CIRCUIT, CONFIGURE))
+RELEASING_OPS = frozenset((ACK, ACK_BATCH, CANCEL))
 # Ops that change the configuration in force (node/service.py follows it).
 CONFIG_OPS = frozenset((CONFIGURE, ADD_KEY, REMOVE_KEY))
 
@@ -267,6 +282,7 @@ MOVED = "moved"                     # 200 {"dead_lettered", "missing"}
 PURGED = "purged"                   # 200 {"queue", "purged"}
 QUEUE_DELETED = "queue_deleted"     # 200 {"queue"}
 RECORDED = "recorded"               # 200 {"action"}: an audit entry of an action done elsewhere
+CIRCUIT_CLOSED = "circuit_closed"   # 200 {"queue", "was"}: the circuit's state before the close
 QUEUE_NOT_FOUND = "queue_not_found"  # 404 not_found: neither exists nor is declared
 QUEUE_REFUSED = "queue_refused"     # 409 failed_precondition: why (declared, not_empty), counts
 REQUEST_MISMATCH = "request_mismatch"   # 400 invalid_argument: same caller and id, another route or body (never stored)
@@ -324,6 +340,7 @@ RESULTS: dict[str, tuple[str, ...]] = {
     PURGED: ("queue", "purged"),
     QUEUE_DELETED: ("queue",),
     RECORDED: ("action",),
+    CIRCUIT_CLOSED: ("queue", "was"),
     QUEUE_NOT_FOUND: ("queue",),
     QUEUE_REFUSED: ("why", "queue", "jobs"),   # why: declared, not_empty; jobs: {state: count}
     REQUEST_MISMATCH: ("request_id", "route", "what"),    # what: "operation" or "body"
@@ -480,6 +497,10 @@ def queue_deleted(queue: str) -> tuple:
 
 def recorded(action: str) -> tuple:
     return RECORDED, action
+
+
+def circuit_closed(queue: str, was: str) -> tuple:
+    return CIRCUIT_CLOSED, queue, was
 
 
 def queue_not_found(queue: str) -> tuple:

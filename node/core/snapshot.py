@@ -32,7 +32,8 @@ import orjson
 
 from ..limits import Limits
 from .answers import result_of_answer
-from .jobs import READY, SHOWN_FIELDS, DeadLetter, Job, Queue
+from .gating import Circuit
+from .jobs import IN_FLIGHT, READY, SHOWN_FIELDS, DeadLetter, Job, Queue
 from .ops import DRAINED, RESERVED
 
 VERSION = 3
@@ -71,6 +72,7 @@ def to_builtins(m) -> dict:
         "config": {"version": m.config_version, "doc": m.limits.doc if m.config_version else None,
                    "keys": [(name,) + rec for name, rec in m.keys.items()]},
         "audit": list(m.audit), "audit_seq": m.audit_seq,
+        **_gating(m),
     }
 
 
@@ -83,6 +85,32 @@ def _shown(t) -> tuple:
     """A job's shown fields as this version keeps them (an older result kept fewer)."""
     t = tuple(t)
     return t + _SHOWN_DEFAULTS[len(t) - _SHOWN_LEGACY:] if len(t) < len(SHOWN_FIELDS) else t
+
+
+def _live_blocked(m):
+    """(resource, queue, live entries) of the blocked heaps, in the machine's order."""
+    jobs, ids = m.jobs, m.blocked_ids
+    for r, per in m.blocked.items():
+        for qname, heap in per.items():
+            live = [e for e in heap if e[3].state == READY and e[3].seq == e[2] and jobs.get(e[3].id) is e[3]
+                    and ids.get(e[3].id) == r]
+            if live:
+                yield r, qname, live
+
+
+def _gating(m) -> dict:
+    """Issue 17's state, only when there is some (a state without it writes what it did before):
+    the blocked entries per (resource, queue) and each queue's deferral count and circuit. The
+    in-flight count per resource is rebuilt from the jobs."""
+    blocked = [(r, qname, [(e[0], e[1], e[2], e[3].id) for e in sorted(live, key=_entry_key)])
+               for r, qname, live in _live_blocked(m)]
+    queues = [(q.name, q.deferred, q.circuit.to_tuple() if q.circuit is not None else None)
+              for q in m.queues.values() if q.deferred or q.circuit is not None]
+    return {"gating": {"blocked": blocked, "queues": queues}} if blocked or queues else {}
+
+
+def _entry_key(e):
+    return e[0], e[1], e[2]
 
 
 def kept_result(op, kept) -> tuple:
@@ -149,6 +177,22 @@ def from_builtins(m, data: dict):
         m.keys = {k[0]: tuple(k[1:]) for k in cfg["keys"]}
     m.audit = deque(tuple(e) for e in data.get("audit", ()))
     m.audit_seq = data.get("audit_seq", 0)
+    for job in jobs.values():
+        if job.resource is not None and job.state == IN_FLIGHT:
+            m.in_use[job.resource] = m.in_use.get(job.resource, 0) + 1
+    gating = data.get("gating")
+    if gating is not None:
+        for r, qname, entries in gating["blocked"]:
+            heap = [(a, b, c, jobs[i]) for a, b, c, i in entries]      # sorted: a heap already
+            m.blocked.setdefault(r, {})[qname] = heap
+            q = m.queues[qname]
+            for e in heap:
+                m.blocked_ids[e[3].id] = r
+            q.throttled += len(heap)
+        for qname, deferred, circuit in gating["queues"]:
+            q = m.queues[qname]
+            q.deferred = deferred
+            q.circuit = Circuit.from_tuple(circuit) if circuit is not None else None
     return m
 
 
@@ -184,6 +228,10 @@ def digest(m) -> str:
                               option=orjson.OPT_SORT_KEYS))
     if m.audit or m.audit_seq:
         h.update(orjson.dumps(["audit", m.audit_seq, list(m.audit)], option=orjson.OPT_SORT_KEYS))
+    g = _gating(m).get("gating")
+    if g is not None:           # issue 17, only when present; blocked ids per (resource, queue) sorted
+        h.update(orjson.dumps(["gating", sorted((r, qn, sorted(e[3] for e in es)) for r, qn, es in g["blocked"]),
+                               sorted(g["queues"], key=lambda x: x[0])]))
     return h.hexdigest()[:32]
 
 

@@ -8,7 +8,7 @@ the undo log, like everything a command changes).
 """
 from __future__ import annotations
 
-from . import audit, ops
+from . import audit, gating, ops
 from .handlers import dead_letter, drop_dead_letter, forget, make_ready
 from .jobs import IN_FLIGHT, READY, SCHEDULED
 
@@ -49,7 +49,7 @@ def expire_leases(m, now: int, budget: int) -> int:
         if job is not None and job.state == IN_FLIGHT and job.lease_expires == expires:
             n += 1
             q = m.queues[job.queue]
-            m._add(q, "in_flight", -1)
+            gating.leave_in_flight(m, job, q, gating.FAILED)
             if job.attempt - job.releases >= job.max_attempts:     # attempts used: releases use none
                 m._set(job, "last_reason", None)
                 dead_letter(m, job, q, "lease_expired", None)
@@ -68,7 +68,10 @@ def expire_deadlines(m, now: int, budget: int) -> int:
         if job.deadline == deadline and job.state in (READY, SCHEDULED) and jobs.get(job.id) is job:
             n += 1
             q = m.queues[job.queue]
-            m._add(q, "ready" if job.state == READY else "scheduled", -1)
+            if job.state == READY:
+                gating.leave_ready(m, q, job)
+            else:
+                m._add(q, "scheduled", -1)
             dead_letter(m, job, q, "expired", None)
     return n
 
@@ -126,4 +129,8 @@ def next_due_ms(m) -> int | None:
         due.append(m.dlq[next(iter(m.dlq))].failed_at + retention)
     if m.audit:
         due.append(m.audit[0][1] + m.limits.audit_retention_ms)
+    if m.limits.gated:
+        g = gating.next_due_ms(m)
+        if g is not None:
+            due.append(g)
     return min(due) if due else None

@@ -1,0 +1,321 @@
+"""Gating (issue 17): throttles, circuit breakers and execution windows, decided at reserve.
+
+Throttles. A job may name a `resource` (its own, or its queue's `resource` key); `[limits]
+resource_limits` caps how many jobs of a resource are in flight at once, across every queue
+(a resource without an entry is unlimited). The machine counts the in-flight jobs of each
+resource (`m.in_use`, resource -> n, only n > 0). When reserve meets a ready job whose
+resource is full it moves that job's ready entry, unchanged, to the blocked heap of (resource,
+queue) (`m.blocked[resource][queue]`, `m.blocked_ids[job id] = resource`), counts it
+(`Queue.throttled` now, `Queue.deferred` in total) and takes the next ready job: no attempt is
+used and the job stays READY. When a slot of the resource frees (`free_slot`: ack, nack, lease
+expiry, release, delete of an in-flight job) or a configuration change raises or removes its
+limit, the best blocked entries of each queue, as many as there are free slots, go back to
+their queue's ready index with their original sort key (`release_blocked`). So each reserve
+costs O(log n) per job it looks at, and a job is blocked at most once per freed slot.
+
+Every path on which a ready job leaves READY calls `leave_ready` (the blocked count follows);
+every path on which a job leaves IN_FLIGHT calls `leave_in_flight(m, job, q, outcome)` (the
+in-flight count, the resource slot, the circuit breaker follow). Blocked entries are lazy like
+ready entries: one whose job has moved on (cancelled, purged, expired) is dropped when it
+surfaces.
+
+Circuit breakers. `[[queues]] circuit_breaker = {failures, window_ms, open_ms}`. Failures are
+nacks (every strategy, dead_letter included) and lease expiries of the queue's jobs, counted
+on the replicated clock: once `failures` of them fall within `window_ms`, the circuit opens for
+`open_ms` (reserve skips the queue: jobs wait ready, no attempt is used). After that it is
+half open (computed from m.clock, nothing is written when the time passes): reserve hands out
+exactly one probe job; the probe's ack closes the circuit (failures forgotten), its failure
+opens it again for `open_ms`; a probe that leaves otherwise (released, deleted) lets another
+probe go. Failures while the circuit is open, and of jobs other than the probe while it is half
+open (deliveries from before it opened), are not counted. An operator closes it at any time
+(`close_circuit`, audited "circuit_close").
+
+Windows. `[[queues]] windows` (node/windows.py): outside them reserve skips the queue; the
+deadline sweep still runs, so a deadline passing outside a window expires the job.
+
+`m.released` is not replicated state: the names of the queues a command made a held-back job
+reservable in (a freed slot, a closed circuit), which node/service.py reads to wake parked
+reserves after an ack or a configuration change. It never changes what the machine decides.
+"""
+from __future__ import annotations
+
+from heapq import heappush
+
+from . import audit, ops
+from .jobs import READY
+from .undo import fifo_remove, heap_remove
+
+NEUTRAL, OK, FAILED = 0, 1, 2       # how a job left IN_FLIGHT, for the circuit breaker
+CLOSED, OPEN, HALF_OPEN = "closed", "open", "half_open"
+
+
+class Circuit:
+    """A queue's breaker state. `failures`: the times of the failures counted (at most the
+    configured number, oldest first); `open_until` None while closed; `probe`: the id of the
+    half-open probe in flight."""
+    __slots__ = ("failures", "opened_at", "open_until", "probe", "opened_total")
+
+    def __init__(self):
+        self.failures: tuple = ()
+        self.opened_at = self.open_until = self.probe = None
+        self.opened_total = 0
+
+    def to_tuple(self) -> tuple:
+        return (list(self.failures), self.opened_at, self.open_until, self.probe, self.opened_total)
+
+    @classmethod
+    def from_tuple(cls, t) -> "Circuit":
+        c = cls()
+        failures, c.opened_at, c.open_until, c.probe, c.opened_total = t
+        c.failures = tuple(failures)
+        return c
+
+
+def circuit_state(c, now: int) -> str:
+    if c is None or c.open_until is None:
+        return CLOSED
+    return OPEN if now < c.open_until else HALF_OPEN
+
+
+# ---------------------------------------------------------------------------- reserve
+def reserve_cap(m, q, now: int) -> int:
+    """For a gated queue (a breaker or windows): 0 = skip it now, 1 = one probe job, -1 = no
+    cap."""
+    ql = m.limits.queue(q.name)
+    w = ql.windows
+    if w is not None and not w.open_at(now):
+        return 0
+    if ql.circuit_breaker is not None:
+        c = q.circuit
+        if c is not None and c.open_until is not None:
+            if now < c.open_until or c.probe is not None:
+                return 0
+            return 1
+    return -1
+
+
+def reservable(m, q) -> bool:
+    """Whether a reserve of queue q could take a job now (node/service.py's long-poll wake)."""
+    if q.paused or q.ready - q.throttled <= 0:
+        return False
+    if q.name in m.limits.gated:
+        return reserve_cap(m, q, m.clock) != 0
+    return True
+
+
+def set_probe(m, q, job_id: str) -> None:
+    m._set(q.circuit, "probe", job_id)
+
+
+def block(m, q, r: str, entry) -> None:
+    """Reserve met a ready job whose resource r is full: hold its entry back."""
+    per = m.blocked.get(r)
+    if per is None:
+        per = {}
+        m._put(m.blocked, r, per)
+    heap = per.get(q.name)
+    if heap is None:
+        heap = []
+        m._put(per, q.name, heap)
+    m._push(heap, entry)
+    m._put(m.blocked_ids, entry[3].id, r)
+    m._add(q, "throttled", 1)
+    m._add(q, "deferred", 1)
+
+
+def release_blocked(m, r: str) -> None:
+    """Blocked entries of resource r back to their queues' ready indexes, best first, as many
+    per queue as r has free slots (all of them when r has no limit)."""
+    per = m.blocked.get(r)
+    if per is None:
+        return
+    limit = m.limits.resource_limits.get(r)
+    free = None if limit is None else limit - m.in_use.get(r, 0)
+    if free is not None and free <= 0:
+        return
+    jobs, ids = m.jobs, m.blocked_ids
+    for qname in list(per):
+        heap = per[qname]
+        q = m.queues.get(qname)
+        moved = 0
+        while heap and (free is None or moved < free):
+            entry = m._heappop(heap)
+            job = entry[3]
+            if job.state == READY and job.seq == entry[2] and jobs.get(job.id) is job and ids.get(job.id) == r:
+                m._pop(ids, job.id)
+                m._add(q, "throttled", -1)
+                _ready_push(m, q, entry)
+                moved += 1
+        if moved:
+            m.released.add(qname)
+        if not heap:
+            m._pop(per, qname)
+    if not per:
+        m._pop(m.blocked, r)
+
+
+def _ready_push(m, q, entry) -> None:
+    """handlers.ready_push (an entry back into its queue's ready index, in its place)."""
+    fifo = q.ready_fifo
+    undo = m._undo
+    if not fifo or fifo[-1] < entry:
+        undo += (fifo_remove, fifo, entry, None)
+        fifo.append(entry)
+    else:
+        undo += (heap_remove, q.ready_heap, entry, None)
+        heappush(q.ready_heap, entry)
+
+
+def release_all(m) -> None:
+    """After a configuration change: every resource whose limit now admits more."""
+    for r in list(m.blocked):
+        release_blocked(m, r)
+
+
+def drop_queue_blocked(m, qname: str) -> None:
+    """Purge: every blocked entry of queue qname goes (its jobs have just been forgotten)."""
+    for r in list(m.blocked):
+        per = m.blocked[r]
+        if qname in per:
+            m._pop(per, qname)
+            if not per:
+                m._pop(m.blocked, r)
+
+
+# ---------------------------------------------------------------------------- leaving a state
+def leave_ready(m, q, job) -> None:
+    """A READY job leaves READY other than by reserve (cancel, deadline, purge, dead-letter move,
+    delete): the ready count, and the throttled count when it was blocked."""
+    m._add(q, "ready", -1)
+    ids = m.blocked_ids
+    if ids and job.id in ids:
+        m._pop(ids, job.id)
+        m._add(q, "throttled", -1)
+
+
+def leave_in_flight(m, job, q, outcome: int = NEUTRAL) -> None:
+    """A job leaves IN_FLIGHT: the in-flight count, its resource slot, the circuit breaker.
+    Every such path calls this (ack's hot path inlines the count and calls `gate_leave`)."""
+    m._add(q, "in_flight", -1)
+    if job.resource is not None or q.circuit is not None or outcome == FAILED:
+        gate_leave(m, job, q, outcome)
+
+
+def free_slot(m, job) -> None:
+    r = job.resource
+    n = m.in_use.get(r, 0) - 1
+    if n > 0:
+        m._put(m.in_use, r, n)
+    elif r in m.in_use:
+        m._pop(m.in_use, r)
+    if r in m.blocked:
+        release_blocked(m, r)
+
+
+def gate_leave(m, job, q, outcome: int) -> None:
+    if job.resource is not None:
+        free_slot(m, job)
+    c = q.circuit
+    if outcome == OK:
+        if c is not None and c.probe == job.id:
+            close(m, q)
+        return
+    if outcome == NEUTRAL:
+        if c is not None and c.probe == job.id:
+            m._set(c, "probe", None)
+            m.released.add(q.name)
+        return
+    cb = m.limits.queue(q.name).circuit_breaker
+    if cb is None:
+        if c is not None and c.probe == job.id:
+            m._set(c, "probe", None)            # the breaker was removed meanwhile
+        return
+    now = m.clock
+    if c is None:
+        c = Circuit()
+        m._set(q, "circuit", c)
+    if c.open_until is not None:
+        if now >= c.open_until and c.probe == job.id:
+            _open(m, c, now, cb)                    # the probe failed
+        return                                      # open, or half open and not the probe
+    n, window, _ = cb
+    kept = tuple(t for t in c.failures if t > now - window)
+    kept = kept[len(kept) - (n - 1):] if n > 1 else ()
+    failures = kept + (now,)
+    m._set(c, "failures", failures)
+    if len(failures) >= n:
+        _open(m, c, now, cb)
+
+
+def _open(m, c, now: int, cb) -> None:
+    m._set(c, "opened_at", now)
+    m._set(c, "open_until", now + cb[2])
+    m._set(c, "probe", None)
+    m._add(c, "opened_total", 1)
+
+
+def close(m, q) -> None:
+    c = q.circuit
+    m._set(c, "failures", ())
+    m._set(c, "opened_at", None)
+    m._set(c, "open_until", None)
+    m._set(c, "probe", None)
+    m.released.add(q.name)
+
+
+# ---------------------------------------------------------------------------- the operator's close
+def close_circuit(m, queue: str, who=ops.UNAUDITED):
+    """POST /v1/queues/{name}/circuit/close: the circuit closes now (failures forgotten)."""
+    from .handlers import known_queue
+    if not known_queue(m, queue):
+        return ops.queue_not_found(queue)
+    q = m.queues.get(queue)
+    c = q.circuit if q is not None else None
+    was = circuit_state(c, m.clock)
+    if c is not None:
+        close(m, q)
+    audit.record(m, who, "circuit_close", queue, {"was": was})
+    return ops.circuit_closed(queue, was)
+
+
+# ---------------------------------------------------------------------------- reads
+def queue_view(m, name: str, q, stats: dict) -> dict:
+    """The gating fields of GET /v1/queues: circuit, window_open (throttled and
+    throttle_deferred_total come from Queue.stats)."""
+    ql = m.limits.queue(name)
+    now = m.clock
+    cb = ql.circuit_breaker
+    if cb is None:
+        stats["circuit"] = None
+    else:
+        c = q.circuit if q is not None else None
+        state = circuit_state(c, now)
+        stats["circuit"] = {
+            "state": state,
+            "failures": 0 if c is None else sum(1 for t in c.failures if t > now - cb[1]),
+            "opened_at_ms": None if state == CLOSED else c.opened_at,
+            "open_until_ms": None if state == CLOSED else c.open_until,
+            "opened_total": 0 if c is None else c.opened_total}
+    stats["window_open"] = ql.windows is None or ql.windows.open_at(now)
+    return stats
+
+
+def next_due_ms(m):
+    """When a sweep should run for gating: a gated queue with jobs waiting, whose circuit turns
+    half open at open_until or whose window may open at the next minute (the sweep's entry
+    advances the replicated clock, which wakes the parked reserves)."""
+    due = None
+    for name in m.limits.gated:
+        q = m.queues.get(name)
+        if q is None or q.ready - q.throttled <= 0 or q.paused:
+            continue
+        ql = m.limits.queue(name)
+        t = None
+        if ql.windows is not None and not ql.windows.open_at(m.clock):
+            t = ql.windows.next_change_ms(m.clock)
+        elif ql.circuit_breaker is not None and q.circuit is not None and q.circuit.open_until is not None \
+                and m.clock < q.circuit.open_until:
+            t = q.circuit.open_until
+        if t is not None and (due is None or t < due):
+            due = t
+    return due
