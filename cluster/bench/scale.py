@@ -146,13 +146,13 @@ class Scale:
         self.c.start(f)
         end = t0 + self.recovery_timeout
         while time.monotonic() < end:
-            v = self.c.cluster_view(f, timeout=5.0)
+            v = self.c.cluster_view(f, timeout=5.0, digest=False)
             if v and v["last_applied"] >= target:
                 return {"seconds": round(time.monotonic() - t0, 1), "node": self.c.ids[f]}
             if not self.c.alive(f):
                 return {"seconds": None, "why": f"{self.c.ids[f]} exited (code {self.c.procs[f].returncode})"}
             time.sleep(0.25)
-        v = self.c.cluster_view(f, timeout=5.0) or {}
+        v = self.c.cluster_view(f, timeout=5.0, digest=False) or {}
         return {"seconds": None, "why": f"not caught up after {self.recovery_timeout:g} s "
                                        f"(applied {v.get('last_applied')} of {target})"}
 
