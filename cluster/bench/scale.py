@@ -140,19 +140,19 @@ class Scale:
         f = (lead + 1) % self.c.n
         self.c.kill(f)
         self.c.wipe(f)
-        lv = self.c.cluster_view(lead, timeout=30.0)
+        lv = self.c.cluster_view(lead, timeout=30.0, digest=False)
         target = lv["commit_index"]
         t0 = time.monotonic()
         self.c.start(f)
         end = t0 + self.recovery_timeout
         while time.monotonic() < end:
-            v = self.c.cluster_view(f, timeout=5.0)
+            v = self.c.cluster_view(f, timeout=5.0, digest=False)
             if v and v["last_applied"] >= target:
                 return {"seconds": round(time.monotonic() - t0, 1), "node": self.c.ids[f]}
             if not self.c.alive(f):
                 return {"seconds": None, "why": f"{self.c.ids[f]} exited (code {self.c.procs[f].returncode})"}
             time.sleep(0.25)
-        v = self.c.cluster_view(f, timeout=5.0) or {}
+        v = self.c.cluster_view(f, timeout=5.0, digest=False) or {}
         return {"seconds": None, "why": f"not caught up after {self.recovery_timeout:g} s "
                                        f"(applied {v.get('last_applied')} of {target})"}
 
@@ -166,7 +166,7 @@ class Scale:
         journal = d / "raft.journal"
         size = journal.stat().st_size if journal.exists() else None
         cut = diskfaults.truncate(d, random.Random(self.filled))
-        lv = self.c.cluster_view(lead, timeout=30.0)
+        lv = self.c.cluster_view(lead, timeout=30.0, digest=False)
         target = lv["commit_index"]
         t0 = time.monotonic()
         self.c.start(f)
