@@ -426,6 +426,20 @@ def test_cancel_retry_now_and_dead_letter_from_the_browser(cluster, api, ui):
     assert job_state(api, ids[2]) == "dead_lettered"
     expect(page.locator("#detail button[data-do=requeue]")).to_be_visible()   # the panel follows the job
     expect(page.locator(f"#dlq tr[data-id='{ids[2]}'] td").nth(4)).to_have_text("rejected")
+    # in flight: delete it (issue 17): gone for good, its worker's ack refused
+    [running] = enqueue(api, q, 1)
+    [held] = reserve_all(api, q)
+    assert held["id"] == running
+    page.click("#jb-states button[data-state=in_flight]")
+    expect(page.locator("#jobs tbody tr[data-id]")).to_have_count(1)
+    select_rows(page, "jobs", [running])
+    expect(page.locator("#jb-cancel")).to_have_text("Delete selected (1)")
+    page.click("#jb-cancel")
+    expect(ui.msg()).to_have_text("cancelled 1 job(s)")
+    assert any("1 of them running" in d for d in ui.dialogs)
+    assert job_state(api, running) == 404
+    status, body = api.post(f"/v1/jobs/{running}/ack", {"attempt": held["attempt"]})
+    assert status == 404 and body["error"]["code"] == "job_not_found"
 
 
 @needs_browser
