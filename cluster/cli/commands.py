@@ -767,12 +767,19 @@ async def cmd_queues(ctx: Ctx) -> int:
         pairs = []
         for k in sorted(limits):
             v = limits[k]
-            if isinstance(v, list):
+            if k == "windows" and isinstance(v, list):
+                v = "; ".join(f"{','.join(w.get('days') or ['every day'])} {w.get('start')}-{w.get('end')} "
+                              f"{w.get('time_zone') or 'UTC'}" for w in v if isinstance(w, dict)) or "(none)"
+            elif isinstance(v, list):
                 v = ", ".join(map(str, v)) or "(none)"
             elif k.endswith("_ms") and isinstance(v, int):
                 v = fmt_ms_duration(v)
             elif v is None:         # unset: no limit (a list: any value; a number: no maximum)
-                v = "any" if k.startswith("allowed_") else "none" if k == "dead_letter_forward" else "unlimited"
+                v = ("any" if k.startswith("allowed_") else "always open" if k == "windows"
+                     else "none" if k in ("dead_letter_forward", "resource", "circuit_breaker", "execution_timeout_ms")
+                     else "unlimited")
+            elif isinstance(v, dict):   # circuit_breaker
+                v = ", ".join(f"{a} {fmt_ms_duration(b) if a.endswith('_ms') else b}" for a, b in v.items())
             pairs.append((k, v))
         ctx.out(format_pairs(pairs, indent="  "))
     return EXIT_OK
