@@ -144,7 +144,7 @@ def release_blocked(m, r: str) -> None:
             if job.state == READY and job.seq == entry[2] and jobs.get(job.id) is job and ids.get(job.id) == r:
                 m._pop(ids, job.id)
                 m._add(q, "throttled", -1)
-                _ready_push(m, q, entry)
+                ready_push(m, q, entry)
                 moved += 1
         if moved:
             m.released.add(qname)
@@ -154,8 +154,10 @@ def release_blocked(m, r: str) -> None:
         m._pop(m.blocked, r)
 
 
-def _ready_push(m, q, entry) -> None:
-    """handlers.ready_push (an entry back into its queue's ready index, in its place)."""
+def ready_push(m, q, entry) -> None:
+    """An entry into its queue's ready index, in its place (the FIFO when it sorts after its
+    last entry, else the heap), undo-logged. Here rather than in handlers.py, which imports
+    this module: the gating paths put held-back entries back with it too."""
     fifo = q.ready_fifo
     undo = m._undo
     if not fifo or fifo[-1] < entry:

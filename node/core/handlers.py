@@ -437,15 +437,7 @@ def schedule(m, job: Job, q: Queue, run_at: int):
     m._add(q, "scheduled", 1)
 
 
-def ready_push(m, q: Queue, entry):
-    fifo = q.ready_fifo
-    undo = m._undo
-    if not fifo or fifo[-1] < entry:
-        undo += (fifo_remove, fifo, entry, None)
-        fifo.append(entry)
-    else:
-        undo += (heap_remove, q.ready_heap, entry, None)
-        heappush(q.ready_heap, entry)
+ready_push = gating.ready_push
 
 
 # ---------------------------------------------------------------------------- dead letters
