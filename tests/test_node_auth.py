@@ -138,6 +138,7 @@ def test_admin_page_is_served_by_every_node_without_a_key_and_its_calls_exist(cl
     paths = {re.sub(r"\$\{[^}]*\}", "{}", m.group(1)) for m in re.finditer(r'["`](/v1/[^"`?]*)', page)}
     assert paths == {"/v1/cluster", "/v1/cluster/nodes", "/v1/server-info", "/v1/queues", "/v1/queues/{}/jobs",
                      "/v1/queues/{}/{}", "/v1/queues/{}/purge", "/v1/queues/{}/dead-letter", "/v1/queues/{}",
+                     "/v1/queues/{}/circuit/close",
                      "/v1/jobs", "/v1/jobs/{}", "/v1/jobs/{}/nack", "/v1/dead-letters", "/v1/dead-letters/{}",
                      "/v1/audit"}, paths
     unknown = str(uuid.uuid4())
@@ -154,6 +155,7 @@ def test_admin_page_is_served_by_every_node_without_a_key_and_its_calls_exist(cl
             ("POST", "/v1/dead-letters/delete", {"ids": [unknown]}, 200),
             ("POST", "/v1/queues/ui-q/dead-letter", {"ids": [unknown], "reason": "r"}, 200),
             ("POST", "/v1/queues/ui-q/purge", {}, 200), ("GET", "/v1/audit?limit=50", None, 200),
+            ("POST", "/v1/queues/ui-q/circuit/close", {}, 200),
             ("DELETE", "/v1/queues/ui-q-never", None, 403)):      # admin only
         status, out = http_json(method, leader + path, body, headers=bearer("operator"))
         assert status == want, (path, out)
