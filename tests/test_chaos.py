@@ -297,6 +297,33 @@ def test_an_open_circuit_handing_out_more_than_one_probe_is_caught():
     assert bad["examples"][0]["job_id"] == "j4" and bad["examples"][0]["apart_ms"] == 200
 
 
+def test_a_power_cut_that_erased_the_failures_excuses_a_circuit_seemingly_open():
+    """Memory mode: the nacks that opened the breaker were answered after the last durable
+    point and lost to the cut, so the cluster after the restart rightly knew no open circuit."""
+    h = H()
+    for v in ("v1", "v2", "v3", "v4"):
+        h.enq(v, "j" + v[1], queue="cb", max_attempts=5, t=(0.0, 0.05))
+    h.res([h.job("j1", 1, "v1", queue="cb", max_attempts=5), h.job("j2", 1, "v2", queue="cb", max_attempts=5)],
+          t=(0.06, 0.08))
+    h.nack("j1", 1, t=(0.4, 0.5), max_attempts=5)
+    h.nack("j2", 1, t=(0.4, 0.5), max_attempts=5)
+    h.res([h.job("j3", 1, "v3", queue="cb", max_attempts=5, lease_expires=1_004_000)], t=(0.6, 0.7))
+    h.res([h.job("j4", 1, "v4", queue="cb", max_attempts=5, lease_expires=1_004_200)], t=(0.8, 0.9))
+    for j in ("j3", "j4"):
+        h.ack(j, 1, t=(1.0, 1.1))
+    h._op("lift_gates", 1.15, 1.18, "ok")
+    h.res([h.job("j1", 2, "v1", queue="cb", max_attempts=5, lease_expires=1_010_000),
+           h.job("j2", 2, "v2", queue="cb", max_attempts=5, lease_expires=1_010_000)], t=(1.2, 1.3))
+    h.ack("j1", 2, t=(1.4, 1.5))
+    h.ack("j2", 2, t=(1.4, 1.5))
+    cut = {"kind": "power-loss", "durability": "memory", "durable_from_wall_ms": 1_000_300, "t_restart": 0.55,
+           "w_cut": 1_000_520, "t_inject": 0.52}
+    r = run(h, gates=GATES, power_losses=[cut])
+    inv = {i["name"]: i for i in r["invariants"]}["circuit_open"]
+    assert inv["ok"] and inv.get("expected_after_power_loss") == 1, inv
+    assert not run(h, gates=GATES)["valid"]          # without the cut: a violation
+
+
 def test_a_job_handed_out_while_its_window_is_closed_is_caught():
     h = H()
     h.enq("v1", "j1", queue="win")

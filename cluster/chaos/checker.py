@@ -539,7 +539,7 @@ def check(ops: list[dict], *, dead_letters: list[dict], drain: dict | None = Non
 
     _check_releases(ix, invs, pc)
     if gates:
-        _check_gates(ix, invs, gates)
+        _check_gates(ix, invs, gates, pc)
     else:
         for name in ("throttle_limit", "circuit_open", "window_closed"):
             invs[name].skipped = "no gates configured"
@@ -708,7 +708,11 @@ def _surely_in_flight(ix: Index, y: tuple, x: tuple) -> bool:
     return all(s["t0"] > xop["t1"] for s in _settles(ix, yj["job_id"], yj["attempt"]))
 
 
-def _check_gates(ix: Index, invs: dict, gates: dict):
+def _check_gates(ix: Index, invs: dict, gates: dict, pc: PowerCuts):
+    """The gates against the history. What a memory-mode power cut may have erased (a delivery,
+    a failure) before the delivery being judged does not count against it: the cluster that
+    made that delivery no longer knew of it (counted apart as expected, like the other
+    invariants' power-cut echoes)."""
     ds = _gated_deliveries(ix, gates)
     limits = gates.get("resource_limits") or {}
     by_resource: dict = defaultdict(list)
@@ -725,18 +729,22 @@ def _check_gates(ix: Index, invs: dict, gates: dict):
             held = [y for y in lst[lo:hi] if y is not x and y[1]["job_id"] != x[1]["job_id"]
                     and _surely_in_flight(ix, y, x)]
             if len(held) + 1 > limits[r]:
-                invs["throttle_limit"].bad({"resource": r, "limit": limits[r], "job_id": x[1]["job_id"],
+                kept = [y for y in held if not pc.lost_before(y[0], x[0]["t1"])]
+                invs["throttle_limit"].bad_unless(len(kept) + 1 <= limits[r], {"resource": r, "limit": limits[r], "job_id": x[1]["job_id"],
                                             "leased_at": x[2], "also_in_flight": [y[1]["job_id"] for y in held]})
     cb = gates.get("circuit")
     if cb:
         mine = [d for d in ds if d[1].get("queue") == cb["queue"]]
-        fails = sorted(n["t1"] for lst in ix.nacks.values() for n in lst
-                       if _ok(n) and ix.job_queue.get(n["job_id"]) == cb["queue"] and n.get("proc") != "drain")
+        fail_ops = sorted((n for lst in ix.nacks.values() for n in lst
+                           if _ok(n) and ix.job_queue.get(n["job_id"]) == cb["queue"] and n.get("proc") != "drain"),
+                          key=lambda n: n["t1"])
+        fails = [n["t1"] for n in fail_ops]
         prev = None
         for x in mine:
             surely = bisect.bisect_left(fails, x[0]["t0"])        # failures answered before x was asked for
             if prev is not None and surely >= cb["failures"] and x[2] - prev[2] < cb["open_ms"]:
-                invs["circuit_open"].bad({"queue": cb["queue"], "job_id": x[1]["job_id"], "leased_at": x[2],
+                kept = sum(1 for n in fail_ops[:surely] if not pc.lost_before(n, x[0]["t1"]))
+                invs["circuit_open"].bad_unless(kept < cb["failures"] or pc.lost_before(prev[0], x[0]["t1"]), {"queue": cb["queue"], "job_id": x[1]["job_id"], "leased_at": x[2],
                                           "previous": prev[1]["job_id"], "previous_at": prev[2],
                                           "apart_ms": x[2] - prev[2], "open_ms": cb["open_ms"],
                                           "failures_before": surely})

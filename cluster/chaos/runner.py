@@ -217,7 +217,7 @@ async def run_chaos(opts: ChaosOptions) -> dict:
     env = Env(cluster, net, h)
     env.disks, env.reserve_bytes, env.stash_dir = disks, int(opts.reserve_bytes), directory / "stash"
     report: dict = {"seed": seed, "nodes": opts.nodes, "durability": opts.durability, "duration_s": opts.duration,
-                    "fault_kinds": list(opts.faults), "dir": str(directory)}
+                    "fault_kinds": list(opts.faults), "dir": str(directory), "gates": gates}
     phase = Phases()
     nemesis = Nemesis(env, seed, scfg, on_event=lambda m: progress.event(f"[{h.now():6.1f}s] {m}"))
     views_sink = open(directory / "views.jsonl", "wb")
