@@ -255,9 +255,10 @@ async def test_removing_the_leader_hands_leadership_over_first(tmp_path):
             await asyncio.to_thread(wait_members, c, rest, [c.ids[i] for i in rest])
             new = c.wait_leader(among=rest)
             # One handover: the target stands at once (term + 1). On a loaded machine its first
-            # election can fail and the next one elect a member (term + 2, seen once in a full
-            # suite run, 1.35 s without writes); more would be a handover that does not work.
-            assert new != leader and term + 1 <= c.cluster_view(new, digest=False)["term"] <= term + 2
+            # elections can fail and a later one elect a member (term + 2 seen in a full suite
+            # run, 1.35 s without writes; term + 3 twice on a machine running two suites at once,
+            # 1.1-1.3 s without writes); more would be a handover that does not work.
+            assert new != leader and term + 1 <= c.cluster_view(new, digest=False)["term"] <= term + 3
             text = c.log_path(leader).read_text()
             assert "handing leadership over first" in text and "was removed from the cluster" in text
             await asyncio.to_thread(lambda: poll_true(lambda: removed_view(c, leader), "the old leader removed"))
