@@ -14,6 +14,7 @@ from raftq.cluster.client import Client, Conflict, LeaseLost, Rejected
 from raftq.cluster.local import LocalCluster
 from raftq.cluster.worker import ExecutionTimeout, Worker
 from tests.conftest import Api
+from helpers_worker import Running, until
 
 LEASE = 1500     # max_lease_duration_ms of the "lc-fast" queue
 
@@ -38,28 +39,6 @@ async def client(cluster):
     c = Client(cluster.urls)
     yield c
     await c.close()
-
-
-async def until(cond, timeout=15.0, what="condition", interval=0.02):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        v = cond()
-        if asyncio.iscoroutine(v):
-            v = await v
-        if v:
-            return v
-        await asyncio.sleep(interval)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-
-
-class Running:
-    def __init__(self, worker):
-        self.worker = worker
-        self.task = asyncio.create_task(worker.run())
-
-    async def finish(self, timeout=20.0):
-        self.worker.stop()
-        return await asyncio.wait_for(self.task, timeout)
 
 
 async def state_of(client, job_id):

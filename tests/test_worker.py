@@ -14,6 +14,7 @@ import pytest
 from raftq.cluster.client import Client, LeaseLost
 from raftq.cluster.local import LocalCluster
 from raftq.cluster.worker import Permanent, Retry, RetryAfter, Worker
+from helpers_worker import Running, until
 
 LEASE = 1500     # max_lease_duration_ms of the "fast" queues
 
@@ -35,28 +36,6 @@ async def client(cluster):
     c = Client(cluster.urls)
     yield c
     await c.close()
-
-
-async def until(cond, timeout=15.0, what="condition", interval=0.02):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        v = cond()
-        if v:
-            return v
-        await asyncio.sleep(interval)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-
-
-class Running:
-    """A worker running in a task; `finish()` stops it and returns its stats."""
-
-    def __init__(self, worker, **run_kw):
-        self.worker = worker
-        self.task = asyncio.create_task(worker.run(**run_kw))
-
-    async def finish(self, timeout=20.0):
-        self.worker.stop()
-        return await asyncio.wait_for(self.task, timeout)
 
 
 async def queue_stats(client, name):
