@@ -21,7 +21,7 @@ from . import audit, gating, ops
 from .answers import render_dead_letter
 from .jobs import (DEAD, DEAD_LETTER_RECORD_TYPE, GONE, IN_FLIGHT, READY, SCHEDULED, DeadLetter, Job, Queue,
                    shown_fields)
-from .jobs import _shown as shown14
+from .jobs import shown_common
 from .ops import ATOMIC, DEAD_LETTER, DELAY, ENQUEUED, JOB_ID, RESERVED, SINGLE, UNAUDITED
 from .undo import appendleft, drop_item, fifo_remove, heap_remove, heap_restore, restore_item
 
@@ -301,7 +301,7 @@ def reserve(m, queue_names, lease_ms: int, max_jobs: int):
             lease = (expires, ctr, job.id)
             undo += (heap_remove, lease_heap, lease, None)
             heappush(lease_heap, lease)
-            kept.append(shown14(job) if r is None else shown14(job) + (r,))   # shown_fields, inline
+            kept.append(shown_common(job) if r is None else shown_common(job) + (r,))   # shown_fields, inline
         if len(kept) >= max_jobs:
             break
     return RESERVED, tuple(kept)

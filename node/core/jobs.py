@@ -36,7 +36,6 @@ class Job:
                  "resource")
 
     FIELDS = __slots__
-    LEGACY_LEN = 18             # the snapshot form before issue 17: no timeout_ms, no releases
 
     def to_tuple(self) -> tuple:
         return _job_fields(self)        # tuple(getattr(self, f) for f in Job.FIELDS), in C
@@ -76,13 +75,13 @@ if Job.FIELDS != ("id", "queue", "job_type", "payload", "encoding", "priority", 
 SHOWN_FIELDS = ("id", "queue", "job_type", "payload", "encoding", "priority", "custom", "trace",
                 "enqueued_at", "scheduled_at", "attempt", "max_attempts", "lease_expires", "deadline",
                 "timeout_ms", "releases")
-_shown = attrgetter(*SHOWN_FIELDS)
+shown_common = attrgetter(*SHOWN_FIELDS)     # every job's shown fields (the resource is added when set)
 
 
 def shown_fields(job) -> tuple:
     """SHOWN_FIELDS, and the job's `resource` after them when it has one (issue 17): a job
     without one shows the fields results always kept, so kept results are unchanged."""
-    t = _shown(job)
+    t = shown_common(job)
     return t if job.resource is None else t + (job.resource,)
 
 
