@@ -169,8 +169,8 @@ STORAGE = {
     "dedup_window_ms": Key("integer", "How long an idempotency key deduplicates, from the first enqueue "
                            "(whatever became of the job).", minimum=1),
     "sweep_interval_ms": Key("integer", "The leader sweeps (promotes scheduled jobs, expires leases, deadlines, "
-                             "dedup records, request ids and dead letters) when something is due and at least "
-                             "this often while anything is pending.", minimum=1),
+                             "dedup records, request ids and dead letters) when something is due, and looks this "
+                             "often at least; nothing due, no sweep.", minimum=1),
     "sweep_limit": Key("integer", "Most entries each phase of one sweep handles; the rest waits for the next "
                        "sweep, which then follows at once.", minimum=1),
     "audit_retention_ms": Key("integer", "How long the audit trail (`GET /v1/audit`, `raftq audit`) keeps an "
