@@ -83,6 +83,23 @@ def toml_table(name: str, d: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def digest_at(view: dict) -> tuple:
+    """(index, digest) of a node's GET /v1/cluster view: the state digest and the applied index
+    it belongs to. A node with a large state answers with the newest digest its child has
+    hashed, which may be older than its `last_applied` (`digest_index` says which); nodes
+    before `digest_index` existed paired the digest with `last_applied`."""
+    return view.get("digest_index", view.get("last_applied")), view.get("digest")
+
+
+def digest_cell(view: dict) -> str | None:
+    """A view's digest as `raftq status` and `raftq local status` show it: 12 characters, and
+    `@INDEX` when it belongs to an index older than the node's `last_applied`."""
+    index, digest = digest_at(view)
+    if not digest:
+        return None
+    return digest[:12] if index == view.get("last_applied") else f"{digest[:12]}@{index}"
+
+
 def http_json(method: str, url: str, body=None, timeout: float = 2.0, headers: dict | None = None,
               context=None):
     """(status, json body) without following redirects; (None, error text) on connection errors.
@@ -458,7 +475,8 @@ class LocalCluster:
         raise TimeoutError(f"no leader within {timeout}s; node logs are in {self.dir}")
 
     def wait_converged(self, timeout: float = 20.0, among=None) -> list[dict]:
-        """Wait until every (listed, running) node reports the same applied index and digest."""
+        """Wait until every (listed, running) node reports the same applied index and the digest
+        of that index."""
         among = [i for i in (range(self.n) if among is None else among)]
         end = time.monotonic() + timeout
         views = []
@@ -466,8 +484,8 @@ class LocalCluster:
             # All at once: the leader's sweeps keep committing entries, and views taken one
             # after the other on a busy machine would straddle one.
             views = self.cluster_views(among)
-            if all(views) and len({(v["last_applied"], v["digest"]) for v in views}) == 1 \
-                    and views[0]["last_applied"] >= views[0]["commit_index"]:
+            if all(views) and len({digest_at(v) for v in views}) == 1 \
+                    and all(digest_at(v)[0] == v["last_applied"] >= v["commit_index"] for v in views):
                 return views
             time.sleep(0.1)
         raise TimeoutError(f"nodes did not converge within {timeout}s: "

@@ -254,7 +254,8 @@ TUNING = {
     "digest_inline_max_entries": Key("integer", "`GET /v1/cluster` hashes a state of at most this many entries "
                                      "(jobs, request ids, dead letters) on the event loop; a larger one in a child "
                                      "forked between two Raft ticks, so the node keeps serving (at 100k jobs the "
-                                     "digest costs ≈ 0.4 s of CPU). 0: always in a child.", minimum=0),
+                                     "digest costs ≈ 0.4 s of CPU), and a call meanwhile gets the newest digest "
+                                     "there is with its `digest_index`. 0: always in a child.", minimum=0),
     "event_loop": Key("string", "The node's event loop. `uvloop` (a dependency on Linux and macOS) answers each "
                       "request with ≈ 10 µs less CPU; a node without it runs on asyncio's loop and logs so. "
                       "`GET /v1/cluster` shows the loop in use.", choices=S.EVENT_LOOPS),

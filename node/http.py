@@ -9,7 +9,7 @@ from urllib.parse import urlsplit
 import orjson
 from aiohttp import HttpVersion11, web
 
-from . import bounds
+from . import bounds, validate
 from .auth import ADMIN, OPERATOR, VIEWER, WORKER, Auth
 from .backup import Backups, Busy
 from .errors import error
@@ -35,8 +35,7 @@ def request_id(request: web.Request):
     rid = request.headers.get("Request-Id")
     if rid is None:
         return None
-    # Visible ASCII (0x21-0x7E): ASCII, printable, and no space; three C-speed checks.
-    if not 1 <= len(rid) <= 128 or not (rid.isascii() and rid.isprintable()) or " " in rid:
+    if not validate.valid_request_id(rid):
         raise ValueError("Request-Id must be 1..128 visible ASCII characters")
     return rid
 

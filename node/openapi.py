@@ -590,7 +590,10 @@ def schemas() -> dict:
             "members": {"type": "array", "items": ref("Member")},
             "ready": {"type": "boolean", "description": "as /readyz"},
             "digest": {"type": ["string", "null"], "description": "hash of the replicated state at "
-                       "`last_applied`, equal on every node at the same index; null with `?digest=false`"},
+                       "`digest_index`, equal on every node at the same index; null with `?digest=false`"},
+            "digest_index": {"type": ["integer", "null"], "description": "the applied index `digest` belongs to: "
+                             "`last_applied`, or older while a large state's next digest is hashed in a child; "
+                             "null with `?digest=false`"},
             "durability": {"type": "string", "enum": ["fsync", "memory"]},
             "limits_fingerprint": string("hash of the configuration in force as this node applied it"),
             "config_version": integer(0, description="the configuration version this node has applied (0: "

@@ -74,6 +74,13 @@ def _time_up(fut):
         fut.set_result(None)
 
 
+def _log_digest_failure(task: asyncio.Task) -> None:
+    """A digest child started for a poller that was already answered with the older digest:
+    nobody awaits it, so its failure is logged here (the next call starts another)."""
+    if not task.cancelled() and task.exception() is not None:
+        log.warning("state digest child failed: %r", task.exception())
+
+
 def _page_limit(query) -> int | None:
     """A listing's `limit` (default 50), or None when it is not an integer 1..100."""
     try:
@@ -804,8 +811,9 @@ class NodeService:
         with self.state.lock:
             applied = r.applied_index()
             cached_at, digest = self._digest_cache
+            digest_index = applied
             if not with_digest:
-                digest = None
+                digest = digest_index = None
             elif cached_at != (applied, self.state.machine.applied):
                 digest = self.state.machine.digest()
                 self._digest_cache = ((applied, self.state.machine.applied), digest)
@@ -816,7 +824,7 @@ class NodeService:
                      "leader": leader, "term": term, "commit_index": status["commit_index"],
                      "last_applied": applied, "members": members, "ready": self.ready(),
                      "removed": removed, "membership_change": self.member_change_doing,
-                     "digest": digest, "durability": self.settings.durability,
+                     "digest": digest, "digest_index": digest_index, "durability": self.settings.durability,
                      "limits_fingerprint": self.limits.fingerprint(), "config_version": config_version,
                      "toml_differs": toml_differs, "state": machine_counts,
                      "cpu": r.cpu(), "proposer": dict(self.proposer.stats), "journal_syncs": r.syncs,
@@ -824,12 +832,15 @@ class NodeService:
                      "event_loop": "uvloop" if type(self.loop).__module__.startswith("uvloop") else "asyncio"}
 
     async def cluster_with_digest(self):
-        """`cluster(True)` without hashing a large state on the event loop: a state of more than
-        `tuning.digest_inline_max_entries` (5,000: ~20 ms inline, less than a fork costs) is hashed in a child forked at a tick boundary
-        (Replica.fork_at_tick), and the view's `last_applied` is the index that digest belongs
-        to. At 100k jobs the digest costs ~0.4 s of CPU (seconds on a busy machine): inline,
-        under the state lock, every request of the node would wait for it. Concurrent callers
-        share one child; the result is cached per applied index like the inline one."""
+        """`cluster(True)` without hashing a large state on the event loop or making the caller
+        wait for it. A state of more than `tuning.digest_inline_max_entries` entries (5,000:
+        ~20 ms inline, less than a fork costs) is hashed in a child forked at a tick boundary
+        (Replica.fork_at_tick); at 1M jobs that takes tens of seconds of CPU. The view carries
+        the newest digest this node has and `digest_index`, the applied index it belongs to:
+        when that is older than `last_applied`, a new child is started (one at a time) and the
+        caller is answered at once with the older pair, so a poller sees the digest catch up
+        instead of waiting for it. Only a node that has never hashed its state makes the caller
+        wait, for the first digest."""
         m = self.state.machine
         with self.state.lock:
             key = (self.replica.applied_index(), m.applied)
@@ -838,9 +849,12 @@ class NodeService:
             return self.cluster(True)
         if self._digest_job is None or self._digest_job.done():
             self._digest_job = self.loop.create_task(self._forked_digest())
-        index, applied, digest = await asyncio.shield(self._digest_job)
+            self._digest_job.add_done_callback(_log_digest_failure)
+        if self._digest_cache[0] is None:
+            await asyncio.shield(self._digest_job)
+        (index, _applied), digest = self._digest_cache
         status, view = self.cluster(False)
-        view["last_applied"], view["digest"] = index, digest
+        view["digest_index"], view["digest"] = index, digest
         return status, view
 
     async def _forked_digest(self):

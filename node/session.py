@@ -19,6 +19,7 @@ from .auth import OPERATOR, VIEWER, WORKER
 from .errors import error
 from .service import NodeService
 from .settings import TUNING_DEFAULTS
+from .validate import valid_request_id
 
 log = logging.getLogger("raftq.session")
 CLOSE_NOT_LEADER = 4001
@@ -199,8 +200,7 @@ class Sessions:
                       binary)
                 return
             rid = frame.get("request_id")
-            if rid is not None and (not isinstance(rid, str) or not 1 <= len(rid) <= 128
-                                    or not all(0x21 <= ord(c) <= 0x7E for c in rid)):
+            if rid is not None and not valid_request_id(rid):
                 reply(frame_id, *error("invalid_argument", "request_id must be 1..128 visible ASCII characters"), binary)
                 return
             who = None

@@ -31,6 +31,13 @@ _HEX = frozenset("0123456789abcdefABCDEF")
 _UUID = re.compile(r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}")
 
 
+def valid_request_id(rid) -> bool:
+    """A Request-Id (header or session frame field): 1..128 visible ASCII characters
+    (0x21-0x7E): ASCII, printable and no space, three C-speed checks (a per-character generator
+    cost ~5 µs a frame, more than the rest of a frame's checks together)."""
+    return type(rid) is str and 1 <= len(rid) <= 128 and rid.isascii() and rid.isprintable() and " " not in rid
+
+
 def request_slot(who, rid, route: str, body, param=None):
     """The request-id slot of a command (node/core/ops.py `request_id`), or None without a
     Request-Id: the caller's key name, the id, the route, and a short hash of the request (its

@@ -50,7 +50,7 @@ import threading
 import time
 from pathlib import Path
 
-from raftq.cluster.local import LocalCluster, http_json
+from raftq.cluster.local import LocalCluster, digest_at, http_json
 
 ROLES = ("viewer", "worker", "operator", "admin")
 KEYS = {role: f"{role}-key-{os.urandom(8).hex()}" for role in ROLES}
@@ -318,9 +318,8 @@ def view(cluster: LocalCluster, i: int, digest: bool = True) -> dict:
 
 
 def digest(cluster: LocalCluster, i: int) -> tuple:
-    """(last_applied, digest) of node i's state."""
-    v = view(cluster, i)
-    return v["last_applied"], v["digest"]
+    """(index, digest) of node i's state: the digest and the applied index it belongs to."""
+    return digest_at(view(cluster, i))
 
 
 def term(cluster: LocalCluster, i: int) -> int:

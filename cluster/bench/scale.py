@@ -105,19 +105,34 @@ class Scale:
 
     def cluster_latency(self, i: int, digest: bool, calls: int = 3, timeout: float = 30.0) -> dict:
         """Median of `calls` calls, each after a write: a node caches its digest per applied index,
-        and a cached answer would hide what a call costs after the state changed."""
+        and a cached answer would hide what a call costs after the state changed. A node with a
+        large state answers at once with the newest digest it has (`digest_index`, older than
+        the write) while a child hashes the current one: `first_ms` is the first call (it may
+        wait for the node's first digest ever), `fresh_s` how long after the last write the
+        node's digest belonged to its `last_applied` again."""
         url = self.c.urls[i] + "/v1/cluster" + ("" if digest else "?digest=false")
         lead = self.c.urls[self.leader()]
         times = []
         for _ in range(calls):
             http_json("POST", lead + "/v1/jobs", {"queue": "probe", "job_type": "t"}, timeout=timeout,
                       headers=self.c.probe_headers)
-            t0 = time.perf_counter()
+            wrote = time.perf_counter()
             status, _ = http_json("GET", url, timeout=timeout, headers=self.c.probe_headers)
             if status != 200:
                 return {"ms": None, "why": f"no answer within {timeout:g} s ({status})"}
-            times.append((time.perf_counter() - t0) * 1000)
-        return {"ms": round(statistics.median(times), 1)}
+            times.append((time.perf_counter() - wrote) * 1000)
+        out = {"ms": round(statistics.median(times), 1), "first_ms": round(times[0], 1)}
+        if digest:
+            end = wrote + self.recovery_timeout
+            while time.perf_counter() < end:
+                status, v = http_json("GET", url, timeout=timeout, headers=self.c.probe_headers)
+                if status == 200 and v.get("digest_index") == v["last_applied"]:
+                    out["fresh_s"] = round(time.perf_counter() - wrote, 2)
+                    break
+                time.sleep(0.1)
+            else:
+                out["fresh_s"] = None
+        return out
 
     async def latency_beside(self, rounds: int = 200) -> dict:
         lat = []
@@ -294,6 +309,10 @@ def format_scale(result: dict) -> str:
         lines.append("  /v1/cluster      " + ", ".join(
             f"{k.replace('_', ' ')} {v['ms']} ms" if v["ms"] is not None else f"{k.replace('_', ' ')} - ({v['why']})"
             for k, v in cm.items()))
+        fresh = [f"{k.split('_')[0]} {v['fresh_s']} s" for k, v in cm.items() if "fresh_s" in v]
+        if fresh:
+            lines.append("  digest current   after a write: " + ", ".join(fresh)
+                         + " (answers meanwhile carry the previous digest and its index)")
         b = st["beside_backlog"]
         lines.append(f"  beside backlog   enqueue->reserve->ack p50 {b['p50_ms']} ms, p99 {b['p99_ms']} ms")
         lines.append(f"  snapshot         {st['dump_bytes']} bytes (leader's raft.dump)")

@@ -29,6 +29,7 @@ from __future__ import annotations
 import bisect
 from collections import defaultdict
 
+from ..local import digest_at
 from ...node.retry import policy_delay_ms
 
 MAX_EXAMPLES = 5
@@ -562,7 +563,7 @@ def check(ops: list[dict], *, dead_letters: list[dict], drain: dict | None = Non
             st = v.get("state") or {}
             if st.get("jobs", 0) or st.get("dead_letters", 0):
                 invs["drained"].bad({"node": v.get("node_id"), "jobs": st.get("jobs"), "dead_letters": st.get("dead_letters")})
-        got = [(v.get("node_id"), v.get("last_applied"), v.get("digest")) for v in views if v]
+        got = [(v.get("node_id"),) + digest_at(v) for v in views if v]
         if len({(a, d) for _, a, d in got}) > 1:
             invs["replicas_agree"].bad({"views": got})
     else:

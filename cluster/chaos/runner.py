@@ -332,7 +332,8 @@ async def run_chaos(opts: ChaosOptions) -> dict:
             "drain": {"ok": drain["ok"], "seconds": round(drain["seconds"], 3),
                       "dead_letters": len(drain["dead_letters"])},
             "final_views": [{"node": (v or {}).get("node_id"), "last_applied": (v or {}).get("last_applied"),
-                             "digest": (v or {}).get("digest"), "term": (v or {}).get("term")} for v in views],
+                             "digest": (v or {}).get("digest"),
+                             "digest_index": (v or {}).get("digest_index"), "term": (v or {}).get("term")} for v in views],
             "proxy": await asyncio.to_thread(net.stats),
         })
         phase.enter("report")

@@ -33,6 +33,7 @@ from ..client import (BatchRejected, Client, Conflict, Internal, InvalidArgument
                      PermissionDenied, RaftqError, Rejected, RequestTooLarge, TlsError, Unauthenticated, Unavailable,
                      Unreachable, _tls_error, _tls_refusal, describe_refused, error_from, job_request, tls_context,
                      tls_problem)
+from ..local import digest_at, digest_cell
 from ..progress import Progress, progress_enabled
 
 DEFAULT_URLS = "http://127.0.0.1:7001,http://127.0.0.1:7002,http://127.0.0.1:7003"
@@ -484,7 +485,7 @@ async def cmd_status(ctx: Ctx) -> int:
             leader = v.get("leader")
             config = v.get("config_version")
             rows.append([v.get("node_id"), a.url, v.get("role"), v.get("term"), v.get("commit_index"),
-                         v.get("last_applied"), (v.get("digest") or "")[:12] or None,
+                         v.get("last_applied"), digest_cell(v),
                          f"{connected}/{len(peers)}", leader["id"] if leader else "none",
                          None if config is None else f"{config}{'*' if v.get('toml_differs') else ''}"])
         ctx.out(format_table(["NODE", "URL", "ROLE", "TERM", "COMMIT", "APPLIED", "DIGEST", "PEERS", "LEADER", "CONFIG"],
@@ -511,8 +512,8 @@ async def cmd_status(ctx: Ctx) -> int:
     # Digests must agree at equal applied indexes.
     by_index: dict[int, dict[str, list[str]]] = {}
     for a in up:
-        by_index.setdefault(a.view.get("last_applied"), {}).setdefault(a.view.get("digest"), []).append(
-            a.view.get("node_id"))
+        index, digest = digest_at(a.view)
+        by_index.setdefault(index, {}).setdefault(digest, []).append(a.view.get("node_id"))
     for index, digests in sorted(by_index.items()):
         if len(digests) > 1:
             parts = "; ".join(f"{', '.join(nodes)}: {(d or '')[:12]}" for d, nodes in digests.items())

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from ...node.limits import ConfigError
 from ...node.settings import ROLES
-from ..local import http_json, write_private
+from ..local import digest_at, digest_cell, http_json, write_private
 from . import sections as S
 from .up import (CONFIG, CONTROL, EXIT_FAILED, EXIT_OK, EXIT_USAGE, STATE, UpError, dir_option, lock_holder,
                  pid_runs, proc_stopped, read_state, resolve_dir)
@@ -156,7 +156,7 @@ def cmd_status(args, directory: Path) -> int:
         if last and n.get("last_exit_at"):
             last += f" at {n['last_exit_at'][11:19]}"
         rows.append([n["id"], n.get("pid"), st, v.get("role"), v.get("term"), v.get("last_applied"),
-                     (v.get("digest") or "")[:12] or None, n.get("restarts", 0), n["url"], last])
+                     digest_cell(v), n.get("restarts", 0), n["url"], last])
     cells = [head] + [["-" if c is None else str(c) for c in r] for r in rows]
     widths = [max(len(r[i]) for r in cells) for i in range(len(head))]
     for r in cells:
@@ -164,7 +164,8 @@ def cmd_status(args, directory: Path) -> int:
     by_index: dict = {}
     for nid, v in views.items():
         if v:
-            by_index.setdefault(v.get("last_applied"), {}).setdefault(v.get("digest"), []).append(nid)
+            index, digest = digest_at(v)
+            by_index.setdefault(index, {}).setdefault(digest, []).append(nid)
     for index, digests in by_index.items():
         if len(digests) > 1:
             print(f"raftq local: WARNING: nodes disagree on the state at applied index {index}: "
