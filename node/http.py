@@ -47,11 +47,18 @@ def _too_large(request: web.Request) -> web.Response:
                           limit=limit))
 
 
+def _declared_json(request: web.Request) -> bool:
+    """Content-Type says JSON. The exact header value every client sends is compared as it is;
+    anything else (parameters, other case) goes through aiohttp's parse, which costs several µs
+    a request on the hot path."""
+    return request.headers.get("Content-Type") == JSON or request.content_type == JSON
+
+
 async def read_json(request: web.Request, optional: bool = False):
     """The body as JSON; (None, response) on failure. A body must be declared JSON (415
     otherwise: a web page's form or text/plain POST is not a request of this API) and arrive
     within tuning.http_body_timeout_s (408, and the connection is closed)."""
-    if request.body_exists and request.content_type != JSON:
+    if request.body_exists and not _declared_json(request):
         return None, respond(*error("unsupported_media_type", "a request body must be JSON sent with "
                                     f"'Content-Type: application/json', got {request.content_type!r}"[:300]))
     try:
