@@ -244,6 +244,10 @@ TUNING = {
                         "`overloaded`.", positive=True),
     "log_compaction_min_entries": Key("integer", "A snapshot is taken when the journal holds more entries than "
                                       "this ...", positive=True),
+    "journal_memory_bytes": Key("integer", "Bytes of the newest Raft log entries kept in memory; older entries "
+                                "(until the next snapshot drops them) are read back from the journal file, "
+                                "checksum verified, when a follower far behind or a log compaction needs "
+                                "them.", positive=True),
     "log_compaction_min_time_s": Key("number", "... and at least this many seconds passed since the last one.",
                                      positive=True),
     "raft_compression_level": Key("integer", "zlib level of Raft messages; 0 sends them uncompressed (zlib costs "

@@ -613,6 +613,9 @@ def schemas() -> dict:
                 "findings": {"type": "object", "additionalProperties": {"type": "integer"},
                              "description": "damage found since the node started, by kind"},
                 "last_findings": {"type": "array", "items": {"type": "object"}},
+                "journal_held_bytes": {"type": ["integer", "null"], "description": "bytes of Raft log commands "
+                                       "held in memory (tuning.journal_memory_bytes); older entries are read "
+                                       "back from the journal file"},
                 "free_bytes": {"type": ["integer", "null"], "description": "the data disk's free space"},
                 "min_free_bytes": integer(0),
                 "low_space": {"type": "boolean", "description": "below min_free_bytes: writes refused"},

@@ -212,6 +212,7 @@ class Replica:
             commandsQueueSize=int(t["max_inflight"]),
             logCompactionMinEntries=int(t["log_compaction_min_entries"]),
             logCompactionMinTime=t["log_compaction_min_time_s"],
+            journalMemoryBytes=int(t["journal_memory_bytes"]),
             logCompactionSplit=True,
             appendEntriesBatchSizeBytes=1 << 20,
             logCompactionBatchSize=1 << 20,
@@ -445,6 +446,7 @@ class Replica:
             findings[f["what"]] = findings.get(f["what"], 0) + 1
         unverified = s.logUnverified
         return {"log_verified": unverified is None, "unverified": unverified, "findings": findings,
+                "journal_held_bytes": s.journalHeldBytes,
                 "last_findings": [{k: f.get(k) for k in ("what", "file", "detail")} for f in s.diskFindings[-5:]]}
 
     def peer_node(self, raft_addr: str):

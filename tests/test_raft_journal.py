@@ -307,3 +307,50 @@ def test_an_empty_file_is_a_journal_begun_again_not_damage(tmp_path):
     back = journal(path)
     assert loaded(back) == [(b"x", 1, 1)] and back.findings == []
     back._destroy()
+
+
+@pytest.mark.parametrize("durable", [True, False])
+def test_only_the_newest_commands_stay_in_memory_and_older_ones_are_read_back(tmp_path, durable):
+    path = tmp_path / "raft.journal"
+    es = entries(400)
+    j = rj.FileJournal(str(path), durable=durable, hotBytes=4000)
+    for e in es:
+        j.add(*e)
+    assert j.heldBytes <= 4000 + 350 and j.heldBytes < sum(len(e[0]) for e in es) / 10
+    assert loaded(j) == es                      # one at a time, the cold ones from the file
+    assert [tuple(e) for e in j[10:20]] == es[10:20] and [tuple(e) for e in j[-5:]] == es[-5:]
+    assert tuple(j[-1]) == es[-1] and tuple(j[0]) == es[0]
+    # A conflicting tail replaced (a new leader's entries), then compaction (the prefix dropped).
+    j.deleteEntriesFrom(300)
+    more = entries(50, start=301, term=9)
+    for e in more:
+        j.add(*e)
+    assert loaded(j) == es[:300] + more and j.heldBytes <= 4000 + 350
+    j.deleteEntriesTo(100)
+    assert loaded(j) == es[100:300] + more
+    j._destroy()
+    # Opened again: what was written, and still only the newest held.
+    k = rj.FileJournal(str(path), durable=durable, hotBytes=4000)
+    assert loaded(k) == es[100:300] + more and k.heldBytes <= 4000 + 350 and not k.findings
+    k._destroy()
+
+
+def test_a_cold_entry_the_disk_changed_after_opening_stops_the_node(tmp_path):
+    path = tmp_path / "raft.journal"
+    es = entries(100)
+    j = rj.FileJournal(str(path), hotBytes=1000)
+    for e in es:
+        j.add(*e)
+    assert tuple(j[5]) == es[5]
+    with open(path, "r+b") as f:                # one bit of entry 5's command, at rest
+        data = f.read()
+        at = data.find(es[5][0])
+        f.seek(at)
+        f.write(bytes([data[at] ^ 0x01]))
+    with pytest.raises(rj.StorageFailure, match="read back"):
+        j[5]
+    assert tuple(j[6]) == es[6] and tuple(j[-1]) == es[-1]      # the rest is still served
+    j._destroy()
+    k = rj.FileJournal(str(path))               # and opening finds it, keeping the prefix
+    assert loaded(k) == es[:5] and k.findings and k.findings[0]["what"] == "journal_corrupt_entry"
+    k._destroy()

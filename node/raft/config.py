@@ -210,6 +210,11 @@ class SyncObjConf(object):
         #: may have been acknowledged.
         self.acceptDamagedLog = kwargs.get('acceptDamagedLog', False)
 
+        #: raftq: bytes of the newest log entries' commands the journal keeps in memory; older
+        #: ones are read back from the journal file when asked for (journal.FileJournal).
+        #: None: journal.HOT_BYTES (32 MiB).
+        self.journalMemoryBytes = kwargs.get('journalMemoryBytes', None)
+
         #: raftq: () -> bool, asked before this node starts an election (or a pre-vote) or
         #: answers a leader's transfer request; False keeps it from leading (raftq: its data
         #: disk is below the free-space reserve). None: always eligible.

@@ -14,6 +14,11 @@ logger = logging.getLogger(__name__)
 datasync = getattr(os, 'fdatasync', os.fsync)
 
 
+# raftq: bytes of the newest entries' commands a FileJournal keeps in memory (the rest are read
+# back from the file when asked for); SyncObjConf.journalMemoryBytes overrides it.
+HOT_BYTES = 32 << 20
+
+
 class StorageFailure(Exception):
     """raftq: a write or a sync of a file the node's promises depend on failed (EIO, ENOSPC, ...).
 
@@ -453,12 +458,20 @@ class FileJournal(Journal):
     Any of them makes the node's log untrusted (SyncObj: no votes until it caught up with a
     leader): a torn tail after a crash holds only unsynced, never acknowledged entries, but the
     same bytes after a bit flip at rest may have been acknowledged, and the two cannot be told
-    apart. Entries and their file offsets are kept in memory, so nothing is read back from the
-    file after it was opened."""
+    apart.
 
-    def __init__(self, journalFile, durable=True, observer=None):
+    raftq: only the newest entries keep their command in memory, up to `hotBytes` of commands
+    (`tuning.journal_memory_bytes`); an older entry is kept as (None, index, term) with its
+    file offset and is read back from the file, checksum verified, when it is asked for (a
+    follower far behind, log compaction). Upstream held every command of the log in memory
+    until the next snapshot: at a million jobs filled since the last one, ~350 bytes a job."""
+
+    def __init__(self, journalFile, durable=True, observer=None, hotBytes=None):
         self.__fileName = journalFile
         self.__durable = durable
+        self.__hotLimit = HOT_BYTES if hotBytes is None else hotBytes
+        self.__hotFrom = 0           # entries [hotFrom:] hold their command; older ones: None
+        self.__hotSize = 0           # bytes of the commands held
         self.__dirty = False
         self.__syncs = 0
         self.__observer = None
@@ -530,6 +543,8 @@ class FileJournal(Journal):
                 self.__journal.append(record)
                 self.__offsets.append(pos)
                 pos = nxt
+                if read is readRecord:      # (a format-1 file is upgraded from memory)
+                    self.__hold(record[0])
             if pos < end and markerOk:
                 if problem is None:
                     problem = 'the file ends at %d' % size
@@ -632,6 +647,8 @@ class FileJournal(Journal):
         self.__offsets = offsets
         self.__currentOffset = pos
         self.upgradedFrom = LEGACY_FORMAT_VERSION
+        for entry in self.__journal[self.__hotFrom:]:
+            self.__hold(entry[0])
 
     upgradedFrom = None
 
@@ -655,15 +672,63 @@ class FileJournal(Journal):
         self.__currentOffset += len(cmdData)
         self.__setLastRecordOffset(self.__currentOffset)
         self.__dirty = True
+        self.__hold(command)
 
     def clear(self):
         self.__journal = []
         self.__offsets = []
+        self.__hotFrom = self.__hotSize = 0
         self.__setLastRecordOffset(FIRST_RECORD_OFFSET)
         self.__currentOffset = FIRST_RECORD_OFFSET
 
+    # ---------------------------------------------------------------- commands in memory
+    def __hold(self, command):
+        """The newest entry's command is held; the oldest held ones are let go past the limit
+        (the newest is always held: it is about to be applied and sent)."""
+        self.__hotSize += len(command)
+        journal = self.__journal
+        while self.__hotSize > self.__hotLimit and self.__hotFrom < len(journal) - 1:
+            command, idx, term = journal[self.__hotFrom]
+            journal[self.__hotFrom] = (None, idx, term)
+            self.__hotSize -= len(command)
+            self.__hotFrom += 1
+
+    def __readBack(self, i):
+        """Entry i (>= 0) from the file, checked as on opening. A record that fails now was
+        good when the file was opened: the disk changed it under the node, which stops (exit
+        74, like a failed write); on restart the opening check cuts the log there and the node
+        recovers from the leader."""
+        start = self.__offsets[i]
+        end = self.__offsets[i + 1] if i + 1 < len(self.__offsets) else self.__currentOffset
+        try:
+            data = self.__journalFile.read(start, end - start)
+        except OSError as e:
+            raise StorageFailure(self.__fileName, 'pread', e)
+        record, problem = readRecord(data, 0, len(data))
+        want = self.__journal[i]
+        if record is None or record[1] != want[1] or record[2] != want[2]:
+            why = problem if record is None else 'entry (%d, term %d) where (%d, term %d) was' % (
+                record[1], record[2], want[1], want[2])
+            logger.critical('journal %s: the entry at offset %d fails its check on reading back (%s): the disk '
+                            'changed it since it was verified; stopping', self.__fileName, start, why)
+            raise StorageFailure(self.__fileName, 'read back (%s)' % why, OSError(errno.EIO, os.strerror(errno.EIO)))
+        return record
+
     def __getitem__(self, idx):
-        return self.__journal[idx]
+        if type(idx) is slice:
+            start, stop, step = idx.indices(len(self.__journal))
+            if start >= self.__hotFrom:
+                return self.__journal[idx]
+            return [self[i] for i in range(start, stop, step)]
+        entry = self.__journal[idx]
+        if entry[0] is None:
+            return self.__readBack(idx if idx >= 0 else idx + len(self.__journal))
+        return entry
+
+    @property
+    def heldBytes(self):
+        """Bytes of commands held in memory (the rest are read back from the file)."""
+        return self.__hotSize
 
     def __len__(self):
         return len(self.__journal)
@@ -674,13 +739,15 @@ class FileJournal(Journal):
         if entryFrom >= len(self.__journal):
             return
         offset = self.__offsets[entryFrom] if entryFrom >= 0 else FIRST_RECORD_OFFSET
+        self.__hotSize -= sum(len(e[0]) for e in self.__journal[entryFrom:] if e[0] is not None)
         del self.__journal[entryFrom:]
         del self.__offsets[entryFrom:]
+        self.__hotFrom = min(self.__hotFrom, len(self.__journal))
         self.__currentOffset = offset
         self.__setLastRecordOffset(offset)
 
     def deleteEntriesTo(self, entryTo):
-        journal = self.__journal[entryTo:]
+        journal = self[entryTo:]        # read back before the file is rewritten from its start
         self.clear()
         for entry in journal:
             self.add(*entry)
@@ -768,7 +835,7 @@ class FileJournal(Journal):
             self.__metaSaved = True
 
 
-def createJournal(journalFile = None, durable = True, observer = None):
+def createJournal(journalFile = None, durable = True, observer = None, hotBytes = None):
     if journalFile is None:
         return MemoryJournal()
-    return FileJournal(journalFile, durable, observer)
+    return FileJournal(journalFile, durable, observer, hotBytes)

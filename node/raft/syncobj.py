@@ -180,7 +180,7 @@ class SyncObj(object):
         #: nobody reads. Set by __applyLogEntries for each entry.
         self.answerWanted = True
         self.__raftLog = createJournal(self.__conf.journalFile, self.__conf.durability == 'fsync',
-                                       self.__conf.journalObserver)
+                                       self.__conf.journalObserver, self.__conf.journalMemoryBytes)
         # raftq: what the journal found wrong with its files, and the snapshot's own check
         # (__checkDisk); acted on below, once the term and the commit index are read.
         self.__diskFindings = self.__checkDisk()
@@ -1482,6 +1482,11 @@ class SyncObj(object):
     def journalSyncs(self):
         """How many times the journal was synced (fsync durability)."""
         return self.__raftLog.syncs
+
+    @property
+    def journalHeldBytes(self):
+        """raftq: bytes of log commands the journal holds in memory (None: a memory journal)."""
+        return getattr(self.__raftLog, 'heldBytes', None)
 
     @property
     def transportRefusals(self):
