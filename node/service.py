@@ -134,6 +134,7 @@ class NodeService:
         self.stats = collections.Counter()
         self._digest_cache = (None, None)
         self._digest_job: asyncio.Task | None = None
+        self._digest_next_at = 0.0      # loop time before which no new digest child is started
         self.leadership_lost_hooks: list = []     # coroutine functions(new_leader_url or "")
         self.fatal: str | None = None
         self._peer_session = None                 # aiohttp client for GET /v1/cluster/nodes
@@ -840,14 +841,18 @@ class NodeService:
         when that is older than `last_applied`, a new child is started (one at a time) and the
         caller is answered at once with the older pair, so a poller sees the digest catch up
         instead of waiting for it. Only a node that has never hashed its state makes the caller
-        wait, for the first digest."""
+        wait, for the first digest. A new child starts no sooner after the last one ended than
+        that one took: pollers asking for the digest of a busy large state keep a child busy at
+        most half the time (each costs a core while it runs, and its fork stalls the node for as
+        long as the kernel takes to copy the page tables: tens of ms at 1.6 GB)."""
         m = self.state.machine
         with self.state.lock:
             key = (self.replica.applied_index(), m.applied)
             small = len(m.jobs) + len(m.rids) + len(m.dlq) <= self.settings.tuning["digest_inline_max_entries"]
         if small or self._digest_cache[0] == key:
             return self.cluster(True)
-        if self._digest_job is None or self._digest_job.done():
+        if (self._digest_job is None or self._digest_job.done()) and (
+                self._digest_cache[0] is None or self.loop.time() >= self._digest_next_at):
             self._digest_job = self.loop.create_task(self._forked_digest())
             self._digest_job.add_done_callback(_log_digest_failure)
         if self._digest_cache[0] is None:
@@ -858,6 +863,13 @@ class NodeService:
         return status, view
 
     async def _forked_digest(self):
+        started = self.loop.time()
+        try:
+            return await self._forked_digest_once()
+        finally:
+            self._digest_next_at = 2 * self.loop.time() - started
+
+    async def _forked_digest_once(self):
         rfd, wfd = os.pipe()
 
         def work(machine) -> int:

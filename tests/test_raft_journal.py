@@ -224,6 +224,25 @@ def test_a_file_cut_below_its_end_marker_is_a_truncation(tmp_path):
     j._destroy()
 
 
+def test_a_short_journal_cut_below_its_end_marker_is_a_truncation_too(tmp_path):
+    # Under 1 KB (a journal just compacted): opening zero-fills the file to its initial size,
+    # and the cut must still be told from a torn tail (seen once in CI as a torn tail).
+    path = tmp_path / "raft.journal"
+    written = [(b"x" * 40, i + 1, 1) for i in range(8)]
+    write(path, written)
+    j = journal(path)
+    j._destroy()
+    assert os.path.getsize(path) >= 1024 and j.recordOffsets[-1] < 1024
+    end = end_marker(path)
+    assert end < 1024
+    cut = j.recordOffsets[5] + 3
+    os.truncate(path, cut)
+    j = journal(path)
+    assert loaded(j) == written[:5] and kinds(j) == ["journal_truncated"]
+    assert j.findings[0]["file_size"] == cut
+    j._destroy()
+
+
 def test_an_end_marker_that_fails_its_check_keeps_the_valid_entries(tmp_path):
     path = tmp_path / "raft.journal"
     written = entries(30)

@@ -497,7 +497,10 @@ class FileJournal(Journal):
         exists = os.path.exists(self.__fileName)
         # An empty file is a journal whose creation was cut short (created, header not yet
         # written): nothing was ever in it, so it is begun again, not reported.
-        empty = exists and os.path.getsize(self.__fileName) == 0
+        # The size on disk, before JournalFile zero-fills a short file to its initial size: a
+        # journal cut below its end marker by less than that would otherwise read as a torn tail.
+        size = os.path.getsize(self.__fileName) if exists else 0
+        empty = exists and size == 0
         self.__journalFile = JournalFile(self.__fileName, defaultContent=defaultHeader(), durable=self.__durable)
         if not exists or empty:
             if empty:
@@ -505,7 +508,6 @@ class FileJournal(Journal):
             self.__currentOffset = FIRST_RECORD_OFFSET
             return JOURNAL_FORMAT_VERSION
         jf = self.__journalFile
-        size = jf.size()
         header = jf.read(0, FIRST_RECORD_OFFSET)
         fmt = None
         if len(header) >= LEGACY_FIRST_RECORD_OFFSET and header[:NAME_SIZE].rstrip(b'\0') == APP_NAME:
