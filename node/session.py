@@ -80,7 +80,7 @@ class SessionState:
 
 def _frame_bytes(frame_id, status, body) -> bytes:
     """An answer frame as compact bytes. orjson's output keeps the buffer it was written into
-    (8 KiB for a small answer, about 7x the length for a large one), so an answer that waits in
+    (4 KiB for a small answer with orjson 3.13, measured with tracemalloc; about 7x the length for a large one), so an answer that waits in
     the outbox is copied into a bytes object of its own length: what the queued-bytes bounds
     count is what the node holds."""
     try:
