@@ -80,9 +80,9 @@ class SessionState:
 
 def _frame_bytes(frame_id, status, body) -> bytes:
     """An answer frame as compact bytes. orjson's output keeps the buffer it was written into
-    (4 KiB for a small answer with orjson 3.13, measured with tracemalloc; about 7x the length for a large one), so an answer that waits in
-    the outbox is copied into a bytes object of its own length: what the queued-bytes bounds
-    count is what the node holds."""
+    (4 KiB for a small answer with orjson 3.13, by tracemalloc; about 7x the length for a large
+    one), so an answer that waits in the outbox is copied into a bytes object of its own
+    length: what the queued-bytes bounds count is what the node holds."""
     try:
         data = orjson.dumps({"id": frame_id, "status": status, "body": body})
     except (TypeError, orjson.JSONEncodeError):      # an id orjson cannot write back (never a JSON one)
