@@ -1435,19 +1435,24 @@ class SyncObj(object):
         if fromIDx is None or fromIDx < firstEntryIDx:
             return []
         diff = fromIDx - firstEntryIDx
-        if count is None:
-            result = self.__raftLog[diff:]
-        else:
-            result = self.__raftLog[diff:diff + count]
-        if maxSizeBytes is None:
+        if maxSizeBytes is not None:
+            # raftq: entry by entry up to the size. The journal reads entries past what it holds
+            # in memory back from its file (journal.FileJournal), so slicing the whole tail, as
+            # upstream did, read a far-behind follower's entire backlog for every batch sent.
+            log = self.__raftLog
+            end = len(log) if count is None else min(len(log), diff + count)
+            result = []
+            totalSize = 0
+            for i in range(diff, end):
+                entry = log[i]
+                result.append(entry)
+                totalSize += len(entry[0])
+                if totalSize >= maxSizeBytes:
+                    break
             return result
-        totalSize = 0
-        i = 0
-        for i, entry in enumerate(result):
-            totalSize += len(entry[0])
-            if totalSize >= maxSizeBytes:
-                break
-        return result[:i + 1]
+        if count is None:
+            return self.__raftLog[diff:]
+        return self.__raftLog[diff:diff + count]
 
     # raftq: read-only views for the node (node/replica.py), so nothing outside reaches internals.
     @property
