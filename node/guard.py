@@ -103,11 +103,9 @@ class GuardedHandler(RequestHandler):
     def data_received(self, data: bytes) -> None:
         self._last_active = self._loop.time()
         super().data_received(data)
-        # Inlined _between_requests and the timer calls: this runs for every packet.
-        if self._messages or self._request_in_progress or self._upgraded or self._payload_parser is not None:
+        if not self._between_requests():
             if self._header_handle is not None:
-                self._header_handle.cancel()
-                self._header_handle = None
+                self._cancel_header_timer()
         elif data and self._header_handle is None:      # the first bytes of a request head
             self._arm_header_timer(self._manager.header_timeout_s)
 
