@@ -129,8 +129,13 @@ class QueueMachine(UndoLog):
         self.sched_heap: list = []      # (run_at, seq, job)
         self.lease_heap: list = []      # (lease_expires, ctr, job id): see handlers.lease
         self.deadline_heap: list = []   # (deadline, seq, job)
-        self.dedup: dict[tuple[str, str], tuple[str, int]] = {}   # (queue, key) -> (job_id, expires)
-        self.dedup_heap: list = []      # (expires, queue, key)
+        # queue -> {idempotency key -> (expires, queue, key, job_id)}, each record also an entry
+        # of the expiry heap (node/core/jobs.py DEDUP_*); a queue's dict goes when it empties
+        self.dedup: dict[str, dict[str, tuple]] = {}
+        self.dedup_heap: list = []
+        # (now, window, now + window): the expiry int the records of one batch share. Not state
+        # (identity only saves memory; equal values hash and compare the same).
+        self._expiry = (None, None, None)
         # request key -> (op, result, expires[, route, body_hash]); the key is the request id, or
         # (caller's key name, request id) for a caller with a name (ops.request_key)
         self.rids: dict = {}
@@ -341,7 +346,7 @@ class QueueMachine(UndoLog):
                 for r in records]
 
     def counts(self) -> dict:
-        return {"jobs": len(self.jobs), "dead_letters": len(self.dlq), "dedup_records": len(self.dedup),
+        return {"jobs": len(self.jobs), "dead_letters": len(self.dlq), "dedup_records": sum(map(len, self.dedup.values())),
                 "request_ids": len(self.rids), "audit_entries": len(self.audit), "clock_ms": self.clock}
 
     def config_view(self) -> dict:

@@ -17,7 +17,7 @@ from collections import Counter
 
 from ..limits import Limits
 from .config import key_problem
-from .jobs import DEAD, IN_FLIGHT, READY, SCHEDULED, STATE_NAMES
+from .jobs import DEAD, DEDUP_EXPIRES, DEDUP_KEY, DEDUP_QUEUE, IN_FLIGHT, READY, SCHEDULED, STATE_NAMES
 
 
 class InvariantViolation(AssertionError):
@@ -179,10 +179,15 @@ def check(m) -> list[str]:
                 break
 
     # ---- dedup records and request ids
-    dedup_entries = set(m.dedup_heap)
-    for (qname, key), (job_id, expires) in m.dedup.items():
-        if (expires, qname, key) not in dedup_entries:
-            say(f"dedup record ({qname!r}, {key!r}) has no heap entry for its expiry {expires}")
+    dedup_entries = set(map(id, m.dedup_heap))
+    for qname, keyed in m.dedup.items():
+        if not keyed:
+            say(f"queue {qname!r} keeps an empty dict of dedup records")
+        for key, rec in keyed.items():
+            if type(rec) is not tuple or len(rec) != 4 or rec[DEDUP_QUEUE] != qname or rec[DEDUP_KEY] != key:
+                say(f"dedup record ({qname!r}, {key!r}) is {rec!r}, not (expires, queue, key, job id)")
+            elif id(rec) not in dedup_entries:
+                say(f"dedup record ({qname!r}, {key!r}) has no heap entry for its expiry {rec[DEDUP_EXPIRES]}")
     rid_entries = {(e[0], e[2]) for e in m.rid_heap}
     for rid, rec in m.rids.items():
         if len(rec) not in (3, 5):

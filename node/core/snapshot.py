@@ -33,7 +33,8 @@ import orjson
 from ..limits import Limits
 from .answers import result_of_answer
 from .gating import Circuit
-from .jobs import IN_FLIGHT, READY, SHOWN_FIELDS, DeadLetter, Job, Queue
+from .jobs import (DEDUP_EXPIRES, DEDUP_JOB_ID, DEDUP_KEY, DEDUP_QUEUE, IN_FLIGHT, READY, SHOWN_FIELDS, DeadLetter,
+                   Job, Queue, dedup_items, dedup_record)
 from .ops import DRAINED, RESERVED
 
 VERSION = 3
@@ -59,8 +60,12 @@ def to_builtins(m) -> dict:
         "leases": [e for e in m.lease_heap if e[2] in jobs],
         "deadlines": [(e[0], e[1], e[2].id) for e in m.deadline_heap
                       if e[2].deadline == e[0] and jobs.get(e[2].id) is e[2]],
-        "dedup": [(k[0], k[1], v[0], v[1]) for k, v in m.dedup.items()],
-        "dedup_heap": [e for e in m.dedup_heap if m.dedup.get((e[1], e[2]), (0, None))[1] == e[0]],
+        # The forms of before the records became heap entries (node/core/jobs.py DEDUP_*), so
+        # snapshots stay readable both ways across versions.
+        "dedup": [(r[DEDUP_QUEUE], r[DEDUP_KEY], r[DEDUP_JOB_ID], r[DEDUP_EXPIRES])
+                  for keyed in m.dedup.values() for r in keyed.values()],
+        "dedup_heap": [r[:DEDUP_JOB_ID] for r in m.dedup_heap
+                       if dedup_record(m, r[DEDUP_QUEUE], r[DEDUP_KEY]) is r],
         "rids": [(key,) + rec for key, rec in m.rids.items()],     # (key, op, result, exp[, route, hash])
         # The expiry index as a list in expiry order, oldest record first on ties, without the
         # orders (they are positions in this list once restored): a restored node writes the
@@ -162,8 +167,15 @@ def from_builtins(m, data: dict):
     m.deadline_heap = [(a, b, jobs[i]) for a, b, i in data["deadlines"]]
     for h in (m.sched_heap, m.lease_heap, m.deadline_heap):
         heapq.heapify(h)
-    m.dedup = {(a, b): (c, d) for a, b, c, d in data["dedup"]}
-    m.dedup_heap = [tuple(e) for e in data["dedup_heap"]]
+    # Every record has exactly one live heap entry, so the heap is the records (`dedup_heap`
+    # names the same (expires, queue, key) set; it is written for older readers).
+    m.dedup = {}
+    for qname, key, job_id, expires in data["dedup"]:
+        keyed = m.dedup.get(qname)
+        if keyed is None:
+            keyed = m.dedup[qname] = {}
+        keyed[key] = (expires, qname, key, job_id)
+    m.dedup_heap = [r for keyed in m.dedup.values() for r in keyed.values()]
     heapq.heapify(m.dedup_heap)
     m.rids = {_key(key): (op, kept_result(op, kept), exp, *rest) for key, op, kept, exp, *rest in data["rids"]}
     # (expires, key) in expiry order, oldest first on ties: orders below any later record's
@@ -214,8 +226,8 @@ def digest(m) -> str:
         if any(later):                  # only once there is one: earlier states hash as they did
             counters += later
         h.update(repr((name, counters)).encode())
-    for k in sorted(m.dedup):
-        h.update(repr((k, m.dedup[k])).encode())
+    for record in dedup_items(m):
+        h.update(repr(record).encode())
     for key in sorted(m.rids, key=_key_order):
         op, kept, exp, *scope = m.rids[key]
         h.update(repr((key, op, exp, *scope)).encode())

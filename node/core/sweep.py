@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from . import audit, gating, ops
 from .handlers import dead_letter, drop_dead_letter, forget, make_ready
-from .jobs import IN_FLIGHT, READY, SCHEDULED
+from .jobs import DEDUP_KEY, DEDUP_QUEUE, IN_FLIGHT, READY, SCHEDULED
 
 
 def sweep(m):
@@ -80,11 +80,13 @@ def drop_dedup_records(m, now: int, budget: int) -> int:
     """3a. Dedup records whose window has ended (the key creates a new job again)."""
     heap, dedup, n = m.dedup_heap, m.dedup, 0
     while heap and heap[0][0] <= now and n < budget:
-        expires, qname, key = m._heappop(heap)
-        rec = dedup.get((qname, key))
-        if rec is not None and rec[1] == expires:
+        rec = m._heappop(heap)
+        keyed = dedup.get(rec[DEDUP_QUEUE])
+        if keyed is not None and keyed.get(rec[DEDUP_KEY]) is rec:     # else a replaced record's
             n += 1
-            m._pop(dedup, (qname, key))
+            m._pop(keyed, rec[DEDUP_KEY])
+            if not keyed:
+                m._pop(dedup, rec[DEDUP_QUEUE])
     return n
 
 
