@@ -6,6 +6,8 @@ its replication lag); take them from the node where `raftq_leader` is 1.
 """
 from __future__ import annotations
 
+from .proposer import STAGES
+
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 # (metric suffix, key in the queue stats, help)
@@ -81,6 +83,11 @@ def render(view: dict, queues: list[dict], inflight: int, gauges: dict | None = 
              [({}, p.get("batches", 0))])
     t.family("raftq_proposed_requests_total", "counter", "requests proposed by this node",
              [({}, p.get("commands", 0))])
+    t.family("raftq_commit_timed_batches_total", "counter", "batches this node proposed as leader and timed through "
+             "the stages of raftq_commit_stage_seconds_total", [({}, p.get("timed_batches", 0))])
+    t.family("raftq_commit_stage_seconds_total", "counter", "time the timed batches spent in each stage of a commit "
+             "(docs/performance.md); divide by raftq_commit_timed_batches_total for the mean",
+             [({"stage": stage[:-3]}, p.get(stage, 0) / 1e6) for stage in STAGES])
     t.family("raftq_overloaded_total", "counter", "requests refused with 429 overloaded",
              [({}, p.get("overloaded", 0))])
     t.family("raftq_commit_timeouts_total", "counter", "requests not committed within the request timeout",

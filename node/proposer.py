@@ -58,21 +58,36 @@ def render_answers(results) -> list:
 
 class Batch:
     """One proposed batch's futures, and whether its requests have left the in-flight count
-    (once: at its commit, its failure or its timeout, whichever comes first)."""
-    __slots__ = ("futures", "settled")
+    (once: at its commit, its failure or its timeout, whichever comes first); `answered_at` is
+    when its answers were ready on the tick thread (perf_counter, for the hand-off stage)."""
+    __slots__ = ("futures", "settled", "answered_at")
 
     def __init__(self, futures: list):
         self.futures = futures
         self.settled = False
+        self.answered_at = 0.0
+
+
+# Where a committed batch's time went, summed in µs over the batches timed (`timed_batches`)
+# in Proposer.stats, shown in /v1/cluster `proposer` and turned into means by `raftq bench`
+# (docs/performance.md "Where an operation's time goes"). From the flush of the batch on the
+# event loop: to_raft (until the tick thread appended it to the leader's log), leader_sync
+# (until that tick's journal sync ended), replicate (until a majority had it: followers'
+# append, sync and reply, and the leader's next tick), apply (until its results were ready:
+# earlier entries of the tick and its own apply), render (rendering its answers), to_loop
+# (until the event loop took the answers). Requests wait `queue_us` (summed per request,
+# over `commands`) between their submit and the flush.
+STAGES = ("to_raft_us", "leader_sync_us", "replicate_us", "apply_us", "render_us", "to_loop_us")
 
 
 class Bridge:
     """Resolve asyncio futures from pysyncobj's tick thread with at most one loop wake-up per
     drain (measured: 24 µs instead of 44 µs per operation with one wake-up per future)."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, settle):
+    def __init__(self, loop: asyncio.AbstractEventLoop, settle, stats):
         self.loop = loop
         self.settle = settle                # Proposer.settle: a batch's requests are answered
+        self.stats = stats                  # Proposer.stats (to_loop_us)
         self.q: collections.deque = collections.deque()
         self.lock = threading.Lock()
         self.scheduled = False
@@ -92,8 +107,12 @@ class Bridge:
         with self.lock:
             self.scheduled = False
         settle = self.settle
+        now = time.perf_counter()
+        to_loop = 0
         while self.q:
             batch, results, fail_reason = self.q.popleft()
+            if batch.answered_at:           # a timed batch (see Proposer.flush)
+                to_loop += now - batch.answered_at
             settle(batch)
             for i, fut in enumerate(batch.futures):
                 if fut.done():
@@ -102,25 +121,30 @@ class Bridge:
                     fut.set_result(results[i])
                 else:
                     fut.set_result(outcome_error(fail_reason))
+        if to_loop:
+            self.stats["to_loop_us"] += int(to_loop * 1e6)
 
 
 class Proposer:
     def __init__(self, state, loop, clock_ms, *, kick=None, max_batch_commands=512, max_batch_bytes=262144,
-                 max_inflight=20000, request_timeout_s=5.0):
+                 max_inflight=20000, request_timeout_s=5.0, entry_stages=None):
         self.state = state                  # QueueState (its apply_batch is @replicated)
+        # () -> [appended, synced, committed] of the entry being applied (node/raft), or None
+        self.entry_stages = entry_stages
         self.loop = loop
         self.clock_ms = clock_ms            # () -> leader's stamp, never behind replicated time
         self.kick = kick                    # wakes the Raft tick thread after a proposal
-        self.bridge = Bridge(loop, self.settle)
         self.max_batch_commands = max_batch_commands
         self.max_batch_bytes = max_batch_bytes
         self.max_inflight = max_inflight
         self.request_timeout_s = request_timeout_s
         self.pending: list = []             # (cmd, future) waiting for the flush
         self.pending_bytes = 0
+        self.pending_since = 0.0            # the sum of the pending requests' submit times
         self.inflight = 0
         self.flush_scheduled = False
         self.stats = collections.Counter()
+        self.bridge = Bridge(loop, self.settle, self.stats)
         # (deadline, Batch) per proposed batch, in deadline order: one reaper answers what
         # timed out, instead of an asyncio.wait_for timer per request. A batch's requests
         # leave `inflight` together when it settles (one count per batch, not a done-callback
@@ -147,6 +171,7 @@ class Proposer:
         self.inflight += 1
         self.pending.append((cmd, fut))
         self.pending_bytes += size_hint
+        self.pending_since += time.perf_counter()
         if len(self.pending) >= self.max_batch_commands or self.pending_bytes >= self.max_batch_bytes:
             self.flush()
         elif not self.flush_scheduled:
@@ -164,6 +189,9 @@ class Proposer:
         if not self.pending:
             return
         pending, self.pending, self.pending_bytes = self.pending, [], 0
+        t_prop = time.perf_counter()
+        self.stats["queue_us"] += int((t_prop * len(pending) - self.pending_since) * 1e6)
+        self.pending_since = 0.0
         cmds = [c for c, _ in pending]
         futures = [f for _, f in pending]
         batch = Batch(futures)
@@ -175,13 +203,25 @@ class Proposer:
         bridge = self.bridge
 
         # Total proposal-to-commit time in µs (only ever added to on the tick thread), so
-        # /v1/cluster shows the mean commit latency: commit_us / batches.
-        t_prop = time.perf_counter()
+        # /v1/cluster shows the mean commit latency: commit_us / batches; and its stages.
         stats = self.stats
+        entry_stages = self.entry_stages
 
         def callback(results, fail_reason):
-            stats["commit_us"] += int((time.perf_counter() - t_prop) * 1e6)
-            bridge.complete(batch, render_answers(results) if results is not None else None, fail_reason)
+            applied = time.perf_counter()
+            stats["commit_us"] += int((applied - t_prop) * 1e6)
+            answers = render_answers(results) if results is not None else None
+            stamps = entry_stages() if entry_stages is not None and results is not None else None
+            if stamps is not None and stamps[2]:
+                batch.answered_at = done = time.perf_counter()
+                appended, synced, committed = stamps
+                stats["timed_batches"] += 1
+                stats["to_raft_us"] += int((appended - t_prop) * 1e6)
+                stats["leader_sync_us"] += int((synced - appended) * 1e6)
+                stats["replicate_us"] += int((committed - synced) * 1e6)
+                stats["apply_us"] += int((applied - committed) * 1e6)
+                stats["render_us"] += int((done - applied) * 1e6)
+            bridge.complete(batch, answers, fail_reason)
 
         try:
             self.state.apply_batch(self.clock_ms(), cmds, callback=callback)

@@ -338,6 +338,12 @@ class Replica:
             fut.set_result((pid, index, term))
 
     # ---------------------------------------------------------------- status
+    def entry_stages(self):
+        """[appended, synced, committed] (perf_counter) of the entry being applied, when it is
+        one this node proposed as leader; else None. Only meaningful on the tick thread, inside
+        the entry's callback (node/proposer.py STAGES)."""
+        return self.syncobj.entryStages
+
     @property
     def syncs(self) -> int:
         """Journal syncs so far (fsync durability)."""

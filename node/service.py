@@ -116,7 +116,8 @@ class NodeService:
                                  max_batch_commands=int(t["max_batch_commands"]),
                                  max_batch_bytes=int(t["max_batch_bytes"]),
                                  max_inflight=int(t["max_inflight"]),
-                                 request_timeout_s=float(t["request_timeout_s"]))
+                                 request_timeout_s=float(t["request_timeout_s"]),
+                                 entry_stages=self.replica.entry_stages)
         # Parked long polls: queue name -> {Waiter: None} in park order. A waiter is in the map
         # under each of its queue names while it is parked, and nowhere once it leaves.
         self.waiters: dict[str, dict] = {}

@@ -279,6 +279,27 @@ def test_cancel_pause_resume_and_listing(api):
     assert name in [x["name"] for x in listing["queues"]]
 
 
+def test_the_leader_times_the_stages_of_its_commits(cluster, api):
+    """`proposer` in /v1/cluster: every batch the leader proposed and committed is timed through
+    its stages (node/proposer.py STAGES), which add up to its proposal-to-commit time."""
+    leader = cluster.wait_leader(20)
+    before = http_json("GET", cluster.urls[leader] + "/v1/cluster?digest=false")[1]["proposer"]
+    queue = q()
+    for _ in range(5):
+        assert api.enqueue(queue)[0] == 200
+    leader_now = cluster.wait_leader(20)
+    after = http_json("GET", cluster.urls[leader_now] + "/v1/cluster?digest=false")[1]["proposer"]
+    if leader_now != leader:
+        pytest.skip("leadership moved during the test")
+    d = {k: after.get(k, 0) - before.get(k, 0) for k in after}
+    assert d["timed_batches"] >= 5 and d["commands"] >= 5
+    stages = ("to_raft_us", "leader_sync_us", "replicate_us", "apply_us", "render_us", "to_loop_us")
+    assert all(d[s] >= 0 for s in stages) and d["replicate_us"] > 0 and d["queue_us"] >= 0
+    # commit_us is proposal to applied; the first four stages are its parts (each truncated to µs)
+    parts = d["to_raft_us"] + d["leader_sync_us"] + d["replicate_us"] + d["apply_us"]
+    assert d["commit_us"] - 4 * d["timed_batches"] <= parts <= d["commit_us"]
+
+
 def test_health_and_readiness(cluster, api):
     for i in range(3):
         assert http_json("GET", cluster.urls[i] + "/healthz")[0] == 200
@@ -317,6 +338,8 @@ def test_metrics_in_prometheus_text_format(cluster, api):
     assert values[f'raftq_queue_acked_total{{node="{node}",queue="{queue}"}}'] == 1
     assert values[f'raftq_queue_ready{{node="{node}",queue="{queue}"}}'] == 1
     assert sum(1 for k in values if k.startswith("raftq_peer_connected")) == 2
+    assert values[f'raftq_commit_timed_batches_total{{node="{node}"}}'] >= 3
+    assert values[f'raftq_commit_stage_seconds_total{{node="{node}",stage="replicate"}}'] > 0
     follower = next(i for i in range(3) if i != leader)
     fvalues = _metrics(cluster.urls[follower])
     assert f'raftq_leader{{node="{cluster.ids[follower]}"}} 0' in fvalues     # any node answers itself

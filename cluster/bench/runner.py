@@ -49,8 +49,14 @@ class Clients:
             await c.close()
 
 
-async def phase_enqueue(clients: Clients, queue, jobs, producers, batch, progress) -> float:
+def timed(lat: dict | None, op: str):
+    """The list the latencies (s) of `op` go to, or None when they are not recorded."""
+    return None if lat is None else lat.setdefault(op, [])
+
+
+async def phase_enqueue(clients: Clients, queue, jobs, producers, batch, progress, lat: dict | None = None) -> float:
     left = [jobs]
+    enqueue_lat = timed(lat, "enqueue")
 
     async def producer():
         c = clients.get()
@@ -62,6 +68,10 @@ async def phase_enqueue(clients: Clients, queue, jobs, producers, batch, progres
                 bad = [r for r in res if not isinstance(r, EnqueueResult)]
                 if bad:
                     raise RuntimeError(f"enqueue refused: {bad[0]}")
+            elif enqueue_lat is not None:
+                t = time.perf_counter()
+                await c.enqueue(queue, "bench", PAYLOAD)
+                enqueue_lat.append(time.perf_counter() - t)
             else:
                 await c.enqueue(queue, "bench", PAYLOAD)
             progress.update(k)
@@ -71,22 +81,32 @@ async def phase_enqueue(clients: Clients, queue, jobs, producers, batch, progres
     return time.perf_counter() - t0
 
 
-async def phase_drain(clients: Clients, queue, jobs, workers, batch, progress, t0: float | None = None) -> float:
+async def phase_drain(clients: Clients, queue, jobs, workers, batch, progress, t0: float | None = None,
+                      lat: dict | None = None) -> float:
     """Seconds from t0 (default: now) until the jobs-th ack. The clock stops there, not when
-    the other workers' long polls on the then empty queue come back (up to wait_ms later)."""
+    the other workers' long polls on the then empty queue come back (up to wait_ms later).
+    With `lat`, the latency of every reserve that got a job and of every ack is recorded."""
     acked = [0]
     done_at: list[float] = []
+    reserve_lat, ack_lat = timed(lat, "reserve"), timed(lat, "ack")
 
     async def worker():
         c = clients.get()
         while acked[0] < jobs:
+            t = time.perf_counter()
             got = await c.reserve([queue], 60_000, max_jobs=batch, wait_ms=200)
             if not got:
                 continue
+            if reserve_lat is not None:
+                reserve_lat.append(time.perf_counter() - t)
             if batch > 1:
                 res = await c.ack_batch(got)
                 if any(r is not None for r in res):
                     raise RuntimeError(f"ack failed: {[r for r in res if r][0]}")
+            elif ack_lat is not None:
+                t = time.perf_counter()
+                await c.ack(got[0])
+                ack_lat.append(time.perf_counter() - t)
             else:
                 await c.ack(got[0])
             acked[0] += len(got)
@@ -100,12 +120,40 @@ async def phase_drain(clients: Clients, queue, jobs, workers, batch, progress, t
     return (done_at[0] if done_at else time.perf_counter()) - t0
 
 
-async def phase_mixed(clients: Clients, queue, jobs, producers, workers, progress) -> float:
+async def phase_mixed(clients: Clients, queue, jobs, producers, workers, progress, lat: dict | None = None) -> float:
     """Producers and workers at once, until the jobs-th ack."""
     t0 = time.perf_counter()
-    _, secs = await asyncio.gather(phase_enqueue(clients, queue, jobs, producers, 1, Progress(jobs, enabled=False)),
-                                   phase_drain(clients, queue, jobs, workers, 1, progress, t0=t0))
+    _, secs = await asyncio.gather(phase_enqueue(clients, queue, jobs, producers, 1, Progress(jobs, enabled=False),
+                                                 lat),
+                                   phase_drain(clients, queue, jobs, workers, 1, progress, t0=t0, lat=lat))
     return secs
+
+
+def percentiles(lat: dict) -> dict:
+    """{op: {p50_ms, p99_ms, n}} of recorded latencies (seconds)."""
+    out = {}
+    for op, xs in lat.items():
+        if xs:
+            xs = sorted(xs)
+            q = lambda p: round(xs[min(len(xs) - 1, int(p * len(xs)))] * 1000, 2)
+            out[op] = {"p50_ms": q(0.50), "p99_ms": q(0.99), "n": len(xs)}
+    return out
+
+
+def stage_means(before: dict, after: dict) -> dict:
+    """The leader's commit stages over a phase (its /v1/cluster `proposer` figures before and
+    after, node/proposer.py STAGES): the mean per timed batch in ms, requests per batch, and the
+    mean wait of a request between its submit and its batch's flush."""
+    d = {k: after.get(k, 0) - before.get(k, 0) for k in after}
+    batches = d.get("timed_batches", 0)
+    if batches <= 0:
+        return {}
+    out = {k[:-3] + "_ms": round(d.get(k, 0) / batches / 1000, 3)
+           for k in ("to_raft_us", "leader_sync_us", "replicate_us", "apply_us", "render_us", "to_loop_us")}
+    out["batches"] = batches
+    out["requests_per_batch"] = round(d.get("commands", 0) / max(d.get("batches", 0), 1), 1)
+    out["queue_ms"] = round(d.get("queue_us", 0) / max(d.get("commands", 0), 1) / 1000, 3)
+    return out
 
 
 def figure(jobs: int, secs: float) -> dict:
@@ -138,10 +186,10 @@ async def phase_latency(clients: Clients, queue, rounds) -> dict:
     return {"p50_ms": round(q(0.50), 3), "p99_ms": round(q(0.99), 3), "p999_ms": round(q(0.999), 3)}
 
 
-async def _cpu(url, api_key=None, tls: dict | None = None) -> dict:
+async def _view(url, api_key=None, tls: dict | None = None) -> dict:
     async with Client([url], api_key=api_key, transport="http", **(tls or {})) as c:
         try:
-            return (await c._get_from(url, "/v1/cluster?digest=false")).get("cpu") or {}
+            return await c._get_from(url, "/v1/cluster?digest=false")
         except Exception:
             return {}
 
@@ -170,23 +218,32 @@ async def run(urls, jobs, producers, workers, phases, latency_rounds, transport,
     clients = Clients(urls, transport, api_key, tls)
 
     async def measured(name, coro_fn, n):
-        c0 = await _cpu(leader, api_key, tls)
+        v0 = await _view(leader, api_key, tls)
         p = Progress(n, name, unit="jobs", enabled=progress)
-        secs = await coro_fn(p)
+        lat: dict = {}
+        secs = await coro_fn(p, lat)
         p.close()
-        c1 = await _cpu(leader, api_key, tls)
-        out[name] = {**figure(n, secs), **cpu_split(c0, c1)}
+        v1 = await _view(leader, api_key, tls)
+        out[name] = {**figure(n, secs), **cpu_split(v0.get("cpu") or {}, v1.get("cpu") or {})}
+        if lat:
+            out[name]["op_latency"] = percentiles(lat)
+        stages = stage_means(v0.get("proposer") or {}, v1.get("proposer") or {})
+        if stages:
+            out[name]["commit_stages"] = stages
 
     try:
         if "enqueue" in phases:
-            await measured("enqueue", lambda p: phase_enqueue(clients, f"b-{tag}", jobs, producers, 1, p), jobs)
+            await measured("enqueue", lambda p, lat: phase_enqueue(clients, f"b-{tag}", jobs, producers, 1, p, lat),
+                           jobs)
         if "drain" in phases:
-            await measured("drain", lambda p: phase_drain(clients, f"b-{tag}", jobs, workers, 1, p), jobs)
+            await measured("drain", lambda p, lat: phase_drain(clients, f"b-{tag}", jobs, workers, 1, p, lat=lat), jobs)
         if "mixed" in phases:
-            await measured("mixed", lambda p: phase_mixed(clients, f"m-{tag}", jobs, producers, workers, p), jobs)
+            await measured("mixed", lambda p, lat: phase_mixed(clients, f"m-{tag}", jobs, producers, workers, p, lat),
+                           jobs)
         if "batch" in phases:
-            await measured("batch_enqueue", lambda p: phase_enqueue(clients, f"bb-{tag}", jobs, producers, 256, p), jobs)
-            await measured("batch_drain", lambda p: phase_drain(clients, f"bb-{tag}", jobs, workers, 256, p), jobs)
+            await measured("batch_enqueue", lambda p, lat: phase_enqueue(clients, f"bb-{tag}", jobs, producers, 256, p),
+                           jobs)
+            await measured("batch_drain", lambda p, lat: phase_drain(clients, f"bb-{tag}", jobs, workers, 256, p), jobs)
         if "latency" in phases:
             out["latency"] = await phase_latency(clients, f"l-{tag}", latency_rounds)
     finally:
@@ -354,6 +411,16 @@ def main(argv=None) -> int:
             extra = (f"; raftq {args.transport} mixed = {b['ratio']:.0%} of it{median}"
                      if args.transport == "http" else "")
             print(f"bare aiohttp server, mixed over http: {b['jobs_per_s']:,.0f} jobs/s{extra}")
+        if "mixed" in result and "op_latency" in result["mixed"]:
+            r = result["mixed"]
+            ops = ", ".join(f"{op} p50 {v['p50_ms']} / p99 {v['p99_ms']} ms" for op, v in r["op_latency"].items())
+            print(f"mixed, per request: {ops}")
+            s = r.get("commit_stages")
+            if s:
+                print(f"leader, per batch ({s['requests_per_batch']} requests, {s['batches']} batches timed): "
+                      f"queue {s['queue_ms']} ms (per request), to raft {s['to_raft_ms']}, leader sync "
+                      f"{s['leader_sync_ms']}, replicate {s['replicate_ms']}, apply {s['apply_ms']}, render "
+                      f"{s['render_ms']}, to loop {s['to_loop_ms']} ms")
         if "latency" in result:
             l = result["latency"]
             print(f"latency (enqueue->reserve->ack): p50 {l['p50_ms']} ms, p99 {l['p99_ms']} ms, p999 {l['p999_ms']} ms")

@@ -28,6 +28,7 @@ from .version import VERSION
 from .fast_queue import FastQueue
 
 monotonicTime = time.monotonic
+perfCounter = time.perf_counter
 
 logger = logging.getLogger(__name__)
 
@@ -174,6 +175,14 @@ class SyncObj(object):
         # raftq (set before the replicated methods are enumerated: dir() reads the properties)
         self.__sentIndex = 0        # the last index the leader's tick sent (see _onTick)
         self.__raftView = None      # (raft state, term) between two rounds of message handling
+        # raftq: when each of the leader's own proposals (an entry with a local callback) was
+        # appended, synced and committed ([appended, synced, committed], perf_counter), for the
+        # per-stage commit latency (node/proposer.py). `entryStages` is the entry's stamps while
+        # its callbacks run on this thread (None for other entries). Cleared on leaving leadership.
+        self.__stages = {}
+        self.__stagesUnsynced = []
+        self.__stagesUncommitted = collections.deque()      # (idx, stamps) in index order
+        self.entryStages = None
         self.__thread = None
         #: Whether anyone on this node waits for the result of the entry being applied (a
         #: callback was registered when it was proposed); consumers may skip rendering results
@@ -682,6 +691,10 @@ class SyncObj(object):
                     if requestNode is None:
                         if callback is not None:
                             self.__commandsWaitingCommit[idx].append((term, callback))
+                            stamps = [perfCounter(), 0.0, 0.0]
+                            self.__stages[idx] = stamps
+                            self.__stagesUnsynced.append(stamps)
+                            self.__stagesUncommitted.append((idx, stamps))
                     else:
                         self.__transport.send(requestNode, {
                             'type': 'apply_command_response',
@@ -830,6 +843,11 @@ class SyncObj(object):
             if self.__raftCommitIndex != nextCommitIdx:
                 self.__raftCommitIndex = nextCommitIdx
                 self.__raftLog.setRaftCommitIndex(self.__raftCommitIndex)
+                uncommitted = self.__stagesUncommitted
+                if uncommitted:
+                    now = perfCounter()
+                    while uncommitted and uncommitted[0][0] <= nextCommitIdx:
+                        uncommitted.popleft()[1][2] = now
 
             self.__leaderCommitIndex = self.__raftCommitIndex
             self.__lastLeaderContact = monotonicTime()
@@ -877,6 +895,11 @@ class SyncObj(object):
                 self.__sentIndex = lastIdx
                 self.__sendAppendEntries()
             self.__raftLog.sync()
+            if self.__stagesUnsynced:
+                now = perfCounter()
+                for stamps in self.__stagesUnsynced:
+                    stamps[1] = now
+                self.__stagesUnsynced.clear()
         else:
             self.__sentIndex = 0
 
@@ -910,6 +933,7 @@ class SyncObj(object):
                 currentTermID = entry[2]
                 subscribers = waiting.pop(entry[1], [])
                 self.answerWanted = bool(subscribers)
+                self.entryStages = self.__stages.pop(entry[1], None) if subscribers else None
                 res = self.__doApplyCommand(entry[0])
                 for subscribeTermID, callback in subscribers:
                     if subscribeTermID == currentTermID:
@@ -1582,6 +1606,10 @@ class SyncObj(object):
     def __setState(self, newState):
         oldState = self.__raftState
         self.__raftState = newState
+        if newState != _RAFT_STATE.LEADER:
+            self.__stages.clear()
+            self.__stagesUnsynced.clear()
+            self.__stagesUncommitted.clear()
         callback = self.__conf.onStateChanged
         if callback is not None and oldState != newState:
             callback(oldState, newState)
