@@ -208,11 +208,10 @@ class Backups:
         rfd, wfd = os.pipe()
         pid = None
         try:
-            def work(machine) -> int:
-                os.close(rfd)
+            def work(machine) -> int:       # in the child, which keeps wfd alone (fork_at_tick)
                 return child_write(machine, wfd)
             import asyncio
-            pid, index, term = await asyncio.wrap_future(self.service.replica.fork_at_tick(work))
+            pid, index, term = await asyncio.wrap_future(self.service.replica.fork_at_tick(work, keep_fds=(wfd,)))
             os.close(wfd)
             wfd = None
             from .. import __version__

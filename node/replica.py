@@ -22,7 +22,7 @@ import cryptography  # noqa: F401 - a node needs the server extra (the Raft link
 from . import fault_hooks, sync_shadow
 from .machine import QueueMachine
 from .raft import _RAFT_STATE, FAIL_REASON, StorageFailure, SyncObj, SyncObjConf, SyncObjConsumer, replicated
-from .raft.serializer import atomicReplace
+from .raft.serializer import atomicReplace, detachForkedChild
 from .settings import Peer, Settings
 
 __all__ = ["FAIL_REASON", "QueueState", "Replica", "StorageFailure"]
@@ -244,7 +244,7 @@ class Replica:
             self.syncobj.destroy()
         if self.shadow is not None:
             self.syncobj.addOnTickCallback(self.shadow.tick)     # memory mode: the simulated page writeback
-        self._fork_requests: list = []   # (work, Future) for the next tick: fork_at_tick
+        self._fork_requests: list = []   # (work, keep_fds, Future) for the next tick: fork_at_tick
         self._fork_lock = threading.Lock()
         self.syncobj.addOnTickCallback(self._fork_tick)
 
@@ -306,13 +306,15 @@ class Replica:
         self.syncobj.removeNodeFromCluster(peer.raft, callback=callback, info={"id": peer.id, "url": peer.url})
 
     # ---------------------------------------------------------------- online backup
-    def fork_at_tick(self, work) -> concurrent.futures.Future:
+    def fork_at_tick(self, work, *, keep_fds: tuple) -> concurrent.futures.Future:
         """Fork a child at the next tick boundary that runs `work(machine) -> exit code` on the
         state as of the last applied entry and exits; the Future gets (pid, index, term). The
-        child must not log (another thread may have held the logging lock at the fork)."""
+        child must not log (another thread may have held the logging lock at the fork). It
+        keeps no descriptor of the node's but stdio and `keep_fds`, and dies with the node's
+        tick thread (node/raft/serializer.py `detachForkedChild`)."""
         fut = concurrent.futures.Future()
         with self._fork_lock:
-            self._fork_requests.append((work, fut))   # taken within one tick period (auto_tick_period_s)
+            self._fork_requests.append((work, tuple(keep_fds), fut))   # taken within one tick period
         return fut
 
     def _fork_tick(self):
@@ -323,7 +325,8 @@ class Replica:
         with self._fork_lock:
             requests, self._fork_requests = self._fork_requests, []
         index, term = self.syncobj.raftLastApplied, self.syncobj.raftCurrentTerm
-        for work, fut in requests:
+        parent = os.getpid()
+        for work, keep_fds, fut in requests:
             try:
                 pid = os.fork()
             except OSError as e:
@@ -332,6 +335,7 @@ class Replica:
             if pid == 0:                                        # the child: work, exit
                 code = 1
                 try:
+                    detachForkedChild(parent, keep_fds)
                     code = work(self.state.machine)
                 finally:
                     os._exit(code)

@@ -873,12 +873,11 @@ class NodeService:
     async def _forked_digest_once(self):
         rfd, wfd = os.pipe()
 
-        def work(machine) -> int:
-            os.close(rfd)
+        def work(machine) -> int:           # in the child, which keeps wfd alone (fork_at_tick)
             os.write(wfd, f"{machine.applied} {machine.digest()}".encode())
             return 0
         try:
-            pid, index, _ = await asyncio.wrap_future(self.replica.fork_at_tick(work))
+            pid, index, _ = await asyncio.wrap_future(self.replica.fork_at_tick(work, keep_fds=(wfd,)))
         except BaseException:
             os.close(rfd)
             os.close(wfd)

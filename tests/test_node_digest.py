@@ -3,10 +3,14 @@ forked between two Raft ticks, that digest is the one hashing inline gives, and 
 answered with the newest one there is (and the index it belongs to) instead of waiting."""
 from __future__ import annotations
 
+import os
+import signal
 import threading
+import time
 
 from raftq.cluster.client import SyncClient, job_request
 from raftq.cluster.local import LocalCluster, digest_at, http_json
+from tests.conftest import poll
 
 
 def test_forked_digest_equals_the_inline_one_and_belongs_to_its_index(tmp_path):
@@ -75,3 +79,70 @@ def test_status_shows_an_older_digest_with_its_index():
     assert digest_cell({"last_applied": 40, "digest_index": None, "digest": None}) is None
     # A node from before digest_index paired its digest with last_applied.
     assert digest_at({"last_applied": 7, "digest": "ff"}) == (7, "ff")
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    stat = f.read()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:      # the field after the state: ppid
+                out.append(int(entry))
+    return out
+
+
+def _gone(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"     # a zombie nobody reaped yet
+    except OSError:
+        return True
+
+
+def test_a_digest_child_holds_no_socket_of_its_node_and_dies_with_it(tmp_path):
+    """Issue 16: a node killed while a child of it hashes (or snapshots) a large state restarts
+    on its ports at once; the child neither holds them nor outlives the node."""
+    c = LocalCluster(tmp_path / "c", storage={"sweep_interval_ms": 3_600_000})
+    try:
+        c.write_configs()
+        with open(c.config_path(0), "a") as f:
+            f.write("\n[tuning]\ndigest_inline_max_entries = 0\n")
+        c.start_all()
+        c.wait_leader()
+        with SyncClient(c.urls, transport="http", timeout=20) as cl:
+            for _ in range(120):            # 30,000 jobs: a digest long enough to catch its child
+                cl.enqueue_batch([job_request("q", "t", b"p" * 64) for _ in range(256)])
+            node = c.procs[0].pid
+            child = None
+            for _ in range(50):
+                cl.enqueue("q", "t", b"x")                      # a new index: a new digest child
+                asker = threading.Thread(target=c.cluster_view, args=(0,), kwargs={"timeout": 30}, daemon=True)
+                asker.start()
+                deadline = time.monotonic() + 5
+                while child is None and time.monotonic() < deadline and (asker.is_alive() or _children(node)):
+                    kids = _children(node)
+                    if kids:
+                        child = kids[0]
+                        os.kill(child, signal.SIGSTOP)          # it cannot finish (and exit) now
+                if child is not None:
+                    break                   # (the asker waits on the stopped child: left behind)
+                asker.join(30)
+            assert child is not None, "no digest child was seen"
+            links = []
+            for fd in os.listdir(f"/proc/{child}/fd"):
+                try:
+                    links.append(os.readlink(f"/proc/{child}/fd/{fd}"))
+                except OSError:
+                    pass
+            assert not [link for link in links if link.startswith("socket:")], links
+            assert not [link for link in links if "raft.journal" in link], links
+            c.kill(0)                                           # SIGKILL the node, its child stopped
+            poll(lambda: _gone(child), timeout=10, what="the stopped child to die with its node")
+        c.start(0)                                              # its ports are free at once
+        poll(lambda: c.cluster_view(0, timeout=2) is not None, timeout=60, what="the node to serve again")
+    finally:
+        c.close()

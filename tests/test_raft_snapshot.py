@@ -270,3 +270,46 @@ def test_release_0_1_0_snapshots_upgrade_to_the_document(tmp_path):
             assert len(m.dlq) == 1
         finally:
             so.destroy()
+
+
+def test_a_forked_child_keeps_no_descriptor_of_its_node_and_dies_with_the_forking_thread():
+    """serializer.detachForkedChild, which snapshot and digest children run first: they keep
+    only stdio and what they were told to keep (not the node's listening sockets: a killed node
+    could not be restarted on its ports while a child of it ran), and are killed when the thread
+    that forked them (the node's tick thread) ends, instead of running on for tens of seconds."""
+    import signal
+    import socket
+    import threading
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    rfd, wfd = os.pipe()
+    out: dict = {}
+
+    def forker():                   # stands for the tick thread
+        parent = os.getpid()
+        pid = os.fork()
+        if pid == 0:
+            try:
+                serializer.detachForkedChild(parent, keepFds=(wfd,))
+                os.write(wfd, " ".join(sorted(os.listdir("/proc/self/fd"), key=int)).encode() + b"\n")
+                time.sleep(60)      # a long snapshot: it must not outlive the thread that forked it
+            finally:
+                os._exit(0)
+        out["pid"] = pid
+        out["fds"] = os.read(rfd, 4096).decode().split()     # the thread ends once the child is detached
+
+    t = threading.Thread(target=forker)
+    t.start()
+    t.join(10)
+    try:
+        assert not t.is_alive()
+        # stdio, the kept pipe end and the descriptor listdir itself opened; not the listener
+        kept = set(map(int, out["fds"])) - {0, 1, 2, wfd}
+        assert listener.fileno() not in kept and rfd not in kept and len(kept) <= 1, out["fds"]
+        pid, status = os.waitpid(out["pid"], 0)     # killed, not after its 60 s
+        assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
+    finally:
+        listener.close()
+        os.close(rfd)
+        os.close(wfd)

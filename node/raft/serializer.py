@@ -11,6 +11,9 @@ from . import pickle
 from io import BytesIO
 from .config import SERIALIZER_STATE
 from .journal import fsyncDir, StorageFailure
+import ctypes
+import signal
+import sys
 
 logger = logging.getLogger(__name__)
 
@@ -164,6 +167,40 @@ class _LegacyUnpickler(stdpickle.Unpickler):
         raise stdpickle.UnpicklingError('refusing the global %s.%s in a legacy snapshot' % (module, name))
 
 
+# raftq: what a child forked off a node does first (the snapshot writer below, the digest
+# hasher of node/replica.py `fork_at_tick`). prctl is looked up here, in the parent: a child of a
+# threaded process must not dlopen.
+PR_SET_PDEATHSIG = 1
+try:
+    _prctl = ctypes.CDLL(None, use_errno=True).prctl if sys.platform.startswith('linux') else None
+except (OSError, AttributeError):
+    _prctl = None
+try:
+    _MAXFD = os.sysconf('SC_OPEN_MAX')
+except (ValueError, OSError):
+    _MAXFD = 65536
+
+
+def detachForkedChild(parentPid, keepFds=()):
+    """raftq: in a child just forked off the node `parentPid`, before anything else. The child
+    is killed (SIGKILL) when the thread that forked it ends: the node's tick thread, so when the
+    node exits, fails or is killed, and not tens of seconds later when a snapshot or a digest of
+    a large state is done. And it closes every descriptor inherited from the node but stdin,
+    stdout, stderr and `keepFds`: the listening HTTP and Raft sockets (upstream's child held
+    them, so a node killed while its child ran could not be restarted until the child exited),
+    its connections and its journal. Where prctl is missing (not Linux) a child of a killed
+    node still runs to its end, without the node's sockets."""
+    if _prctl is not None:
+        _prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != parentPid:       # the node died before the prctl: nobody wants the work
+        os._exit(1)
+    low = 3
+    for fd in sorted(set(k for k in keepFds if k >= 3)):
+        os.closerange(low, fd)
+        low = fd + 1
+    os.closerange(low, _MAXFD)
+
+
 def atomicReplace(oldPath, newPath, fsync=False):
     """os.replace; raftq: with `fsync` the file is synced before the rename and its directory
     after it. Upstream renames without any sync, then compacts the journal: a power cut after the
@@ -264,10 +301,12 @@ class Serializer(object):
 
         # File case
         if self.__useFork:
+            parentPid = os.getpid()
             pid = os.fork()
             if pid != 0:
                 self.__pid = pid
                 return
+            detachForkedChild(parentPid)
 
         try:
             tmpFile = self.__fileName + '.tmp'
