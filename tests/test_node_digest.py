@@ -13,17 +13,27 @@ from raftq.cluster.local import LocalCluster, digest_at, http_json
 from tests.conftest import poll
 
 
-def test_forked_digest_equals_the_inline_one_and_belongs_to_its_index(tmp_path):
-    # No timer-driven sweep (it would change the state between two reads at rest).
+def cluster_hashing_node_1_in_a_child(tmp_path) -> LocalCluster:
+    """A running cluster whose node 1 hashes every state in a forked child, nodes 2 and 3 inline
+    (under their 5,000 entries); no timer-driven sweep (it would change the state between two
+    reads at rest)."""
     c = LocalCluster(tmp_path / "c", storage={"sweep_interval_ms": 3_600_000})
     try:
         c.write_configs()
-        # Node 1 hashes every state in a child, nodes 2 and 3 inline (the state stays under
-        # their 5,000 entries): converging means the two ways agree at every index.
         with open(c.config_path(0), "a") as f:
             f.write("\n[tuning]\ndigest_inline_max_entries = 0\n")
         c.start_all()
         c.wait_leader()
+    except BaseException:
+        c.close()
+        raise
+    return c
+
+
+def test_forked_digest_equals_the_inline_one_and_belongs_to_its_index(tmp_path):
+    # Converging means the forked and the inline digests agree at every index.
+    c = cluster_hashing_node_1_in_a_child(tmp_path)
+    try:
         with SyncClient(c.urls, transport="http", timeout=20) as cl:
             for _ in range(8):
                 cl.enqueue_batch([job_request("q", "t", b"p" * 32) for _ in range(256)])
@@ -106,13 +116,8 @@ def _gone(pid: int) -> bool:
 def test_a_digest_child_holds_no_socket_of_its_node_and_dies_with_it(tmp_path):
     """Issue 16: a node killed while a child of it hashes (or snapshots) a large state restarts
     on its ports at once; the child neither holds them nor outlives the node."""
-    c = LocalCluster(tmp_path / "c", storage={"sweep_interval_ms": 3_600_000})
+    c = cluster_hashing_node_1_in_a_child(tmp_path)
     try:
-        c.write_configs()
-        with open(c.config_path(0), "a") as f:
-            f.write("\n[tuning]\ndigest_inline_max_entries = 0\n")
-        c.start_all()
-        c.wait_leader()
         with SyncClient(c.urls, transport="http", timeout=20) as cl:
             for _ in range(120):            # 30,000 jobs: a digest long enough to catch its child
                 cl.enqueue_batch([job_request("q", "t", b"p" * 64) for _ in range(256)])

@@ -158,8 +158,8 @@ def _enqueue_one(m, item, now: int, check_depth: bool):
     if idem_key is not None:
         keyed = m.dedup.get(qname)
         rec = keyed.get(idem_key) if keyed is not None else None
-        if rec is not None and rec[0] > now:            # DEDUP_EXPIRES
-            return _duplicate(m, item, rec[3], now)     # DEDUP_JOB_ID
+        if rec is not None and rec[DEDUP_EXPIRES] > now:
+            return _duplicate(m, item, rec[DEDUP_JOB_ID], now)
     q = m.queues.get(qname)
     if check_depth and ql.max_queue_depth is not None:
         depth = q.depth() if q is not None else 0

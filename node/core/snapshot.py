@@ -171,10 +171,7 @@ def from_builtins(m, data: dict):
     # names the same (expires, queue, key) set; it is written for older readers).
     m.dedup = {}
     for qname, key, job_id, expires in data["dedup"]:
-        keyed = m.dedup.get(qname)
-        if keyed is None:
-            keyed = m.dedup[qname] = {}
-        keyed[key] = (expires, qname, key, job_id)
+        m.dedup.setdefault(qname, {})[key] = (expires, qname, key, job_id)
     m.dedup_heap = [r for keyed in m.dedup.values() for r in keyed.values()]
     heapq.heapify(m.dedup_heap)
     m.rids = {_key(key): (op, kept_result(op, kept), exp, *rest) for key, op, kept, exp, *rest in data["rids"]}

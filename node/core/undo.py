@@ -168,16 +168,6 @@ class UndoLog:
         self.seq = seq = seq + 1
         return seq
 
-    def shared_expiry(self, now: int, window: int) -> int:
-        """now + window, the same int object for every call with the same two (a batch's
-        records keep one 32-byte int instead of one each)."""
-        cached = self._expiry
-        if cached[0] == now and cached[1] == window:
-            return cached[2]
-        expires = now + window
-        self._expiry = (now, window, expires)
-        return expires
-
     def _new_ctr(self) -> int:
         ctr = self.ctr
         undo = self._undo
