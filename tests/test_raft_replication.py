@@ -239,6 +239,73 @@ def test_apply_is_sliced_so_a_replaying_node_keeps_handling_messages():
         so.destroy()
 
 
+def test_a_restarted_node_reads_each_cold_entry_back_once_while_it_replays(tmp_path):
+    """Regression (raftq bench --backlog, 1M jobs: a fifth of a restarted node's replay was the
+    journal reading entries back): each sliced tick fetched up to APPLY_MAX_ENTRIES entries and
+    applied the few its budget allowed, so every tick read the whole unapplied tail back from the
+    file (the journal keeps only the newest commands in memory). Now a tick fetches APPLY_CHUNK
+    at a time: a restart that replays 300 cold entries over many ticks reads each back once."""
+    reads = []
+
+    class Slow(SyncObjConsumer):
+        @replicated
+        def work(self, i):
+            time.sleep(0.0005)
+            return i
+
+    class CountReads:                       # the journal's observer hook, here only to count preads
+        def attach(self, journal, file):
+            read = file.read
+
+            def counted(offset, size):
+                reads.append(offset)
+                return read(offset, size)
+            file.read = counted
+
+        def beforeWrite(self, offset):
+            pass
+
+        def beforeSync(self):
+            pass
+
+        def durable(self):
+            pass
+
+    path = str(tmp_path / "raft.journal")
+    port = free_ports(1)[0]
+    conf = dict(autoTick=False, journalFile=path, journalMemoryBytes=2000, appendEntriesPeriod=0.1,
+                raftMinTimeout=0.35, raftMaxTimeout=0.4)
+
+    def leader_applied(so, index):
+        end = time.monotonic() + 20
+        while not (so._isLeader() and so.raftLastApplied >= index and so.raftLastApplied == so.raftCommitIndex):
+            assert time.monotonic() < end, (so.raftLastApplied, so.raftCommitIndex)
+            so.doTick(0.01)
+
+    writer = Slow()
+    so = SyncObj(f"127.0.0.1:{port}", [], consumers=[writer], conf=SyncObjConf(**conf))
+    try:
+        leader_applied(so, 2)
+        for i in range(300):
+            writer.work("x" * 200 + str(i))
+        leader_applied(so, 302)
+    finally:
+        so.destroy()
+    so = SyncObj(f"127.0.0.1:{port}", [], consumers=[Slow()],
+                 conf=SyncObjConf(journalObserver=CountReads(), **conf))
+    try:
+        ticks = 0
+        end = time.monotonic() + 30
+        while so.raftLastApplied < 302:
+            assert time.monotonic() < end, so.raftLastApplied
+            so.doTick(0)
+            ticks += 1
+        assert ticks > 5                    # it did replay in slices
+        assert 280 <= len(reads) <= 302 + 10, len(reads)      # each cold entry once (before: thousands)
+    finally:
+        so.destroy()
+
+
 # ---------------------------------------------------------------------------- event-driven replication
 def test_a_proposal_is_replicated_without_waiting_for_the_timers():
     """Upstream, in batch mode, lets a proposal wait for the leader's next tick (autoTickPeriod)

@@ -923,12 +923,9 @@ class SyncObj(object):
         commit, last = self.__raftCommitIndex, self.__raftLastApplied
         if commit <= last:
             return False
-        entries = self.__getEntries(last + 1, min(commit - last, APPLY_MAX_ENTRIES))
         waiting = self.__commandsWaitingCommit
         end = monotonicTime() + APPLY_BUDGET_S
-        for n, entry in enumerate(entries):
-            if n and n % APPLY_CHUNK == 0 and monotonicTime() >= end:
-                break
+        for entry in self.__entriesToApply(last + 1, min(commit, last + APPLY_MAX_ENTRIES), end):
             try:
                 currentTermID = entry[2]
                 subscribers = waiting.pop(entry[1], [])
@@ -948,6 +945,22 @@ class SyncObj(object):
                     (self.__selfCodeVersion, e.ver))
 
         return not self.__conf.appendEntriesUseBatch
+
+    def __entriesToApply(self, first, last, end):
+        """The entries first..last, fetched APPLY_CHUNK at a time until monotonicTime() passes
+        `end` (at least one chunk). raftq: fetched by chunk, not all at once, because entries
+        past what the journal holds in memory are read back from its file (journal.FileJournal):
+        fetching APPLY_MAX_ENTRIES per tick and applying the few the budget allows read the
+        whole unapplied tail back on every tick, quadratic in a restart's replay."""
+        idx = first
+        while idx <= last:
+            chunk = self.__getEntries(idx, min(APPLY_CHUNK, last - idx + 1))
+            if not chunk:
+                return
+            yield from chunk
+            idx += len(chunk)
+            if monotonicTime() >= end:
+                return
 
     def addOnTickCallback(self, callback):
         with self.__onTickCallbacksLock:
