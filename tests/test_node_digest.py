@@ -113,6 +113,25 @@ def _gone(pid: int) -> bool:
         return True
 
 
+def _fd_links(pid: int) -> list[str]:
+    """What the process's descriptors point at ([] once it is gone)."""
+    links = []
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return links
+    for fd in fds:
+        try:
+            links.append(os.readlink(f"/proc/{pid}/fd/{fd}"))
+        except OSError:
+            pass
+    return links
+
+
+def _sockets(pid: int) -> list[str]:
+    return [link for link in _fd_links(pid) if link.startswith("socket:")]
+
+
 def test_a_digest_child_holds_no_socket_of_its_node_and_dies_with_it(tmp_path):
     """Issue 16: a node killed while a child of it hashes (or snapshots) a large state restarts
     on its ports at once; the child neither holds them nor outlives the node."""
@@ -129,21 +148,30 @@ def test_a_digest_child_holds_no_socket_of_its_node_and_dies_with_it(tmp_path):
                 asker.start()
                 deadline = time.monotonic() + 5
                 while child is None and time.monotonic() < deadline and (asker.is_alive() or _children(node)):
-                    kids = _children(node)
+                    kids = [k for k in _children(node) if not _gone(k)]
                     if kids:
-                        child = kids[0]
-                        os.kill(child, signal.SIGSTOP)          # it cannot finish (and exit) now
+                        # Stopped once it has closed what it inherited (its first act after the
+                        # fork; a child caught before that showed the node's sockets), or after
+                        # a second with them still open (the failure this test is for).
+                        seen, held = time.monotonic(), _sockets(kids[0])
+                        while held and time.monotonic() < seen + 1:
+                            now_held = _sockets(kids[0])
+                            if not now_held and _gone(kids[0]):
+                                break
+                            held = now_held
+                        assert not held or not _gone(kids[0]), f"a digest child kept its node's sockets until it exited: {held}"
+                        try:
+                            os.kill(kids[0], signal.SIGSTOP)    # it cannot finish (and exit) now
+                        except ProcessLookupError:
+                            continue
+                        if not _gone(kids[0]):
+                            child = kids[0]
                 if child is not None:
                     break                   # (the asker waits on the stopped child: left behind)
                 asker.join(30)
             assert child is not None, "no digest child was seen"
-            links = []
-            for fd in os.listdir(f"/proc/{child}/fd"):
-                try:
-                    links.append(os.readlink(f"/proc/{child}/fd/{fd}"))
-                except OSError:
-                    pass
-            assert not [link for link in links if link.startswith("socket:")], links
+            links = _fd_links(child)
+            assert not _sockets(child), links
             assert not [link for link in links if "raft.journal" in link], links
             c.kill(0)                                           # SIGKILL the node, its child stopped
             poll(lambda: _gone(child), timeout=10, what="the stopped child to die with its node")
