@@ -111,6 +111,40 @@ def test_a_replica_that_renders_no_answers_keeps_the_same_state_and_replays_the_
         assert follower.apply(now + 30, cmd) == answers[i], i
 
 
+def test_a_batch_keeps_the_jobs_it_made_as_bare_ids_and_snapshots_and_digests_see_the_tuples():
+    """A request id keeps a batch's results for its window, a result per job: a job made is kept
+    as its bare id (not an ENQUEUED tuple, 64 bytes a job more), replays the same answer, and a
+    snapshot and the digest see the tuples every version wrote, so a snapshot of either form
+    restores the state a node that lived through the history holds."""
+    from raftq.node.core.invariants import check as check_invariants
+    from raftq.node.core.ops import ENQUEUED, ENQUEUED_BATCH
+    limits = Limits.build()
+    m = QueueMachine(limits)
+    new_id = _ids()
+    now = 1_000_000
+    m.apply(now, C.enqueue({"queue": "q", "job_type": "t", "idempotency_key": "k0"}, limits, now, new_id))
+    body = {"jobs": [{"queue": "q", "job_type": "t", "idempotency_key": f"k{i}"} for i in range(3)]
+            + [{"queue": "q", "job_type": "t", "max_attempts": 0}]}
+    batch = C.enqueue_batch(body, limits, now, new_id, rid="b")
+    answer = m.apply(now, batch)
+    made = [r["job_id"] for r in answer[1]["results"][1:3]]
+    assert [r.get("deduplicated") for r in answer[1]["results"]] == [True, False, False, None]
+    kind, kept = m.rids["b"][1]
+    assert kind == ENQUEUED_BATCH and list(kept[1:3]) == made and kept[0][:3:2] == (ENQUEUED, True)
+    assert type(kept[3]) is dict and not check_invariants(m)
+    assert m.apply(now + 1, batch) == answer
+    data = m.to_builtins()
+    written = next(k for rid, _, k, *_ in data["rids"] if rid == "b")
+    assert [tuple(r) for r in written[1][1:3]] == [(ENQUEUED, i, False) for i in made]
+    restored = QueueMachine.from_builtins(limits, data)
+    assert restored.rids == m.rids and restored.digest() == m.digest() and not check_invariants(restored)
+    assert restored.apply(now + 1, batch) == answer
+    # The digest hashes the tuples: a machine that kept them (code before this form) hashes the same.
+    tuples = QueueMachine.from_builtins(limits, data)
+    tuples.rids["b"] = (tuples.rids["b"][0], written) + tuples.rids["b"][2:]
+    assert tuples.digest() == m.digest()
+
+
 def test_enqueue_and_ack_answers_are_kept_compact_and_replayed_exactly():
     """The answers most requests get are kept as small tuples, not (200, dict); a replay gives
     the same answer, and a snapshot that kept (200, dict) reads into the same state and digest."""

@@ -177,8 +177,10 @@ def render(result) -> tuple:
 
 
 def _enqueued_batch(r):
-    return 200, {"results": [({"job_id": x[1], "deduplicated": x[2]} if x[0] == ENQUEUED
-                              else {"job_id": x[1], "deduplicated": True, "replaced": True})
+    # A job made is its bare id (node/core/ops.py `enqueued_batch`).
+    return 200, {"results": [{"job_id": x, "deduplicated": False} if type(x) is str
+                             else ({"job_id": x[1], "deduplicated": x[2]} if x[0] == ENQUEUED
+                                   else {"job_id": x[1], "deduplicated": True, "replaced": True})
                              if type(x) is tuple else {"rejection": x} for x in r[1]]}
 
 

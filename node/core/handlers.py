@@ -42,6 +42,8 @@ def enqueue(m, mode: int, items):
         r = items[0]
         if not isinstance(r, dict):           # a dict: refused by validation before proposing
             r = _enqueue_one(m, r, now, True)
+            if type(r) is str:
+                return ENQUEUED, r, False
             if type(r) is tuple:
                 return r
             if r["reason"] == "duplicate_started":      # a replace refused: 409, not a rejection
@@ -145,8 +147,9 @@ def _duplicate(m, item, job_id: str, now: int):
 
 
 def _enqueue_one(m, item, now: int, check_depth: bool):
-    """One job: an ENQUEUED (or REPLACED) result, or a rejection object (queue_full, duplicate,
-    duplicate_started)."""
+    """One job: its id when it was made (a batch's results keep it so, node/core/ops.py
+    `enqueued_batch`), an ENQUEUED (deduplicated) or REPLACED result, or a rejection object
+    (queue_full, duplicate, duplicate_started)."""
     if len(item) == 12:                     # ops.ITEM before issue 17 (and every plain job)
         (job_id, qname, job_type, payload, encoding, priority, max_attempts, custom, trace,
          scheduled_at, deadline, idem_key) = item
@@ -219,7 +222,7 @@ def _enqueue_one(m, item, now: int, check_depth: bool):
         rec = (m.shared_expiry(now, ql.dedup_window_ms), q.name, idem_key, job_id)
         m._put(keyed, idem_key, rec)
         m._push(m.dedup_heap, rec)
-    return ENQUEUED, job_id, False
+    return job_id
 
 
 # ---------------------------------------------------------------------------- reserve

@@ -18,6 +18,7 @@ from collections import Counter
 from ..limits import Limits
 from .config import key_problem
 from .jobs import DEAD, DEDUP_EXPIRES, DEDUP_KEY, DEDUP_QUEUE, IN_FLIGHT, READY, SCHEDULED, STATE_NAMES
+from .ops import ENQUEUED_BATCH, compact_batch
 
 
 class InvariantViolation(AssertionError):
@@ -198,6 +199,9 @@ def check(m) -> list[str]:
             say(f"request id {rid!r} has no expiry entry for {expires}")
         if type(result) is not tuple or not result or type(result[0]) is not str:
             say(f"request id {rid!r} keeps {result!r}, not a result")
+        elif result[0] == ENQUEUED_BATCH and compact_batch(result[1]) != result[1]:
+            # A restored node must hold what a node that lived through the history holds.
+            say(f"request id {rid!r} keeps a job its batch made as a tuple, not as its bare id")
         if type(rid) not in (str, tuple):
             say(f"request key {rid!r} is neither a request id nor (caller, request id)")
         if len(rec) == 5 and (type(rec[3]) is not str or type(rec[4]) is not str):

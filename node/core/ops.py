@@ -310,7 +310,7 @@ RESULTS: dict[str, tuple[str, ...]] = {
     RESERVED: ("jobs",),                    # (SHOWN_FIELDS tuple, ...) of node/core/jobs.py
     NACKED: ("job_id", "dead_lettered"),
     EXTENDED: ("job_id", "lease_expires_at_ms"),
-    ENQUEUED_BATCH: ("results",),           # (ENQUEUED result or rejection dict, ...)
+    ENQUEUED_BATCH: ("results",),           # (job id, ENQUEUED or REPLACED result, or rejection dict, ...)
     ACKED_BATCH: ("results",),              # (JOB_ID, JOB_NOT_FOUND or ATTEMPT_MISMATCH result, ...)
     DRAINED: ("records",),                  # ((SHOWN_FIELDS tuple, cause, failed_at, final_attempt, reason), ...)
     REQUEUED: ("requeued", "missing"),
@@ -372,7 +372,22 @@ def extended(job_id: str, lease_expires_at_ms: int) -> tuple:
 
 
 def enqueued_batch(results: tuple) -> tuple:
+    """A batch's results, one per job in order: a job made is its bare id (it stands for
+    `enqueued(job_id, False)`: a result a request id keeps for its window, 64 bytes a job less
+    than that tuple, docs/performance.md), a deduplicated or replaced job its ENQUEUED or REPLACED
+    result, a refused one its rejection dict. Snapshots and the digest see the tuples
+    (`expanded_batch`), as before this form."""
     return ENQUEUED_BATCH, results
+
+
+def expanded_batch(results: tuple) -> tuple:
+    """An ENQUEUED_BATCH's results with each bare job id as the ENQUEUED tuple it stands for."""
+    return tuple((ENQUEUED, r, False) if type(r) is str else r for r in results)
+
+
+def compact_batch(results: tuple) -> tuple:
+    """The inverse of `expanded_batch`: each ENQUEUED tuple of a job made as its bare id."""
+    return tuple(r[1] if type(r) is tuple and r[0] == ENQUEUED and r[2] is False else r for r in results)
 
 
 def acked_batch(results: tuple) -> tuple:

@@ -35,7 +35,7 @@ from .answers import result_of_answer
 from .gating import Circuit
 from .jobs import (DEDUP_EXPIRES, DEDUP_JOB_ID, DEDUP_KEY, DEDUP_QUEUE, IN_FLIGHT, READY, SHOWN_FIELDS, DeadLetter,
                    Job, Queue, dedup_items, dedup_record)
-from .ops import DRAINED, RESERVED
+from .ops import DRAINED, ENQUEUED_BATCH, RESERVED, compact_batch, expanded_batch
 
 VERSION = 3
 READABLE = (1, 2, 3)
@@ -66,7 +66,9 @@ def to_builtins(m) -> dict:
                   for keyed in m.dedup.values() for r in keyed.values()],
         "dedup_heap": [r[:DEDUP_JOB_ID] for r in m.dedup_heap
                        if dedup_record(m, r[DEDUP_QUEUE], r[DEDUP_KEY]) is r],
-        "rids": [(key,) + rec for key, rec in m.rids.items()],     # (key, op, result, exp[, route, hash])
+        # (key, op, result, exp[, route, hash]); a batch's results as tuples, the form every
+        # version reads (node/core/ops.py `enqueued_batch`).
+        "rids": [(key, rec[0], _written(rec[1])) + rec[2:] for key, rec in m.rids.items()],
         # The expiry index as a list in expiry order, oldest record first on ties, without the
         # orders (they are positions in this list once restored): a restored node writes the
         # same snapshot as the node it was restored from.
@@ -118,12 +120,20 @@ def _entry_key(e):
     return e[0], e[1], e[2]
 
 
+def _written(kept) -> tuple:
+    """A kept result as snapshots and the digest see it: a batch's jobs made as ENQUEUED tuples."""
+    return (ENQUEUED_BATCH, expanded_batch(kept[1])) if kept[0] == ENQUEUED_BATCH else kept
+
+
 def kept_result(op, kept) -> tuple:
     """A request-id entry of a snapshot as this version keeps it. Reserve and drain results kept
-    by code before issue 17 hold shorter job fields: they get the new fields' defaults, so the
-    request-id store is the one a node that lived through the same history holds."""
+    by code before issue 17 hold shorter job fields: they get the new fields' defaults, and a
+    batch's jobs made are their bare ids, so the request-id store is the one a node that lived
+    through the same history holds."""
     if type(kept[0]) is int:                    # a rendered answer (version 1)
-        return result_of_answer(op, kept)
+        kept = result_of_answer(op, kept)
+    if kept[0] == ENQUEUED_BATCH:
+        return ENQUEUED_BATCH, compact_batch(kept[1])
     if kept[0] == RESERVED:
         return RESERVED, tuple(_shown(t) for t in kept[1])
     if kept[0] == DRAINED:
@@ -228,7 +238,8 @@ def digest(m) -> str:
     for key in sorted(m.rids, key=_key_order):
         op, kept, exp, *scope = m.rids[key]
         h.update(repr((key, op, exp, *scope)).encode())
-        h.update(repr(kept).encode() if type(kept[0]) is str else orjson.dumps(kept, option=orjson.OPT_SORT_KEYS))
+        h.update(repr(_written(kept)).encode() if type(kept[0]) is str
+                 else orjson.dumps(kept, option=orjson.OPT_SORT_KEYS))
     for job_id, rec in m.dlq.items():       # order matters: drain is oldest first
         h.update(repr((job_id,) + rec.fields()).encode())
     # What version 3 added, only when present (so the digest of an earlier state is unchanged).
