@@ -31,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import collections
+import os
 import random
 import socket
 import ssl
@@ -49,7 +50,17 @@ SESSION_OPS = frozenset(("enqueue", "enqueue_batch", "enqueue_atomic", "reserve"
 RETRYABLE_CODES = frozenset(("no_leader", "unavailable", "overloaded", "request_timeout"))
 
 
+def auto_idempotency_key() -> str:
+    """A generated idempotency key: "auto-" and 96 random bits in URL-safe base64, 21
+    characters. Every node keeps the key of each job for the dedup window, so its length is
+    memory: 16 bytes a job less than a uuid4's 32 hex digits (docs/performance.md). Two of
+    10^13 keys in one window collide with odds below 1 in 1,000 (n^2 / 2^97)."""
+    return "auto-" + base64.urlsafe_b64encode(os.urandom(12)).decode("ascii")
+
+
 # ---------------------------------------------------------------------------- errors
+
+
 class RaftqError(Exception):
     """An error answered by the cluster (or the client's own deadline)."""
 
@@ -863,7 +874,7 @@ class Client:
     # ------------------------------------------------------------------ jobs
     def _with_key(self, req: dict) -> dict:
         if self.auto_idempotency and "idempotency_key" not in req:
-            req = {**req, "idempotency_key": "auto-" + uuid.uuid4().hex}
+            req = {**req, "idempotency_key": auto_idempotency_key()}
         return req
 
     async def enqueue(self, queue: str, job_type: str, payload: bytes | str | None = None, *,

@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import heapq
 import inspect
-from bisect import bisect_right
 from collections import OrderedDict, deque
 from itertools import islice
 
@@ -88,10 +87,30 @@ def _ready_key(entry) -> tuple:
     return entry[0], entry[1], entry[2]     # (-priority, enqueued_at, seq): delivery order
 
 
-def _fifo_from(fifo: deque, after: tuple | None):
-    """The FIFO's entries after `after`, in order (the FIFO is kept ascending)."""
-    start = 0 if after is None else bisect_right(fifo, after, key=_ready_key)
-    return islice(fifo, start, None)
+def _fifo_from(q, jobs: dict, after: tuple | None):
+    """The FIFO's entries from the first live one after `after`, in order. The FIFO is kept
+    ascending, but only a live entry's key is its job's (node/core/jobs.py Queue): the search
+    goes by the key of the first live entry at or after each place, which grows along it."""
+    fifo, seqs = q.ready_fifo, q.fifo_seqs
+    start = 0
+    if after is not None:
+        def live_key(i):                    # None: no live entry from i on
+            for k in range(i, len(fifo)):
+                job, seq = fifo[k], seqs[k]
+                if job.state == READY and job.seq == seq and jobs.get(job.id) is job:
+                    return -job.priority, job.enqueued_at, seq
+            return None
+        lo, hi = 0, len(fifo)
+        while lo < hi:
+            mid = (lo + hi) // 2
+            key = live_key(mid)
+            if key is not None and key <= after:
+                lo = mid + 1
+            else:
+                hi = mid
+        start = lo
+    for job, seq in zip(islice(fifo, start, None), islice(seqs, start, None)):
+        yield -job.priority, job.enqueued_at, seq, job
 
 
 def _heap_in_order(heap: list, after: tuple | None):
@@ -299,7 +318,7 @@ class QueueMachine(UndoLog):
                 return [], None
             jobs, page = self.jobs, []
             blocked = [_heap_in_order(h, after) for per in self.blocked.values() for n, h in per.items() if n == qname]
-            for e in heapq.merge(_fifo_from(q.ready_fifo, after), _heap_in_order(q.ready_heap, after), *blocked,
+            for e in heapq.merge(_fifo_from(q, jobs, after), _heap_in_order(q.ready_heap, after), *blocked,
                                  key=_ready_key):
                 job = e[3]
                 if job.state == READY and job.seq == e[2] and jobs.get(job.id) is job:

@@ -43,7 +43,7 @@ from heapq import heappush
 
 from . import audit, ops
 from .jobs import READY
-from .undo import fifo_remove, heap_remove
+from .undo import fifo_unappend, heap_remove
 
 NEUTRAL, OK, FAILED = 0, 1, 2       # how a job left IN_FLIGHT, for the circuit breaker
 CLOSED, OPEN, HALF_OPEN = "closed", "open", "half_open"
@@ -160,9 +160,14 @@ def ready_push(m, q, entry) -> None:
     this module: the gating paths put held-back entries back with it too."""
     fifo = q.ready_fifo
     undo = m._undo
-    if not fifo or fifo[-1] < entry:
-        undo += (fifo_remove, fifo, entry, None)
-        fifo.append(entry)
+    tail = q.fifo_tail
+    if not fifo or (tail[0], tail[1], q.fifo_seqs[-1]) < entry[:3]:
+        # After the last entry: the FIFO (node/core/jobs.py Queue). A held-back entry keeps its
+        # seq, which may be older than the last one's.
+        undo += (fifo_unappend, q, entry[3], tail)
+        fifo.append(entry[3])
+        q.fifo_seqs.append(entry[2])
+        q.fifo_tail = entry[:2]
     else:
         undo += (heap_remove, q.ready_heap, entry, None)
         heappush(q.ready_heap, entry)

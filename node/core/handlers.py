@@ -23,7 +23,7 @@ from .jobs import (DEAD, DEAD_LETTER_RECORD_TYPE, GONE, IN_FLIGHT, READY, SCHEDU
                    shown_fields)
 from .jobs import DEDUP_EXPIRES, DEDUP_JOB_ID, dedup_record, shown_common
 from .ops import ATOMIC, DEAD_LETTER, DELAY, ENQUEUED, JOB_ID, RESERVED, SINGLE, UNAUDITED
-from .undo import appendleft, drop_item, fifo_remove, heap_remove, heap_restore, restore_item
+from .undo import drop_item, fifo_restore_head, fifo_unappend, heap_remove, heap_restore, restore_item
 
 # ---------------------------------------------------------------------------- enqueue
 def enqueue(m, mode: int, items):
@@ -196,12 +196,21 @@ def _enqueue_one(m, item, now: int, check_depth: bool):
         m._add(q, "scheduled", 1)
     else:
         job.state, job.run_at = READY, None
-        entry = (-priority, now, seq, job)
-        fifo = q.ready_fifo
-        if not fifo or fifo[-1] < entry:        # ready_push(m, q, entry), inline
-            undo += (fifo_remove, fifo, entry, None)
-            fifo.append(entry)
+        # ready_push(m, q, (-priority, now, seq, job)), inline: the FIFO keeps no entry tuple
+        # (node/core/jobs.py Queue), and a batch's jobs share their tail.
+        negp = -priority
+        fifo, tail = q.ready_fifo, q.fifo_tail
+        if fifo and tail[0] == negp and tail[1] == now:
+            undo += (fifo_unappend, q, job, tail)
+            fifo.append(job)
+            q.fifo_seqs.append(seq)
+        elif not fifo or tail[0] < negp or (tail[0] == negp and tail[1] < now):
+            undo += (fifo_unappend, q, job, tail)
+            fifo.append(job)
+            q.fifo_seqs.append(seq)
+            q.fifo_tail = (negp, now)
         else:
+            entry = (negp, now, seq, job)
             heap = q.ready_heap
             undo += (heap_remove, heap, entry, None)
             heappush(heap, entry)
@@ -249,33 +258,35 @@ def reserve(m, queue_names, lease_ms: int, max_jobs: int):
                 cap = len(kept) + 1
         else:
             probe = -1
-        heap, fifo = q.ready_heap, q.ready_fifo
+        heap, fifo, seqs = q.ready_heap, q.ready_fifo, q.fifo_seqs
         while len(kept) < cap:
             # The next job is the smaller head of the FIFO and the heap. Stale heads are
             # dropped on the way: that changes nothing logical, so it is not logged.
             while fifo:
-                entry = fifo[0]
-                job = entry[3]
-                if job.state == READY and job.seq == entry[2] and jobs.get(job.id) is job:
+                job = fifo[0]
+                if job.state == READY and job.seq == seqs[0] and jobs.get(job.id) is job:
                     break
                 fifo.popleft()
+                seqs.popleft()
             while heap:
                 entry = heap[0]
                 job = entry[3]
                 if job.state == READY and job.seq == entry[2] and jobs.get(job.id) is job:
                     break
                 heappop(heap)
-            if fifo and not (heap and heap[0] < fifo[0]):
-                entry = fifo[0]
-                undo += (appendleft, fifo, entry, None)
+            if fifo and not (heap and heap[0] < (-fifo[0].priority, fifo[0].enqueued_at, seqs[0])):
+                job, seq = fifo[0], seqs[0]     # a live head: its entry's key is the job's
+                undo += (fifo_restore_head, q, job, seq)
                 fifo.popleft()
+                seqs.popleft()
+                entry = None                    # made only for a job held back (gating.block)
             elif heap:
                 entry = heap[0]
                 undo += (heap_restore, heap, entry, None)
                 heappop(heap)
+                job = entry[3]
             else:
                 break
-            job = entry[3]
             if job.deadline is not None and job.deadline <= now:
                 m._add(q, "ready", -1)
                 dead_letter(m, job, q, "expired", None)   # too late to ever run
@@ -285,7 +296,8 @@ def reserve(m, queue_names, lease_ms: int, max_jobs: int):
                 n = in_use.get(r, 0)
                 limit = limits.resource_limits.get(r)
                 if limit is not None and n >= limit:
-                    gating.block(m, q, r, entry)
+                    gating.block(m, q, r, entry if entry is not None
+                                 else (-job.priority, job.enqueued_at, job.seq, job))
                     continue
                 m._put(in_use, r, n + 1)
             if probe == 1:
@@ -622,7 +634,7 @@ def _live_waiting(m, q: Queue) -> tuple[list, list]:
     """The ready and the scheduled jobs of queue q (each once)."""
     jobs = m.jobs
     blocked = [h for per in m.blocked.values() for n, h in per.items() if n == q.name]
-    ready = [e[3] for e in chain(q.ready_heap, q.ready_fifo, *blocked)
+    ready = [e[3] for e in chain(q.ready_heap, q.fifo_entries(), *blocked)
              if e[3].state == READY and e[3].seq == e[2] and jobs.get(e[3].id) is e[3]]
     name = q.name
     scheduled = list({id(e[2]): e[2] for e in m.sched_heap
@@ -675,6 +687,7 @@ def purge(m, queue: str, who=UNAUDITED):
             # Every entry of the ready index is stale now: drop them at once.
             m._set(q, "ready_heap", [])
             m._set(q, "ready_fifo", deque())
+            m._set(q, "fifo_seqs", deque())
             if q.throttled:
                 m._set(q, "throttled", 0)
                 gating.drop_queue_blocked(m, q.name)

@@ -81,10 +81,17 @@ def check(m) -> list[str]:
     # ---- the ready index: exactly one live entry per ready job, in order
     live_ready = Counter()
     for name, q in m.queues.items():
-        fifo = list(q.ready_fifo)
-        for a, b in zip(fifo, fifo[1:]):
+        if len(q.ready_fifo) != len(q.fifo_seqs):
+            say(f"queue {name!r}: the ready FIFO holds {len(q.ready_fifo)} jobs and {len(q.fifo_seqs)} seqs")
+        fifo = list(q.fifo_entries())
+        # Along the FIFO the keys of its live entries grow (a stale entry's priority and enqueue
+        # time are its job's now, not its entry's).
+        live = [e for e in fifo if e[3].state == READY and e[3].seq == e[2] and jobs.get(e[3].id) is e[3]]
+        for a, b in zip(live, live[1:]):
             if not a[:3] < b[:3]:
                 say(f"queue {name!r}: ready FIFO out of order at {a[:3]} then {b[:3]}")
+        if live and (q.fifo_tail is None or tuple(q.fifo_tail) < live[-1][:2]):
+            say(f"queue {name!r}: the ready FIFO's tail {q.fifo_tail} sorts before its last live entry {live[-1][:3]}")
         heap = q.ready_heap
         for i in range(1, len(heap)):
             if heap[(i - 1) // 2][:3] > heap[i][:3]:

@@ -88,15 +88,22 @@ def shown_fields(job) -> tuple:
 class Queue:
     """Per-queue index and counters. Counts are exact; the ready index may hold stale entries.
 
-    Ready entries `(-priority, enqueued_at, seq, job)` live in `ready_fifo`, a deque kept in
-    ascending order, when they sort after its last entry (every new job of a queue that uses one
-    priority: sequences only grow), and in the heap `ready_heap` otherwise (retries, which keep
-    their place, and jobs of a higher priority than the last one). The next job is the smaller
-    of the two heads, so a deep backlog costs O(1) per reserve instead of O(log n). An entry is
-    live while its job is READY, still in the machine and has the entry's seq."""
-    __slots__ = ("name", "ready_heap", "ready_fifo", "ready", "scheduled", "in_flight", "dead",
-                 "enqueued", "acked", "nacked", "dead_total", "paused", "expired", "dead_by_cause",
-                 "throttled", "deferred", "circuit")
+    Ready entries `(-priority, enqueued_at, seq, job)` live in the FIFO, kept in ascending
+    order, when they sort after its last entry (every new job of a queue that uses one priority:
+    sequences only grow), and in the heap `ready_heap` otherwise (retries, which keep their
+    place, and jobs of a higher priority than the last one). The next job is the smaller of the
+    two heads, so a deep backlog costs O(1) per reserve instead of O(log n). An entry is live
+    while its job is READY, still in the machine and has the entry's seq.
+
+    The FIFO holds most of a deep backlog, so it keeps no entry tuples (72 bytes a job): its
+    entries are two deques in step, `ready_fifo` the jobs and `fifo_seqs` their seqs (the job's
+    own int). A live entry's priority and enqueue time are its job's (node/core/invariants.py
+    checks it); `fifo_tail` is (-priority, enqueued_at) of the last entry appended, which the
+    next must not sort before even when that entry has gone stale (`fifo_entries` rebuilds the
+    tuples, for the paths that are not hot)."""
+    __slots__ = ("name", "ready_heap", "ready_fifo", "fifo_seqs", "fifo_tail", "ready", "scheduled",
+                 "in_flight", "dead", "enqueued", "acked", "nacked", "dead_total", "paused", "expired",
+                 "dead_by_cause", "throttled", "deferred", "circuit")
     COUNTERS = ("ready", "scheduled", "in_flight", "dead", "enqueued", "acked", "nacked",
                 "dead_total", "paused", "expired")
     # The counters of the snapshots and digests written before `expired` existed: a snapshot's
@@ -107,7 +114,9 @@ class Queue:
     def __init__(self, name: str):
         self.name = name
         self.ready_heap: list = []
-        self.ready_fifo: deque = deque()
+        self.ready_fifo: deque = deque()        # the FIFO's jobs ...
+        self.fifo_seqs: deque = deque()         # ... and their entries' seqs, in step
+        self.fifo_tail: tuple | None = None     # (-priority, enqueued_at) of the last one appended
         self.ready = self.scheduled = self.in_flight = self.dead = 0
         self.enqueued = self.acked = self.nacked = self.dead_total = 0
         self.paused = False
@@ -119,6 +128,12 @@ class Queue:
         # is full, deferrals so far, and the circuit-breaker state (a Circuit, or None).
         self.throttled = self.deferred = 0
         self.circuit = None
+
+    def fifo_entries(self):
+        """The FIFO as entry tuples (-priority, enqueued_at, seq, job), in order; a stale
+        entry's first two are its job's now, not what they were."""
+        for job, seq in zip(self.ready_fifo, self.fifo_seqs):
+            yield -job.priority, job.enqueued_at, seq, job
 
     def depth(self) -> int:
         return self.ready + self.scheduled + self.in_flight

@@ -49,7 +49,7 @@ def to_builtins(m) -> dict:
         "v": VERSION, "clock": m.clock, "seq": m.seq, "ctr": m.ctr, "applied": m.applied,
         "jobs": [j.to_tuple() for j in jobs.values()],
         "queues": [(q.name, [getattr(q, c) for c in Queue.COUNTERS],
-                    [(e[0], e[1], e[2], e[3].id) for e in chain(q.ready_heap, q.ready_fifo)
+                    [(e[0], e[1], e[2], e[3].id) for e in chain(q.ready_heap, q.fifo_entries())
                      if e[3].state == READY and e[3].seq == e[2] and jobs.get(e[3].id) is e[3]])
                    for q in m.queues.values()],
         # Schedule and lease timers of a job that still exists are kept even when stale: the
@@ -167,7 +167,10 @@ def from_builtins(m, data: dict):
         k = max(k, 0)
         q.ready_heap = [(a, b, c, jobs[i]) for a, b, c, i in heap[:k]]
         heapq.heapify(q.ready_heap)
-        q.ready_fifo = deque([(a, b, c, jobs[i]) for a, b, c, i in heap[k:]])
+        tail = heap[k:]
+        q.ready_fifo = deque([jobs[e[3]] for e in tail])
+        q.fifo_seqs = deque([e[2] for e in tail])
+        q.fifo_tail = (tail[-1][0], tail[-1][1]) if tail else None
         m.queues[name] = q
     for rec in m.dlq.values():          # derived from the store, not kept in the snapshot
         d = m.queues[rec.job.queue].dead_by_cause

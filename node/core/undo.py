@@ -39,14 +39,27 @@ def drop_item(d, key, _):
     d.pop(key, None)
 
 
-def fifo_remove(fifo: deque, entry, _):
-    if fifo and fifo[-1] is entry:
+def fifo_unappend(q, job, tail):
+    """Undo a FIFO append of `job` (node/core/jobs.py Queue): its newest entry goes (a later one
+    of the same command was undone first; when the command itself dropped it as a stale head,
+    what goes is an older stale entry of the job, or nothing), and the tail is what it was."""
+    fifo, seqs = q.ready_fifo, q.fifo_seqs
+    if fifo and fifo[-1] is job:
         fifo.pop()
-        return
-    for i, e in enumerate(fifo):
-        if e is entry:
-            del fifo[i]
-            return
+        seqs.pop()
+    else:
+        for i in range(len(fifo) - 1, -1, -1):
+            if fifo[i] is job:
+                del fifo[i]
+                del seqs[i]
+                break
+    q.fifo_tail = tail
+
+
+def fifo_restore_head(q, job, seq):
+    """Undo a reserve's pop of the FIFO's head."""
+    q.ready_fifo.appendleft(job)
+    q.fifo_seqs.appendleft(seq)
 
 
 def heap_restore(heap: list, entry, _):
