@@ -228,9 +228,14 @@ def _enqueue_one(m, item, now: int, check_depth: bool):
             m._put(m.dedup, q.name, keyed)
         # The record is its own expiry-heap entry; the expiry int is shared by every record of
         # the batch (one `now`, one window): 32 bytes a record less (docs/performance.md).
-        rec = (m.shared_expiry(now, ql.dedup_window_ms), q.name, idem_key, job_id)
-        m._put(keyed, idem_key, rec)
-        m._push(m.dedup_heap, rec)
+        # m._put and m._push, inline: `rec` is what the lookup above found for the key (None,
+        # or a record past its window), so the dict is not probed again.
+        old, rec = rec, (m.shared_expiry(now, ql.dedup_window_ms), q.name, idem_key, job_id)
+        undo += (drop_item, keyed, idem_key, None) if old is None else (restore_item, keyed, idem_key, old)
+        keyed[idem_key] = rec
+        heap = m.dedup_heap
+        undo += (heap_remove, heap, rec, None)
+        heappush(heap, rec)
     return job_id
 
 
