@@ -425,9 +425,11 @@ class Limits:
         return cls.build(limits, storage, queues)
 
     def __post_init__(self):
-        # Global and storage limits are read on every request: store them as plain attributes
-        # (globals win, as in __getattr__) so a read does not cost a failed lookup + __getattr__.
-        # Names that are fields or class attributes keep their meaning, exactly as before.
+        # Global and storage limits read like attributes (limits.max_enqueue_batch): they are
+        # stored as plain attributes, globals winning. The class has no __getattr__ fallback on
+        # purpose: one would make every attribute read of a Limits take CPython's slow path
+        # (≈ 50 ns instead of 10 here, and `queue()` 260 ns instead of 56, called for every job an
+        # enqueue applies). Names that are fields or class attributes keep their meaning.
         # The queues reserve must gate (a circuit breaker or windows): one set test per queue of
         # a reserve, nothing more for the others.
         object.__setattr__(self, "gated", frozenset(
@@ -442,16 +444,6 @@ class Limits:
 
     def queue(self, name: str) -> QueueLimits:
         return self.queues.get(name) or self.default_queue
-
-    def __getattr__(self, key):
-        # Global limits read like attributes: limits.max_enqueue_batch.
-        g = self.__dict__.get("globals")
-        if g is not None and key in g:
-            return g[key]
-        s = self.__dict__.get("storage")
-        if s is not None and key in s:
-            return s[key]
-        raise AttributeError(key)
 
     def fingerprint(self) -> str:
         """A hash of every limit; nodes of one cluster must agree on it."""
