@@ -312,3 +312,22 @@ def test_reserve_results_kept_by_older_code_get_the_new_fields_on_restore():
                     for key, op, kept, *rest in data["rids"]]
     m = RawMachine.from_builtins(c.limits, data)
     assert m.rids == c.m.rids and m.digest() == c.m.digest()
+
+
+def test_an_enqueue_whose_id_is_taken_fails_and_leaves_the_job_of_that_id_alone():
+    """Job ids are the leader's fresh UUIDs; a command that names a taken one anyway (a broken
+    leader) is answered `internal` and reverted, and the job that holds the id stays as it was."""
+    c = Core()
+    jid = c.enqueue_id()
+    before, job = c.m.digest(), c.m.jobs[jid]
+    for mode, n in ((ops.SINGLE, 1), (ops.BATCH, 3), (ops.ATOMIC, 2)):
+        ids = iter(["22222222-2222-4222-8222-222222222222"] * (n - 1) + [jid])
+        items = [C.check_job({"queue": "q", "job_type": "t"}, c.limits, c.now, ids.__next__) for _ in range(n)]
+        if n > 2:
+            items[1] = C.check_job({"queue": "q", "job_type": "t"}, c.limits, c.now,
+                                   lambda: "33333333-3333-4333-8333-333333333333")
+        result = c.m.apply(c.now, ops.enqueue(None, mode, items))
+        assert result[0] == 500 and result[1]["error"]["code"] == "internal", (mode, result)
+        assert "ValueError" in result[1]["error"]["message"]
+        assert c.m.jobs[jid] is job and c.m.digest() == before and len(c.m.jobs) == 1
+        c.m.check_invariants()

@@ -170,8 +170,6 @@ def _enqueue_one(m, item, now: int, check_depth: bool):
             return ops.queue_full(qname, ql.max_queue_depth)
     if q is None:
         q = m.ensure_queue(qname)
-    if job_id in m.jobs:
-        raise ValueError("job id collision")   # the leader's ids are fresh UUIDs
     job = Job()
     job.id, job.queue, job.job_type = job_id, qname, job_type
     job.payload, job.encoding, job.priority = payload, encoding, priority
@@ -189,7 +187,9 @@ def _enqueue_one(m, item, now: int, check_depth: bool):
     job.seq = seq
     jobs = m.jobs
     undo += (drop_item, jobs, job_id, None)
-    jobs[job_id] = job
+    if jobs.setdefault(job_id, job) is not job:     # one probe of a dict of every job, not two
+        del undo[-4:]                   # nothing went in: the job of that id must stay on a revert
+        raise ValueError("job id collision")   # the leader's ids are fresh UUIDs
     if scheduled_at is not None and scheduled_at > now:
         job.state, job.run_at = SCHEDULED, scheduled_at
         m._push(m.sched_heap, (scheduled_at, seq, job))
