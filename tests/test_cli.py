@@ -394,6 +394,9 @@ def test_bench_backlog_measures_every_figure_at_each_size_and_cleans_up(tmp_path
     assert full["fill"]["jobs"] == 600 and full["fill"]["jobs_per_s"] > 0
     assert full["elections_during_fill"] == 0
     assert all(b and b > 0 for b in full["bytes_per_job"]), full["bytes_per_job"]
+    # The state machine's own share, measured in process: at least the 256-byte payload, its id
+    # and key, at most what the docs say it was before the bare-id results and the tuple-less FIFO.
+    assert 256 + 36 + 21 < result["state_machine_bytes_per_job"] < 1087, result["state_machine_bytes_per_job"]
     assert all(v["ms"] is not None for v in full["cluster_ms"].values()), full["cluster_ms"]
     assert 0 < full["beside_backlog"]["p50_ms"] <= full["beside_backlog"]["p99_ms"]
     for key in ("wiped_follower_catch_up", "leader_kill_to_write", "restart_all_to_write"):

@@ -331,7 +331,8 @@ def main(argv=None) -> int:
                    help="a worker (or higher) key for a cluster with API keys (default $RAFTQ_API_KEY)")
     p.add_argument("--backlog", metavar="N,N,...", default=None,
                    help="instead of the phases: fill a fresh local cluster to each backlog size in turn and measure "
-                        "what a node costs there (fill rate, RSS and bytes per job, /v1/cluster latency, work beside "
+                        "what a node costs there (fill rate, RSS and bytes per job, the state machine's share of "
+                        "them measured in process, /v1/cluster latency, work beside "
                         "the backlog, snapshot size, wiped-follower catch-up, leader kill and restart of all nodes "
                         "to the first write); see cluster/bench/scale.py")
     p.add_argument("--recovery-timeout", type=float, default=600.0, metavar="S",

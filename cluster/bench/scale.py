@@ -8,7 +8,9 @@ size the run measures, in this order:
 * fill: jobs/s of the step, and the Raft terms before and after it (an election during a fill
   is a failure of the node's timing, not of the workload);
 * memory: RSS of every node, and bytes per queued job per node (RSS growth since the empty
-  cluster over the backlog);
+  cluster over the backlog); once per run, before the cluster starts, what the state machine
+  alone holds per job of the same fill (`state_machine_bytes_per_job`, tracemalloc in this
+  process), so a node's figure splits into its state and the rest;
 * reads: `GET /v1/cluster` latency on the leader and a follower, with and without the digest
   (median of a few calls, each bounded: a call that times out is reported as such);
 * work beside the backlog: enqueue -> reserve -> ack p50/p99 on another queue;
@@ -276,8 +278,48 @@ class Scale:
         return out
 
 
+def state_machine_bytes_per_job(n: int = 50_000) -> int:
+    """What the state machine alone holds per queued job of the fill (tracemalloc of a machine in
+    this process that applied n of them as a leader does: each batch's body parsed from JSON,
+    with the client's generated keys, a request id per batch, fresh uuid4 ids). Flat in the
+    backlog: a node's bytes per job minus this is what the node holds beside its state
+    (commands held in memory, allocator slack)."""
+    import gc
+    import tracemalloc
+    import uuid
+
+    import orjson
+
+    from ...node import validate
+    from ...node.core import ops
+    from ...node.limits import Limits
+    from ...node.machine import QueueMachine
+    from ..client import auto_idempotency_key
+    limits = Limits.build()
+    job = job_request("backlog", "bench", PAYLOAD)
+    blobs = [orjson.dumps({"jobs": [{**job, "idempotency_key": auto_idempotency_key()} for _ in range(BATCH)]})
+             for _ in range(n // BATCH)]
+    gc.collect()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        m, now = QueueMachine(limits), 1_700_000_000_000
+        for blob in blobs:
+            rid = ops.request_id(None, uuid.uuid4().hex, "POST /v1/jobs/batch", uuid.uuid4().hex)
+            m.apply(now, validate.enqueue_batch(orjson.loads(blob), limits, now, lambda: str(uuid.uuid4()), rid))
+            now += 4
+        gc.collect()
+        held = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    if len(m.jobs) != len(blobs) * BATCH:
+        raise RuntimeError(f"the in-process fill made {len(m.jobs)} jobs of {len(blobs) * BATCH}")
+    return round(held / len(m.jobs))
+
+
 async def run_scale(sizes: list[int], durability: str, progress: bool, recovery_timeout: float,
                     directory: str | None, say) -> dict:
+    machine_per_job = state_machine_bytes_per_job()
     d = directory or tempfile.mkdtemp(prefix="raftq-scale-")
     cluster = LocalCluster(d, durability=durability).launch()
     try:
@@ -287,7 +329,8 @@ async def run_scale(sizes: list[int], durability: str, progress: bool, recovery_
         for size in sorted(sizes):
             steps.append(await s.step(size))
         return {"durability": durability, "payload_bytes": len(PAYLOAD), "batch": BATCH, "producers": PRODUCERS,
-                "base_rss_mb": [round(r / 2**20) if r else None for r in s.base_rss], "steps": steps, "dir": d}
+                "base_rss_mb": [round(r / 2**20) if r else None for r in s.base_rss],
+                "state_machine_bytes_per_job": machine_per_job, "steps": steps, "dir": d}
     finally:
         cluster.stop_all()
         cluster.close()
@@ -306,8 +349,11 @@ def format_scale(result: dict) -> str:
         if f.get("jobs"):
             lines.append(f"  fill             {f['jobs_per_s']:,} jobs/s ({f['jobs']:,} in {f['seconds']} s), "
                          f"terms {st['terms_before']} -> {st['terms_after']}")
+        sm = result.get("state_machine_bytes_per_job")
         lines.append(f"  RSS per node     {st['rss_mb']} MB" +
-                     (f", {st['bytes_per_job']} bytes per queued job" if st["bytes_per_job"] else ""))
+                     (f", {st['bytes_per_job']} bytes per queued job" if st["bytes_per_job"] else "") +
+                     (f": the state machine {sm}, the rest {[b - sm for b in st['bytes_per_job'] if b is not None]}"
+                      if st["bytes_per_job"] and sm else ""))
         cm = st["cluster_ms"]
         lines.append("  /v1/cluster      " + ", ".join(
             f"{k.replace('_', ' ')} {v['ms']} ms" if v["ms"] is not None else f"{k.replace('_', ' ')} - ({v['why']})"
