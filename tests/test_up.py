@@ -308,15 +308,22 @@ def test_local_restart_and_wipe(healthy):
     with SyncClient(lab.urls, transport="http") as c:
         for i in range(30):
             c.enqueue("lab-wipe", "t", str(i))
-    inodes = {n["id"]: (Path(n["data_dir"]) / "raft.journal").stat().st_ino for n in lab.state()["nodes"]}
-    mark = len(lab.lines)
-    code, out, err = lab.local("wipe", "follower")          # as the README says it
-    assert code == 0, err
-    target = re.match(r"(n\d) stopped, its data dir emptied", out).group(1)
-    assert target != leader_id(lab.urls)
-    journal, inode = Path(lab.node(target)["data_dir"]) / "raft.journal", inodes[target]
-    assert "its data dir emptied" in out and f"{target} is ready: caught up with the leader" in out
-    assert journal.exists() and journal.stat().st_ino != inode          # a new journal, rebuilt from the leader
+    # Each journal held open: the wiped one must be unlinked, and its inode cannot be reused by
+    # the new journal while it is open (CI once saw the new file get the old one's number).
+    held = {n["id"]: os.open(Path(n["data_dir"]) / "raft.journal", os.O_RDONLY) for n in lab.state()["nodes"]}
+    try:
+        mark = len(lab.lines)
+        code, out, err = lab.local("wipe", "follower")          # as the README says it
+        assert code == 0, err
+        target = re.match(r"(n\d) stopped, its data dir emptied", out).group(1)
+        assert target != leader_id(lab.urls)
+        journal, old = Path(lab.node(target)["data_dir"]) / "raft.journal", os.fstat(held[target])
+        assert "its data dir emptied" in out and f"{target} is ready: caught up with the leader" in out
+        assert old.st_nlink == 0, "the wiped node's journal is still in its data dir"
+        assert journal.exists() and journal.stat().st_ino != old.st_ino     # a new journal, rebuilt from the leader
+    finally:
+        for fd in held.values():
+            os.close(fd)
     lab.wait_for(rf"{target} is back: .*rebuilt from the leader", after=mark)
     vs = poll(lambda: converged(lab.urls), timeout=30, what="the wiped node to converge")
     assert len({v["digest"] for v in vs}) == 1
