@@ -236,7 +236,8 @@ def build_app(service: NodeService) -> web.Application:
             r.add_get(path, handler, expect_handler=_expect)    # and HEAD, as aiohttp does by default
         else:
             r.add_route(method, path, handler, expect_handler=_expect)
-    r.add_route("*", "/{tail:.*}", _guarded(_fallback(list(r.resources()), auth)), expect_handler=_expect)
+    # Every path, a percent-encoded newline in it included (`.*` stops at one: aiohttp's plain 404).
+    r.add_route("*", r"/{tail:[\s\S]*}", _guarded(_fallback(list(r.resources()), auth)), expect_handler=_expect)
     return app
 
 

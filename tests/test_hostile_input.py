@@ -317,6 +317,17 @@ class Session:
         return got, None
 
 
+
+def test_a_path_with_a_newline_in_a_segment_answers_json_404(cluster):
+    """Regression (CI, the fuzz above): a percent-encoded newline in a path segment matched no
+    route, not even the catch-all (its `.*` stops at a newline), and got aiohttp's plain-text 404."""
+    for target in ("/v1/queues/%0A%7B/dead-letter", "/v1/jobs/%0A", "/%0A"):
+        raw = request_bytes("POST", target, b"{}", {"Content-Type": "application/json", **bearer("admin")}, close=True)
+        status, headers, got = raw_exchange(cluster.http_ports[0], raw)
+        err = check_answer(status, headers, got, target)
+        assert status in (400, 404, 405) and err is not None, (target, status, got[:300])
+
+
 @pytest.fixture(scope="module")
 def session(cluster):
     s = Session(cluster)
