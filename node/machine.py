@@ -155,6 +155,9 @@ class QueueMachine(UndoLog):
         # (now, window, now + window): the expiry int the records of one batch share. Not state
         # (identity only saves memory; equal values hash and compare the same).
         self._expiry = (None, None, None)
+        # The spec (node/core/jobs.py SPEC_FIELDS) of the job made last, which the next shares
+        # when equal. Not state either.
+        self._spec = None
         # request key -> (op, result, expires[, route, body_hash]); the key is the request id, or
         # (caller's key name, request id) for a caller with a name (ops.request_key)
         self.rids: dict = {}

@@ -145,6 +145,26 @@ def test_a_job_that_uses_nothing_new_renders_and_hashes_as_before():
     assert t.to_tuple() == c.m.jobs[jid].to_tuple()
 
 
+def test_jobs_enqueued_alike_share_their_spec_until_one_of_them_changes():
+    c = Core()
+    status, body = c.batch([{"queue": "q", "job_type": "t", "priority": 3} for _ in range(3)]
+                           + [{"queue": "q", "job_type": "t", "custom": {"a": 1}},
+                              {"queue": "q", "job_type": "t", "custom": {"a": True}}])
+    assert status == 200, body
+    a, b, d, e, f = (c.m.jobs[r["job_id"]] for r in body["results"])
+    assert a.spec is b.spec is d.spec                       # one tuple for the three
+    assert e.spec is not f.spec and f.custom == {"a": True} and type(f.custom["a"]) is bool
+    job = c.reserve_one()                                   # a: the first of priority 3
+    assert job["id"] == a.id
+    c.nack(a.id, 1, reason="boom", retry={"strategy": "delay", "delay_ms": 1000})
+    assert a.last_reason == "boom" and b.last_reason is None and d.last_reason is None
+    assert b.spec is d.spec and a.spec is not b.spec
+    c.m.check_invariants()
+    m = restored(c)                                         # a restore shares them again
+    assert m.jobs[b.id].spec is m.jobs[d.id].spec and m.jobs[a.id].last_reason == "boom"
+    assert m.jobs[f.id].custom == {"a": True} and m.digest() == c.m.digest()
+
+
 # ============================================================================ execution timeout
 
 def test_timeout_ms_shown_job_first_then_queue_then_null():

@@ -21,7 +21,8 @@ from . import audit, gating, ops
 from .answers import render_dead_letter
 from .jobs import (DEAD, DEAD_LETTER_RECORD_TYPE, GONE, IN_FLIGHT, READY, SCHEDULED, DeadLetter, Job, Queue,
                    shown_fields)
-from .jobs import DEDUP_EXPIRES, DEDUP_JOB_ID, dedup_record, shown_common
+from .jobs import (DEDUP_EXPIRES, DEDUP_JOB_ID, S_DEADLINE, S_ENQUEUED_AT, S_PRIORITY, S_QUEUE,
+                   S_RESOURCE, dedup_record, shown_common)
 from .ops import ATOMIC, DEAD_LETTER, DELAY, ENQUEUED, JOB_ID, RESERVED, SINGLE, UNAUDITED
 from .undo import drop_item, fifo_restore_head, fifo_unappend, heap_remove, heap_restore, restore_item
 
@@ -171,14 +172,19 @@ def _enqueue_one(m, item, now: int, check_depth: bool):
     if q is None:
         q = m.ensure_queue(qname)
     job = Job()
-    job.id, job.queue, job.job_type = job_id, qname, job_type
-    job.payload, job.encoding, job.priority = payload, encoding, priority
-    job.custom, job.trace = custom, trace
-    job.enqueued_at, job.scheduled_at = now, scheduled_at
-    job.attempt, job.max_attempts, job.lease_expires = 1, max_attempts, None
-    job.deadline, job.last_reason, job.resource = deadline, None, resource
-    job.timeout_ms = timeout_ms if timeout_ms is not None else ql.execution_timeout_ms
-    job.releases = 0
+    job.id, job.payload, job.attempt, job.lease_expires = job_id, payload, 1, None
+    # The spec (node/core/jobs.py SPEC_FIELDS), shared with the job made before when equal:
+    # a batch's jobs are usually enqueued alike. Not when it has custom fields, whose dict
+    # would compare equal to one with 1 where this has true or 1.0.
+    spec = (qname, job_type, encoding, priority, custom, trace, now, scheduled_at, max_attempts,
+            deadline, timeout_ms if timeout_ms is not None else ql.execution_timeout_ms, resource,
+            None, 0)
+    last = m._spec
+    if custom is None and spec == last:
+        spec = last
+    else:
+        m._spec = spec
+    job.spec = spec
     # The hot path: the undo log is written inline (see node/core/undo.py).
     undo = m._undo
     seq = m.seq
@@ -279,7 +285,7 @@ def reserve(m, queue_names, lease_ms: int, max_jobs: int):
                 if job.state == READY and job.seq == entry[2] and jobs.get(job.id) is job:
                     break
                 heappop(heap)
-            if fifo and not (heap and heap[0] < (-fifo[0].priority, fifo[0].enqueued_at, seqs[0])):
+            if fifo and not (heap and heap[0] < (-fifo[0].spec[S_PRIORITY], fifo[0].spec[S_ENQUEUED_AT], seqs[0])):
                 job, seq = fifo[0], seqs[0]     # a live head: its entry's key is the job's
                 undo += (fifo_restore_head, q, job, seq)
                 fifo.popleft()
@@ -292,11 +298,13 @@ def reserve(m, queue_names, lease_ms: int, max_jobs: int):
                 job = entry[3]
             else:
                 break
-            if job.deadline is not None and job.deadline <= now:
+            spec = job.spec
+            deadline = spec[S_DEADLINE]
+            if deadline is not None and deadline <= now:
                 m._add(q, "ready", -1)
                 dead_letter(m, job, q, "expired", None)   # too late to ever run
                 continue
-            r = job.resource
+            r = spec[S_RESOURCE]
             if r is not None:                    # a throttle: hold it back while r is full
                 n = in_use.get(r, 0)
                 limit = limits.resource_limits.get(r)
@@ -312,7 +320,7 @@ def reserve(m, queue_names, lease_ms: int, max_jobs: int):
             job.state = IN_FLIGHT
             undo += (setattr, job, "lease_expires", job.lease_expires)
             job.lease_expires = expires
-            if job.deadline is not None:
+            if deadline is not None:
                 m._set(job, "deadline", None)
             n = q.ready
             undo += (setattr, q, "ready", n)
@@ -364,11 +372,12 @@ def ack(m, job_id: str, attempt: int):
     jobs = m.jobs
     undo += (restore_item, jobs, job.id, job)
     del jobs[job.id]
-    q = m.queues[job.queue]
+    spec = job.spec
+    q = m.queues[spec[S_QUEUE]]
     n = q.in_flight                     # gating.leave_in_flight(m, job, q, OK), inline
     undo += (setattr, q, "in_flight", n)
     q.in_flight = n - 1
-    if job.resource is not None or q.circuit is not None:
+    if spec[S_RESOURCE] is not None or q.circuit is not None:
         gating.gate_leave(m, job, q, gating.OK)
     n = q.acked
     undo += (setattr, q, "acked", n)

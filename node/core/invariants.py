@@ -17,7 +17,7 @@ from collections import Counter
 
 from ..limits import Limits
 from .config import key_problem
-from .jobs import DEAD, DEDUP_EXPIRES, DEDUP_KEY, DEDUP_QUEUE, IN_FLIGHT, READY, SCHEDULED, STATE_NAMES
+from .jobs import DEAD, DEDUP_EXPIRES, DEDUP_KEY, DEDUP_QUEUE, IN_FLIGHT, READY, SCHEDULED, SPEC_FIELDS, STATE_NAMES
 from .ops import ENQUEUED_BATCH, compact_batch
 
 
@@ -42,6 +42,9 @@ def check(m) -> list[str]:
     for job_id, job in jobs.items():
         if job.id != job_id:
             say(f"job {job_id} stored under another id ({job.id})")
+        if type(job.spec) is not tuple or len(job.spec) != len(SPEC_FIELDS):
+            say(f"job {job_id} has spec {job.spec!r}, not a tuple of {SPEC_FIELDS}")
+            continue
         if job.state not in (READY, SCHEDULED, IN_FLIGHT, DEAD):
             say(f"job {job_id} in the machine in state {STATE_NAMES[job.state] if 0 <= job.state < 5 else job.state}")
         if job.queue not in m.queues:

@@ -7,7 +7,6 @@ it are recognised as stale.
 from __future__ import annotations
 
 from collections import deque
-from operator import attrgetter
 
 READY, SCHEDULED, IN_FLIGHT, DEAD, GONE = 0, 1, 2, 3, 4
 STATE_NAMES = ("ready", "scheduled", "in_flight", "dead_lettered", "gone")
@@ -20,53 +19,82 @@ CLUSTER_CAUSES = ("lease_expired", "expired", "admin")
 DEAD_LETTER_RECORD_TYPE = "raftq.dead_letter"
 
 
+# What a job was enqueued with and rarely changes: one tuple, shared by every job of a batch
+# that was enqueued alike (one queue, type, priority, millisecond, options), so a queued job
+# holds 8 slots instead of 21 (104 bytes a job less, docs/performance.md). A change to one of
+# these fields gives the job a copy of its own (`Job`'s properties).
+SPEC_FIELDS = ("queue", "job_type", "encoding", "priority", "custom", "trace", "enqueued_at",
+               "scheduled_at", "max_attempts", "deadline", "timeout_ms", "resource", "last_reason",
+               "releases")
+(S_QUEUE, S_JOB_TYPE, S_ENCODING, S_PRIORITY, S_CUSTOM, S_TRACE, S_ENQUEUED_AT, S_SCHEDULED_AT,
+ S_MAX_ATTEMPTS, S_DEADLINE, S_TIMEOUT_MS, S_RESOURCE, S_LAST_REASON, S_RELEASES) = range(14)
+
+
+def _spec_property(k: int, name: str) -> property:
+    def get(job):
+        return job.spec[k]
+
+    def put(job, value):
+        spec = job.spec
+        if spec[k] is not value:        # copy on write: the old tuple may be shared
+            job.spec = spec[:k] + (value,) + spec[k + 1:]
+    return property(get, put, doc=f"{name}: the job's spec[{k}] (SPEC_FIELDS)")
+
+
 class Job:
     """One job. `run_at` is when a scheduled job becomes ready; `scheduled_at` is what the
     producer asked for (shown to workers); `deadline` is cleared by the first delivery; `seq`
     is the per-machine sequence that breaks ties in the ready order (and names the job's live
-    ready-index entry)."""
-    __slots__ = ("id", "queue", "job_type", "payload", "encoding", "priority", "custom", "trace",
-                 "enqueued_at", "scheduled_at", "attempt", "max_attempts", "lease_expires",
-                 "state", "seq", "run_at", "deadline", "last_reason",
-                 # issue 17 (lifecycle): the job's execution timeout (ms, None = none; the queue's
-                 # execution_timeout_ms resolved at enqueue) and how many of its deliveries were
-                 # released (handed back without using an attempt): attempts used = attempt - releases.
-                 "timeout_ms", "releases",
-                 # issue 17 (gating): the throttle resource the job names (None = none).
-                 "resource")
+    ready-index entry). The fields of SPEC_FIELDS live in the (shared) tuple `spec` and read and
+    write as attributes; the hot paths index `spec` with the S_* constants instead.
 
-    FIELDS = __slots__
+    Issue 17 added `timeout_ms` (the job's execution timeout, ms, None = none: the queue's
+    execution_timeout_ms resolved at enqueue), `releases` (deliveries handed back without using
+    an attempt: attempts used = attempt - releases) and `resource` (the throttle resource the job
+    names, None = none)."""
+    __slots__ = ("id", "payload", "attempt", "lease_expires", "state", "seq", "run_at", "spec")
+
+    # Every field, in the order of the snapshot's job tuples and the digest.
+    FIELDS = ("id", "queue", "job_type", "payload", "encoding", "priority", "custom", "trace",
+              "enqueued_at", "scheduled_at", "attempt", "max_attempts", "lease_expires",
+              "state", "seq", "run_at", "deadline", "last_reason", "timeout_ms", "releases", "resource")
+
+    for _k, _name in enumerate(SPEC_FIELDS):
+        locals()[_name] = _spec_property(_k, _name)
+    del _k, _name
 
     def to_tuple(self) -> tuple:
-        return _job_fields(self)        # tuple(getattr(self, f) for f in Job.FIELDS), in C
+        s = self.spec
+        return (self.id, s[0], s[1], self.payload, s[2], s[3], s[4], s[5], s[6], s[7],
+                self.attempt, s[8], self.lease_expires, self.state, self.seq, self.run_at,
+                s[9], s[12], s[10], s[13], s[11])
 
     @classmethod
-    def from_tuple(cls, t) -> "Job":
+    def from_tuple(cls, t, specs: dict | None = None) -> "Job":
+        """A job from its FIELDS tuple (or the 18 of before issue 17, the later ones taking
+        their defaults). `specs`, when given, interns the spec tuples: equal ones are shared."""
+        if len(t) == 18:
+            t = tuple(t) + (None, 0, None)
+        (id_, queue, job_type, payload, encoding, priority, custom, trace, enqueued_at,
+         scheduled_at, attempt, max_attempts, lease_expires, state, seq, run_at, deadline,
+         last_reason, timeout_ms, releases, resource) = t
+        spec = (queue, job_type, encoding, priority, custom, trace, enqueued_at, scheduled_at,
+                max_attempts, deadline, timeout_ms, resource, last_reason, releases)
+        if specs is not None and custom is None:       # a dict neither hashes nor compares strictly
+            try:
+                spec = specs.setdefault(spec, spec)
+            except TypeError:           # an unhashable field (a list where a tuple belongs): unshared
+                pass
         job = cls.__new__(cls)
-        if type(t) is tuple and len(t) == 21:      # the snapshot's own form: one unpacking
-            (job.id, job.queue, job.job_type, job.payload, job.encoding, job.priority, job.custom,
-             job.trace, job.enqueued_at, job.scheduled_at, job.attempt, job.max_attempts,
-             job.lease_expires, job.state, job.seq, job.run_at, job.deadline, job.last_reason,
-             job.timeout_ms, job.releases, job.resource) = t
-            return job
-        # An older form (18 fields before issue 17): the later slots take their defaults.
-        job.timeout_ms, job.releases, job.resource = None, 0, None
-        for f, v in zip(Job.FIELDS, t):
-            setattr(job, f, v)
+        job.id, job.payload, job.attempt, job.lease_expires = id_, payload, attempt, lease_expires
+        job.state, job.seq, job.run_at, job.spec = state, seq, run_at, spec
         return job
 
     def legacy_tuple(self) -> tuple:
         """The fields the digest hashes: the 18 of before issue 17 while the new slots hold their
         defaults (so a state that uses none of it hashes as it did), else all of them."""
-        t = _job_fields(self)
+        t = self.to_tuple()
         return t[:18] if t[18] is None and t[19] == 0 and t[20] is None else t
-
-
-_job_fields = attrgetter(*Job.FIELDS)
-if Job.FIELDS != ("id", "queue", "job_type", "payload", "encoding", "priority", "custom", "trace",
-                  "enqueued_at", "scheduled_at", "attempt", "max_attempts", "lease_expires",
-                  "state", "seq", "run_at", "deadline", "last_reason", "timeout_ms", "releases", "resource"):
-    raise RuntimeError("Job.from_tuple unpacks the fields in this order: keep it in step with __slots__")
 
 
 # The fields the Job shape of API.md shows, in `answers.render_job`'s order. A reserve's or a
@@ -75,14 +103,34 @@ if Job.FIELDS != ("id", "queue", "job_type", "payload", "encoding", "priority", 
 SHOWN_FIELDS = ("id", "queue", "job_type", "payload", "encoding", "priority", "custom", "trace",
                 "enqueued_at", "scheduled_at", "attempt", "max_attempts", "lease_expires", "deadline",
                 "timeout_ms", "releases")
-shown_common = attrgetter(*SHOWN_FIELDS)     # every job's shown fields (the resource is added when set)
+
+
+def shown_common(job) -> tuple:
+    """Every job's SHOWN_FIELDS (the resource is added when set)."""
+    s = job.spec
+    return (job.id, s[0], s[1], job.payload, s[2], s[3], s[4], s[5], s[6], s[7], job.attempt,
+            s[8], job.lease_expires, s[9], s[10], s[13])
+
+
+def _check_field_orders():
+    """to_tuple, from_tuple and shown_common index `spec` by hand: check them against FIELDS,
+    SHOWN_FIELDS and the properties once, at import."""
+    t = tuple(f"v{i}" for i in range(len(Job.FIELDS)))
+    job = Job.from_tuple(t)
+    if (job.to_tuple() != t or tuple(getattr(job, f) for f in Job.FIELDS) != t
+            or shown_common(job) != tuple(getattr(job, f) for f in SHOWN_FIELDS)):
+        raise RuntimeError("Job.to_tuple/from_tuple/shown_common disagree with FIELDS, SHOWN_FIELDS")
+
+
+_check_field_orders()
 
 
 def shown_fields(job) -> tuple:
     """SHOWN_FIELDS, and the job's `resource` after them when it has one (issue 17): a job
     without one shows the fields results always kept, so kept results are unchanged."""
     t = shown_common(job)
-    return t if job.resource is None else t + (job.resource,)
+    r = job.spec[S_RESOURCE]
+    return t if r is None else t + (r,)
 
 
 class Queue:

@@ -146,9 +146,9 @@ def from_builtins(m, data: dict):
     if data.get("v") not in READABLE:
         raise ValueError(f"unknown snapshot version {data.get('v')!r}")
     m.clock, m.seq, m.ctr, m.applied = data["clock"], data["seq"], data["ctr"], data["applied"]
-    jobs = m.jobs
+    jobs, specs = m.jobs, {}
     for t in data["jobs"]:
-        job = Job.from_tuple(t)
+        job = Job.from_tuple(t, specs)      # jobs enqueued alike share their spec again
         jobs[job.id] = job
     for rec in data["dlq"]:
         job = jobs[rec[0]]
