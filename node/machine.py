@@ -148,13 +148,13 @@ class QueueMachine(UndoLog):
         self.sched_heap: list = []      # (run_at, seq, job)
         self.lease_heap: list = []      # (lease_expires, ctr, job id): see handlers.lease
         self.deadline_heap: list = []   # (deadline, seq, job)
-        # queue -> {idempotency key -> (expires, queue, key, job_id)}, each record also an entry
+        # queue -> {idempotency key -> ((expires, queue), key, job_id)}, each record also an entry
         # of the expiry heap (node/core/jobs.py DEDUP_*); a queue's dict goes when it empties
         self.dedup: dict[str, dict[str, tuple]] = {}
         self.dedup_heap: list = []
-        # (now, window, now + window): the expiry int the records of one batch share. Not state
-        # (identity only saves memory; equal values hash and compare the same).
-        self._expiry = (None, None, None)
+        # (now, window, queue, (now + window, queue)): the bucket the dedup records of one batch
+        # share. Not state (identity only saves memory; equal values hash and compare the same).
+        self._bucket = (None, None, None, None)
         # The spec (node/core/jobs.py SPEC_FIELDS) of the job made last, which the next shares
         # when equal. Not state either.
         self._spec = None
@@ -184,15 +184,15 @@ class QueueMachine(UndoLog):
         self.released: set = set()
         self._undo: list = []
 
-    def shared_expiry(self, now: int, window: int) -> int:
-        """now + window, the same int object for every call with the same two (a batch's
-        records keep one 32-byte int instead of one each)."""
-        cached = self._expiry
-        if cached[0] == now and cached[1] == window:
-            return cached[2]
-        expires = now + window
-        self._expiry = (now, window, expires)
-        return expires
+    def shared_bucket(self, now: int, window: int, queue: str) -> tuple:
+        """The dedup bucket (now + window, queue), the same tuple object for every call with the
+        same three (a batch's records share one, node/core/jobs.py DEDUP_BUCKET)."""
+        cached = self._bucket
+        if cached[0] == now and cached[1] == window and cached[2] == queue:
+            return cached[3]
+        bucket = (now + window, queue)
+        self._bucket = (now, window, queue, bucket)
+        return bucket
 
     def ensure_queue(self, name: str) -> Queue:
         q = self.queues.get(name)

@@ -742,26 +742,36 @@ def test_dedup_window_ends_then_a_new_job_with_a_fresh_window():
     assert c.m.counts()["dedup_records"] == 0
 
 
-def test_a_dedup_record_is_one_tuple_shared_with_its_heap_entry_and_its_batch_expiry():
+def test_a_dedup_record_is_one_tuple_shared_with_its_heap_entry_and_its_batch_bucket():
     """The memory layout issue 16 chose (node/core/jobs.py DEDUP_*): per queue a dict of records,
-    each record the very object in the expiry heap, a batch's records sharing one expiry int;
-    a queue's dict goes with its last record; snapshots keep the older flat form."""
+    each record the very object in the expiry heap, a batch's records sharing one (expires,
+    queue) bucket; a queue's dict goes with its last record; snapshots keep the older flat form."""
     c = Core(queues=[{"name": "q", "dedup_window_ms": 1_000}])
     status, body = c.batch([{"queue": "q", "job_type": "t", "idempotency_key": f"k{i}"} for i in range(3)])
     ids = [r["job_id"] for r in body["results"]]
     records = [c.m.dedup["q"][f"k{i}"] for i in range(3)]
-    assert records == [(T0 + 1_000, "q", f"k{i}", ids[i]) for i in range(3)]
+    assert records == [((T0 + 1_000, "q"), f"k{i}", ids[i]) for i in range(3)]
     assert {id(r) for r in records} == {id(e) for e in c.m.dedup_heap}
-    assert len({id(r[0]) for r in records}) == 1          # one int for the batch's expiries
+    assert len({id(r[0]) for r in records}) == 1          # one bucket for the batch's records
     state = c.m.to_builtins()
     assert sorted(state["dedup"]) == sorted(("q", f"k{i}", ids[i], T0 + 1_000) for i in range(3))
     assert sorted(state["dedup_heap"]) == sorted((T0 + 1_000, "q", f"k{i}") for i in range(3))
     restored = QueueMachine.from_builtins(c.limits, state)
     assert restored.dedup == c.m.dedup and restored.digest() == c.m.digest()
     assert {id(r) for r in restored.dedup["q"].values()} == {id(e) for e in restored.dedup_heap}
-    c.advance(1_000)
-    assert c.sweep()["dedup_expired"] == 3
+    assert len({id(r[0]) for r in restored.dedup["q"].values()}) == 1    # shared again
+    assert c.batch([{"queue": "q", "job_type": "t", "idempotency_key": "later"}])[0] == 200
+    c.advance(1)
+    assert c.batch([{"queue": "q", "job_type": "t", "idempotency_key": "later2"}])[0] == 200
+    assert c.m.dedup["q"]["later2"][0] is not c.m.dedup["q"]["k0"][0]    # another `now`, another bucket
+    assert c.sweep()["dedup_expired"] == 0
+    c.advance(999)
+    assert c.sweep()["dedup_expired"] == 4                  # k0..k2 and later, not later2
+    assert list(c.m.dedup["q"]) == ["later2"]
+    c.advance(1)
+    assert c.sweep()["dedup_expired"] == 1
     assert c.m.dedup == {} and c.m.dedup_heap == []
+    c.m.check_invariants()
 
 
 def test_dedup_window_defaults_to_storage_setting_for_undeclared_queues():

@@ -21,7 +21,7 @@ from . import audit, gating, ops
 from .answers import render_dead_letter
 from .jobs import (DEAD, DEAD_LETTER_RECORD_TYPE, GONE, IN_FLIGHT, READY, SCHEDULED, DeadLetter, Job, Queue,
                    shown_fields)
-from .jobs import (DEDUP_EXPIRES, DEDUP_JOB_ID, S_DEADLINE, S_ENQUEUED_AT, S_PRIORITY, S_QUEUE,
+from .jobs import (DEDUP_JOB_ID, dedup_expires, S_DEADLINE, S_ENQUEUED_AT, S_PRIORITY, S_QUEUE, S_ATTEMPT,
                    S_RESOURCE, dedup_record, shown_common)
 from .ops import ATOMIC, DEAD_LETTER, DELAY, ENQUEUED, JOB_ID, RESERVED, SINGLE, UNAUDITED
 from .undo import drop_item, fifo_restore_head, fifo_unappend, heap_remove, heap_restore, restore_item
@@ -82,7 +82,7 @@ def _atomic_duplicates(m, items, now: int) -> tuple:
         if key is None:
             continue
         rec = dedup_record(m, qname, key)
-        live = rec is not None and rec[DEDUP_EXPIRES] > now
+        live = rec is not None and dedup_expires(rec) > now
         if live or (qname, key) in keys:
             existing = rec[DEDUP_JOB_ID] if live else keys[(qname, key)]
             policy = _policy(m, item)
@@ -105,7 +105,7 @@ def _atomic_overflow(m, items, now: int) -> dict:
         qname, key = item[ops.ITEM_QUEUE], item[ops.ITEM_IDEMPOTENCY_KEY]
         if key is not None:
             rec = dedup_record(m, qname, key)
-            if (rec is not None and rec[DEDUP_EXPIRES] > now) or (qname, key) in keys:
+            if (rec is not None and dedup_expires(rec) > now) or (qname, key) in keys:
                 continue
             keys.add((qname, key))
         wanted[qname] = wanted.get(qname, 0) + 1
@@ -162,7 +162,7 @@ def _enqueue_one(m, item, now: int, check_depth: bool):
     if idem_key is not None:
         keyed = m.dedup.get(qname)
         rec = keyed.get(idem_key) if keyed is not None else None
-        if rec is not None and rec[DEDUP_EXPIRES] > now:
+        if rec is not None and rec[0][0] > now:           # dedup_expires(rec), inline
             return _duplicate(m, item, rec[DEDUP_JOB_ID], now)
     q = m.queues.get(qname)
     if check_depth and ql.max_queue_depth is not None:
@@ -172,13 +172,14 @@ def _enqueue_one(m, item, now: int, check_depth: bool):
     if q is None:
         q = m.ensure_queue(qname)
     job = Job()
-    job.id, job.payload, job.attempt, job.lease_expires = job_id, payload, 1, None
+    job.id, job.payload, job.lease_expires = job_id, payload, None
+    later = scheduled_at is not None and scheduled_at > now
     # The spec (node/core/jobs.py SPEC_FIELDS), shared with the job made before when equal:
     # a batch's jobs are usually enqueued alike. Not when it has custom fields, whose dict
     # would compare equal to one with 1 where this has true or 1.0.
     spec = (qname, job_type, encoding, priority, custom, trace, now, scheduled_at, max_attempts,
             deadline, timeout_ms if timeout_ms is not None else ql.execution_timeout_ms, resource,
-            None, 0)
+            None, 0, 1, scheduled_at if later else None)
     last = m._spec
     if custom is None and spec == last:
         spec = last
@@ -196,12 +197,12 @@ def _enqueue_one(m, item, now: int, check_depth: bool):
     if jobs.setdefault(job_id, job) is not job:     # one probe of a dict of every job, not two
         del undo[-4:]                   # nothing went in: the job of that id must stay on a revert
         raise ValueError("job id collision")   # the leader's ids are fresh UUIDs
-    if scheduled_at is not None and scheduled_at > now:
-        job.state, job.run_at = SCHEDULED, scheduled_at
+    if later:
+        job.state = SCHEDULED
         m._push(m.sched_heap, (scheduled_at, seq, job))
         m._add(q, "scheduled", 1)
     else:
-        job.state, job.run_at = READY, None
+        job.state = READY
         # ready_push(m, q, (-priority, now, seq, job)), inline: the FIFO keeps no entry tuple
         # (node/core/jobs.py Queue), and a batch's jobs share their tail.
         negp = -priority
@@ -232,11 +233,11 @@ def _enqueue_one(m, item, now: int, check_depth: bool):
         if keyed is None:
             keyed = {}
             m._put(m.dedup, q.name, keyed)
-        # The record is its own expiry-heap entry; the expiry int is shared by every record of
-        # the batch (one `now`, one window): 32 bytes a record less (docs/performance.md).
+        # The record is its own expiry-heap entry; its bucket (expires, queue) is shared by
+        # every record of the batch (one `now`, one window, one queue): node/core/jobs.py.
         # m._put and m._push, inline: `rec` is what the lookup above found for the key (None,
         # or a record past its window), so the dict is not probed again.
-        old, rec = rec, (m.shared_expiry(now, ql.dedup_window_ms), q.name, idem_key, job_id)
+        old, rec = rec, (m.shared_bucket(now, ql.dedup_window_ms, q.name), idem_key, job_id)
         undo += (drop_item, keyed, idem_key, None) if old is None else (restore_item, keyed, idem_key, old)
         keyed[idem_key] = rec
         heap = m.dedup_heap
@@ -363,7 +364,7 @@ def fenced(m, job_id: str, attempt: int):
 def ack(m, job_id: str, attempt: int):
     """The job is removed for good (its dedup record stays until the window ends)."""
     job = m.jobs.get(job_id)
-    if job is None or job.state != IN_FLIGHT or job.attempt != attempt:
+    if job is None or job.state != IN_FLIGHT or job.spec[S_ATTEMPT] != attempt:
         return fenced(m, job_id, attempt)[1]
     # The job leaves in-flight and the acked count grows, with the undo log written inline.
     undo = m._undo

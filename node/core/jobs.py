@@ -21,13 +21,16 @@ DEAD_LETTER_RECORD_TYPE = "raftq.dead_letter"
 
 # What a job was enqueued with and rarely changes: one tuple, shared by every job of a batch
 # that was enqueued alike (one queue, type, priority, millisecond, options), so a queued job
-# holds 8 slots instead of 21 (104 bytes a job less, docs/performance.md). A change to one of
-# these fields gives the job a copy of its own (`Job`'s properties).
+# holds 6 slots instead of 21 (120 bytes a job less, docs/performance.md). A change to one of
+# these fields gives the job a copy of its own (`Job`'s properties): `attempt` and `run_at`
+# change only when a job is retried, released, redelivered or replaced, never on the way of a
+# job that is reserved and acked once.
 SPEC_FIELDS = ("queue", "job_type", "encoding", "priority", "custom", "trace", "enqueued_at",
                "scheduled_at", "max_attempts", "deadline", "timeout_ms", "resource", "last_reason",
-               "releases")
+               "releases", "attempt", "run_at")
 (S_QUEUE, S_JOB_TYPE, S_ENCODING, S_PRIORITY, S_CUSTOM, S_TRACE, S_ENQUEUED_AT, S_SCHEDULED_AT,
- S_MAX_ATTEMPTS, S_DEADLINE, S_TIMEOUT_MS, S_RESOURCE, S_LAST_REASON, S_RELEASES) = range(14)
+ S_MAX_ATTEMPTS, S_DEADLINE, S_TIMEOUT_MS, S_RESOURCE, S_LAST_REASON, S_RELEASES, S_ATTEMPT,
+ S_RUN_AT) = range(16)
 
 
 def _spec_property(k: int, name: str) -> property:
@@ -52,7 +55,7 @@ class Job:
     execution_timeout_ms resolved at enqueue), `releases` (deliveries handed back without using
     an attempt: attempts used = attempt - releases) and `resource` (the throttle resource the job
     names, None = none)."""
-    __slots__ = ("id", "payload", "attempt", "lease_expires", "state", "seq", "run_at", "spec")
+    __slots__ = ("id", "payload", "lease_expires", "state", "seq", "spec")
 
     # Every field, in the order of the snapshot's job tuples and the digest.
     FIELDS = ("id", "queue", "job_type", "payload", "encoding", "priority", "custom", "trace",
@@ -66,7 +69,7 @@ class Job:
     def to_tuple(self) -> tuple:
         s = self.spec
         return (self.id, s[0], s[1], self.payload, s[2], s[3], s[4], s[5], s[6], s[7],
-                self.attempt, s[8], self.lease_expires, self.state, self.seq, self.run_at,
+                s[14], s[8], self.lease_expires, self.state, self.seq, s[15],
                 s[9], s[12], s[10], s[13], s[11])
 
     @classmethod
@@ -79,15 +82,15 @@ class Job:
          scheduled_at, attempt, max_attempts, lease_expires, state, seq, run_at, deadline,
          last_reason, timeout_ms, releases, resource) = t
         spec = (queue, job_type, encoding, priority, custom, trace, enqueued_at, scheduled_at,
-                max_attempts, deadline, timeout_ms, resource, last_reason, releases)
+                max_attempts, deadline, timeout_ms, resource, last_reason, releases, attempt, run_at)
         if specs is not None and custom is None:       # a dict neither hashes nor compares strictly
             try:
                 spec = specs.setdefault(spec, spec)
             except TypeError:           # an unhashable field (a list where a tuple belongs): unshared
                 pass
         job = cls.__new__(cls)
-        job.id, job.payload, job.attempt, job.lease_expires = id_, payload, attempt, lease_expires
-        job.state, job.seq, job.run_at, job.spec = state, seq, run_at, spec
+        job.id, job.payload, job.lease_expires = id_, payload, lease_expires
+        job.state, job.seq, job.spec = state, seq, spec
         return job
 
     def legacy_tuple(self) -> tuple:
@@ -108,7 +111,7 @@ SHOWN_FIELDS = ("id", "queue", "job_type", "payload", "encoding", "priority", "c
 def shown_common(job) -> tuple:
     """Every job's SHOWN_FIELDS (the resource is added when set)."""
     s = job.spec
-    return (job.id, s[0], s[1], job.payload, s[2], s[3], s[4], s[5], s[6], s[7], job.attempt,
+    return (job.id, s[0], s[1], job.payload, s[2], s[3], s[4], s[5], s[6], s[7], s[14],
             s[8], job.lease_expires, s[9], s[10], s[13])
 
 
@@ -196,12 +199,24 @@ class Queue:
                 "throttled": self.throttled, "throttle_deferred_total": self.deferred}
 
 
-# A dedup record (SEMANTICS.md "Idempotency keys") is one tuple, kept both in the machine's
-# `dedup` (queue name -> {idempotency key -> record}) and, as the very same object, in the expiry
-# heap `dedup_heap`, which it orders by (expires, queue, key): a heap entry is live while its
-# queue's dict holds that object for its key. One 4-tuple per record instead of a key tuple, a
-# value tuple and a heap tuple (136 bytes a record less at 1M jobs, docs/performance.md).
-DEDUP_EXPIRES, DEDUP_QUEUE, DEDUP_KEY, DEDUP_JOB_ID = range(4)
+# A dedup record (SEMANTICS.md "Idempotency keys") is one tuple (bucket, key, job id), kept both
+# in the machine's `dedup` (queue name -> {idempotency key -> record}) and, as the very same
+# object, in the expiry heap `dedup_heap`: a heap entry is live while its queue's dict holds that
+# object for its key. The bucket is (expires, queue), one tuple shared by the records a batch
+# makes (QueueMachine.shared_bucket), so the heap orders records by (expires, queue, key) as
+# before. One 3-tuple per record instead of a key tuple, a value tuple and a heap tuple, and
+# the bucket instead of an expiry and a queue in each (152 bytes a record less at 1M jobs,
+# docs/performance.md).
+DEDUP_BUCKET, DEDUP_KEY, DEDUP_JOB_ID = range(3)
+BUCKET_EXPIRES, BUCKET_QUEUE = range(2)
+
+
+def dedup_expires(rec) -> int:
+    return rec[DEDUP_BUCKET][BUCKET_EXPIRES]
+
+
+def dedup_queue(rec) -> str:
+    return rec[DEDUP_BUCKET][BUCKET_QUEUE]
 
 
 def dedup_record(m, qname: str, key: str):
@@ -217,7 +232,7 @@ def dedup_items(m):
         keyed = m.dedup[qname]
         for key in sorted(keyed):
             rec = keyed[key]
-            yield (qname, key), (rec[DEDUP_JOB_ID], rec[DEDUP_EXPIRES])
+            yield (qname, key), (rec[DEDUP_JOB_ID], rec[DEDUP_BUCKET][BUCKET_EXPIRES])
 
 
 class DeadLetter:

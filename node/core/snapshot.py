@@ -33,7 +33,7 @@ import orjson
 from ..limits import Limits
 from .answers import result_of_answer
 from .gating import Circuit
-from .jobs import (DEDUP_EXPIRES, DEDUP_JOB_ID, DEDUP_KEY, DEDUP_QUEUE, IN_FLIGHT, READY, SHOWN_FIELDS, DeadLetter,
+from .jobs import (DEDUP_BUCKET, DEDUP_JOB_ID, DEDUP_KEY, IN_FLIGHT, READY, SHOWN_FIELDS, DeadLetter,
                    Job, Queue, dedup_items, dedup_record)
 from .ops import DRAINED, ENQUEUED_BATCH, RESERVED, compact_batch, expanded_batch
 
@@ -62,10 +62,10 @@ def to_builtins(m) -> dict:
                       if e[2].deadline == e[0] and jobs.get(e[2].id) is e[2]],
         # The forms of before the records became heap entries (node/core/jobs.py DEDUP_*), so
         # snapshots stay readable both ways across versions.
-        "dedup": [(r[DEDUP_QUEUE], r[DEDUP_KEY], r[DEDUP_JOB_ID], r[DEDUP_EXPIRES])
+        "dedup": [(r[DEDUP_BUCKET][1], r[DEDUP_KEY], r[DEDUP_JOB_ID], r[DEDUP_BUCKET][0])
                   for keyed in m.dedup.values() for r in keyed.values()],
-        "dedup_heap": [r[:DEDUP_JOB_ID] for r in m.dedup_heap
-                       if dedup_record(m, r[DEDUP_QUEUE], r[DEDUP_KEY]) is r],
+        "dedup_heap": [r[DEDUP_BUCKET] + (r[DEDUP_KEY],) for r in m.dedup_heap
+                       if dedup_record(m, r[DEDUP_BUCKET][1], r[DEDUP_KEY]) is r],
         # (key, op, result, exp[, route, hash]); a batch's results as tuples, the form every
         # version reads (node/core/ops.py `enqueued_batch`).
         "rids": [(key, rec[0], _written(rec[1])) + rec[2:] for key, rec in m.rids.items()],
@@ -183,8 +183,10 @@ def from_builtins(m, data: dict):
     # Every record has exactly one live heap entry, so the heap is the records (`dedup_heap`
     # names the same (expires, queue, key) set; it is written for older readers).
     m.dedup = {}
+    buckets: dict = {}                  # the records of one (expires, queue) share their bucket again
     for qname, key, job_id, expires in data["dedup"]:
-        m.dedup.setdefault(qname, {})[key] = (expires, qname, key, job_id)
+        bucket = buckets.setdefault((expires, qname), (expires, qname))
+        m.dedup.setdefault(qname, {})[key] = (bucket, key, job_id)
     m.dedup_heap = [r for keyed in m.dedup.values() for r in keyed.values()]
     heapq.heapify(m.dedup_heap)
     m.rids = {_key(key): (op, kept_result(op, kept), exp, *rest) for key, op, kept, exp, *rest in data["rids"]}

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from . import audit, gating, ops
 from .handlers import dead_letter, drop_dead_letter, forget, make_ready
-from .jobs import DEDUP_KEY, DEDUP_QUEUE, IN_FLIGHT, READY, SCHEDULED
+from .jobs import DEDUP_KEY, IN_FLIGHT, READY, SCHEDULED, dedup_expires, dedup_queue
 
 
 def sweep(m):
@@ -79,14 +79,15 @@ def expire_deadlines(m, now: int, budget: int) -> int:
 def drop_dedup_records(m, now: int, budget: int) -> int:
     """3a. Dedup records whose window has ended (the key creates a new job again)."""
     heap, dedup, n = m.dedup_heap, m.dedup, 0
-    while heap and heap[0][0] <= now and n < budget:
+    while heap and dedup_expires(heap[0]) <= now and n < budget:
         rec = m._heappop(heap)
-        keyed = dedup.get(rec[DEDUP_QUEUE])
+        qname = dedup_queue(rec)
+        keyed = dedup.get(qname)
         if keyed is not None and keyed.get(rec[DEDUP_KEY]) is rec:     # else a replaced record's
             n += 1
             m._pop(keyed, rec[DEDUP_KEY])
             if not keyed:
-                m._pop(dedup, rec[DEDUP_QUEUE])
+                m._pop(dedup, qname)
     return n
 
 
@@ -123,7 +124,9 @@ def drop_dead_letters_past_retention(m, now: int, budget: int) -> int:
 def next_due_ms(m) -> int | None:
     """The earliest replicated time at which a sweep has work (stale entries may make it
     early, never late)."""
-    due = [h[0][0] for h in (m.sched_heap, m.lease_heap, m.deadline_heap, m.dedup_heap) if h]
+    due = [h[0][0] for h in (m.sched_heap, m.lease_heap, m.deadline_heap) if h]
+    if m.dedup_heap:
+        due.append(dedup_expires(m.dedup_heap[0]))
     if m.rid_heap:
         due.append(m.rid_heap[0][0])
     retention = m.limits.dead_letter_retention_ms
