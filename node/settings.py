@@ -362,7 +362,7 @@ TUNING_DEFAULTS = {
     "max_inflight": 20000,
     "log_compaction_min_entries": 50000,
     "log_compaction_min_time_s": 300,
-    "journal_memory_bytes": 32 << 20,     # newest log entries held in memory; older ones read back
+    "journal_memory_bytes": 16 << 20,     # newest log entries held in memory; older ones read back
     "raft_compression_level": 0,     # zlib level of Raft messages (pysyncobj's own default: 3)
     "dns_cache_time_s": 30,          # pysyncobj caches peer addresses (default 600 s): a peer
     "dns_fail_cache_time_s": 5,      # that comes back on a new IP must be found quickly

@@ -212,7 +212,7 @@ class SyncObjConf(object):
 
         #: raftq: bytes of the newest log entries' commands the journal keeps in memory; older
         #: ones are read back from the journal file when asked for (journal.FileJournal).
-        #: None: journal.HOT_BYTES (32 MiB).
+        #: None: journal.HOT_BYTES (16 MiB).
         self.journalMemoryBytes = kwargs.get('journalMemoryBytes', None)
 
         #: raftq: () -> bool, asked before this node starts an election (or a pre-vote) or

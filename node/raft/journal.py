@@ -16,7 +16,7 @@ datasync = getattr(os, 'fdatasync', os.fsync)
 
 # raftq: bytes of the newest entries' commands a FileJournal keeps in memory (the rest are read
 # back from the file when asked for); SyncObjConf.journalMemoryBytes overrides it.
-HOT_BYTES = 32 << 20
+HOT_BYTES = 16 << 20
 
 
 class StorageFailure(Exception):
