@@ -33,6 +33,12 @@ def q():
 def test_follower_redirects_with_307_and_location(cluster, api):
     leader = cluster.wait_leader()
     follower = (leader + 1) % 3
+    # wait_leader needs a majority to agree on the leader: on a fresh cluster this follower may
+    # not have heard from it yet (it answers 503 until it has), so wait for it too.
+    def knows_the_leader():
+        view = cluster.cluster_view(follower, digest=False) or {}
+        return (view.get("leader") or {}).get("id") == cluster.ids[leader] and view.get("config_version", 0) >= 1
+    poll(knows_the_leader, timeout=20, what="the follower to know the leader")
     status, body = http_json("POST", cluster.urls[follower] + "/v1/jobs?x=1", {"queue": "a", "job_type": "t"})
     assert status == 307
     assert body["error"]["code"] == "not_leader"
