@@ -305,9 +305,30 @@ class RedactingFilter(logging.Filter):
         return True
 
 
+class AnsweredBodyErrorFilter(logging.Filter):
+    """aiohttp, once a handler answered, reads what it left unread of the request's body
+    ("lingering") and logs the body's stored error as "Unhandled exception", traceback and all.
+    A body whose Content-Encoding does not decode was already answered 400 (`malformed HTTP
+    request`, logged at INFO by raftq.http): such a record becomes one INFO line without the
+    traceback, so a node's log keeps tracebacks for its own bugs (the fuzz tests check it)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if exc is not None and type(exc).__name__ == "RequestPayloadError" \
+                and type(exc.__cause__).__name__ == "ContentEncodingError":
+            record.exc_info = record.exc_text = None
+            record.levelno, record.levelname = logging.INFO, "INFO"
+            record.msg, record.args = "the rest of an answered request's body was not read: %s", (
+                str(exc).replace("\n", " "),)
+        return True
+
+
 def install_redaction(keys=()) -> RedactingFilter:
     """Filter every handler of the root logger (and aiohttp's and raftq's loggers, should they
     get handlers of their own)."""
+    server_log = logging.getLogger("aiohttp.server")
+    if not any(isinstance(g, AnsweredBodyErrorFilter) for g in server_log.filters):
+        server_log.addFilter(AnsweredBodyErrorFilter())
     f = RedactingFilter(keys)
     for name in ("", "aiohttp", "aiohttp.server", "aiohttp.access", "aiohttp.web", "aiohttp.websocket", "raftq"):
         lg = logging.getLogger(name)

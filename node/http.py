@@ -8,6 +8,7 @@ from urllib.parse import urlsplit
 
 import orjson
 from aiohttp import HttpVersion11, web
+from aiohttp.web_protocol import RequestPayloadError
 
 from . import bounds, validate
 from .auth import ADMIN, OPERATOR, VIEWER, WORKER, Auth
@@ -69,6 +70,11 @@ async def read_json(request: web.Request, optional: bool = False):
                 raw = await request.read()
     except web.HTTPRequestEntityTooLarge:
         return None, _too_large(request)
+    except RequestPayloadError as e:        # e.g. a Content-Encoding the body does not decode as
+        why = str(e).replace("\n", " ").split("message:", 1)[-1].strip()[:200]
+        resp = respond(*error("invalid_argument", f"the request body could not be read: {why}"))
+        resp.force_close()
+        return None, resp
     except TimeoutError:
         bounds.hit("http_body_timeout_s")
         resp = respond(*error("request_timeout", "the request body did not arrive within "
