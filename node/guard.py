@@ -24,7 +24,8 @@ import re
 
 import orjson
 from aiohttp import web
-from aiohttp.web_protocol import RequestHandler
+from aiohttp.http_exceptions import ContentEncodingError
+from aiohttp.web_protocol import RequestHandler, RequestPayloadError
 
 from . import bounds
 
@@ -314,8 +315,7 @@ class AnsweredBodyErrorFilter(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         exc = record.exc_info[1] if record.exc_info else None
-        if exc is not None and type(exc).__name__ == "RequestPayloadError" \
-                and type(exc.__cause__).__name__ == "ContentEncodingError":
+        if isinstance(exc, RequestPayloadError) and isinstance(exc.__cause__, ContentEncodingError):
             record.exc_info = record.exc_text = None
             record.levelno, record.levelname = logging.INFO, "INFO"
             record.msg, record.args = "the rest of an answered request's body was not read: %s", (

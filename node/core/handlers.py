@@ -21,8 +21,8 @@ from . import audit, gating, ops
 from .answers import render_dead_letter
 from .jobs import (DEAD, DEAD_LETTER_RECORD_TYPE, GONE, IN_FLIGHT, READY, SCHEDULED, DeadLetter, Job, Queue,
                    shown_fields)
-from .jobs import (DEDUP_JOB_ID, dedup_expires, S_DEADLINE, S_ENQUEUED_AT, S_PRIORITY, S_QUEUE, S_ATTEMPT,
-                   S_RESOURCE, dedup_record, shown_common)
+from .jobs import (DEDUP_JOB_ID, S_ATTEMPT, S_DEADLINE, S_ENQUEUED_AT, S_PRIORITY, S_QUEUE, S_RESOURCE,
+                   dedup_expires, dedup_record, shown_common)
 from .ops import ATOMIC, DEAD_LETTER, DELAY, ENQUEUED, JOB_ID, RESERVED, SINGLE, UNAUDITED
 from .undo import drop_item, fifo_restore_head, fifo_unappend, heap_remove, heap_restore, restore_item
 

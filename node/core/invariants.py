@@ -17,7 +17,8 @@ from collections import Counter
 
 from ..limits import Limits
 from .config import key_problem
-from .jobs import DEAD, DEDUP_BUCKET, DEDUP_KEY, dedup_expires, IN_FLIGHT, READY, SCHEDULED, SPEC_FIELDS, STATE_NAMES
+from .jobs import (DEAD, DEDUP_BUCKET, DEDUP_KEY, IN_FLIGHT, READY, SCHEDULED, SPEC_FIELDS, STATE_NAMES,
+                   dedup_expires, dedup_queue)
 from .ops import ENQUEUED_BATCH, compact_batch
 
 
@@ -196,7 +197,7 @@ def check(m) -> list[str]:
             say(f"queue {qname!r} keeps an empty dict of dedup records")
         for key, rec in keyed.items():
             if (type(rec) is not tuple or len(rec) != 3 or type(rec[DEDUP_BUCKET]) is not tuple
-                    or len(rec[DEDUP_BUCKET]) != 2 or rec[DEDUP_BUCKET][1] != qname or rec[DEDUP_KEY] != key):
+                    or len(rec[DEDUP_BUCKET]) != 2 or dedup_queue(rec) != qname or rec[DEDUP_KEY] != key):
                 say(f"dedup record ({qname!r}, {key!r}) is {rec!r}, not ((expires, queue), key, job id)")
             elif id(rec) not in dedup_entries:
                 say(f"dedup record ({qname!r}, {key!r}) has no heap entry for its expiry {dedup_expires(rec)}")

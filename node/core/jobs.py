@@ -232,7 +232,7 @@ def dedup_items(m):
         keyed = m.dedup[qname]
         for key in sorted(keyed):
             rec = keyed[key]
-            yield (qname, key), (rec[DEDUP_JOB_ID], rec[DEDUP_BUCKET][BUCKET_EXPIRES])
+            yield (qname, key), (rec[DEDUP_JOB_ID], dedup_expires(rec))
 
 
 class DeadLetter:

@@ -34,7 +34,7 @@ from ..limits import Limits
 from .answers import result_of_answer
 from .gating import Circuit
 from .jobs import (DEDUP_BUCKET, DEDUP_JOB_ID, DEDUP_KEY, IN_FLIGHT, READY, SHOWN_FIELDS, DeadLetter,
-                   Job, Queue, dedup_items, dedup_record)
+                   Job, Queue, dedup_expires, dedup_items, dedup_queue, dedup_record)
 from .ops import DRAINED, ENQUEUED_BATCH, RESERVED, compact_batch, expanded_batch
 
 VERSION = 3
@@ -62,10 +62,10 @@ def to_builtins(m) -> dict:
                       if e[2].deadline == e[0] and jobs.get(e[2].id) is e[2]],
         # The forms of before the records became heap entries (node/core/jobs.py DEDUP_*), so
         # snapshots stay readable both ways across versions.
-        "dedup": [(r[DEDUP_BUCKET][1], r[DEDUP_KEY], r[DEDUP_JOB_ID], r[DEDUP_BUCKET][0])
+        "dedup": [(dedup_queue(r), r[DEDUP_KEY], r[DEDUP_JOB_ID], dedup_expires(r))
                   for keyed in m.dedup.values() for r in keyed.values()],
         "dedup_heap": [r[DEDUP_BUCKET] + (r[DEDUP_KEY],) for r in m.dedup_heap
-                       if dedup_record(m, r[DEDUP_BUCKET][1], r[DEDUP_KEY]) is r],
+                       if dedup_record(m, dedup_queue(r), r[DEDUP_KEY]) is r],
         # (key, op, result, exp[, route, hash]); a batch's results as tuples, the form every
         # version reads (node/core/ops.py `enqueued_batch`).
         "rids": [(key, rec[0], _written(rec[1])) + rec[2:] for key, rec in m.rids.items()],
