@@ -25,12 +25,14 @@ made; a file without a good trailer is one whose stream was cut.
 """
 from __future__ import annotations
 
+import asyncio
 import gzip
 import hashlib
 import io
 import json
 import os
 import pickle
+import signal
 
 MAGIC = b"RAFTQ-BACKUP 1\n"
 FORMAT = "raftq-backup"
@@ -201,33 +203,82 @@ class Backups:
 
     async def stream(self, loop, wall_ms: int, start):
         """Fork the child, call `await start(header_bytes, index, term)` once the state's index
-        is known, then yield the child's output in chunks; raises Busy or OSError before start."""
+        is known, then yield the child's output in chunks; raises Busy or OSError before start.
+
+        Safe to abandon at any await (the handler is cancelled when its client goes away; use
+        it under `contextlib.aclosing`): the pipe's descriptors are closed only once no fork
+        can still take them and no read is pending on them (a closed descriptor's number is
+        reused at once, by a client's socket as likely as anything), and a child whose output
+        nobody reads any more is killed and reaped before the next backup may start."""
         if self.running:
             raise Busy()
         self.running = True
         rfd, wfd = os.pipe()
-        pid = None
+        pid, whole = None, False
         try:
             def work(machine) -> int:       # in the child, which keeps wfd alone (fork_at_tick)
                 return child_write(machine, wfd)
-            import asyncio
-            pid, index, term = await asyncio.wrap_future(self.service.replica.fork_at_tick(work, keep_fds=(wfd,)))
+            forked = self.service.replica.fork_at_tick(work, keep_fds=(wfd,))
+            try:
+                pid, index, term = await asyncio.wrap_future(forked)
+            except asyncio.CancelledError:
+                if not forked.cancel():     # the tick thread had taken it: the fork is done or failing
+                    pid = await loop.run_in_executor(None, _pid_of, forked)
+                raise
             os.close(wfd)
             wfd = None
+            os.set_blocking(rfd, False)
             from .. import __version__
             await start(MAGIC + header_line({"index": index, "term": term, "node": self.service.settings.node_id,
                                              "taken_at_ms": wall_ms, "raftq": __version__}), index, term)
-            while chunk := await loop.run_in_executor(None, os.read, rfd, 1 << 20):
+            while chunk := await _read_when_ready(loop, rfd):
                 yield chunk
+            whole = True
             self.taken += 1
         except BaseException:
             self.failed += 1
             raise
         finally:
-            os.close(rfd)
-            if wfd is not None:
-                os.close(wfd)
-            if pid is not None:
-                # A child still writing (the client went away) stops at its next write (EPIPE).
-                await loop.run_in_executor(None, os.waitpid, pid, 0)
-            self.running = False
+            try:
+                os.close(rfd)
+                if wfd is not None:
+                    os.close(wfd)
+                if pid is not None:
+                    if not whole:           # nobody reads it any more: no point finishing
+                        _kill(pid)
+                    await asyncio.shield(loop.run_in_executor(None, os.waitpid, pid, 0))
+            finally:
+                self.running = False
+
+
+def _pid_of(forked) -> int | None:
+    """The child's pid once the tick thread has resolved `forked` (within one tick), or None
+    when the fork failed."""
+    try:
+        return forked.result()[0]
+    except Exception:                       # noqa: BLE001 - the fork's OSError: no child
+        return None
+
+
+def _kill(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+async def _read_when_ready(loop, fd: int) -> bytes:
+    """The next chunk from the non-blocking pipe `fd` (b"" at its end), read on the loop when
+    the pipe is readable: no thread holds the descriptor, so an abandoned read leaves nothing
+    behind that could read from the number once it is reused."""
+    while True:
+        try:
+            return os.read(fd, 1 << 20)
+        except BlockingIOError:
+            pass
+        ready = loop.create_future()
+        loop.add_reader(fd, lambda: ready.done() or ready.set_result(None))
+        try:
+            await ready
+        finally:
+            loop.remove_reader(fd)

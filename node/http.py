@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -205,8 +206,10 @@ def build_app(service: NodeService) -> web.Application:
             await resp.prepare(request)
             await resp.write(header)
         try:
-            async for chunk in backups.stream(service.loop, wall_ms(), start):
-                await resp.write(chunk)
+            async with contextlib.aclosing(backups.stream(service.loop, wall_ms(), start)) as chunks:
+                async for chunk in chunks:      # aclosing: a cut stream cleans up now, not at GC
+                    await resp.write(chunk)
+            await resp.write_eof()      # inside: a client gone before the last chunk is no bug
         except Busy:
             return respond(*error("overloaded", "a backup is already being taken on this node; retry when it is done"))
         except OSError as e:
@@ -215,7 +218,6 @@ def build_app(service: NodeService) -> web.Application:
                 return resp
             log.error("backup failed: %s", e)
             return respond(*error("unavailable", f"the backup could not be taken on this node: {e}"))
-        await resp.write_eof()
         return resp
 
     async def cluster_nodes(request: web.Request) -> web.Response:

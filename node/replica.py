@@ -311,7 +311,8 @@ class Replica:
         state as of the last applied entry and exits; the Future gets (pid, index, term). The
         child must not log (another thread may have held the logging lock at the fork). It
         keeps no descriptor of the node's but stdio and `keep_fds`, and dies with the node's
-        tick thread (node/raft/serializer.py `detachForkedChild`)."""
+        tick thread (node/raft/serializer.py `detachForkedChild`). A Future cancelled before
+        its tick forks nothing; one the tick has taken can no longer be cancelled."""
         fut = concurrent.futures.Future()
         with self._fork_lock:
             self._fork_requests.append((work, tuple(keep_fds), fut))   # taken within one tick period
@@ -327,6 +328,8 @@ class Replica:
         index, term = self.syncobj.raftLastApplied, self.syncobj.raftCurrentTerm
         parent = os.getpid()
         for work, keep_fds, fut in requests:
+            if not fut.set_running_or_notify_cancel():      # its requester went away: no fork
+                continue
             try:
                 pid = os.fork()
             except OSError as e:

@@ -4,6 +4,8 @@ backup's digest; the file refuses to restore when damaged, cut short or aimed at
 from __future__ import annotations
 
 import os
+import socket
+import struct
 import threading
 from pathlib import Path
 
@@ -12,6 +14,7 @@ import pytest
 from raftq.cluster.client import SyncClient
 from raftq.cluster.local import LocalCluster, http_json
 from raftq.node import backup as fmt
+from tests.conftest import poll
 from tests.test_up import raftq
 
 # No sweep falls due during the test (leases of 30 s, request ids kept 60 s, no timer-driven
@@ -131,3 +134,42 @@ def test_backup_needs_an_admin_key(tmp_path):
                                 "--api-key", "k-admin-0123456789abcdef")
         assert code == 0, err
         assert fmt.verify(out)["index"] > 0
+
+
+def test_a_client_that_leaves_mid_backup_is_no_error_and_the_next_backup_is_served(source, tmp_path):
+    """Hang up after the request, after the headers, after part of the body: the node logs the
+    cut stream as a warning (never a traceback or a 500) and serves the next backup whole."""
+    with SyncClient(source.urls, transport="http", timeout=20) as c:
+        for _ in range(200):
+            c.enqueue("q", "t", os.urandom(4096))  # incompressible
+    port = source.http_ports[0]
+    request = (f"GET /v1/backup HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\n\r\n").encode()
+    for keep in (0, 1, 200, 4096, 65536) * 4:       # bytes read before hanging up
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # close = RST
+            s.sendall(request)
+            got = b""
+            while len(got) < keep:
+                chunk = s.recv(keep - len(got))
+                if not chunk:
+                    break
+                got += chunk
+    out = tmp_path / "after.backup"
+    code, text, err = poll(lambda: (lambda r: r if r[0] == 0 else None)(
+        raftq("backup", "--out", str(out), "--force", "--urls", source.urls[0])), timeout=30, what="a whole backup")
+    assert fmt.verify(out)["index"] > 0
+    # Every abandoned child was killed and reaped: the node has no child left, running or not.
+    node_pid = source.procs[0].pid
+    poll(lambda: not children(node_pid), timeout=10, what=f"no children of the node (left: {children(node_pid)})")
+    log_text = source.log_path(0).read_text(errors="replace")
+    assert "Traceback" not in log_text and "unhandled error" not in log_text, log_text[-3000:]
+
+
+def children(pid: int) -> list[str]:
+    """The pids (with their state letter) of `pid`'s children, from /proc."""
+    found = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        for child in (task / "children").read_text().split():
+            stat = Path(f"/proc/{child}/stat")
+            found.append(f"{child}:{stat.read_text().rsplit(')', 1)[1].split()[0]}" if stat.exists() else child)
+    return found
