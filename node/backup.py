@@ -218,13 +218,7 @@ class Backups:
         try:
             def work(machine) -> int:       # in the child, which keeps wfd alone (fork_at_tick)
                 return child_write(machine, wfd)
-            forked = self.service.replica.fork_at_tick(work, keep_fds=(wfd,))
-            try:
-                pid, index, term = await asyncio.wrap_future(forked)
-            except asyncio.CancelledError:
-                if not forked.cancel():     # the tick thread had taken it: the fork is done or failing
-                    pid = await loop.run_in_executor(None, _pid_of, forked)
-                raise
+            pid, index, term = await self.service.replica.forked_at_tick(loop, work, keep_fds=(wfd,))
             os.close(wfd)
             wfd = None
             os.set_blocking(rfd, False)
@@ -249,15 +243,6 @@ class Backups:
                     await asyncio.shield(loop.run_in_executor(None, os.waitpid, pid, 0))
             finally:
                 self.running = False
-
-
-def _pid_of(forked) -> int | None:
-    """The child's pid once the tick thread has resolved `forked` (within one tick), or None
-    when the fork failed."""
-    try:
-        return forked.result()[0]
-    except Exception:                       # noqa: BLE001 - the fork's OSError: no child
-        return None
 
 
 def _kill(pid: int) -> None:

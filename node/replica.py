@@ -10,10 +10,12 @@ asyncio loop only proposes and reads. `lock` keeps readers from seeing a half-ap
 """
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 import json
 import logging
 import os
+import signal
 import threading
 import time
 
@@ -318,6 +320,19 @@ class Replica:
             self._fork_requests.append((work, tuple(keep_fds), fut))   # taken within one tick period
         return fut
 
+    async def forked_at_tick(self, loop, work, *, keep_fds: tuple) -> tuple[int, int, int]:
+        """`fork_at_tick` awaited on `loop`: (pid, index, term). Cancelled, it leaves no child
+        behind and returns only once no fork can still take `keep_fds`, so the caller may close
+        them then (a closed descriptor's number is reused at once, by a client's socket as
+        likely as anything, and a child forked later would write into that)."""
+        forked = self.fork_at_tick(work, keep_fds=keep_fds)
+        try:
+            return await asyncio.wrap_future(forked)
+        except asyncio.CancelledError:
+            if not forked.cancel():         # the tick had taken it: the child exists, or the fork failed
+                await asyncio.shield(loop.run_in_executor(None, _kill_and_reap_child_of, forked))
+            raise
+
     def _fork_tick(self):
         # On the tick thread, after the tick's applies: the machine is exactly the state of
         # raftLastApplied, and stays so until this returns (applies run on this thread only).
@@ -507,3 +522,16 @@ def write_restored_snapshot(data_dir, machine_builtins: dict, index: int) -> Non
     with open(tmp, "wb") as f:
         writeDocument(f, document, 1)           # the checksummed snapshot file (node/raft/serializer.py)
     atomicReplace(tmp, str(path), fsync=True)
+
+
+def _kill_and_reap_child_of(forked: concurrent.futures.Future) -> None:
+    """Once the tick has resolved `forked` (within one tick), kill and reap its child, if any."""
+    try:
+        pid = forked.result()[0]
+    except Exception:                       # noqa: BLE001 - the fork's OSError: no child
+        return
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    os.waitpid(pid, 0)

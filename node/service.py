@@ -877,7 +877,7 @@ class NodeService:
             os.write(wfd, f"{machine.applied} {machine.digest()}".encode())
             return 0
         try:
-            pid, index, _ = await asyncio.wrap_future(self.replica.fork_at_tick(work, keep_fds=(wfd,)))
+            pid, index, _ = await self.replica.forked_at_tick(self.loop, work, keep_fds=(wfd,))
         except BaseException:
             os.close(rfd)
             os.close(wfd)
