@@ -453,5 +453,10 @@ def _failure(request: web.Request, exc: Exception) -> web.StreamResponse:
         return _too_large(request)
     if isinstance(exc, web.HTTPException):
         raise exc
+    if isinstance(exc, ConnectionError) and (request.transport is None or request.transport.is_closing()):
+        # The client hung up while its answer was being written (aiohttp's "Cannot write to
+        # closing transport"): nobody to answer, and no bug. aiohttp drops what is returned.
+        log.debug("%s %s: the client left before its answer was written: %s", request.method, request.path, exc)
+        return respond(*error("unavailable", "the connection closed before the answer was written"))
     log.exception("unhandled error in %s %s", request.method, request.path, exc_info=exc)
     return respond(*error("internal", "internal error (a bug): see the node's log"))

@@ -21,6 +21,7 @@ import json
 import os
 import socket
 import string
+import struct
 import urllib.parse
 import uuid
 
@@ -421,6 +422,55 @@ def test_a_body_whose_content_encoding_does_not_decode_is_a_400_and_no_traceback
     poll(lambda: "the rest of an answered request's body was not read" in log.read_text(errors="replace")
          or "Traceback" in log.read_text(errors="replace"), what="the node's log line")
     assert "Traceback" not in log.read_text(errors="replace")
+
+
+HANG_UP_AFTER = ("the request", "the first byte of the answer", "half the body")
+
+
+def test_a_client_that_hangs_up_at_any_point_of_any_route_is_no_error(cluster):
+    """Every route, on the leader and on a follower, with the client gone (a reset) right after
+    its request, after the first byte of its answer, or halfway through its body: the node
+    logs no traceback (the WebSocket upgrade's "Cannot write to closing transport" was a 500
+    `internal`, the backup's a traceback in the fuzz) and answers the next client."""
+    lead = cluster.wait_leader()
+    status, out = http_json("POST", cluster.urls[lead] + "/v1/jobs", {"queue": "hangup", "job_type": "t"},
+                            headers=bearer("admin"))
+    assert status == 200, out
+    job_id = out["job_id"]
+    upgrade = {"Upgrade": "websocket", "Connection": "Upgrade", "Sec-WebSocket-Version": "13",
+               "Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ=="}
+    routes = [(m.upper(), p, op) for p, ops in DOC["paths"].items() for m, op in ops.items()
+              if m == "get" or not p.startswith("/v1/cluster")]   # no membership or leadership moves
+    sizes = {}
+    for node in (lead, (lead + 1) % cluster.n):
+        sizes[node] = cluster.log_path(node).stat().st_size
+        for method, path, op in routes:
+            target = path.replace("{id}", job_id).replace("{name}", "hangup")
+            example = example_of(op)
+            body = json.dumps(example).encode() if example is not None else None
+            headers = {**bearer("admin"), **(upgrade if path == "/v1/session" else {}),
+                       **({"Content-Type": "application/json"} if body is not None else {})}
+            for when in HANG_UP_AFTER:
+                raw = request_bytes(method, target, body, headers)
+                if when == "half the body" and body:
+                    raw = raw[:len(raw) - len(body) // 2]
+                with socket.create_connection(("127.0.0.1", cluster.http_ports[node]), timeout=10) as s:
+                    s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # close = RST
+                    s.sendall(raw)
+                    if when == "the first byte of the answer":
+                        try:
+                            s.recv(1)
+                        except OSError:         # the node may refuse by closing: as good
+                            pass
+        check_node(cluster, node, "after the hang-ups")
+    assert leader_state(cluster)                         # the leader answers
+    for node, start in sizes.items():
+        def tail():
+            with cluster.log_path(node).open("rb") as f:
+                f.seek(start)
+                return f.read().decode(errors="replace")
+        text = tail()
+        assert "Traceback" not in text and "unhandled error" not in text, (node, text[-4000:])
 
 
 def test_the_nodes_agree_after_the_fuzz(cluster):
