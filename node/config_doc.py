@@ -288,6 +288,10 @@ TUNING = {
                                    positive=True),
     "session_stall_timeout_s": Key("number", "A session held back with answers waiting that sends none for this long "
                                    "(its client does not read) is closed with code 4008.", positive=True),
+    "backup_stall_timeout_s": Key("number", "A `GET /v1/backup` whose client reads nothing of the stream for this "
+                                  "long is cut (the connection closed, the forked child that writes it killed), "
+                                  "so a stalled client holds neither the node's one backup slot nor a "
+                                  "copy-on-write image of its state.", positive=True),
     "raft_handshake_timeout_s": Key("number", "A Raft-port connection (incoming or outgoing) must finish its "
                                     "handshake (key exchange and address) this long after it started; else it is "
                                     "closed (and an outgoing one dialled again).", positive=True),

@@ -902,7 +902,8 @@ ROUTES = [
            "header line (index, term, node), the gzip'd body, a 256-byte trailer `RAFTQ-END {body_bytes, "
            "body_sha256, digest}`. `raftq backup` takes it from a "
            "caught-up follower and verifies it; `raftq restore` writes it into a new cluster's data dirs. One "
-           "backup at a time per node (429 `overloaded` while one is taken).", ADMIN, leader=False, ok=None,
+           "backup at a time per node (429 `overloaded` while one is taken). A stream its client reads nothing "
+           "of for `tuning.backup_stall_timeout_s` (30 s) is cut: the connection closes.", ADMIN, leader=False, ok=None,
            ok_type="application/octet-stream", tags=("cluster",),
            errors_=[(429, ["overloaded"]), (503, ["unavailable"])]),
     _route("get", "/metrics", "metrics", "Prometheus metrics",

@@ -378,6 +378,7 @@ TUNING_DEFAULTS = {
     "max_session_queued_bytes": 1024 * 1024,
     "max_queued_answer_bytes": 32 * 1024 * 1024,
     "session_stall_timeout_s": 20.0,
+    "backup_stall_timeout_s": 30.0,
     # The Raft port before authentication (node/raft/transport.py): a connection's handshake
     # must be done within the timeout; at most this many handshakes at once.
     "raft_handshake_timeout_s": 5.0,

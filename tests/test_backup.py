@@ -14,6 +14,7 @@ import pytest
 from raftq.cluster.client import SyncClient
 from raftq.cluster.local import LocalCluster, http_json
 from raftq.node import backup as fmt
+from tests.attacks import hits
 from tests.conftest import poll
 from tests.test_up import raftq
 
@@ -173,3 +174,32 @@ def children(pid: int) -> list[str]:
             stat = Path(f"/proc/{child}/stat")
             found.append(f"{child}:{stat.read_text().rsplit(')', 1)[1].split()[0]}" if stat.exists() else child)
     return found
+
+
+def test_a_backup_its_client_does_not_read_is_cut_and_frees_the_slot(tmp_path):
+    """A client that asks for a backup and reads nothing held the node's one backup slot (429
+    for every other backup) and a child with a copy-on-write image of the state for as long
+    as it kept the connection: after tuning.backup_stall_timeout_s the stream is cut."""
+    with LocalCluster(tmp_path / "c", storage=STORAGE, tuning={"backup_stall_timeout_s": 2.0}) as c:
+        c.launch()
+        with SyncClient(c.urls, transport="http", timeout=20) as cl:
+            for _ in range(60):                 # 12 MB of incompressible state: more than the socket buffers
+                cl.enqueue("q", "t", os.urandom(200_000))
+        port = c.http_ports[0]
+        stalled = socket.socket()
+        stalled.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        stalled.connect(("127.0.0.1", port))
+        try:
+            stalled.sendall(f"GET /v1/backup HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n".encode())
+            status, body = poll(lambda: (lambda r: r if r[0] == 429 else None)(
+                http_json("GET", c.urls[0] + "/v1/backup", timeout=5)), what="the stalled backup holding the slot")
+            assert body["error"]["code"] == "overloaded"
+            out = tmp_path / "b.backup"
+            poll(lambda: raftq("backup", "--out", str(out), "--force", "--urls", c.urls[0])[0] == 0,
+                 timeout=30, what="a whole backup once the stalled one was cut")
+            assert fmt.verify(out)["index"] > 0
+            assert hits(c, 0, "backup_stall_timeout_s") >= 1
+            assert "backup cut: its client read nothing" in c.log_path(0).read_text(errors="replace")
+            poll(lambda: not children(c.procs[0].pid), timeout=10, what="the cut backup's child reaped")
+        finally:
+            stalled.close()
