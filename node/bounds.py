@@ -16,6 +16,7 @@ BOUNDS = (
     "http_header_timeout_s",            # a request head not complete in time: connection closed
     "http_idle_timeout_s",              # an idle keep-alive connection closed
     "http_body_timeout_s",              # a request body not complete in time: 408
+    "http_write_stall_timeout_s",       # an answer its client did not read for that long: closed
     "max_request_bytes",                # a body or frame too large: 413 / close 1009
     "max_inflight",                     # the node's proposals waiting for commit: 429
     "max_parked_reserves",              # long polls parked on this node: 429
@@ -24,7 +25,6 @@ BOUNDS = (
     "max_session_queued_bytes",         # a session's unsent answers: it is not read meanwhile
     "max_queued_answer_bytes",          # all sessions' unsent answers: those with some wait
     "session_stall_timeout_s",          # a session that read no answer for that long: closed 4008
-    "backup_stall_timeout_s",           # a backup whose client read nothing for that long: cut
     "max_trace_context_bytes",          # field lengths: invalid_request / 400 naming the field
     "max_encoding_bytes",
     "max_reason_bytes",

@@ -275,6 +275,11 @@ TUNING = {
     "http_idle_timeout_s": Key("number", "An idle keep-alive connection is closed after this long.", positive=True),
     "http_body_timeout_s": Key("number", "A request body must have arrived this long after its head; else 408 "
                                "`request_timeout` and the connection is closed.", positive=True),
+    "http_write_stall_timeout_s": Key("number", "A connection whose client reads nothing of an answer the node is "
+                                      "sending (the node's send buffer full) for this long is closed: a client that "
+                                      "asks for a large answer (a backup, a page of large jobs) and does not read it "
+                                      "holds neither the answer's memory nor, for a backup, the node's one backup "
+                                      "slot and its forked child.", positive=True),
     "max_parked_reserves": Key("integer", "Most long-poll reserves waiting on the node; one more that would wait is "
                                "answered 429 `overloaded`.", positive=True),
     "max_session_parked_reserves": Key("integer", "Most long-poll reserves one session may have waiting; one more "
@@ -288,10 +293,6 @@ TUNING = {
                                    positive=True),
     "session_stall_timeout_s": Key("number", "A session held back with answers waiting that sends none for this long "
                                    "(its client does not read) is closed with code 4008.", positive=True),
-    "backup_stall_timeout_s": Key("number", "A `GET /v1/backup` whose client reads nothing of the stream for this "
-                                  "long is cut (the connection closed, the forked child that writes it killed), "
-                                  "so a stalled client holds neither the node's one backup slot nor a "
-                                  "copy-on-write image of its state.", positive=True),
     "raft_handshake_timeout_s": Key("number", "A Raft-port connection (incoming or outgoing) must finish its "
                                     "handshake (key exchange and address) this long after it started; else it is "
                                     "closed (and an outgoing one dialled again).", positive=True),

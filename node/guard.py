@@ -9,7 +9,8 @@ that quotes its raw header lines (API keys included) and answers it in plain tex
   and when none is idle the new connection is answered 503 `unavailable` and closed); a request
   head must be complete within `tuning.http_header_timeout_s` of its first byte (of the
   connection's start for the first request) or the connection is closed; an idle keep-alive
-  connection is closed after `tuning.http_idle_timeout_s`; a malformed request is answered 400
+  connection is closed after `tuning.http_idle_timeout_s`, one whose client reads nothing of its
+  answer after `tuning.http_write_stall_timeout_s`; a malformed request is answered 400
   in the API's JSON error shape and logged as one line, without its headers.
 * On a node without API keys that listens on loopback only, a request whose Host header names
   no address of this node is refused (400): a web page cannot reach the keyless local cluster
@@ -45,6 +46,8 @@ class GuardedHandler(RequestHandler):
     def __init__(self, manager, **kwargs):
         super().__init__(manager, **kwargs)
         self._header_handle = None
+        self._stall_handle = None           # armed while the transport's send buffer is full
+        self._stall_left = 0                # its size when armed
         self._refused = False
         self._last_active = 0.0             # when the client last sent anything (evict_idle)
 
@@ -84,6 +87,7 @@ class GuardedHandler(RequestHandler):
             self.transport = None
             return
         self._cancel_header_timer()
+        self._cancel_stall_timer()
         super().connection_lost(exc)
 
     # ------------------------------------------------------------------ the header deadline
@@ -115,6 +119,44 @@ class GuardedHandler(RequestHandler):
         if self.transport is not None and not self._force_close and self._between_requests():
             bounds.hit("http_header_timeout_s")
             self.force_close()
+
+    # ------------------------------------------------------------------ the write stall
+    # asyncio pauses a protocol when its transport's send buffer passes the high-water mark
+    # and resumes it once the buffer drained below the low one. A connection paused whose
+    # buffer did not shrink at all in write_stall_s has a client that reads nothing, and every
+    # handler writing to it waits in drain() with its answer (or a backup's child) held
+    # meanwhile. One that shrank is a slow reader: the clock starts again.
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        self._arm_stall_timer()
+
+    def _arm_stall_timer(self) -> None:
+        stall = self._manager.write_stall_s
+        if self._stall_handle is None and stall > 0 and self.transport is not None:
+            self._stall_left = self.transport.get_write_buffer_size()
+            self._stall_handle = self._loop.call_later(stall, self._write_stalled)
+
+    def resume_writing(self) -> None:
+        self._cancel_stall_timer()
+        super().resume_writing()
+
+    def _cancel_stall_timer(self) -> None:
+        if self._stall_handle is not None:
+            self._stall_handle.cancel()
+            self._stall_handle = None
+
+    def _write_stalled(self) -> None:
+        self._stall_handle = None
+        if self.transport is None:
+            return
+        if self.transport.get_write_buffer_size() < self._stall_left:
+            self._arm_stall_timer()         # some of it was taken
+        else:
+            bounds.hit("http_write_stall_timeout_s")
+            log.info("closed a connection from %s: it read nothing of its answer for %s s "
+                     "(tuning.http_write_stall_timeout_s)", self.transport.get_extra_info("peername"),
+                     self._manager.write_stall_s)
+            self.transport.abort()          # drain() waiters see the connection lost
 
     def _process_keepalive(self) -> None:
         closing = self._force_close
@@ -158,6 +200,7 @@ def _log_malformed(now: float, remote, why: str) -> None:
 class GuardedServer(web.Server):
     max_connections = 1000
     header_timeout_s = 10.0
+    write_stall_s = 30.0
 
     def __call__(self) -> RequestHandler:
         return GuardedHandler(self, loop=self._loop, **self._kwargs)
@@ -202,6 +245,7 @@ class GuardedRunner(web.AppRunner):
         server.__class__ = GuardedServer
         server.max_connections = int(self._tuning["max_connections"])
         server.header_timeout_s = float(self._tuning["http_header_timeout_s"])
+        server.write_stall_s = float(self._tuning["http_write_stall_timeout_s"])
         server.refusing = 0
         server.refusal = _canned(503, "Service Unavailable", "unavailable",
                                  f"this node has {server.max_connections} connections open (tuning.max_connections); "

@@ -194,7 +194,6 @@ def build_app(service: NodeService) -> web.Application:
         return respond(*await service.cluster_with_digest())
 
     backups = Backups(service)
-    backup_stall_s = float(tuning["backup_stall_timeout_s"])
 
     async def backup_handler(request: web.Request) -> web.StreamResponse:
         # Any node answers with its own applied state (a follower's is a committed prefix), so
@@ -209,17 +208,7 @@ def build_app(service: NodeService) -> web.Application:
         try:
             async with contextlib.aclosing(backups.stream(service.loop, wall_ms(), start)) as chunks:
                 async for chunk in chunks:      # aclosing: a cut stream cleans up now, not at GC
-                    try:
-                        await asyncio.wait_for(resp.write(chunk), backup_stall_s)
-                    except asyncio.TimeoutError:
-                        # A client that reads nothing would hold the one backup slot, and a
-                        # child with a copy-on-write image of the state, for as long as it likes.
-                        bounds.hit("backup_stall_timeout_s")
-                        log.warning("backup cut: its client read nothing for %s s (tuning.backup_stall_timeout_s)",
-                                    backup_stall_s)
-                        if request.transport is not None:
-                            request.transport.abort()
-                        return resp
+                    await resp.write(chunk)     # a client that reads none: guard.py's write stall
             await resp.write_eof()      # inside: a client gone before the last chunk is no bug
         except Busy:
             return respond(*error("overloaded", "a backup is already being taken on this node; retry when it is done"))

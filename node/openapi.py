@@ -903,7 +903,7 @@ ROUTES = [
            "body_sha256, digest}`. `raftq backup` takes it from a "
            "caught-up follower and verifies it; `raftq restore` writes it into a new cluster's data dirs. One "
            "backup at a time per node (429 `overloaded` while one is taken). A stream its client reads nothing "
-           "of for `tuning.backup_stall_timeout_s` (30 s) is cut: the connection closes.", ADMIN, leader=False, ok=None,
+           "of for `tuning.http_write_stall_timeout_s` (30 s) is cut: the connection closes.", ADMIN, leader=False, ok=None,
            ok_type="application/octet-stream", tags=("cluster",),
            errors_=[(429, ["overloaded"]), (503, ["unavailable"])]),
     _route("get", "/metrics", "metrics", "Prometheus metrics",

@@ -372,13 +372,13 @@ TUNING_DEFAULTS = {
     "http_header_timeout_s": 10.0,
     "http_idle_timeout_s": 60.0,
     "http_body_timeout_s": 30.0,
+    "http_write_stall_timeout_s": 30.0,
     "max_parked_reserves": 2048,
     "max_session_parked_reserves": 256,
     "max_session_inflight": 512,
     "max_session_queued_bytes": 1024 * 1024,
     "max_queued_answer_bytes": 32 * 1024 * 1024,
     "session_stall_timeout_s": 20.0,
-    "backup_stall_timeout_s": 30.0,
     # The Raft port before authentication (node/raft/transport.py): a connection's handshake
     # must be done within the timeout; at most this many handshakes at once.
     "raft_handshake_timeout_s": 5.0,

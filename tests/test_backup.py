@@ -179,8 +179,8 @@ def children(pid: int) -> list[str]:
 def test_a_backup_its_client_does_not_read_is_cut_and_frees_the_slot(tmp_path):
     """A client that asks for a backup and reads nothing held the node's one backup slot (429
     for every other backup) and a child with a copy-on-write image of the state for as long
-    as it kept the connection: after tuning.backup_stall_timeout_s the stream is cut."""
-    with LocalCluster(tmp_path / "c", storage=STORAGE, tuning={"backup_stall_timeout_s": 2.0}) as c:
+    as it kept the connection: after tuning.http_write_stall_timeout_s the stream is cut."""
+    with LocalCluster(tmp_path / "c", storage=STORAGE, tuning={"http_write_stall_timeout_s": 2.0}) as c:
         c.launch()
         with SyncClient(c.urls, transport="http", timeout=20) as cl:
             for _ in range(60):                 # 12 MB of incompressible state: more than the socket buffers
@@ -198,8 +198,8 @@ def test_a_backup_its_client_does_not_read_is_cut_and_frees_the_slot(tmp_path):
             poll(lambda: raftq("backup", "--out", str(out), "--force", "--urls", c.urls[0])[0] == 0,
                  timeout=30, what="a whole backup once the stalled one was cut")
             assert fmt.verify(out)["index"] > 0
-            assert hits(c, 0, "backup_stall_timeout_s") >= 1
-            assert "backup cut: its client read nothing" in c.log_path(0).read_text(errors="replace")
+            assert hits(c, 0, "http_write_stall_timeout_s") >= 1
+            assert "it read nothing of its answer for 2.0 s" in c.log_path(0).read_text(errors="replace")
             poll(lambda: not children(c.procs[0].pid), timeout=10, what="the cut backup's child reaped")
         finally:
             stalled.close()

@@ -11,6 +11,7 @@ Each test uses queue names of its own and leaves nothing parked or open behind i
 from __future__ import annotations
 
 import json
+import os
 import socket
 import time
 
@@ -36,6 +37,7 @@ KEYLESS_TUNING = {
     "http_header_timeout_s": 4.0,
     "http_idle_timeout_s": 5.0,
     "http_body_timeout_s": 1.0,
+    "http_write_stall_timeout_s": 2.0,
 }
 
 # The leader proposes a sweep every second while anything is pending (the configuration's audit
@@ -361,6 +363,50 @@ def test_a_body_that_does_not_arrive_in_time_is_408(keyless):
         s.close()
     assert hits(keyless, t.node, "http_body_timeout_s") == hits0 + 1
     assert digest(keyless, t.node) == before
+
+
+def test_an_answer_its_client_does_not_read_closes_the_connection_a_slow_reader_is_served(keyless):
+    """A large answer (a page of 4 jobs of 1 MB payloads, 5.3 MB in JSON) asked for and never read: the
+    connection is reset after tuning.http_write_stall_timeout_s (2 s here) instead of holding
+    the answer for as long as the client likes; a client that reads it slowly (256 KiB every
+    0.25 s: the node's buffer stays full for longer than the bound, but shrinks) gets all of it."""
+    import base64
+    t = Target(keyless)
+    payloads = [os.urandom(1_000_000) for _ in range(4)]
+    for payload in payloads:
+        status, out = http_json("POST", t.url + "/v1/jobs", {"queue": "big-answer", "job_type": "t", "payload": {
+            "data_b64": base64.b64encode(payload).decode(), "encoding": "application/octet-stream"}}, timeout=30)
+        assert status == 200, out
+    request = request_bytes("GET", "/v1/queues/big-answer/jobs?limit=4")
+
+    def connect():
+        s = socket.socket()
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)     # before connect: a small window
+        s.connect(("127.0.0.1", t.port))
+        s.sendall(request)
+        return s
+    hits0 = hits(keyless, t.node, "http_write_stall_timeout_s")
+    stalled, slow = connect(), connect()
+    try:
+        got, end, mark = b"", time.monotonic() + 60, 256 << 10
+        while b"\r\n\r\n" not in got or len(got.split(b"\r\n\r\n", 1)[1]) < int(
+                got.split(b"Content-Length: ", 1)[1].split(b"\r\n", 1)[0]):
+            assert time.monotonic() < end, (len(got), "the slow reader did not get its answer")
+            slow.settimeout(10)
+            chunk = slow.recv(65536)
+            assert chunk, (len(got), "the slow reader's connection was closed")
+            got += chunk
+            if len(got) >= mark:
+                mark += 256 << 10
+                time.sleep(0.25)
+        answer = json.loads(got.split(b"\r\n\r\n", 1)[1])
+        assert [base64.b64decode(j["payload"]["data_b64"]) for j in answer["jobs"]] == payloads
+        assert hits(keyless, t.node, "http_write_stall_timeout_s") >= hits0 + 1    # the stalled one, meanwhile
+        assert closed_by_peer(stalled, 10.0)
+    finally:
+        stalled.close()
+        slow.close()
+    assert responsive(keyless, t.node)
 
 
 def test_past_the_connection_cap_with_every_connection_busy_a_client_gets_503(keyless):
