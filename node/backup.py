@@ -34,6 +34,8 @@ import os
 import pickle
 import signal
 
+from .readable import readable
+
 MAGIC = b"RAFTQ-BACKUP 1\n"
 FORMAT = "raftq-backup"
 VERSION = 1
@@ -260,10 +262,4 @@ async def _read_when_ready(loop, fd: int) -> bytes:
         try:
             return os.read(fd, 1 << 20)
         except BlockingIOError:
-            pass
-        ready = loop.create_future()
-        loop.add_reader(fd, lambda: ready.done() or ready.set_result(None))
-        try:
-            await ready
-        finally:
-            loop.remove_reader(fd)
+            await readable(loop, fd)

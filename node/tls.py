@@ -41,6 +41,7 @@ import orjson
 from aiohttp import web
 
 from .limits import ConfigError
+from .readable import readable
 from .settings import TlsFiles
 
 log = logging.getLogger("raftq.tls")
@@ -427,13 +428,7 @@ class TlsSite(web.BaseSite):
 
     @staticmethod
     async def _peek(loop, conn: socket.socket) -> bytes:
-        fd = conn.fileno()
-        ready = loop.create_future()
-        loop.add_reader(fd, lambda: ready.done() or ready.set_result(None))
-        try:
-            await ready
-        finally:
-            loop.remove_reader(fd)
+        await readable(loop, conn.fileno())
         return conn.recv(1, socket.MSG_PEEK)
 
     async def _refuse_plain(self, loop, conn: socket.socket) -> None:
