@@ -88,7 +88,7 @@ def _ready_key(entry) -> tuple:
 
 
 def _fifo_from(q, jobs: dict, after: tuple | None):
-    """The FIFO's entries from the first live one after `after`, in order. The FIFO is kept
+    """The FIFO's live entries after `after`, in order. The FIFO is kept
     ascending, but only a live entry's key is its job's (node/core/jobs.py Queue): the search
     goes by the key of the first live entry at or after each place, which grows along it."""
     fifo, seqs = q.ready_fifo, q.fifo_seqs
@@ -110,7 +110,11 @@ def _fifo_from(q, jobs: dict, after: tuple | None):
                 hi = mid
         start = lo
     for job, seq in zip(islice(fifo, start, None), islice(seqs, start, None)):
-        yield -job.priority, job.enqueued_at, seq, job
+        # Live entries only: a stale one reads its job's key of now, which may sort after the
+        # live entries behind it (a replace that lowered the priority), and the merge with
+        # the heap takes its inputs as sorted.
+        if job.state == READY and job.seq == seq and jobs.get(job.id) is job:
+            yield -job.priority, job.enqueued_at, seq, job
 
 
 def _heap_in_order(heap: list, after: tuple | None):

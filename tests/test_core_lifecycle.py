@@ -9,7 +9,7 @@ import pytest
 
 from raftq.node import validate as C
 from raftq.node.core import ops
-from raftq.node.core.jobs import Job
+from raftq.node.core.jobs import READY, Job
 from raftq.node.machine import QueueMachine as RawMachine
 
 from helpers_core import Core, QueueMachine, err, payload, rejection
@@ -267,6 +267,34 @@ def test_replace_changes_payload_priority_and_schedule_and_reindexes():
     assert c.reserve_one(["r"])["id"] == jid
     c.m.check_invariants()
     restored(c)
+
+
+def test_a_listing_of_ready_jobs_is_in_delivery_order_when_a_replace_left_a_stale_entry_behind():
+    """The ready FIFO keeps jobs, not entry keys, so a stale entry reads its job's key of now:
+    a replace that lowered a job's priority made its old entry sort after the live ones behind
+    it, and the listing's merge of the FIFO with the heap listed a heap job too early (the
+    model test found it: list_jobs disagreed with the order reserve hands jobs out in)."""
+    c = Core(queues=[{"name": "r", "duplicate_policy": "replace"}])
+    a = c.enqueue("r", idempotency_key="k", priority=5)[1]["job_id"]
+    c.advance(1)
+    b = c.enqueue_id("r", priority=5)
+    c.advance(1)
+    c.enqueue("r", idempotency_key="k", priority=0)     # a: a new entry; its old one is stale
+    c.advance(1)
+    h = c.enqueue_id("r", priority=3)                    # sorts before the FIFO's tail: the heap
+    want = [b, h, a]
+    views, cursor = c.m.list_jobs("r", READY, 100, None)
+    assert [v["id"] for v in views] == want and cursor is None
+    paged, after = [], None                              # the same page by page
+    while True:
+        views, cursor = c.m.list_jobs("r", READY, 1, after)
+        paged += [v["id"] for v in views]
+        if cursor is None:
+            break
+        after = tuple(cursor)                            # as the service reads a cursor back
+    assert paged == want
+    assert [c.reserve_one(["r"])["id"] for _ in want] == want     # the order reserve hands out
+    c.m.check_invariants()
 
 
 def test_replace_is_refused_once_the_job_has_been_delivered_finished_or_dead_lettered():
