@@ -90,7 +90,11 @@ def damage(kind: str, d, rng: random.Random) -> set:
 @pytest.mark.parametrize("kind", ["journal-middle", "truncate", "snapshot", "meta"])
 def test_a_followers_damaged_files_are_found_and_repaired_from_the_leader(tmp_path, kind):
     rng = random.Random(kind)
-    c = LocalCluster(tmp_path / "c", tuning={"log_compaction_min_entries": 40, "log_compaction_min_time_s": 1}).launch()
+    # Only the snapshot case needs a compaction. Elsewhere one would race the kill: a journal
+    # compacted to a record or two has no middle record with valid ones after it (that damage
+    # reads as a torn tail), nor records to cut (CI saw the first).
+    tuning = {"log_compaction_min_entries": 40, "log_compaction_min_time_s": 1} if kind == "snapshot" else {}
+    c = LocalCluster(tmp_path / "c", tuning=tuning).launch()
     try:
         api = Api(c)
         ids = enqueue_many(api, 120, "a")
