@@ -32,7 +32,6 @@ import io
 import json
 import os
 import pickle
-import signal
 
 from .readable import readable
 
@@ -241,17 +240,11 @@ class Backups:
                     os.close(wfd)
                 if pid is not None:
                     if not whole:           # nobody reads it any more: no point finishing
-                        _kill(pid)
+                        from .replica import kill_child     # the node's side: the server extra
+                        kill_child(pid)
                     await asyncio.shield(loop.run_in_executor(None, os.waitpid, pid, 0))
             finally:
                 self.running = False
-
-
-def _kill(pid: int) -> None:
-    try:
-        os.kill(pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
 
 
 async def _read_when_ready(loop, fd: int) -> bytes:

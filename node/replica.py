@@ -530,8 +530,13 @@ def _kill_and_reap_child_of(forked: concurrent.futures.Future) -> None:
         pid = forked.result()[0]
     except Exception:                       # noqa: BLE001 - the fork's OSError: no child
         return
+    kill_child(pid)
+    os.waitpid(pid, 0)
+
+
+def kill_child(pid: int) -> None:
+    """SIGKILL a forked child (one that already exited is left to its waitpid)."""
     try:
         os.kill(pid, signal.SIGKILL)
     except ProcessLookupError:
         pass
-    os.waitpid(pid, 0)
