@@ -113,6 +113,41 @@ def test_a_leader_that_no_majority_answers_steps_down_and_hands_over(tmp_path):
         # up-to-date follower (b acknowledged more) to stand at once.
         poll(lambda: so.doTick(0) or so.raftState != LEADER, timeout=5, what="the step down")
         assert [(n, m) for n, m in t.of("timeout_now")] == [(b, {"type": "timeout_now", "term": 1})]
+        # ... and leaves b the time to win: no pre-vote of its own for an election timeout.
+        assert so.raftElectionDeadline - time.monotonic() > 0.25
+        so.doTick(0)
+        assert t.of("request_prevote") == [] and so.raftCurrentTerm == 1
+    finally:
+        so.destroy()
+
+
+def test_a_leader_deposed_by_a_higher_term_waits_an_election_timeout_before_it_stands(tmp_path):
+    """A leader paused (SIGSTOP, a stalled VM) wakes up to its successor's request_vote. Its
+    election timer last ran before it led, long expired: it stood for election in its first tick
+    as a follower, and a node that had voted for the successor but not yet heard from it granted
+    the pre-vote, so a resumed leader deposed the new one (CI, tests/test_up.py)."""
+    so, t, (a, b) = node3(tmp_path)
+    try:
+        poll(lambda: so.doTick(0) or t.of("request_prevote"), timeout=5, what="a pre-vote")
+        t._onMessageReceived(a, {"type": "response_prevote", "term": 1})
+        t._onMessageReceived(a, {"type": "response_vote", "term": 1})
+        assert so.raftState == LEADER
+        stale = so.raftElectionDeadline   # the follower's timer, which stops while it leads
+        ack = {"type": "next_node_idx", "next_node_idx": 3, "success": True, "reset": False}
+        poll(lambda: t._onMessageReceived(a, ack) or so.doTick(0.01) or time.monotonic() > stale + 0.05,
+             timeout=5, what="the old timer's deadline passing while it leads")
+        assert so.raftState == LEADER
+        t.sent.clear()
+        # b stands in term 2 with a log behind this one's (the leader's own entry of term 1):
+        # refused, but the higher term makes this node a follower.
+        t._onMessageReceived(b, {"type": "request_vote", "term": 2, "last_log_index": 1, "last_log_term": 0})
+        assert so.raftState == FOLLOWER and so.raftCurrentTerm == 2 and t.of("response_vote") == []
+        assert so.raftElectionDeadline - time.monotonic() > 0.25
+        so.doTick(0)
+        assert t.of("request_prevote") == [] and t.of("request_vote") == []
+        # It does stand once a whole election timeout passed without a leader.
+        poll(lambda: so.doTick(0) or t.of("request_prevote"), timeout=5, what="a pre-vote after the timeout")
+        assert all(m["term"] == 3 for _, m in t.of("request_prevote"))
     finally:
         so.destroy()
 
