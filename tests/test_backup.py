@@ -122,6 +122,11 @@ def test_a_damaged_or_short_backup_is_refused_and_a_node_data_dir_is_not_overwri
     assert sorted(p.name for p in node_dir.iterdir()) == before
 
 
+def test_backup_wait_must_be_seconds():
+    code, _, stderr = raftq("backup", "--out", "/tmp/never.backup", "--wait", "-1", "--urls", "http://127.0.0.1:9")
+    assert code == 2 and "--wait must be a number of seconds, 0 or more" in stderr
+
+
 def test_backup_needs_an_admin_key(tmp_path):
     keys = [{"name": "ops", "key": "k-admin-0123456789abcdef", "role": "admin"},
             {"name": "w", "key": "k-worker-0123456789abcdef", "role": "worker"}]
@@ -194,10 +199,13 @@ def test_a_backup_its_client_does_not_read_is_cut_and_frees_the_slot(tmp_path):
             status, body = poll(lambda: (lambda r: r if r[0] == 429 else None)(
                 http_json("GET", c.urls[0] + "/v1/backup", timeout=5)), what="the stalled backup holding the slot")
             assert body["error"]["code"] == "overloaded"
+            # `raftq backup` asks the busy node again after its Retry-After (--wait, 60 s): one
+            # call gets the whole backup once the stalled one was cut.
             out = tmp_path / "b.backup"
-            poll(lambda: raftq("backup", "--out", str(out), "--force", "--urls", c.urls[0])[0] == 0,
-                 timeout=30, what="a whole backup once the stalled one was cut")
-            assert fmt.verify(out)["index"] > 0
+            code, stdout, stderr = raftq("backup", "--out", str(out), "--urls", c.urls[0])
+            assert code == 0, stderr
+            assert "taking another backup; asking again every 1s for up to 60s (--wait)" in stderr
+            assert fmt.verify(out)["index"] > 0 and not out.with_name("b.backup.part").exists()
             assert hits(c, 0, "http_write_stall_timeout_s") >= 1
             assert "it read nothing of its answer for 2.0 s" in c.log_path(0).read_text(errors="replace")
             poll(lambda: not children(c.procs[0].pid), timeout=10, what="the cut backup's child reaped")

@@ -27,36 +27,70 @@ async def cmd_backup(ctx: Ctx) -> int:
     out = Path(a.out)
     if out.exists() and not a.force:
         raise CliError(f"{out} exists; choose another --out or add --force to overwrite it", EXIT_FAILED)
+    if not a.wait >= 0:
+        raise CliError("--wait must be a number of seconds, 0 or more", EXIT_UNREACHABLE)
     answers = await ctx.probe(ctx.urls)
     candidates = _pick(answers) if a.node is None else [a.node.rstrip("/")]
     if not candidates:
         raise CliError(unreachable_message(ctx.urls, answers), EXIT_UNREACHABLE)
     tmp = out.with_name(out.name + ".part")
-    last_error = None
-    for url in candidates:
-        t0 = time.monotonic()
-        try:
-            header = await _download(ctx, url, tmp)
-        except CliError as e:
-            last_error = e
-            ctx.err(f"raftq: {url}: {e}; trying the next node" if url != candidates[-1] else f"raftq: {url}: {e}")
-            continue
-        os.replace(tmp, out)
-        seconds = time.monotonic() - t0
-        size = out.stat().st_size
-        if ctx.json:
-            ctx.dump({"file": str(out), "bytes": size, "seconds": round(seconds, 3), "from": url,
-                      **{k: header[k] for k in ("index", "term", "digest", "node", "body_sha256", "taken_at_ms")}})
-        else:
-            ctx.out(f"backup of {header['node']} at index {header['index']} (term {header['term']}), digest "
-                    f"{header['digest']}: {size:,} bytes in {seconds:.1f}s -> {out}")
-            ctx.out(f"restore it into every node of a new cluster: raftq restore {out} --data-dir DIR")
-        return 0
     try:
-        tmp.unlink()
-    except OSError:
-        pass
-    raise last_error
+        url, header, seconds = await _first_backup(ctx, candidates, tmp)
+    except CliError:
+        try:
+            tmp.unlink()
+        except OSError:
+            pass
+        raise
+    os.replace(tmp, out)
+    size = out.stat().st_size
+    if ctx.json:
+        ctx.dump({"file": str(out), "bytes": size, "seconds": round(seconds, 3), "from": url,
+                  **{k: header[k] for k in ("index", "term", "digest", "node", "body_sha256", "taken_at_ms")}})
+    else:
+        ctx.out(f"backup of {header['node']} at index {header['index']} (term {header['term']}), digest "
+                f"{header['digest']}: {size:,} bytes in {seconds:.1f}s -> {out}")
+        ctx.out(f"restore it into every node of a new cluster: raftq restore {out} --data-dir DIR")
+    return 0
+
+
+class _Busy(CliError):
+    """The node is taking another backup (429): worth asking again after `retry_after` seconds."""
+
+    def __init__(self, message: str, retry_after: float):
+        super().__init__(message, EXIT_FAILED)
+        self.retry_after = retry_after
+
+
+async def _first_backup(ctx: Ctx, candidates: list[str], tmp: Path) -> tuple[str, dict, float]:
+    """The first whole backup from the candidates, in order. A node that fails otherwise is
+    passed over; a node busy with another backup (one at a time per node) is asked again after its
+    Retry-After once the others were tried, for up to --wait seconds in all."""
+    deadline = time.monotonic() + ctx.args.wait
+    pending, told = list(candidates), False
+    while True:
+        busy, last_error = [], None
+        for url in pending:
+            t0 = time.monotonic()
+            try:
+                return url, await _download(ctx, url, tmp), time.monotonic() - t0
+            except _Busy as e:
+                busy.append((url, e))
+            except CliError as e:
+                last_error = e
+                ctx.err(f"raftq: {url}: {e}; trying the next node" if url != pending[-1] else f"raftq: {url}: {e}")
+        if not busy:
+            raise last_error
+        pause = max(e.retry_after for _, e in busy)
+        if time.monotonic() + pause > deadline:
+            raise CliError(f"{', '.join(u for u, _ in busy)}: {busy[0][1]} (waited {ctx.args.wait:g}s: take it later, "
+                           "or wait longer with --wait)", EXIT_FAILED)
+        if not told:
+            ctx.err(f"raftq: {', '.join(u for u, _ in busy)}: taking another backup; asking again every "
+                    f"{pause:g}s for up to {ctx.args.wait:g}s (--wait)")
+            told = True
+        pending = [u for u, _ in busy]
+        await asyncio.sleep(pause)
 
 
 async def _download(ctx: Ctx, url: str, tmp: Path) -> dict:
@@ -71,6 +105,8 @@ async def _download(ctx: Ctx, url: str, tmp: Path) -> dict:
                         msg = body["error"]["message"]
                     except Exception:
                         msg = (await r.text())[:200]
+                    if r.status == 429:
+                        raise _Busy(f"HTTP 429: {msg}", _retry_after(r.headers.get("Retry-After")))
                     raise CliError(f"HTTP {r.status}: {msg}", EXIT_FAILED)
                 done, shown = 0, 0.0
                 with open(tmp, "wb") as f:
@@ -90,6 +126,13 @@ async def _download(ctx: Ctx, url: str, tmp: Path) -> dict:
         return fmt.verify(tmp)       # what arrived is what the node wrote, end to end
     except fmt.BackupError as e:
         raise CliError(f"the backup received does not verify: {e}", EXIT_FAILED) from None
+
+
+def _retry_after(value: str | None) -> float:
+    try:
+        return min(max(float(value), 0.1), 10.0)
+    except (TypeError, ValueError):
+        return 1.0
 
 
 def cmd_restore(args) -> int:
@@ -149,6 +192,8 @@ def add_parsers(sub, client_cmd) -> None:
     b.add_argument("--out", required=True, metavar="FILE", help="where to write it (FILE.part until verified)")
     b.add_argument("--node", metavar="URL", help="take it from this node instead of a caught-up follower")
     b.add_argument("--force", action="store_true", help="overwrite FILE if it exists")
+    b.add_argument("--wait", type=float, default=60.0, metavar="SECONDS",
+                   help="how long to keep asking a node that is taking another backup (default 60)")
     r = sub.add_parser("restore", help="prepare a node's data dir for a new cluster from a backup",
                        description="Write a backup's state into DIR as the node's snapshot. Restore the same "
                                    "file into the data dir of EVERY node of the new cluster, then start them: "
