@@ -60,6 +60,14 @@ def prevote(term, last_index=1, last_term=0):
     return {"type": "request_prevote", "term": term, "last_log_index": last_index, "last_log_term": last_term}
 
 
+def lead(so, t, voter):
+    """Make `so` the leader of term 1 with `voter`'s pre-vote and vote."""
+    poll(lambda: so.doTick(0) or t.of("request_prevote"), timeout=5, what="a pre-vote")
+    t._onMessageReceived(voter, {"type": "response_prevote", "term": 1})
+    t._onMessageReceived(voter, {"type": "response_vote", "term": 1})
+    assert so.raftState == LEADER
+
+
 def test_a_pre_vote_neither_raises_the_term_nor_wins_without_a_majority(tmp_path):
     so, t, (a, b) = node3(tmp_path)
     try:
@@ -103,10 +111,7 @@ def test_a_node_that_hears_its_leader_refuses_pre_votes(tmp_path):
 def test_a_leader_that_no_majority_answers_steps_down_and_hands_over(tmp_path):
     so, t, (a, b) = node3(tmp_path)
     try:
-        poll(lambda: so.doTick(0) or t.of("request_prevote"), timeout=5, what="a pre-vote")
-        t._onMessageReceived(a, {"type": "response_prevote", "term": 1})
-        t._onMessageReceived(a, {"type": "response_vote", "term": 1})
-        assert so.raftState == LEADER
+        lead(so, t, a)
         t._onMessageReceived(b, {"type": "next_node_idx", "next_node_idx": 3, "success": True, "reset": False})
         t.sent.clear()
         # Nobody answers any more: after an election timeout it steps down and asks the most
@@ -128,10 +133,7 @@ def test_a_leader_deposed_by_a_higher_term_waits_an_election_timeout_before_it_s
     the pre-vote, so a resumed leader deposed the new one (CI, tests/test_up.py)."""
     so, t, (a, b) = node3(tmp_path)
     try:
-        poll(lambda: so.doTick(0) or t.of("request_prevote"), timeout=5, what="a pre-vote")
-        t._onMessageReceived(a, {"type": "response_prevote", "term": 1})
-        t._onMessageReceived(a, {"type": "response_vote", "term": 1})
-        assert so.raftState == LEADER
+        lead(so, t, a)
         stale = so.raftElectionDeadline   # the follower's timer, which stops while it leads
         ack = {"type": "next_node_idx", "next_node_idx": 3, "success": True, "reset": False}
         poll(lambda: t._onMessageReceived(a, ack) or so.doTick(0.01) or time.monotonic() > stale + 0.05,
@@ -155,9 +157,7 @@ def test_a_leader_deposed_by_a_higher_term_waits_an_election_timeout_before_it_s
 def test_a_leader_keeps_leading_while_a_majority_answers(tmp_path):
     so, t, (a, b) = node3(tmp_path)
     try:
-        poll(lambda: so.doTick(0) or t.of("request_prevote"), timeout=5, what="a pre-vote")
-        t._onMessageReceived(a, {"type": "response_prevote", "term": 1})
-        t._onMessageReceived(a, {"type": "response_vote", "term": 1})
+        lead(so, t, a)
         end = time.monotonic() + 1.0          # three election timeouts, one follower answering
         while time.monotonic() < end:
             t._onMessageReceived(a, {"type": "next_node_idx", "next_node_idx": 3, "success": True, "reset": False})
