@@ -204,7 +204,8 @@ def test_a_backup_its_client_does_not_read_is_cut_and_frees_the_slot(tmp_path):
             out = tmp_path / "b.backup"
             code, stdout, stderr = raftq("backup", "--out", str(out), "--urls", c.urls[0])
             assert code == 0, stderr
-            assert "taking another backup; asking again every 1s for up to 60s (--wait)" in stderr
+            assert ("busy (HTTP 429: a backup is already being taken on this node; retry when it is done); "
+                    "asking again every 1s for up to 60s (--wait)") in stderr
             assert fmt.verify(out)["index"] > 0 and not out.with_name("b.backup.part").exists()
             assert hits(c, 0, "http_write_stall_timeout_s") >= 1
             assert "it read nothing of its answer for 2.0 s" in c.log_path(0).read_text(errors="replace")

@@ -55,7 +55,8 @@ async def cmd_backup(ctx: Ctx) -> int:
 
 
 class _Busy(CliError):
-    """The node is taking another backup (429): worth asking again after `retry_after` seconds."""
+    """429: the node is taking another backup (or at another bound): worth asking again after
+    `retry_after` seconds."""
 
     def __init__(self, message: str, retry_after: float):
         super().__init__(message, EXIT_FAILED)
@@ -64,7 +65,7 @@ class _Busy(CliError):
 
 async def _first_backup(ctx: Ctx, candidates: list[str], tmp: Path) -> tuple[str, dict, float]:
     """The first whole backup from the candidates, in order. A node that fails otherwise is
-    passed over; a node busy with another backup (one at a time per node) is asked again after its
+    passed over; a node that answers 429 (one backup at a time per node) is asked again after its
     Retry-After once the others were tried, for up to --wait seconds in all."""
     deadline = time.monotonic() + ctx.args.wait
     pending, told = list(candidates), False
@@ -86,7 +87,7 @@ async def _first_backup(ctx: Ctx, candidates: list[str], tmp: Path) -> tuple[str
             raise CliError(f"{', '.join(u for u, _ in busy)}: {busy[0][1]} (waited {ctx.args.wait:g}s: take it later, "
                            "or wait longer with --wait)", EXIT_FAILED)
         if not told:
-            ctx.err(f"raftq: {', '.join(u for u, _ in busy)}: taking another backup; asking again every "
+            ctx.err(f"raftq: {', '.join(u for u, _ in busy)}: busy ({busy[0][1]}); asking again every "
                     f"{pause:g}s for up to {ctx.args.wait:g}s (--wait)")
             told = True
         pending = [u for u, _ in busy]
