@@ -87,6 +87,19 @@ def _ready_key(entry) -> tuple:
     return entry[0], entry[1], entry[2]     # (-priority, enqueued_at, seq): delivery order
 
 
+def _is_live(job, seq: int, jobs: dict) -> bool:
+    """An entry (job, seq) of a ready index still stands for its job: a job that left READY, was
+    given a new entry (seq) or was replaced leaves its old entries behind (they are skipped, not
+    removed)."""
+    return job.state == READY and job.seq == seq and jobs.get(job.id) is job
+
+
+def _live_entries(entries, jobs: dict):
+    for e in entries:
+        if _is_live(e[3], e[2], jobs):
+            yield e
+
+
 def _fifo_from(q, jobs: dict, after: tuple | None):
     """The FIFO's live entries after `after`, in order. The FIFO is kept
     ascending, but only a live entry's key is its job's (node/core/jobs.py Queue): the search
@@ -97,7 +110,7 @@ def _fifo_from(q, jobs: dict, after: tuple | None):
         def live_key(i):                    # None: no live entry from i on
             for k in range(i, len(fifo)):
                 job, seq = fifo[k], seqs[k]
-                if job.state == READY and job.seq == seq and jobs.get(job.id) is job:
+                if _is_live(job, seq, jobs):
                     return -job.priority, job.enqueued_at, seq
             return None
         lo, hi = 0, len(fifo)
@@ -113,7 +126,7 @@ def _fifo_from(q, jobs: dict, after: tuple | None):
         # Live entries only: a stale one reads its job's key of now, which may sort after the
         # live entries behind it (a replace that lowered the priority), and the merge with
         # the heap takes its inputs as sorted.
-        if job.state == READY and job.seq == seq and jobs.get(job.id) is job:
+        if _is_live(job, seq, jobs):
             yield -job.priority, job.enqueued_at, seq, job
 
 
@@ -324,14 +337,13 @@ class QueueMachine(UndoLog):
             if q is None:
                 return [], None
             jobs, page = self.jobs, []
-            blocked = [_heap_in_order(h, after) for per in self.blocked.values() for n, h in per.items() if n == qname]
-            for e in heapq.merge(_fifo_from(q, jobs, after), _heap_in_order(q.ready_heap, after), *blocked,
-                                 key=_ready_key):
-                job = e[3]
-                if job.state == READY and job.seq == e[2] and jobs.get(job.id) is job:
-                    page.append(e)
-                    if len(page) > limit:
-                        break
+            # Every input yields live entries only (each checked once, where it is read).
+            heaps = [q.ready_heap, *(h for per in self.blocked.values() for n, h in per.items() if n == qname)]
+            for e in heapq.merge(_fifo_from(q, jobs, after),
+                                 *(_live_entries(_heap_in_order(h, after), jobs) for h in heaps), key=_ready_key):
+                page.append(e)
+                if len(page) > limit:
+                    break
             more = len(page) > limit
             page = page[:limit]
             return [self.job_view(e[3].id) for e in page], (list(_ready_key(page[-1])) if more else None)

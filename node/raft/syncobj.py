@@ -1167,8 +1167,6 @@ class SyncObj(object):
         if message['type'] == 'request_vote' and self.__selfNode is not None:
 
             if message['term'] > self.__raftCurrentTerm:
-                if self.__raftState == _RAFT_STATE.LEADER:
-                    self.__restartElectionTimer()
                 self.__setCurrentTerm(message['term'], None)
                 self.__setState(_RAFT_STATE.FOLLOWER)
                 self.__raftLeader = None
@@ -1621,6 +1619,13 @@ class SyncObj(object):
     def __setState(self, newState):
         oldState = self.__raftState
         self.__raftState = newState
+        if oldState == _RAFT_STATE.LEADER and newState != _RAFT_STATE.LEADER:
+            # raftq: a leader that steps down (a higher term, CheckQuorum) waits a whole election
+            # timeout before it stands, as etcd's becomeFollower. Its timer last ran before it
+            # led, long expired: it asked for a pre-vote in its first tick as a follower, and a
+            # node that had just voted for the new leader and not yet heard from it granted it -
+            # a leader paused (SIGSTOP, a VM stall) and resumed deposed its successor that way.
+            self.__raftElectionDeadline = monotonicTime() + self.__generateRaftTimeout()
         if newState != _RAFT_STATE.LEADER:
             self.__stages.clear()
             self.__stagesUnsynced.clear()
@@ -2000,19 +2005,10 @@ class SyncObj(object):
                           for n in self.__otherNodes if n in self.__connectedNodes]
             if candidates:
                 target = max(candidates)[3]
-        self.__restartElectionTimer()
         self.__setState(_RAFT_STATE.FOLLOWER)
         self.__raftLeader = None
         if target is not None:
             self.__transport.send(target, {'type': 'timeout_now', 'term': self.__raftCurrentTerm})
-
-    def __restartElectionTimer(self):
-        """A leader that steps down waits a whole election timeout before it stands (as etcd's
-        becomeFollower does). Its timer last ran when it was a follower, before it led, so it has
-        long expired: without this it asked for a pre-vote in its first tick as a follower, and a
-        node that had just voted for the new leader and not yet heard from it granted it - a
-        leader paused (SIGSTOP, a VM stall) and resumed deposed its successor that way."""
-        self.__raftElectionDeadline = monotonicTime() + self.__generateRaftTimeout()
 
     # raftq: the disk checks (FORK.md "Checksums"). What the journal found (journal.FileJournal),
     # the snapshot's check, and the commit index the node knew: anything found makes the log
