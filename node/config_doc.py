@@ -324,6 +324,9 @@ TESTING = {
     "workers_window_ms": Key("integer", "How long a worker that reserved from a queue counts in the queue's "
                              "`workers` (and keeps `no_workers` false) on this node when it leads; the tests shorten "
                              "it.", minimum=1),
+    "hold_seed": Key("boolean", "A leader of a new cluster seeds its configuration (version 1) only once the file "
+                     "`release-seed` is in its data dir: the tests watch a cluster that has a leader and no "
+                     "configuration yet (writes and `/readyz` answer 503)."),
 }
 
 # (TOML header, keys, where the code keeps them / their defaults, what the section is)

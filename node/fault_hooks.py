@@ -19,6 +19,14 @@ from pathlib import Path
 FAIL_NEXT_SYNC = "fail-next-fsync"
 CLOCK_STROBE = "clock-strobe"
 FREE_BYTES = "disk-free-bytes"
+RELEASE_SEED = "release-seed"
+
+
+# `hold_seed = true`: the first leader of a new cluster proposes its configuration (version 1)
+# only once the file RELEASE_SEED is in its data dir: a test sees a cluster with a leader whose
+# configuration is not seeded yet (writes 503, /readyz 503) for as long as it likes.
+def seed_held(data_dir) -> bool:
+    return not (Path(data_dir) / RELEASE_SEED).exists()
 
 
 # `clock_strobe = true`: the chaos tool's `clock-strobe` fault makes the node's idea of now jump back

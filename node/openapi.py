@@ -912,8 +912,8 @@ ROUTES = [
     _route("get", "/healthz", "healthz", "Liveness", "200 while the process serves HTTP. No key needed.", None,
            leader=False, ok="Health", tags=("cluster",)),
     _route("get", "/readyz", "readyz", "Readiness",
-           "200 when this node knows a leader, has heard a commit index from it and has applied all of it but at most 64 "
-           "entries; 503 "
+           "200 when this node can take writes: the cluster's configuration is seeded, this node knows a leader, has "
+           "heard a commit index from it and has applied all of it but at most 64 entries; 503 "
            "otherwise. No key needed.", None, leader=False, ok="Readiness", tags=("cluster",),
            extra_responses={"503": {"description": "not ready", "headers": {"Retry-After": {"$ref": "#/components/headers/RetryAfter"}},
                                     "content": {"application/json": {"schema": ref("Readiness")}}}}),

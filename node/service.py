@@ -262,7 +262,8 @@ class NodeService:
         """The first leader of a new cluster (or of one upgraded from 0.1.0) proposes version 1
         from its TOML; two leaders racing are decided by expect_version 0 at apply."""
         while not self.stopping and not self.is_seeded():
-            if self.replica.is_leader():
+            held = self.settings.testing.hold_seed and fault_hooks.seed_held(self.settings.data_dir)
+            if self.replica.is_leader() and not held:
                 status, body = await self.proposer.run(validate.seed(self.settings.limits, self.settings.api_keys))
                 if status == 200:
                     log.info("configuration version %d seeded from this node's TOML", body["version"])
@@ -904,8 +905,12 @@ class NodeService:
         return d
 
     def ready(self) -> bool:
+        """/readyz, `ready` in /v1/cluster, `raftq up`: this node can take writes now (docs/api.md
+        "Health"): a member, a leader known, caught up with it, and the cluster's configuration
+        seeded (before that every write answers 503)."""
         r = self.replica
-        return not r.removed and r.leader_raft() is not None and r.caught_up() and r.syncobj.logUnverified is None
+        return not r.removed and r.leader_raft() is not None and r.caught_up() \
+            and r.syncobj.logUnverified is None and self.is_seeded()
 
     def _with_workers(self, stats: dict) -> dict:
         """The leader's soft state next to the replicated stats: `workers`, `no_workers` (null

@@ -53,12 +53,15 @@ class TestHooks:
     sweeps: bool = True
     # how long a worker that reserved counts for its queues' `workers` (node/workers_seen.py)
     workers_window_ms: int = 30_000
+    # true: a leader seeds a new cluster's configuration only once the file `release-seed` is in
+    # its data dir (node/fault_hooks.py), so a test can watch a cluster that is not seeded yet
+    hold_seed: bool = False
 
 
 TESTING_KEYS = {f: t for f, t in (("clock_offset_ms", int), ("raft_dial_map", dict), ("sync_shadow", bool),
                                   ("sync_shadow_writeback_s", (int, float)), ("fsync_eio", bool),
                                   ("clock_strobe", bool), ("free_space_file", bool), ("sweeps", bool),
-                                  ("workers_window_ms", int))}
+                                  ("workers_window_ms", int), ("hold_seed", bool))}
 
 
 @dataclass(frozen=True)

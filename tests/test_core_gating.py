@@ -528,3 +528,62 @@ def test_random_gating_histories_keep_the_invariants_and_replay_alike(seed):
         fresh.apply(now, cmd)
     assert fresh.digest() == c.m.digest()
     fresh.check_invariants()
+
+
+# ---------------------------------------------------------------------------- leaving READY keeps the queue live
+@pytest.mark.parametrize("to", ["ready", "scheduled"])
+def test_a_replaced_held_back_job_is_handed_out_when_a_slot_frees(to):
+    """docs/semantics.md "Throttles": a held-back job stays ready and is reservable when a slot
+    frees; a replace (docs/api.md duplicate_policy) of it must not leave its held-back mark."""
+    c = gated(limits={"resource_limits": {"db": 2}})
+    running = [c.enqueue_id("q", resource="db") for _ in range(2)]
+    assert len(c.reserve_jobs(max_jobs=2)) == 2
+    held = c.enqueue_id("q", resource="db", idempotency_key="k")
+    assert c.reserve_jobs() == [] and c.stats()["throttled"] == 1
+    later = {"scheduled_at_ms": T0 + 1000} if to == "scheduled" else {}
+    status, body = c.enqueue("q", resource="db", idempotency_key="k", duplicate_policy="replace",
+                             payload=payload(b"new"), **later)
+    assert status == 200 and body["replaced"] is True and body["job_id"] == held
+    c.m.check_invariants()
+    assert c.stats()["throttled"] == 0
+    for job_id in running:
+        assert c.ack(job_id, 1)[0] == 200
+    c.advance(1000)
+    c.sweep()
+    got = c.reserve_jobs(max_jobs=5)
+    assert ids(got) == [held] and got[0]["attempt"] == 1
+    other = c.enqueue_id("q")                         # the queue serves others as well
+    assert ids(c.reserve_jobs(max_jobs=5)) == [other]
+    check(c)
+
+
+@pytest.mark.parametrize("how", ["cancel", "move", "deadline", "replace_later", "reserve_past_deadline"])
+def test_a_released_job_that_leaves_otherwise_passes_its_slot_on(how):
+    """A slot frees and hands one held-back job back to ready; if that job then leaves READY
+    without being reserved (cancelled, moved, expired, replaced into the future), the next
+    held-back job gets the slot: the queue never waits on a slot nobody holds."""
+    c = gated(limits={"resource_limits": {"db": 1}})
+    holder = c.enqueue_id("q", resource="db")
+    first = c.enqueue_id("q", resource="db", idempotency_key="k", deadline_at_ms=T0 + 500)
+    second = c.enqueue_id("q", resource="db")
+    assert ids(c.reserve_jobs(max_jobs=5)) == [holder] and c.stats()["throttled"] == 2
+    assert c.ack(holder, 1)[0] == 200               # `first` goes back to ready, `second` stays held
+    assert c.stats()["throttled"] == 1
+    if how == "cancel":
+        assert c.cancel(first)[0] == 200
+    elif how == "move":
+        assert c.move("q", [first])[0] == 200
+    elif how == "deadline":
+        c.advance(600)
+        assert c.sweep()["deadlines_expired"] == 1
+    elif how == "replace_later":
+        status, body = c.enqueue("q", resource="db", idempotency_key="k", duplicate_policy="replace",
+                                 scheduled_at_ms=T0 + 60_000)
+        assert status == 200 and body["replaced"] is True
+    else:
+        c.advance(600)                               # reserve meets `first` past its deadline
+    c.m.check_invariants()
+    assert c.stats()["throttled"] == (1 if how == "reserve_past_deadline" else 0)
+    assert ids(c.reserve_jobs(max_jobs=5)) == [second]      # (the same reserve, past the expired one)
+    assert c.state(first) in (None, "dead_lettered", "scheduled") and c.stats()["throttled"] == 0
+    check(c)

@@ -220,3 +220,38 @@ def test_a_deadline_passing_while_the_circuit_is_open_expires_the_job(make_clust
     poll(lambda: job(api, a["job_id"])["state"] == "dead_lettered", timeout=15, what="expired")
     assert expired(api, a["job_id"])
     assert stats(api, "cb")["circuit"]["state"] == "open"
+
+
+def test_a_held_back_job_that_is_replaced_or_passes_its_slot_on_runs_across_a_leader_kill(make_cluster):
+    """docs/semantics.md "Throttles": a held-back job replaced by its idempotency key stays
+    reservable, and a job handed a freed slot that is then deleted passes the slot on; neither
+    wedges its queue (both did: reserve skipped the queue for good)."""
+    c = make_cluster(limits={"resource_limits": {"db": 2, "api": 1}}, storage=RETAIN)
+    api = Api(c)
+    running = [api.enqueue("q", resource="db")[1]["job_id"] for _ in range(2)]
+    assert len(api.reserve(["q"], max_jobs=2)[1]["jobs"]) == 2
+    s, held = api.enqueue("q", resource="db", idempotency_key="k")
+    assert s == 200 and api.reserve(["q"])[1]["jobs"] == [] and stats(api, "q")["throttled"] == 1
+    s, out = api.enqueue("q", resource="db", idempotency_key="k", data=b"replaced", duplicate_policy="replace")
+    assert s == 200 and out == {"job_id": held["job_id"], "deduplicated": True, "replaced": True}
+    # an api slot: the holder's ack hands it to `first`, which is deleted before it is reserved
+    holder = api.enqueue("p", resource="api")[1]["job_id"]
+    assert [j["id"] for j in api.reserve(["p"])[1]["jobs"]] == [holder]
+    first = api.enqueue("p", resource="api")[1]["job_id"]
+    second = api.enqueue("p", resource="api")[1]["job_id"]
+    assert api.reserve(["p"])[1]["jobs"] == [] and stats(api, "p")["throttled"] == 2
+    assert api.post(f"/v1/jobs/{holder}/ack", {"attempt": 1})[0] == 200
+    assert api.call("DELETE", f"/v1/jobs/{first}")[0] == 200
+
+    _, new = kill_leader(c)
+    for job_id in running:
+        s, out = api.post(f"/v1/jobs/{job_id}/ack", {"attempt": 1}, node=new)
+        assert s == 200, out
+    s, out = api.reserve(["q"], wait_ms=5000, node=new)
+    assert s == 200 and [j["id"] for j in out["jobs"]] == [held["job_id"]], out
+    assert out["jobs"][0]["attempt"] == 1 and out["jobs"][0]["payload"]["data_b64"] == "cmVwbGFjZWQ="
+    s, out = api.reserve(["p"], wait_ms=5000, node=new)
+    assert s == 200 and [j["id"] for j in out["jobs"]] == [second], out
+    for q in ("q", "p"):
+        st = stats(api, q, node=new)
+        assert st["throttled"] == 0 and st["ready"] == 0, st

@@ -13,7 +13,9 @@ limit, the best blocked entries of each queue, as many as there are free slots, 
 their queue's ready index with their original sort key (`release_blocked`). So each reserve
 costs O(log n) per job it looks at, and a job is blocked at most once per freed slot.
 
-Every path on which a ready job leaves READY calls `leave_ready` (the blocked count follows);
+Every path on which a ready or scheduled job leaves its state, other than reserve and a due
+schedule, calls `leave_waiting` (the blocked count follows, and a freed claim on a slot passes
+on); reserve's own drop of an expired job calls `leave_ready`;
 every path on which a job leaves IN_FLIGHT calls `leave_in_flight(m, job, q, outcome)` (the
 in-flight count, the resource slot, the circuit breaker follow). Blocked entries are lazy like
 ready entries: one whose job has moved on (cancelled, purged, expired) is dropped when it
@@ -42,7 +44,7 @@ from __future__ import annotations
 from heapq import heappush
 
 from . import audit, ops
-from .jobs import READY
+from .jobs import READY, SCHEDULED
 from .undo import fifo_unappend, heap_remove
 
 NEUTRAL, OK, FAILED = 0, 1, 2       # how a job left IN_FLIGHT, for the circuit breaker
@@ -190,14 +192,30 @@ def drop_queue_blocked(m, qname: str) -> None:
 
 
 # ---------------------------------------------------------------------------- leaving a state
+def leave_waiting(m, q, job) -> None:
+    """A READY or SCHEDULED job leaves its state other than by reserve or by a due schedule
+    (replace, cancel, deadline, dead-letter move): the one place that keeps the counts, the
+    held-back marks and the resource's free slots in step (docs/semantics.md "Throttles")."""
+    if job.state == SCHEDULED:
+        m._add(q, "scheduled", -1)
+    else:
+        leave_ready(m, q, job)
+
+
 def leave_ready(m, q, job) -> None:
-    """A READY job leaves READY other than by reserve (cancel, deadline, purge, dead-letter move,
-    delete): the ready count, and the throttled count when it was blocked."""
+    """A READY job leaves READY other than by being handed out: the ready count, and the
+    throttled count when it was held back. A job of a resource that others wait on was in the
+    ready index, perhaps put back there for a slot that freed (`release_blocked`): that claim
+    passes to the next held-back job, else it would wait for a slot that nobody holds."""
     m._add(q, "ready", -1)
     ids = m.blocked_ids
     if ids and job.id in ids:
         m._pop(ids, job.id)
         m._add(q, "throttled", -1)
+        return
+    r = job.resource
+    if r is not None and r in m.blocked:
+        release_blocked(m, r)
 
 
 def leave_in_flight(m, job, q, outcome: int = NEUTRAL) -> None:

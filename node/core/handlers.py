@@ -133,7 +133,7 @@ def _duplicate(m, item, job_id: str, now: int):
         return ops.duplicate_refused(job_id)
     (_, qname, _, payload, encoding, priority, _, _, _, scheduled_at, _, _) = item[:ops.ITEM_LEGACY_LEN]
     q = m.queues[job.queue]
-    m._add(q, "ready" if job.state == READY else "scheduled", -1)
+    gating.leave_waiting(m, q, job)
     m._set(job, "payload", payload)
     m._set(job, "encoding", encoding)
     m._set(job, "priority", priority)
@@ -302,7 +302,7 @@ def reserve(m, queue_names, lease_ms: int, max_jobs: int):
             spec = job.spec
             deadline = spec[S_DEADLINE]
             if deadline is not None and deadline <= now:
-                m._add(q, "ready", -1)
+                gating.leave_ready(m, q, job)
                 dead_letter(m, job, q, "expired", None)   # too late to ever run
                 continue
             r = spec[S_RESOURCE]
@@ -619,12 +619,10 @@ def cancel(m, job_id: str, who=UNAUDITED, in_flight=False):
     if job.state == IN_FLIGHT and not in_flight:
         return ops.cancel_in_flight(job_id)
     q = m.queues[job.queue]
-    if job.state == READY:
-        gating.leave_ready(m, q, job)
-    elif job.state == SCHEDULED:
-        m._add(q, "scheduled", -1)
-    else:                                   # a running job (issue 17): its slot and probe go too
+    if job.state == IN_FLIGHT:              # a running job: its slot and probe go too
         gating.leave_in_flight(m, job, q, gating.NEUTRAL)
+    else:
+        gating.leave_waiting(m, q, job)
     forget(m, job)
     audit.record(m, who, "cancel", job_id, {"queue": job.queue})
     return JOB_ID, job_id
@@ -670,10 +668,7 @@ def move_to_dead_letters(m, queue: str, ids, reason, who=UNAUDITED):
             missing.append(job_id)
             continue
         q = m.queues[queue]
-        if job.state == SCHEDULED:
-            m._add(q, "scheduled", -1)
-        else:
-            gating.leave_ready(m, q, job)
+        gating.leave_waiting(m, q, job)
         m._set(job, "last_reason", reason)
         dead_letter(m, job, q, "admin", reason)
         moved.append(job_id)

@@ -148,6 +148,8 @@ def check(m) -> list[str]:
     for job_id, job in jobs.items():
         if job.state == READY and live_ready[job_id] != 1:
             say(f"ready job {job_id} has {live_ready[job_id]} live ready-index entries (blocked ones included)")
+    bad.extend(_held_back_jobs_can_move(m, throttled_by(m)))
+    bad.extend(_probes_are_running(m))
 
     # ---- throttles: in flight per resource, as counted and within the limit in force at reserve
     in_use: Counter = Counter(j.resource for j in jobs.values() if j.state == IN_FLIGHT and j.resource is not None)
@@ -291,3 +293,57 @@ def check(m) -> list[str]:
     if trail and (trail[-1][0] > m.audit_seq or trail[-1][1] > clock):
         say(f"audit entry {trail[-1][:2]} beyond the machine's sequence {m.audit_seq} or clock {clock}")
     return bad
+
+
+def throttled_by(m) -> Counter:
+    """(resource, queue) -> the live held-back jobs of that resource in that queue."""
+    jobs, out = m.jobs, Counter()
+    for r, per in m.blocked.items():
+        for qname, heap in per.items():
+            for e in heap:
+                job = e[3]
+                if job.state == READY and job.seq == e[2] and jobs.get(job.id) is job and m.blocked_ids.get(job.id) == r:
+                    out[(r, qname)] += 1
+    return out
+
+
+def _held_back_jobs_can_move(m, held: Counter) -> list[str]:
+    """No queue waits on a slot that nobody holds (docs/semantics.md "Throttles"): a job is held
+    back only while its resource is full, and every slot that frees hands a held-back job of each
+    queue back to the ready index (`gating.release_blocked`), where it stays until it is reserved
+    or passes the claim on (`gating.leave_ready`). So while resource r has `free` slots, each
+    queue holding jobs of r back has at least `free` jobs of r in its ready index."""
+    out = []
+    jobs = m.jobs
+    for (r, qname), n in held.items():
+        limit = m.limits.resource_limits.get(r)
+        if limit is None:
+            out.append(f"{n} jobs of queue {qname!r} held back on {r!r}, which has no limit")
+            continue
+        free = limit - m.in_use.get(r, 0)
+        if free <= 0:
+            continue
+        q = m.queues.get(qname)
+        waiting = 0 if q is None else sum(
+            1 for e in list(q.fifo_entries()) + q.ready_heap
+            if e[3].state == READY and e[3].seq == e[2] and jobs.get(e[3].id) is e[3] and e[3].resource == r)
+        if waiting < free:
+            out.append(f"queue {qname!r} holds {n} jobs back on {r!r} with {free} slots free and "
+                       f"{waiting} of its jobs ready to take them: nothing would hand them out")
+    return out
+
+
+def _probes_are_running(m) -> list[str]:
+    """A half-open circuit's probe is a job of its queue in flight (every way out of flight
+    clears or settles it: `gating.gate_leave`); its failures are times in order, none ahead."""
+    out = []
+    for name, q in m.queues.items():
+        c = q.circuit
+        if c is None:
+            continue
+        job = None if c.probe is None else m.jobs.get(c.probe)
+        if c.probe is not None and (job is None or job.state != IN_FLIGHT or job.queue != name):
+            out.append(f"queue {name!r}: the circuit's probe {c.probe} is not a running job of the queue")
+        if any(t > m.clock for t in c.failures) or list(c.failures) != sorted(c.failures):
+            out.append(f"queue {name!r}: the circuit's failures {c.failures} are not in order up to the clock")
+    return out

@@ -68,10 +68,7 @@ def expire_deadlines(m, now: int, budget: int) -> int:
         if job.deadline == deadline and job.state in (READY, SCHEDULED) and jobs.get(job.id) is job:
             n += 1
             q = m.queues[job.queue]
-            if job.state == READY:
-                gating.leave_ready(m, q, job)
-            else:
-                m._add(q, "scheduled", -1)
+            gating.leave_waiting(m, q, job)
             dead_letter(m, job, q, "expired", None)
     return n
 
