@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from raftq.cluster.local import LocalCluster, http_json
+from raftq.node.fault_hooks import RELEASE_SEED
 
 from conftest import Api, poll
 
@@ -481,30 +482,25 @@ def test_no_node_is_ready_until_the_configuration_is_seeded(tmp_path):
     c = LocalCluster(tmp_path / "c", tuning={}, testing={"hold_seed": True})
     c.write_configs()
     c.start_all()               # not launch(): that waits for a seeded leader
-    try:
-        held_then_released(c)
-    finally:
-        c.close()
-
-
-def held_then_released(c):
-    from raftq.node.fault_hooks import RELEASE_SEED
     api = Api(c)
 
     def settled():
         vs = c.cluster_views(digest=False)
         return all(v and v["leader"] and v["last_applied"] >= v["commit_index"] for v in vs) and vs
-    for v in poll(settled, timeout=20, what="a leader known and applied on every node"):
-        assert v["config_version"] == 0 and v["ready"] is False, v
-    for i in range(c.n):
-        s, out = http_json("GET", c.urls[i] + "/readyz")
-        assert s == 503 and out["status"] == "not_ready", (i, out)
-    leader = next(i for i, v in enumerate(c.cluster_views(digest=False)) if v["role"] == "leader")
-    s, out = api.enqueue("q", node=leader)
-    assert s == 503 and out["error"]["code"] == "unavailable" and "seeded" in out["error"]["message"], out
-    for i in range(c.n):
-        (c.data_dir(i) / RELEASE_SEED).touch()
-    for i in range(c.n):
-        poll(lambda: http_json("GET", c.urls[i] + "/readyz")[0] == 200, timeout=20, what=f"node {i} ready")
-    assert c.cluster_view(i, digest=False)["config_version"] == 1
-    assert api.enqueue("q")[0] == 200
+    try:
+        for v in poll(settled, timeout=20, what="a leader known and applied on every node"):
+            assert v["config_version"] == 0 and v["ready"] is False, v
+        for i in range(c.n):
+            s, out = http_json("GET", c.urls[i] + "/readyz")
+            assert s == 503 and out["status"] == "not_ready", (i, out)
+        leader = next(i for i, v in enumerate(c.cluster_views(digest=False)) if v["role"] == "leader")
+        s, out = api.enqueue("q", node=leader)
+        assert s == 503 and out["error"]["code"] == "unavailable" and "seeded" in out["error"]["message"], out
+        for i in range(c.n):
+            (c.data_dir(i) / RELEASE_SEED).touch()
+        for i in range(c.n):
+            poll(lambda: http_json("GET", c.urls[i] + "/readyz")[0] == 200, timeout=20, what=f"node {i} ready")
+        assert c.cluster_view(c.n - 1, digest=False)["config_version"] == 1
+        assert api.enqueue("q")[0] == 200
+    finally:
+        c.close()

@@ -28,7 +28,6 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from raftq.node import validate as C
 from raftq.node.core.jobs import READY
 from raftq.node.core.ops import RESERVED
-from raftq.node.limits import Limits
 from raftq.node.machine import QueueMachine as PlainMachine
 
 from helpers_core import T0, Core, payload
@@ -48,8 +47,7 @@ STORAGE = {"dead_letter_retention_ms": 60_000, "dedup_window_ms": 20_000}
 
 
 def limits_doc(resource_limits: dict, breaker: bool = True) -> dict:
-    queues = QUEUES if breaker else [dict(QUEUES[0], circuit_breaker=None)] + QUEUES[1:]
-    queues = [{k: v for k, v in q.items() if v is not None} for q in queues]
+    queues = QUEUES if breaker else [{"name": "a"}] + QUEUES[1:]
     return {"limits": {"resource_limits": resource_limits, "retry_delay_ms": 0}, "queues": queues}
 
 
@@ -58,8 +56,8 @@ class GatingModel(RuleBasedStateMachine):
         super().__init__()
         doc = limits_doc(LIMIT_SETS[0])
         self.c = Core(limits=doc["limits"], storage=STORAGE, queues=doc["queues"])
+        self.bootstrap = self.c.limits      # what the machine was built with (a replay's too)
         self.c.seed()
-        self.bootstrap = self.c.m.limits
         self.held: list = []          # (job id, attempt) handed out, as a worker keeps them
         self.seen: list = []          # every job id made
 
@@ -261,7 +259,7 @@ class GatingModel(RuleBasedStateMachine):
         restored = PlainMachine.from_builtins(self.bootstrap, self.m.to_builtins())
         restored.check_invariants()
         assert restored.digest() == self.m.digest()
-        fresh = PlainMachine(Limits.build(**{k: v for k, v in limits_doc(LIMIT_SETS[0]).items()}, storage=STORAGE))
+        fresh = PlainMachine(self.bootstrap)
         for now, cmd in self.c.log:
             fresh.apply(now, cmd)
         assert fresh.digest() == self.m.digest()

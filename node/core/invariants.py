@@ -84,6 +84,7 @@ def check(m) -> list[str]:
 
     # ---- the ready index: exactly one live entry per ready job, in order
     live_ready = Counter()
+    ready_of: Counter = Counter()       # (resource, queue) -> its jobs in the queue's ready index
     for name, q in m.queues.items():
         if len(q.ready_fifo) != len(q.fifo_seqs):
             say(f"queue {name!r}: the ready FIFO holds {len(q.ready_fifo)} jobs and {len(q.fifo_seqs)} seqs")
@@ -104,6 +105,7 @@ def check(m) -> list[str]:
             job = e[3]
             if job.state == READY and job.seq == e[2] and jobs.get(job.id) is job:
                 live_ready[job.id] += 1
+                ready_of[(job.resource, name)] += 1
                 if job.queue != name:
                     say(f"ready entry of job {job.id} (queue {job.queue!r}) in queue {name!r}")
                 if (e[0], e[1]) != (-job.priority, job.enqueued_at):
@@ -112,6 +114,7 @@ def check(m) -> list[str]:
     # its queue's ready index or one blocked heap, blocked ones are counted and named by id
     live_blocked: Counter = Counter()
     throttled: Counter = Counter()
+    held_back: Counter = Counter()      # (resource, queue) -> its held-back jobs
     for r, per in m.blocked.items():
         if not isinstance(per, dict):
             say(f"blocked entries of resource {r!r} are not per queue")
@@ -127,6 +130,7 @@ def check(m) -> list[str]:
                     live_ready[job.id] += 1
                     live_blocked[job.id] += 1
                     throttled[qname] += 1
+                    held_back[(r, qname)] += 1
                     if job.queue != qname:
                         say(f"blocked entry of job {job.id} (queue {job.queue!r}) under queue {qname!r}")
                     if job.resource != r:
@@ -148,7 +152,7 @@ def check(m) -> list[str]:
     for job_id, job in jobs.items():
         if job.state == READY and live_ready[job_id] != 1:
             say(f"ready job {job_id} has {live_ready[job_id]} live ready-index entries (blocked ones included)")
-    bad.extend(_held_back_jobs_can_move(m, throttled_by(m)))
+    bad.extend(_held_back_jobs_can_move(m, held_back, ready_of))
     bad.extend(_probes_are_running(m))
 
     # ---- throttles: in flight per resource, as counted and within the limit in force at reserve
@@ -295,27 +299,14 @@ def check(m) -> list[str]:
     return bad
 
 
-def throttled_by(m) -> Counter:
-    """(resource, queue) -> the live held-back jobs of that resource in that queue."""
-    jobs, out = m.jobs, Counter()
-    for r, per in m.blocked.items():
-        for qname, heap in per.items():
-            for e in heap:
-                job = e[3]
-                if job.state == READY and job.seq == e[2] and jobs.get(job.id) is job and m.blocked_ids.get(job.id) == r:
-                    out[(r, qname)] += 1
-    return out
-
-
-def _held_back_jobs_can_move(m, held: Counter) -> list[str]:
+def _held_back_jobs_can_move(m, held_back: Counter, ready_of: Counter) -> list[str]:
     """No queue waits on a slot that nobody holds (docs/semantics.md "Throttles"): a job is held
     back only while its resource is full, and every slot that frees hands a held-back job of each
     queue back to the ready index (`gating.release_blocked`), where it stays until it is reserved
     or passes the claim on (`gating.leave_ready`). So while resource r has `free` slots, each
     queue holding jobs of r back has at least `free` jobs of r in its ready index."""
     out = []
-    jobs = m.jobs
-    for (r, qname), n in held.items():
+    for (r, qname), n in held_back.items():
         limit = m.limits.resource_limits.get(r)
         if limit is None:
             out.append(f"{n} jobs of queue {qname!r} held back on {r!r}, which has no limit")
@@ -323,10 +314,7 @@ def _held_back_jobs_can_move(m, held: Counter) -> list[str]:
         free = limit - m.in_use.get(r, 0)
         if free <= 0:
             continue
-        q = m.queues.get(qname)
-        waiting = 0 if q is None else sum(
-            1 for e in list(q.fifo_entries()) + q.ready_heap
-            if e[3].state == READY and e[3].seq == e[2] and jobs.get(e[3].id) is e[3] and e[3].resource == r)
+        waiting = ready_of[(r, qname)]
         if waiting < free:
             out.append(f"queue {qname!r} holds {n} jobs back on {r!r} with {free} slots free and "
                        f"{waiting} of its jobs ready to take them: nothing would hand them out")
