@@ -928,10 +928,16 @@ def test_expired_tab_expired_counts_and_the_no_workers_badge(fresh_cluster, ui):
     [late] = enqueue(api, src, deadline_at_ms=int(time.time() * 1000) + 300)
     poll(lambda: job_state(api, late) == "dead_lettered", timeout=20, what="the job past its deadline dead-lettered")
     failed = dead_letter(api, src, "rejected")
+    quiet = "ui-quiet-" + uuid.uuid4().hex[:6]               # no job waits in it: idle, no badge
+    enqueue(api, quiet, scheduled_at_ms=int(time.time() * 1000) + 3_600_000)
     page = ui.open(c.urls[lead])
     row = page.locator(f"#queues tr[data-queue='{src}']")
     expect(row.locator("td").nth(13)).to_have_text("1")                  # expired, total
+    expect(row.locator(".badge.noworkers")).to_have_count(0)              # nothing ready: nobody is missing
+    enqueue(api, src, n=2)
     expect(row.locator(".badge.noworkers")).to_have_text("no workers")
+    expect(page.locator(f"#queues tr[data-queue='{quiet}'] td").nth(3)).to_have_text("1")   # scheduled
+    expect(page.locator(f"#queues tr[data-queue='{quiet}'] .badge.noworkers")).to_have_count(0)
     # the Expired tab: its count, then only the expired dead letter
     tab = page.locator("#dl-tabs button[data-cause='expired']")
     expect(tab).to_have_text("Expired (1)")
@@ -952,8 +958,9 @@ def test_expired_tab_expired_counts_and_the_no_workers_badge(fresh_cluster, ui):
     expect(rows).to_have_count(1)
     # the forward queue holds the record job (it is a queue like any other in the table)
     expect(page.locator(f"#queues tr[data-queue='{fwd}'] td").nth(1)).to_have_text("1")
-    # a worker reserves: the badge goes and the workers count says 1; a window later it is back
-    status, out = api.post("/v1/reserve", {"queues": [src], "lease_ms": 1000, "worker_id": "w-ui"})
+    # a worker reserves one of the two: the badge goes and the workers count says 1; a window
+    # later, with a job still ready, it is back
+    status, out = api.post("/v1/reserve", {"queues": [src], "lease_ms": 60_000, "worker_id": "w-ui"})
     assert status == 200, out
     expect(row.locator(".badge.noworkers")).to_have_count(0)
     expect(row.locator("td").nth(12)).to_have_text("1")                  # workers

@@ -523,10 +523,11 @@ def test_queues_shows_workers_expired_and_what_holds_jobs_back(monkeypatch, caps
     bare = _queue_stats("plain")
     known = _queue_stats("served", expired_total=0, workers=2, no_workers=False, circuit=None, window_open=True,
                          throttled=0)
+    idle = _queue_stats("idle", ready=0, workers=0, no_workers=True)      # nothing waits: no note
 
     async def call(self, op, method, path, body=None, *, mutating=False):
         if path == "/v1/queues":
-            return {"queues": [full, bare, known]}
+            return {"queues": [full, bare, known, idle]}
         return {**{"/v1/queues/busy": full, "/v1/queues/plain": bare}[path], "limits": {}}
 
     async def connect(self):
@@ -540,11 +541,12 @@ def test_queues_shows_workers_expired_and_what_holds_jobs_back(monkeypatch, caps
     assert head[:6] == ["QUEUE", "PAUSED", "READY", "SCHEDULED", "IN_FLIGHT", "DEAD"]
     assert head[-3:] == ["EXPIRED", "WORKERS", "NOTES"]
     rows = {line.split()[0]: line for line in out.splitlines()[1:] if line.split() and line.split()[0] in
-            ("busy", "plain", "served")}
+            ("busy", "plain", "served", "idle")}
     assert rows["busy"].rstrip().endswith("paused, no workers, circuit half open, window closed, 7 throttled")
     assert re.search(r"\b5\s+0\s+paused", rows["busy"]), rows["busy"]
     assert re.search(r"-\s+-\s+-$", rows["plain"].rstrip()), rows["plain"]       # nothing known: dashes
     assert re.search(r"\b0\s+2\s+-$", rows["served"].rstrip()), rows["served"]
+    assert re.search(r"\b0\s+-$", rows["idle"].rstrip()), rows["idle"]
     assert cli.main(["queues", "busy", "--urls", "http://h1"]) == 0
     out = capsys.readouterr().out
     assert re.search(r"^expired \(total\) +5$", out, re.M), out
@@ -556,3 +558,57 @@ def test_queues_shows_workers_expired_and_what_holds_jobs_back(monkeypatch, caps
     assert cli.main(["queues", "plain", "--urls", "http://h1"]) == 0
     out = capsys.readouterr().out
     assert "workers" not in out and "circuit" not in out and "expired" not in out
+
+
+# ---------------------------------------------------------------------------- the README's table
+def _command_tree(parser) -> dict:
+    """{command path: its parser} for every command `raftq --help` lists, nested ones included."""
+    import argparse
+    out = {}
+
+    def walk(p, path):
+        for a in p._actions:
+            if isinstance(a, argparse._SubParsersAction):
+                listed = {c.dest for c in a._choices_actions}
+                for name, sp in a.choices.items():
+                    if name in listed:
+                        out[path + (name,)] = sp
+                        walk(sp, path + (name,))
+    walk(parser, ())
+    return out
+
+
+def _readme_command_spans() -> list[str]:
+    """Every `raftq ...` code span in the first cell of the README's command table."""
+    text = (ROOT / "README.md").read_text()
+    table = text[text.index("| command | what |"):]
+    table = table[:table.index("\n\n")]
+    spans = []
+    for row in table.splitlines()[2:]:
+        first = row.split(" | ")[0]
+        spans += re.findall(r"`(raftq [^`]*)`", first)
+    return spans
+
+
+def test_the_readme_command_table_covers_every_command_with_real_options():
+    """The table is checked against the parser: every command `raftq --help` offers has a row,
+    and every option a row names is one that command takes."""
+    from raftq.cluster.cli.main import build_parser
+    tree = _command_tree(build_parser())
+    groups = {path[:-1] for path in tree if len(path) > 1}
+    leaves = {path for path in tree if path not in groups}
+    covered = set()
+    for span in _readme_command_spans():
+        words = span.replace("\\|", "|").split()[1:]
+        path, paths = (), []
+        while words and any(p[:len(path) + 1] == path + (words[0].split("|")[0],) for p in tree):
+            alternatives = words.pop(0).split("|")    # `raftq local pause|resume|restart|wipe NODE`
+            paths = [path + (a,) for a in alternatives]
+            path = paths[0]
+        assert paths and all(p in tree for p in paths), f"README row {span!r} names no command"
+        covered.update(paths)
+        takes = {s for p in paths for a in tree[p]._actions for s in a.option_strings}
+        for opt in re.findall(r"(?<![\w-])(--[a-z][a-z0-9-]*)", span):
+            assert opt in takes or path in (("bench",), ("chaos",)), f"README row {span!r}: {opt} is not an option"
+    missing = sorted(" ".join(p) for p in leaves - covered)
+    assert not missing, f"commands with no row in README.md's command table: {missing}"

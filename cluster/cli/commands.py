@@ -696,6 +696,11 @@ QUEUE_COLUMNS = [("QUEUE", "name"), ("PAUSED", "paused"), ("READY", "ready"), ("
                  ("EXPIRED", "expired_total"), ("WORKERS", "workers"), ("NOTES", "notes")]
 
 
+# The CLI asks the leader; it answers null only in its first window as leader (it counts the
+# workers it sees itself: node/workers_seen.py).
+WORKERS_NOT_KNOWN = "not known yet (the leader counts the workers it sees for 30 s after it takes over)"
+
+
 def queue_notes(q: dict) -> list[str]:
     """Why a queue's jobs may be waiting, as short notes: paused, no workers, the circuit, the
     window, throttled jobs. A field the cluster does not send (an older node) is left out; so is
@@ -703,7 +708,7 @@ def queue_notes(q: dict) -> list[str]:
     notes = []
     if q.get("paused"):
         notes.append("paused")
-    if q.get("no_workers") is True:
+    if q.get("no_workers") is True and (q.get("ready") or 0) > 0:     # an idle queue is not in trouble
         notes.append("no workers")
     circuit = q.get("circuit")
     if isinstance(circuit, dict) and circuit.get("state") not in (None, "closed"):
@@ -802,8 +807,9 @@ def queue_detail_pairs(q: dict) -> list[tuple[str, object]]:
         pairs.append(("dead letters by cause", ", ".join(f"{c} {n}" for c, n in by_cause.items() if n) or "none"))
     if "workers" in q:
         w = q["workers"]
-        pairs.append(("workers (last 30 s)", "unknown (ask the leader; a new leader counts after 30 s)" if w is None
-                      else f"{w}" + (" - NO WORKERS: nothing reserves from this queue" if w == 0 else "")))
+        pairs.append(("workers (last 30 s)", WORKERS_NOT_KNOWN if w is None
+                      else f"{w}" + (" - NO WORKERS: ready jobs wait and nothing reserves from this queue"
+                                     if w == 0 and (q.get("ready") or 0) > 0 else "")))
     if "circuit" in q:
         c = q["circuit"]
         if c is None:

@@ -794,6 +794,20 @@ def tls_lines(cluster: LocalCluster, directory: Path) -> list[str]:
             + ")"]
 
 
+def next_steps(cluster: LocalCluster, directory: Path) -> list[str]:
+    """What to open and try once the cluster has a leader: the admin UI first (a new user's
+    first question is where to look), then a job through the command line, then failover."""
+    d = dir_option(directory)
+    urls = "" if cluster.http_ports == [7001 + i for i in range(cluster.n)] else f" --urls {','.join(cluster.urls)}"
+    tls = f" --ca {cluster.ca_file}" if cluster.tls else ""
+    return [f"admin UI: {cluster.urls[0]}/ in a browser (any node's URL; it moves to the leader's page)",
+            "try, in another terminal:",
+            f"  raftq{tls}{urls} enqueue emails welcome --data '{{\"user\": 42}}'   then   "
+            f"raftq{tls}{urls} queues",
+            f"  raftq local status{d}   raftq local kill leader{d}   (pause|resume|restart|wipe NODE)",
+            "Ctrl-C here stops the cluster"]
+
+
 def cmd_up(args) -> int:
     try:
         return _up(args)
@@ -891,9 +905,8 @@ def _run_up(args, directory: Path) -> int:
                     raise UpError("the demo failed", EXIT_FAILED)
         if args.exit_after_demo:
             return False
-        d = dir_option(directory)
-        print(f"in another terminal: `raftq local status{d}`, `raftq local kill leader{d}`, "
-              f"pause|resume|restart|wipe NODE; Ctrl-C here stops the cluster", flush=True)
+        for line in next_steps(cluster, directory):
+            print(line, flush=True)
         return True
 
     return sup.run(args.timeout, on_leader)
