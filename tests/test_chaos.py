@@ -807,3 +807,92 @@ def test_memory_mode_power_cut_excuses_redelivery_of_a_lost_ack_only_across_the_
     # The same history with the ack answered before the last durable point is a violation.
     r = run(h, power_losses=[_cut(durable_from=1_004_800)])
     assert {"redelivery_attempts", "no_delivery_after_ack"} <= set(failed(r))
+
+
+# ---------------------------------------------------------------------------- the report
+def _report(r: dict, faults=(), durability="fsync", power_loss=None) -> dict:
+    """What run_chaos makes of a checker result, as far as the report's first line reads it."""
+    from collections import Counter
+    return {"valid": r["valid"], "invariants": r["invariants"], "stats": r["stats"], "failures": r["failures"],
+            "durability": durability, "power_loss": power_loss,
+            "faults": {"total": len(faults), "by_kind": dict(Counter(f["kind"] for f in faults)), "list": list(faults),
+                       "mixed_steps": 0, "skipped": 0}}
+
+
+def test_docs_name_and_count_every_invariant():
+    """docs/chaos.md states the checker's number of invariants wherever it gives one, and its
+    Invariants table names each one, in the checker's order; check() reports exactly those."""
+    import re
+    from pathlib import Path
+    from raftq.cluster.chaos.checker import INVARIANTS
+
+    names = [n for n, _ in INVARIANTS]
+    assert len(set(names)) == len(names)
+    assert [i["name"] for i in run(H())["invariants"]] == names
+    text = (Path(__file__).resolve().parent.parent / "docs" / "chaos.md").read_text()
+    stated = [int(n) for n in re.findall(r"\b(\d+) invariants\b", text)]
+    assert stated and set(stated) == {len(INVARIANTS)}, stated
+    section = text.split("\n## Invariants\n", 1)[1].split("\n## ", 1)[0]
+    assert re.findall(r"^\| `([a-z_]+)` \|", section, re.M) == names
+
+
+def test_failed_ops_sort_the_expected_from_the_unexpected():
+    h = H()
+    h.enq("v1", "j1")
+    h.enq("v2", t=(0.0, 5.0), outcome="unknown")
+    h.res([h.job("j1", 1, "v1", lease_expires=1_002_200)])
+    h.extend("j1", 1, t=(2.4, 2.5), outcome="fail")["error"] = "attempt_mismatch"   # lease lapsed: fenced
+    h.res([h.job("j1", 2, "v1", lease_expires=1_010_000)], t=(2.3, 2.35))
+    h.ack("j1", 1, t=(2.6, 2.7), outcome="fail")["error"] = "attempt_mismatch"
+    h.ack("j1", 2, t=(2.8, 2.9))
+    h.enq("v3", "j3")
+    h.res([h.job("j3", 1, "v3")])
+    h.ack("j3", 1, outcome="fail")["error"] = "job_not_found"       # and the job never came back
+    r = run(h)
+    rows = {(x["f"], x["error"], x["cause"]): x for x in r["failures"]}
+    assert rows[("extend", "attempt_mismatch", "fenced")]["expected"]
+    assert rows[("ack", "attempt_mismatch", "fenced")]["expected"]
+    assert rows[("enqueue", None, "unknown")]["expected"]
+    odd = rows[("ack", "job_not_found", "unexplained_fence")]
+    assert not odd["expected"] and odd["examples"][0]["job_id"] == "j3"
+    assert set(failed(r)) == {"lost"}            # the invariants judge the job, not the refusal
+
+
+def test_the_report_opens_with_its_verdict():
+    from raftq.cluster.chaos.runner import format_report, verdict
+
+    h = H()
+    h.enq("v1", "j1")
+    h.res([h.job("j1", 1, "v1")])
+    h.ack("j1", 1)
+    faults = [{"id": 0, "kind": "kill-leader", "node": "n2", "t_inject": 12.31, "t_heal": 13.8, "mixed": False},
+              {"id": 1, "kind": "latency", "latency_ms": 200, "jitter_ms": 100, "links": ["n1-n2"],
+               "t_inject": 20.0, "t_heal": 24.0, "mixed": True}]
+    good = _report(run(h), faults)
+    line = verdict(good)
+    # A hand-made history leaves out what needs a cluster (views, logs, gates): skipped, and said so.
+    assert line.startswith("PASS: no acknowledged job lost, no fencing violation, every invariant checked holds "
+                           "(14 of 24; 10 skipped)"), line
+    assert "2 faults of 2 kinds, 1 jobs enqueued, 1 acked" in line
+    h.enq("v2", "j2")
+    h.ack("j1", 1, t=(0.6, 0.7))                                 # a second ok ack: a fencing violation
+    bad = _report(run(h), faults)
+    line = verdict(bad)
+    assert line.startswith("FAIL: 1 acknowledged job lost (ids j2), 1 fencing violation (no_delivery_after_ack 1)"), line
+    bad.update(seed=1, nodes=3, duration_s=30, violations=2, ops={}, unavailability={"by_kind": {}},
+               liveness={}, dir=None)
+    bad["stats"]["worker_stalls"] = 0
+    text = format_report(bad)
+    assert text.splitlines()[0] == line
+    assert "    kill-leader n2 at 12.3 s, back after 1.5 s" in text.splitlines()
+    assert "{" not in text.split("operations by outcome")[0]          # no dict reprs in the fault lines
+
+
+def test_every_fault_kind_has_a_line_in_words():
+    from raftq.cluster.chaos.nemesis import ALL_KINDS, describe_fault
+
+    for kind in ALL_KINDS:
+        line = describe_fault({"id": 0, "kind": kind, "node": "n1", "t_inject": 1.0, "t_heal": 2.5})
+        assert line.startswith(f"{kind} ") and " at 1.0 s, " in line and "after 1.5 s" in line, line
+        assert "{" not in line and "None" not in line, line
+    assert describe_fault({"kind": "kill-follower", "skipped": "no follower up"}) == "kill-follower skipped: no follower up"

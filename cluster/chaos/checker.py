@@ -22,7 +22,10 @@ dlq_drain), `outcome` (ok / fail / unknown), `t0`/`t1` (monotonic invoke/complet
 Unknown outcomes follow Jepsen: an unknown enqueue may or may not have created its job (a job
 delivered anyway is "recovered"); an unknown ack may or may not have completed the job.
 
-`check(...)` returns {"valid": bool, "invariants": [{name, ok, count, examples, about}], "stats"}.
+`check(...)` returns {"valid": bool, "invariants": [{name, ok, count, examples, about}], "stats",
+"failures"}: `INVARIANTS` lists the invariants; `failures` (failed_ops) sorts the ops that did not
+end ok into the expected (a fenced ack after a lapsed lease, an unknown outcome during a fault)
+and the rest, for the report; they never decide `valid`.
 """
 from __future__ import annotations
 
@@ -188,6 +191,45 @@ class Index:
             self.job_max[jid] = j["max_attempts"]
 
 
+# Every invariant the checker holds a run to, (name, what it says), in the order the report
+# lists them. docs/chaos.md names each one and states their number (tests/test_chaos.py
+# holds it to this tuple).
+INVARIANTS = (
+    ("lost", "every enqueue answered ok was acked, is dead-lettered, or is still there (drained at the end)"),
+    ("unexpected", "every delivered or dead-lettered job was enqueue-attempted in this run"),
+    ("duplicate_jobs", "one value never becomes two jobs, and a job carries the value that created it"),
+    ("idempotency", "one job per idempotency key inside its window; at most one non-deduplicated answer per key"),
+    ("redelivery_attempts", "each redelivery of a job carries a strictly higher attempt (no attempt delivered twice)"),
+    ("stale_attempt", "no ok ack/nack/extend with an attempt older than one already delivered"),
+    ("no_delivery_after_ack", "after an ok ack the job is never delivered again, never dead-lettered, never acked or nacked again"),
+    ("attempts_bound", "1 <= attempts used (attempt - releases) <= max_attempts on every delivery and dead letter"),
+    ("release_uses_no_attempt", "a released job comes back with the next attempt number and the same attempts used"),
+    ("throttle_limit", "never more jobs of a resource in flight at once than its limit (replicated clock, across failovers)"),
+    ("circuit_open", "once a queue's breaker must be open, its jobs are handed out one probe at a time, open_ms apart"),
+    ("window_closed", "no job of a windowed queue handed out while its window is closed (replicated clock)"),
+    ("schedule", "no job leased before its scheduled time (replicated clock; wall clock within the skew tolerance)"),
+    ("retry_delay", "a nacked job is not redelivered before its retry delay (replicated clock)"),
+    ("lease_honoured", "a lease is not expired early: a redelivery without a nack comes after the (extended) lease end"),
+    ("dead_letters", "dead letters have the right cause, attempt and reason; every ok dead-lettering nack shows up"),
+    ("drained", "after healing everything drains: no job left on any node, no dead letter left"),
+    ("replicas_agree", "every node ends at the same applied index with the same state digest"),
+    ("one_leader_per_term", "at most one node claims leadership in any term"),
+    ("liveness", "a leader within the bound after healing; expired leases redelivered within lease + sweep"),
+    ("no_internal_errors", "the cluster never answered `internal`"),
+    ("no_critical_node_logs", "no node logged CRITICAL (e.g. pysyncobj truncating already-applied entries), "
+                              "but a damaged node's disk-check and storage-failure lines"),
+    ("checksum_failures_contained", "no node answered from, voted with or sent data that failed its checksum: "
+                                    "every damage injected was found, no node led or stood for election with an "
+                                    "untrusted log, no snapshot arrived damaged, only damaged nodes found damage"),
+    ("failed_writes_stop", "a node whose fsync failed, or whose full disk failed a write, exited with code 74 "
+                           "and said which file and errno"),
+)
+
+# The attempt number is the fencing token: these say a worker that no longer owns a job could
+# not complete it, and that an attempt is handed out once. The report's verdict names them.
+FENCING = ("redelivery_attempts", "stale_attempt", "no_delivery_after_ack")
+
+
 def reserve_now(op: dict, job: dict):
     """The replicated time at which the reserve was applied: lease expiry minus the lease."""
     if job.get("lease_expires") is None or op.get("lease_ms") is None:
@@ -210,36 +252,7 @@ def check(ops: list[dict], *, dead_letters: list[dict], drain: dict | None = Non
     log was untrusted (the sampler's)."""
     ix = Index(ops, dead_letters)
     pc = PowerCuts(power_losses)
-    invs = {name: Inv(name, about) for name, about in (
-        ("lost", "every enqueue answered ok was acked, is dead-lettered, or is still there (drained at the end)"),
-        ("unexpected", "every delivered or dead-lettered job was enqueue-attempted in this run"),
-        ("duplicate_jobs", "one value never becomes two jobs, and a job carries the value that created it"),
-        ("idempotency", "one job per idempotency key inside its window; at most one non-deduplicated answer per key"),
-        ("redelivery_attempts", "each redelivery of a job carries a strictly higher attempt (no attempt delivered twice)"),
-        ("stale_attempt", "no ok ack/nack/extend with an attempt older than one already delivered"),
-        ("no_delivery_after_ack", "after an ok ack the job is never delivered again, never dead-lettered, never acked or nacked again"),
-        ("attempts_bound", "1 <= attempts used (attempt - releases) <= max_attempts on every delivery and dead letter"),
-        ("release_uses_no_attempt", "a released job comes back with the next attempt number and the same attempts used"),
-        ("throttle_limit", "never more jobs of a resource in flight at once than its limit (replicated clock, across failovers)"),
-        ("circuit_open", "once a queue's breaker must be open, its jobs are handed out one probe at a time, open_ms apart"),
-        ("window_closed", "no job of a windowed queue handed out while its window is closed (replicated clock)"),
-        ("schedule", "no job leased before its scheduled time (replicated clock; wall clock within the skew tolerance)"),
-        ("retry_delay", "a nacked job is not redelivered before its retry delay (replicated clock)"),
-        ("lease_honoured", "a lease is not expired early: a redelivery without a nack comes after the (extended) lease end"),
-        ("dead_letters", "dead letters have the right cause, attempt and reason; every ok dead-lettering nack shows up"),
-        ("drained", "after healing everything drains: no job left on any node, no dead letter left"),
-        ("replicas_agree", "every node ends at the same applied index with the same state digest"),
-        ("one_leader_per_term", "at most one node claims leadership in any term"),
-        ("liveness", "a leader within the bound after healing; expired leases redelivered within lease + sweep"),
-        ("no_internal_errors", "the cluster never answered `internal`"),
-        ("no_critical_node_logs", "no node logged CRITICAL (e.g. pysyncobj truncating already-applied entries), "
-                                  "but a damaged node's disk-check and storage-failure lines"),
-        ("checksum_failures_contained", "no node answered from, voted with or sent data that failed its checksum: "
-                                        "every damage injected was found, no node led or stood for election with an "
-                                        "untrusted log, no snapshot arrived damaged, only damaged nodes found damage"),
-        ("failed_writes_stop", "a node whose fsync failed, or whose full disk failed a write, exited with code 74 "
-                               "and said which file and errno"),
-    )}
+    invs = {name: Inv(name, about) for name, about in INVARIANTS}
 
     # ------------------------------------------------------------------ identity
     value_jobs: dict[str, set] = defaultdict(set)
@@ -655,7 +668,68 @@ def check(ops: list[dict], *, dead_letters: list[dict], drain: dict | None = Non
                              for q in ("thr", "cb", "win")} if gates else None,
     }
     out = [inv.out() for inv in invs.values()]
-    return {"valid": all(i["ok"] for i in out), "invariants": out, "stats": stats}
+    return {"valid": all(i["ok"] for i in out), "invariants": out, "stats": stats, "failures": failed_ops(ix)}
+
+
+# ---------------------------------------------------------------------------- failed ops
+SETTLES = ("ack", "nack", "extend", "release")
+# A worker that lost its lease gets one of these for its ack, nack, extend or release.
+FENCED_CODES = ("attempt_mismatch", "job_not_found")
+WHY = {
+    "fenced": "the worker's lease had lapsed (a deliberate stall, or a fault that held the call up) and the job "
+              "had moved on: this attempt is fenced off; the job was redelivered, dead-lettered or acked, not lost",
+    "unknown": "no answer in time (a fault, or the recovery after one): it may or may not have happened, and "
+               "the checker accepts either",
+    "cancelled": "still waiting for its answer when the workload stopped; the checker accepts either outcome",
+    "unexplained_fence": "refused as no longer owned, but the job never showed up again (no later attempt, dead "
+                         "letter or ok ack): unexplained",
+    "internal": "the cluster answered `internal` (a bug; also counted by no_internal_errors)",
+    "refused": "a definite refusal the workload does not expect",
+}
+
+
+def _moved_on(ix: Index, op: dict) -> bool:
+    """The job of a refused settle op went on without it: delivered again under a newer attempt,
+    dead-lettered, or completed by another ok op of the same or a newer attempt."""
+    jid, a = op.get("job_id"), op.get("attempt")
+    if jid is None or a is None:
+        return False
+    if jid in ix.dlq or any(j["attempt"] > a for _, j in ix.deliveries.get(jid, ())):
+        return True
+    done = list(ix.acks.get(jid, ())) + list(ix.nacks.get(jid, ())) + list(ix.releases.get(jid, ()))
+    return any(_ok(x) and x["id"] != op["id"] and x["attempt"] >= a for x in done)
+
+
+def _failure_cause(ix: Index, op: dict) -> str:
+    """Why an op did not end ok: one of WHY's keys."""
+    err = op.get("error")
+    if err == "internal":
+        return "internal"
+    if op.get("outcome") == "unknown":
+        return "cancelled" if err == "cancelled" else "unknown"
+    if op.get("f") in SETTLES and err in FENCED_CODES:
+        return "fenced" if _moved_on(ix, op) else "unexplained_fence"
+    return "refused"
+
+
+def failed_ops(ix: Index) -> list[dict]:
+    """Every op that failed or whose outcome is unknown, grouped by (op, outcome, error, cause):
+    [{f, outcome, error, count, expected, cause, why, examples}], the expected ones (what faults
+    and the workload's own stalls must cause, and what the guarantees cover) apart from the
+    rest. Not invariants: the invariants judge what these ops did to the jobs."""
+    rows: dict = {}
+    for op in ix.ops:
+        if op.get("outcome") not in ("fail", "unknown"):
+            continue
+        cause = _failure_cause(ix, op)
+        key = (op["f"], op["outcome"], op.get("error"), cause)
+        row = rows.setdefault(key, {"f": op["f"], "outcome": op["outcome"], "error": op.get("error"), "count": 0,
+                                    "expected": cause in ("fenced", "unknown", "cancelled"), "cause": cause,
+                                    "why": WHY[cause], "examples": []})
+        row["count"] += 1
+        if len(row["examples"]) < MAX_EXAMPLES:
+            row["examples"].append({k: op[k] for k in ("id", "proc", "job_id", "attempt") if op.get(k) is not None})
+    return sorted(rows.values(), key=lambda r: (r["expected"], r["f"], r["outcome"], str(r["error"])))
 
 
 def _check_releases(ix: Index, invs: dict, pc: PowerCuts):

@@ -843,6 +843,87 @@ FAULTS = {cls.kind: cls for cls in (KillLeader, KillFollower, KillAll, PauseLead
                                       PowerLoss, Bitflip, Truncate, Rollback, FsyncEio, DiskFull, ClockStrobe)}
 
 
+# ---------------------------------------------------------------------------- fault lines
+def _nodes(xs) -> str:
+    return ", ".join(xs or ()) or "?"
+
+
+def _what(r: dict) -> tuple[str, str]:
+    """(the target, the particulars) of a fault record, in words."""
+    k, node = r["kind"], r.get("node", "?")
+    if k in ("kill-leader", "kill-follower", "pause-leader"):
+        return node, "leader not known, any node" if r.get("leader_unknown") else ""
+    if k == "kill-all":
+        return "every node", f"in the order {_nodes(r.get('nodes'))}"
+    if k == "wipe-node":
+        return node, "data deleted" if r.get("wiped") else "not wiped (the others had not caught up): a crash"
+    if k == "partition-leader":
+        return r.get("isolated", "?"), "cut off from every peer"
+    if k == "partition-minority":
+        lead = " (the leader on their side)" if r.get("with_leader") else ""
+        return _nodes(r.get("minority")), f"cut off from the majority{lead}"
+    if k == "partition-oneway":
+        way = "outgoing" if r.get("direction") == "out" else "incoming"
+        return node, f"its {way} traffic stalled" + (" (the leader)" if r.get("leader") else "")
+    if k == "partition-ring":
+        if r.get("cut"):
+            return "-".join(r["cut"]), "this link cut, both still see the third node"
+        return " - ".join(r.get("ring") or ()), "a ring: each node sees only its neighbours"
+    if k == "latency":
+        return _nodes(r.get("links")), f"{r.get('latency_ms', '?')} ms, jitter {r.get('jitter_ms', '?')} ms"
+    if k == "reset":
+        return "random links", f"{r.get('resets', 0)} rounds of connection resets"
+    if k == "clock-skew":
+        off = r.get("offset_ms", 0)
+        return node, f"clock {'+' if off >= 0 else ''}{off / 1000:g} s" + (", it led" if r.get("skewed_leads") else "")
+    if k == "power-loss":
+        return "every node", f"{r.get('entries_dropped', 0)} unsynced journal entries dropped"
+    if k == "bitflip":
+        return node, f"{len(r.get('bits') or ())} bit(s) flipped in {r.get('file', '?')}" + _found(r)
+    if k == "truncate":
+        return node, f"{r.get('file', '?')} cut by {r.get('bytes_cut', '?')} bytes" + _found(r)
+    if k == "rollback":
+        return node, f"data dir put back to a copy {_secs(r.get('t_inject'), r.get('stashed_at'))} old"
+    if k == "fsync-eio":
+        if "exit_code" in r:
+            return node, f"journal fsync failed, exit code {r['exit_code']}"
+        return node, r.get("not_triggered") or r.get("interrupted") or "no sync failed"
+    if k == "disk-full":
+        to = "to the last block" if r.get("to") == "full" else "below its reserve"
+        return node, f"disk filled {to}" + (f", exit code {r['exit_code']}" if "exit_code" in r else "")
+    if k == "clock-strobe":
+        return node, f"clock jumps +-{r.get('amplitude_ms', 0) / 1000:g} s every {r.get('period_ms', '?')} ms"
+    return node, ""
+
+
+def _found(r: dict) -> str:
+    found = r.get("found")
+    if r.get("damage_skipped"):
+        return f" (skipped: {r['damage_skipped']})"
+    if found:
+        return "; found: " + ", ".join(sorted(found))
+    return "; not found" if found is not None else ""
+
+
+def _secs(a, b) -> str:
+    return "?" if a is None or b is None else f"{a - b:.1f} s"
+
+
+def describe_fault(r: dict) -> str:
+    """One line for a fault record: `kill-leader n2 at 12.3 s, back after 1.5 s`."""
+    k = r["kind"]
+    if r.get("skipped"):
+        return f"{k} skipped: {r['skipped']}"
+    who, more = _what(r)
+    line = k + (f" {who}" if who else "") + ("" if r.get("t_inject") is None else f" at {r['t_inject']:.1f} s")
+    if r.get("t_heal") is not None and r.get("t_inject") is not None:
+        back = "back" if k.startswith(("kill", "pause", "wipe", "power", "clock-skew")) else "healed"
+        line += f", {back} after {r['t_heal'] - r['t_inject']:.1f} s"
+    if r.get("error"):
+        more = f"the fault failed: {r['error']}" + (f"; {more}" if more else "")
+    return line + (f": {more}" if more else "") + (" (mixed)" if r.get("mixed") else "")
+
+
 # ---------------------------------------------------------------------------- the schedule
 @dataclass
 class ScheduleConfig:
@@ -942,11 +1023,11 @@ class Nemesis:
                 if fault.skipped:
                     self.on_event(f"{kind} skipped: {fault.skipped}")
                     return
-                self.on_event(f"inject {kind} {fault.details}")
+                self.on_event(describe_fault(fault.record()))
                 await asyncio.sleep(hold)
                 await fault.heal()
                 fault.t_heal = self.env.h.now()
-                self.on_event(f"heal {kind}")
+                self.on_event(f"healed: {describe_fault(fault.record())}")
             except Exception as e:                       # a fault must never kill the run
                 fault.details["error"] = f"{type(e).__name__}: {e}"
                 self.on_event(f"{kind} failed: {e}")

@@ -41,11 +41,11 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .checker import check, percentile, unavailability
+from .checker import FENCING, check, percentile, unavailability
 from ...node import sync_shadow
 
 from . import diskfaults
-from .nemesis import ALL_KINDS, GROUPS, KINDS, Env, Nemesis, Sampler, ScheduleConfig
+from .nemesis import ALL_KINDS, GROUPS, KINDS, Env, Nemesis, Sampler, ScheduleConfig, describe_fault
 from .proxy import ProxyNet
 from .workload import (History, WorkloadConfig, Workload, final_drain, gates_config, lease_liveness_probe, lift_gates,
                        wall_ms)
@@ -324,6 +324,7 @@ async def run_chaos(opts: ChaosOptions) -> dict:
                                         "terms_seen": len(sampler.claims)},
             "invariants": result["invariants"],
             "violations": sum(i["count"] for i in result["invariants"]),
+            "failures": result["failures"],
             "unavailability": {"by_kind": summary(by_kind), "alone_by_kind": summary(alone), "list": unav},
             "liveness": liveness,
             "power_loss": _power_loss_summary(cuts, result) if cuts else None,
@@ -336,6 +337,7 @@ async def run_chaos(opts: ChaosOptions) -> dict:
                              "digest_index": (v or {}).get("digest_index"), "term": (v or {}).get("term")} for v in views],
             "proxy": await asyncio.to_thread(net.stats),
         })
+        report["verdict"] = verdict(report)
         phase.enter("report")
         report["phases_s"] = phase.took
         return report
@@ -407,14 +409,57 @@ def _fmt(x, nd=2):
     return "-" if x is None else f"{x:.{nd}f}"
 
 
-def format_report(r: dict) -> str:
-    out = []
-    out.append(f"raftq chaos: seed {r['seed']}, {r['nodes']} nodes, durability {r['durability']}, "
-               f"{r['duration_s']:.0f} s of faults (elapsed {r.get('elapsed_s', 0):.0f} s)")
+def _counts(d: dict) -> str:
+    return ", ".join(f"{k} {v:,}" for k, v in sorted(d.items())) or "none"
+
+
+def _n(count: int, one: str, many: str | None = None) -> str:
+    return f"{count:,} {one if count == 1 else (many or one + 's')}"
+
+
+def verdict(r: dict) -> str:
+    """The report's first line, from the checker's results: PASS exactly when every invariant
+    holds (the exit status says the same), and what that means for the data."""
+    invs = r["invariants"]
+    bad = {i["name"]: i for i in invs if not i["ok"]}
     f = r["faults"]
-    out.append(f"\nfaults injected: {f['total']} ({f['mixed_steps']} mixed steps, {f['skipped']} skipped)")
-    out.append(f"  {'kind':20} {'count':>5}  {'unavail p50':>11} {'p99':>6} {'max':>6} {'never':>5}   "
-               f"{'alone: n':>8} {'p50':>6} {'p99':>6}")
+    s = r["stats"]
+    tail = (f"{_n(f['total'], 'fault')} of {_n(len(f['by_kind']), 'kind')}, {s.get('enqueued_ok_jobs', 0):,} jobs "
+            f"enqueued, {s.get('acked_ok_jobs', 0):,} acked, {sum((s.get('dead_letters') or {}).values()):,} dead-lettered")
+    parts = []
+    lost = bad.get("lost")
+    if lost:
+        ids = [str(e.get("job_id")) for e in lost["examples"]]
+        more = f" and {lost['count'] - len(ids):,} more" if lost["count"] > len(ids) else ""
+        parts.append(f"{_n(lost['count'], 'acknowledged job')} lost (ids {', '.join(ids)}{more})")
+    else:
+        parts.append("no acknowledged job lost")
+    cut = (r.get("power_loss") or {}).get("lost_after_power_loss") if r.get("durability") == "memory" else 0
+    if cut:
+        parts[-1] += f" but the {cut:,} a memory-mode power cut erased (expected: memory mode does not survive one)"
+    fencing = {n: bad[n]["count"] for n in FENCING if n in bad}
+    parts.append(f"{_n(sum(fencing.values()), 'fencing violation')} ({_counts(fencing)})" if fencing
+                 else "no fencing violation")
+    other = {n: i["count"] for n, i in bad.items() if n != "lost" and n not in FENCING}
+    if other:
+        parts.append(f"{_n(sum(other.values()), 'other violation')} ({_counts(other)})")
+    checked = [i for i in invs if not i.get("skipped")]
+    if not bad and len(checked) == len(invs):
+        parts.append(f"all {len(invs)} invariants hold")
+    elif not bad:
+        parts.append(f"every invariant checked holds ({len(checked)} of {len(invs)}; "
+                     f"{len(invs) - len(checked)} skipped)")
+    odd = sum(x["count"] for x in r.get("failures") or () if not x["expected"])
+    if odd:
+        parts.append(f"{_n(odd, 'unexpected failed op')} (not a violation; see below)")
+    return f"{'PASS' if r['valid'] else 'FAIL'}: {', '.join(parts)}; {tail}"
+
+
+def _faults_section(r: dict) -> list[str]:
+    f = r["faults"]
+    out = [f"\nfaults injected: {f['total']} ({f['mixed_steps']} mixed steps, {f['skipped']} skipped)",
+           f"  {'kind':20} {'count':>5}  {'unavail p50':>11} {'p99':>6} {'max':>6} {'never':>5}   "
+           f"{'alone: n':>8} {'p50':>6} {'p99':>6}"]
     ub = r["unavailability"]["by_kind"]
     ua = r["unavailability"].get("alone_by_kind", {})
     for kind in sorted(f["by_kind"]):
@@ -424,19 +469,52 @@ def format_report(r: dict) -> str:
                    f"{_fmt(a.get('p99')):>6}")
     out.append("  (unavailability: seconds from the fault to the first successful write invoked after it;\n"
                "   'alone' = the fault was the only one of its step)")
-    out.append("\noperations by outcome")
-    out.append(f"  {'op':10} {'ok':>8} {'fail':>8} {'unknown':>8}")
+    if f.get("list"):
+        out.append("  one by one (times from the start of the workload):")
+        out += [f"    {describe_fault(x)}" for x in f["list"]]
+    return out
+
+
+def _ops_section(r: dict) -> list[str]:
+    out = ["\noperations by outcome", f"  {'op':10} {'ok':>8} {'fail':>8} {'unknown':>8}"]
     for op, c in r["ops"].items():
         out.append(f"  {op:10} {c.get('ok', 0):>8} {c.get('fail', 0):>8} {c.get('unknown', 0):>8}")
     s = r["stats"]
-    out.append(f"  jobs enqueued ok {s['enqueued_ok_jobs']}, recovered (unknown enqueue, delivered anyway) "
-               f"{s['recovered']}, deliveries {s['deliveries']}, redeliveries {s['redeliveries']}, "
-               f"dead letters {s['dead_letters']}, worker stalls {s.get('worker_stalls')}")
+    out.append(f"  jobs enqueued ok {s['enqueued_ok_jobs']:,}, recovered (unknown enqueue, delivered anyway) "
+               f"{s['recovered']:,}, deliveries {s['deliveries']:,}, redeliveries {s['redeliveries']:,}, "
+               f"dead letters {_counts(s['dead_letters'])}, worker stalls {s.get('worker_stalls')}")
+    return out + _failures_section(r.get("failures") or [])
+
+
+def _failures_section(failures: list) -> list[str]:
+    """The ops that did not end ok, one block per cause: expected or not, why, then the rows."""
+    if not failures:
+        return []
+    out = ["\nfailed and unknown operations, by cause (not violations: the invariants below judge what they "
+           "did to the jobs)"]
+    causes: dict = {}
+    for x in failures:
+        causes.setdefault(x["cause"], []).append(x)
+    for cause, rows in sorted(causes.items(), key=lambda kv: kv[1][0]["expected"]):
+        mark = "expected" if rows[0]["expected"] else "UNEXPECTED"
+        out.append(f"  {mark}, {_n(sum(x['count'] for x in rows), 'op')}: {rows[0]['why']}")
+        for x in rows:
+            out.append(f"    {x['f']:10} {x['outcome']:8} {str(x['error']):24} {x['count']:>6,}")
+            if not x["expected"]:
+                out += [f"      e.g. {json.dumps(e, default=str)[:300]}" for e in x["examples"]]
+    return out
+
+
+def _liveness_section(r: dict) -> list[str]:
     lv = r["liveness"]
     lp = lv.get("lease_probe") or {}
-    out.append(f"\nliveness: leader {_fmt(lv.get('leader_after_heal_s'))} s after healing (bound "
-               f"{lv.get('leader_bound_s')} s); expired leases redelivered after {lp.get('samples')} s "
-               f"(bound {lp.get('bound_s')} s)")
+    samples = ", ".join(f"{x:.2f}" for x in lp.get("samples") or ()) or "-"
+    return [f"\nliveness: leader {_fmt(lv.get('leader_after_heal_s'))} s after healing (bound "
+            f"{lv.get('leader_bound_s')} s); expired leases redelivered after {samples} s (bound {lp.get('bound_s')} s)"]
+
+
+def _disk_and_power_section(r: dict) -> list[str]:
+    out = []
     dk = r.get("disk")
     if dk:
         parts = []
@@ -456,7 +534,11 @@ def format_report(r: dict) -> str:
             out.append(f"  lost after power loss (memory mode, expected): {pl['lost_after_power_loss']} acknowledged "
                        f"job(s); other effects of lost writes (not violations): "
                        + (", ".join(f"{k} {v}" for k, v in pl["expected_by_invariant"].items() if k != "lost") or "none"))
-    out.append("\ninvariants")
+    return out
+
+
+def _invariants_section(r: dict) -> list[str]:
+    out = [f"\ninvariants ({len(r['invariants'])})"]
     for inv in r["invariants"]:
         mark = "PASS" if inv["ok"] else "FAIL"
         extra = f" (skipped: {inv['skipped']})" if inv.get("skipped") else ""
@@ -465,16 +547,27 @@ def format_report(r: dict) -> str:
         out.append(f"  {mark} {inv['name']:28} {inv['count']:>5}  {inv['about']}{extra}")
         for ex in inv["examples"]:
             out.append(f"         e.g. {json.dumps(ex, default=str)[:300]}")
-    verdict = "PASS" if r["valid"] else f"FAIL: {r['violations']} violation(s)"
-    out.append(f"\nresult: {verdict}" + (f"; run directory kept: {r['dir']}" if r.get("dir") else ""))
+    return out
+
+
+def format_report(r: dict) -> str:
+    out = [r.get("verdict") or verdict(r),
+           f"\nraftq chaos: seed {r['seed']}, {r['nodes']} nodes, durability {r['durability']}, "
+           f"{r['duration_s']:.0f} s of faults (elapsed {r.get('elapsed_s', 0):.0f} s)"]
+    out += _faults_section(r) + _ops_section(r) + _liveness_section(r) + _disk_and_power_section(r)
+    out += _invariants_section(r)
+    result = "PASS" if r["valid"] else f"FAIL: {r['violations']} violation(s)"
+    out.append(f"\nresult: {result}" + (f"; run directory kept: {r['dir']}" if r.get("dir") else ""))
     return "\n".join(out)
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="raftq chaos", description="Chaos test a local raftq cluster: faults, a "
-                                "recorded workload, and a check of every invariant")
+                                "recorded workload, and a check of every invariant. The report opens with the "
+                                "verdict (PASS or FAIL: acknowledged jobs lost, fencing violations); exit status 0 "
+                                "on PASS, 1 on any violation, 2 when the run could not be set up.")
     p.add_argument("--duration", type=float, default=60.0, help="seconds of faults (default 60)")
-    p.add_argument("--nodes", type=int, default=3, choices=(3, 5))
+    p.add_argument("--nodes", type=int, default=3, choices=(3, 5), help="cluster size (default %(default)s)")
     p.add_argument("--seed", type=int, default=None, help="replay a schedule (default: random, printed)")
     p.add_argument("--faults", default="all", help=f"comma-separated kinds or groups; 'all' = {','.join(KINDS)}; "
                    f"opt-in (only when listed, e.g. all,power-loss,disk): {','.join(k for k in ALL_KINDS if k not in KINDS)}; "
@@ -482,14 +575,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--writeback", type=float, default=None,
                    help="memory mode, power-loss: seconds between simulated page-cache writebacks (default "
                         f"{sync_shadow.DEFAULT_WRITEBACK_S:g}; Linux writes dirty pages back after 5-30 s)")
-    p.add_argument("--durability", choices=("fsync", "memory"), default="fsync")
+    p.add_argument("--durability", choices=("fsync", "memory"), default="fsync",
+                   help="the nodes' durability mode (default %(default)s; memory mode loses acknowledged jobs to a "
+                        "power cut, which the report counts apart as expected)")
     p.add_argument("--dir", default=None, help="run directory (kept); default: a temporary one, removed if the run passes")
     p.add_argument("--keep", action="store_true", help="keep the temporary run directory")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.add_argument("--quiet-period", default=None, help="quiet time between fault steps, MIN,MAX seconds (default 2,6)")
     p.add_argument("--mix", type=float, default=None, help="probability that a step mixes faults (default 0.35)")
-    p.add_argument("--producers", type=int, default=None)
-    p.add_argument("--workers", type=int, default=None)
+    p.add_argument("--producers", type=int, default=None,
+                   help=f"producer tasks of the workload (default {WorkloadConfig.producers})")
+    p.add_argument("--workers", type=int, default=None,
+                   help=f"worker tasks of the workload (default {WorkloadConfig.workers})")
     p.add_argument("--no-gates", action="store_true", help="leave out the gated queues (throttles, a circuit "
                    "breaker, an execution window) and releases")
     p.add_argument("--no-progress", action="store_true", help="no progress line on stderr")
