@@ -104,6 +104,55 @@ with SyncClient(["http://127.0.0.1:{port}"]) as c:
         node.terminate()
         node.wait(30)
         log.close()
+    # The README's first command, from the installed wheel instead of the checkout.
+    out = run([tmp_path / "server-venv" / "bin" / "raftq", "up", "--demo", "--exit-after-demo", "--base-port", "0",
+               "--dir", work / "up"], cwd=work, timeout=180)
+    assert "queue demo: ready 0, in flight 0, enqueued 3, acked 3" in out, out
+
+
+def test_the_sdist_holds_the_checkout_and_builds_the_same_wheel(wheel, tmp_path):
+    """The source release: built by setuptools' PEP 517 hook (what `python -m build --sdist`
+    calls), it holds what a build needs, and a wheel built from it alone has the same files and
+    metadata as the one built from the checkout."""
+    out = tmp_path / "sdist"
+    out.mkdir()
+    name = run([sys.executable, "-c", f"import setuptools.build_meta as b; print(b.build_sdist({str(out)!r}))"],
+               cwd=ROOT).strip().splitlines()[-1]
+    import raftq
+    assert name == f"raftq-{raftq.__version__}.tar.gz", name
+    import tarfile
+    with tarfile.open(out / name) as tar:
+        names = {n.split("/", 1)[1] for n in tar.getnames() if "/" in n}
+        tar.extractall(tmp_path / "src", filter="data")
+    for must in ("pyproject.toml", "README.md", "__init__.py", "node/machine.py", "node/admin.html",
+                 "node/raft/LICENSE.txt", "cluster/cli/raftq.service"):
+        assert must in names, must
+    again = tmp_path / "again"
+    run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", again,
+         tmp_path / "src" / f"raftq-{raftq.__version__}"], cwd=tmp_path)
+    [rebuilt] = list(again.glob("raftq-*.whl"))
+    assert rebuilt.name == wheel.name
+    files = lambda w: sorted(n for n in zipfile.ZipFile(w).namelist() if not n.endswith("RECORD"))
+    assert files(rebuilt) == files(wheel)
+
+
+def test_the_wheel_metadata_names_one_version_and_what_each_extra_needs(wheel):
+    """One version, from raftq.__version__, in the wheel's name and metadata; the command and
+    both extras declared."""
+    import raftq
+    z = zipfile.ZipFile(wheel)
+    meta = z.read(next(n for n in z.namelist() if n.endswith(".dist-info/METADATA"))).decode()
+    fields = [line.split(": ", 1) for line in meta.split("\n\n")[0].splitlines() if ": " in line]
+    get = lambda k: [v for f, v in fields if f == k]
+    assert get("Name") == ["raftq"] and get("Version") == [raftq.__version__]
+    assert wheel.name.startswith(f"raftq-{raftq.__version__}-py3-none-any")
+    assert set(get("Provides-Extra")) >= {"server", "test"}
+    requires = " ".join(get("Requires-Dist"))
+    for dep in ("aiohttp", "orjson", "tzdata", "cryptography", "pytest"):
+        assert dep in requires, dep
+    assert get("Requires-Python") == [">=3.11"]
+    entry = z.read(next(n for n in z.namelist() if n.endswith(".dist-info/entry_points.txt"))).decode()
+    assert "raftq = raftq.cluster.cli:main" in entry
 
 
 def _free_ports(n):
