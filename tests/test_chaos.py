@@ -873,12 +873,13 @@ def test_the_report_opens_with_its_verdict():
     # A hand-made history leaves out what needs a cluster (views, logs, gates): skipped, and said so.
     assert line.startswith("PASS: no acknowledged job lost, no fencing violation, every invariant checked holds "
                            "(14 of 24; 10 skipped)"), line
-    assert "2 faults of 2 kinds, 1 jobs enqueued, 1 acked" in line
+    assert "2 faults of 2 kinds, 1 job enqueued, 1 acked, 0 dead-lettered" in line
     h.enq("v2", "j2")
     h.ack("j1", 1, t=(0.6, 0.7))                                 # a second ok ack: a fencing violation
     bad = _report(run(h), faults)
     line = verdict(bad)
-    assert line.startswith("FAIL: 1 acknowledged job lost (ids j2), 1 fencing violation (no_delivery_after_ack 1)"), line
+    assert line.startswith("FAIL: 1 acknowledged job lost (ids j2), "
+                           "1 fencing violation (no_delivery_after_ack 1)"), line
     bad.update(seed=1, nodes=3, duration_s=30, violations=2, ops={}, unavailability={"by_kind": {}},
                liveness={}, dir=None)
     bad["stats"]["worker_stalls"] = 0
@@ -895,4 +896,5 @@ def test_every_fault_kind_has_a_line_in_words():
         line = describe_fault({"id": 0, "kind": kind, "node": "n1", "t_inject": 1.0, "t_heal": 2.5})
         assert line.startswith(f"{kind} ") and " at 1.0 s, " in line and "after 1.5 s" in line, line
         assert "{" not in line and "None" not in line, line
-    assert describe_fault({"kind": "kill-follower", "skipped": "no follower up"}) == "kill-follower skipped: no follower up"
+    skipped = describe_fault({"kind": "kill-follower", "skipped": "no follower up"})
+    assert skipped == "kill-follower skipped: no follower up"

@@ -1,5 +1,7 @@
-"""Cluster benchmark after sepp's published method (its benchmark: P producers and W workers in a
-closed loop, one op per request, 256-byte payloads, then the same with batches of 256).
+"""`raftq bench`: the cluster benchmark with the sepp workload (sepp, the single-node job queue
+whose semantics raftq follows, benchmarks P producers and W workers in a closed loop, one durable
+op per request, 256-byte payloads, then the same with batches of 256). DESCRIPTION says what it
+measures and how to read its output.
 
 Phases: enqueue (P producers, one 256-byte job per request), drain (W workers, reserve one +
 ack), mixed (P producers and W workers at once until N jobs are acked), latency (one connection,
@@ -302,44 +304,103 @@ async def run_baseline(urls, jobs, producers, workers, rounds, transport, progre
     return out
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="raftq bench", description=__doc__.splitlines()[0])
-    p.add_argument("--urls", default=None, help="comma-separated node URLs of a running cluster")
-    p.add_argument("--local", action="store_true", help="start a fresh local 3-node cluster for the run")
-    p.add_argument("--durability", choices=("fsync", "memory"), default="fsync")
-    p.add_argument("--jobs", type=int, default=20000)
-    p.add_argument("--producers", type=int, default=50)
-    p.add_argument("--workers", type=int, default=50)
-    p.add_argument("--phases", default="enqueue,drain,mixed,batch,latency")
-    p.add_argument("--latency-rounds", type=int, default=500)
-    p.add_argument("--transport", choices=("session", "http"), default="session")
+DESCRIPTION = """\
+Benchmark a raftq cluster, a running one (--urls) or a fresh local one (--local),
+with the sepp workload. sepp is the open-source single-node job queue whose semantics
+raftq follows; its own benchmark is the shape used here: P producers and W workers in
+a closed loop, each awaiting one durable operation per request (a 256-byte job), then
+the same with batches of 256 jobs per request.
+
+Phases (--phases; they run in this order):
+  enqueue   P producers, one job per request.
+  drain     W workers, reserve one job and ack it (takes the jobs enqueue left).
+  mixed     P producers and W workers at once, until --jobs jobs are acked.
+  batch     enqueue, then reserve and ack, 256 jobs per request.
+  latency   one client, enqueue -> reserve -> ack in sequence, --latency-rounds times.
+
+Reading the output: one row per phase with jobs/s (the phase's jobs over its wall
+time; the clock stops at the last ack) and its seconds, and the leader's CPU over the
+phase split into HTTP or session handling, Raft and apply. For the mixed phase, each
+request's p50 / p99 latency and the leader's commit stages per batch; for the latency
+phase p50 / p99 / p999 of one round trip. --baseline adds the mixed phase against a
+bare aiohttp server that does nothing: what HTTP alone costs on this machine. --json
+prints all of it as one JSON object. The clients share the machine with the nodes of
+a --local cluster, and figures move by about 20 % from run to run: compare
+interleaved runs (docs/performance.md).
+
+--backlog N,N,... measures something else instead: what a node costs at each backlog
+size (cluster/bench/scale.py).
+"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="raftq bench", description=DESCRIPTION,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--urls", default=None,
+                   help="comma-separated node URLs of a running cluster (give this or --local).")
+    p.add_argument("--local", action="store_true",
+                   help="start a fresh local 3-node cluster for the run, and remove it at the end.")
+    p.add_argument("--durability", choices=("fsync", "memory"), default="fsync",
+                   help="with --local or --backlog: the nodes' durability mode; fsync syncs the journal before "
+                        "answering, memory does not (default %(default)s).")
+    p.add_argument("--jobs", type=int, default=20000, metavar="N",
+                   help="jobs each phase moves: enqueue, drain, mixed, batched enqueue and batched drain each "
+                        "take N (default %(default)s).")
+    p.add_argument("--producers", type=int, default=50, metavar="P",
+                   help="producers in the enqueue, mixed and batch phases, each with one request in flight "
+                        "(default %(default)s).")
+    p.add_argument("--workers", type=int, default=50, metavar="W",
+                   help="workers in the drain, mixed and batch phases, each with one request in flight: "
+                        "reserve, then ack (default %(default)s).")
+    p.add_argument("--phases", default="enqueue,drain,mixed,batch,latency", metavar="LIST",
+                   help="comma-separated phases to run, of enqueue, drain, mixed, batch and latency; drain takes "
+                        "the jobs enqueue left, so list both (default %(default)s).")
+    p.add_argument("--latency-rounds", type=int, default=500, metavar="N",
+                   help="round trips (enqueue, reserve, ack, one after the other) of the latency phase "
+                        "(default %(default)s).")
+    p.add_argument("--transport", choices=("session", "http"), default="session",
+                   help="session: every producer and worker shares one client, its calls multiplexed over one "
+                        "WebSocket to the leader, as users' clients do; http: one plain HTTP connection per "
+                        "producer and worker (default %(default)s).")
     p.add_argument("--baseline", action="store_true",
-                   help="also run the mixed phase over HTTP against a bare aiohttp server that does nothing")
+                   help="also run the mixed phase over HTTP against a bare aiohttp server that does nothing, and "
+                        "report raftq's share of its rate (with --transport http).")
     p.add_argument("--baseline-rounds", type=int, default=1, metavar="K",
                    help="with --baseline: K rounds of raftq's mixed phase and the bare server's, interleaved; "
-                        "the ratio reported is the median of the rounds' ratios (default 1)")
+                        "the ratio reported is the median of the rounds' ratios (default %(default)s).")
     p.add_argument("--tls", action="store_true",
                    help="with --local: the nodes serve https:// (certificates from a CA made for the run), and the "
-                        "clients trust that CA")
+                        "clients trust that CA.")
     p.add_argument("--ca", default=os.environ.get("RAFTQ_CA") or None, metavar="FILE",
-                   help="with --urls: https:// nodes' CA bundle (default $RAFTQ_CA)")
+                   help="with --urls: https:// nodes' CA bundle (default: $RAFTQ_CA when set, else the system's CAs).")
     p.add_argument("--cert", default=os.environ.get("RAFTQ_CERT") or None, metavar="FILE",
-                   help="with --urls: a client certificate for nodes that require one (default $RAFTQ_CERT)")
+                   help="with --urls: a client certificate for nodes that require one (default: $RAFTQ_CERT when "
+                        "set, else none).")
     p.add_argument("--key", default=os.environ.get("RAFTQ_KEY") or None, metavar="FILE",
-                   help="the client certificate's key (default $RAFTQ_KEY)")
-    p.add_argument("--api-key", default=os.environ.get("RAFTQ_API_KEY") or None,
-                   help="a worker (or higher) key for a cluster with API keys (default $RAFTQ_API_KEY)")
+                   help="the client certificate's key (default: $RAFTQ_KEY when set, else the key is in the "
+                        "--cert file).")
+    p.add_argument("--api-key", default=os.environ.get("RAFTQ_API_KEY") or None, metavar="KEY",
+                   help="a worker (or higher) key for a cluster with API keys (default: $RAFTQ_API_KEY when set, "
+                        "else none).")
     p.add_argument("--backlog", metavar="N,N,...", default=None,
                    help="instead of the phases: fill a fresh local cluster to each backlog size in turn and measure "
                         "what a node costs there (fill rate, RSS and bytes per job, the state machine's share of "
-                        "them measured in process, /v1/cluster latency, work beside "
-                        "the backlog, snapshot size, wiped-follower catch-up, leader kill and restart of all nodes "
-                        "to the first write); see cluster/bench/scale.py")
+                        "them measured in process, /v1/cluster latency, work beside the backlog, snapshot size, "
+                        "wiped-follower catch-up, leader kill and restart of all nodes to the first write); see "
+                        "cluster/bench/scale.py.")
     p.add_argument("--recovery-timeout", type=float, default=600.0, metavar="S",
-                   help="with --backlog: how long to wait for each recovery before reporting it as not reached")
-    p.add_argument("--dir", default=None, help="with --backlog: the cluster's directory (default: a temporary one, "
-                                               "removed at the end)")
-    p.add_argument("--json", action="store_true")
+                   help="with --backlog: seconds to wait for each recovery before reporting it as not reached "
+                        "(default %(default)s).")
+    p.add_argument("--dir", default=None,
+                   help="with --backlog: the cluster's directory, kept (default: a temporary one, removed at the "
+                        "end).")
+    p.add_argument("--json", action="store_true",
+                   help="print the results as one JSON object instead of the table, with no progress lines.")
+    return p
+
+
+def main(argv=None) -> int:
+    p = build_parser()
     args = p.parse_args(argv)
     if args.backlog is not None:
         return _main_backlog(p, args)

@@ -9,8 +9,11 @@ everything, and checks the history against the invariants (cluster/chaos/checker
     raftq chaos --nodes 5 --durability memory --dir /tmp/run1
     raftq chaos --duration 120 --faults power-loss,kill-leader --durability memory
 
-Exit status: 0 when every invariant holds, 1 on any violation, 2 when the run itself could not
-be set up. A run's directory (kept on failure, or with --dir/--keep) holds the node configs and
+The report opens with a one-line verdict (`verdict`: PASS or FAIL, acknowledged jobs lost,
+fencing violations, what ran), sets the failed and unknown ops that faults and stalls must cause
+(checker.failed_ops) apart from unexpected ones, and gives each fault one line in words
+(nemesis.describe_fault). Exit status: 0 when every invariant holds (the verdict's PASS), 1 on
+any violation, 2 when the run itself could not be set up. A run's directory (kept on failure, or with --dir/--keep) holds the node configs and
 logs, `history.jsonl` (every op's invoke and completion) and `report.json`.
 
 Power loss (`--faults power-loss`, opt-in): kill -9 of every node (`kill-all`) loses nothing in
@@ -424,8 +427,9 @@ def verdict(r: dict) -> str:
     bad = {i["name"]: i for i in invs if not i["ok"]}
     f = r["faults"]
     s = r["stats"]
-    tail = (f"{_n(f['total'], 'fault')} of {_n(len(f['by_kind']), 'kind')}, {s.get('enqueued_ok_jobs', 0):,} jobs "
-            f"enqueued, {s.get('acked_ok_jobs', 0):,} acked, {sum((s.get('dead_letters') or {}).values()):,} dead-lettered")
+    dead = sum((s.get("dead_letters") or {}).values())
+    tail = (f"{_n(f['total'], 'fault')} of {_n(len(f['by_kind']), 'kind')}, {_n(s.get('enqueued_ok_jobs', 0), 'job')} "
+            f"enqueued, {s.get('acked_ok_jobs', 0):,} acked, {dead:,} dead-lettered")
     parts = []
     lost = bad.get("lost")
     if lost:
@@ -510,7 +514,8 @@ def _liveness_section(r: dict) -> list[str]:
     lp = lv.get("lease_probe") or {}
     samples = ", ".join(f"{x:.2f}" for x in lp.get("samples") or ()) or "-"
     return [f"\nliveness: leader {_fmt(lv.get('leader_after_heal_s'))} s after healing (bound "
-            f"{lv.get('leader_bound_s')} s); expired leases redelivered after {samples} s (bound {lp.get('bound_s')} s)"]
+            f"{lv.get('leader_bound_s')} s); expired leases redelivered after {samples} s "
+            f"(bound {lp.get('bound_s')} s)"]
 
 
 def _disk_and_power_section(r: dict) -> list[str]:
