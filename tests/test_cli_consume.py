@@ -198,6 +198,13 @@ def test_work_nacks_a_failing_command_with_its_exit_code_and_stderr_tail(healthy
     assert counts(client, q)["dead_lettered"] == 2
 
 
+def start_work(c, q, options, script, out_dir, err_file) -> subprocess.Popen:
+    """`raftq work Q OPTIONS -- sh -c SCRIPT` in the background, $OUT_DIR set, stderr to err_file."""
+    return subprocess.Popen(cli_cmd(c, "work", q, *options, "--", "sh", "-c", script),
+                            stdout=subprocess.DEVNULL, stderr=err_file, stdin=subprocess.DEVNULL,
+                            env=cli_env({"OUT_DIR": str(out_dir)}), cwd=str(ROOT))
+
+
 def test_sigterm_lets_running_commands_finish_within_the_grace_then_releases(healthy, client, tmp_path):
     c, q = healthy, qname()
     quick_id = client.enqueue(q, "quick", "x").job_id
@@ -207,10 +214,7 @@ def test_sigterm_lets_running_commands_finish_within_the_grace_then_releases(hea
               'while [ ! -e "$OUT_DIR/go" ]; do sleep 0.05; done')
     log = tmp_path / "stderr"
     with open(log, "w") as err_file:
-        p = subprocess.Popen(cli_cmd(c, "work", q, "--concurrency", "2", "--wait-ms", "300", "--grace", "4",
-                                     "--", "sh", "-c", script),
-                             stdout=subprocess.DEVNULL, stderr=err_file, stdin=subprocess.DEVNULL,
-                             env=cli_env({"OUT_DIR": str(tmp_path)}), cwd=str(ROOT))
+        p = start_work(c, q, ["--concurrency", "2", "--wait-ms", "300", "--grace", "4"], script, tmp_path, err_file)
         try:
             poll(lambda: (tmp_path / "started-quick").exists() and (tmp_path / "slow.pid").exists(), 60,
                  what="both commands to start")
@@ -247,10 +251,8 @@ def test_work_through_a_leader_kill_does_every_job(healthy, client, tmp_path):
     done = lambda: {f.name.split(".")[0] for f in out_dir.iterdir()}      # noqa: E731
     killed = None
     with open(log, "w") as err_file:
-        p = subprocess.Popen(cli_cmd(c, "work", q, "--concurrency", "3", "--wait-ms", "500", "--lease-ms", "5000",
-                                     "--", "sh", "-c", script),
-                             stdout=subprocess.DEVNULL, stderr=err_file, stdin=subprocess.DEVNULL,
-                             env=cli_env({"OUT_DIR": str(out_dir)}), cwd=str(ROOT))
+        p = start_work(c, q, ["--concurrency", "3", "--wait-ms", "500", "--lease-ms", "5000"], script, out_dir,
+                       err_file)
         try:
             poll(lambda: len(done()) >= 10, 60, what="a few jobs before the kill")
             killed = c.wait_leader(15)

@@ -243,17 +243,22 @@ def test_the_live_exposition_has_the_per_queue_series(live_exposition):
     assert re.search(r'^raftq_dead_letters\{node="n1",queue="emails",cause="[a-z_]+"\} 1$', live_exposition, re.M)
 
 
+def names_all_exported(named_exprs, exported: set) -> set:
+    """The metric names the expressions use, each checked against what a node exports."""
+    used = set()
+    for where, expr in named_exprs:
+        names = promql_metric_names(expr)
+        assert names, f"{where}: no metric in {expr!r}"
+        unknown = names - exported
+        assert not unknown, f"{where} uses {sorted(unknown)}, which no node exports"
+        used |= names
+    return used
+
+
 def test_alert_rules_use_only_exported_metrics(live_exposition):
-    exported = exported_names(live_exposition)
     rules = alert_rules()
     assert len(rules) >= 10
-    used = set()
-    for r in rules:
-        names = promql_metric_names(r["expr"])
-        assert names, f"{r['alert']}: no metric in {r['expr']!r}"
-        unknown = names - exported
-        assert not unknown, f"{r['alert']} uses {sorted(unknown)}, which no node exports"
-        used |= names
+    used = names_all_exported([(r["alert"], r["expr"]) for r in rules], exported_names(live_exposition))
     # The alerts the operations doc promises, on the metrics that carry them.
     for metric in ("raftq_leader", "raftq_raft_commit_index", "raftq_raft_last_applied", "raftq_disk_low_space",
                    "raftq_disk_free_bytes", "raftq_queue_dead_lettered_total", "raftq_queue_circuit_open",
@@ -262,16 +267,9 @@ def test_alert_rules_use_only_exported_metrics(live_exposition):
 
 
 def test_dashboard_uses_only_exported_metrics(live_exposition):
-    exported = exported_names(live_exposition)
     exprs = dashboard_exprs()
     assert len(exprs) >= 30
-    used = set()
-    for where, expr in exprs:
-        names = promql_metric_names(expr)
-        assert names, f"{where}: no metric in {expr!r}"
-        unknown = names - exported
-        assert not unknown, f"dashboard {where} uses {sorted(unknown)}, which no node exports"
-        used |= names
+    used = names_all_exported([(f"dashboard {w}", e) for w, e in exprs], exported_names(live_exposition))
     for metric in ("raftq_leader", "raftq_raft_term", "raftq_raft_commit_index", "raftq_raft_last_applied",
                    "raftq_queue_enqueued_total", "raftq_queue_acked_total", "raftq_queue_ready",
                    "raftq_queue_in_flight", "raftq_queue_dead_letters", "raftq_queue_circuit_open",

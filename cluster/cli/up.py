@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ...node.limits import ConfigError
+from ..shell_worker import describe_exit
 from ..local import LocalCluster, free_ports, http_json, private_dir, write_private
 from . import sections as S
 
@@ -99,14 +100,7 @@ def fmt_ms_span(ms: int) -> str:
 
 
 def exit_text(code: int | None) -> str:
-    if code is None:
-        return "running"
-    if code < 0:
-        try:
-            return f"killed by {signal.Signals(-code).name}"
-        except ValueError:
-            return f"killed by signal {-code}"
-    return f"exit code {code}"
+    return "running" if code is None else describe_exit(code)
 
 
 def read_state(directory: Path) -> dict | None:
