@@ -12,7 +12,7 @@ does not pull in the client and a producer's `import raftq` does not pull in the
 """
 from __future__ import annotations
 
-__version__ = "0.2.0"
+__version__ = "0.2.1"
 
 _EXPORTS = {
     "Client": "raftq.cluster.client", "SyncClient": "raftq.cluster.client",
