@@ -10,13 +10,15 @@ release wrote.
 import asyncio
 import os
 import tarfile
-import time
 from pathlib import Path
 
 from raftq import __version__
 from raftq.cluster.client import Client, Retry
 from raftq.cluster.local import LocalCluster, http_json
 from raftq.cluster.worker import Worker
+
+from conftest import poll
+from helpers_worker import until
 
 FIXTURE = Path(__file__).parent / "fixtures" / "release-0.2.0-node.tar.gz"
 OLD = "0.2.0"
@@ -30,13 +32,8 @@ def node_version(c: LocalCluster, i: int) -> str | None:
     return info.get("server_version") if status == 200 else None
 
 
-def wait_version(c: LocalCluster, i: int, version: str, timeout: float = 30.0):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if node_version(c, i) == version:
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"node {c.ids[i]} does not answer as {version} (it says {node_version(c, i)})")
+def wait_version(c: LocalCluster, i: int, version: str):
+    poll(lambda: node_version(c, i) == version, 30, what=f"node {c.ids[i]} answering as {version}")
 
 
 def upgrade(c: LocalCluster, i: int, new_env: dict):
@@ -50,25 +47,11 @@ def upgrade(c: LocalCluster, i: int, new_env: dict):
     caught_up(c, i, c.cluster_view(leader, digest=False)["commit_index"])
 
 
-def caught_up(c: LocalCluster, i: int, index: int, timeout: float = 30.0):
+def caught_up(c: LocalCluster, i: int, index: int):
     """Node i has applied `index` (the load keeps the log moving, so the nodes' applied indexes
     are seldom equal at one moment while it runs)."""
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        view = c.cluster_view(i, digest=False)
-        if view and view["last_applied"] >= index:
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"node {c.ids[i]} did not apply index {index} within {timeout}s")
-
-
-async def until(cond, timeout=60.0, what="condition"):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if cond():
-            return
-        await asyncio.sleep(0.02)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+    poll(lambda: (c.cluster_view(i, digest=False) or {}).get("last_applied", -1) >= index, 30,
+         what=f"node {c.ids[i]} applying index {index}")
 
 
 async def test_a_cluster_of_the_previous_release_is_upgraded_node_by_node_under_load(tmp_path):
@@ -111,15 +94,15 @@ async def roll_under_load(c: LocalCluster, new_env: dict):
 
         w = Worker(client, ["up"], {"w": work}, concurrency=4, wait_ms=500)
         producer, worker = asyncio.create_task(produce()), asyncio.create_task(w.run())
-        await until(lambda: len(acked) > 100, what="the load running on the old release")
+        await until(lambda: len(acked) > 100, 60, what="the load running on the old release")
         leader = await asyncio.to_thread(c.wait_leader, 30)
         for i in [j for j in range(c.n) if j != leader] + [leader]:
             before = len(returned)
             await asyncio.to_thread(upgrade, c, i, new_env)
-            await until(lambda: len(returned) > before + 50, what=f"enqueues after upgrading {c.ids[i]}")
+            await until(lambda: len(returned) > before + 50, 60, what=f"enqueues after upgrading {c.ids[i]}")
         stop.set()
         await asyncio.wait_for(producer, 60)
-        await until(lambda: set(returned.values()) <= set(acked), what="every returned enqueue acked")
+        await until(lambda: set(returned.values()) <= set(acked), 60, what="every returned enqueue acked")
         w.stop()
         await asyncio.wait_for(worker, 60)
 
