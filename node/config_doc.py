@@ -154,6 +154,12 @@ LIMITS = {
                             "longer is 400 `invalid_argument` naming `reason`.", minimum=1),
     "max_worker_id_bytes": Key("integer", "Longest reserve `worker_id`, in UTF-8 bytes; longer is 400 "
                                "`invalid_argument` naming `worker_id`.", minimum=1),
+    "max_schedules": Key("integer", "Most schedules the cluster holds; creating one more is 429 `overloaded` "
+                         "(reason `too_many`). 0 allows none. Lowering it removes no schedule.", minimum=0),
+    "max_schedules_per_sweep": Key("integer", "Most schedules one sweep fires the due ticks of; the others fire "
+                                   "in the next sweep, at once after it.", minimum=1),
+    "max_catchup_ticks": Key("integer", "Most missed ticks a schedule with catchup `all` fires in one go, the "
+                             "oldest first (docs/semantics.md \"Schedules\").", minimum=1),
     "resource_limits": Key("table", "Throttles: `{resource = max}`, the most jobs naming that `resource` (theirs or "
                            "their queue's) in flight at once, across every queue and worker. A resource without "
                            "an entry is unlimited; 0 holds all its jobs back. Reserve skips a job whose resource "

@@ -53,6 +53,10 @@ GLOBAL_KEYS: dict[str, object] = {
     "max_reason_bytes": 4096,
     "max_worker_id_bytes": 256,
     "resource_limits": {},            # resource name -> most jobs in flight at once; absent = unlimited
+    # schedules (docs/semantics.md "Schedules")
+    "max_schedules": 10_000,          # schedules in the cluster; a create beyond is 429
+    "max_schedules_per_sweep": 1_000,  # schedules whose due ticks one sweep fires; the rest in the next
+    "max_catchup_ticks": 100,         # missed ticks one schedule fires at once under catchup "all"
 }
 STORAGE_KEYS: dict[str, object] = {
     "dead_letter_retention_ms": 0,    # 0 = no dead-letter store
@@ -344,8 +348,10 @@ class Limits:
         for key in ("max_reserve_batch", "max_reserve_queues", "max_wait_timeout_ms",
                     "max_enqueue_batch", "max_job_type_bytes", "max_idempotency_key_bytes",
                     "max_request_bytes", "request_id_window_ms", "max_trace_context_bytes",
-                    "max_encoding_bytes", "max_reason_bytes", "max_worker_id_bytes"):
+                    "max_encoding_bytes", "max_reason_bytes", "max_worker_id_bytes", "max_schedules_per_sweep",
+                    "max_catchup_ticks"):
             _int(f"limits.{key}", g[key])
+        _int("limits.max_schedules", g["max_schedules"], 0)
         _int("limits.max_queue_name_bytes", g["max_queue_name_bytes"], 1, 65535)
         g["resource_limits"] = _resource_limits("limits.resource_limits", g["resource_limits"])
         if not isinstance(g["strict_queues"], bool):

@@ -44,7 +44,7 @@ import inspect
 from collections import OrderedDict, deque
 from itertools import islice
 
-from .core import audit, config, gating, handlers, invariants, ops, snapshot
+from .core import audit, config, gating, handlers, invariants, ops, schedules, snapshot
 from .core import sweep as sweeping
 from .core.answers import render_dead_letter, render_job
 from .core.jobs import IN_FLIGHT, READY, SCHEDULED, STATE_NAMES, Job, Queue, shown_fields
@@ -75,6 +75,10 @@ HANDLERS = {
     ops.RECORD_ACTION: handlers.record_action,
     ops.RELEASE: handlers.release,
     ops.CLOSE_CIRCUIT: gating.close_circuit,
+    ops.SCHEDULE_PUT: schedules.put_schedule,
+    ops.SCHEDULE_DELETE: schedules.delete_schedule,
+    ops.SCHEDULE_PAUSE: schedules.pause_schedule,
+    ops.SCHEDULE_TRIGGER: schedules.trigger_schedule,
 }
 for _op, _handler in HANDLERS.items():
     if tuple(inspect.signature(_handler).parameters)[1:] != ops.COMMANDS[_op]:
@@ -199,6 +203,11 @@ class QueueMachine(UndoLog):
         self.blocked: dict[str, dict[str, list]] = {}
         self.blocked_ids: dict[str, str] = {}
         self.released: set = set()
+        # Schedules (node/core/schedules.py): name -> Schedule, and their next ticks as a heap
+        # of (next_fire, stamp, name), lazy like the others (an entry whose stamp is not its
+        # schedule's is stale).
+        self.schedules: dict = {}
+        self.tick_heap: list = []
         self._undo: list = []
 
     def shared_bucket(self, now: int, window: int, queue: str) -> tuple:
@@ -395,7 +404,18 @@ class QueueMachine(UndoLog):
 
     def counts(self) -> dict:
         return {"jobs": len(self.jobs), "dead_letters": len(self.dlq), "dedup_records": sum(map(len, self.dedup.values())),
-                "request_ids": len(self.rids), "audit_entries": len(self.audit), "clock_ms": self.clock}
+                "request_ids": len(self.rids), "audit_entries": len(self.audit), "schedules": len(self.schedules),
+                "clock_ms": self.clock}
+
+    def schedule_view(self, name: str) -> dict | None:
+        s = self.schedules.get(name)
+        return schedules.view(self, s) if s is not None else None
+
+    def list_schedules(self, limit: int, after: str | None) -> tuple[list, str | None]:
+        """Schedules by name, a page after the name `after`; and the next cursor (None at the end)."""
+        names = sorted(n for n in self.schedules if after is None or n > after)
+        page = names[:limit]
+        return [schedules.view(self, self.schedules[n]) for n in page], (page[-1] if len(names) > limit else None)
 
     def config_view(self) -> dict:
         """GET /v1/config: the configuration in force."""

@@ -13,6 +13,7 @@ import base64
 import uuid
 
 from raftq.node import validate as C
+from raftq.node import validate_schedule as VS
 from raftq.node.core.answers import render
 from raftq.node.errors import ApiError
 from raftq.node.limits import Limits
@@ -222,6 +223,24 @@ class Core:
         status, body = self.apply(C.sweep())
         assert status == 200, body
         return body
+
+    # -------------------------------------------------------------- schedules
+    def put_schedule(self, name, rid=None, who=None, **body):
+        """PUT /v1/schedules/{name} with this body (a job template on queue q by default)."""
+        body.setdefault("job", {"queue": "q", "job_type": "tick"})
+        return self.run(lambda: VS.put(name, body, self.limits, self.now, rid=rid, who=who))
+
+    def delete_schedule(self, name, expect_version=None, rid=None, who=None):
+        return self.run(lambda: VS.delete(name, expect_version, rid=rid, who=who))
+
+    def pause_schedule(self, name, paused=True, rid=None, who=None):
+        return self.run(lambda: VS.pause(name, paused, rid=rid, who=who))
+
+    def trigger_schedule(self, name, rid=None, who=None):
+        return self.run(lambda: VS.trigger(name, self.new_id, rid=rid, who=who))
+
+    def schedule(self, name) -> dict | None:
+        return self.m.schedule_view(name)
 
     # -------------------------------------------------------------- reads
     def view(self, job_id):

@@ -26,6 +26,7 @@ import hypothesis.strategies as st
 from hypothesis import HealthCheck, event, given, settings
 
 from raftq.node import validate as C
+from raftq.node import validate_schedule as VS
 from raftq.node.core.jobs import IN_FLIGHT, READY, SCHEDULED
 from raftq.node.core.ops import OPS
 from raftq.node.errors import ApiError
@@ -68,8 +69,9 @@ def canon(state: dict) -> dict:
     insertion orders (a reverted pop re-inserts at the end). The dead-letter store and the
     request-id FIFO keep their order, which is meaningful (drain is oldest first)."""
     out = dict(state)
-    for key in ("jobs", "sched", "leases", "deadlines", "dedup", "dedup_heap", "rids"):
-        out[key] = sorted(state[key], key=repr)
+    for key in ("jobs", "sched", "leases", "deadlines", "dedup", "dedup_heap", "rids", "schedules"):
+        if key in state:
+            out[key] = sorted(state[key], key=repr)
     out["queues"] = sorted(((name, counters, sorted(heap, key=repr)) for name, counters, heap in state["queues"]),
                            key=repr)
     return out
@@ -106,9 +108,31 @@ def _ids(m: QueueMachine, states) -> list:
 
 
 ALL_KINDS = ("enqueue", "batch", "atomic", "reserve", "reserve", "ack", "acks", "nack", "nack", "extend",
-             "sweep", "sweep", "cancel", "pause", "drain", "requeue", "dldel")
-# Commands that usually make many mutations: the interesting ones to fault.
-HEAVY_KINDS = ("batch", "atomic", "reserve", "acks", "nack", "sweep", "drain", "requeue", "dldel")
+             "sweep", "sweep", "cancel", "pause", "drain", "requeue", "dldel",
+             "schput", "schput", "schdel", "schpause", "schrun")
+# Commands that usually make many mutations: the interesting ones to fault (a sweep fires the
+# schedules' ticks).
+HEAVY_KINDS = ("batch", "atomic", "reserve", "acks", "nack", "sweep", "sweep", "drain", "requeue", "dldel",
+               "schput", "schrun")
+
+
+def schedule_command(data, kind: str, limits: Limits, now: int, new_id, rid):
+    """A schedule command on one of two names (built by node.validate_schedule)."""
+    name = data.draw(st.sampled_from(("s1", "s2")), label="schedule")
+    if kind == "schput":
+        body = {"every_ms": data.draw(st.sampled_from((1000, 2500))),
+                "catchup": data.draw(st.sampled_from(("skip", "one", "all"))),
+                "overlap": data.draw(st.sampled_from(("allow", "skip", "replace"))),
+                "misfire_after_ms": data.draw(st.sampled_from((0, 2000))),
+                "job": {"queue": data.draw(st.sampled_from(NAMES)), "job_type": "t"}}
+        body.update(data.draw(st.fixed_dictionaries({}, optional={
+            "max_count": st.integers(1, 3), "expect_version": st.integers(0, 2), "paused": st.booleans()})))
+        return VS.put(name, body, limits, now, rid=rid)
+    if kind == "schdel":
+        return VS.delete(name, None, rid=rid)
+    if kind == "schpause":
+        return VS.pause(name, data.draw(st.booleans()), rid=rid)
+    return VS.trigger(name, new_id, rid=rid)
 
 
 def draw_command(data, m: QueueMachine, limits: Limits, now: int, new_id, kinds=ALL_KINDS):
@@ -124,6 +148,8 @@ def draw_command(data, m: QueueMachine, limits: Limits, now: int, new_id, kinds=
         jid, attempt = data.draw(st.sampled_from(pool), label="job")
         return jid, data.draw(st.sampled_from((attempt, attempt, attempt + 1)), label="attempt")
     try:
+        if kind.startswith("sch"):
+            return schedule_command(data, kind, limits, now, new_id, rid)
         if kind == "enqueue":
             return C.enqueue(data.draw(job_bodies(now)), limits, now, new_id, rid=rid)
         if kind in ("batch", "atomic"):

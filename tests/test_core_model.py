@@ -766,7 +766,7 @@ class Model:
             event("model: a sweep phase used its whole budget")
         keys = ("promoted", "leases_expired", "deadlines_expired", "dedup_expired",
                 "request_ids_expired", "dead_letters_expired", "audit_expired")
-        return 200, {k: n[k] for k in keys}
+        return 200, {**{k: n[k] for k in keys}, "ticks_fired": 0}
 
     # ---------------------------------------------------------------- reads
     def stats(self, q: str):
@@ -812,7 +812,7 @@ class Model:
 
     def counts(self) -> dict:
         return {"jobs": len(self.jobs), "dead_letters": len(self.dead), "dedup_records": len(self.dedup),
-                "request_ids": len(self.rids), "audit_entries": len(self.audit), "clock_ms": self.clock}
+                "request_ids": len(self.rids), "audit_entries": len(self.audit), "schedules": 0, "clock_ms": self.clock}
 
     def pending_times(self) -> dict[str, list[int]]:
         """Every instant at which something falls due (sweep work, or a dedup / request-id

@@ -84,7 +84,8 @@ def test_every_command_shape_of_release_0_1_0_applies():
     assert apply(("nack", None, a, 1, "why", "delay", 500)) == (200, {"job_id": a, "dead_lettered": False})
     assert apply(("sweep", None), T0 + 1000) == (200, {"promoted": 2, "leases_expired": 0, "deadlines_expired": 0,
                                                        "dedup_expired": 0, "request_ids_expired": 0,
-                                                       "dead_letters_expired": 0, "audit_expired": 0})
+                                                       "dead_letters_expired": 0, "audit_expired": 0,
+                                                       "ticks_fired": 0})
     got = apply(("res", None, ("q",), 30_000, 3), T0 + 1000)
     assert sorted(j["id"] for j in got[1]["jobs"]) == sorted([a, c, d])
     assert apply(("nack", None, a, 2, None, "default", None), T0 + 1000) == (200, {"job_id": a, "dead_lettered": False})
@@ -128,7 +129,8 @@ def test_validation_writes_the_0_1_0_shapes_and_the_operator_fields_after_them()
     assert C.sweep() == ("sweep", None)
     assert ops.OPS[:12] == ("enq", "res", "ack", "acks", "nack", "ext", "drain", "requeue", "dldel", "cancel",
                             "pause", "sweep")
-    assert ops.OPS[12:] == ("config", "keyadd", "keydel", "dlmove", "purge", "qdel", "record", "rel", "cclose")
+    assert ops.OPS[12:] == ("config", "keyadd", "keydel", "dlmove", "purge", "qdel", "record", "rel", "cclose",
+                            "schput", "schdel", "schpause", "schrun")
     assert C.close_circuit("q", limits, who="ops") == ("cclose", None, "q", "ops")
     assert {op: n for op, n in ops.LEGACY_FIELDS.items()} == {"drain": 2, "requeue": 1, "dldel": 1, "cancel": 1,
                                                               "pause": 2}
@@ -141,7 +143,8 @@ def test_handlers_take_the_fields_by_name_and_are_named_with_the_spec_verbs():
                      "cancel": "cancel", "pause": "pause", "sweep": "sweep", "config": "configure",
                      "keyadd": "add_key", "keydel": "remove_key", "dlmove": "move_to_dead_letters",
                      "purge": "purge", "qdel": "delete_queue", "record": "record_action", "rel": "release",
-                     "cclose": "close_circuit"}
+                     "cclose": "close_circuit", "schput": "put_schedule", "schdel": "delete_schedule",
+                     "schpause": "pause_schedule", "schrun": "trigger_schedule"}
     cmd = C.nack(jid(1), {"attempt": 2, "reason": "x", "retry": {"strategy": "delay", "delay_ms": 5}})
     assert ops.reader(ops.NACK, "delay_ms")(cmd) == 5 and ops.field_index(ops.NACK, "job_id") == 2
 
@@ -215,8 +218,8 @@ def test_a_v1_snapshot_replays_the_answers_that_were_given():
         got = render(lived.apply(now, cmd))
         if cmd[0] == ops.SWEEP:
             # A sweep's answer (never a client's: the leader's sweep loop reads it, no request
-            # id keeps it) now also counts the audit step.
-            assert got[1].pop("audit_expired") == 0
+            # id keeps it) now also counts the audit step and the schedules' ticks.
+            assert got[1].pop("audit_expired") == 0 and got[1].pop("ticks_fired") == 0
         assert got == answer and orjson.dumps(got) == orjson.dumps(answer), cmd     # byte for byte
     assert restored.rids == lived.rids
     assert canon(restored.to_builtins()) == canon(lived.to_builtins())

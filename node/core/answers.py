@@ -228,9 +228,39 @@ _RENDER = {
     QUEUE_REFUSED: lambda r: error("failed_precondition", queue_refused_message(r[1], r[2], r[3]),
                                    reason=r[1], queue=r[2], jobs=r[3]),
     REQUEST_MISMATCH: lambda r: error("invalid_argument", request_mismatch_message(r[1], r[2], r[3])),
+    ops.SCHEDULE_SAVED: lambda r: (200, {"name": r[1], "version": r[2], "created": r[3], "next_fire_at_ms": r[4]}),
+    ops.SCHEDULE_DELETED: lambda r: (200, {"name": r[1], "deleted": True}),
+    ops.SCHEDULE_PAUSED: lambda r: (200, {"name": r[1], "paused": r[2], "version": r[3]}),
+    ops.SCHEDULE_TRIGGERED: lambda r: (200, {"name": r[1], "job_id": r[2]}),
+    ops.SCHEDULE_NOT_FOUND: lambda r: error("not_found", f"no schedule named {r[1]!r}", name=r[1]),
+    ops.SCHEDULE_CONFLICT: lambda r: error("failed_precondition", schedule_conflict_message(r[1], r[2], r[3]),
+                                           name=r[1], version=r[2]),
+    ops.SCHEDULE_INVALID: lambda r: error("invalid_argument", f"{r[1]}: {SCHEDULE_INVALID_WHY.get(r[2], r[2])}",
+                                          field=r[1]),
+    ops.SCHEDULE_REFUSED: lambda r: error("overloaded", f"the cluster holds max_schedules ({r[3]}) schedules already: "
+                                          "delete one first, or raise limits.max_schedules", reason=r[1], limit=r[3]),
 }
 if set(_RENDER) | {ENQUEUED, JOB_ID, RESERVED} != set(ops.RESULTS):
     raise RuntimeError("every result kind of node/core/ops.py needs a renderer here")
+
+
+SCHEDULE_INVALID_WHY = {"unknown_queue": "the queue is not declared and strict_queues is on: declare it first"}
+
+
+def schedule_conflict_message(name: str, version: int, expected) -> str:
+    if version == 0:
+        return f"expect_version {expected!r}: there is no schedule named {name!r} (expect_version 0 creates one)"
+    return (f"expect_version {expected!r} is not schedule {name!r}'s version ({version}); read it again "
+            "(GET /v1/schedules/{name}) and retry with its version")
+
+
+def render_template(t: dict) -> dict:
+    """A schedule's job template in the API's shape (the payload as base64, like a Job's)."""
+    out = {k: v for k, v in t.items() if k not in ("payload", "encoding")}
+    out["payload"] = (None if t["payload"] is None else
+                      {"data_b64": b2a_base64(t["payload"], newline=False).decode("ascii"), "encoding": t["encoding"]})
+    out["custom"] = t["custom"] if t["custom"] is not None else {}
+    return out
 
 
 # ---------------------------------------------------------------------------- answers -> results

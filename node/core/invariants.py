@@ -20,6 +20,7 @@ from .config import key_problem
 from .jobs import (DEAD, DEDUP_BUCKET, DEDUP_KEY, IN_FLIGHT, READY, SCHEDULED, SPEC_FIELDS, STATE_NAMES,
                    dedup_expires, dedup_queue)
 from .ops import ENQUEUED_BATCH, compact_batch
+from .schedules import check as schedule_problems
 
 
 class InvariantViolation(AssertionError):
@@ -296,6 +297,8 @@ def check(m) -> list[str]:
             break
     if trail and (trail[-1][0] > m.audit_seq or trail[-1][1] > clock):
         say(f"audit entry {trail[-1][:2]} beyond the machine's sequence {m.audit_seq} or clock {clock}")
+    # ---- schedules (docs/semantics.md "Schedules")
+    bad.extend(schedule_problems(m))
     return bad
 
 

@@ -42,6 +42,11 @@ RECORD_ACTION = "record"        # an operator action done outside the machine (a
 # Issue 17.
 RELEASE = "rel"                 # a worker hands a job back without using an attempt
 CLOSE_CIRCUIT = "cclose"        # an operator closes a queue's circuit breaker
+# Schedules (node/core/schedules.py); their ticks fire in the sweep.
+SCHEDULE_PUT = "schput"
+SCHEDULE_DELETE = "schdel"
+SCHEDULE_PAUSE = "schpause"
+SCHEDULE_TRIGGER = "schrun"
 
 # `who` of an operator command: the caller's key name (None without auth), put in by the
 # leader. Commands of release 0.1.0 have no such field: their handlers see UNAUDITED, and
@@ -73,6 +78,10 @@ COMMANDS: dict[str, tuple[str, ...]] = {
     RECORD_ACTION: ("action", "target", "details", "who"),   # action: one of RECORDED_ACTIONS
     RELEASE: ("job_id", "attempt", "delay_ms", "reason"),    # fenced like nack; delay_ms 0 = ready at once
     CLOSE_CIRCUIT: ("queue", "who"),
+    SCHEDULE_PUT: ("name", "definition", "expect_version", "who"),  # definition: schedules.DEFINITION_KEYS
+    SCHEDULE_DELETE: ("name", "expect_version", "who"),
+    SCHEDULE_PAUSE: ("name", "paused", "who"),
+    SCHEDULE_TRIGGER: ("name", "job_id", "who"),
 }
 # The fields a command of release 0.1.0 (and of this code before `who`) ends after: the
 # handlers give the later ones defaults (who = UNAUDITED, create = True, as pause was then).
@@ -206,6 +215,22 @@ def sweep() -> tuple:
     return SWEEP, None
 
 
+def schedule_put(rid, name: str, definition: dict, expect_version, who=None) -> tuple:
+    return SCHEDULE_PUT, rid, name, definition, expect_version, who
+
+
+def schedule_delete(rid, name: str, expect_version, who=None) -> tuple:
+    return SCHEDULE_DELETE, rid, name, expect_version, who
+
+
+def schedule_pause(rid, name: str, paused: bool, who=None) -> tuple:
+    return SCHEDULE_PAUSE, rid, name, paused, who
+
+
+def schedule_trigger(rid, name: str, job_id: str, who=None) -> tuple:
+    return SCHEDULE_TRIGGER, rid, name, job_id, who
+
+
 def release(rid, job_id: str, attempt: int, delay_ms: int, reason) -> tuple:
     return RELEASE, rid, job_id, attempt, delay_ms, reason
 
@@ -233,7 +258,7 @@ ack_batch_pairs = reader(ACK_BATCH, "pairs")
 # node/core/gating.py), so acks cost nothing more when no job is held back; so does the
 # delete of a running job. A release makes its job ready (and frees a slot), like a nack.
 # A configuration change wakes them all (it may open a window, remove a breaker, raise a limit).
-WAKING_OPS = frozenset((ENQUEUE, NACK, SWEEP, REQUEUE, PAUSE, RELEASE, CLOSE_CIRCUIT, CONFIGURE))
+WAKING_OPS = frozenset((ENQUEUE, NACK, SWEEP, REQUEUE, PAUSE, RELEASE, CLOSE_CIRCUIT, CONFIGURE, SCHEDULE_TRIGGER))
 RELEASING_OPS = frozenset((ACK, ACK_BATCH, CANCEL))
 # Ops that change the configuration in force (node/service.py follows it).
 CONFIG_OPS = frozenset((CONFIGURE, ADD_KEY, REMOVE_KEY))
@@ -298,11 +323,19 @@ DUPLICATE_STARTED = "duplicate_started"  # 409 failed_precondition: replace of a
 REQUEST_ID_REUSED = "request_id_reused"  # 400 invalid_argument (never stored)
 MALFORMED = "malformed"             # 500 internal: not a command (never stored)
 FAILED = "failed"                   # 500 internal: the handler raised and was reverted (never stored)
+SCHEDULE_SAVED = "schedule_saved"   # 200 {"name", "version", "created", "next_fire_at_ms"}
+SCHEDULE_DELETED = "schedule_deleted"   # 200 {"name"}
+SCHEDULE_PAUSED = "schedule_paused"     # 200 {"name", "paused", "version"}
+SCHEDULE_TRIGGERED = "schedule_triggered"   # 200 {"name", "job_id"}
+SCHEDULE_NOT_FOUND = "schedule_not_found"   # 404 not_found
+SCHEDULE_CONFLICT = "schedule_conflict"     # 409 failed_precondition: expect_version is not its version
+SCHEDULE_INVALID = "schedule_invalid"       # 400 invalid_argument: the field and why
+SCHEDULE_REFUSED = "schedule_refused"       # 429 overloaded: why (too_many), the bound
 ANSWER = "answer"                   # an answer kept verbatim (only from snapshots of 0.1.0 that
                                     # held one this version no longer makes)
 
 SWEEP_STEPS = ("promoted", "leases_expired", "deadlines_expired", "dedup_expired",
-               "request_ids_expired", "dead_letters_expired", "audit_expired")
+               "request_ids_expired", "dead_letters_expired", "audit_expired", "ticks_fired")
 
 RESULTS: dict[str, tuple[str, ...]] = {
     ENQUEUED: ("job_id", "deduplicated"),
@@ -344,6 +377,14 @@ RESULTS: dict[str, tuple[str, ...]] = {
     QUEUE_NOT_FOUND: ("queue",),
     QUEUE_REFUSED: ("why", "queue", "jobs"),   # why: declared, not_empty; jobs: {state: count}
     REQUEST_MISMATCH: ("request_id", "route", "what"),    # what: "operation" or "body"
+    SCHEDULE_SAVED: ("name", "version", "created", "next_fire_at_ms"),
+    SCHEDULE_DELETED: ("name",),
+    SCHEDULE_PAUSED: ("name", "paused", "version"),
+    SCHEDULE_TRIGGERED: ("name", "job_id"),
+    SCHEDULE_NOT_FOUND: ("name",),
+    SCHEDULE_CONFLICT: ("name", "version", "expected"),
+    SCHEDULE_INVALID: ("field", "why"),
+    SCHEDULE_REFUSED: ("why", "name", "limit"),
 }
 # Results a request id never remembers (SEMANTICS.md / README "Decisions").
 NOT_REMEMBERED = frozenset((REQUEST_ID_REUSED, MALFORMED, FAILED, REQUEST_MISMATCH))
@@ -411,9 +452,10 @@ def paused_result(queue: str, paused: bool) -> tuple:
 
 
 def swept(promoted: int, leases_expired: int, deadlines_expired: int, dedup_expired: int,
-          request_ids_expired: int, dead_letters_expired: int, audit_expired: int = 0) -> tuple:
+          request_ids_expired: int, dead_letters_expired: int, audit_expired: int = 0,
+          ticks_fired: int = 0) -> tuple:
     return (SWEPT, promoted, leases_expired, deadlines_expired, dedup_expired, request_ids_expired,
-            dead_letters_expired, audit_expired)
+            dead_letters_expired, audit_expired, ticks_fired)
 
 
 def job_not_found(job_id: str) -> tuple:
@@ -529,3 +571,35 @@ def queue_refused(why: str, queue: str, jobs: dict) -> tuple:
 def queue_full(queue: str, limit: int) -> dict:
     """The `queue_full` rejection object of API.md (fields only)."""
     return {"reason": "queue_full", "queue": queue, "limit": limit}
+
+
+def schedule_saved(name: str, version: int, created: bool, next_fire_at_ms) -> tuple:
+    return SCHEDULE_SAVED, name, version, created, next_fire_at_ms
+
+
+def schedule_deleted(name: str) -> tuple:
+    return SCHEDULE_DELETED, name
+
+
+def schedule_paused(name: str, paused: bool, version: int) -> tuple:
+    return SCHEDULE_PAUSED, name, paused, version
+
+
+def schedule_triggered(name: str, job_id: str) -> tuple:
+    return SCHEDULE_TRIGGERED, name, job_id
+
+
+def schedule_not_found(name: str) -> tuple:
+    return SCHEDULE_NOT_FOUND, name
+
+
+def schedule_conflict(name: str, version: int, expected) -> tuple:
+    return SCHEDULE_CONFLICT, name, version, expected
+
+
+def schedule_invalid(field: str, why: str) -> tuple:
+    return SCHEDULE_INVALID, field, why
+
+
+def schedule_refused(why: str, name: str, limit: int) -> tuple:
+    return SCHEDULE_REFUSED, why, name, limit

@@ -36,6 +36,7 @@ from .gating import Circuit
 from .jobs import (DEDUP_BUCKET, DEDUP_JOB_ID, DEDUP_KEY, IN_FLIGHT, READY, SHOWN_FIELDS, DeadLetter,
                    Job, Queue, dedup_expires, dedup_items, dedup_queue, dedup_record)
 from .ops import DRAINED, ENQUEUED_BATCH, RESERVED, compact_batch, expanded_batch
+from .schedules import Schedule
 
 VERSION = 3
 READABLE = (1, 2, 3)
@@ -80,6 +81,9 @@ def to_builtins(m) -> dict:
                    "keys": [(name,) + rec for name, rec in m.keys.items()]},
         "audit": list(m.audit), "audit_seq": m.audit_seq,
         **_gating(m),
+        # Schedules only when there are some (a state without them writes what it did before);
+        # the heap is rebuilt from the records (one live entry each: next_fire, stamp).
+        **({"schedules": [s.to_tuple() for s in m.schedules.values()]} if m.schedules else {}),
     }
 
 
@@ -217,6 +221,12 @@ def from_builtins(m, data: dict):
             q = m.queues[qname]
             q.deferred = deferred
             q.circuit = Circuit.from_tuple(circuit) if circuit is not None else None
+    for t in data.get("schedules", ()):
+        s = Schedule.from_tuple(t)
+        m.schedules[s.name] = s
+        if not s.paused and s.next_fire is not None:
+            m.tick_heap.append((s.next_fire, s.stamp, s.name))
+    heapq.heapify(m.tick_heap)
     return m
 
 
@@ -257,6 +267,8 @@ def digest(m) -> str:
     if g is not None:           # issue 17, only when present; blocked ids per (resource, queue) sorted
         h.update(orjson.dumps(["gating", sorted((r, qn, sorted(e[3] for e in es)) for r, qn, es in g["blocked"]),
                                sorted(g["queues"], key=lambda x: x[0])]))
+    if m.schedules:             # only when present, like the rest
+        h.update(repr(["schedules", sorted(s.to_tuple() for s in m.schedules.values())]).encode())
     return h.hexdigest()[:32]
 
 
