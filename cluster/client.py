@@ -1076,6 +1076,52 @@ class Client:
         q = f"?limit={limit}" + (f"&cursor={cursor}" if cursor else "")
         return await self.call("audit", "GET", f"/v1/audit{q}", mutating=False)
 
+    # ------------------------------------------------------------------ schedules
+    async def put_schedule(self, name: str, job: dict, *, cron: str | None = None, time_zone: str | None = None,
+                           every_ms: int | None = None, expect_version: int | None = None, **options) -> dict:
+        """Create or replace schedule `name` (docs/api.md "Schedules"): `job` is the template
+        ({queue, job_type, payload?, encoding?, priority?, ...}; a bytes or str payload is sent as
+        base64 like `enqueue`'s), then `cron` (with `time_zone`) or `every_ms`; `options` are the
+        other fields (catchup, overlap, start_at_ms, max_count, paused, ...). `expect_version`:
+        0 creates only, n replaces version n only (Conflict otherwise). Returns {"name",
+        "version", "created", "next_fire_at_ms"}."""
+        job = dict(job)
+        if isinstance(job.get("payload"), (bytes, str)):
+            data = job["payload"].encode() if isinstance(job["payload"], str) else job["payload"]
+            job["payload"] = {"data_b64": base64.b64encode(data).decode(),
+                              "encoding": job.pop("encoding", "application/octet-stream")}
+        body: dict[str, Any] = {"job": job, **options}
+        for key, value in (("cron", cron), ("time_zone", time_zone), ("every_ms", every_ms),
+                           ("expect_version", expect_version)):
+            if value is not None:
+                body[key] = value
+        return await self.call("schedule_put", "PUT", f"/v1/schedules/{name}", body, mutating=True)
+
+    async def schedule(self, name: str) -> dict:
+        """One schedule: its definition, next fire, last tick, last job and its state, counts."""
+        return await self.call("schedule", "GET", f"/v1/schedules/{name}", mutating=False)
+
+    async def schedules(self, limit: int = 100, cursor: str | None = None) -> dict:
+        """A page of schedules by name: {"schedules": [...], "next_cursor"}."""
+        q = f"?limit={limit}" + (f"&cursor={cursor}" if cursor else "")
+        return await self.call("schedules", "GET", f"/v1/schedules{q}", mutating=False)
+
+    async def delete_schedule(self, name: str, *, expect_version: int | None = None) -> dict:
+        q = f"?expect_version={expect_version}" if expect_version is not None else ""
+        return await self.call("schedule_delete", "DELETE", f"/v1/schedules/{name}{q}", None, mutating=True)
+
+    async def pause_schedule(self, name: str) -> dict:
+        return await self.call("schedule_pause", "POST", f"/v1/schedules/{name}/pause", {}, mutating=True)
+
+    async def resume_schedule(self, name: str) -> dict:
+        """Resume: the next tick is the first after now (the paused ones are not caught up)."""
+        return await self.call("schedule_resume", "POST", f"/v1/schedules/{name}/resume", {}, mutating=True)
+
+    async def trigger_schedule(self, name: str) -> str:
+        """An extra run of the schedule's job now (audited); its job id."""
+        out = await self.call("schedule_trigger", "POST", f"/v1/schedules/{name}/trigger", {}, mutating=True)
+        return out["job_id"]
+
     async def dead_letters(self, queue: str | None = None, limit: int = 50, cursor: str | None = None) -> dict:
         q = f"?limit={limit}" + (f"&queue={queue}" if queue else "") + (f"&cursor={cursor}" if cursor else "")
         out = await self.call("dead_letters", "GET", f"/v1/dead-letters{q}", mutating=False)

@@ -136,12 +136,21 @@ def build_app(service: NodeService) -> web.Application:
         ("DELETE", "/v1/jobs/{id}", OPERATOR, lambda s, req, b, rid, who: s.cancel(req.match_info["id"], rid, who)),
         ("DELETE", "/v1/queues/{name}", ADMIN, lambda s, req, b, rid, who: s.delete_queue(q(req), rid, who)),
         ("DELETE", "/v1/keys/{name}", ADMIN, lambda s, req, b, rid, who: s.remove_key(q(req), rid, who)),
+        ("POST", "/v1/schedules/{name}/pause", OPERATOR,
+         lambda s, req, b, rid, who: s.pause_schedule(q(req), True, b, rid, who)),
+        ("POST", "/v1/schedules/{name}/resume", OPERATOR,
+         lambda s, req, b, rid, who: s.pause_schedule(q(req), False, b, rid, who)),
+        ("POST", "/v1/schedules/{name}/trigger", OPERATOR,
+         lambda s, req, b, rid, who: s.trigger_schedule(q(req), b, rid, who)),
+        ("DELETE", "/v1/schedules/{name}", OPERATOR,
+         lambda s, req, b, rid, who: s.delete_schedule(q(req), req.query, rid, who)),
         ("DELETE", "/v1/cluster/members/{id}", ADMIN,
          lambda s, req, b, rid, who: s.remove_member(req.match_info["id"], rid, who,
                                                      req.headers.get("Authorization"))),
     ]
     leader_put = [
         ("/v1/config", ADMIN, lambda s, req, b, rid, who: s.put_config(b, rid, who)),
+        ("/v1/schedules/{name}", OPERATOR, lambda s, req, b, rid, who: s.put_schedule(q(req), b, rid, who)),
     ]
     leader_get = [
         ("/v1/queues", VIEWER, lambda s, req: s.queues()),
@@ -152,6 +161,8 @@ def build_app(service: NodeService) -> web.Application:
         ("/v1/config", VIEWER, lambda s, req: s.config()),
         ("/v1/keys", ADMIN, lambda s, req: s.keys()),
         ("/v1/audit", OPERATOR, lambda s, req: s.audit(req.query)),
+        ("/v1/schedules", VIEWER, lambda s, req: s.schedules(req.query)),
+        ("/v1/schedules/{name}", VIEWER, lambda s, req: s.schedule(req.match_info["name"])),
     ]
     auth = service.auth
     sessions = Sessions(service)

@@ -5,7 +5,7 @@ import argparse
 import sys
 
 from . import commands as C
-from . import admin_cmd, backup_cmd, config_cmd, consume_cmd, local_cmd, members_cmd
+from . import admin_cmd, backup_cmd, config_cmd, consume_cmd, local_cmd, members_cmd, schedules_cmd
 from .commands import DEFAULT_URLS
 from .up import cmd_up, default_dir
 
@@ -151,6 +151,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "declared (refused otherwise: a typo would make a new queue)")
     admin_cmd.add_parsers(sub, add_common, C.run)
     members_cmd.add_parsers(sub, add_common, C.run)
+    schedules_cmd.add_parsers(sub, add_common, C.run)
     consume_cmd.add_parsers(sub, add_common, C.run)
 
     d = sub.add_parser("dlq", help="dead letters: list, drain, requeue, delete, move",
