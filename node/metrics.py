@@ -121,6 +121,8 @@ def render(view: dict, queues: list[dict], inflight: int, gauges: dict | None = 
     t.family("raftq_jobs", "gauge", "jobs held (ready, scheduled and in flight)", [({}, state.get("jobs", 0))])
     t.family("raftq_dedup_records", "gauge", "idempotency records held", [({}, state.get("dedup_records", 0))])
     t.family("raftq_request_id_records", "gauge", "request-id records held", [({}, state.get("request_ids", 0))])
+    t.family("raftq_schedules", "gauge", "schedules held (docs/semantics.md \"Schedules\")",
+             [({}, state.get("schedules", 0))])
     for suffix, key, help_ in _QUEUE_GAUGES:
         t.family(f"raftq_queue_{suffix}", "gauge", help_, [({"queue": q["name"]}, q[key]) for q in queues])
     t.family("raftq_queue_paused", "gauge", "1 while the queue is paused", [({"queue": q["name"]}, q["paused"])

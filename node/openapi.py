@@ -111,7 +111,9 @@ CONFIG_WARNINGS = {
 }
 # The actions of the audit trail (node/core/*.py audit.record calls).
 AUDIT_ACTIONS = ("config_seed", "config_change", "key_add", "key_remove", "pause", "resume", "cancel", "purge",
-                 "queue_delete", "requeue", "dead_letters_delete", "dead_letter_move", "drain", "circuit_close")
+                 "queue_delete", "requeue", "dead_letters_delete", "dead_letter_move", "drain", "circuit_close",
+                 "schedule_create", "schedule_replace", "schedule_delete", "schedule_pause", "schedule_resume",
+                 "schedule_trigger")
 
 # The session ops (node/session.py) and the HTTP route each one mirrors.
 SESSION_HTTP = {
@@ -684,7 +686,93 @@ def schemas() -> dict:
                                      "body": {"type": "object", "description": "what the HTTP endpoint answers, "
                                               "errors included"}}, ["id", "status", "body"]),
     }
+    s.update(_schedule_schemas(queue_name, custom_value))
     return s
+
+
+def _schedule_schemas(queue_name: dict, custom_value: dict) -> dict:
+    """Schedules (docs/api.md "Schedules")."""
+    from .validate_schedule import (DEFAULT_CATCHUP_WINDOW_MS, DEFAULT_MISFIRE_AFTER_MS, MAX_CATCHUP_WINDOW_MS,
+                                    MAX_MISFIRE_AFTER_MS, MIN_EVERY_MS)
+    job = {
+        "queue": queue_name, "job_type": string("as an enqueue's", minLength=1),
+        "payload": nullable(ref("Payload")),
+        "priority": nullable(integer(0, 9, "default: the queue's `default_priority` when the schedule is saved")),
+        "max_attempts": nullable(integer(1, description="default: the queue's `default_max_attempts`")),
+        "custom": nullable({"type": "object", "additionalProperties": custom_value, "propertyNames": {"minLength": 1},
+                            "description": "as an enqueue's, no key starting with `raftq.`; each tick's job also "
+                                           "gets `raftq.schedule` (the name) and `raftq.tick_ms` (the tick)"}),
+        "timeout_ms": nullable(integer(1, description="execution timeout of each job")),
+        "resource": nullable(string("throttle resource of each job", minLength=1)),
+        "deadline_after_ms": nullable(integer(1, description="each job's deadline: its tick + this")),
+    }
+    policies = {
+        "catchup": {"type": "string", "enum": ["skip", "one", "all"], "default": "one",
+                    "description": "ticks missed (late by more than `misfire_after_ms`, the cluster down or "
+                                   "leaderless): `skip` none, `one` the latest, `all` those within "
+                                   "`catchup_window_ms`, oldest first, at most `max_catchup_ticks`"},
+        "overlap": {"type": "string", "enum": ["allow", "skip", "replace"], "default": "allow",
+                    "description": "while the previous tick's job is not finished: `allow` fire anyway, `skip` "
+                                   "fire nothing, `replace` take the place of a job that has not started"},
+    }
+    definition = {
+        "cron": string("5-field cron (minute hour day-of-month month day-of-week; names, ranges, steps, lists; "
+                       "@hourly @daily @weekly @monthly @yearly); give this or `every_ms`. Its syntax is checked "
+                       "by the node (400 naming `cron`)", minLength=1, maxLength=200),
+        "time_zone": string("IANA zone of `cron` (default UTC), from the tzdata the nodes run; an unknown one is "
+                            "400 naming `time_zone`", minLength=1),
+        "every_ms": integer(MIN_EVERY_MS, description="a fixed interval instead of `cron`: ticks at creation + k x "
+                            "every_ms (k >= 1), or start_at_ms + k x every_ms (k >= 0)"),
+        "start_at_ms": nullable(ms("no tick before")), "end_at_ms": nullable(ms("no tick after")),
+        "max_count": nullable(integer(1, description="fire at most this many ticks")),
+        **{k: nullable(v) for k, v in policies.items()},
+        "catchup_window_ms": nullable(integer(1, MAX_CATCHUP_WINDOW_MS, f"default {DEFAULT_CATCHUP_WINDOW_MS}")),
+        "misfire_after_ms": nullable(integer(0, MAX_MISFIRE_AFTER_MS, "a tick fired later than this after its time "
+                                             f"counts as missed; default {DEFAULT_MISFIRE_AFTER_MS}")),
+        "paused": nullable({"type": "boolean", "default": False}),
+    }
+    maybe_int = {"type": ["integer", "null"]}
+    view = {"name": string(), "version": integer(1),
+            "cron": {"type": ["string", "null"]}, "time_zone": {"type": ["string", "null"]},
+            **{k: maybe_int for k in ("every_ms", "start_at_ms", "end_at_ms", "max_count")},
+            "catchup_window_ms": integer(1), "misfire_after_ms": integer(0),
+            **policies, "paused": {"type": "boolean"},
+            "job": ref("ScheduleTemplate"),
+            "next_fire_at_ms": {"type": ["integer", "null"], "description": "null: paused, or no tick left"},
+            "last_tick_at_ms": maybe_int, "last_fired_at_ms": maybe_int,
+            "last_job_id": {"type": ["string", "null"]},
+            "last_job_state": {"type": ["string", "null"], "description": "ready, scheduled, in_flight, "
+                               "dead_lettered, or finished (acked or deleted); null before the first job"},
+            "fired": integer(0), "skipped": integer(0, description="ticks the overlap policy skipped"),
+            "last_error": {"type": ["string", "null"], "description": "why the last tick made no job "
+                           "(queue_full, unknown_queue, ...); null once one did"},
+            "created_at_ms": ms("replicated time"), "updated_at_ms": ms("replicated time")}
+    return {
+        "ScheduleJob": obj(job, ["queue", "job_type"], "The job each tick enqueues (validated as an enqueue of it "
+                           "would be; no id, idempotency key, schedule or deadline of its own)."),
+        "ScheduleRequest": obj({**definition, "job": ref("ScheduleJob"),
+                                "expect_version": nullable(integer(0, description="0: create only; n: replace "
+                                                                   "version n only (409 otherwise)"))},
+                               ["job"], "Give `cron` (with `time_zone`) or `every_ms`. Unknown fields are 400 "
+                               "here. `end_at_ms` before `start_at_ms` is 400.",
+                               additionalProperties=False,
+                               oneOf=[{"required": ["cron"]},
+                                      {"required": ["every_ms"], "not": {"required": ["time_zone"]}}],
+                               example={"cron": "0 6 * * MON-FRI", "time_zone": "Europe/Berlin",
+                                        "job": {"queue": "reports", "job_type": "daily_report"}}),
+        "ScheduleTemplate": obj({**job, "custom": {"type": "object"}}, ["queue", "job_type"],
+                                "A schedule's job as it keeps it (defaults applied)."),
+        "Schedule": obj(view, ["name", "version", "job", "paused", "next_fire_at_ms", "fired"]),
+        "SchedulesPage": obj({"schedules": {"type": "array", "items": ref("Schedule")},
+                              "next_cursor": {"type": ["string", "null"]}}, ["schedules", "next_cursor"], "By name."),
+        "ScheduleSaved": obj({"name": string(), "version": integer(1), "created": {"type": "boolean"},
+                              "next_fire_at_ms": {"type": ["integer", "null"]}},
+                             ["name", "version", "created", "next_fire_at_ms"]),
+        "ScheduleDeleted": obj({"name": string(), "deleted": {"const": True}}, ["name", "deleted"]),
+        "SchedulePaused": obj({"name": string(), "paused": {"type": "boolean"}, "version": integer(1)},
+                              ["name", "paused", "version"]),
+        "ScheduleTriggered": obj({"name": string(), "job_id": string(format="uuid")}, ["name", "job_id"]),
+    }
 
 
 # ------------------------------------------------------------------------------------------ routes
@@ -707,6 +795,9 @@ LIMIT_PARAM = {"name": "limit", "in": "query", "description": "page size, 1..100
                "schema": {"type": "integer", "minimum": 1, "maximum": 100, "default": 50}}
 CURSOR_PARAM = {"name": "cursor", "in": "query", "description": "`next_cursor` of the previous page",
                 "schema": {"type": "string"}}
+
+SCHEDULE_PARAM = {"name": "name", "in": "path", "required": True, "description": "the schedule's name",
+                  "schema": {"type": "string", "pattern": "^[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}$"}}
 
 ROUTES = [
     _route("post", "/v1/jobs", "enqueue", "Enqueue a job",
@@ -818,6 +909,36 @@ ROUTES = [
            "replicated time; kept for `audit_retention_ms` (30 days), at most `audit_max_entries` (10,000).",
            OPERATOR, ok="AuditPage", tags=("configuration",), errors_=[(400, ["invalid_argument"])],
            params=[LIMIT_PARAM, CURSOR_PARAM]),
+    _route("get", "/v1/schedules", "list_schedules", "List schedules",
+           "Every schedule by name, with its next fire, last tick, last job and its state.", VIEWER,
+           ok="SchedulesPage", tags=("schedules",), params=[LIMIT_PARAM, CURSOR_PARAM],
+           errors_=[(400, ["invalid_argument"])]),
+    _route("get", "/v1/schedules/{name}", "get_schedule", "One schedule", "As in the list.", VIEWER,
+           ok="Schedule", tags=("schedules",), params=[SCHEDULE_PARAM], errors_=[(404, ["not_found"])]),
+    _route("put", "/v1/schedules/{name}", "put_schedule", "Create or replace a schedule",
+           "Replicated state, in force on every node once committed; its next tick is the first after now (a "
+           "replace never catches up). 400 `invalid_argument` names the `field`; 409 `failed_precondition` when "
+           "`expect_version` is not its version (0: none exists); 429 `overloaded` at `max_schedules`. Audited.",
+           OPERATOR, body="ScheduleRequest", ok="ScheduleSaved", write=True, tags=("schedules",),
+           params=[SCHEDULE_PARAM], errors_=[(409, ["failed_precondition"])]),
+    _route("delete", "/v1/schedules/{name}", "delete_schedule", "Delete a schedule",
+           "It fires nothing more; the jobs it made stay. Audited.", OPERATOR, ok="ScheduleDeleted", write=True,
+           tags=("schedules",), errors_=[(404, ["not_found"]), (409, ["failed_precondition"])],
+           params=[SCHEDULE_PARAM, {"name": "expect_version", "in": "query", "description": "only if it is at "
+                                    "this version (409 otherwise)", "schema": {"type": "integer"}}]),
+    _route("post", "/v1/schedules/{name}/pause", "pause_schedule", "Pause a schedule",
+           "No tick fires until it is resumed. A body, if any, is ignored. Audited.", OPERATOR, body_required=False,
+           ok="SchedulePaused", write=True, tags=("schedules",), params=[SCHEDULE_PARAM],
+           errors_=[(404, ["not_found"])]),
+    _route("post", "/v1/schedules/{name}/resume", "resume_schedule", "Resume a schedule",
+           "Its next tick is the first after now: the ticks of the pause are not caught up. A body, if any, is "
+           "ignored. Audited.", OPERATOR, body_required=False, ok="SchedulePaused", write=True, tags=("schedules",),
+           params=[SCHEDULE_PARAM], errors_=[(404, ["not_found"])]),
+    _route("post", "/v1/schedules/{name}/trigger", "trigger_schedule", "Run a schedule's job now",
+           "One extra job from the template, outside the ticks (no overlap policy, not counted in `fired`); "
+           "422 `rejected` when its queue refuses it. A body, if any, is ignored. Audited.", OPERATOR,
+           body_required=False, ok="ScheduleTriggered", write=True, tags=("schedules",), params=[SCHEDULE_PARAM],
+           errors_=[(404, ["not_found"]), (422, ["rejected"])]),
     _route("delete", "/v1/jobs/{id}", "cancel", "Cancel (delete) a job",
            "A ready, scheduled or in-flight job is removed for good. In flight (since issue 17; before, 409): "
            "its lease is dropped, its worker's next extend, ack, nack or release is 404 `job_not_found`, and it "
@@ -1063,7 +1184,8 @@ def document() -> dict:
                            "docs/api.md.",
             "license": {"name": "see the repository"},
         },
-        "tags": [{"name": t} for t in ("jobs", "dead letters", "queues", "session", "cluster", "configuration")],
+        "tags": [{"name": t} for t in ("jobs", "dead letters", "queues", "schedules", "session", "cluster",
+                                                 "configuration")],
         "paths": paths,
         "components": {
             "schemas": schemas(),

@@ -82,7 +82,7 @@ def _template(job, name: str, limits: Limits, now_ms: int) -> dict:
         raise bad("job", "is required: an object {queue, job_type, payload?, priority?, max_attempts?, custom?, "
                          "timeout_ms?, resource?, deadline_after_ms?}")
     for key in NOT_IN_TEMPLATE:
-        if key in job:
+        if job.get(key) is not None:
             raise bad(f"job.{key}", "a schedule's job cannot have it: each tick sets its own (deadline_after_ms "
                                     "gives a deadline relative to the tick)")
     custom = job.get("custom")
@@ -112,7 +112,10 @@ def _template(job, name: str, limits: Limits, now_ms: int) -> dict:
 
 
 def definition(name: str, body, limits: Limits, now_ms: int) -> dict:
-    """A PUT body -> the definition node/core/schedules.py keeps (schedules.DEFINITION_KEYS)."""
+    """A PUT body -> the definition node/core/schedules.py keeps (schedules.DEFINITION_KEYS). A
+    field given as null is taken as left out, as everywhere in the API; an unknown field is 400
+    (a misspelt policy must not silently fall back to its default)."""
+    body = {k: v for k, v in body.items() if v is not None}
     unknown = sorted(set(body) - BODY_KEYS)
     if unknown:
         raise bad(unknown[0], f"unknown field (a schedule has {', '.join(sorted(BODY_KEYS))})")
@@ -147,6 +150,9 @@ def put(name, body, limits: Limits, now_ms: int, rid=None, who=None) -> tuple:
     name = name_arg(name)
     body = require_object(body)
     return ops.schedule_put(rid, name, definition(name, body, limits, now_ms), _expect(body), who)
+
+
+NAME_PATTERN = "^" + NAME.pattern + "$"
 
 
 def delete(name, query_version, rid=None, who=None) -> tuple:
