@@ -133,7 +133,7 @@ class LocalCluster:
                  secret: str | None = "random", base_port: int | None = None,
                  python: str | None = None, env: dict | None = None, api_keys: list | None = None,
                  testing: dict | None = None, http_ports: list[int] | None = None,
-                 raft_ports: list[int] | None = None, tls: bool | str = False):
+                 raft_ports: list[int] | None = None, tls: bool | str = False, schedules: list | None = None):
         """Ports: `http_ports` and `raft_ports` as given, else from `base_port` (HTTP base..,
         Raft base+100..), else free ones. Every file it writes is 0600, its directories 0700,
         and the nodes run with umask 077 (their journals, snapshots and logs are private too:
@@ -150,6 +150,7 @@ class LocalCluster:
         self.n = nodes
         self.durability = durability
         self.limits, self.storage, self.queues = limits or {}, storage or {}, queues or []
+        self.schedules = list(schedules or ())          # [[schedules]]: seeded once per cluster
         self.tuning = tuning or {}
         self.secret = secrets.token_hex(32) if secret == "random" else secret
         self.python = python or sys.executable
@@ -335,6 +336,8 @@ class LocalCluster:
             text += "\n" + toml_table("testing", testing)
         for q in self.queues:
             text += "\n[[queues]]\n" + "".join(f"{k} = {toml_value(v)}\n" for k, v in q.items())
+        for s in self.schedules:
+            text += "\n[[schedules]]\n" + "".join(f"{toml_key(k)} = {toml_value(v)}\n" for k, v in s.items())
         write_private(self.config_path(i), text)
 
     # ------------------------------------------------------------ processes

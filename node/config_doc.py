@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from . import limits as L
 from . import settings as S
+from .validate_schedule import BODY_KEYS
 
 
 @dataclass(frozen=True)
@@ -191,6 +192,28 @@ STORAGE = {
                           "(which makes the node exit, code 74). 0: no reserve. This node's own, read from its TOML "
                           "(not the configuration in force: their disks may differ).", minimum=0),
 }
+SCHEDULE = {
+    "name": Key("string", "The schedule's name: 1..128 characters of `A-Z a-z 0-9 . _ : @ -`.", required=True),
+    "cron": Key("string", "5-field cron expression (or `@hourly`, `@daily`, ...); give this or `every_ms`.",
+                default="unset"),
+    "time_zone": Key("string", "IANA zone of `cron`.", default='"UTC"'),
+    "every_ms": Key("integer", "A fixed interval instead of `cron`.", default="unset", minimum=1000),
+    "start_at_ms": Key("integer", "No tick before.", default="unset", minimum=0),
+    "end_at_ms": Key("integer", "No tick after.", default="unset", minimum=0),
+    "max_count": Key("integer", "Fire at most this many ticks.", default="unset", minimum=1),
+    "catchup": Key("string", "Missed ticks: `skip`, `one` or `all` (docs/semantics.md \"Schedules\").",
+                   default='"one"'),
+    "catchup_window_ms": Key("integer", "`all` fires missed ticks this recent.", default="3600000", minimum=1),
+    "misfire_after_ms": Key("integer", "A tick fired later than this after its time counts as missed.",
+                            default="5000", minimum=0),
+    "overlap": Key("string", "While the last tick's job is unfinished: `allow`, `skip` or `replace`.",
+                   default='"allow"'),
+    "paused": Key("boolean", "Create it paused.", default="false"),
+    "job": Key("table", "The job template: `queue`, `job_type`, and optionally `payload` ({data_b64, "
+               "encoding}), `priority`, `max_attempts`, `custom`, `timeout_ms`, `resource`, "
+               "`deadline_after_ms`.", required=True),
+}
+
 QUEUE_ONLY = {
     "name": Key("string", "The queue's name: non-empty, not `.` or `..`, no `/`, no control characters.",
                 required=True),
@@ -359,6 +382,11 @@ SECTIONS = [
     ("[[queues]]", QUEUE_ONLY, None, "Optional, one table per declared queue: `name`, any ★ key of `[limits]` "
      "(its value for this queue), and the keys below. Undeclared queues use `[limits]` as they are (unless "
      "`strict_queues` is on). Part of the configuration in force, like `[limits]`."),
+    ("[[schedules]]", SCHEDULE, None, "Optional, one table per schedule, with the fields of `PUT "
+     "/v1/schedules/{name}` (docs/api.md \"Schedules\"), checked the same way (a wrong one stops the node, "
+     "naming it). They seed a cluster once: the first leader that has them proposes them, each one that does "
+     "not exist is created, and the cluster keeps the mark that this was done; afterwards schedules are changed "
+     "online (`raftq schedules`) and this section changes nothing, even on a new leader."),
     ("[tuning]", TUNING, S.TUNING_DEFAULTS, "Timers and bounds of the node process; the defaults were measured "
      "on a 2-core machine and rarely need changing. Every value must be a positive number (the exceptions are "
      "noted)."),
@@ -379,6 +407,7 @@ def _code_keys() -> dict[str, set]:
         "[limits]": set(L.QUEUE_KEYS) | set(L.GLOBAL_KEYS),
         "[storage]": set(L.STORAGE_KEYS),
         "[[queues]]": set(L.QUEUE_ONLY_KEYS),
+        "[[schedules]]": {"name"} | set(BODY_KEYS - {"expect_version"}),
         "[tuning]": set(S.TUNING_DEFAULTS),
         "[testing]": set(S.TESTING_KEYS),
     }

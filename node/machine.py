@@ -79,6 +79,7 @@ HANDLERS = {
     ops.SCHEDULE_DELETE: schedules.delete_schedule,
     ops.SCHEDULE_PAUSE: schedules.pause_schedule,
     ops.SCHEDULE_TRIGGER: schedules.trigger_schedule,
+    ops.SCHEDULE_SEED: schedules.seed_schedules,
 }
 for _op, _handler in HANDLERS.items():
     if tuple(inspect.signature(_handler).parameters)[1:] != ops.COMMANDS[_op]:
@@ -208,6 +209,7 @@ class QueueMachine(UndoLog):
         # schedule's is stale).
         self.schedules: dict = {}
         self.tick_heap: list = []
+        self.schedules_seeded = False   # the TOML's [[schedules]] were applied (schedules.seed_schedules)
         self._undo: list = []
 
     def shared_bucket(self, now: int, window: int, queue: str) -> tuple:

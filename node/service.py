@@ -149,6 +149,7 @@ class NodeService:
         self._toml_logged = -1
         self.toml_keys = {k["name"]: (validate.key_sha256(k["key"]), k["role"]) for k in settings.api_keys or ()}
         self.seeder: asyncio.Task | None = None
+        self.schedule_seeder: asyncio.Task | None = None
         self.config_watch: asyncio.Task | None = None
         self.follow_config()
         self.state.after_restore = self.follow_config
@@ -268,6 +269,18 @@ class NodeService:
                 if status == 200:
                     log.info("configuration version %d seeded from this node's TOML", body["version"])
                     self.follow_config()
+                    continue
+            await asyncio.sleep(SEED_RETRY_S)
+
+    async def _seed_schedules(self):
+        """The TOML's [[schedules]], proposed by a leader once the configuration is seeded until
+        the cluster holds the mark that they were applied (once per cluster: schedules.seed_schedules)."""
+        while not self.stopping and self.settings.schedules and not self.state.machine.schedules_seeded:
+            if self.replica.is_leader() and self.is_seeded():
+                status, body = await self.proposer.run(ops.schedule_seed(self.settings.schedules), internal=True)
+                if status == 200:
+                    if body["created"]:
+                        log.info("schedules seeded from this node's TOML: %s", ", ".join(body["created"]))
                     continue
             await asyncio.sleep(SEED_RETRY_S)
 
@@ -1109,6 +1122,7 @@ class NodeService:
         if self.settings.testing.sweeps:
             self.sweeper = self.loop.create_task(self.sweep_loop())
         self.seeder = self.loop.create_task(self._seed())
+        self.schedule_seeder = self.loop.create_task(self._seed_schedules())
         self.config_watch = self.loop.create_task(self._watch_config())
         self.disk_task = self.loop.create_task(self.disk_loop())
         if self.settings.testing.clock_strobe:
@@ -1130,7 +1144,7 @@ class NodeService:
         end = self.loop.time() + self.proposer.request_timeout_s
         while self.proposer.inflight and self.loop.time() < end:
             await asyncio.sleep(0.02)
-        for task in (self.sweeper, self.seeder, self.config_watch):
+        for task in (self.sweeper, self.seeder, self.schedule_seeder, self.config_watch):
             if task:
                 task.cancel()
         if self._peer_session is not None:

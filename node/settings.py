@@ -77,6 +77,8 @@ class Settings:
     durability: str
     limits: Limits
     api_keys: tuple[dict, ...] | None = None
+    # [[schedules]]: (name, definition) checked as PUT /v1/schedules/{name} is; seeded once per cluster
+    schedules: tuple = ()
     source: str = ""
     tuning: dict = field(default_factory=dict)
     testing: TestHooks = field(default_factory=TestHooks)
@@ -151,7 +153,7 @@ def _str(where: str, value) -> str:
 def parse(doc: dict, source: str = "", base_dir: Path | None = None) -> Settings:
     """Check a parsed TOML document and build the node's settings."""
     for key in doc:
-        if key not in ("node", "cluster", "limits", "storage", "auth", "queues", "tuning", "testing"):
+        if key not in ("node", "cluster", "limits", "storage", "auth", "queues", "schedules", "tuning", "testing"):
             raise ConfigError(f"{key}: unknown section")
     node = doc.get("node")
     if not isinstance(node, dict):
@@ -272,6 +274,8 @@ def parse(doc: dict, source: str = "", base_dir: Path | None = None) -> Settings
         # Not fatal (a firewalled private network is a valid setup) but worth saying.
         pass
 
+    schedules = _schedules(doc.get("schedules", []), limits)
+
     tuning = doc.get("tuning", {})
     if not isinstance(tuning, dict):
         raise ConfigError("tuning: must be a table")
@@ -292,8 +296,34 @@ def parse(doc: dict, source: str = "", base_dir: Path | None = None) -> Settings
     tuning = {**TUNING_DEFAULTS, **tuning}
     return Settings(node_id=node_id, http_host=http_host, http_port=http_port, url=url, raft=raft,
                     data_dir=data_dir, peers=tuple(peers), secret=secret, durability=durability,
-                    limits=limits, api_keys=api_keys, source=source, tuning=tuning,
+                    limits=limits, api_keys=api_keys, schedules=schedules, source=source, tuning=tuning,
                     testing=_testing(doc.get("testing", {})), tls=tls)
+
+
+def _schedules(raw, limits: Limits) -> tuple:
+    """[[schedules]]: each a table with `name` and the fields of PUT /v1/schedules/{name}
+    (docs/api.md "Schedules"), checked the same way; a wrong one stops the node naming it."""
+    from .errors import ApiError
+    from .validate_schedule import definition, name_arg
+    if not isinstance(raw, list):
+        raise ConfigError("schedules: must be an array of tables [[schedules]]")
+    out, names = [], set()
+    for i, entry in enumerate(raw):
+        if not isinstance(entry, dict):
+            raise ConfigError(f"schedules[{i}]: must be a table")
+        body = dict(entry)
+        try:
+            name = name_arg(body.pop("name", None))
+            if "expect_version" in body:
+                raise ApiError("invalid_argument", "a seed creates only: no expect_version", field="expect_version")
+            out.append((name, definition(name, body, limits, 0)))
+        except ApiError as e:
+            field = e.details.get("field")
+            raise ConfigError(f"schedules[{i}]{'.' + field if field else ''}: {e.message}") from None
+        if name in names:
+            raise ConfigError(f"schedules[{i}].name: schedule {name!r} is declared twice")
+        names.add(name)
+    return tuple(out)
 
 
 def _path(where: str, value, base_dir: Path | None) -> Path:

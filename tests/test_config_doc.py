@@ -55,9 +55,17 @@ def with_value(header: str, key: str, value) -> dict:
         doc["auth"] = {"api_keys": [{"name": "k", "key": "secret-key", key: value}]}
     elif header == "[[queues]]":
         doc["queues"] = [{"name": "q", key: value}]
+    elif header == "[[schedules]]":
+        doc["schedules"] = [{**schedule_base(key), key: value}]
     else:
         doc[header.strip("[]")] = {key: value}
     return doc
+
+
+def schedule_base(key: str) -> dict:
+    """A schedule that parses, with a cron rule when `key` belongs to one, else an interval."""
+    rule = {"cron": "* * * * *"} if key in ("cron", "time_zone") else {"every_ms": 60000}
+    return {"name": "s", **rule, "job": {"queue": "q", "job_type": "t"}}
 
 
 def refused(doc, key):
@@ -97,6 +105,8 @@ def test_stated_range_is_the_enforced_one(header, key, spec):
             doc["auth"] = {"api_keys": [{k: v for k, v in (("name", "k"), ("key", "secret-key")) if k != key}]}
         elif header == "[[queues]]":
             doc["queues"] = [{}]
+        elif header == "[[schedules]]":
+            doc["schedules"] = [{k: v for k, v in schedule_base(key).items() if k != key}]
         refused(doc, key)
     if header not in ("[node]", "[cluster]", "[cluster] peers = [ { … } ]", "[auth] api_keys = [ { … } ]"):
         refused(with_value(header, "no_such_key_" + key, 1), "no_such_key_" + key)

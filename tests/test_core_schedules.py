@@ -261,3 +261,20 @@ def test_a_replay_and_a_snapshot_give_the_same_ticks():
         restored.apply(now, cmd)
     assert restored.digest() == c.m.digest()
     restored.check_invariants()
+
+
+
+def test_the_toml_seed_applies_once_per_cluster():
+    from raftq.node import validate_schedule
+    from raftq.node.core import ops
+    seed = tuple((name, validate_schedule.definition(name, body, Core().limits, 0)) for name, body in (
+        ("nightly", {"cron": "0 3 * * *", "time_zone": "Europe/Paris", "job": {"queue": "q", "job_type": "n"}}),
+        ("beat", {"every_ms": 60000, "job": {"queue": "q", "job_type": "beat"}})))
+    c = Core()
+    assert ok(c.apply(ops.schedule_seed(seed))) == {"created": ["nightly", "beat"]}
+    ok(c.delete_schedule("beat"))
+    # another leader, a restart, a changed TOML: the seed is not applied again
+    assert ok(c.apply(ops.schedule_seed(seed))) == {"created": []}
+    assert c.schedule("beat") is None and c.schedule("nightly")["time_zone"] == "Europe/Paris"
+    restored = pickle.loads(pickle.dumps(c.m))
+    assert restored.schedules_seeded and restored.digest() == c.m.digest()

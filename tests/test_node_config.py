@@ -39,6 +39,10 @@ CASES = [
     ("not toml", "[node\n", "not valid TOML"),
     ("unknown section", GOOD + "\n[limitz]\nx = 1\n", "limitz"),
     ("unknown event loop", GOOD + '\n[tuning]\nevent_loop = "trio"\n', "tuning.event_loop"),
+    ("schedule in an unknown zone", GOOD + '\n[[schedules]]\nname = "x"\ncron = "0 3 * * *"\ntime_zone = "Nowhere/Land"\n'
+     'job = { queue = "q", job_type = "t" }\n', "schedules[0].time_zone"),
+    ("schedule twice", GOOD + 2 * '\n[[schedules]]\nname = "x"\nevery_ms = 60000\njob = { queue = "q", job_type = "t" }\n',
+     "schedules[1].name"),
 ]
 
 
@@ -71,6 +75,10 @@ def test_good_config_defaults():
     assert s.url == "http://127.0.0.1:7001" and s.durability == "fsync" and s.secret is None
     assert [p.id for p in s.others] == ["n2", "n3"]
     assert s.limits.max_enqueue_batch == 256 and s.limits.queue("x").default_max_attempts == 3
+    seeded = parse(tomllib.loads(GOOD + '\n[[schedules]]\nname = "nightly"\ncron = "0 3 * * *"\n'
+                                        'job = { queue = "reports", job_type = "nightly" }\n'))
+    assert [(n, d["cron"], d["time_zone"], d["catchup"]) for n, d in seeded.schedules] == \
+        [("nightly", "0 3 * * *", "UTC", "one")]
 
 
 def test_a_node_with_a_different_toml_follows_the_log_and_says_so(make_cluster):

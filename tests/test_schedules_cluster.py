@@ -26,7 +26,9 @@ ROOT = Path(__file__).resolve().parent.parent
 
 @pytest.fixture(scope="module")
 def net_cluster(tmp_path_factory):
-    c = LocalCluster(tmp_path_factory.mktemp("schedules") / "c", nodes=3)
+    c = LocalCluster(tmp_path_factory.mktemp("schedules") / "c", nodes=3,
+                     schedules=[{"name": "seeded", "cron": "0 3 * * *", "time_zone": "Asia/Tokyo",
+                                 "job": {"queue": "seeded", "job_type": "nightly"}}])
     net = ProxyNet([f"127.0.0.1:{p}" for p in c.raft_ports])
     net.start()
     for i, m in net.dial_maps().items():
@@ -66,6 +68,19 @@ def tick_jobs(client, queue: str) -> list:
         cursor = page["next_cursor"]
         if cursor is None:
             return sorted(out, key=lambda j: j.custom[TICK_FIELD])
+
+
+def test_a_schedule_of_the_toml_is_seeded_once_per_cluster(cluster, client):
+    seeded = poll(lambda: client.schedules()["schedules"], 30, what="the seeded schedule")
+    assert [(s["name"], s["cron"], s["time_zone"], s["version"]) for s in seeded] == \
+        [("seeded", "0 3 * * *", "Asia/Tokyo", 1)]
+    client.delete_schedule("seeded")
+    leader = cluster.wait_leader(20)
+    cluster.kill(leader)                    # a new leader, whose TOML has it too, does not bring it back
+    cluster.wait_leader(30, exclude=[leader])
+    cluster.start(leader)
+    cluster.wait_converged(30)
+    assert client.schedules()["schedules"] == []
 
 
 def test_the_api_client_and_cli_manage_a_schedule(cluster, client):

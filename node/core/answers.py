@@ -237,6 +237,7 @@ _RENDER = {
                                            name=r[1], version=r[2]),
     ops.SCHEDULE_INVALID: lambda r: error("invalid_argument", f"{r[1]}: {SCHEDULE_INVALID_WHY.get(r[2], r[2])}",
                                           field=r[1]),
+    ops.SCHEDULES_SEEDED: lambda r: (200, {"created": list(r[1])}),
     ops.SCHEDULE_REFUSED: lambda r: error("overloaded", f"the cluster holds max_schedules ({r[3]}) schedules already: "
                                           "delete one first, or raise limits.max_schedules", reason=r[1], limit=r[3]),
 }

@@ -47,6 +47,7 @@ SCHEDULE_PUT = "schput"
 SCHEDULE_DELETE = "schdel"
 SCHEDULE_PAUSE = "schpause"
 SCHEDULE_TRIGGER = "schrun"
+SCHEDULE_SEED = "schseed"       # the [[schedules]] of a node's TOML, applied once per cluster
 
 # `who` of an operator command: the caller's key name (None without auth), put in by the
 # leader. Commands of release 0.1.0 have no such field: their handlers see UNAUDITED, and
@@ -82,6 +83,7 @@ COMMANDS: dict[str, tuple[str, ...]] = {
     SCHEDULE_DELETE: ("name", "expect_version", "who"),
     SCHEDULE_PAUSE: ("name", "paused", "who"),
     SCHEDULE_TRIGGER: ("name", "job_id", "who"),
+    SCHEDULE_SEED: ("definitions",),            # ((name, definition), ...)
 }
 # The fields a command of release 0.1.0 (and of this code before `who`) ends after: the
 # handlers give the later ones defaults (who = UNAUDITED, create = True, as pause was then).
@@ -231,6 +233,10 @@ def schedule_trigger(rid, name: str, job_id: str, who=None) -> tuple:
     return SCHEDULE_TRIGGER, rid, name, job_id, who
 
 
+def schedule_seed(definitions: tuple) -> tuple:
+    return SCHEDULE_SEED, None, definitions
+
+
 def release(rid, job_id: str, attempt: int, delay_ms: int, reason) -> tuple:
     return RELEASE, rid, job_id, attempt, delay_ms, reason
 
@@ -331,6 +337,7 @@ SCHEDULE_NOT_FOUND = "schedule_not_found"   # 404 not_found
 SCHEDULE_CONFLICT = "schedule_conflict"     # 409 failed_precondition: expect_version is not its version
 SCHEDULE_INVALID = "schedule_invalid"       # 400 invalid_argument: the field and why
 SCHEDULE_REFUSED = "schedule_refused"       # 429 overloaded: why (too_many), the bound
+SCHEDULES_SEEDED = "schedules_seeded"       # 200 {"created": [names]}: empty once seeded before
 ANSWER = "answer"                   # an answer kept verbatim (only from snapshots of 0.1.0 that
                                     # held one this version no longer makes)
 
@@ -385,6 +392,7 @@ RESULTS: dict[str, tuple[str, ...]] = {
     SCHEDULE_CONFLICT: ("name", "version", "expected"),
     SCHEDULE_INVALID: ("field", "why"),
     SCHEDULE_REFUSED: ("why", "name", "limit"),
+    SCHEDULES_SEEDED: ("created",),
 }
 # Results a request id never remembers (SEMANTICS.md / README "Decisions").
 NOT_REMEMBERED = frozenset((REQUEST_ID_REUSED, MALFORMED, FAILED, REQUEST_MISMATCH))
@@ -603,3 +611,7 @@ def schedule_invalid(field: str, why: str) -> tuple:
 
 def schedule_refused(why: str, name: str, limit: int) -> tuple:
     return SCHEDULE_REFUSED, why, name, limit
+
+
+def schedules_seeded(created: tuple) -> tuple:
+    return SCHEDULES_SEEDED, created

@@ -304,6 +304,20 @@ def trigger_schedule(m, name: str, job_id: str, who=ops.UNAUDITED):
     return ops.schedule_triggered(name, made)
 
 
+def seed_schedules(m, definitions):
+    """The [[schedules]] of the first leader's TOML (docs/configuration.md): applied once per
+    cluster, like the configuration's seed. Each one that does not exist is created; later
+    seeds (another leader, a restart, a changed TOML) change nothing."""
+    if m.schedules_seeded:
+        return ops.schedules_seeded(())
+    created = []
+    for name, definition in definitions:
+        if name not in m.schedules and put_schedule(m, name, definition, 0, None)[0] == ops.SCHEDULE_SAVED:
+            created.append(name)
+    m._set(m, "schedules_seeded", True)
+    return ops.schedules_seeded(tuple(created))
+
+
 # ---------------------------------------------------------------------------- reads
 def view(m, s) -> dict:
     """A schedule as GET /v1/schedules shows it (the template in the API's shape)."""

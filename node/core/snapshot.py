@@ -84,6 +84,7 @@ def to_builtins(m) -> dict:
         # Schedules only when there are some (a state without them writes what it did before);
         # the heap is rebuilt from the records (one live entry each: next_fire, stamp).
         **({"schedules": [s.to_tuple() for s in m.schedules.values()]} if m.schedules else {}),
+        **({"schedules_seeded": True} if m.schedules_seeded else {}),
     }
 
 
@@ -227,6 +228,7 @@ def from_builtins(m, data: dict):
         if not s.paused and s.next_fire is not None:
             m.tick_heap.append((s.next_fire, s.stamp, s.name))
     heapq.heapify(m.tick_heap)
+    m.schedules_seeded = data.get("schedules_seeded", False)
     return m
 
 
@@ -267,8 +269,8 @@ def digest(m) -> str:
     if g is not None:           # issue 17, only when present; blocked ids per (resource, queue) sorted
         h.update(orjson.dumps(["gating", sorted((r, qn, sorted(e[3] for e in es)) for r, qn, es in g["blocked"]),
                                sorted(g["queues"], key=lambda x: x[0])]))
-    if m.schedules:             # only when present, like the rest
-        h.update(repr(["schedules", sorted(s.to_tuple() for s in m.schedules.values())]).encode())
+    if m.schedules or m.schedules_seeded:       # only when present, like the rest
+        h.update(repr(["schedules", m.schedules_seeded, sorted(s.to_tuple() for s in m.schedules.values())]).encode())
     return h.hexdigest()[:32]
 
 
