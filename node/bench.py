@@ -33,6 +33,11 @@ Throttles (issue 17), run alone with `--resources R --backlog N` (e.g. 10000 and
                           baseline_*: the same loop with jobs that name no resource. The cyclic
                           GC runs with the node's thresholds (node/server.py).
 
+Schedules, run alone with `--schedules N [--firing F]` (e.g. 10000 and 1000):
+* bytes_per_schedule, schedule_put_us, next_due_us (the sweep loop's check), sweep_ms_idle (a
+                          sweep with no tick due), snapshot_ms / restore_ms and their bytes, and
+                          sweep_ms_at_tick: one sweep where F schedules fire at once (F jobs made).
+
 Throughput figures are the best of --repeat runs (the machine may be shared); *_per_cpu_s
 divide by this process's CPU time instead, to show the code's cost when other processes steal
 the core. loadavg (before) and loadavg_after say how busy the machine was. Request ids are
@@ -350,6 +355,54 @@ def bench_memory_and_snapshot(n: int) -> dict:
     return out
 
 
+def bench_schedules(n: int, firing: int) -> dict:
+    """Schedules (docs/semantics.md "Schedules"): n interval schedules of one minute, `firing` of
+    them due at one tick and the others spread over the minute, in a machine with no job."""
+    from . import validate_schedule
+    limits = Limits.build(limits={"max_schedules": max(n, 1), "max_schedules_per_sweep": max(firing, 1)})
+    gc.collect()
+    tracemalloc.start()
+    before = tracemalloc.get_traced_memory()[0]
+    m = QueueMachine(limits)
+    t = time.perf_counter()
+    for i in range(n):
+        # the first `firing` share one tick (T0 + 60 s); each other one its own second of the minute
+        created = T0 if i < firing else T0 + 1 + (i * 59_000) // n
+        body = {"every_ms": 60_000, "job": {"queue": f"q{i % 10}", "job_type": "tick", "priority": 3}}
+        _check(m.apply(created, validate_schedule.put(f"s{i}", body, limits, created)), "put")
+    put_us = (time.perf_counter() - t) / n * 1e6
+    gc.collect()
+    after = tracemalloc.get_traced_memory()[0]
+    tracemalloc.stop()
+    out = {"schedules": n, "schedule_put_us": round(put_us, 1),
+           "bytes_per_schedule": round((after - before) / n, 1)}
+    t = time.perf_counter()
+    for _ in range(1000):
+        m.next_due_ms()
+    out["next_due_us"] = round((time.perf_counter() - t) * 1000, 2)
+    idle = T0 + 59_000                      # nothing due yet: what a sweep for something else costs
+    t = time.perf_counter()
+    _check(m.apply(idle, validate.sweep()), "sweep")
+    out["sweep_ms_idle"] = round((time.perf_counter() - t) * 1000, 3)
+    blob = pickle.dumps(m.to_builtins(), protocol=pickle.HIGHEST_PROTOCOL)
+    t = time.perf_counter()
+    blob = pickle.dumps(m.to_builtins(), protocol=pickle.HIGHEST_PROTOCOL)
+    out["snapshot_ms"] = round((time.perf_counter() - t) * 1000, 1)
+    out["snapshot_bytes_per_schedule"] = round(len(blob) / n, 1)
+    t = time.perf_counter()
+    restored = QueueMachine.from_builtins(limits, pickle.loads(blob))
+    out["restore_ms"] = round((time.perf_counter() - t) * 1000, 1)
+    if restored.digest() != m.digest():
+        raise RuntimeError("digest changed across snapshot/restore")
+    t = time.perf_counter()
+    result = m.apply(T0 + 60_000, validate.sweep())
+    out["sweep_ms_at_tick"] = round((time.perf_counter() - t) * 1000, 2)
+    out["ticks_fired_at_tick"] = result[-1]
+    out["jobs_made"] = len(m.jobs)
+    out["machine"] = machine_info()
+    return out
+
+
 def bench_uuid(n: int = 100_000) -> float:
     t = time.perf_counter()
     for _ in range(n):
@@ -418,7 +471,18 @@ def main(argv=None) -> int:
     ap.add_argument("--samples", type=int, default=20_000, help="the throttle figure: timed reserve+ack cycles")
     ap.add_argument("--workers", type=int, default=1000, help="the throttle figure: jobs in flight at once")
     ap.add_argument("--no-baseline", action="store_true", help="the throttle figure: skip the run without resources")
+    ap.add_argument("--schedules", type=int, metavar="N", help="the schedules figure only: N schedules (memory, "
+                    "snapshot, an idle sweep, and a sweep at a tick where --firing of them fire)")
+    ap.add_argument("--firing", type=int, default=1000, help="the schedules figure: schedules due at one tick")
     args = ap.parse_args(argv)
+    if args.schedules:
+        out = bench_schedules(args.schedules, args.firing)
+        if args.json:
+            print(json.dumps(out, separators=(",", ":")))
+        else:
+            for k, v in out.items():
+                print(f"{k:<28}  {v:,}" if isinstance(v, (int, float)) else f"{k:<28}  {v}")
+        return 0
     if args.resources:
         out = bench_throttled_reserve(args.resources, args.backlog, args.samples, args.workers,
                                       not args.no_baseline)

@@ -346,7 +346,10 @@ class Every:
         _check_interval(self.anchor_ms, self.every_ms)
 
     def next_fire(self, after_ms: int) -> int:
-        return every_next(self.anchor_ms, self.every_ms, after_ms)
+        # every_next's arithmetic without its checks, which __post_init__ made once
+        anchor, every = self.anchor_ms, self.every_ms
+        k = (after_ms - anchor) // every + 1
+        return anchor + (k if k > 1 else 1) * every
 
 
 def fires_between(schedule: Schedule, start_ms: int, end_ms: int, limit: int) -> list[int]:

@@ -278,3 +278,13 @@ def test_the_toml_seed_applies_once_per_cluster():
     assert c.schedule("beat") is None and c.schedule("nightly")["time_zone"] == "Europe/Paris"
     restored = pickle.loads(pickle.dumps(c.m))
     assert restored.schedules_seeded and restored.digest() == c.m.digest()
+
+
+def test_a_refused_trigger_changes_nothing():
+    c = Core(queues=[{"name": "q", "max_queue_depth": 1}])
+    ok(c.put_schedule("s", every_ms=60_000))
+    c.enqueue_id("q", "t")
+    before = c.snapshot_state()
+    status, body = c.trigger_schedule("s")
+    assert status == 422 and body["error"]["rejection"]["reason"] == "queue_full", body
+    assert c.snapshot_state() == before

@@ -18,6 +18,7 @@ import uuid
 
 from .. import cron
 from . import audit, gating, ops
+from .answers import render_template
 from .handlers import _enqueue_one, _replaceable, forget
 from .jobs import IN_FLIGHT, READY, SCHEDULED, STATE_NAMES
 
@@ -41,7 +42,7 @@ class Schedule:
     __slots__ = ("name", "definition", "version", "incarnation", "created_at", "updated_at",
                  "anchor", "paused", "next_fire", "stamp", "fired", "skipped", "handled_to",
                  "last_tick", "last_fired_at", "last_job_id", "last_error", "rule")
-    FIELDS = __slots__[:-1]
+    FIELDS = __slots__[:-1]             # all but `rule`: the state, in snapshot order
 
     def to_tuple(self) -> tuple:
         return tuple(getattr(self, f) for f in self.FIELDS)
@@ -238,7 +239,7 @@ def put_schedule(m, name: str, definition: dict, expect_version, who=ops.UNAUDIT
     if s is None and len(m.schedules) >= m.limits.max_schedules:
         return ops.schedule_refused("too_many", name, m.limits.max_schedules)
     if m.limits.strict_queues and definition["job"]["queue"] not in m.limits.queues:
-        return ops.schedule_invalid("job.queue", "unknown_queue")
+        return ops.schedule_invalid("job", "unknown_queue")     # the field node/validate_schedule.py names
     created_at = s.created_at if s is not None else m.clock
     anchor = anchor_of(definition, created_at)
     try:
@@ -297,9 +298,12 @@ def trigger_schedule(m, name: str, job_id: str, who=ops.UNAUDITED):
     s = m.schedules.get(name)
     if s is None:
         return ops.schedule_not_found(name)
+    before = s.last_error
     made = enqueue_template(m, s, job_id, m.clock, None)
-    if made is None:
-        return ops.rejected({"reason": s.last_error, "queue": s.definition["job"]["queue"]})
+    if made is None:                    # refused: the schedule stays as it was (its last_error too)
+        why = s.last_error
+        m._set(s, "last_error", before)
+        return ops.rejected({"reason": why, "queue": s.definition["job"]["queue"]})
     audit.record(m, who, "schedule_trigger", name, {"job_id": made})
     return ops.schedule_triggered(name, made)
 
@@ -321,7 +325,6 @@ def seed_schedules(m, definitions):
 # ---------------------------------------------------------------------------- reads
 def view(m, s) -> dict:
     """A schedule as GET /v1/schedules shows it (the template in the API's shape)."""
-    from .answers import render_template         # answers imports nothing of this module
     d = s.definition
     last = m.jobs.get(s.last_job_id) if s.last_job_id is not None else None
     out = {"name": s.name, "version": s.version}
