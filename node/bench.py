@@ -4,7 +4,8 @@
 
 Every figure goes through what the leader does for a request: `node.validate` turns a request
 body dict into a command, `QueueMachine.apply` applies it, `node.core.answers.render` renders its
-result into the answer. No HTTP, no Raft, no JSON encoding of the answer. Jobs carry a 256-byte payload, base64 in the request body as a client sends it.
+result into the answer. No HTTP, no Raft, no JSON encoding of the answer. Jobs carry a 256-byte
+payload, base64 in the request body as a client sends it.
 
 Figures:
 * cycle_jobs_per_s        enqueue one, reserve one (max_jobs 1), ack it; one job per command.
@@ -460,20 +461,35 @@ def run(quick: bool = False, repeat: int = 5) -> dict:
     return out
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m raftq.node.bench", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--json", action="store_true", help="print one JSON line")
-    ap.add_argument("--quick", action="store_true", help="a tenth of the work, one run each (smoke test)")
-    ap.add_argument("--repeat", type=int, default=5, help="runs per throughput figure; the best is kept")
-    ap.add_argument("--resources", type=int, metavar="R", help="the throttle figure only: R distinct resources")
+def build_parser() -> argparse.ArgumentParser:
+    """The command line, with the module's description (what each figure is) as its help."""
+    first, _, _, rest = __doc__.split("\n", 3)       # the summary, then all but the usage line
+    ap = argparse.ArgumentParser(prog="python -m raftq.node.bench", description=f"{first}\n\n{rest.lstrip()}",
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--json", action="store_true", help="Print the figures as one JSON line instead of a table.")
+    ap.add_argument("--quick", action="store_true", help="Do a tenth of the work, one run each: a smoke test, not "
+                    "a measurement.")
+    ap.add_argument("--repeat", type=int, default=5, metavar="N", help="Runs per throughput figure; the best one "
+                    "is kept (default %(default)s).")
+    ap.add_argument("--resources", type=int, metavar="R", help="Measure the throttle figure only, with R distinct "
+                    "resources.")
     ap.add_argument("--backlog", type=int, default=1_000_000, metavar="N",
-                    help="the throttle figure: N ready jobs (default 1,000,000)")
-    ap.add_argument("--samples", type=int, default=20_000, help="the throttle figure: timed reserve+ack cycles")
-    ap.add_argument("--workers", type=int, default=1000, help="the throttle figure: jobs in flight at once")
-    ap.add_argument("--no-baseline", action="store_true", help="the throttle figure: skip the run without resources")
-    ap.add_argument("--schedules", type=int, metavar="N", help="the schedules figure only: N schedules (memory, "
-                    "snapshot, an idle sweep, and a sweep at a tick where --firing of them fire)")
-    ap.add_argument("--firing", type=int, default=1000, help="the schedules figure: schedules due at one tick")
+                    help="The throttle figure: N ready jobs (default %(default)s).")
+    ap.add_argument("--samples", type=int, default=20_000, metavar="N", help="The throttle figure: timed "
+                    "reserve and ack cycles (default %(default)s).")
+    ap.add_argument("--workers", type=int, default=1000, metavar="N", help="The throttle figure: jobs in flight "
+                    "at once (default %(default)s).")
+    ap.add_argument("--no-baseline", action="store_true", help="The throttle figure: skip the run without "
+                    "resources.")
+    ap.add_argument("--schedules", type=int, metavar="N", help="Measure the schedules figure only, with N "
+                    "schedules: memory, snapshot, an idle sweep, and a sweep at a tick where --firing of them fire.")
+    ap.add_argument("--firing", type=int, default=1000, metavar="F", help="The schedules figure: schedules due at "
+                    "one tick (default %(default)s).")
+    return ap
+
+
+def main(argv=None) -> int:
+    ap = build_parser()
     args = ap.parse_args(argv)
     if args.schedules:
         out = bench_schedules(args.schedules, args.firing)

@@ -1,11 +1,16 @@
-"""`raftq bench --help` reads whole: every option says what it does, in full sentences, with its
-default, and the description says what is measured, how to read the output and what sepp is.
-The parser is built in process (no cluster, no subprocess)."""
+"""`raftq bench --help` and `python -m raftq.node.bench --help` read whole: every option says what
+it does, in full sentences, with its default, and the description says what is measured, how to
+read the output and what sepp is. The parsers are built in process (no cluster, no subprocess)."""
 from __future__ import annotations
 
 import argparse
 
-from raftq.cluster.bench.runner import build_parser
+import pytest
+
+from raftq.cluster.bench.runner import build_parser as cluster_parser
+from raftq.node.bench import build_parser as node_parser
+
+PARSERS = pytest.mark.parametrize("build_parser", [cluster_parser, node_parser], ids=["raftq bench", "node bench"])
 
 
 def _options(p: argparse.ArgumentParser) -> list[argparse.Action]:
@@ -17,7 +22,8 @@ def _help(p: argparse.ArgumentParser, action: argparse.Action) -> str:
     return p._get_formatter()._expand_help(action)
 
 
-def test_every_option_has_a_whole_help():
+@PARSERS
+def test_every_option_has_a_whole_help(build_parser):
     """Non-empty, and ends a sentence: with a full stop, so a text cut mid-sentence (or one that
     stops at a parenthesis with nothing after it) fails."""
     p = build_parser()
@@ -27,7 +33,8 @@ def test_every_option_has_a_whole_help():
         assert text.rstrip().endswith("."), f"{a.option_strings[0]}: {text!r} does not end a sentence"
 
 
-def test_every_default_is_stated():
+@PARSERS
+def test_every_default_is_stated(build_parser):
     """An option with a value of its own when not given shows it in its help."""
     p = build_parser()
     for a in _options(p):
@@ -37,8 +44,19 @@ def test_every_default_is_stated():
         assert "default" in text and str(a.default) in text, f"{a.option_strings[0]}: {text!r}"
 
 
+def test_the_node_bench_description_names_every_figure_it_prints():
+    from raftq.node import bench
+    p = node_parser()
+    text = p.format_help()
+    assert p.description.startswith("In-process benchmark") and p.description.strip() in text
+    for figure in ("cycle_jobs_per_s", "batch_cycle_jobs_per_s", "reserve_us_at_1k", "bytes_per_job",
+                   "snapshot_s_at_100k", "throttle_reserve_us", "bytes_per_schedule", "sweep_ms_at_tick"):
+        assert figure in p.description, figure
+    assert bench.__doc__.splitlines()[0] in text
+
+
 def test_the_description_explains_the_run_and_its_output():
-    p = build_parser()
+    p = cluster_parser()
     text = p.format_help()
     description = p.description
     assert "sepp is" in description                          # the workload's name, explained
