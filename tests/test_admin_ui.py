@@ -9,7 +9,9 @@ table and the rate chart; the job browser (pages, states, search by id, payloads
 encoding); every action (cancel, retry now, dead-letter, requeue and delete selected and all,
 enqueue a test job, pause and resume; dead-letter of ready and scheduled jobs with a reason, purge
 and delete of a queue, each asked first and left alone when the dialog is dismissed); the audit
-tab (newest first, older pages, who by key name, the permission message for a viewer); dead letters by queue and cause with filters that clear,
+tab (newest first, older pages, who by key name, the permission message for a viewer); the schedules panel
+(create through the form, fired growing, pause, trigger, delete with its version and a stale one refused,
+a 400's field shown by the form, markup shown as text); dead letters by queue and cause with filters that clear,
 and a table that refreshes by itself; the notice when the cluster keeps no dead letters; API keys
 (asked for, kept in the tab's sessionStorage, sent as Bearer, a role too low explained); the
 leader killed under an open page (marked stale, then moved to a live node with the key and the
@@ -92,8 +94,8 @@ def browser():
 class UI:
     """One browser tab and what it saw: script errors, dialogs, listing calls, the calls that
     change something. A dialog is answered from `answers` when it holds any (False: dismissed,
-    a string: accepted with that text typed into a prompt, True: accepted), else accepted (a
-    prompt with its default text)."""
+    a string: accepted with that text typed into a prompt, True: accepted, a function: called
+    while the dialog is open, then accepted), else accepted (a prompt with its default text)."""
 
     def __init__(self, browser):
         self.context = browser.new_context(viewport={"width": 1400, "height": 1000})
@@ -111,6 +113,8 @@ class UI:
     def _dialog(self, d):
         self.dialogs.append(d.message)
         answer = self.answers.pop(0) if self.answers else True
+        if callable(answer):            # done while the dialog holds the page (no refresh runs meanwhile)
+            answer = answer() is not False
         if answer is False:
             d.dismiss()
         elif isinstance(answer, str):
@@ -122,7 +126,7 @@ class UI:
         path = urlsplit(r.url).path
         if path.startswith("/v1/"):
             self.auth_headers.append(r.headers.get("authorization"))
-        if path.endswith("/jobs") and r.method == "GET" or path in ("/v1/dead-letters", "/v1/audit"):
+        if path.endswith("/jobs") and r.method == "GET" or path in ("/v1/dead-letters", "/v1/audit", "/v1/schedules"):
             self.listings.append(r.url)
         if path.startswith("/v1/") and r.method != "GET":
             self.changes.append((r.method, path, json.loads(r.post_data) if r.post_data else None))
@@ -720,6 +724,14 @@ def test_api_keys_are_asked_for_kept_in_the_tab_and_sent_and_the_dead_letter_sto
     page.locator(f"#queues button[data-pause='{q}']").click()
     expect(ui.msg()).to_have_text(f"pause {q}: the key's role is viewer; this needs operator or higher")
     assert api.get(f"/v1/queues/{q}", headers=bearer("viewer"))[1]["paused"] is False
+    # a viewer reads the schedules, and may not trigger one
+    sched = "ui-keys-" + uuid.uuid4().hex[:6]
+    status, out = api.call("PUT", f"/v1/schedules/{sched}", {"cron": "@yearly", "job": {"queue": q, "job_type": "t"}},
+                           headers=bearer("operator"))
+    assert status == 200, out
+    schedule_row(page, sched).locator("button[data-strigger]").click()
+    expect(ui.msg()).to_have_text(f"trigger schedule {sched}: the key's role is viewer; this needs operator or higher")
+    assert api.get(f"/v1/queues/{q}", headers=bearer("viewer"))[1]["ready"] == 2
     # the key lives in this tab: a reload keeps it; another key replaces it
     page.reload()
     ui.wait_fresh()
@@ -885,6 +897,117 @@ def test_leader_killed_under_an_open_page_marks_it_stale_then_moves_it_to_a_live
     log = c.log_path(new).read_text()
     assert re.search(r"raft role (follower|candidate) -> leader", log), log[-2000:]
     assert "raft state" not in log
+
+
+# ------------------------------------------------------------------------------ schedules
+def schedule_row(page, name):
+    return page.locator(f"#schedules tr[data-schedule='{name}']")
+
+
+@needs_browser
+def test_schedules_panel_creates_lists_fires_pauses_triggers_and_deletes(cluster, api, ui):
+    """A schedule made through the form (every 1000 ms) fires while the page watches; pause,
+    trigger (the job id it made) and delete with its version: a version changed behind the page's
+    back is refused (409, the status line says so), the next reading's is not. The job type is
+    markup, shown as text."""
+    q, name = qname(), "ui-every-" + uuid.uuid4().hex[:6]
+    job_type = '<img src=x onerror="window.__xss = 1">tick'
+    page = ui.open(leader_url(cluster))
+    page.click("#schedule-box summary")
+    page.fill("#sch-name", name)
+    page.fill("#sch-every", "1000")
+    page.fill("#sch-queue", q)
+    page.fill("#sch-type", job_type)
+    page.select_option("#sch-catchup", "skip")
+    page.select_option("#sch-overlap", "allow")
+    page.click("#sch-submit")
+    expect(ui.msg()).to_contain_text(f"created schedule {name}")
+    [put] = ui.calls("PUT", f"/v1/schedules/{name}")
+    assert put == {"every_ms": 1000, "catchup": "skip", "overlap": "allow", "expect_version": 0,
+                   "job": {"queue": q, "job_type": job_type}}                  # no time zone with an interval
+    row = schedule_row(page, name)
+    cells = row.locator("td")
+    expect(cells.nth(1)).to_contain_text("every 1,000 ms")
+    expect(cells.nth(1)).to_contain_text("catch-up skip · overlap allow")
+    expect(cells.nth(2)).to_have_text(f"{q} / {job_type}")                    # markup shown as text
+    assert row.locator("img").count() == 0 and page.evaluate("window.__xss") is None
+    expect(cells.nth(8)).to_have_text("active")
+    expect(cells.nth(3)).to_have_text(re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d \((in \d+s|\d+s ago)\)$"))
+    # it fires: fired grows by itself, the last tick and its job show
+    expect(cells.nth(6)).to_have_text(re.compile(r"^[1-9]"))
+    first = int(cells.nth(6).inner_text())
+    poll(lambda: int(cells.nth(6).inner_text()) > first, timeout=20, what="fired growing")
+    expect(cells.nth(4)).to_contain_text(re.compile(r"\(\d+s ago\)"))
+    expect(cells.nth(5).locator("a")).to_have_text(re.compile(r"^(ready|finished)$"))
+    status, view = api.get(f"/v1/schedules/{name}")
+    assert status == 200 and view["fired"] >= 2 and view["job"]["job_type"] == job_type
+    # pause: paused on the node and on the page, nothing due
+    row.locator("button[data-spause]").click()
+    expect(ui.msg()).to_have_text(f"paused schedule {name}")
+    expect(cells.nth(8)).to_have_text("paused")
+    expect(cells.nth(3)).to_have_text("paused")
+    expect(row.locator("button[data-spause]")).to_have_text("Resume")
+    status, view = api.get(f"/v1/schedules/{name}")
+    assert view["paused"] is True and view["next_fire_at_ms"] is None and view["version"] == 2
+    # trigger: one job now, its id in the status line and in the job panel
+    row.locator("button[data-strigger]").click()
+    expect(ui.msg()).to_contain_text(f"triggered schedule {name}: job ")
+    jid = ui.msg().inner_text().rsplit(" ", 1)[1]
+    assert uuid.UUID(jid) and job_state(api, jid) == "ready"
+    expect(page.locator("#detail-of")).to_contain_text(jid)
+    # delete, while someone resumes it behind the page's back: 409, nothing deleted
+    deleting = lambda r: r.method == "DELETE" and urlsplit(r.url).path == f"/v1/schedules/{name}"
+    ui.answers = [lambda: api.post(f"/v1/schedules/{name}/resume")[0] == 200]
+    with page.expect_request(deleting) as sent:
+        row.locator("button[data-sdelete]").click()
+    assert parse_qs(urlsplit(sent.value.url).query) == {"expect_version": ["2"]}
+    expect(ui.msg()).to_contain_text(f"delete schedule {name}: expect_version 2 is not schedule '{name}''s version (3)")
+    expect(ui.msg()).to_contain_text("(409 failed_precondition)")
+    assert ui.msg().get_attribute("class") == "bad"
+    assert ui.dialogs[-1].startswith(f"Delete schedule {name} (version 2)?")
+    assert api.get(f"/v1/schedules/{name}")[0] == 200
+    # the reading after shows version 3 (active again): that one is deleted
+    expect(cells.nth(8)).to_have_text("active")
+    with page.expect_request(deleting) as sent:
+        row.locator("button[data-sdelete]").click()
+    assert parse_qs(urlsplit(sent.value.url).query) == {"expect_version": ["3"]}
+    expect(ui.msg()).to_have_text(f"deleted schedule {name}")
+    assert ui.dialogs[-1].startswith(f"Delete schedule {name} (version 3)?")
+    assert api.get(f"/v1/schedules/{name}")[0] == 404
+    expect(row).to_have_count(0)
+    assert job_state(api, jid) == "ready"                                      # its jobs stay
+
+
+@needs_browser
+def test_schedule_form_shows_the_field_a_400_names_and_creates_nothing(cluster, api, ui):
+    name = "ui-bad-" + uuid.uuid4().hex[:6]
+    page = ui.open(leader_url(cluster))
+    page.click("#schedule-box summary")
+    page.fill("#sch-name", name)
+    page.fill("#sch-cron", "0 25 * * *")
+    page.fill("#sch-zone", "Europe/Berlin")
+    page.fill("#sch-queue", qname())
+    page.click("#sch-submit")
+    expect(page.locator("#sch-error")).to_have_text("cron: hour field '25' is out of range 0-23")
+    expect(page.locator("#sch-error b")).to_have_text("cron")
+    expect(page.locator("#sch-cron")).to_have_attribute("aria-invalid", "true")
+    expect(ui.msg()).to_have_text(f"create schedule {name}: cron: hour field '25' is out of range 0-23 (400 invalid_argument)")
+    assert ui.calls("PUT", f"/v1/schedules/{name}")[0]["time_zone"] == "Europe/Berlin"
+    assert api.get(f"/v1/schedules/{name}")[0] == 404
+    expect(schedule_row(page, name)).to_have_count(0)
+    # an unknown zone names time_zone; fixed, it is created and the error goes
+    page.fill("#sch-cron", "0 3 * * *")
+    page.fill("#sch-zone", "Mars/Olympus")
+    page.click("#sch-submit")
+    expect(page.locator("#sch-error b")).to_have_text("time_zone")
+    expect(page.locator("#sch-zone")).to_have_attribute("aria-invalid", "true")
+    expect(page.locator("#sch-cron")).not_to_have_attribute("aria-invalid", "true")
+    page.fill("#sch-zone", "Europe/Berlin")
+    page.click("#sch-submit")
+    expect(ui.msg()).to_contain_text(f"created schedule {name}")
+    expect(page.locator("#sch-error")).to_be_hidden()
+    expect(schedule_row(page, name).locator("td").nth(1)).to_contain_text("0 3 * * * (Europe/Berlin)")
+    assert api.call("DELETE", f"/v1/schedules/{name}")[0] == 200
 
 
 # ------------------------------------------------------------------------------ the routes it uses
