@@ -15,6 +15,11 @@ dlq_drain), `outcome` (ok / fail / unknown), `t0`/`t1` (monotonic invoke/complet
   used = attempt - releases) and `resource` (its throttle resource, or None);
 * lift_gates: the run's end lifting windows and the breaker before the final drain (deliveries
   reserved after it was invoked are not held to the gates).
+* a delivered job (and a dead letter) also carries `schedule` and `tick` (the custom fields
+  `raftq.schedule`, `raftq.tick_ms` of a schedule's job; None for the others) and `enqueued_at`;
+* schedule_put: `name`, `every_ms`, `catchup`, `misfire_after_ms`, `catchup_window_ms` and, when
+  ok, `next_fire_at_ms` (its first tick: the interval's grid); schedule_pause: `name`;
+  schedule_views (after the final drain): when ok `schedules` [{name, fired, paused, ...}].
 
 `gates` (optional) says what the run configured: `{"resource_limits": {name: max},
 "circuit": {"queue", "failures", "open_ms"}, "windows": {"queue", "open": [[from_ms, to_ms], ...]}}`.
@@ -36,6 +41,7 @@ from ..local import digest_at
 from ...node.retry import policy_delay_ms
 
 MAX_EXAMPLES = 5
+MAX_CATCHUP_TICKS = 100         # the cluster's max_catchup_ticks (node/limits.py); a chaos run keeps the default
 MAX_LEASE_MS = 300_000          # the longest lease a chaos run asks for (its max_lease_duration_ms)
 
 
@@ -150,6 +156,12 @@ class Index:
         self.job_type: dict[str, str] = {}
         self.job_queue: dict[str, str] = {}
         self.job_max: dict[str, int] = {}
+        # Schedules: the jobs the cluster made itself, one per tick.
+        self.tick_jobs: dict[tuple, set] = defaultdict(set)    # (schedule, tick) -> job ids
+        self.job_ticks: dict[str, set] = defaultdict(set)      # job id -> {(schedule, tick)}
+        self.job_enqueued: dict[str, tuple] = {}               # job id -> (t1, enqueued_at) of its last sighting
+        self.schedule_puts: dict[str, list] = defaultdict(list)
+        self.schedule_views: list | None = None
         for op in ops:
             f = op.get("f")
             if f == "enqueue":
@@ -175,14 +187,34 @@ class Index:
                 self.extends[op["job_id"]].append(op)
             elif f == "release":
                 self.releases[op["job_id"]].append(op)
+            elif f == "schedule_put":
+                self.schedule_puts[op["name"]].append(op)
+            elif f == "schedule_views" and _ok(op):
+                self.schedule_views = op.get("schedules") or []
+        for op in ops:
+            if op.get("f") == "reserve" and _ok(op):
+                for j in op.get("jobs") or []:
+                    self._sighted(j, op.get("t1") or 0)
         for rec in dead_letters:
             self.dlq[rec["job_id"]].append(rec)
             self._learn(rec)
+            self._sighted(rec, float("inf"))
+
+    def _sighted(self, j: dict, t1: float):
+        if j.get("schedule") is not None and j.get("enqueued_at") is not None:
+            prev = self.job_enqueued.get(j["job_id"])
+            if prev is None or t1 >= prev[0]:
+                self.job_enqueued[j["job_id"]] = (t1, j["enqueued_at"])
 
     def _learn(self, j: dict):
         jid = j["job_id"]
-        self.job_value[jid].add(j.get("value"))
-        self.job_key[jid].add(j.get("key"))
+        if j.get("schedule") is not None:
+            # A tick's job: the cluster made it, so it has no value of the workload's to trace.
+            self.tick_jobs[(j["schedule"], j.get("tick"))].add(jid)
+            self.job_ticks[jid].add((j["schedule"], j.get("tick")))
+        else:
+            self.job_value[jid].add(j.get("value"))
+            self.job_key[jid].add(j.get("key"))
         if j.get("job_type") is not None:
             self.job_type[jid] = j["job_type"]
         if j.get("queue") is not None:
@@ -208,6 +240,9 @@ INVARIANTS = (
     ("circuit_open", "once a queue's breaker must be open, its jobs are handed out one probe at a time, open_ms apart"),
     ("window_closed", "no job of a windowed queue handed out while its window is closed (replicated clock)"),
     ("schedule", "no job leased before its scheduled time (replicated clock; wall clock within the skew tolerance)"),
+    ("one_job_per_tick", "at most one job per (schedule, tick), ever: never two job ids for one tick, nor two ticks for one job"),
+    ("no_tick_missed", "no tick missed beyond the catch-up policy (all: every tick; one: a gap only before the latest "
+                       "missed tick, fired late; skip: nothing late), none off the grid or early, every fired tick seen"),
     ("retry_delay", "a nacked job is not redelivered before its retry delay (replicated clock)"),
     ("lease_honoured", "a lease is not expired early: a redelivery without a nack comes after the (extended) lease end"),
     ("dead_letters", "dead letters have the right cause, attempt and reason; every ok dead-lettering nack shows up"),
@@ -241,7 +276,8 @@ def check(ops: list[dict], *, dead_letters: list[dict], drain: dict | None = Non
           leader_claims: dict | None = None, liveness: dict | None = None, retry: dict | None = None,
           clock_tolerance_ms: int = 100, internal_errors: list | None = None,
           node_logs: dict | None = None, power_losses: list | None = None, disk_faults: list | None = None,
-          untrusted_claims: list | None = None, gates: dict | None = None) -> dict:
+          untrusted_claims: list | None = None, gates: dict | None = None,
+          max_catchup_ticks: int = MAX_CATCHUP_TICKS) -> dict:
     """All invariants. `retry` = {retry_delay_ms, retry_backoff, retry_delay_max_ms,
     max_schedule_horizon_ms}: the cluster's retry policy (to check default-nack delays).
     `leader_claims` = {term: [node ids that said they lead in that term]}. `power_losses` = the
@@ -249,7 +285,7 @@ def check(ops: list[dict], *, dead_letters: list[dict], drain: dict | None = Non
     (PowerCuts), never hidden; fsync-mode cuts excuse nothing. `disk_faults` = the records of the
     faults that damaged, failed or filled a node's disk (bitflip, truncate, rollback, fsync-eio,
     disk-full), `untrusted_claims` = views of a node leading or standing for election while its
-    log was untrusted (the sampler's)."""
+    log was untrusted (the sampler's). `max_catchup_ticks`: the cluster's (no_tick_missed)."""
     ix = Index(ops, dead_letters)
     pc = PowerCuts(power_losses)
     invs = {name: Inv(name, about) for name, about in INVARIANTS}
@@ -311,11 +347,16 @@ def check(ops: list[dict], *, dead_letters: list[dict], drain: dict | None = Non
                 invs["duplicate_jobs"].bad({"job_id": res["job_id"], "enqueued_value": item["value"],
                                             "delivered_values": sorted(map(str, seen))})
 
-    # unexpected: delivered values never attempted
+    # unexpected: delivered values never attempted; ticks of a schedule never created
     for jid, values in ix.job_value.items():
         for v in values:
             if v is None or v not in ix.attempted:
                 invs["unexpected"].bad({"job_id": jid, "value": v})
+    for jid, ticks in ix.job_ticks.items():
+        for name, tick in ticks:
+            if name not in ix.schedule_puts:
+                invs["unexpected"].bad({"job_id": jid, "schedule": name, "tick": tick,
+                                        "why": "a schedule this run never created"})
 
     # idempotency
     key_jobs: dict[str, set] = defaultdict(set)
@@ -428,6 +469,21 @@ def check(ops: list[dict], *, dead_letters: list[dict], drain: dict | None = Non
             invs["lost"].bad_unless(jid in power_lost,
                                     {"job_id": jid, "value": item["value"], "enqueue_op": op["id"], "proc": op.get("proc"),
                                      "t": round(op["t1"], 3), "last_delivery": last})
+    # A tick's job, once seen, is acked or dead-lettered too (no enqueue answered for it: the
+    # cluster made it; a memory-mode power cut may have erased its firing).
+    tick_erased = _maybe_erased_tick_jobs(ix, pc)
+    for jid in ix.job_ticks:
+        if jid in ix.dlq:
+            continue
+        top = max((j["attempt"] for _, j in ix.deliveries.get(jid, ())), default=0)
+        if any(_ok(a) for a in ix.acks.get(jid, ())) or \
+                any(a["outcome"] == "unknown" and a["attempt"] >= top for a in ix.acks.get(jid, ())):
+            continue
+        name, tick = sorted(ix.job_ticks[jid], key=str)[0]
+        lop, lj = ix.deliveries[jid][-1]
+        invs["lost"].bad_unless(jid in tick_erased, {"job_id": jid, "schedule": name, "tick": tick,
+                                                     "last_delivery": {"op": lop["id"], "attempt": lj["attempt"],
+                                                                       "t": round(lop["t1"], 3)}})
 
     # ------------------------------------------------------------------ schedule
     for jid, ds in ix.deliveries.items():
@@ -551,6 +607,7 @@ def check(ops: list[dict], *, dead_letters: list[dict], drain: dict | None = Non
                         {"job_id": jid, "nack": n["id"], "want_cause": want, "found": recs[0] if recs else None,
                          "why": "an ok dead-lettering nack without its dead letter"})
 
+    schedule_stats = _check_schedules(ix, invs, pc, tick_erased, drain, max_catchup_ticks)
     _check_releases(ix, invs, pc)
     if gates:
         _check_gates(ix, invs, gates, pc)
@@ -666,6 +723,7 @@ def check(ops: list[dict], *, dead_letters: list[dict], drain: dict | None = Non
         "releases_ok": sum(1 for lst in ix.releases.values() for r in lst if _ok(r)),
         "gated_deliveries": {q: sum(1 for ds in ix.deliveries.values() for _, j in ds if j.get("queue") == q)
                              for q in ("thr", "cb", "win")} if gates else None,
+        "schedules": schedule_stats,
     }
     out = [inv.out() for inv in invs.values()]
     return {"valid": all(i["ok"] for i in out), "invariants": out, "stats": stats, "failures": failed_ops(ix)}
@@ -834,6 +892,168 @@ def _check_gates(ix: Index, invs: dict, gates: dict, pc: PowerCuts):
             i = bisect.bisect_right(starts, now) - 1
             if i < 0 or not (spans[i][0] <= now < spans[i][1]):
                 invs["window_closed"].bad({"queue": win["queue"], "job_id": j["job_id"], "leased_at": now, "op": op["id"]})
+
+
+# ---------------------------------------------------------------------------- schedules
+def _maybe_erased_tick_jobs(ix: Index, pc: PowerCuts) -> set:
+    """The ids of tick jobs whose firing a memory-mode power cut may have erased: first seen
+    in a cut's window, and nothing shows them after that cut's restart (fsync cuts: none)."""
+    out: set = set()
+    if not pc:
+        return out
+    for jid in ix.job_ticks:
+        if jid in ix.dlq or not ix.deliveries.get(jid):
+            continue
+        seen = [op for op, _ in ix.deliveries[jid]] + \
+            [x for table in (ix.acks, ix.nacks, ix.extends, ix.releases) for x in table.get(jid, ()) if _ok(x)]
+        first = min((op for op, _ in ix.deliveries[jid] if op.get("w1") is not None and op.get("t1") is not None),
+                     key=lambda op: op["w1"], default=None)
+        if first is None:
+            continue
+        if any(all(op["t1"] <= c["sep"] for op in seen) for c in pc.at_risk(first["w1"], first["t1"])):
+            out.add(jid)
+    return out
+
+
+def _judge_ticks(spec: dict, ticks: dict, max_catchup_ticks: int) -> list:
+    """What is wrong with one schedule's observed ticks ({tick: enqueued_at of its job}, on the
+    replicated clock), by its definition `spec` (a schedule_put op): [(example, ticks involved)].
+
+    The rules (node/core/schedules.py `due_ticks`): a sweep at `now` fires every tick in
+    [now - misfire_after_ms, now] on time; of the missed ones (older) none under `skip`, the
+    latest under `one`, and under `all` those at most catchup_window_ms old, oldest first, at
+    most max_catchup_ticks. A job's enqueued_at is its sweep's `now`, so a job is *late* when
+    enqueued_at - tick > misfire_after_ms. Hence, on every schedule: each tick on the interval's
+    grid (first tick + k * every_ms), none enqueued before its tick; and
+    * `all`: no gap from the first tick to the last one seen, but where the policy itself drops
+      ticks: older than catchup_window_ms when their sweep came (the tick after the gap enqueued
+      more than that after the gap's first tick), or past max_catchup_ticks (the gap follows that
+      many late ticks of one sweep);
+    * `one`: a gap only before a late tick (the latest missed one of a sweep, which `one` fires);
+      at most one late tick per sweep; and when every_ms <= misfire_after_ms + 1, the tick after a
+      late one is there and on time (it is within the same sweep's on-time range);
+    * `skip`: no late tick."""
+    out: list = []
+    every, first = spec.get("every_ms"), spec.get("next_fire_at_ms")
+    policy = spec.get("catchup") or "one"
+    misfire = spec.get("misfire_after_ms") if spec.get("misfire_after_ms") is not None else 5000
+    window = spec.get("catchup_window_ms") if spec.get("catchup_window_ms") is not None else 3_600_000
+    order = sorted(ticks)
+
+    def late(t) -> bool:
+        e = ticks.get(t)
+        return e is not None and e - t > misfire
+
+    for t in order:
+        e = ticks[t]
+        if first is not None and every and (t < first or (t - first) % every):
+            out.append(({"tick": t, "first_tick": first, "every_ms": every, "why": "a tick off the schedule's grid"},
+                        {t}))
+        if e is not None and e < t:
+            out.append(({"tick": t, "enqueued_at": e, "early_ms": t - e, "why": "enqueued before its tick"}, {t}))
+        if policy == "skip" and late(t):
+            out.append(({"tick": t, "enqueued_at": e, "late_ms": e - t, "misfire_after_ms": misfire,
+                         "why": "fired late under catchup skip"}, {t}))
+    if not every or not order:
+        return out
+    # Gaps, from the schedule's first tick on (a virtual tick before it, never late).
+    start = [first - every] if first is not None and first < order[0] and policy != "skip" else []
+    seq = start + order
+    for a, b in zip(seq, seq[1:]):
+        if b - a <= every:
+            continue
+        gap = {"after": a, "next_seen": b, "missing": (b - a) // every - 1, "first_missing": a + every}
+        if policy == "all":
+            eb = ticks[b]
+            by_window = eb is not None and eb - (a + every) > window
+            run = 0
+            if a in ticks and late(a):
+                for t in reversed(order[:order.index(a) + 1]):
+                    if not late(t) or ticks[t] != ticks[a]:
+                        break
+                    run += 1
+            if not by_window and run < max_catchup_ticks:
+                out.append((dict(gap, why="ticks missing under catchup all"), {a, b}))
+        elif policy == "one" and not late(b):
+            out.append((dict(gap, enqueued_at=ticks[b], why="a gap not closed by the latest missed tick, fired late "
+                                                            "(catchup one)"), {a, b}))
+    if policy == "one":
+        by_sweep: dict = defaultdict(list)
+        for t in order:
+            if late(t):
+                by_sweep[ticks[t]].append(t)
+        for e, ts in by_sweep.items():
+            if len(ts) > 1:
+                out.append(({"ticks": ts, "enqueued_at": e, "why": "more than one missed tick fired by one sweep "
+                                                                   "(catchup one)"}, set(ts)))
+        if every <= misfire + 1:
+            for t in order:
+                if late(t) and (t + every not in ticks or late(t + every)):
+                    out.append(({"tick": t, "enqueued_at": ticks[t], "next": t + every,
+                                 "next_enqueued_at": ticks.get(t + every),
+                                 "why": "the tick after a late one is missing or late too (catchup one)"},
+                                {t, t + every}))
+    return out
+
+
+def _check_schedules(ix: Index, invs: dict, pc: PowerCuts, erased: set, drain: dict | None,
+                     max_catchup_ticks: int) -> dict | None:
+    """one_job_per_tick and no_tick_missed; what each schedule did, for the report. What a
+    memory-mode power cut may have erased (a tick fired, seen, then rolled back and fired again
+    later or never) counts apart as expected."""
+    once, missed = invs["one_job_per_tick"], invs["no_tick_missed"]
+    if not ix.schedule_puts and not ix.tick_jobs:
+        once.skipped = missed.skipped = "no schedules in this run"
+        return None
+    for (name, tick), jids in sorted(ix.tick_jobs.items(), key=str):
+        if len(jids) > 1:
+            once.bad({"schedule": name, "tick": tick, "job_ids": sorted(jids)})
+    for jid, ticks in sorted(ix.job_ticks.items()):
+        if len(ticks) > 1:
+            once.bad({"job_id": jid, "ticks": sorted(ticks, key=str), "why": "one job for two ticks"})
+    views = None if ix.schedule_views is None else {v.get("name"): v for v in ix.schedule_views}
+    stats: dict = {}
+    for name, puts in sorted(ix.schedule_puts.items()):
+        oks = [op for op in puts if _ok(op)]
+        spec = oks[0] if oks else puts[0]
+        ticks: dict = {}
+        erased_ticks: set = set()
+        jobs: set = set()
+        for (n, tick), jids in ix.tick_jobs.items():
+            if n != name:
+                continue
+            jobs |= jids
+            if tick is None:
+                missed.bad({"schedule": name, "job_ids": sorted(jids), "why": "a schedule's job without its tick"})
+                continue
+            sighted = [ix.job_enqueued[j] for j in jids if j in ix.job_enqueued]
+            ticks[tick] = max(sighted)[1] if sighted else None
+            if all(j in erased for j in jids):
+                erased_ticks.add(tick)
+        for ex, involved in _judge_ticks(spec, ticks, max_catchup_ticks):
+            missed.bad_unless(bool(involved & erased_ticks), dict(ex, schedule=name, catchup=spec.get("catchup")))
+        view = views.get(name) if views is not None else None
+        fired = view.get("fired") if view else None
+        if views is not None and oks and view is None:
+            missed.bad_unless(any(pc.windows(op) for op in oks), {"schedule": name, "why": "the schedule is gone"})
+        elif view is not None and view.get("paused") and fired is not None and (drain is None or drain.get("ok")):
+            # Paused before the final drain, which took every job: each tick fired was seen.
+            if fired > len(ticks):
+                missed.bad({"schedule": name, "fired": fired, "seen": len(ticks),
+                            "why": "ticks fired whose job was never seen"})
+            elif fired < len(ticks):
+                missed.bad_unless(fired >= len(ticks) - len(erased_ticks),
+                                  {"schedule": name, "fired": fired, "seen": len(ticks),
+                                   "why": "more ticks seen than the schedule fired"})
+        every = spec.get("every_ms")
+        order = sorted(ticks)
+        misfire = spec.get("misfire_after_ms") if spec.get("misfire_after_ms") is not None else 5000
+        stats[name] = {"catchup": spec.get("catchup"), "misfire_after_ms": spec.get("misfire_after_ms"),
+                       "ticks": len(ticks), "jobs": len(jobs), "fired": fired,
+                       "late": sum(1 for t in order if ticks[t] is not None and ticks[t] - t > misfire),
+                       "missing": ((order[-1] - order[0]) // every + 1 - len(order)) if order and every else 0,
+                       "first_tick": order[0] if order else None, "last_tick": order[-1] if order else None}
+    return stats
 
 
 # ---------------------------------------------------------------------------- availability

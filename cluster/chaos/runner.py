@@ -51,7 +51,7 @@ from . import diskfaults
 from .nemesis import ALL_KINDS, GROUPS, KINDS, Env, Nemesis, Sampler, ScheduleConfig, describe_fault
 from .proxy import ProxyNet
 from .workload import (History, WorkloadConfig, Workload, final_drain, gates_config, lease_liveness_probe, lift_gates,
-                       wall_ms)
+                       pause_schedules, wall_ms)
 from ..local import LocalCluster, http_json
 
 RETRY_LIMITS = {"retry_delay_ms": 100, "retry_backoff": "exponential", "retry_delay_max_ms": 1000}
@@ -245,6 +245,7 @@ async def run_chaos(opts: ChaosOptions) -> dict:
         await env.open()
         sampler.start()
         workload = Workload(cluster.urls, h, seed, wcfg)
+        schedule_names = await workload.create_schedules()
         workload.start()
         phase.enter("run")
         ptask = asyncio.get_running_loop().create_task(_progress_loop(h, nemesis, sampler, progress, opts.duration, phase))
@@ -272,6 +273,9 @@ async def run_chaos(opts: ChaosOptions) -> dict:
         if gates is not None:
             phase.enter("lift gates")
             report["gates_lifted"] = await lift_gates(cluster.urls, h)
+        if schedule_names:
+            phase.enter("pause schedules")
+            report["schedules_paused"] = await pause_schedules(cluster.urls, h, schedule_names)
         phase.enter("drain")
         drain = await final_drain(cluster.urls, h)
         phase.enter("converge")
@@ -480,13 +484,17 @@ def _faults_section(r: dict) -> list[str]:
 
 
 def _ops_section(r: dict) -> list[str]:
-    out = ["\noperations by outcome", f"  {'op':10} {'ok':>8} {'fail':>8} {'unknown':>8}"]
+    out = ["\noperations by outcome", f"  {'op':14} {'ok':>8} {'fail':>8} {'unknown':>8}"]
     for op, c in r["ops"].items():
-        out.append(f"  {op:10} {c.get('ok', 0):>8} {c.get('fail', 0):>8} {c.get('unknown', 0):>8}")
+        out.append(f"  {op:14} {c.get('ok', 0):>8} {c.get('fail', 0):>8} {c.get('unknown', 0):>8}")
     s = r["stats"]
     out.append(f"  jobs enqueued ok {s['enqueued_ok_jobs']:,}, recovered (unknown enqueue, delivered anyway) "
                f"{s['recovered']:,}, deliveries {s['deliveries']:,}, redeliveries {s['redeliveries']:,}, "
                f"dead letters {_counts(s['dead_letters'])}, worker stalls {s.get('worker_stalls')}")
+    for name, v in (s.get("schedules") or {}).items():
+        out.append(f"  schedule {name} (catchup {v['catchup']}, misfire_after_ms {v['misfire_after_ms']}): "
+                   f"{v['ticks']:,} ticks seen, {v['late']:,} fired late, {v['missing']:,} missing between the first "
+                   f"and the last, fired {'-' if v['fired'] is None else format(v['fired'], ',')}")
     return out + _failures_section(r.get("failures") or [])
 
 
@@ -594,6 +602,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"worker tasks of the workload (default {WorkloadConfig.workers})")
     p.add_argument("--no-gates", action="store_true", help="leave out the gated queues (throttles, a circuit "
                    "breaker, an execution window) and releases")
+    p.add_argument("--no-schedules", action="store_true", help="leave out the schedules (one tick a second, one per "
+                   "catch-up policy) and their checks")
     p.add_argument("--no-progress", action="store_true", help="no progress line on stderr")
     return p
 
@@ -623,6 +633,8 @@ def options_from_args(args) -> ChaosOptions:
         opts.workload.workers = args.workers
     if args.no_gates:
         opts.workload.gated = False
+    if args.no_schedules:
+        opts.workload.schedules = False
     return opts
 
 

@@ -24,6 +24,16 @@ failures it is open for good and only probes go out; `win` has an execution wind
 in every other UTC minute. Workers also release some jobs (handed back, no attempt used). The
 checker holds the history to the limits, the breaker and the window (checker.py `gates`), and
 before the final drain `lift_gates` takes the window and the breaker off so everything drains.
+
+Schedules (on unless `schedules=False`): `create_schedules` makes `SCHEDULES` at the start (one
+tick a second each, into the queue `sched`, one per catch-up policy, `all` twice: with a
+misfire_after_ms longer than any fault, and with 1 s so its missed ticks are caught up), recorded
+as `schedule_put` ops; the workers take their jobs like any other and the history keeps each
+delivery's schedule and tick (the custom fields `raftq.schedule`, `raftq.tick_ms`) and
+`enqueued_at`. At the end `pause_schedules` pauses them before the final drain, which takes
+their last jobs and then reads the schedules' views (`schedule_views`: `fired` per schedule).
+The checker holds the ticks to one job per tick and to the catch-up policy (checker.py
+`_check_schedules`).
 """
 from __future__ import annotations
 
@@ -36,6 +46,7 @@ import orjson
 
 from ..client import (BatchRejected, Client, Conflict, Internal, InvalidArgument, Job, LeaseLost, NotFound,
                      RaftqError, Rejected, Retry, job_request)
+from ...node.core.schedules import SCHEDULE_FIELD, TICK_FIELD
 
 QUEUES = ("a", "b")
 PROBE_QUEUE = "probe"
@@ -46,6 +57,16 @@ RESOURCES = ("r0", "r1", "r2")
 RESOURCE_LIMIT = 2
 CIRCUIT = {"failures": 3, "window_ms": 3_600_000, "open_ms": 1500}
 ALL_DAYS = ["mon", "tue", "wed", "thu", "fri", "sat", "sun"]
+SCHEDULE_QUEUE = "sched"
+# The run's schedules: name -> the PUT body's options (each ticks every second into SCHEDULE_QUEUE).
+# `chaos-all`'s misfire_after_ms is longer than any fault and its window longer than any run, so
+# every tick must fire, on time; `chaos-catchup` misses ticks in outages and must catch up each.
+SCHEDULES = {
+    "chaos-all": {"every_ms": 1000, "catchup": "all", "misfire_after_ms": 600_000, "catchup_window_ms": 3_600_000},
+    "chaos-catchup": {"every_ms": 1000, "catchup": "all", "misfire_after_ms": 1000, "catchup_window_ms": 3_600_000},
+    "chaos-one": {"every_ms": 1000, "catchup": "one", "misfire_after_ms": 1000},
+    "chaos-skip": {"every_ms": 1000, "catchup": "skip", "misfire_after_ms": 1000},
+}
 
 
 def gates_config(now_ms: int, minutes: int) -> tuple[dict, list, dict]:
@@ -157,11 +178,13 @@ def delivery(job: Job) -> dict:
         p = orjson.loads(job.payload) if job.payload else {}
     except orjson.JSONDecodeError:
         p = {}
+    custom = getattr(job, "custom", None) or {}
     return {"job_id": job.id, "attempt": job.attempt, "max_attempts": job.max_attempts, "queue": job.queue,
             "job_type": job.job_type, "value": p.get("v"), "key": p.get("k"),
             "lease_expires": job.lease_expires_at_ms, "scheduled_at": job.scheduled_at_ms,
             "enqueued_at": job.enqueued_at_ms, "releases": getattr(job, "releases", 0) or 0,
-            "resource": getattr(job, "resource", None)}
+            "resource": getattr(job, "resource", None),
+            "schedule": custom.get(SCHEDULE_FIELD), "tick": custom.get(TICK_FIELD)}
 
 
 # ---------------------------------------------------------------------------- workload
@@ -185,6 +208,7 @@ class WorkloadConfig:
     gated: bool = True                 # also the gated queues (thr, cb, win) and releases
     gated_rate: float = 0.3            # share of producer jobs that go to a gated queue
     release_rate: float = 0.05         # share of work jobs a worker hands back
+    schedules: bool = True             # also the schedules (SCHEDULES) and their queue
 
 
 class Workload:
@@ -230,6 +254,41 @@ class Workload:
             except Exception:
                 pass
         self.clients.clear()
+
+    async def create_schedules(self, tries: int = 5) -> list[str]:
+        """Before the workers start: create SCHEDULES (create only, `expect_version` 0), each
+        recorded as a `schedule_put` op with its options and, when ok, its first tick
+        (`next_fire_at_ms`: the interval's grid). A try whose outcome is unknown is followed by
+        another; a Conflict then means the first one made it (its view gives the first tick).
+        The names of the schedules that exist."""
+        if not self.cfg.schedules:
+            return []
+        c = self.client()
+        made = []
+        for name, options in SCHEDULES.items():
+            template = {"queue": SCHEDULE_QUEUE, "job_type": "tick", "payload": orjson.dumps({"t": "tick", "s": name}),
+                        "encoding": "application/json", "max_attempts": 3}
+            for _ in range(tries):
+                op = self.h.invoke("sched", "schedule_put", c, name=name, queue=SCHEDULE_QUEUE, **options)
+                try:
+                    out = await c.put_schedule(name, template, expect_version=0, **options)
+                    self.h.complete(op, "ok", c, next_fire_at_ms=out.get("next_fire_at_ms"), version=out.get("version"))
+                except Conflict:
+                    try:
+                        view = await c.schedule(name)
+                    except Exception as e:
+                        self.h.fail_from(op, e, c)
+                        continue
+                    # The first tick of an interval without a start: one interval after creation.
+                    self.h.complete(op, "ok", c, existed=True, version=view.get("version"),
+                                    next_fire_at_ms=view["created_at_ms"] + options["every_ms"])
+                except Exception as e:
+                    self.h.fail_from(op, e, c)
+                    await asyncio.sleep(0.5)
+                    continue
+                made.append(name)
+                break
+        return made
 
     async def _sleep(self, s: float):
         try:
@@ -339,7 +398,8 @@ class Workload:
     # ------------------------------------------------------------------ workers
     async def worker(self, proc: str, rng: random.Random):
         c = self.client(transport=rng.choice(self.cfg.transports))
-        queues = list(QUEUES) + [PROBE_QUEUE] + (list(GATED_QUEUES) if self.cfg.gated else [])
+        queues = list(QUEUES) + [PROBE_QUEUE] + (list(GATED_QUEUES) if self.cfg.gated else []) + \
+            ([SCHEDULE_QUEUE] if self.cfg.schedules else [])
         while not self.stopping.is_set():
             rng.shuffle(queues)             # reserve polls in order: vary it so no queue starves
             jobs = await self.reserve(c, proc, queues, self.cfg.lease_ms, rng.choice((1, 1, 1, 2, 4)),
@@ -471,12 +531,14 @@ class Workload:
 # ---------------------------------------------------------------------------- the final phase
 async def final_drain(urls: list[str], h: History, *, timeout_s: float = 90.0, lease_ms: int = 30_000,
                       op_timeout_s: float = 15.0) -> dict:
-    """After healing: take every job left (waiting out leases and schedules), ack it (poison
-    jobs are nacked until they are dead-lettered), then drain the dead letters. Returns what it
-    saw: {"ok": bool, "dead_letters": [...], "queues": [...], "seconds": s}."""
+    """After healing (and pausing the schedules): take every job left (waiting out leases and
+    schedules), ack it (poison jobs are nacked until they are dead-lettered), then drain the
+    dead letters, then read the schedules' views (a `schedule_views` op: how many ticks each
+    fired). Returns what it saw: {"ok": bool, "dead_letters": [...], "queues": [...],
+    "schedules": [...] or None, "seconds": s}."""
     c = Client(urls, timeout=op_timeout_s, connect_timeout=1.0)
     t0 = time.monotonic()
-    queues = list(QUEUES) + [PROBE_QUEUE, LIVE_QUEUE] + list(GATED_QUEUES)
+    queues = list(QUEUES) + [PROBE_QUEUE, LIVE_QUEUE] + list(GATED_QUEUES) + [SCHEDULE_QUEUE]
     empty_rounds = 0
     stats: list = []
     ok = False
@@ -545,7 +607,8 @@ async def final_drain(urls: list[str], h: History, *, timeout_s: float = 90.0, l
                 recs.append({"job_id": r.job.id, "cause": r.cause, "final_attempt": r.final_attempt,
                              "last_reason": r.last_reason, "failed_at": r.failed_at_ms, "value": d["value"],
                              "key": d["key"], "queue": r.job.queue, "job_type": r.job.job_type, "max_attempts": r.job.max_attempts,
-                             "attempt": r.job.attempt, "releases": getattr(r.job, "releases", 0) or 0})
+                             "attempt": r.job.attempt, "releases": getattr(r.job, "releases", 0) or 0,
+                             "schedule": d["schedule"], "tick": d["tick"], "enqueued_at": d["enqueued_at"]})
             h.complete(op, "ok", c, records=recs)
             records += recs
             if not got:
@@ -554,7 +617,64 @@ async def final_drain(urls: list[str], h: History, *, timeout_s: float = 90.0, l
             stats = await c.queues()
         except Exception:
             pass
-        return {"ok": ok, "dead_letters": records, "queues": stats, "seconds": time.monotonic() - t0}
+        views = await read_schedules(c, h)
+        return {"ok": ok, "dead_letters": records, "queues": stats, "schedules": views,
+                "seconds": time.monotonic() - t0}
+    finally:
+        await c.close()
+
+
+async def read_schedules(c: Client, h: History, tries: int = 3) -> list | None:
+    """Every schedule's view, recorded as a `schedule_views` op (`schedules`: name, fired,
+    paused, next and last tick); None if it could not be read."""
+    for _ in range(tries):
+        op = h.invoke("drain", "schedule_views", c)
+        try:
+            out, cursor = [], None
+            while True:
+                page = await c.schedules(limit=100, cursor=cursor)
+                out += page["schedules"]
+                cursor = page.get("next_cursor")
+                if not cursor:
+                    break
+        except Exception as e:
+            h.fail_from(op, e, c)
+            await asyncio.sleep(0.5)
+            continue
+        views = [{k: v.get(k) for k in ("name", "fired", "skipped", "paused", "next_fire_at_ms", "last_tick_at_ms",
+                                        "last_error", "catchup", "misfire_after_ms", "every_ms")} for v in out]
+        h.complete(op, "ok", c, schedules=views)
+        return views
+    return None
+
+
+async def pause_schedules(urls: list[str], h: History, names: list[str], *, op_timeout_s: float = 15.0,
+                          tries: int = 5) -> bool:
+    """Before the final drain: pause every schedule of the run (pause is idempotent: a try
+    whose outcome is unknown is simply made again), so no tick fires after the drain has
+    looked. Each try a `schedule_pause` op. A schedule the cluster does not know (a memory-mode
+    power cut erased its creation: the checker judges that from the views) has nothing to
+    pause: recorded ok with `found` false. True when every one is paused or gone."""
+    c = Client(urls, timeout=op_timeout_s, connect_timeout=1.0)
+    done = True
+    try:
+        for name in names:
+            for _ in range(tries):
+                op = h.invoke("drain", "schedule_pause", c, name=name)
+                try:
+                    out = await c.pause_schedule(name)
+                except NotFound:
+                    h.complete(op, "ok", c, found=False)
+                    break
+                except Exception as e:
+                    h.fail_from(op, e, c)
+                    await asyncio.sleep(0.5)
+                    continue
+                h.complete(op, "ok", c, paused=out.get("paused"), version=out.get("version"))
+                break
+            else:
+                done = False
+        return done
     finally:
         await c.close()
 
