@@ -75,3 +75,19 @@ def make_cluster(tmp_path):
     yield make
     for c in made:
         c.close()
+
+
+def proxied_cluster(directory, **kw):
+    """A LocalCluster whose Raft links go through a fault proxy (cluster/chaos/proxy.py), started:
+    (cluster, net); `net.apply(NetState(...))` cuts links, the caller closes both."""
+    from raftq.cluster.chaos.proxy import ProxyNet
+    from raftq.cluster.local import LocalCluster
+    c = LocalCluster(directory, nodes=3, **kw)
+    net = ProxyNet([f"127.0.0.1:{p}" for p in c.raft_ports])
+    net.start()
+    for i, m in net.dial_maps().items():
+        if m:
+            c.node_testing[i] = {"raft_dial_map": m}
+    c.write_configs()
+    c.start_all()
+    return c, net

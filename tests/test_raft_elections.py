@@ -11,12 +11,12 @@ import time
 
 import pytest
 
-from raftq.cluster.chaos.proxy import NetState, ProxyNet
-from raftq.cluster.local import LocalCluster, free_ports, http_json
+from raftq.cluster.chaos.proxy import NetState
+from raftq.cluster.local import free_ports, http_json
 from raftq.node.raft import SyncObj, SyncObjConf
 from raftq.node.raft.node import TCPNode
 from raftq.node.raft.transport import Transport
-from tests.conftest import poll
+from tests.conftest import poll, proxied_cluster
 
 skip_cluster = pytest.mark.skipif(os.environ.get("RAFTQ_SKIP_CHAOS", "") not in ("", "0"),
                                   reason="RAFTQ_SKIP_CHAOS set")
@@ -170,15 +170,7 @@ def test_a_leader_keeps_leading_while_a_majority_answers(tmp_path):
 
 # ---------------------------------------------------------------------------- real clusters
 def _cluster_with_proxies(tmp_path):
-    c = LocalCluster(tmp_path / "c", nodes=3)
-    net = ProxyNet([f"127.0.0.1:{p}" for p in c.raft_ports])
-    net.start()
-    for i, m in net.dial_maps().items():
-        if m:
-            c.node_testing[i] = {"raft_dial_map": m}
-    c.write_configs()
-    c.start_all()
-    return c, net
+    return proxied_cluster(tmp_path / "c")
 
 
 def _watch(c, stop, claims):

@@ -15,27 +15,19 @@ from pathlib import Path
 
 import pytest
 
-from raftq.cluster.chaos.proxy import NetState, ProxyNet
+from raftq.cluster.chaos.proxy import NetState
 from raftq.cluster.client import Conflict, NotFound, RaftqError, SyncClient
-from raftq.cluster.local import LocalCluster
 from raftq.node.core.schedules import SCHEDULE_FIELD, TICK_FIELD
-from tests.conftest import poll
+from tests.conftest import poll, proxied_cluster
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(scope="module")
 def net_cluster(tmp_path_factory):
-    c = LocalCluster(tmp_path_factory.mktemp("schedules") / "c", nodes=3,
-                     schedules=[{"name": "seeded", "cron": "0 3 * * *", "time_zone": "Asia/Tokyo",
-                                 "job": {"queue": "seeded", "job_type": "nightly"}}])
-    net = ProxyNet([f"127.0.0.1:{p}" for p in c.raft_ports])
-    net.start()
-    for i, m in net.dial_maps().items():
-        if m:
-            c.node_testing[i] = {"raft_dial_map": m}
-    c.write_configs()
-    c.start_all()
+    c, net = proxied_cluster(tmp_path_factory.mktemp("schedules") / "c",
+                             schedules=[{"name": "seeded", "cron": "0 3 * * *", "time_zone": "Asia/Tokyo",
+                                         "job": {"queue": "seeded", "job_type": "nightly"}}])
     c.wait_leader(30)
     yield c, net
     c.close()

@@ -23,8 +23,8 @@ from pathlib import Path
 from ...node.core.config import ROLES
 from ..local import toml_key, toml_value
 from ...node.limits import ConfigError, Limits, diff_docs
-from .commands import (EXIT_FAILED, EXIT_OK, EXIT_UNREACHABLE, MAX_ADMIN_IDS, CliError, Ctx, _path, confirm,
-                       fmt_rel, format_table, read_ids, short)
+from .commands import (EXIT_FAILED, EXIT_OK, EXIT_UNREACHABLE, MAX_ADMIN_IDS, CliError, Ctx, _path, collect_pages,
+                       confirm, fmt_rel, format_table, read_ids, short)
 
 KEY_PREFIX = "rq_"
 
@@ -293,14 +293,7 @@ async def cmd_audit(ctx: Ctx) -> int:
     limit = ctx.args.limit
     if limit < 1:
         raise CliError("--limit must be at least 1", EXIT_UNREACHABLE)
-    entries, cursor = [], None
-    while len(entries) < limit:
-        q = f"?limit={min(100, limit - len(entries))}" + (f"&cursor={cursor}" if cursor else "")
-        out = await ctx.call("audit", "GET", f"/v1/audit{q}")
-        entries += out["entries"]
-        cursor = out.get("next_cursor")
-        if not cursor:
-            break
+    entries = await collect_pages(ctx, "audit", "/v1/audit", "entries", limit)
     if ctx.json:
         ctx.dump(entries)
         return EXIT_OK

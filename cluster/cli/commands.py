@@ -836,6 +836,20 @@ def fmt_ms_time(ms) -> str:
         return str(ms)
 
 
+async def collect_pages(ctx: "Ctx", op: str, path: str, key: str, limit: int | None = None) -> list:
+    """Every item of a paged listing (`key` of each page, `next_cursor` to go on), or the first
+    `limit` of them."""
+    items, cursor = [], None
+    while limit is None or len(items) < limit:
+        size = PAGE if limit is None else min(PAGE, limit - len(items))
+        out = await ctx.call(op, "GET", f"{path}?limit={size}" + (f"&cursor={_path(cursor)}" if cursor else ""))
+        items += out[key]
+        cursor = out.get("next_cursor")
+        if not cursor:
+            break
+    return items
+
+
 def _path(name: str) -> str:
     from urllib.parse import quote
     return quote(name, safe="")

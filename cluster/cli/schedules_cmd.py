@@ -9,9 +9,8 @@ from __future__ import annotations
 import json
 import time
 
-from .commands import EXIT_OK, EXIT_UNREACHABLE, CliError, Ctx, _path, fmt_ms, fmt_rel, format_pairs, format_table
-
-PAGE = 100
+from .commands import (EXIT_OK, EXIT_UNREACHABLE, CliError, Ctx, _path, collect_pages, fmt_ms, fmt_rel, format_pairs,
+                       format_table)
 
 
 def _spec(s: dict) -> str:
@@ -29,14 +28,7 @@ def _state(s: dict) -> str:
 
 
 async def cmd_schedules_list(ctx: Ctx) -> int:
-    rows, cursor = [], None
-    while True:
-        q = f"?limit={PAGE}" + (f"&cursor={_path(cursor)}" if cursor else "")
-        page = await ctx.call("schedules", "GET", f"/v1/schedules{q}")
-        rows += page["schedules"]
-        cursor = page["next_cursor"]
-        if cursor is None:
-            break
+    rows = await collect_pages(ctx, "schedules", "/v1/schedules", "schedules")
     if ctx.json:
         ctx.dump(rows)
         return EXIT_OK
