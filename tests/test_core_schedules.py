@@ -288,3 +288,15 @@ def test_a_refused_trigger_changes_nothing():
     status, body = c.trigger_schedule("s")
     assert status == 422 and body["error"]["rejection"]["reason"] == "queue_full", body
     assert c.snapshot_state() == before
+
+
+def test_a_replace_below_the_count_fired_is_kept_and_fires_no_more():
+    c = Core()
+    ok(c.put_schedule("s", every_ms=1000, max_count=2))
+    c.advance(2000)
+    c.sweep()
+    assert ok(c.put_schedule("s", every_ms=1000, max_count=1))["next_fire_at_ms"] is None
+    c.m.check_invariants()
+    c.advance(5000)
+    assert c.sweep()["ticks_fired"] == 0 and c.schedule("s")["fired"] == 2
+    assert ok(c.put_schedule("s", every_ms=1000, paused=True))["next_fire_at_ms"] is None   # as the view says

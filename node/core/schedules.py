@@ -259,7 +259,7 @@ def put_schedule(m, name: str, definition: dict, expect_version, who=ops.UNAUDIT
     plan(m, s, next_tick(s, m.clock))
     audit.record(m, who, "schedule_create" if have == 0 else "schedule_replace", name,
                  {"version": have + 1, "next_fire_at_ms": s.next_fire})
-    return ops.schedule_saved(name, have + 1, have == 0, s.next_fire)
+    return ops.schedule_saved(name, have + 1, have == 0, None if s.paused else s.next_fire)
 
 
 def delete_schedule(m, name: str, expect_version, who=ops.UNAUDITED):
@@ -353,8 +353,10 @@ def check(m) -> list[str]:
                             f"handled it ({s.handled_to}): it would fire a tick twice")
         if s.last_tick is not None and s.next_fire is not None and s.next_fire <= s.last_tick:
             problems.append(f"schedule {name!r}: next tick {s.next_fire} is not after the last fired {s.last_tick}")
-        if d["max_count"] is not None and s.fired > d["max_count"]:
-            problems.append(f"schedule {name!r}: fired {s.fired} > max_count {d['max_count']}")
+        if d["max_count"] is not None and s.fired >= d["max_count"] and s.next_fire is not None:
+            # (a replace keeps `fired`, so fired > max_count is a state it may leave: none fires more)
+            problems.append(f"schedule {name!r}: fired {s.fired} of max_count {d['max_count']}, and a next "
+                            f"tick at {s.next_fire}")
         if s.last_fired_at is not None and s.last_fired_at > m.clock:
             problems.append(f"schedule {name!r}: fired at {s.last_fired_at}, after the clock {m.clock}")
     return problems
