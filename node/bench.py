@@ -488,26 +488,24 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
+def _print_figures(out: dict, as_json: bool, width: int) -> int:
+    """One figure a line (or one JSON line), for the single-figure modes."""
+    if as_json:
+        print(json.dumps(out, separators=(",", ":")))
+    else:
+        for k, v in out.items():
+            print(f"{k:<{width}}  {v:,}" if isinstance(v, (int, float)) else f"{k:<{width}}  {v}")
+    return 0
+
+
 def main(argv=None) -> int:
     ap = build_parser()
     args = ap.parse_args(argv)
     if args.schedules:
-        out = bench_schedules(args.schedules, args.firing)
-        if args.json:
-            print(json.dumps(out, separators=(",", ":")))
-        else:
-            for k, v in out.items():
-                print(f"{k:<28}  {v:,}" if isinstance(v, (int, float)) else f"{k:<28}  {v}")
-        return 0
+        return _print_figures(bench_schedules(args.schedules, args.firing), args.json, 28)
     if args.resources:
-        out = bench_throttled_reserve(args.resources, args.backlog, args.samples, args.workers,
-                                      not args.no_baseline)
-        if args.json:
-            print(json.dumps(out, separators=(",", ":")))
-        else:
-            for k, v in out.items():
-                print(f"{k:<34}  {v:,}" if isinstance(v, (int, float)) else f"{k:<34}  {v}")
-        return 0
+        return _print_figures(bench_throttled_reserve(args.resources, args.backlog, args.samples, args.workers,
+                                                      not args.no_baseline), args.json, 34)
     out = run(quick=args.quick, repeat=1 if args.quick else args.repeat)
     if args.json:
         print(json.dumps(out, separators=(",", ":")))

@@ -21,6 +21,7 @@ from functools import lru_cache
 
 from .. import __version__
 from . import errors
+from . import validate_schedule as vs
 from .auth import ADMIN, OPERATOR, VIEWER, WORKER
 from .limits import QUEUE_KEYS, Limits
 from .core.jobs import DEAD_LETTER_CAUSES
@@ -692,8 +693,6 @@ def schemas() -> dict:
 
 def _schedule_schemas(queue_name: dict, custom_value: dict) -> dict:
     """Schedules (docs/api.md "Schedules")."""
-    from .validate_schedule import (DEFAULT_CATCHUP_WINDOW_MS, DEFAULT_MISFIRE_AFTER_MS, MAX_CATCHUP_WINDOW_MS,
-                                    MAX_MISFIRE_AFTER_MS, MIN_EVERY_MS)
     job = {
         "queue": queue_name, "job_type": string("as an enqueue's", minLength=1),
         "payload": nullable(ref("Payload")),
@@ -721,14 +720,14 @@ def _schedule_schemas(queue_name: dict, custom_value: dict) -> dict:
                        "by the node (400 naming `cron`)", minLength=1, maxLength=200),
         "time_zone": string("IANA zone of `cron` (default UTC), from the tzdata the nodes run; an unknown one is "
                             "400 naming `time_zone`", minLength=1),
-        "every_ms": integer(MIN_EVERY_MS, description="a fixed interval instead of `cron`: ticks at creation + k x "
+        "every_ms": integer(vs.MIN_EVERY_MS, description="a fixed interval instead of `cron`: ticks at creation + k x "
                             "every_ms (k >= 1), or start_at_ms + k x every_ms (k >= 0)"),
         "start_at_ms": nullable(ms("no tick before")), "end_at_ms": nullable(ms("no tick after")),
         "max_count": nullable(integer(1, description="fire at most this many ticks")),
         **{k: nullable(v) for k, v in policies.items()},
-        "catchup_window_ms": nullable(integer(1, MAX_CATCHUP_WINDOW_MS, f"default {DEFAULT_CATCHUP_WINDOW_MS}")),
-        "misfire_after_ms": nullable(integer(0, MAX_MISFIRE_AFTER_MS, "a tick fired later than this after its time "
-                                             f"counts as missed; default {DEFAULT_MISFIRE_AFTER_MS}")),
+        "catchup_window_ms": nullable(integer(1, vs.MAX_CATCHUP_WINDOW_MS, f"default {vs.DEFAULT_CATCHUP_WINDOW_MS}")),
+        "misfire_after_ms": nullable(integer(0, vs.MAX_MISFIRE_AFTER_MS, "a tick fired later than this after its time "
+                                             f"counts as missed; default {vs.DEFAULT_MISFIRE_AFTER_MS}")),
         "paused": nullable({"type": "boolean", "default": False}),
     }
     maybe_int = {"type": ["integer", "null"]}
@@ -797,7 +796,7 @@ CURSOR_PARAM = {"name": "cursor", "in": "query", "description": "`next_cursor` o
                 "schema": {"type": "string"}}
 
 SCHEDULE_PARAM = {"name": "name", "in": "path", "required": True, "description": "the schedule's name",
-                  "schema": {"type": "string", "pattern": "^[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}$"}}
+                  "schema": {"type": "string", "pattern": vs.NAME_PATTERN}}
 
 ROUTES = [
     _route("post", "/v1/jobs", "enqueue", "Enqueue a job",
