@@ -57,6 +57,8 @@ GLOBAL_KEYS: dict[str, object] = {
     "max_schedules": 10_000,          # schedules in the cluster; a create beyond is 429
     "max_schedules_per_sweep": 1_000,  # schedules whose due ticks one sweep fires; the rest in the next
     "max_catchup_ticks": 100,         # missed ticks one schedule fires at once under catchup "all"
+    # keys (docs/semantics.md "Keys")
+    "max_key_bytes": 256,             # a job's key, in UTF-8 bytes
 }
 STORAGE_KEYS: dict[str, object] = {
     "dead_letter_retention_ms": 0,    # 0 = no dead-letter store
@@ -71,10 +73,16 @@ STORAGE_KEYS: dict[str, object] = {
 # the nodes of a cluster (their disks may), so they are left out of the fingerprint.
 NODE_LOCAL_STORAGE_KEYS = ("min_free_bytes",)
 QUEUE_ONLY_KEYS = ("name", "allowed_job_types", "dedup_window_ms", "dead_letter_forward",
-                   "dead_letter_forward_causes", "resource", "circuit_breaker", "windows")
+                   "dead_letter_forward_causes", "resource", "circuit_breaker", "windows",
+                   "key_field", "key_concurrency", "key_rate", "key_weights", "key_limits", "rate")
 # Bounds of the gating keys (docs/configuration.md).
 MAX_BREAKER_FAILURES = 10_000
 MAX_RESOURCE_BYTES = 256
+# Bounds of the key settings (docs/configuration.md): a rate's count (the window log keeps that
+# many times per key), a key's weight, the keys a queue's key_weights and key_limits name.
+MAX_RATE_COUNT = 1000
+MAX_KEY_WEIGHT = 1000
+MAX_KEY_OVERRIDES = 10_000
 
 
 class ConfigError(ValueError):
@@ -177,6 +185,15 @@ class QueueLimits:
     resource: str | None = None
     circuit_breaker: tuple | None = None
     windows: object = None
+    # Keys (node/core/keys.py): the custom field a job's key is taken from, the in-flight limit
+    # and rate (count, period_ms) per key, per-key weights and overrides {key: (concurrency,
+    # rate)} (None = the queue's), and the queue-wide rate. Empty dicts when none.
+    key_field: str | None = None
+    key_concurrency: int | None = None
+    key_rate: tuple | None = None
+    key_weights: dict = field(default_factory=dict)
+    key_limits: dict = field(default_factory=dict)
+    rate: tuple | None = None
 
     def describe(self) -> dict:
         """The effective limits and retry policy as shown by GET /v1/queues/{name}."""
@@ -190,7 +207,89 @@ class QueueLimits:
         cb = self.circuit_breaker
         out["circuit_breaker"] = None if cb is None else {"failures": cb[0], "window_ms": cb[1], "open_ms": cb[2]}
         out["windows"] = None if self.windows is None else [dict(w) for w in self.windows.spec]
+        out["key_field"] = self.key_field
+        out["key_concurrency"] = self.key_concurrency
+        out["key_rate"] = _rate_doc(self.key_rate)
+        out["key_weights"] = dict(self.key_weights)
+        out["key_limits"] = {k: {"concurrency": c, "rate": _rate_doc(r)} for k, (c, r) in self.key_limits.items()}
+        out["rate"] = _rate_doc(self.rate)
         return out
+
+
+def _rate_doc(rate):
+    return None if rate is None else {"count": rate[0], "period_ms": rate[1]}
+
+
+def check_key(value, max_bytes: int) -> str | None:
+    """Why `value` is not a usable job key, or None when it is (docs/api.md EnqueueRequest)."""
+    if not isinstance(value, str) or not value:
+        return "must be a non-empty string"
+    n = len(value.encode("utf-8"))
+    if n > max_bytes:
+        return f"is longer than max_key_bytes ({max_bytes}): {n} bytes"
+    if any(ord(c) < 0x20 or 0x7F <= ord(c) <= 0x9F for c in value):
+        return "must not contain control characters"
+    return None
+
+
+def _rate(where: str, value) -> tuple:
+    if not isinstance(value, dict):
+        raise ConfigError(f"{where}: must be a table {{count, period_ms}}, got {value!r}")
+    for key in value:
+        if key not in ("count", "period_ms"):
+            raise ConfigError(f"{where}.{key}: unknown key")
+    for key in ("count", "period_ms"):
+        if key not in value:
+            raise ConfigError(f"{where}.{key}: required")
+    return _int(f"{where}.count", value["count"], 1, MAX_RATE_COUNT), _int(f"{where}.period_ms", value["period_ms"])
+
+
+def _key_table(where: str, value, max_key_bytes: int) -> dict:
+    if not isinstance(value, dict):
+        raise ConfigError(f"{where}: must be a table {{key = ...}}, got {value!r}")
+    if len(value) > MAX_KEY_OVERRIDES:
+        raise ConfigError(f"{where}: names {len(value)} keys, at most {MAX_KEY_OVERRIDES}")
+    for k in value:
+        why = check_key(k, max_key_bytes)
+        if why:
+            raise ConfigError(f"{where}.{k}: the key {why}")
+    return value
+
+
+def _key_settings(where: str, entry: dict, max_key_bytes: int) -> dict:
+    """A [[queues]] entry's key settings, checked (QueueLimits' key fields)."""
+    out = {}
+    kf = entry.get("key_field")
+    if kf is not None:
+        if not isinstance(kf, str) or not kf:
+            raise ConfigError(f"{where}.key_field: must be a non-empty string (a custom field's name), got {kf!r}")
+        out["key_field"] = kf
+    if entry.get("key_concurrency") is not None:
+        out["key_concurrency"] = _int(f"{where}.key_concurrency", entry["key_concurrency"], 0)
+    for name in ("key_rate", "rate"):
+        if entry.get(name) is not None:
+            out[name] = _rate(f"{where}.{name}", entry[name])
+    weights = entry.get("key_weights")
+    if weights is not None:
+        weights = _key_table(f"{where}.key_weights", weights, max_key_bytes)
+        out["key_weights"] = {k: _int(f"{where}.key_weights.{k}", w, 1, MAX_KEY_WEIGHT) for k, w in weights.items()}
+    overrides = entry.get("key_limits")
+    if overrides is not None:
+        overrides = _key_table(f"{where}.key_limits", overrides, max_key_bytes)
+        limits = {}
+        for k, v in overrides.items():
+            w = f"{where}.key_limits.{k}"
+            if not isinstance(v, dict) or not v:
+                raise ConfigError(f"{w}: must be a table {{concurrency, rate}} (either or both), got {v!r}")
+            for key in v:
+                if key not in ("concurrency", "rate"):
+                    raise ConfigError(f"{w}.{key}: unknown key")
+            conc = v.get("concurrency")
+            rate = v.get("rate")
+            limits[k] = (None if conc is None else _int(f"{w}.concurrency", conc, 0),
+                         None if rate is None else _rate(f"{w}.rate", rate))
+        out["key_limits"] = limits
+    return out
 
 
 def _forward_of(where: str, entry: dict, name: str, max_name_bytes: int) -> tuple[str | None, tuple]:
@@ -352,6 +451,7 @@ class Limits:
                     "max_catchup_ticks"):
             _int(f"limits.{key}", g[key])
         _int("limits.max_schedules", g["max_schedules"], 0)
+        _int("limits.max_key_bytes", g["max_key_bytes"], 1, 65535)
         _int("limits.max_queue_name_bytes", g["max_queue_name_bytes"], 1, 65535)
         g["resource_limits"] = _resource_limits("limits.resource_limits", g["resource_limits"])
         if not isinstance(g["strict_queues"], bool):
@@ -405,7 +505,8 @@ class Limits:
             declared[name] = QueueLimits(name=name, declared=True, **merged,
                                          allowed_job_types=job_types, dedup_window_ms=window,
                                          dead_letter_forward=fwd, dead_letter_forward_causes=causes,
-                                         resource=resource, circuit_breaker=breaker, windows=windows)
+                                         resource=resource, circuit_breaker=breaker, windows=windows,
+                                         **_key_settings(where, entry, g["max_key_bytes"]))
         _check_forwards(declared, default_queue, g["strict_queues"])
         doc = {"limits": {**{k: _plain(v) for k, v in g.items()}, **{k: _plain(base[k]) for k in QUEUE_KEYS}},
                "storage": dict(s),
@@ -436,11 +537,11 @@ class Limits:
         # purpose: one would make every attribute read of a Limits take CPython's slow path
         # (≈ 50 ns instead of 10 here, and `queue()` 260 ns instead of 56, called for every job an
         # enqueue applies). Names that are fields or class attributes keep their meaning.
-        # The queues reserve must gate (a circuit breaker or windows): one set test per queue of
-        # a reserve, nothing more for the others.
+        # The queues reserve must gate (a circuit breaker, windows or a queue-wide rate): one set
+        # test per queue of a reserve, nothing more for the others.
         object.__setattr__(self, "gated", frozenset(
             n for n, ql in (self.queues or {}).items()
-            if ql.circuit_breaker is not None or ql.windows is not None))
+            if ql.circuit_breaker is not None or ql.windows is not None or ql.rate is not None))
         taken = {f.name for f in fields(self)} | set(dir(type(self)))
         for source in (self.storage, self.globals):
             if isinstance(source, dict):

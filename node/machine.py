@@ -44,7 +44,7 @@ import inspect
 from collections import OrderedDict, deque
 from itertools import islice
 
-from .core import audit, config, gating, handlers, invariants, ops, schedules, snapshot
+from .core import audit, config, gating, handlers, invariants, keys, ops, schedules, snapshot
 from .core import sweep as sweeping
 from .core.answers import render_dead_letter, render_job
 from .core.jobs import IN_FLIGHT, READY, SCHEDULED, STATE_NAMES, Job, Queue, shown_fields
@@ -210,6 +210,9 @@ class QueueMachine(UndoLog):
         self.schedules: dict = {}
         self.tick_heap: list = []
         self.schedules_seeded = False   # the TOML's [[schedules]] were applied (schedules.seed_schedules)
+        # Keys (node/core/keys.py): the timers of keys, a heap of (time, ctr, Key), lazy (an
+        # entry is live while its key's `timer` is (time, ctr)).
+        self.key_timers: list = []
         self._undo: list = []
 
     def shared_bucket(self, now: int, window: int, queue: str) -> tuple:
@@ -321,6 +324,14 @@ class QueueMachine(UndoLog):
     def reservable(self, q) -> bool:
         """Whether a reserve could take a job of queue q now (paused, throttled, circuit, window)."""
         return gating.reservable(self, q)
+
+    def key_page(self, name: str, limit: int, after) -> tuple[list, object] | None:
+        """GET /v1/queues/{name}/keys: the queue's keys, most ready jobs first (node/core/keys.py
+        `view`); None when the queue is unknown."""
+        q = self.queues.get(name)
+        if q is None and name not in self.limits.queues:
+            return None
+        return keys.view(self, q, limit, after)
 
     def job_view(self, job_id: str) -> dict | None:
         job = self.jobs.get(job_id)

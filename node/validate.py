@@ -20,7 +20,7 @@ from . import bounds
 import orjson
 
 from .errors import ApiError, invalid
-from .limits import MAX_RESOURCE_BYTES, ConfigError, Limits, check_queue_name
+from .limits import MAX_RESOURCE_BYTES, ConfigError, Limits, check_key, check_queue_name
 from .core import ops
 from .core.ops import ATOMIC, BATCH, SINGLE
 
@@ -285,8 +285,27 @@ def check_job(job, limits: Limits, now_ms: int, new_id) -> tuple:
     timeout = policy = None
     if "timeout_ms" in job or "duplicate_policy" in job:       # issue 17; a plain job: the 12-field item
         timeout, policy = _lifecycle_fields(job)
+    fair = job.get("key")
+    if fair is not None or ql.key_field is not None:
+        fair = job_key(fair, custom, ql, limits)
     return ops.item(new_id(), sys.intern(queue), sys.intern(job_type), payload, encoding, priority,
-                    max_attempts, custom, trace, scheduled, deadline, key, timeout, policy, resource)
+                    max_attempts, custom, trace, scheduled, deadline, key, timeout, policy, resource, fair)
+
+
+def job_key(key, custom, ql, limits: Limits):
+    """A job's key (docs/semantics.md "Keys"): the request's `key`, else the value of the custom
+    field the queue names (`key_field`, a string), else None; 400 naming the field when unusable."""
+    where = "key"
+    if key is None:
+        if custom is None or ql.key_field is None or custom.get(ql.key_field) is None:
+            return None
+        key, where = custom[ql.key_field], f"custom[{ql.key_field!r}] (the queue's key_field)"
+        if not isinstance(key, str):
+            _bad(f"{where} must be a string to be the job's key, got {key!r}")
+    why = check_key(key, limits.max_key_bytes)
+    if why:
+        _bad(f"{where} {why}")
+    return sys.intern(key)
 
 
 def _jobs_list(body: dict, limits: Limits) -> list:

@@ -105,10 +105,13 @@ def _template(job, name: str, limits: Limits, now_ms: int) -> dict:
     fields = dict(zip(ops.ITEM, item + (None,) * (len(ops.ITEM) - len(item))))
     kept = dict(fields["custom"] or {})
     kept.pop(SCHEDULE_FIELD), kept.pop(TICK_FIELD)
-    return {"queue": fields["queue"], "job_type": fields["job_type"], "payload": fields["payload"],
-            "encoding": fields["encoding"], "priority": fields["priority"], "max_attempts": fields["max_attempts"],
-            "custom": kept or None, "timeout_ms": fields["timeout_ms"], "resource": fields["resource"],
-            "deadline_after_ms": after}
+    out = {"queue": fields["queue"], "job_type": fields["job_type"], "payload": fields["payload"],
+           "encoding": fields["encoding"], "priority": fields["priority"], "max_attempts": fields["max_attempts"],
+           "custom": kept or None, "timeout_ms": fields["timeout_ms"], "resource": fields["resource"],
+           "deadline_after_ms": after}
+    if fields["key"] is not None:               # only when set: templates of before keys are unchanged
+        out["key"] = fields["key"]
+    return out
 
 
 def definition(name: str, body, limits: Limits, now_ms: int) -> dict:

@@ -840,7 +840,7 @@ class Model:
         keys = ("promoted", "leases_expired", "deadlines_expired", "dedup_expired",
                 "request_ids_expired", "dead_letters_expired", "audit_expired")
         fired = self.fire_ticks(now)              # last: a tick's job waits for the next sweep's phases
-        return 200, {**{k: n[k] for k in keys}, "ticks_fired": fired}
+        return 200, {**{k: n[k] for k in keys}, "ticks_fired": fired, "key_timers_fired": 0}
 
     # ---------------------------------------------------------------- schedules
     def prepare_schedule(self, body: dict):
@@ -1093,7 +1093,8 @@ class Model:
                                            for c in ("attempts_exhausted", "rejected", "lease_expired", "admin",
                                                      "expired")},
                 # gating (issue 17): the model uses no resource, breaker or window
-                "throttled": 0, "throttle_deferred_total": 0, "circuit": None, "window_open": True}
+                "throttled": 0, "throttle_deferred_total": 0, "circuit": None, "window_open": True,
+                "keys": 0, "keys_at_limit": 0, "ready_held_by_keys": 0}
 
     def view(self, jid: str):
         j = self.jobs.get(jid)

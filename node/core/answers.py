@@ -95,11 +95,11 @@ def queue_refused_message(why: str, queue: str, jobs: dict) -> str:
 # ---------------------------------------------------------------------------- jobs
 def render_job(id, queue, job_type, payload, encoding, priority, custom, trace, enqueued_at,
                scheduled_at, attempt, max_attempts, lease_expires, deadline, timeout_ms=None,
-               releases=0, resource=None) -> dict:
+               releases=0, resource=None, key=None) -> dict:
     """The Job shape of API.md from SHOWN_FIELDS (node/core/jobs.py). `timeout_ms` and
     `releases` are shown when set (a job that uses neither renders byte for byte as before
     issue 17; GET /v1/jobs/{id} always shows both); `resource` when the job has one, like
-    `deadline_at_ms`."""
+    `deadline_at_ms`, and so its `key`."""
     if payload is not None and trace is None:
         # The common shape, built in one go (same keys, same order as below).
         out = {"id": id, "queue": queue, "job_type": job_type,
@@ -114,6 +114,8 @@ def render_job(id, queue, job_type, payload, encoding, priority, custom, trace, 
             out["releases"] = releases
         if resource is not None:
             out["resource"] = resource
+        if key is not None:
+            out["key"] = key
         return out
     out = {"id": id, "queue": queue, "job_type": job_type}
     if payload is not None:
@@ -134,6 +136,8 @@ def render_job(id, queue, job_type, payload, encoding, priority, custom, trace, 
         out["releases"] = releases
     if resource is not None:
         out["resource"] = resource
+    if key is not None:
+        out["key"] = key
     return out
 
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from ..limits import ConfigError, Limits
 from . import audit, gating, ops
+from . import keys as keyed
 
 ROLES = ("viewer", "worker", "operator", "admin")
 _HEX = frozenset("0123456789abcdef")
@@ -84,6 +85,7 @@ def configure(m, expect_version, config, keys, who=None):
     m._set(m, "config_version", version)
     if m.blocked:
         gating.release_all(m)                   # a raised or removed resource limit frees slots
+    keyed.reconfigured(m)                       # and a raised or removed key limit frees keys
     details = {"version": version, "changed": changed}
     if new_keys is not None and new_keys != m.keys:
         details["keys"] = sorted(n for n in set(new_keys) | set(m.keys) if new_keys.get(n) != m.keys.get(n))

@@ -43,8 +43,8 @@ from __future__ import annotations
 
 from heapq import heappush
 
-from . import audit, ops
-from .jobs import READY, SCHEDULED
+from . import audit, keys, ops
+from .jobs import READY, S_KEY, SCHEDULED
 from .undo import fifo_unappend, heap_remove
 
 NEUTRAL, OK, FAILED = 0, 1, 2       # how a job left IN_FLIGHT, for the circuit breaker
@@ -98,9 +98,13 @@ def reserve_cap(m, q, now: int) -> int:
 
 def reservable(m, q) -> bool:
     """Whether a reserve of queue q could take a job now (node/service.py's long-poll wake)."""
-    if q.paused or q.ready - q.throttled <= 0:
+    held = q.keys.held_ready if q.keys is not None else 0
+    if q.paused or q.ready - q.throttled - held <= 0:
         return False
     if q.name in m.limits.gated:
+        rate = m.limits.queue(q.name).rate
+        if rate is not None and keys.rate_room(q.rate_log, rate, m.clock) <= 0:
+            return False
         return reserve_cap(m, q, m.clock) != 0
     return True
 
@@ -158,8 +162,14 @@ def release_blocked(m, r: str) -> None:
 
 def ready_push(m, q, entry) -> None:
     """An entry into its queue's ready index, in its place (the FIFO when it sorts after its
-    last entry, else the heap), undo-logged. Here rather than in handlers.py, which imports
-    this module: the gating paths put held-back entries back with it too."""
+    last entry, else the heap), undo-logged; a keyed job's into its key's heap. Here rather than
+    in handlers.py, which imports this module: the gating paths put held-back entries back with
+    it too."""
+    if entry[3].spec[S_KEY] is not None:
+        keys.push(m, q, entry)
+        return
+    if q.keys is not None:
+        keys.plain_pushed(m, q, entry[0])
     fifo = q.ready_fifo
     undo = m._undo
     tail = q.fifo_tail
@@ -213,6 +223,8 @@ def leave_ready(m, q, job) -> None:
         m._pop(ids, job.id)
         m._add(q, "throttled", -1)
         return
+    if job.spec[S_KEY] is not None:
+        keys.left_ready(m, q, job)
     r = job.resource
     if r is not None and r in m.blocked:
         release_blocked(m, r)
@@ -222,7 +234,7 @@ def leave_in_flight(m, job, q, outcome: int = NEUTRAL) -> None:
     """A job leaves IN_FLIGHT: the in-flight count, its resource slot, the circuit breaker.
     Every such path calls this (ack's hot path inlines the count and calls `gate_leave`)."""
     m._add(q, "in_flight", -1)
-    if job.resource is not None or q.circuit is not None or outcome == FAILED:
+    if job.resource is not None or q.circuit is not None or outcome == FAILED or job.spec[S_KEY] is not None:
         gate_leave(m, job, q, outcome)
 
 
@@ -240,6 +252,8 @@ def free_slot(m, job) -> None:
 def gate_leave(m, job, q, outcome: int) -> None:
     if job.resource is not None:
         free_slot(m, job)
+    if job.spec[S_KEY] is not None:
+        keys.left_in_flight(m, q, job)
     c = q.circuit
     if outcome == OK:
         if c is not None and c.probe == job.id:
@@ -322,6 +336,7 @@ def queue_view(m, name: str, q, stats: dict) -> dict:
             "open_until_ms": None if state == CLOSED else c.open_until,
             "opened_total": 0 if c is None else c.opened_total}
     stats["window_open"] = ql.windows is None or ql.windows.open_at(now)
+    stats.update(keys.stats(q))
     return stats
 
 
@@ -336,7 +351,9 @@ def next_due_ms(m):
             continue
         ql = m.limits.queue(name)
         t = None
-        if ql.windows is not None and not ql.windows.open_at(m.clock):
+        if ql.rate is not None and keys.rate_room(q.rate_log, ql.rate, m.clock) <= 0:
+            t = keys.rate_opens(q.rate_log, ql.rate)
+        elif ql.windows is not None and not ql.windows.open_at(m.clock):
             t = ql.windows.next_change_ms(m.clock)
         elif ql.circuit_breaker is not None and q.circuit is not None and q.circuit.open_until is not None \
                 and m.clock < q.circuit.open_until:

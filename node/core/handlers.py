@@ -17,12 +17,12 @@ import uuid
 import orjson
 
 from ..retry import policy_delay_ms
-from . import audit, gating, ops
+from . import audit, gating, keys, ops
 from .answers import render_dead_letter
 from .jobs import (DEAD, DEAD_LETTER_RECORD_TYPE, GONE, IN_FLIGHT, READY, SCHEDULED, DeadLetter, Job, Queue,
                    shown_fields)
-from .jobs import (DEDUP_JOB_ID, S_ATTEMPT, S_DEADLINE, S_ENQUEUED_AT, S_PRIORITY, S_QUEUE, S_RESOURCE,
-                   dedup_expires, dedup_record, shown_common)
+from .jobs import (DEDUP_JOB_ID, S_ATTEMPT, S_DEADLINE, S_ENQUEUED_AT, S_KEY, S_PRIORITY, S_QUEUE,
+                   S_RESOURCE, dedup_expires, dedup_record, shown_common)
 from .ops import ATOMIC, DEAD_LETTER, DELAY, ENQUEUED, JOB_ID, RESERVED, SINGLE, UNAUDITED
 from .undo import drop_item, fifo_restore_head, fifo_unappend, heap_remove, heap_restore, restore_item
 
@@ -154,10 +154,14 @@ def _enqueue_one(m, item, now: int, check_depth: bool):
     if len(item) == 12:                     # ops.ITEM before issue 17 (and every plain job)
         (job_id, qname, job_type, payload, encoding, priority, max_attempts, custom, trace,
          scheduled_at, deadline, idem_key) = item
-        timeout_ms = resource = None
+        timeout_ms = resource = key = None
+    elif len(item) == 15:                   # before keys (and every job without a key)
+        (job_id, qname, job_type, payload, encoding, priority, max_attempts, custom, trace,
+         scheduled_at, deadline, idem_key, timeout_ms, _, resource) = item
+        key = None
     else:
         (job_id, qname, job_type, payload, encoding, priority, max_attempts, custom, trace,
-         scheduled_at, deadline, idem_key, timeout_ms, _, resource) = item    # ops.ITEM, in order
+         scheduled_at, deadline, idem_key, timeout_ms, _, resource, key) = item    # ops.ITEM, in order
     ql = m.limits.queue(qname)
     if idem_key is not None:
         keyed = m.dedup.get(qname)
@@ -179,7 +183,7 @@ def _enqueue_one(m, item, now: int, check_depth: bool):
     # would compare equal to one with 1 where this has true or 1.0.
     spec = (qname, job_type, encoding, priority, custom, trace, now, scheduled_at, max_attempts,
             deadline, timeout_ms if timeout_ms is not None else ql.execution_timeout_ms, resource,
-            None, 0, 1, scheduled_at if later else None)
+            None, 0, 1, scheduled_at if later else None, key)
     last = m._spec
     if custom is None and spec == last:
         spec = last
@@ -201,11 +205,17 @@ def _enqueue_one(m, item, now: int, check_depth: bool):
         job.state = SCHEDULED
         m._push(m.sched_heap, (scheduled_at, seq, job))
         m._add(q, "scheduled", 1)
+    elif key is not None:                   # a keyed job: its key's heap (node/core/keys.py)
+        job.state = READY
+        keys.push(m, q, (-priority, now, seq, job))
+        m._add(q, "ready", 1)
     else:
         job.state = READY
         # ready_push(m, q, (-priority, now, seq, job)), inline: the FIFO keeps no entry tuple
         # (node/core/jobs.py Queue), and a batch's jobs share their tail.
         negp = -priority
+        if q.keys is not None:              # the jobs without a key take part in the rotation
+            keys.plain_pushed(m, q, negp)
         fifo, tail = q.ready_fifo, q.fifo_tail
         if fifo and tail[0] == negp and tail[1] == now:
             undo += (fifo_unappend, q, job, tail)
@@ -262,14 +272,27 @@ def reserve(m, queue_names, lease_ms: int, max_jobs: int):
         if q is None or q.paused:
             continue
         cap = max_jobs
-        if gated and qname in gated:            # a circuit breaker or windows (node/core/gating.py)
+        rated = False
+        if gated and qname in gated:            # a circuit breaker, windows, a rate (node/core/gating.py)
             probe = gating.reserve_cap(m, q, now)
             if probe == 0:
                 continue
             if probe == 1:
                 cap = len(kept) + 1
+            rate = limits.queue(qname).rate
+            if rate is not None:
+                room = keys.rate_room(q.rate_log, rate, now)
+                if room <= 0:
+                    continue
+                cap = min(cap, len(kept) + room)
+                rated = True
         else:
             probe = -1
+        if rated or q.keys is not None:         # the rotation of keys (node/core/keys.py)
+            take(m, q, cap, kept, lease_ms, probe)
+            if len(kept) >= max_jobs:
+                break
+            continue
         heap, fifo, seqs = q.ready_heap, q.ready_fifo, q.fifo_seqs
         while len(kept) < cap:
             # The next job is the smaller head of the FIFO and the heap. Stale heads are
@@ -342,6 +365,130 @@ def reserve(m, queue_names, lease_ms: int, max_jobs: int):
     return RESERVED, tuple(kept)
 
 
+def take(m, q, cap: int, kept: list, lease_ms: int, probe: int) -> None:
+    """Reserve from a queue with keyed jobs or a queue-wide rate: the rotation (node/core/keys.py)
+    names the key to serve, the rest is reserve's inline loop."""
+    now = m.clock
+    if m.key_timers and m.key_timers[0][0] <= now:
+        keys.fire_timers(m, now, m.limits.sweep_limit)
+    ql = m.limits.queue(q.name)
+    while len(kept) < cap:
+        qk = q.keys
+        if qk is None:
+            e = keys.plain_head(m, q)
+            key = None
+        else:
+            key, e = _pick(m, q, qk, ql, now) or (None, None)
+        if e is None:
+            break
+        _pop_entry(m, q, key, e)
+        job = e[3]
+        deadline = job.spec[S_DEADLINE]
+        if deadline is not None and deadline <= now:
+            gating.leave_ready(m, q, job)
+            dead_letter(m, job, q, "expired", None)   # too late to ever run
+            _back(m, q, key)
+            continue
+        r = job.spec[S_RESOURCE]
+        if r is not None:                    # a throttle: hold it back while r is full
+            n = m.in_use.get(r, 0)
+            limit = m.limits.resource_limits.get(r)
+            if limit is not None and n >= limit:
+                gating.block(m, q, r, e)
+                if key is not None and key.name is not None:
+                    keys.left_ready(m, q, job)
+                _back(m, q, key)
+                continue
+            m._put(m.in_use, r, n + 1)
+        if probe == 1:
+            gating.set_probe(m, q, job.id)
+        hand_out(m, q, job, now + lease_ms)
+        kept.append(shown_fields(job))
+        if ql.rate is not None:
+            m._set(q, "rate_log", keys.logged(q.rate_log, ql.rate, now))
+        if key is not None:
+            _served(m, q, ql, key, now)
+
+
+def _pick(m, q, qk, ql, now: int):
+    """(key, its best ready entry) the rotation serves next, or None: stale rotation entries are
+    dropped, a key whose best job changed level moves, a key at a limit (a lowered limit) is held."""
+    sched = qk.sched
+    while sched:
+        level, _, _, turn, key = sched[0]
+        if key.turn != turn:
+            heappop(sched)                  # stale: changes nothing logical, not logged
+            continue
+        e = keys.head(m, q, key)
+        if e is None:
+            keys.unschedule(m, key)
+            continue
+        if e[0] != level:
+            keys.schedule(m, qk, key, e[0])
+            continue
+        if key.name is not None:
+            why = keys.over_limit(m, ql, key, now)
+            if why is not None:
+                keys.hold(m, q, qk, key, why)
+                continue
+        m._heappop(sched)
+        keys.unschedule(m, key)
+        return key, e
+    return None
+
+
+def _pop_entry(m, q, key, e) -> None:
+    """Take head entry `e` off its index: the key's heap, or the queue's own FIFO or heap."""
+    if key is not None and key.name is not None:
+        m._heappop(key.heap)
+        return
+    fifo = q.ready_fifo
+    if fifo and fifo[0] is e[3] and q.fifo_seqs[0] == e[2]:
+        m._undo += (fifo_restore_head, q, fifo[0], q.fifo_seqs[0])
+        fifo.popleft()
+        q.fifo_seqs.popleft()
+    else:
+        m._heappop(q.ready_heap)
+
+
+def _back(m, q, key) -> None:
+    """A key passed over (its job expired or held back by a resource) goes back in the rotation."""
+    if key is not None and q.keys is not None:
+        keys.requeue(m, q, q.keys, key)
+
+
+def _served(m, q, ql, key, now: int) -> None:
+    """A job of `key` was handed out: its count, window and virtual time move; it goes back in
+    the rotation unless a limit now holds it."""
+    qk = q.keys
+    if key.name is None:
+        keys.served(m, qk, key, 1)
+        keys.requeue(m, q, qk, key)
+        return
+    conc, rate, weight = keys.key_limits(ql, key.name)
+    keys.popped(m, q, key)
+    m._add(key, "in_flight", 1)
+    if rate is not None:
+        m._set(key, "log", keys.logged(key.log, rate, now))
+    keys.served(m, qk, key, weight)
+    why = keys.over_limit(m, ql, key, now)
+    if why is not None:
+        keys.hold(m, q, qk, key, why)
+    else:
+        keys.requeue(m, q, qk, key)
+
+
+def hand_out(m, q, job: Job, expires: int) -> None:
+    """A READY job goes in flight under a lease until `expires` (reserve's loop inlines this)."""
+    m._set(job, "state", IN_FLIGHT)
+    m._set(job, "lease_expires", expires)
+    if job.deadline is not None:
+        m._set(job, "deadline", None)
+    m._add(q, "ready", -1)
+    m._add(q, "in_flight", 1)
+    lease(m, job, expires)
+
+
 def lease(m, job: Job, expires: int):
     """A new lease entry. It names its job by id, not by reference: an acked job is freed at
     once (payload included) instead of living on in its stale entry until the lease would have
@@ -378,7 +525,7 @@ def ack(m, job_id: str, attempt: int):
     n = q.in_flight                     # gating.leave_in_flight(m, job, q, OK), inline
     undo += (setattr, q, "in_flight", n)
     q.in_flight = n - 1
-    if spec[S_RESOURCE] is not None or q.circuit is not None:
+    if spec[S_RESOURCE] is not None or q.circuit is not None or spec[S_KEY] is not None:
         gating.gate_leave(m, job, q, gating.OK)
     n = q.acked
     undo += (setattr, q, "acked", n)
@@ -701,6 +848,7 @@ def purge(m, queue: str, who=UNAUDITED):
             if q.throttled:
                 m._set(q, "throttled", 0)
                 gating.drop_queue_blocked(m, q.name)
+            keys.purged(m, q)
         if scheduled:
             m._add(q, "scheduled", -len(scheduled))
         n = len(ready) + len(scheduled)

@@ -27,10 +27,10 @@ DEAD_LETTER_RECORD_TYPE = "raftq.dead_letter"
 # job that is reserved and acked once.
 SPEC_FIELDS = ("queue", "job_type", "encoding", "priority", "custom", "trace", "enqueued_at",
                "scheduled_at", "max_attempts", "deadline", "timeout_ms", "resource", "last_reason",
-               "releases", "attempt", "run_at")
+               "releases", "attempt", "run_at", "key")
 (S_QUEUE, S_JOB_TYPE, S_ENCODING, S_PRIORITY, S_CUSTOM, S_TRACE, S_ENQUEUED_AT, S_SCHEDULED_AT,
  S_MAX_ATTEMPTS, S_DEADLINE, S_TIMEOUT_MS, S_RESOURCE, S_LAST_REASON, S_RELEASES, S_ATTEMPT,
- S_RUN_AT) = range(16)
+ S_RUN_AT, S_KEY) = range(17)
 
 
 def _spec_property(k: int, name: str) -> property:
@@ -54,13 +54,13 @@ class Job:
     Issue 17 added `timeout_ms` (the job's execution timeout, ms, None = none: the queue's
     execution_timeout_ms resolved at enqueue), `releases` (deliveries handed back without using
     an attempt: attempts used = attempt - releases) and `resource` (the throttle resource the job
-    names, None = none)."""
+    names, None = none); `key` is its fairness and limits key (node/core/keys.py, None = none)."""
     __slots__ = ("id", "payload", "lease_expires", "state", "seq", "spec")
 
     # Every field, in the order of the snapshot's job tuples and the digest.
     FIELDS = ("id", "queue", "job_type", "payload", "encoding", "priority", "custom", "trace",
               "enqueued_at", "scheduled_at", "attempt", "max_attempts", "lease_expires",
-              "state", "seq", "run_at", "deadline", "last_reason", "timeout_ms", "releases", "resource")
+              "state", "seq", "run_at", "deadline", "last_reason", "timeout_ms", "releases", "resource", "key")
 
     for _k, _name in enumerate(SPEC_FIELDS):
         locals()[_name] = _spec_property(_k, _name)
@@ -70,19 +70,20 @@ class Job:
         s = self.spec
         return (self.id, s[0], s[1], self.payload, s[2], s[3], s[4], s[5], s[6], s[7],
                 s[14], s[8], self.lease_expires, self.state, self.seq, s[15],
-                s[9], s[12], s[10], s[13], s[11])
+                s[9], s[12], s[10], s[13], s[11], s[16])
 
     @classmethod
     def from_tuple(cls, t, specs: dict | None = None) -> "Job":
-        """A job from its FIELDS tuple (or the 18 of before issue 17, the later ones taking
-        their defaults). `specs`, when given, interns the spec tuples: equal ones are shared."""
-        if len(t) == 18:
-            t = tuple(t) + (None, 0, None)
+        """A job from its FIELDS tuple (or the 18 of before issue 17, or the 21 of before keys,
+        the later ones taking their defaults). `specs`, when given, interns the spec tuples:
+        equal ones are shared."""
+        if len(t) < 22:
+            t = tuple(t) + (None, 0, None, None)[len(t) - 18:]
         (id_, queue, job_type, payload, encoding, priority, custom, trace, enqueued_at,
          scheduled_at, attempt, max_attempts, lease_expires, state, seq, run_at, deadline,
-         last_reason, timeout_ms, releases, resource) = t
+         last_reason, timeout_ms, releases, resource, key) = t
         spec = (queue, job_type, encoding, priority, custom, trace, enqueued_at, scheduled_at,
-                max_attempts, deadline, timeout_ms, resource, last_reason, releases, attempt, run_at)
+                max_attempts, deadline, timeout_ms, resource, last_reason, releases, attempt, run_at, key)
         if specs is not None and custom is None:       # a dict neither hashes nor compares strictly
             try:
                 spec = specs.setdefault(spec, spec)
@@ -94,10 +95,13 @@ class Job:
         return job
 
     def legacy_tuple(self) -> tuple:
-        """The fields the digest hashes: the 18 of before issue 17 while the new slots hold their
-        defaults (so a state that uses none of it hashes as it did), else all of them."""
+        """The fields the digest hashes: the 18 of before issue 17 while the later slots hold
+        their defaults (so a state that uses none of it hashes as it did), the 21 of before keys
+        while the key is None, else all of them."""
         t = self.to_tuple()
-        return t[:18] if t[18] is None and t[19] == 0 and t[20] is None else t
+        if t[21] is not None:
+            return t
+        return t[:18] if t[18] is None and t[19] == 0 and t[20] is None else t[:21]
 
 
 # The fields the Job shape of API.md shows, in `answers.render_job`'s order. A reserve's or a
@@ -129,10 +133,14 @@ _check_field_orders()
 
 
 def shown_fields(job) -> tuple:
-    """SHOWN_FIELDS, and the job's `resource` after them when it has one (issue 17): a job
-    without one shows the fields results always kept, so kept results are unchanged."""
+    """SHOWN_FIELDS, then the job's `resource` when it has one (issue 17) and its `key` when it
+    has one (after the resource, None when it has none): a job without either shows the fields
+    results always kept, so kept results are unchanged."""
     t = shown_common(job)
-    r = job.spec[S_RESOURCE]
+    spec = job.spec
+    r, k = spec[S_RESOURCE], spec[S_KEY]
+    if k is not None:
+        return t + (r, k)
     return t if r is None else t + (r,)
 
 
@@ -154,7 +162,7 @@ class Queue:
     tuples, for the paths that are not hot)."""
     __slots__ = ("name", "ready_heap", "ready_fifo", "fifo_seqs", "fifo_tail", "ready", "scheduled",
                  "in_flight", "dead", "enqueued", "acked", "nacked", "dead_total", "paused", "expired",
-                 "dead_by_cause", "throttled", "deferred", "circuit")
+                 "dead_by_cause", "throttled", "deferred", "circuit", "keys", "rate_log")
     COUNTERS = ("ready", "scheduled", "in_flight", "dead", "enqueued", "acked", "nacked",
                 "dead_total", "paused", "expired")
     # The counters of the snapshots and digests written before `expired` existed: a snapshot's
@@ -179,6 +187,10 @@ class Queue:
         # is full, deferrals so far, and the circuit-breaker state (a Circuit, or None).
         self.throttled = self.deferred = 0
         self.circuit = None
+        # Keys (node/core/keys.py): the keyed index while the queue holds keyed jobs (else None),
+        # and the hand-out times inside the queue-wide rate's window.
+        self.keys = None
+        self.rate_log: tuple = ()
 
     def fifo_entries(self):
         """The FIFO as entry tuples (-priority, enqueued_at, seq, job), in order; a stale

@@ -106,7 +106,9 @@ ITEM: tuple[str, ...] = ("job_id", "queue", "job_type", "payload", "encoding", "
                          "idempotency_key",
                          # issue 17; items of the 12 fields above (journals of before, and every
                          # job that uses none of these) apply with None for all three
-                         "timeout_ms", "duplicate_policy", "resource")
+                         "timeout_ms", "duplicate_policy", "resource",
+                         # keys (node/core/keys.py); items of 15 fields apply with no key
+                         "key")
 ITEM_LEGACY_LEN = 12
 ITEM_DUPLICATE_POLICY = ITEM.index("duplicate_policy")
 # What an idempotency-key hit does (SEMANTICS.md "Duplicate policy"); None in an item = return_existing.
@@ -243,10 +245,13 @@ def release(rid, job_id: str, attempt: int, delay_ms: int, reason) -> tuple:
 
 def item(job_id, queue, job_type, payload, encoding, priority, max_attempts, custom, trace,
          scheduled_at, deadline, idempotency_key, timeout_ms=None, duplicate_policy=None,
-         resource=None) -> tuple:
+         resource=None, key=None) -> tuple:
     """One enqueue item, fields in ITEM order. Without a timeout, a duplicate policy or a
     resource it is the 12-field item of before issue 17 (what journals hold), so nothing changes
-    for such a job."""
+    for such a job; without a key, the 15-field item of before keys."""
+    if key is not None:
+        return (job_id, queue, job_type, payload, encoding, priority, max_attempts, custom, trace,
+                scheduled_at, deadline, idempotency_key, timeout_ms, duplicate_policy, resource, key)
     if timeout_ms is None and duplicate_policy is None and resource is None:
         return (job_id, queue, job_type, payload, encoding, priority, max_attempts, custom, trace,
                 scheduled_at, deadline, idempotency_key)
@@ -342,7 +347,8 @@ ANSWER = "answer"                   # an answer kept verbatim (only from snapsho
                                     # held one this version no longer makes)
 
 SWEEP_STEPS = ("promoted", "leases_expired", "deadlines_expired", "dedup_expired",
-               "request_ids_expired", "dead_letters_expired", "audit_expired", "ticks_fired")
+               "request_ids_expired", "dead_letters_expired", "audit_expired", "ticks_fired",
+               "key_timers_fired")
 
 RESULTS: dict[str, tuple[str, ...]] = {
     ENQUEUED: ("job_id", "deduplicated"),
@@ -461,9 +467,9 @@ def paused_result(queue: str, paused: bool) -> tuple:
 
 def swept(promoted: int, leases_expired: int, deadlines_expired: int, dedup_expired: int,
           request_ids_expired: int, dead_letters_expired: int, audit_expired: int = 0,
-          ticks_fired: int = 0) -> tuple:
+          ticks_fired: int = 0, key_timers_fired: int = 0) -> tuple:
     return (SWEPT, promoted, leases_expired, deadlines_expired, dedup_expired, request_ids_expired,
-            dead_letters_expired, audit_expired, ticks_fired)
+            dead_letters_expired, audit_expired, ticks_fired, key_timers_fired)
 
 
 def job_not_found(job_id: str) -> tuple:

@@ -29,7 +29,7 @@ DEFINITION_KEYS = ("cron", "time_zone", "every_ms", "start_at_ms", "end_at_ms", 
                    "catchup", "catchup_window_ms", "misfire_after_ms", "overlap", "paused", "job")
 # The job template (what check_job made of the request's `job`, without the per-job fields).
 TEMPLATE_KEYS = ("queue", "job_type", "payload", "encoding", "priority", "max_attempts", "custom",
-                 "timeout_ms", "resource", "deadline_after_ms")
+                 "timeout_ms", "resource", "deadline_after_ms")      # and "key" when the jobs have one
 # The custom fields every tick's job carries, so its worker knows what it runs for.
 SCHEDULE_FIELD, TICK_FIELD = "raftq.schedule", "raftq.tick_ms"
 # Ticks enumerated per schedule and sweep at most (on time, or the latest missed one's search).
@@ -202,7 +202,7 @@ def enqueue_template(m, s, job_id: str, tick: int, idem_key) -> str | None:
     after = t["deadline_after_ms"]
     item = ops.item(job_id, queue, t["job_type"], t["payload"], t["encoding"], t["priority"],
                     t["max_attempts"], custom, None, None, tick + after if after is not None else None,
-                    idem_key, t["timeout_ms"], ops.RETURN_EXISTING, t["resource"])
+                    idem_key, t["timeout_ms"], ops.RETURN_EXISTING, t["resource"], t.get("key"))
     r = _enqueue_one(m, item, m.clock, True)
     if type(r) is dict:
         m._set(s, "last_error", r["reason"])

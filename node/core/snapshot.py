@@ -85,7 +85,63 @@ def to_builtins(m) -> dict:
         # the heap is rebuilt from the records (one live entry each: next_fire, stamp).
         **({"schedules": [s.to_tuple() for s in m.schedules.values()]} if m.schedules else {}),
         **({"schedules_seeded": True} if m.schedules_seeded else {}),
+        **_keys(m),
     }
+
+
+def _keys(m) -> dict:
+    """Keys' state, only when there is some: per queue its levels' virtual times, the pseudo-key
+    of the jobs without a key, each key's rotation state, window and timer (node/core/keys.py
+    Key.to_tuple), and the queue-wide rate's window. Heaps and counts are rebuilt from the
+    jobs."""
+    out = [(q.name, sorted(q.keys.vtimes.items()), q.keys.plain.to_tuple(),
+            [k.to_tuple() for k in q.keys.by_key.values()])
+           for q in m.queues.values() if q.keys is not None]
+    rates = [(q.name, list(q.rate_log)) for q in m.queues.values() if q.rate_log]
+    return {"keys": {"queues": out, "rates": rates}} if out or rates else {}
+
+
+def _restore_keys(m, data) -> None:
+    from .keys import Key, Keys
+    keyed = data.get("keys")
+    if keyed is None:
+        return
+    for qname, log in keyed["rates"]:
+        m.queues[qname].rate_log = tuple(log)
+    for qname, vtimes, plain, rows in keyed["queues"]:
+        q = m.queues[qname]
+        qk = q.keys = Keys(qname, 0)
+        qk.vtimes = dict(tuple(v) for v in vtimes)
+        qk.plain = Key.from_tuple(qname, plain)
+        for t in rows:
+            k = Key.from_tuple(qname, t)
+            qk.by_key[k.name] = k
+    jobs, blocked = m.jobs, m.blocked_ids
+    for job in jobs.values():
+        name = job.key
+        if name is None or job.state not in (READY, IN_FLIGHT) or job.id in blocked:
+            continue
+        k = m.queues[job.queue].keys.by_key[name]
+        if job.state == READY:
+            k.heap.append((-job.priority, job.enqueued_at, job.seq, job))
+            k.ready += 1
+        else:
+            k.in_flight += 1
+    for q in m.queues.values():
+        qk = q.keys
+        if qk is None:
+            continue
+        for k in [qk.plain, *qk.by_key.values()]:
+            heapq.heapify(k.heap)
+            if k.held is not None:
+                qk.held_keys += 1
+                qk.held_ready += k.ready
+            if k.turn is not None:
+                qk.sched.append((k.level, k.vpass, k.since, k.turn, k))
+            if k.timer is not None:
+                m.key_timers.append(tuple(k.timer) + (k,))
+        heapq.heapify(qk.sched)
+    heapq.heapify(m.key_timers)
 
 
 # The SHOWN_FIELDS issue 17 appended (timeout_ms, releases) and the values a job of before it has.
@@ -229,6 +285,7 @@ def from_builtins(m, data: dict):
             m.tick_heap.append((s.next_fire, s.stamp, s.name))
     heapq.heapify(m.tick_heap)
     m.schedules_seeded = data.get("schedules_seeded", False)
+    _restore_keys(m, data)
     return m
 
 
@@ -271,6 +328,10 @@ def digest(m) -> str:
                                sorted(g["queues"], key=lambda x: x[0])]))
     if m.schedules or m.schedules_seeded:       # only when present, like the rest
         h.update(repr(["schedules", m.schedules_seeded, sorted(s.to_tuple() for s in m.schedules.values())]).encode())
+    k = _keys(m).get("keys")
+    if k is not None:           # only when present, like the rest
+        h.update(repr(["keys", sorted((n, v, p, sorted(rows, key=repr)) for n, v, p, rows in k["queues"]),
+                       sorted(k["rates"])]).encode())
     return h.hexdigest()[:32]
 
 

@@ -8,7 +8,7 @@ the undo log, like everything a command changes).
 """
 from __future__ import annotations
 
-from . import audit, gating, ops, schedules
+from . import audit, gating, keys, ops, schedules
 from .handlers import dead_letter, drop_dead_letter, forget, make_ready
 from .jobs import DEDUP_KEY, IN_FLIGHT, READY, SCHEDULED, dedup_expires, dedup_queue
 
@@ -23,7 +23,8 @@ def sweep(m):
                      drop_request_ids(m, now, budget),
                      drop_dead_letters_past_retention(m, now, budget),
                      audit.drop_past_retention(m, now, budget),
-                     schedules.fire_due(m, now, m.limits.max_schedules_per_sweep))
+                     schedules.fire_due(m, now, m.limits.max_schedules_per_sweep),
+                     keys.fire_timers(m, now, budget))
 
 
 def promote_due_schedules(m, now: int, budget: int) -> int:
@@ -134,6 +135,8 @@ def next_due_ms(m) -> int | None:
         due.append(m.audit[0][1] + m.limits.audit_retention_ms)
     if m.tick_heap:
         due.append(m.tick_heap[0][0])
+    if m.key_timers:
+        due.append(m.key_timers[0][0])
     if m.limits.gated:
         g = gating.next_due_ms(m)
         if g is not None:
