@@ -1,6 +1,6 @@
 """Chaos testing: the checker on hand-made histories (each violation is caught), the fault
 proxy on plain sockets, and one short chaos run per fault kind on a real cluster, each asserting
-every invariant.
+every invariant (the schedules' and the keyed queues' included: their jobs must flow).
 
 The Raft fork's own fixes found by these runs are tested in tests/test_raft_*.py.
 
@@ -647,6 +647,207 @@ def test_a_schedule_gone_at_the_end_is_caught_unless_a_cut_erased_its_creation()
     assert exp["no_tick_missed"] == 1 and exp["lost"] == 0     # its two jobs were acked before the cut
 
 
+# ---------------------------------------------------------------------------- checker: keys
+KEYS = {"chaos-keyed": {"key_concurrency": 1, "key_limits": {"hot": {"concurrency": 2}}},
+        "chaos-rated": {"key_rate": {"count": 2, "period_ms": 1000}, "rate": {"count": 3, "period_ms": 1000},
+                        "key_limits": {"slow": {"rate": {"count": 1, "period_ms": 1000}}}}}
+
+
+def kjob(job_id, attempt, tenant, handed_at, queue="chaos-keyed", lease_ms=2000, releases=0):
+    """A delivered keyed job, handed out at `handed_at` (replicated ms: its lease end minus the lease)."""
+    return H.job(job_id, attempt, "v" + job_id[1:], lease_expires=handed_at + lease_ms, queue=queue,
+                 releases=releases) | {"tenant": tenant}
+
+
+def kenq(h: H, job_ids, queue="chaos-keyed"):
+    for jid in job_ids:
+        h.enq("v" + jid[1:], jid, queue=queue)["items"][0]["tenant"] = "?"
+
+
+def test_keyed_hand_outs_within_their_limits_are_valid():
+    """One key's jobs one after the other: each handed out once the previous one's ack was sent,
+    or once its lease lapsed (a stalled worker; the zombie's ack is fenced, the job redelivered);
+    two jobs of a key allowed two at once; jobs of different keys at once; hand-outs of a rated
+    key just a period apart. H's wall clock is 1_000_000 + 1000 t."""
+    h = H()
+    kenq(h, ["j1", "j2", "j3", "j4", "j5", "j6"])
+    h.res([kjob("j1", 1, "a", 1_000_200), kjob("j3", 1, "b", 1_000_200)], t=(0.2, 0.21))
+    h.ack("j1", 1, t=(0.5, 0.51))                            # sent at 1_000_500
+    h.ack("j3", 1, t=(0.5, 0.51))
+    h.res([kjob("j2", 1, "a", 1_000_500)], t=(0.5, 0.52))   # the same ms as the ack was sent: not sure
+    h.res([kjob("j4", 1, "a", 1_003_000)], t=(3.0, 3.01))   # j2's lease (to 1_002_500) lapsed
+    h.ack("j2", 1, t=(3.1, 3.11), outcome="fail")["error"] = "attempt_mismatch"
+    h.res([kjob("j2", 2, "a", 1_005_500)], t=(5.5, 5.51))   # after j4's ack
+    h.ack("j4", 1, t=(5.2, 5.21))
+    h.ack("j2", 2, t=(5.6, 5.61))
+    h.res([kjob("j5", 1, "hot", 1_006_000), kjob("j6", 1, "hot", 1_006_000)], t=(6.0, 6.01))    # limit 2
+    h.ack("j5", 1, t=(6.1, 6.11))
+    h.ack("j6", 1, t=(6.1, 6.11))
+    kenq(h, ["j7", "j8", "j9", "j10"], queue="chaos-rated")
+    for jid, at in (("j7", 1_010_000), ("j8", 1_010_400), ("j9", 1_011_000)):
+        h.res([kjob(jid, 1, "r", at, queue="chaos-rated")], t=(at / 1000 - 1000, at / 1000 - 999.99))
+        h.ack(jid, 1, t=(at / 1000 - 999.9, at / 1000 - 999.89))
+    h.res([kjob("j10", 1, "s", 1_012_000, queue="chaos-rated")], t=(12.0, 12.01))
+    h.ack("j10", 1, t=(12.1, 12.11))
+    r = run(h, keys=KEYS)
+    assert r["valid"], failed(r)
+    st = r["stats"]["keys"]
+    assert st["chaos-keyed"]["peak_in_flight"] == {"in_flight": 2, "key": "hot", "limit": 2}
+    assert (st["chaos-keyed"]["hand_outs"], st["chaos-keyed"]["jobs_handed_out"], st["chaos-keyed"]["acked_ok_jobs"]) == (7, 6, 6)
+    assert st["chaos-rated"]["densest_key_window"] == {"hand_outs": 2, "key": "r", "count": 2, "period_ms": 1000}
+    # Without keyed queues the three are skipped, and said so.
+    inv = {i["name"]: i for i in run(H())["invariants"]}
+    assert {inv[n].get("skipped") for n in ("key_concurrency_held", "key_rate_held", "queue_rate_held")} == {
+        "no keyed queues configured"}
+
+
+def test_two_jobs_of_one_key_in_flight_at_once_are_caught():
+    def history(second_at: float, first_ack_at: float = 0.5, lease_ms: int = 2000):
+        h = H()
+        kenq(h, ["j1", "j2"])
+        h.res([kjob("j1", 1, "a", 1_000_200, lease_ms=lease_ms)], t=(0.2, 0.21))
+        at = int(1_000_000 + second_at * 1000)
+        h.res([kjob("j2", 1, "a", at)], t=(second_at, second_at + 0.05))
+        h.ack("j1", 1, t=(first_ack_at, first_ack_at + 0.01))
+        h.ack("j2", 1, t=(max(first_ack_at, second_at) + 0.1, max(first_ack_at, second_at) + 0.11))
+        return h
+    assert run(history(0.6), keys=KEYS)["valid"]                    # after j1's ack was sent
+    bad = only(run(history(0.3), keys=KEYS), "key_concurrency_held")
+    ex = bad["examples"][0]
+    assert (ex["job_id"], ex["key"], ex["key_concurrency"], ex["handed_out_at"]) == ("j2", "a", 1, 1_000_300)
+    assert ex["also_in_flight"] == [{"job_id": "j1", "attempt": 1, "handed_out_at": 1_000_200, "lease_end": 1_002_200}]
+    # Its lease lapsed (at 1_000_700, the ack of j1 comes late): the slot was free.
+    assert run(history(0.7, first_ack_at=1.0, lease_ms=500), keys=KEYS)["valid"]
+    bad = only(run(history(0.699, first_ack_at=1.0, lease_ms=500), keys=KEYS), "key_concurrency_held")
+    # The ack was invoked (0.5) before j2's reserve was answered (0.55), but sent (1_000_500 wall)
+    # after j2's stamp (1_000_450): certain, unless the cluster's clock may lag the wall clock.
+    assert only(run(history(0.45, first_ack_at=0.5), keys=KEYS), "key_concurrency_held")
+    assert run(history(0.45, first_ack_at=0.5), keys=KEYS, clock_lag_ms=100)["valid"]
+    # Any settle of the attempt counts, whatever its outcome: a nack or release, or an ack that
+    # failed (a retried call may have applied).
+    for f in ("nack", "release", "failed ack"):
+        h = history(0.6)
+        ack = next(op for op in h.ops if op["f"] == "ack" and op["job_id"] == "j1")
+        if f == "failed ack":
+            ack.update(outcome="fail", error="attempt_mismatch")
+            h.res([kjob("j1", 2, "a", 1_002_300)], t=(2.3, 2.31))       # after its lease
+        else:
+            ack.update(f=f, strategy="default", delay_ms=0, reason="r", max_attempts=3, dead_lettered=False,
+                       releases=0)
+            h.res([kjob("j1", 2, "a", 1_001_000, releases=int(f == "release"))], t=(1.0, 1.01))
+        h.ack("j1", 2, t=(2.4, 2.41))
+        assert run(h, keys=KEYS)["valid"], (f, failed(run(h, keys=KEYS)))
+        ack.update(t0=0.62, w0=1_000_620, t1=0.63, w1=1_000_630)      # sent after j2's hand-out (1_000_600)
+        assert only(run(h, keys=KEYS), "key_concurrency_held"), f
+    # Three of the `hot` key (limit 2) at once.
+    h = H()
+    kenq(h, ["j1", "j2", "j3"])
+    h.res([kjob("j1", 1, "hot", 1_000_200), kjob("j2", 1, "hot", 1_000_200), kjob("j3", 1, "hot", 1_000_200)],
+          t=(0.2, 0.21))
+    for j in ("j1", "j2", "j3"):
+        h.ack(j, 1, t=(0.5, 0.51))
+    bad = only(run(h, keys=KEYS), "key_concurrency_held")
+    assert bad["examples"][0]["key_concurrency"] == 2 and len(bad["examples"][0]["also_in_flight"]) == 2
+
+
+def test_two_hand_outs_of_one_key_in_the_same_ms_by_two_reserves():
+    """One stamp for both: either was first, so a violation only when each was certainly still in
+    flight at the other's hand-out."""
+    h = H()
+    kenq(h, ["j1", "j2"])
+    h.res([kjob("j1", 1, "a", 1_000_200)], t=(0.2, 0.21))
+    h.res([kjob("j2", 1, "a", 1_000_200)], t=(0.2, 0.22))
+    h.ack("j1", 1, t=(0.5, 0.51))
+    h.ack("j2", 1, t=(0.5, 0.51))
+    assert only(run(h, keys=KEYS), "key_concurrency_held")["count"] == 2          # each one at the other
+    h.ops[-1].update(t0=0.21, w0=1_000_200)          # j2's ack may have been applied before j1's hand-out
+    assert run(h, keys=KEYS)["valid"]
+    # A clock standing still (a leader whose clock is behind the replicated one): three of `hot`
+    # (limit 2) with one stamp. j1 and j2 by one reserve, j3 by another that overlaps it, j1's
+    # ack asked for before j3's reserve was answered: maybe j1, j2, ack j1, j3; never three at
+    # once for certain. With j3's reserve asked for only after the first was answered, and j1's
+    # ack after that, they were.
+    h = H()
+    kenq(h, ["j1", "j2", "j3"])
+    h.res([kjob("j1", 1, "hot", 1_005_000), kjob("j2", 1, "hot", 1_005_000)], t=(0.2, 0.4))
+    h.res([kjob("j3", 1, "hot", 1_005_000)], t=(0.3, 0.5))
+    h.ack("j1", 1, t=(0.45, 0.46))
+    h.ack("j2", 1, t=(0.6, 0.61))
+    h.ack("j3", 1, t=(0.6, 0.61))
+    r = run(h, keys=KEYS)
+    assert r["valid"], failed(r)
+    assert r["stats"]["keys"]["chaos-keyed"]["peak_in_flight"]["in_flight"] == 2
+    h.ops[4].update(t0=0.41, w0=1_000_410)                            # j3's reserve
+    h.ops[5].update(t0=0.55, t1=0.56, w0=1_000_550, w1=1_000_560)     # j1's ack
+    bad = only(run(h, keys=KEYS), "key_concurrency_held")
+    assert bad["examples"][0]["job_id"] == "j3" and len(bad["examples"][0]["also_in_flight"]) == 2
+
+
+def test_more_hand_outs_of_a_key_or_a_queue_than_its_rate_are_caught():
+    def history(times, tenants=None, queue="chaos-rated", release_first=False):
+        h = H()
+        jids = [f"j{i}" for i in range(len(times))]
+        kenq(h, jids, queue=queue)
+        for i, (jid, at) in enumerate(zip(jids, times)):
+            t = (at - 1_000_000) / 1000
+            tenant = (tenants or ["a"] * len(times))[i]
+            h.res([kjob(jid, 1, tenant, at, queue=queue)], t=(t, t + 0.005))
+            if release_first and i == 0:
+                h.release(jid, 1, t=(t + 0.006, t + 0.007))
+                h.res([kjob(jid, 2, tenant, at + 1, queue=queue, releases=1)], t=(t + 0.008, t + 0.009))
+                h.ack(jid, 2, t=(t + 0.01, t + 0.011))
+            else:
+                h.ack(jid, 1, t=(t + 0.006, t + 0.007))
+        return h
+    assert run(history([1_000_000, 1_000_400, 1_001_000]), keys=KEYS)["valid"]
+    bad = only(run(history([1_000_000, 1_000_400, 1_000_999]), keys=KEYS), "key_rate_held")
+    ex = bad["examples"][0]
+    assert (ex["key"], ex["count"], ex["period_ms"], ex["span_ms"]) == ("a", 2, 1000, 999)
+    assert [x[0] for x in ex["hand_outs"]] == ["j0", "j1", "j2"]
+    # A released job's next hand-out is a hand-out too (release refunds no rate token).
+    bad = only(run(history([1_000_000, 1_000_500], release_first=True), keys=KEYS), "key_rate_held")
+    assert [x[:2] for x in bad["examples"][0]["hand_outs"]] == [["j0", 1], ["j0", 2], ["j1", 1]]
+    # A key's own override (slow: one a second).
+    assert only(run(history([1_000_000, 1_000_900], tenants=["slow", "slow"]), keys=KEYS), "key_rate_held")
+    # The queue-wide rate: 4 keys, one hand-out each, 4 within a second (limit 3).
+    spread = history([1_000_000, 1_000_100, 1_000_200, 1_000_999], tenants=["a", "b", "c", "d"])
+    bad = only(run(spread, keys=KEYS), "queue_rate_held")
+    assert (bad["examples"][0]["count"], bad["examples"][0]["span_ms"]) == (3, 999)
+    assert run(history([1_000_000, 1_000_100, 1_000_200, 1_001_000], tenants=["a", "b", "c", "d"]), keys=KEYS)["valid"]
+    # chaos-keyed has no rate: as many hand-outs as it likes.
+    assert run(history([1_000_000, 1_000_001, 1_000_002], tenants=["a", "b", "c"], queue="chaos-keyed"), keys=KEYS)["valid"]
+
+
+def test_a_memory_mode_power_cut_that_erased_a_hand_out_excuses_the_next_one():
+    """j1's hand-out was answered after the last durable point, and the cut rolled it back: the
+    restarted cluster rightly handed out j2 of the same key (expected, counted apart)."""
+    h = H()
+    kenq(h, ["j1", "j2"])
+    h.res([kjob("j1", 1, "a", 1_000_400)], t=(0.4, 0.41))
+    h.res([kjob("j2", 1, "a", 1_001_000)], t=(1.0, 1.01))
+    h.ack("j1", 1, t=(1.2, 1.21))
+    h.ack("j2", 1, t=(1.2, 1.21))
+    cut = {"kind": "power-loss", "durability": "memory", "durable_from_wall_ms": 1_000_300, "t_restart": 0.8,
+           "w_cut": 1_000_500, "t_inject": 0.5}
+    inv = {i["name"]: i for i in run(h, keys=KEYS, power_losses=[cut])["invariants"]}["key_concurrency_held"]
+    assert inv["ok"] and inv.get("expected_after_power_loss") == 1, inv
+    assert only(run(h, keys=KEYS), "key_concurrency_held")
+
+
+def test_the_no_keys_switch_and_the_clock_lag_of_a_run():
+    from raftq.cluster.chaos.runner import build_parser, clock_lag_ms, options_from_args
+    from raftq.cluster.chaos.workload import KEY_QUEUE_SETTINGS, keys_config
+
+    assert options_from_args(build_parser().parse_args([])).workload.keys
+    assert not options_from_args(build_parser().parse_args(["--no-keys"])).workload.keys
+    queues, spec = keys_config()
+    assert [q["name"] for q in queues] == list(spec) == list(KEY_QUEUE_SETTINGS)
+    assert spec["chaos-keyed"]["key_concurrency"] == 1 and spec["chaos-rated"]["key_rate"]["count"] == 5
+    assert clock_lag_ms([{"kind": "kill-leader"}, {"kind": "clock-skew", "offset_ms": 3000}]) == 0
+    assert clock_lag_ms([{"kind": "clock-skew", "offset_ms": -8000}, {"kind": "clock-strobe", "amplitude_ms": 500}]) == 8100
+    assert clock_lag_ms([{"kind": "clock-skew", "offset_ms": -3000, "skipped": "no node"}]) == 0
+
+
 def test_internal_errors_are_caught():
     h = H()
     h.enq("v1", t=(0, 1), outcome="unknown")
@@ -811,6 +1012,11 @@ def chaos_run(tmp_path, kinds, *, duration=8.0, seed=1, nodes=3, durability="fsy
     if not (durability == "memory" and report.get("power_loss")):
         assert all(v["ticks"] >= 3 and v["fired"] is not None for v in sched.values()), text
         assert sched["chaos-all"]["missing"] == sched["chaos-catchup"]["missing"] == 0, text
+    # The keyed queues' jobs flowed through the faults, and the key limits were judged.
+    assert not any(invs[n].get("skipped") for n in ("key_concurrency_held", "key_rate_held", "queue_rate_held")), text
+    keyed = report["stats"]["keys"]
+    assert set(keyed) == {"chaos-keyed", "chaos-rated"}, text
+    assert all(v["hand_outs"] > 0 and v["acked_ok_jobs"] > 0 for v in keyed.values()), text
     return report
 
 
@@ -1116,7 +1322,7 @@ def test_the_report_opens_with_its_verdict():
     line = verdict(good)
     # A hand-made history leaves out what needs a cluster (views, logs, gates): skipped, and said so.
     assert line.startswith("PASS: no acknowledged job lost, no fencing violation, every invariant checked holds "
-                           "(14 of 26; 12 skipped)"), line
+                           "(14 of 29; 15 skipped)"), line
     assert "2 faults of 2 kinds, 1 job enqueued, 1 acked, 0 dead-lettered" in line
     h.enq("v2", "j2")
     h.ack("j1", 1, t=(0.6, 0.7))                                 # a second ok ack: a fencing violation

@@ -24,6 +24,12 @@ dlq_drain), `outcome` (ok / fail / unknown), `t0`/`t1` (monotonic invoke/complet
 `gates` (optional) says what the run configured: `{"resource_limits": {name: max},
 "circuit": {"queue", "failures", "open_ms"}, "windows": {"queue", "open": [[from_ms, to_ms], ...]}}`.
 
+`keys` (optional) names the keyed queues and their key settings as configured: `{queue:
+{"key_concurrency", "key_rate": {count, period_ms}, "rate": {count, period_ms}, "key_limits":
+{key: {"concurrency", "rate"}}}}`; a delivered job of one (and its enqueue item) carries its key
+as `tenant` (`key` is the idempotency key). `clock_lag_ms`: how far the replicated clock may be
+behind the wall clock (the largest backward clock offset of any node in the run).
+
 Unknown outcomes follow Jepsen: an unknown enqueue may or may not have created its job (a job
 delivered anyway is "recovered"); an unknown ack may or may not have completed the job.
 
@@ -239,6 +245,11 @@ INVARIANTS = (
     ("throttle_limit", "never more jobs of a resource in flight at once than its limit (replicated clock, across failovers)"),
     ("circuit_open", "once a queue's breaker must be open, its jobs are handed out one probe at a time, open_ms apart"),
     ("window_closed", "no job of a windowed queue handed out while its window is closed (replicated clock)"),
+    ("key_concurrency_held", "never more jobs of one key in flight at once than its key_concurrency (replicated "
+                             "clock: from its hand-out to the first settle sent or its lease end)"),
+    ("key_rate_held", "never more hand-outs of one key than its key_rate's count in any period_ms (replicated "
+                      "clock; redeliveries and released jobs count)"),
+    ("queue_rate_held", "never more hand-outs of a queue than its rate's count in any period_ms (replicated clock)"),
     ("schedule", "no job leased before its scheduled time (replicated clock; wall clock within the skew tolerance)"),
     ("one_job_per_tick", "at most one job per (schedule, tick), ever: never two job ids for one tick, nor two ticks for one job"),
     ("no_tick_missed", "no tick missed beyond the catch-up policy (all: every tick; one: a gap only before the latest "
@@ -277,7 +288,7 @@ def check(ops: list[dict], *, dead_letters: list[dict], drain: dict | None = Non
           clock_tolerance_ms: int = 100, internal_errors: list | None = None,
           node_logs: dict | None = None, power_losses: list | None = None, disk_faults: list | None = None,
           untrusted_claims: list | None = None, gates: dict | None = None,
-          max_catchup_ticks: int = MAX_CATCHUP_TICKS) -> dict:
+          max_catchup_ticks: int = MAX_CATCHUP_TICKS, keys: dict | None = None, clock_lag_ms: int = 0) -> dict:
     """All invariants. `retry` = {retry_delay_ms, retry_backoff, retry_delay_max_ms,
     max_schedule_horizon_ms}: the cluster's retry policy (to check default-nack delays).
     `leader_claims` = {term: [node ids that said they lead in that term]}. `power_losses` = the
@@ -285,9 +296,12 @@ def check(ops: list[dict], *, dead_letters: list[dict], drain: dict | None = Non
     (PowerCuts), never hidden; fsync-mode cuts excuse nothing. `disk_faults` = the records of the
     faults that damaged, failed or filled a node's disk (bitflip, truncate, rollback, fsync-eio,
     disk-full), `untrusted_claims` = views of a node leading or standing for election while its
-    log was untrusted (the sampler's). `max_catchup_ticks`: the cluster's (no_tick_missed)."""
+    log was untrusted (the sampler's). `max_catchup_ticks`: the cluster's (no_tick_missed).
+    `keys`: the keyed queues' settings, `clock_lag_ms` how far the replicated clock may lag the
+    wall clock (key_concurrency_held; see the module's docstring)."""
     ix = Index(ops, dead_letters)
     pc = PowerCuts(power_losses)
+    key_queues = keys                       # (`keys` is reused below for idempotency keys)
     invs = {name: Inv(name, about) for name, about in INVARIANTS}
 
     # ------------------------------------------------------------------ identity
@@ -614,6 +628,12 @@ def check(ops: list[dict], *, dead_letters: list[dict], drain: dict | None = Non
     else:
         for name in ("throttle_limit", "circuit_open", "window_closed"):
             invs[name].skipped = "no gates configured"
+    if key_queues:
+        key_stats = _check_keys(ix, invs, key_queues, pc, clock_lag_ms)
+    else:
+        key_stats = None
+        for name in ("key_concurrency_held", "key_rate_held", "queue_rate_held"):
+            invs[name].skipped = "no keyed queues configured"
 
     # ------------------------------------------------------------------ final state
     if drain is not None:
@@ -724,6 +744,7 @@ def check(ops: list[dict], *, dead_letters: list[dict], drain: dict | None = Non
         "gated_deliveries": {q: sum(1 for ds in ix.deliveries.values() for _, j in ds if j.get("queue") == q)
                              for q in ("thr", "cb", "win")} if gates else None,
         "schedules": schedule_stats,
+        "keys": key_stats,
     }
     out = [inv.out() for inv in invs.values()]
     return {"valid": all(i["ok"] for i in out), "invariants": out, "stats": stats, "failures": failed_ops(ix)}
@@ -892,6 +913,168 @@ def _check_gates(ix: Index, invs: dict, gates: dict, pc: PowerCuts):
             i = bisect.bisect_right(starts, now) - 1
             if i < 0 or not (spans[i][0] <= now < spans[i][1]):
                 invs["window_closed"].bad({"queue": win["queue"], "job_id": j["job_id"], "leased_at": now, "op": op["id"]})
+
+
+# ---------------------------------------------------------------------------- keys
+def _rate_of(x):
+    """A configured rate ({count, period_ms} or [count, period_ms]) as (count, period_ms), or None."""
+    if x is None:
+        return None
+    if isinstance(x, dict):
+        return int(x["count"]), int(x["period_ms"])
+    return int(x[0]), int(x[1])
+
+
+def _key_limits(settings: dict, key) -> tuple:
+    """(concurrency or None, (count, period_ms) or None) of `key` in a queue (node/core/keys.py
+    key_limits: a key_limits entry overrides what it names)."""
+    over = (settings.get("key_limits") or {}).get(key) or {}
+    conc = over.get("concurrency") if over.get("concurrency") is not None else settings.get("key_concurrency")
+    rate = over.get("rate") if over.get("rate") is not None else settings.get("key_rate")
+    return conc, _rate_of(rate)
+
+
+def _lease_end(ix: Index, j: dict):
+    """The lease end of delivery j on the replicated clock: its own, or a later one an ok extend
+    of the same attempt answered (the job was in flight when the extend applied)."""
+    end = j.get("lease_expires")
+    if end is None:
+        return None
+    for e in ix.extends.get(j["job_id"], ()):
+        if e["attempt"] == j["attempt"] and _ok(e) and e.get("lease_expires") is not None:
+            end = max(end, e["lease_expires"])
+    return end
+
+
+def _key_in_flight(ix: Index, y: tuple, x: tuple, lag_ms: int) -> bool:
+    """Delivery y was certainly still in flight on the server when delivery x was handed out.
+
+    Hand-outs are on the replicated clock (lease end minus the lease asked for, exact: the
+    lease is never clamped). y was handed out no later than x (x's stamp is not earlier), and
+    at x's stamp its lease had not lapsed (x's stamp before y's lease end: a lease lapses at the
+    first sweep with now >= its end), and nothing that could end it had been applied: every
+    ack, nack or release of y's attempt (whatever its outcome: a retried call may have applied)
+    was invoked after x's reserve was answered, or sent (wall ms) more than `lag_ms` after x's
+    stamp. The latter holds because the leader stamps a command no earlier than its own wall
+    clock when it proposes it, which is after the command was sent, and a leader's clock is
+    behind the true one by at most the run's largest backward offset (lag_ms); stamps are ms,
+    so equal stamps say nothing about order (strictly greater)."""
+    (yop, yj, ynow), (xop, xj, xnow) = y, x
+    if ynow > xnow:
+        return False
+    end = _lease_end(ix, yj)
+    if end is None or xnow >= end:
+        return False
+    for s in _settles(ix, yj["job_id"], yj["attempt"]):
+        if not (s["t0"] > xop["t1"] or (s.get("w0") is not None and s["w0"] > xnow + lag_ms)):
+            return False
+    return True
+
+
+def _densest(times: list, period: int) -> int:
+    """The most of the sorted `times` inside one window of `period` ms (t[j] - t[i] < period)."""
+    best = i = 0
+    for j, t in enumerate(times):
+        while t - times[i] >= period:
+            i += 1
+        best = max(best, j - i + 1)
+    return best
+
+
+def _check_keys(ix: Index, invs: dict, keys: dict, pc: PowerCuts, lag_ms: int) -> dict:
+    """key_concurrency_held, key_rate_held and queue_rate_held over every delivery of a keyed
+    queue (the final drain's included: the limits hold then too); what each queue did, for the
+    report. A hand-out a memory-mode power cut may have erased before the one judged does not
+    count against it (the cluster that made that one no longer knew of it): counted apart as
+    expected, like the gates' checks."""
+    conc_inv, rate_inv, qrate_inv = invs["key_concurrency_held"], invs["key_rate_held"], invs["queue_rate_held"]
+    per_queue: dict = {q: [] for q in keys}
+    seen: set = set()
+    for jid, ds in ix.deliveries.items():
+        for op, j in ds:
+            q = j.get("queue") or ix.job_queue.get(jid)
+            if q not in per_queue or (jid, j["attempt"]) in seen:
+                continue
+            seen.add((jid, j["attempt"]))          # one hand-out per attempt (a second one: redelivery_attempts)
+            now = reserve_now(op, j)
+            if now is not None:
+                per_queue[q].append((op, j, now))
+    stats: dict = {}
+    for q, lst in per_queue.items():
+        settings = keys[q] or {}
+        lst.sort(key=lambda d: (d[2], d[0]["t1"]))
+        by_key: dict = defaultdict(list)
+        for d in lst:
+            by_key[d[1].get("tenant")].append(d)
+        peak = {"in_flight": 0, "key": None, "limit": None}
+        densest = {"hand_outs": 0, "key": None, "count": None, "period_ms": None}
+        for key, kl in by_key.items():
+            if key is None:
+                continue                           # a job without a key: no key limit
+            conc, rate = _key_limits(settings, key)
+            times = [d[2] for d in kl]
+            if conc is not None:
+                for x in kl:
+                    lo = bisect.bisect_left(times, x[2] - MAX_LEASE_MS)
+                    hi = bisect.bisect_right(times, x[2])
+                    # Those certainly handed out before x (an earlier stamp, the same reserve, or
+                    # the same stamp by a reserve answered before x's was asked for: the clock
+                    # stands still while a leader's clock is behind the replicated one) and
+                    # certainly still in flight at x's hand-out: all of them and x at once.
+                    held, either = [], False
+                    for y in kl[lo:hi]:
+                        if y is x or y[1]["job_id"] == x[1]["job_id"] or not _key_in_flight(ix, y, x, lag_ms):
+                            continue
+                        if y[2] < x[2] or y[0] is x[0] or y[0]["t1"] < x[0]["t0"]:
+                            held.append(y)
+                        elif conc == 1 and _key_in_flight(ix, x, y, lag_ms):
+                            # One stamp, two reserves in unknown order, each certainly in flight at
+                            # the other's hand-out: whichever came second, two at once.
+                            either = True
+                            held.append(y)
+                    if not either and len(held) + 1 > peak["in_flight"]:
+                        peak = {"in_flight": len(held) + 1, "key": key, "limit": conc}
+                    if len(held) + 1 > conc:
+                        kept = [y for y in held if not pc.lost_before(y[0], x[0]["t1"])]
+                        conc_inv.bad_unless(len(kept) + 1 <= conc, {
+                            "queue": q, "key": key, "key_concurrency": conc, "job_id": x[1]["job_id"],
+                            "attempt": x[1]["attempt"], "handed_out_at": x[2], "op": x[0]["id"],
+                            "also_in_flight": [{"job_id": y[1]["job_id"], "attempt": y[1]["attempt"],
+                                                "handed_out_at": y[2], "lease_end": _lease_end(ix, y[1])}
+                                               for y in held]})
+            if rate is not None:
+                count, period = rate
+                for i in range(len(kl) - count):
+                    a, b = kl[i], kl[i + count]
+                    if b[2] - a[2] < period:
+                        rate_inv.bad_unless(any(pc.lost_before(d[0], b[0]["t1"]) for d in kl[i:i + count]), {
+                            "queue": q, "key": key, "count": count, "period_ms": period, "span_ms": b[2] - a[2],
+                            "hand_outs": [[d[1]["job_id"], d[1]["attempt"], d[2]] for d in kl[i:i + count + 1]]})
+                n = _densest(times, period)
+                if n > densest["hand_outs"]:
+                    densest = {"hand_outs": n, "key": key, "count": count, "period_ms": period}
+        qrate = _rate_of(settings.get("rate"))
+        queue_densest = None
+        if qrate is not None:
+            count, period = qrate
+            for i in range(len(lst) - count):
+                a, b = lst[i], lst[i + count]
+                if b[2] - a[2] < period:
+                    qrate_inv.bad_unless(any(pc.lost_before(d[0], b[0]["t1"]) for d in lst[i:i + count]), {
+                        "queue": q, "count": count, "period_ms": period, "span_ms": b[2] - a[2],
+                        "hand_outs": [[d[1]["job_id"], d[1]["attempt"], d[2]] for d in lst[i:i + count + 1]]})
+            queue_densest = {"hand_outs": _densest([d[2] for d in lst], period), "count": count, "period_ms": period}
+        jobs = {d[1]["job_id"] for d in lst}
+        stats[q] = {"keys": sum(1 for k in by_key if k is not None),
+                    "enqueued_ok_jobs": len({res["job_id"] for _, item, res in ix.ok_items if item.get("queue") == q}),
+                    "hand_outs": len(lst), "jobs_handed_out": len(jobs),
+                    "acked_ok_jobs": sum(1 for jid in jobs if any(_ok(a) for a in ix.acks.get(jid, ()))),
+                    "releases_ok": sum(1 for jid in jobs for r in ix.releases.get(jid, ()) if _ok(r)),
+                    "dead_lettered": sum(1 for jid in jobs if jid in ix.dlq),
+                    "peak_in_flight": peak if peak["limit"] is not None else None,
+                    "densest_key_window": densest if densest["key"] is not None else None,
+                    "densest_queue_window": queue_densest}
+    return stats
 
 
 # ---------------------------------------------------------------------------- schedules

@@ -50,8 +50,8 @@ from ...node import sync_shadow
 from . import diskfaults
 from .nemesis import ALL_KINDS, GROUPS, KINDS, Env, Nemesis, Sampler, ScheduleConfig, describe_fault
 from .proxy import ProxyNet
-from .workload import (History, WorkloadConfig, Workload, final_drain, gates_config, lease_liveness_probe, lift_gates,
-                       pause_schedules, wall_ms)
+from .workload import (History, WorkloadConfig, Workload, final_drain, gates_config, keys_config, lease_liveness_probe,
+                       lift_gates, pause_schedules, wall_ms)
 from ..local import LocalCluster, http_json
 
 RETRY_LIMITS = {"retry_delay_ms": 100, "retry_backoff": "exponential", "retry_delay_max_ms": 1000}
@@ -189,8 +189,9 @@ async def run_chaos(opts: ChaosOptions) -> dict:
         # takes it off before the final drain.
         minutes = int(opts.duration // 60) + 15
         gate_limits, gate_queues, gates = gates_config(time.time_ns() // 1_000_000, minutes)
+    key_queues, keys = ([], None) if not wcfg.keys else keys_config()
     cluster = LocalCluster(directory, nodes=opts.nodes, durability=opts.durability,
-                           limits={**RETRY_LIMITS, **gate_limits}, queues=gate_queues,
+                           limits={**RETRY_LIMITS, **gate_limits}, queues=gate_queues + key_queues,
                            storage={"dead_letter_retention_ms": 3_600_000, "sweep_interval_ms": opts.sweep_interval_ms},
                            tuning=dict(opts.tuning))
     if "power-loss" in opts.faults or "fsync-eio" in opts.faults:
@@ -220,7 +221,7 @@ async def run_chaos(opts: ChaosOptions) -> dict:
     env = Env(cluster, net, h)
     env.disks, env.reserve_bytes, env.stash_dir = disks, int(opts.reserve_bytes), directory / "stash"
     report: dict = {"seed": seed, "nodes": opts.nodes, "durability": opts.durability, "duration_s": opts.duration,
-                    "fault_kinds": list(opts.faults), "dir": str(directory), "gates": gates}
+                    "fault_kinds": list(opts.faults), "dir": str(directory), "gates": gates, "keys": keys}
     phase = Phases()
     nemesis = Nemesis(env, seed, scfg, on_event=lambda m: progress.event(f"[{h.now():6.1f}s] {m}"))
     views_sink = open(directory / "views.jsonl", "wb")
@@ -297,7 +298,8 @@ async def run_chaos(opts: ChaosOptions) -> dict:
                        retry=retry, clock_tolerance_ms=env.max_forward_skew_ms + 100,
                        internal_errors=h.internal_errors, node_logs=node_logs, power_losses=cuts,
                        disk_faults=[f for f in faults if f["kind"] in DISK_FAULT_KINDS],
-                       untrusted_claims=sampler.untrusted_claims, gates=gates)
+                       untrusted_claims=sampler.untrusted_claims, gates=gates, keys=keys,
+                       clock_lag_ms=clock_lag_ms(faults))
         unav = unavailability(h.ops, [f for f in faults if not f.get("skipped")])
         for u in unav:          # when a leader of a newer term was first seen after the fault
             later = [(t, s) for t, s in sampler.first_seen.items() if s[1] >= u["t_inject"]]
@@ -328,7 +330,8 @@ async def run_chaos(opts: ChaosOptions) -> dict:
             "steps": nemesis.steps,
             "ops": result["stats"]["ops"],
             "stats": result["stats"] | {"worker_stalls": workload.stalls, "leader_samples": sampler.samples,
-                                        "terms_seen": len(sampler.claims)},
+                                        "terms_seen": len(sampler.claims),
+                                        "key_samples": workload.key_samples if keys else None},
             "invariants": result["invariants"],
             "violations": sum(i["count"] for i in result["invariants"]),
             "failures": result["failures"],
@@ -392,6 +395,22 @@ def _power_loss_summary(cuts: list, result: dict) -> dict:
 
 
 DISK_FAULT_KINDS = ("bitflip", "truncate", "rollback", "fsync-eio", "disk-full")
+
+
+def clock_lag_ms(faults: list) -> int:
+    """How far the replicated clock may have been behind the wall clock in this run: the
+    largest backward offset of any node's clock (a clock-skew below zero, a strobe's amplitude),
+    plus a margin; the checker's key_concurrency_held compares the workers' wall-clock send
+    times with the cluster's stamps."""
+    lag = 0
+    for f in faults:
+        if f.get("skipped"):
+            continue
+        if f["kind"] == "clock-skew" and (f.get("offset_ms") or 0) < 0:
+            lag = max(lag, -f["offset_ms"])
+        elif f["kind"] == "clock-strobe":
+            lag = max(lag, f.get("amplitude_ms") or 0)
+    return lag + 100 if lag else 0
 
 
 def _disk_summary(faults: list, result: dict) -> dict | None:
@@ -491,6 +510,24 @@ def _ops_section(r: dict) -> list[str]:
     out.append(f"  jobs enqueued ok {s['enqueued_ok_jobs']:,}, recovered (unknown enqueue, delivered anyway) "
                f"{s['recovered']:,}, deliveries {s['deliveries']:,}, redeliveries {s['redeliveries']:,}, "
                f"dead letters {_counts(s['dead_letters'])}, worker stalls {s.get('worker_stalls')}")
+    for name, v in (s.get("keys") or {}).items():
+        sample = (s.get("key_samples") or {}).get(name) or {}
+        parts = [f"  keyed queue {name}: {v['keys']} keys, {v['enqueued_ok_jobs']:,} jobs enqueued, "
+                 f"{v['hand_outs']:,} hand-outs of {v['jobs_handed_out']:,} jobs, {v['acked_ok_jobs']:,} acked, "
+                 f"{v['releases_ok']:,} releases, {v['dead_lettered']:,} dead-lettered"]
+        pk, dk, dq = v.get("peak_in_flight"), v.get("densest_key_window"), v.get("densest_queue_window")
+        if pk:
+            parts.append(f"at most {pk['in_flight']} of one key surely in flight at once ({pk['key']}, limit "
+                         f"{pk['limit']})")
+        if dk:
+            parts.append(f"densest {dk['period_ms']} ms of one key {dk['hand_outs']} hand-outs ({dk['key']}, limit "
+                         f"{dk['count']})")
+        if dq:
+            parts.append(f"of the queue {dq['hand_outs']} (limit {dq['count']})")
+        if sample.get("samples"):
+            parts.append(f"server stats: up to {_n(sample['max_keys_at_limit'], 'key')} at a limit holding "
+                         f"{_n(sample['max_ready_held_by_keys'], 'ready job')} back")
+        out.append("; ".join(parts))
     for name, v in (s.get("schedules") or {}).items():
         out.append(f"  schedule {name} (catchup {v['catchup']}, misfire_after_ms {v['misfire_after_ms']}): "
                    f"{v['ticks']:,} ticks seen, {v['late']:,} fired late, {v['missing']:,} missing between the first "
@@ -604,6 +641,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "breaker, an execution window) and releases")
     p.add_argument("--no-schedules", action="store_true", help="leave out the schedules (one tick a second, one per "
                    "catch-up policy) and their checks")
+    p.add_argument("--no-keys", action="store_true", help="leave out the keyed queues (per-key concurrency and rate "
+                   "limits, a queue-wide rate) and their checks")
     p.add_argument("--no-progress", action="store_true", help="no progress line on stderr")
     return p
 
@@ -635,6 +674,8 @@ def options_from_args(args) -> ChaosOptions:
         opts.workload.gated = False
     if args.no_schedules:
         opts.workload.schedules = False
+    if args.no_keys:
+        opts.workload.keys = False
     return opts
 
 

@@ -34,6 +34,17 @@ delivery's schedule and tick (the custom fields `raftq.schedule`, `raftq.tick_ms
 their last jobs and then reads the schedules' views (`schedule_views`: `fired` per schedule).
 The checker holds the ticks to one job per tick and to the catch-up policy (checker.py
 `_check_schedules`).
+
+Keyed queues (issue 33, on unless `keys=False`): `KEY_QUEUES` are declared with per-key limits
+(node/core/keys.py): `chaos-keyed` with `key_concurrency = 1` over 20 keys (one of them allowed 2),
+`chaos-rated` with `key_rate = {count = 5, period_ms = 1000}` (one key 2 a second) and a
+queue-wide `rate`. A key producer enqueues jobs with a `key` (a few hot keys get most of them,
+sometimes in bursts of one key), key workers reserve from those queues only, with a fixed lease
+(`KEY_LEASE_MS`, far below the clamp), hold each job a little and ack it, or nack, release, or
+stall past the lease. A delivered job's key is recorded as `tenant` (the history's `key` is the
+idempotency key): the server's when the client's Job carries it, else the copy the workload puts
+in the payload (`g`). The checker holds the hand-outs to the limits on the replicated clock (checker.py
+`_check_keys`).
 """
 from __future__ import annotations
 
@@ -67,6 +78,27 @@ SCHEDULES = {
     "chaos-one": {"every_ms": 1000, "catchup": "one", "misfire_after_ms": 1000},
     "chaos-skip": {"every_ms": 1000, "catchup": "skip", "misfire_after_ms": 1000},
 }
+# Keyed queues (issue 33): name -> the [[queues]] entry's key settings. `chaos-keyed`: at most one
+# job of a key in flight (t00, the hottest key, two); `chaos-rated`: at most 5 hand-outs of a key
+# in any second (r3 two), at most 12 of the queue.
+KEYED_QUEUE, RATED_QUEUE = "chaos-keyed", "chaos-rated"
+KEY_QUEUES = (KEYED_QUEUE, RATED_QUEUE)
+KEY_QUEUE_SETTINGS = {
+    KEYED_QUEUE: {"key_concurrency": 1, "key_limits": {"t00": {"concurrency": 2}}},
+    RATED_QUEUE: {"key_rate": {"count": 5, "period_ms": 1000}, "rate": {"count": 12, "period_ms": 1000},
+                  "key_limits": {"r3": {"rate": {"count": 2, "period_ms": 1000}}}},
+}
+QUEUE_KEYS = {KEYED_QUEUE: tuple(f"t{i:02d}" for i in range(20)), RATED_QUEUE: ("r0", "r1", "r2", "r3")}
+# How often each key is picked: a few hot keys get most jobs, so limits bind.
+KEY_WEIGHTS = {KEYED_QUEUE: tuple(1 / (i + 1) for i in range(20)), RATED_QUEUE: (4, 2, 2, 2)}
+KEY_LEASE_MS = 2000                 # the key workers' lease: fixed, far below max_lease_duration_ms
+
+
+def keys_config() -> tuple[list, dict]:
+    """What a keyed run configures: ([[queues]] entries, the checker's `keys`: queue -> its key
+    settings as configured)."""
+    queues = [{"name": name, **settings} for name, settings in KEY_QUEUE_SETTINGS.items()]
+    return queues, {name: dict(settings) for name, settings in KEY_QUEUE_SETTINGS.items()}
 
 
 def gates_config(now_ms: int, minutes: int) -> tuple[dict, list, dict]:
@@ -168,8 +200,11 @@ def classify(exc: BaseException) -> tuple[str, str]:
     return "unknown", type(exc).__name__
 
 
-def payload_of(value: str, key: str | None, job_type: str) -> bytes:
-    return orjson.dumps({"v": value, "k": key, "t": job_type})
+def payload_of(value: str, key: str | None, job_type: str, tenant: str | None = None) -> bytes:
+    """The job's payload: its value, idempotency key and type; a keyed job's key as `g`."""
+    if tenant is None:
+        return orjson.dumps({"v": value, "k": key, "t": job_type})
+    return orjson.dumps({"v": value, "k": key, "t": job_type, "g": tenant})
 
 
 def delivery(job: Job) -> dict:
@@ -183,7 +218,7 @@ def delivery(job: Job) -> dict:
             "job_type": job.job_type, "value": p.get("v"), "key": p.get("k"),
             "lease_expires": job.lease_expires_at_ms, "scheduled_at": job.scheduled_at_ms,
             "enqueued_at": job.enqueued_at_ms, "releases": getattr(job, "releases", 0) or 0,
-            "resource": getattr(job, "resource", None),
+            "resource": getattr(job, "resource", None), "tenant": getattr(job, "key", None) or p.get("g"),
             "schedule": custom.get(SCHEDULE_FIELD), "tick": custom.get(TICK_FIELD)}
 
 
@@ -209,6 +244,11 @@ class WorkloadConfig:
     gated_rate: float = 0.3            # share of producer jobs that go to a gated queue
     release_rate: float = 0.05         # share of work jobs a worker hands back
     schedules: bool = True             # also the schedules (SCHEDULES) and their queue
+    keys: bool = True                  # also the keyed queues (KEY_QUEUES), their producer and workers
+    key_producers: int = 1
+    key_workers: int = 3
+    key_think_s: tuple = (0.05, 0.15)  # key producer pause between enqueues
+    key_hold_s: tuple = (0.05, 0.3)    # how long a key worker holds a job before it settles it
 
 
 class Workload:
@@ -221,6 +261,10 @@ class Workload:
         self.tasks: list[asyncio.Task] = []
         self.clients: list[Client] = []
         self.stalls = 0
+        # What the key sampler saw of the keyed queues (GET /v1/queues/{name}): the most keys
+        # held at a limit and ready jobs they held back at once, per queue.
+        self.key_samples: dict = {q: {"samples": 0, "max_keys_at_limit": 0, "max_ready_held_by_keys": 0,
+                                      "max_keys": 0} for q in KEY_QUEUES}
 
     def client(self, **kw) -> Client:
         kw.setdefault("timeout", self.cfg.op_timeout_s)
@@ -238,6 +282,12 @@ class Workload:
             self.tasks.append(loop.create_task(self.producer(f"p{i}", kind, random.Random(f"{self.seed}-p{i}"))))
         for i in range(self.cfg.workers):
             self.tasks.append(loop.create_task(self.worker(f"w{i}", random.Random(f"{self.seed}-w{i}"))))
+        if self.cfg.keys:
+            for i in range(self.cfg.key_producers):
+                self.tasks.append(loop.create_task(self.key_producer(f"kp{i}", random.Random(f"{self.seed}-kp{i}"))))
+            for i in range(self.cfg.key_workers):
+                self.tasks.append(loop.create_task(self.key_worker(f"kw{i}", random.Random(f"{self.seed}-kw{i}"))))
+            self.tasks.append(loop.create_task(self.key_sampler()))
         self.tasks.append(loop.create_task(self.probe()))
 
     async def stop(self, grace_s: float = 15.0):
@@ -322,9 +372,47 @@ class Workload:
 
     @staticmethod
     def _req_record(req: dict, value: str, key: str | None) -> dict:
-        return {"value": value, "key": key, "queue": req["queue"], "job_type": req["job_type"],
-                "max_attempts": req.get("max_attempts"), "scheduled_at": req.get("scheduled_at_ms"),
-                "delay_ms": req.get("delay_ms")}
+        rec = {"value": value, "key": key, "queue": req["queue"], "job_type": req["job_type"],
+               "max_attempts": req.get("max_attempts"), "scheduled_at": req.get("scheduled_at_ms"),
+               "delay_ms": req.get("delay_ms")}
+        if req.get("key") is not None:
+            rec["tenant"] = req["key"]
+        return rec
+
+    def _key_request(self, rng: random.Random, value: str, queue: str, tenant: str) -> dict:
+        fields = {"priority": rng.choice((0, 0, 0, 1, 2)), "max_attempts": rng.choice((2, 3, 3, 4))}
+        if rng.random() < 0.1:
+            fields["delay_ms"] = rng.randint(100, 1000)       # ready later: it joins its key's heap then
+        req = job_request(queue, "work", payload_of(value, None, "work", tenant), encoding="application/json",
+                          **fields)
+        req["key"] = tenant
+        return req
+
+    async def key_producer(self, proc: str, rng: random.Random):
+        """Keyed jobs into KEY_QUEUES (the client's automatic idempotency keys): one at a time, a
+        batch of a few keys, or a burst of one key."""
+        c = self.client()
+        n = turn = 0
+        while not self.stopping.is_set():
+            queue = KEY_QUEUES[turn % len(KEY_QUEUES)]      # in turn: even a short run fills both
+            turn += 1
+            names, weights = QUEUE_KEYS[queue], KEY_WEIGHTS[queue]
+            r = rng.random()
+            if r < 0.15:
+                tenants = [rng.choices(names, weights)[0]] * rng.randint(2, 5)       # a burst of one key
+            elif r < 0.3:
+                tenants = rng.choices(names, weights, k=rng.randint(2, 4))
+            else:
+                tenants = [rng.choices(names, weights)[0]]
+            reqs, recs = [], []
+            for tenant in tenants:
+                value = f"{proc}-{n}"
+                n += 1
+                req = self._key_request(rng, value, queue, tenant)
+                reqs.append(req)
+                recs.append(self._req_record(req, value, None))
+            await self._enqueue(c, proc, reqs, recs, batch=len(reqs) > 1)
+            await self._sleep(rng.uniform(*self.cfg.key_think_s) * len(reqs))
 
     async def producer(self, proc: str, kind: str, rng: random.Random):
         transport = "http" if kind == "raw" and "http" in self.cfg.transports else "session"
@@ -412,6 +500,53 @@ class Workload:
                 await self.handle(c, proc, rng, job, batch)
             if batch:
                 await self.ack_batch(c, proc, batch)
+
+    async def key_sampler(self, interval_s: float = 0.5):
+        """Reads the keyed queues' stats now and then (not recorded as ops: the report's evidence
+        that the limits held keys back, in the server's own words)."""
+        c = self.client(timeout=2.0, attempt_timeout=1.0)
+        while not self.stopping.is_set():
+            for q in KEY_QUEUES:
+                try:
+                    st = await c.queue(q)
+                except Exception:
+                    continue
+                k = self.key_samples[q]
+                k["samples"] += 1
+                for f in ("keys_at_limit", "ready_held_by_keys", "keys"):
+                    k[f"max_{f}"] = max(k[f"max_{f}"], st.get(f) or 0)
+            await self._sleep(interval_s)
+
+    async def key_worker(self, proc: str, rng: random.Random):
+        """Reserves from KEY_QUEUES only, with the fixed KEY_LEASE_MS, and settles each job it got
+        on its own (concurrently): so a slow one holds only its own key's slot."""
+        c = self.client(transport=rng.choice(self.cfg.transports))
+        queues = list(KEY_QUEUES)
+        while not self.stopping.is_set():
+            rng.shuffle(queues)
+            jobs = await self.reserve(c, proc, queues, KEY_LEASE_MS, rng.choice((1, 2, 4)), self.cfg.wait_ms)
+            if jobs is None:
+                await self._sleep(0.1)
+                continue
+            if jobs:
+                await asyncio.gather(*(self.key_handle(c, proc, random.Random(rng.random()), job) for job in jobs))
+
+    async def key_handle(self, c: Client, proc: str, rng: random.Random, job: Job):
+        cfg = self.cfg
+        await asyncio.sleep(rng.uniform(*cfg.key_hold_s))               # holds its key's slot
+        r = rng.random()
+        if r < 0.75:
+            await self.ack(c, proc, job)
+        elif r < 0.82:
+            await self.nack(c, proc, job, Retry.default())
+        elif r < 0.86:
+            await self.nack(c, proc, job, Retry.delay(rng.randint(50, 500)))
+        elif r < 0.95:
+            await self.release(c, proc, job, rng.choice((0, 0, rng.randint(50, 300))))
+        else:
+            self.stalls += 1
+            await self._sleep(KEY_LEASE_MS / 1000 + cfg.sweep_interval_ms / 1000 + rng.uniform(0.2, 1.0))
+            await self.ack(c, proc, job)                # a zombie: its lease lapsed, the slot freed
 
     async def reserve(self, c: Client, proc: str, queues, lease_ms: int, max_jobs: int, wait_ms: int):
         op = self.h.invoke(proc, "reserve", c, queues=list(queues), lease_ms=lease_ms, max_jobs=max_jobs)
@@ -538,7 +673,7 @@ async def final_drain(urls: list[str], h: History, *, timeout_s: float = 90.0, l
     "schedules": [...] or None, "seconds": s}."""
     c = Client(urls, timeout=op_timeout_s, connect_timeout=1.0)
     t0 = time.monotonic()
-    queues = list(QUEUES) + [PROBE_QUEUE, LIVE_QUEUE] + list(GATED_QUEUES) + [SCHEDULE_QUEUE]
+    queues = list(QUEUES) + [PROBE_QUEUE, LIVE_QUEUE] + list(GATED_QUEUES) + [SCHEDULE_QUEUE] + list(KEY_QUEUES)
     empty_rounds = 0
     stats: list = []
     ok = False
@@ -608,7 +743,8 @@ async def final_drain(urls: list[str], h: History, *, timeout_s: float = 90.0, l
                              "last_reason": r.last_reason, "failed_at": r.failed_at_ms, "value": d["value"],
                              "key": d["key"], "queue": r.job.queue, "job_type": r.job.job_type, "max_attempts": r.job.max_attempts,
                              "attempt": r.job.attempt, "releases": getattr(r.job, "releases", 0) or 0,
-                             "schedule": d["schedule"], "tick": d["tick"], "enqueued_at": d["enqueued_at"]})
+                             "schedule": d["schedule"], "tick": d["tick"], "enqueued_at": d["enqueued_at"],
+                             "tenant": d["tenant"]})
             h.complete(op, "ok", c, records=recs)
             records += recs
             if not got:
