@@ -40,6 +40,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import quote, urlencode
 
 import aiohttp
 import orjson
@@ -287,6 +288,7 @@ class Job:
     state: str | None = None            # only from job inspection
     timeout_ms: int | None = None       # the execution timeout (the job's, else its queue's)
     releases: int = 0                   # deliveries handed back by release (no attempt used)
+    key: str | None = None              # the job's key (docs/semantics.md "Keys"), if it has one
 
     @classmethod
     def from_wire(cls, d: dict) -> "Job":
@@ -298,7 +300,7 @@ class Job:
                    lease_expires_at_ms=d.get("lease_expires_at_ms"), scheduled_at_ms=d.get("scheduled_at_ms"),
                    custom=d.get("custom") or {}, trace_context=d.get("trace_context"),
                    deadline_at_ms=d.get("deadline_at_ms"), state=d.get("state"),
-                   timeout_ms=d.get("timeout_ms"), releases=d.get("releases") or 0)
+                   timeout_ms=d.get("timeout_ms"), releases=d.get("releases") or 0, key=d.get("key"))
 
     @property
     def attempts_used(self) -> int:
@@ -324,7 +326,7 @@ class DeadLetterRecord:
 
     def to_enqueue_request(self) -> dict:
         """An EnqueueRequest that replays this job as a NEW job (new id, attempt 1): same queue,
-        type, payload, priority, max_attempts, custom and trace context; no schedule."""
+        type, payload, priority, max_attempts, custom, trace context and key; no schedule."""
         j = self.job
         req: dict[str, Any] = {"queue": j.queue, "job_type": j.job_type, "priority": j.priority,
                                "max_attempts": j.max_attempts, "custom": dict(j.custom)}
@@ -332,6 +334,8 @@ class DeadLetterRecord:
             req["payload"] = {"data_b64": base64.b64encode(j.payload).decode(), "encoding": j.encoding}
         if j.trace_context:
             req["trace_context"] = dict(j.trace_context)
+        if j.key is not None:
+            req["key"] = j.key
         return req
 
 
@@ -382,8 +386,10 @@ def job_request(queue: str, job_type: str, payload: bytes | str | None = None, *
                 idempotency_key: str | None = None, max_attempts: int | None = None,
                 custom: dict | None = None, scheduled_at_ms: int | None = None, delay_ms: int | None = None,
                 trace_context: dict | None = None, deadline_at_ms: int | None = None,
-                timeout_ms: int | None = None, duplicate_policy: str | None = None) -> dict:
-    """Build an EnqueueRequest body."""
+                timeout_ms: int | None = None, duplicate_policy: str | None = None,
+                key: str | None = None) -> dict:
+    """Build an EnqueueRequest body. `key`: the job's key (a tenant, customer, account) for the
+    queue's fairness and per-key limits (docs/semantics.md "Keys")."""
     req: dict[str, Any] = {"queue": queue, "job_type": job_type}
     if payload is not None:
         if isinstance(payload, str):
@@ -392,7 +398,7 @@ def job_request(queue: str, job_type: str, payload: bytes | str | None = None, *
     for k, v in (("priority", priority), ("idempotency_key", idempotency_key), ("max_attempts", max_attempts),
                  ("custom", custom), ("scheduled_at_ms", scheduled_at_ms), ("delay_ms", delay_ms),
                  ("trace_context", trace_context), ("deadline_at_ms", deadline_at_ms),
-                 ("timeout_ms", timeout_ms), ("duplicate_policy", duplicate_policy)):
+                 ("timeout_ms", timeout_ms), ("duplicate_policy", duplicate_policy), ("key", key)):
         if v is not None:
             req[k] = v
     return req
@@ -1012,6 +1018,17 @@ class Client:
         q = f"?state={state}&limit={limit}" + (f"&cursor={cursor}" if cursor else "")
         out = await self.call("queue_jobs", "GET", f"/v1/queues/{name}/jobs{q}", mutating=False)
         return {"jobs": [Job.from_wire(j) for j in out["jobs"]], "next_cursor": out["next_cursor"]}
+
+    async def queue_keys(self, queue: str, limit: int | None = None, cursor: str | None = None) -> dict:
+        """A page of the queue's keys (GET /v1/queues/{name}/keys): {"keys": [{"key", "ready",
+        "in_flight", "held", "concurrency", "weight", "rate", "in_window"}, ...], "next_cursor"},
+        most ready jobs first; `limit` 1..100 (the server's default 50). Raises NotFound for a
+        queue that neither exists nor is declared."""
+        params = {} if limit is None else {"limit": int(limit)}
+        if cursor:
+            params["cursor"] = cursor
+        q = ("?" + urlencode(params)) if params else ""
+        return await self.call("queue_keys", "GET", f"/v1/queues/{quote(queue, safe='')}/keys{q}", mutating=False)
 
     async def job(self, job_id: str) -> Job:
         return Job.from_wire(await self.call("job", "GET", f"/v1/jobs/{job_id}", mutating=False))

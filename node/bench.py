@@ -39,6 +39,29 @@ Schedules, run alone with `--schedules N [--firing F]` (e.g. 10000 and 1000):
                           sweep with no tick due), snapshot_ms / restore_ms and their bytes, and
                           sweep_ms_at_tick: one sweep where F schedules fire at once (F jobs made).
 
+Keys (docs/semantics.md "Keys"), run alone with `--keys [N]` (N keys, 100,000 when given without
+a value) and `--backlog J` ready jobs (default 1,000,000), e.g. `--keys 100000 --backlog 1000000`:
+* keys_reserve_us_*       reserve cost (parse + apply + render, max_jobs 1) in a queue with
+                          `key_concurrency = 1`, J ready jobs spread round-robin over N keys, and
+                          --held-fraction of the keys (default half) at their limit all along (one
+                          job of each in flight, never acked), so they stay out of the rotation.
+                          Each timed reserve is followed, untimed, by its ack (timed apart as
+                          *_ack_us_mean) and a fresh job of the same key, so the backlog and the
+                          held keys stay as they were. plain_reserve_us_* is the same loop on a
+                          queue WITHOUT keys holding the same ready jobs (and the same jobs in
+                          flight). The two machines are built once and measured in --rounds
+                          alternated blocks (keyed, plain, plain, keyed, ...) of --samples / --rounds
+                          reserves each: median and p99 over all samples, the per-block ranges, and
+                          the ratios keyed / plain (the issue's target: median and p99 within 2x).
+* bytes_per_key           tracemalloc: N jobs of N distinct keys, one ready job each, in a queue
+                          with key_concurrency 1 and key_rate 10 per 60 s, against the same N jobs
+                          without keys; then every job is reserved and acked (batches of 256), the
+                          clock moved past the rate window and sweeps applied (one per simulated
+                          second, as the leader proposes them) until the keys' timers have dropped
+                          every key: keys_left_after_sweeps (0, and the queue's keyed index gone)
+                          and leak_bytes_per_key (the drained keyed machine against the drained
+                          plain one).
+
 Throughput figures are the best of --repeat runs (the machine may be shared); *_per_cpu_s
 divide by this process's CPU time instead, to show the code's cost when other processes steal
 the core. loadavg (before) and loadavg_after say how busy the machine was. Request ids are
@@ -404,6 +427,219 @@ def bench_schedules(n: int, firing: int) -> dict:
     return out
 
 
+# ---------------------------------------------------------------------------------- keys
+KEY_RATE = {"count": 10, "period_ms": 60_000}      # the memory figure's per-key rate window
+
+
+def _key_name(i: int) -> str:
+    return f"tenant-{i:07d}"
+
+
+class _KeysSide:
+    """One machine of the keys figure: keyed (J ready jobs over N keys, some held at their
+    concurrency limit) or plain (the same jobs without keys), and its reserve loop's state."""
+
+    def __init__(self, label: str, keyed: bool, n_keys: int, ready: int, held: int, limits: Limits):
+        self.label, self.keyed, self.limits = label, keyed, limits
+        self.pool = bodies(256)
+        m = self.m = QueueMachine(limits)
+        now = T0
+        t0 = time.perf_counter()
+        # The held keys: one job each reserved under a lease that never ends, never acked (for
+        # the plain side the same number of jobs in flight, without a key).
+        now = _fill_bodies(m, limits, (self.body(i, _key_name(i)) for i in range(held)), now)
+        while True:
+            cmd, _ = validate.reserve({"queues": [QUEUE], "lease_ms": 10**9, "max_jobs": 256}, limits)
+            if not _check(m.apply(now, cmd), "reserve")["jobs"]:
+                break
+        now = _fill_bodies(m, limits, (self.body(i, _key_name(i % n_keys)) for i in range(ready)), now)
+        self.build_s = round(time.perf_counter() - t0, 1)
+        self.now = now
+        self.i = 0
+        self.res_t: list = []
+        self.ack_t: list = []
+        self.blocks: list = []          # (median, p99) of each block, µs
+        q = m.queues[QUEUE]
+        assert q.ready == ready and q.in_flight == held, (q.ready, q.in_flight)
+        if keyed:
+            assert q.keys is not None and len(q.keys.by_key) == n_keys and q.keys.held_keys == held
+        else:
+            assert q.keys is None
+
+    def body(self, i: int, key) -> dict:
+        b = self.pool[i & 255]
+        return {**b, "key": key} if self.keyed else b
+
+    def block(self, samples: int, held: int) -> None:
+        m, limits, now = self.m, self.limits, self.now
+        rbody = {"queues": [QUEUE], "lease_ms": 10**9, "max_jobs": 1}
+        reserve, ack, apply, enqueue = validate.reserve, validate.ack, m.apply, validate.enqueue
+        perf = time.perf_counter
+        res_t, ack_t = [], []
+        i = self.i
+        gc.collect()
+        for _ in range(samples):
+            t = perf()
+            jobs = render(apply(now, reserve(rbody, limits)[0]))[1]["jobs"]
+            res_t.append(perf() - t)
+            job = jobs[0]
+            t = perf()
+            render(apply(now, ack(job["id"], {"attempt": job["attempt"]})))
+            ack_t.append(perf() - t)
+            key = job.get("key")
+            if self.keyed and int(key[7:]) < held:
+                raise RuntimeError(f"reserve handed out a job of held key {key}")
+            # Untimed: a fresh job of the same key, so the backlog stays as it was.
+            apply(now, enqueue(self.body(i, key), limits, now, new_id))
+            i += 1
+            if i % JOBS_PER_MS == 0:
+                now += 1
+        self.now, self.i = now, i
+        self.res_t += res_t
+        self.ack_t += ack_t
+        res_t.sort()
+        self.blocks.append((statistics.median(res_t) * 1e6, res_t[int(len(res_t) * 0.99)] * 1e6))
+
+    def figures(self, out: dict) -> None:
+        p = self.label
+        t = sorted(self.res_t)
+        out[f"{p}_build_s"] = self.build_s
+        out[f"{p}_reserve_us_median"] = round(statistics.median(t) * 1e6, 2)
+        out[f"{p}_reserve_us_p99"] = round(t[int(len(t) * 0.99)] * 1e6, 2)
+        out[f"{p}_reserve_us_mean"] = round(statistics.fmean(t) * 1e6, 2)
+        out[f"{p}_block_medians_us"] = f"{min(b[0] for b in self.blocks):.2f}–{max(b[0] for b in self.blocks):.2f}"
+        out[f"{p}_block_p99s_us"] = f"{min(b[1] for b in self.blocks):.2f}–{max(b[1] for b in self.blocks):.2f}"
+        out[f"{p}_ack_us_mean"] = round(statistics.fmean(self.ack_t) * 1e6, 2)
+
+
+def bench_keys(n_keys: int, ready: int, held_fraction: float, samples: int, rounds: int) -> dict:
+    """Keys (see the module docstring): reserve with `ready` jobs over `n_keys` keys, a fraction
+    of them held at their concurrency limit, against a queue without keys; then memory per key
+    and what is left after a drain and the sweeps."""
+    if not 0 <= held_fraction < 1:
+        raise SystemExit("--held-fraction must be at least 0 and below 1 (some keys must be free to serve)")
+    if rounds < 1 or samples < rounds:
+        raise SystemExit("--rounds must be at least 1 and at most --samples")
+    held = int(n_keys * held_fraction)
+    out = {"keys": n_keys, "ready_jobs": ready, "held_keys": held, "samples": samples, "rounds": rounds}
+    # The same configuration on both sides: the plain side's jobs have no key, so its queue
+    # never makes a keyed index and reserve takes the queue's own inline loop.
+    limits = Limits.build(queues=[{"name": QUEUE, "key_concurrency": 1}])
+    # The cyclic GC as a node runs it (node/server.py), as the throttle figure.
+    old_threshold = gc.get_threshold()
+    gc.set_threshold(50_000, 50, 1000)
+    try:
+        keyed = _KeysSide("keys", True, n_keys, ready, held, limits)
+        plain = _KeysSide("plain", False, n_keys, ready, held, limits)
+        per_block = samples // rounds
+        ratios_med, ratios_p99 = [], []
+        for r in range(rounds):     # alternated, the order flipped every round: keyed, plain, plain, keyed, ...
+            for side in ((keyed, plain) if r % 2 == 0 else (plain, keyed)):
+                side.block(per_block, held)
+            ratios_med.append(keyed.blocks[-1][0] / plain.blocks[-1][0])
+            ratios_p99.append(keyed.blocks[-1][1] / plain.blocks[-1][1])
+        keyed.figures(out)
+        plain.figures(out)
+        q = keyed.m.queues[QUEUE]
+        out["keys_at_end"] = len(q.keys.by_key)
+        out["held_keys_at_end"] = q.keys.held_keys
+        out["ratio_median"] = round(out["keys_reserve_us_median"] / out["plain_reserve_us_median"], 2)
+        out["ratio_p99"] = round(out["keys_reserve_us_p99"] / out["plain_reserve_us_p99"], 2)
+        out["ratio_median_per_round"] = f"{min(ratios_med):.2f}–{max(ratios_med):.2f}"
+        out["ratio_p99_per_round"] = f"{min(ratios_p99):.2f}–{max(ratios_p99):.2f}"
+        out["within_2x"] = out["ratio_median"] <= 2 and out["ratio_p99"] <= 2
+        del keyed, plain, q
+        gc.collect()
+    finally:
+        gc.set_threshold(*old_threshold)
+    out.update(bench_keys_memory(n_keys))
+    out["machine"] = machine_info()
+    return out
+
+
+def _keys_memory_side(n: int, keyed: bool, limits: Limits) -> dict:
+    """Traced bytes of n ready jobs (n distinct keys, or none), after a drain, after the sweeps."""
+    # As bytes_per_job: request bodies parsed from JSON as the server does, so every stored
+    # string is the job's own; the keys are made in the traced region too.
+    blobs = [orjson.dumps({"jobs": [job_body(i) for i in range(256)]}) for _ in range(4)]
+    gc.collect()
+    tracemalloc.start()
+    before = tracemalloc.get_traced_memory()[0]
+    m = QueueMachine(limits)
+    now = T0
+    for k, start in enumerate(range(0, n, 256)):
+        body = orjson.loads(blobs[k % len(blobs)])
+        body["jobs"] = body["jobs"][:n - start]
+        if keyed:
+            for j, job in enumerate(body["jobs"]):
+                job["key"] = _key_name(start + j)
+        _check(m.apply(now, validate.enqueue_batch(body, limits, now, new_id)), "enqueue_batch")
+        now += 8
+        body = job = None
+    gc.collect()
+    out = {"filled": tracemalloc.get_traced_memory()[0] - before}
+    q = m.queues[QUEUE]
+    out["keys_filled"] = len(q.keys.by_key) if q.keys is not None else 0
+    # Drain: reserve 256 and ack them, until nothing is ready.
+    rbody = {"queues": [QUEUE], "lease_ms": LEASE_MS, "max_jobs": 256}
+    while True:
+        cmd, _ = validate.reserve(rbody, limits)
+        jobs = _check(m.apply(now, cmd), "reserve")["jobs"]
+        if not jobs:
+            break
+        acks = {"acks": [{"job_id": j["id"], "attempt": j["attempt"]} for j in jobs]}
+        _check(m.apply(now, validate.ack_batch(acks, limits)), "ack_batch")
+        now += 8
+        cmd = jobs = acks = None
+    assert q.ready == 0 and q.in_flight == 0 and q.acked == n, (q.ready, q.in_flight, q.acked)
+    gc.collect()
+    out["drained"] = tracemalloc.get_traced_memory()[0] - before
+    out["keys_drained"] = len(q.keys.by_key) if q.keys is not None else 0
+    # Past every rate window: one sweep a simulated second until the key timers are done.
+    now += KEY_RATE["period_ms"]
+    sweeps = 0
+    t = time.perf_counter()
+    while True:
+        _check(m.apply(now, validate.sweep()), "sweep")
+        sweeps += 1
+        now += SWEEP_EVERY_MS
+        if not m.key_timers or sweeps >= 10_000:
+            break
+    out["sweep_s"] = time.perf_counter() - t
+    out["sweeps"] = sweeps
+    gc.collect()
+    out["swept"] = tracemalloc.get_traced_memory()[0] - before
+    tracemalloc.stop()
+    out["keys_left"] = len(q.keys.by_key) if q.keys is not None else 0
+    out["keyed_index_gone"] = q.keys is None
+    out["key_timers_left"] = len(m.key_timers)
+    return out
+
+
+def bench_keys_memory(n: int) -> dict:
+    limits = Limits.build(queues=[{"name": QUEUE, "key_concurrency": 1, "key_rate": KEY_RATE}])
+    t = time.perf_counter()
+    plain = _keys_memory_side(n, False, limits)
+    gc.collect()
+    keyed = _keys_memory_side(n, True, limits)
+    out = {"memory_keys": n, "memory_s": round(time.perf_counter() - t, 1),
+           "bytes_per_job_without_key": round(plain["filled"] / n, 1),
+           "bytes_per_job_with_own_key": round(keyed["filled"] / n, 1),
+           "bytes_per_key": round((keyed["filled"] - plain["filled"]) / n, 1),
+           "keys_in_index": keyed["keys_filled"],
+           "keys_after_drain": keyed["keys_drained"],
+           "bytes_per_idle_key_in_window": round((keyed["drained"] - plain["drained"]) / n, 1),
+           "sweeps_to_drop_keys": keyed["sweeps"],
+           "sweeps_s": round(keyed["sweep_s"], 2),
+           "keys_left_after_sweeps": keyed["keys_left"],
+           "keyed_index_gone": keyed["keyed_index_gone"],
+           "key_timers_left": keyed["key_timers_left"],
+           "plain_bytes_after_drain": plain["swept"],
+           "keys_bytes_after_sweeps": keyed["swept"],
+           "leak_bytes_per_key": round((keyed["swept"] - plain["swept"]) / n, 2)}
+    return out
+
+
 def bench_uuid(n: int = 100_000) -> float:
     t = time.perf_counter()
     for _ in range(n):
@@ -474,9 +710,10 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--resources", type=int, metavar="R", help="Measure the throttle figure only, with R distinct "
                     "resources.")
     ap.add_argument("--backlog", type=int, default=1_000_000, metavar="N",
-                    help="The throttle figure: N ready jobs (default %(default)s).")
-    ap.add_argument("--samples", type=int, default=20_000, metavar="N", help="The throttle figure: timed "
-                    "reserve and ack cycles (default %(default)s).")
+                    help="The throttle and keys figures: N ready jobs (default %(default)s).")
+    ap.add_argument("--samples", type=int, default=20_000, metavar="N", help="The throttle and keys figures: "
+                    "timed reserve and ack cycles (default %(default)s; the keys figure runs as many on each "
+                    "side).")
     ap.add_argument("--workers", type=int, default=1000, metavar="N", help="The throttle figure: jobs in flight "
                     "at once (default %(default)s).")
     ap.add_argument("--no-baseline", action="store_true", help="The throttle figure: skip the run without "
@@ -485,6 +722,14 @@ def build_parser() -> argparse.ArgumentParser:
                     "schedules: memory, snapshot, an idle sweep, and a sweep at a tick where --firing of them fire.")
     ap.add_argument("--firing", type=int, default=1000, metavar="F", help="The schedules figure: schedules due at "
                     "one tick (default %(default)s).")
+    ap.add_argument("--keys", type=int, nargs="?", const=100_000, metavar="N", help="Measure the keys figure "
+                    "only, with N keys (100000 when given without a value): reserve with --backlog ready jobs "
+                    "spread over the N keys against a queue without keys, then memory per key and what a drain "
+                    "and the sweeps leave of N one-off keys.")
+    ap.add_argument("--held-fraction", type=float, default=0.5, metavar="F", help="The keys figure: the fraction "
+                    "of the keys held at their concurrency limit all along (default %(default)s).")
+    ap.add_argument("--rounds", type=int, default=4, metavar="R", help="The keys figure: alternated blocks of "
+                    "reserves on each side, the order flipped every round (default %(default)s).")
     return ap
 
 
@@ -494,7 +739,8 @@ def _print_figures(out: dict, as_json: bool, width: int) -> int:
         print(json.dumps(out, separators=(",", ":")))
     else:
         for k, v in out.items():
-            print(f"{k:<{width}}  {v:,}" if isinstance(v, (int, float)) else f"{k:<{width}}  {v}")
+            print(f"{k:<{width}}  {v:,}" if isinstance(v, (int, float)) and not isinstance(v, bool)
+                  else f"{k:<{width}}  {v}")
     return 0
 
 
@@ -503,6 +749,9 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.schedules:
         return _print_figures(bench_schedules(args.schedules, args.firing), args.json, 28)
+    if args.keys:
+        return _print_figures(bench_keys(args.keys, args.backlog, args.held_fraction, args.samples, args.rounds),
+                              args.json, 30)
     if args.resources:
         return _print_figures(bench_throttled_reserve(args.resources, args.backlog, args.samples, args.workers,
                                                       not args.no_baseline), args.json, 34)

@@ -156,6 +156,7 @@ def build_app(service: NodeService) -> web.Application:
         ("/v1/queues", VIEWER, lambda s, req: s.queues()),
         ("/v1/queues/{name}", VIEWER, lambda s, req: s.queue(req.match_info["name"])),
         ("/v1/queues/{name}/jobs", VIEWER, lambda s, req: s.queue_jobs(req.match_info["name"], req.query)),
+        ("/v1/queues/{name}/keys", VIEWER, lambda s, req: s.queue_keys(req.match_info["name"], req.query)),
         ("/v1/jobs/{id}", VIEWER, lambda s, req: s.job(req.match_info["id"])),
         ("/v1/dead-letters", VIEWER, lambda s, req: s.dead_letters(req.query)),
         ("/v1/config", VIEWER, lambda s, req: s.config()),

@@ -12,6 +12,7 @@ import json
 from dataclasses import dataclass, field, fields
 
 from .core.jobs import CLUSTER_CAUSES, DEAD_LETTER_CAUSES, DEAD_LETTER_RECORD_TYPE
+from .core.keys import MAX_RATE_COUNT
 
 MIB = 1024 * 1024
 
@@ -78,9 +79,8 @@ QUEUE_ONLY_KEYS = ("name", "allowed_job_types", "dedup_window_ms", "dead_letter_
 # Bounds of the gating keys (docs/configuration.md).
 MAX_BREAKER_FAILURES = 10_000
 MAX_RESOURCE_BYTES = 256
-# Bounds of the key settings (docs/configuration.md): a rate's count (the window log keeps that
-# many times per key), a key's weight, the keys a queue's key_weights and key_limits name.
-MAX_RATE_COUNT = 1000
+# Bounds of the key settings (docs/configuration.md): a rate's count (MAX_RATE_COUNT: the window
+# log keeps that many times per key), a key's weight, the keys key_weights and key_limits name.
 MAX_KEY_WEIGHT = 1000
 MAX_KEY_OVERRIDES = 10_000
 

@@ -213,6 +213,9 @@ class QueueMachine(UndoLog):
         # Keys (node/core/keys.py): the timers of keys, a heap of (time, ctr, Key), lazy (an
         # entry is live while its key's `timer` is (time, ctr)).
         self.key_timers: list = []
+        # The keys a command left without a job, settled when it ends (keys.settle_unsettled):
+        # empty between commands, not state.
+        self.unsettled: list = []
         self._undo: list = []
 
     def shared_bucket(self, now: int, window: int, queue: str) -> tuple:
@@ -287,7 +290,10 @@ class QueueMachine(UndoLog):
         self._undo.clear()
         try:
             result = handler(self, *cmd[2:])
+            if self.unsettled:
+                keys.settle_unsettled(self)
         except Exception as exc:
+            self.unsettled = []
             self._revert()
             self.applied -= 1                   # not applied: the state is exactly as before
             return ops.failed(op, type(exc).__name__)
@@ -361,6 +367,8 @@ class QueueMachine(UndoLog):
             jobs, page = self.jobs, []
             # Every input yields live entries only (each checked once, where it is read).
             heaps = [q.ready_heap, *(h for per in self.blocked.values() for n, h in per.items() if n == qname)]
+            if q.keys is not None:
+                heaps += [k.heap for k in q.keys.by_key.values()]   # O(keys) heads: a page is not hot
             for e in heapq.merge(_fifo_from(q, jobs, after),
                                  *(_live_entries(_heap_in_order(h, after), jobs) for h in heaps), key=_ready_key):
                 page.append(e)

@@ -137,6 +137,13 @@ def render(view: dict, queues: list[dict], inflight: int, gauges: dict | None = 
              [({"queue": q["name"]}, q.get("throttled", 0)) for q in queues])
     t.family("raftq_throttle_deferred_total", "counter", "times reserve held a ready job back because its "
              "resource was full", [({"queue": q["name"]}, q.get("throttle_deferred_total", 0)) for q in queues])
+    # keys (docs/semantics.md "Keys"): labelled by queue only, never one series per key
+    t.family("raftq_queue_keys", "gauge", "keys with state in the queue (jobs ready or in flight, or hand-outs "
+             "inside their rate window)", [({"queue": q["name"]}, q.get("keys", 0)) for q in queues])
+    t.family("raftq_queue_keys_at_limit", "gauge", "keys held now at their concurrency or rate limit",
+             [({"queue": q["name"]}, q.get("keys_at_limit", 0)) for q in queues])
+    t.family("raftq_queue_ready_held_by_keys", "gauge", "ready jobs waiting because their key is at a limit",
+             [({"queue": q["name"]}, q.get("ready_held_by_keys", 0)) for q in queues])
     for key, help_ in _QUEUE_COUNTERS:
         name = key if key.endswith("_total") else f"{key}_total"
         t.family(f"raftq_queue_{name}", "counter", f"{help_} since the queue was created",

@@ -23,7 +23,7 @@ from .. import __version__
 from . import errors
 from . import validate_schedule as vs
 from .auth import ADMIN, OPERATOR, VIEWER, WORKER
-from .limits import QUEUE_KEYS, Limits
+from .limits import MAX_KEY_OVERRIDES, MAX_KEY_WEIGHT, MAX_RATE_COUNT, QUEUE_KEYS, Limits
 from .core.jobs import DEAD_LETTER_CAUSES
 from .machine import STATE_NAMES
 from .settings import ROLES
@@ -36,6 +36,8 @@ B64_PATTERN = "^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=|[A-
 # A queue name: non-empty, no '/', no control character (C0, DEL, C1); '.' and '..' excluded below.
 QUEUE_PATTERN = "^[^/\\u0000-\\u001f\\u007f-\\u009f]+$"
 REQUEST_ID_PATTERN = "^[!-~]{1,128}$"
+# A job's key (tenant, customer, account): non-empty, no control character (C0, DEL, C1).
+KEY_PATTERN = "^[^\\u0000-\\u001f\\u007f-\\u009f]+$"
 EXAMPLE_ID = "8a3c2f8e-5b1d-4c47-9a51-0b7e2f3d9c10"
 
 # What each error code means (the statuses come from node/errors.py).
@@ -190,14 +192,59 @@ def _json_type(value) -> dict:
     raise TypeError(value)
 
 
+def _rate_schema(description: str) -> dict:
+    """A rate, `{count, period_ms}`: at most `count` hand-outs in any `period_ms` window."""
+    return obj({"count": integer(1, MAX_RATE_COUNT), "period_ms": integer(1)}, ["count", "period_ms"],
+               description, additionalProperties=False)
+
+
+def _key_name_schema() -> dict:
+    return string("a job's key: 1..`max_key_bytes` (256) UTF-8 bytes, no control characters", minLength=1,
+                  pattern=KEY_PATTERN)
+
+
+def _key_settings_schemas() -> dict:
+    """The key settings of a `[[queues]]` entry (docs/configuration.md; node/limits.py
+    `_key_settings`), each optional (null: unset)."""
+    limit_override = obj({"concurrency": nullable(integer(0)),
+                          "rate": nullable(_rate_schema("this key's rate"))},
+                         description="this key's own limits, over the queue's `key_concurrency` and "
+                                     "`key_rate` (either or both)", additionalProperties=False, minProperties=1)
+    return {
+        "key_field": nullable(string("the custom field a job's key is taken from when the enqueue gives no `key` "
+                                     "(a string value)", minLength=1)),
+        "key_concurrency": nullable(integer(0, description="most jobs of one key in flight at once")),
+        "key_rate": nullable(_rate_schema("at most `count` jobs of one key handed out in any `period_ms` window")),
+        "key_weights": nullable({"type": "object", "additionalProperties": integer(1, MAX_KEY_WEIGHT),
+                                 "propertyNames": _key_name_schema(), "maxProperties": MAX_KEY_OVERRIDES,
+                                 "description": "key -> weight (default 1): a key of weight w gets w turns to a "
+                                                "weight-1 key's one"}),
+        "key_limits": nullable({"type": "object", "additionalProperties": limit_override,
+                                "propertyNames": _key_name_schema(), "maxProperties": MAX_KEY_OVERRIDES,
+                                "description": "key -> its own limits"}),
+        "rate": nullable(_rate_schema("at most `count` jobs of the queue handed out in any `period_ms` window")),
+    }
+
+
 def _queue_limits_schema() -> dict:
     """GET /v1/queues/{name} `limits`: QueueLimits.describe() of the default limits, typed from
     node/limits.py's defaults (a default of None is an optional value: null when unset)."""
     props = {}
     shown = Limits.build().default_queue.describe()
+    rate = {"type": ["object", "null"], "properties": {"count": {"type": "integer"}, "period_ms": {"type": "integer"}},
+            "required": ["count", "period_ms"]}
+    keyed = {"key_field": {"type": ["string", "null"]}, "key_concurrency": {"type": ["integer", "null"]},
+             "key_rate": rate, "rate": rate,
+             "key_weights": {"type": "object", "additionalProperties": {"type": "integer"},
+                             "description": "key -> weight; empty: every key weighs 1"},
+             "key_limits": {"type": "object", "additionalProperties": {
+                 "type": "object", "properties": {"concurrency": {"type": ["integer", "null"]}, "rate": rate},
+                 "required": ["concurrency", "rate"]}, "description": "key -> its own limits (null: the queue's)"}}
     for key, value in shown.items():
         default = QUEUE_KEYS.get(key, value)
-        if default is None or value is None:
+        if key in keyed:
+            props[key] = keyed[key]
+        elif default is None or value is None:
             kind = {"max_queue_depth": {"type": "integer"}, "execution_timeout_ms": {"type": "integer"},
                     "dead_letter_forward": {"type": "string"}, "resource": {"type": "string"},
                     "circuit_breaker": {"type": "object", "properties": {
@@ -263,6 +310,7 @@ def _config_schema() -> dict:
     limits["additionalProperties"] = False
     storage = obj(props(STORAGE_KEYS), description="`[storage]`")
     storage["additionalProperties"] = False
+    special.update(_key_settings_schemas())
     queue = obj({"name": ref("QueueName"), **props(QUEUE_KEYS),
                  **{k: special[k] for k in QUEUE_ONLY_KEYS if k != "name"}}, ["name"],
                 "A `[[queues]]` entry: the name and the keys it overrides")
@@ -298,6 +346,8 @@ def schemas() -> dict:
         "releases": integer(0, description="deliveries handed back by release; attempts used = attempt - "
                             "releases (in a reserve answer present only when > 0 or with a timeout)"),
         "resource": string("the job's throttle resource; present when it has one"),
+        "key": string("the job's key (a tenant, customer, account: docs/semantics.md \"Keys\"); present when it "
+                      "has one"),
     }
     job_required = ["id", "queue", "job_type", "priority", "custom", "enqueued_at_ms", "scheduled_at_ms",
                     "attempt", "max_attempts", "lease_expires_at_ms"]
@@ -341,11 +391,15 @@ def schemas() -> dict:
             "resource": nullable(string("the throttle resource the job holds while in flight (`[limits] "
                                         "resource_limits`); default: its queue's `resource`; 1..256 UTF-8 bytes",
                                         minLength=1)),
+            "key": nullable(string("the job's key (a tenant, customer, account) for fairness and the queue's "
+                                   "per-key limits (docs/semantics.md \"Keys\"); 1..`max_key_bytes` (256) UTF-8 "
+                                   "bytes, no control characters; default: the value of the custom field the "
+                                   "queue's `key_field` names, else none", minLength=1, pattern=KEY_PATTERN)),
         }, ["queue", "job_type"], "One job to enqueue. Unknown fields are ignored. Anything wrong with it is a "
            "rejection (422 for a single enqueue), never a 400.", example={
             "queue": "emails", "job_type": "welcome", "priority": 5,
             "payload": {"data_b64": "eyJ1c2VyIjo0Mn0=", "encoding": "application/json"},
-            "idempotency_key": "welcome-42", "custom": {"tenant": "acme"}}),
+            "idempotency_key": "welcome-42", "custom": {"tenant": "acme"}, "key": "acme"}),
         "EnqueueResult": obj({"job_id": string(format="uuid"), "deduplicated": {
             "type": "boolean", "description": "true: the idempotency key matched a live record; no job was made"},
             "replaced": {"type": "boolean", "const": True, "description": "duplicate policy `replace`: the "
@@ -386,7 +440,7 @@ def schemas() -> dict:
         "Job": obj(job_props, job_required, "A job as a worker sees it (reserve, dead-letter records).",
                    example={"id": EXAMPLE_ID, "queue": "emails", "job_type": "welcome",
                             "payload": {"data_b64": "eyJ1c2VyIjo0Mn0=", "encoding": "application/json"},
-                            "priority": 5, "custom": {"tenant": "acme"}, "enqueued_at_ms": 1764500000000,
+                            "priority": 5, "custom": {"tenant": "acme"}, "key": "acme", "enqueued_at_ms": 1764500000000,
                             "scheduled_at_ms": None, "attempt": 1, "max_attempts": 3,
                             "lease_expires_at_ms": 1764500030000}),
         "JobView": obj({**job_props,
@@ -534,7 +588,11 @@ def schemas() -> dict:
                 ("dead_lettered_total", "jobs dead-lettered, total (kept or not)"),
                 ("expired_total", "jobs dead-lettered because their deadline passed before they started, total"),
                 ("throttled", "ready jobs held back now because their resource is full (counted in `ready`)"),
-                ("throttle_deferred_total", "times reserve held a ready job back for a full resource, total"))},
+                ("throttle_deferred_total", "times reserve held a ready job back for a full resource, total"),
+                ("keys", "keys with state in the queue now: jobs ready or in flight, or hand-outs inside their rate "
+                         "window (docs/semantics.md \"Keys\")"),
+                ("keys_at_limit", "keys held now at their concurrency or rate limit"),
+                ("ready_held_by_keys", "ready jobs waiting because their key is at a limit (counted in `ready`)"))},
             "dead_lettered_by_cause": obj({c: integer(0) for c in DEAD_LETTER_CAUSES}, list(DEAD_LETTER_CAUSES),
                                           "the dead letters kept, by cause"),
             "workers": {"type": ["integer", "null"], "minimum": 0,
@@ -551,7 +609,8 @@ def schemas() -> dict:
                 "required": ["state", "failures", "opened_at_ms", "open_until_ms", "opened_total"]}},
             ["name", "declared", "paused", "ready", "scheduled", "in_flight", "dead_lettered", "enqueued", "acked",
              "nacked", "dead_lettered_total", "expired_total", "dead_lettered_by_cause", "workers", "no_workers",
-             "throttled", "throttle_deferred_total", "window_open", "circuit"],
+             "throttled", "throttle_deferred_total", "window_open", "circuit", "keys", "keys_at_limit",
+             "ready_held_by_keys"],
             "Counts are exact; totals count since the queue first appeared."),
         "QueuesResponse": obj({"queues": {"type": "array", "items": ref("QueueStats")}}, ["queues"]),
         "QueueLimits": _queue_limits_schema(),
@@ -559,6 +618,26 @@ def schemas() -> dict:
         "JobPage": obj({"jobs": {"type": "array", "items": ref("JobView")},
                         "next_cursor": {"type": ["string", "null"], "description": "pass as `cursor` for the next "
                                         "page; null on the last"}}, ["jobs", "next_cursor"]),
+        "KeyRow": obj({
+            "key": string("the key"),
+            "ready": integer(0, description="its jobs ready now (held back by its limit or not)"),
+            "in_flight": integer(0, description="its jobs under a lease"),
+            "held": {"type": ["string", "null"], "enum": ["concurrency", "rate", None],
+                     "description": "why reserve passes it over now: `concurrency` (its `concurrency` jobs are in "
+                                    "flight), `rate` (its rate window is full); null: it is served"},
+            "concurrency": {"type": ["integer", "null"], "minimum": 0,
+                            "description": "its concurrency limit in force (its own in `key_limits`, else the "
+                                           "queue's `key_concurrency`); null: none"},
+            "weight": integer(1, MAX_KEY_WEIGHT, "its weight in the fair rotation (`key_weights`, default 1)"),
+            "rate": nullable(_rate_schema("its rate limit in force (its own in `key_limits`, else the queue's "
+                                          "`key_rate`); null: none")),
+            "in_window": integer(0, description="its hand-outs inside the rate window now (0 without a rate)"),
+        }, ["key", "ready", "in_flight", "held", "concurrency", "weight", "rate", "in_window"],
+            "One key of a queue and where it stands against its limits."),
+        "KeyPage": obj({"keys": {"type": "array", "items": ref("KeyRow")},
+                        "next_cursor": {"type": ["string", "null"], "description": "pass as `cursor` for the next "
+                                        "page; null on the last"}}, ["keys", "next_cursor"],
+                       "Keys by ready jobs, most first, then by key."),
         "DeadLetterPage": obj({"records": {"type": "array", "items": ref("DeadLetterRecord")},
                                "next_cursor": {"type": ["string", "null"]}}, ["records", "next_cursor"]),
         "ServerInfo": _server_info_schema(),
@@ -955,6 +1034,13 @@ ROUTES = [
            params=[NAME_PARAM, {"name": "state", "in": "query", "schema": {
                "type": "string", "enum": ["ready", "scheduled", "in_flight"], "default": "ready"}},
                    LIMIT_PARAM, CURSOR_PARAM]),
+    _route("get", "/v1/queues/{name}/keys", "list_queue_keys", "List a queue's keys",
+           "The keys of the queue's jobs (docs/semantics.md \"Keys\") with state now: by ready jobs, most first, "
+           "then by key; per key its ready and in-flight jobs, whether a limit holds it, the limits in force and "
+           "its weight. A queue with no keyed job answers an empty page; one that neither exists nor is declared "
+           "is 404 `not_found`.", VIEWER, ok="KeyPage", tags=("queues",),
+           errors_=[(400, ["invalid_argument"]), (404, ["not_found"])],
+           params=[NAME_PARAM, LIMIT_PARAM, CURSOR_PARAM]),
     _route("get", "/v1/jobs/{id}", "get_job", "Inspect a job",
            "404 `not_found` once it is acked, cancelled, drained or dropped.", VIEWER, ok="JobView",
            params=[ID_PARAM], errors_=[(400, ["invalid_argument"]), (404, ["not_found"])]),

@@ -7,12 +7,16 @@ fails and maps to 503, never to a false success.
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
 import collections
 import logging
 import os
 import sys
 import threading
 import time
+
+import orjson
 
 from . import bounds, fault_hooks, validate, validate_schedule
 from .auth import Auth
@@ -88,6 +92,25 @@ def _page_limit(query) -> int | None:
     except ValueError:
         return None
     return limit if 1 <= limit <= 100 else None
+
+
+def _key_cursor_encode(after) -> str:
+    """A keys page's cursor: [ready, key] as base64url JSON (a key may hold any character but
+    the control ones, so the cursor is made safe to put in a query as it is)."""
+    return base64.urlsafe_b64encode(orjson.dumps(after)).decode().rstrip("=")
+
+
+def _key_cursor_decode(cursor: str):
+    """The [ready, key] of a cursor _key_cursor_encode made, or None."""
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
+        after = orjson.loads(raw)
+    except (ValueError, binascii.Error, orjson.JSONDecodeError):
+        return None
+    if not (isinstance(after, list) and len(after) == 2 and type(after[0]) is int and after[0] >= 0
+            and isinstance(after[1], str)):
+        return None
+    return after
 
 
 # The routes a request id is bound to (node/validate.py request_slot): one per endpoint.
@@ -1027,6 +1050,25 @@ class NodeService:
         with self.state.lock:
             jobs, nxt = self.state.machine.list_jobs(name, states[state], limit, after)
         return 200, {"jobs": jobs, "next_cursor": ".".join(str(x) for x in nxt) if nxt else None}
+
+    def queue_keys(self, name, query):
+        """GET /v1/queues/{name}/keys: the queue's keys, most ready jobs first, a page at a time
+        (node/core/keys.py `view`); the cursor is the last row's [ready, key], opaque."""
+        limit = _page_limit(query)
+        if limit is None:
+            return error("invalid_argument", "limit must be an integer 1..100")
+        after = None
+        cursor = query.get("cursor")
+        if cursor:
+            after = _key_cursor_decode(cursor)
+            if after is None:
+                return error("invalid_argument", "cursor is not one this server returned")
+        with self.state.lock:
+            page = self.state.machine.key_page(name, limit, after)
+        if page is None:
+            return error("not_found", f"queue {name!r} neither exists nor is declared", queue=name)
+        rows, nxt = page
+        return 200, {"keys": rows, "next_cursor": _key_cursor_encode(nxt) if nxt else None}
 
     def job(self, job_id):
         jid = validate.canonical_uuid(job_id)

@@ -51,6 +51,8 @@ CHROMIUM = os.environ.get("RAFTQ_CHROMIUM") or shutil.which("chromium") or shuti
 ARTIFACTS = Path(os.environ.get("RAFTQ_UI_ARTIFACTS") or Path(tempfile.gettempdir()) / "raftq-ui-artifacts")
 RETENTION = {"dead_letter_retention_ms": 86_400_000}
 DECLARED = "ui-declared-" + uuid.uuid4().hex[:6]     # a [[queues]] entry of the module's cluster
+KEYED = {"name": "ui-keyed-" + uuid.uuid4().hex[:6], "key_concurrency": 1, "key_weights": {"acme": 2},
+         "key_rate": {"count": 100, "period_ms": 600_000}}     # another, with key limits
 KEYS = {role: f"{role}-ui-{uuid.uuid4().hex[:8]}" for role in ("viewer", "operator", "admin")}
 API_KEYS = [{"name": f"{role}-app", "key": key, "role": role} for role, key in KEYS.items()]
 if sync_playwright is not None:
@@ -126,7 +128,8 @@ class UI:
         path = urlsplit(r.url).path
         if path.startswith("/v1/"):
             self.auth_headers.append(r.headers.get("authorization"))
-        if path.endswith("/jobs") and r.method == "GET" or path in ("/v1/dead-letters", "/v1/audit", "/v1/schedules"):
+        if (path.endswith("/jobs") or re.fullmatch(r"/v1/queues/[^/]+/keys", path)) and r.method == "GET" \
+                or path in ("/v1/dead-letters", "/v1/audit", "/v1/schedules"):
             self.listings.append(r.url)
         if path.startswith("/v1/") and r.method != "GET":
             self.changes.append((r.method, path, json.loads(r.post_data) if r.post_data else None))
@@ -209,7 +212,7 @@ def fresh_cluster(tmp_path):
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     c = launch_all(tmp_path_factory.mktemp("ui"), durability="memory", storage=RETENTION,
-                   queues=[{"name": DECLARED}])
+                   queues=[{"name": DECLARED}, KEYED])
     yield c
     c.close()
 
@@ -1138,6 +1141,58 @@ def test_circuit_window_and_throttle_badges_and_the_close_circuit_button(cluster
     assert ui.calls("POST", f"/v1/queues/{gated}/circuit/close") == [None]
     expect(g.locator(".badge.circuit")).to_have_count(0)                # the next reading: closed
     expect(g.locator("button[data-closecircuit]")).to_have_count(0)
+
+
+@needs_browser
+def test_keys_panel_and_badge_of_a_queue_with_keys(cluster, api, ui):
+    """A queue whose jobs have keys: its row's badge counts the ready jobs its keys' limits hold
+    back; in the job browser the Keys panel gives its three counts and its top keys from GET
+    /v1/queues/{name}/keys (ready, in flight, the limit that holds each, the limits in force, the
+    weight), and follows the queue as it changes. A queue without keys shows no panel and the
+    page does not ask for its keys."""
+    q, plain = KEYED["name"], qname()
+    for key in ("acme", "acme", "acme", "globex"):
+        enqueue(api, q, key=key)
+    enqueue(api, q)                                     # no key: never held
+    enqueue(api, plain, 2)
+    jobs = reserve_all(api, q)
+    assert sorted(j.get("key", "-") for j in jobs) == ["-", "acme", "globex"]      # one per key: concurrency 1
+    page = ui.open(leader_url(cluster))
+    row = page.locator(f"#queues tr[data-queue='{q}']")
+    expect(row.locator(".badge.keys")).to_have_text("2 held by keys")
+    expect(row.locator(".badge.keys")).to_have_attribute("title", re.compile(r"\(2 of 2 keys at a limit\)"))
+    expect(page.locator(f"#queues tr[data-queue='{plain}'] .badge.keys")).to_have_count(0)
+    row.locator(f"a[data-browse='{q}']").click()
+    expect(page.locator("#keys-box")).to_be_visible()
+    expect(page.locator("#keys-sum")).to_have_text(
+        f"{q}: 2 key(s) · 2 at a limit · 2 ready job(s) held by their key · by ready jobs")
+    rows = page.locator("#keys tbody tr")
+    expect(rows).to_have_count(2)
+    acme, globex = rows.nth(0).locator("td"), rows.nth(1).locator("td")
+    for cells, want in ((acme, ["acme", "2", "1", "at concurrency limit",
+                                "concurrency 1 · rate 100 per 10m (1 in the window)", "2"]),
+                        (globex, ["globex", "0", "1", "at concurrency limit",
+                                  "concurrency 1 · rate 100 per 10m (1 in the window)", "1"])):
+        for i, text in enumerate(want):
+            expect(cells.nth(i)).to_have_text(text)
+    assert any(re.search(rf"/v1/queues/{q}/keys\?limit=10$", u) for u in ui.listings), ui.listings
+    # globex's job acked: its slot frees (no longer held); the key stays while its hand-out is
+    # inside its rate window. The panel follows at the next reading.
+    [g] = [j for j in jobs if j.get("key") == "globex"]
+    assert api.post(f"/v1/jobs/{g['id']}/ack", {"attempt": g["attempt"]})[0] == 200
+    expect(page.locator("#keys-sum")).to_have_text(re.compile(rf"^{q}: 2 key\(s\) · 1 at a limit · 2 ready"))
+    expect(globex.nth(2)).to_have_text("0")
+    expect(globex.nth(3)).to_have_text("")
+    expect(globex.nth(4)).to_have_text("concurrency 1 · rate 100 per 10m (1 in the window)")
+    expect(row.locator(".badge.keys")).to_have_attribute("title", re.compile(r"\(1 of 2 keys at a limit\)"))
+    # A queue without keys: no panel, and its keys are never asked for.
+    page.select_option("#jb-queue", plain)
+    expect(page.locator("#jobs-of")).to_have_text(f"{plain}: 2 ready")
+    expect(page.locator("#keys-box")).to_be_hidden()
+    shown = page.locator("#updated").text_content()
+    expect(page.locator("#updated")).not_to_have_text(shown)          # another reading went by
+    expect(page.locator("#keys-box")).to_be_hidden()
+    assert not any(f"/v1/queues/{plain}/keys" in u for u in ui.listings), ui.listings
 
 
 def test_dead_letters_by_cause_pages_through_and_refuses_an_unknown_cause(cluster, api):

@@ -50,7 +50,8 @@ def test_the_node_bench_description_names_every_figure_it_prints():
     text = p.format_help()
     assert p.description.startswith("In-process benchmark") and p.description.strip() in text
     for figure in ("cycle_jobs_per_s", "batch_cycle_jobs_per_s", "reserve_us_at_1k", "bytes_per_job",
-                   "snapshot_s_at_100k", "throttle_reserve_us", "bytes_per_schedule", "sweep_ms_at_tick"):
+                   "snapshot_s_at_100k", "throttle_reserve_us", "bytes_per_schedule", "sweep_ms_at_tick",
+                   "keys_reserve_us", "plain_reserve_us", "bytes_per_key", "leak_bytes_per_key"):
         assert figure in p.description, figure
     assert bench.__doc__.splitlines()[0] in text
 

@@ -1,18 +1,23 @@
 """Model test of the core where its rules meet: every command with every policy (duplicate
 policies return_existing / reject / replace, release, nack strategies, delete of a running job,
-operator moves, purge, pauses, configuration changes) mixed with throttles, circuit breakers and
-execution windows, driven by hypothesis through request validation and `QueueMachine.apply`
-(tests/helpers_core.py).
+operator moves, purge, pauses, configuration changes) mixed with throttles, circuit breakers,
+execution windows and keys (per-key concurrency and rates, a queue-wide rate, fair queueing),
+driven by hypothesis through request validation and `QueueMachine.apply` (tests/helpers_core.py).
 
 tests/test_core_model.py checks the plain rules against a reference model; the gating rules are
 checked here by what must hold whatever the history (docs/semantics.md "Throttles", "Circuit
-breakers", "Execution windows"):
+breakers", "Execution windows", "Keys"):
 
 * after every step, `check_invariants()` (node/core/invariants.py): every count the queues keep
   recomputed from the jobs, held-back marks, slots per resource, probes;
 * liveness: a queue that a reserve may serve now (not paused, its window open, its circuit not
-  open) and that holds a ready job whose resource has a free slot hands out a job (tried on a
-  copy of the machine, so the history goes on unchanged): no queue waits on a slot nobody holds;
+  open, its rate not spent) and that holds a ready job whose resource and key have a free slot
+  hands out a job (tried on a copy of the machine, so the history goes on unchanged): no queue
+  waits on a slot nobody holds;
+* keys, over the whole history: in flight per key never above its limit (unless the limit was
+  lowered under running jobs: then it only falls); hand-outs per key and per queue never above
+  the rate in any window; and no key handed out twice in a row at a level while another key had
+  a job there that could run (fairness, equal weights);
 * a snapshot round trip keeps the digest, and a replay of the whole log ends in the same state.
 
 Run size: RAFTQ_GATING_EXAMPLES (default 150) x RAFTQ_GATING_STEPS (default 60).
@@ -26,7 +31,8 @@ from hypothesis import HealthCheck, event, settings
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from raftq.node import validate as C
-from raftq.node.core.jobs import READY
+from raftq.node.core import keys as K
+from raftq.node.core.jobs import IN_FLIGHT, READY
 from raftq.node.core.ops import RESERVED
 from raftq.node.machine import QueueMachine as PlainMachine
 
@@ -39,15 +45,24 @@ STEPS = int(os.environ.get("RAFTQ_GATING_STEPS", "60"))
 QUEUES = [{"name": "a", "circuit_breaker": {"failures": 2, "window_ms": 3000, "open_ms": 1500}},
           {"name": "w", "windows": [{"start": "00:00", "end": "11:00"}], "resource": "db"},
           {"name": "p"}]
-NAMES = ("a", "w", "p")
+NAMES = ("a", "w", "p", "k")
+# Queue "k"'s key settings, one per configuration (the last: none, so the queue is fair only).
+KEYED = ({"key_concurrency": 1, "key_rate": {"count": 2, "period_ms": 1000}},
+         {"key_concurrency": 2, "key_limits": {"t1": {"concurrency": 1, "rate": {"count": 1, "period_ms": 700}}},
+          "rate": {"count": 3, "period_ms": 1000}},
+         {"key_concurrency": 1, "key_limits": {"t2": {"concurrency": 0}}},
+         {})
+TENANTS = (None, "t1", "t2", "t3")
 RESOURCES = ("db", "db", "api", None)
 KEYS = ("k1", "k2", "k3")
 LIMIT_SETS = ({"db": 1, "api": 1}, {"db": 2, "api": 1}, {"db": 0, "api": 2}, {"api": 1}, {})
 STORAGE = {"dead_letter_retention_ms": 60_000, "dedup_window_ms": 20_000}
+_NOBODY = object()
 
 
-def limits_doc(resource_limits: dict, breaker: bool = True) -> dict:
+def limits_doc(resource_limits: dict, breaker: bool = True, keyed: int = 0) -> dict:
     queues = QUEUES if breaker else [{"name": "a"}] + QUEUES[1:]
+    queues = queues + [{"name": "k", **KEYED[keyed]}]
     return {"limits": {"resource_limits": resource_limits, "retry_delay_ms": 0}, "queues": queues}
 
 
@@ -60,6 +75,10 @@ class GatingModel(RuleBasedStateMachine):
         self.c.seed()
         self.held: list = []          # (job id, attempt) handed out, as a worker keeps them
         self.seen: list = []          # every job id made
+        self.handed: dict = {}        # (queue, key) -> [(time, rate in force, epoch)] of every hand-out
+        self.keyed, self.epoch = 0, 0  # queue k's key settings in force; bumped when they change
+        self.last_served: dict = {}   # (queue, level) -> the key served there last
+        self.in_flight_seen: dict = {}  # (queue, key) -> jobs in flight at the last check
 
     # ------------------------------------------------------------------ helpers
     @property
@@ -75,6 +94,9 @@ class GatingModel(RuleBasedStateMachine):
         r = draw(st.sampled_from(RESOURCES), label="resource")
         if r is not None:
             body["resource"] = r
+        tenant = draw(st.sampled_from(TENANTS), label="tenant")
+        if tenant is not None:
+            body["key"] = tenant
         key = draw(st.sampled_from((None,) + KEYS), label="key")
         live = sorted((qname, k) for qname, keyed in self.m.dedup.items() for k in keyed)
         if key is not None and live and draw(st.booleans(), label="a key in use?"):
@@ -125,14 +147,58 @@ class GatingModel(RuleBasedStateMachine):
         status, body = (self.c.atomic if atomic else self.c.batch)(jobs)
         self.note(body)
 
+    @rule(data=st.data(), queue=st.sampled_from(("k", "k", "p", "a")), n=st.integers(2, 6))
+    def tenants(self, data, queue, n):
+        """Several tenants' jobs at once, then a reserve: the rotation at work."""
+        jobs = [{"queue": queue, "job_type": "t", "priority": data.draw(st.integers(0, 1), label="priority"),
+                 **({"key": t} if (t := data.draw(st.sampled_from(TENANTS), label="tenant")) else {})}
+                for _ in range(n)]
+        self.note(self.c.batch(jobs)[1])
+        self.reserved([queue], 5000, data.draw(st.integers(1, 3), label="take"))
+
     # ------------------------------------------------------------------ rules: workers
     @rule(queues=st.lists(st.sampled_from(NAMES), min_size=1, max_size=3, unique=True),
           lease=st.sampled_from((300, 5000)), n=st.integers(1, 3))
     def reserve(self, queues, lease, n):
+        self.reserved(queues, lease, n)
+
+    def reserved(self, queues, lease, n) -> list:
+        """A reserve, checked against the key rules: the rate of every hand-out, and fairness for
+        its first job (the state before it is known)."""
+        could = self.could_run()
         status, body = self.c.reserve(queues, lease_ms=lease, max_jobs=n)
         assert status == 200, body
         self.note(body)
         event(f"reserve got {len(body['jobs'])}")
+        for i, job in enumerate(body["jobs"]):
+            qname, tenant, level = job["queue"], job.get("key"), -job["priority"]
+            if i == 0 and self.m.queues[qname].keys is not None:
+                last = self.last_served.get((qname, level), _NOBODY)
+                others = could.get((qname, level), set()) - {tenant}
+                if others:
+                    event("fairness checked with other keys waiting")
+                assert not (last == tenant and others), \
+                    f"key {tenant!r} of queue {qname!r} served twice in a row at priority {-level} while {others} could run"
+            self.last_served[(qname, level)] = tenant
+            ql = self.m.limits.queue(qname)
+            rate = K.key_limits(ql, tenant)[1] if tenant is not None else None
+            self.handed.setdefault((qname, tenant), []).append((self.c.now, rate, self.epoch))
+            self.handed.setdefault((qname, "(queue)"), []).append((self.c.now, ql.rate, self.epoch))
+        return body["jobs"]
+
+    def could_run(self) -> dict:
+        """(queue, level) -> the keys (None for the jobs without one) with a job there that a
+        reserve could hand out now: its key not held, not past its deadline, its resource free."""
+        out: dict = {}
+        for name in NAMES:
+            q = self.m.queues.get(name)
+            if q is None or q.keys is None:
+                continue
+            for job in self.m.jobs.values():
+                if job.queue == name and job.state == READY and job.id not in self.m.blocked_ids \
+                        and self.takeable(job):
+                    out.setdefault((name, -job.priority), set()).add(job.key)
+        return out
 
     @rule(queue=st.sampled_from(NAMES), n=st.integers(1, 2), lease=st.sampled_from((300, 5000)),
           outcome=st.sampled_from(("default", "dead_letter", "hold")), fresh=st.booleans())
@@ -141,9 +207,8 @@ class GatingModel(RuleBasedStateMachine):
         circuit's failures) or keeps them (a resource's slots full)."""
         for _ in range(n if fresh else 0):
             self.note(self.c.enqueue(queue, payload=payload(b"w"), resource="db")[1])
-        status, body = self.c.reserve([queue], lease_ms=lease, max_jobs=n)
-        assert status == 200, body
-        for job in body["jobs"]:
+        for job in self.reserved([queue], lease, n):
+            self.held.remove((job["id"], job["attempt"]))
             if outcome == "hold":
                 self.held.append((job["id"], job["attempt"]))
             else:
@@ -208,11 +273,14 @@ class GatingModel(RuleBasedStateMachine):
         elif how == "drain":
             self.c.drain(max=2)
 
-    @rule(limits=st.sampled_from(range(len(LIMIT_SETS))), breaker=st.booleans())
-    def configure(self, limits, breaker):
-        doc = limits_doc(LIMIT_SETS[limits], breaker)
+    @rule(limits=st.sampled_from(range(len(LIMIT_SETS))), breaker=st.booleans(),
+          keyed=st.sampled_from(range(len(KEYED))))
+    def configure(self, limits, breaker, keyed):
+        doc = limits_doc(LIMIT_SETS[limits], breaker, keyed)
         status, body = self.c.configure(limits=doc["limits"], storage=STORAGE, queues=doc["queues"])
         assert status == 200, body
+        if keyed != self.keyed:     # a rate taken away forgets its window (docs/semantics.md, Keys)
+            self.keyed, self.epoch = keyed, self.epoch + 1
 
     @rule(ms=st.sampled_from((0, 1, 250, 1000, 2500, 400_000)), sweep=st.booleans())
     def tick(self, ms, sweep):
@@ -224,6 +292,34 @@ class GatingModel(RuleBasedStateMachine):
     @invariant()
     def machine_invariants(self):
         self.m.check_invariants()
+        for name in NAMES:                  # a queue without keyed jobs starts its rotation afresh
+            q = self.m.queues.get(name)
+            if q is None or q.keys is None:
+                self.last_served = {k: v for k, v in self.last_served.items() if k[0] != name}
+
+    @invariant()
+    def keys_in_flight_within_their_limits(self):
+        now: dict = {}
+        for job in self.m.jobs.values():
+            if job.state == IN_FLIGHT and job.key is not None:
+                now[(job.queue, job.key)] = now.get((job.queue, job.key), 0) + 1
+        for (qname, tenant), n in now.items():
+            limit = K.key_limits(self.m.limits.queue(qname), tenant)[0]
+            if limit is not None and n > limit:
+                assert n <= self.in_flight_seen.get((qname, tenant), 0), \
+                    f"key {tenant!r} of queue {qname!r}: {n} in flight, above its limit {limit}, and more than before"
+        self.in_flight_seen = now
+
+    @invariant()
+    def hand_outs_within_the_rates_in_any_window(self):
+        for (qname, tenant), times in self.handed.items():
+            for i, (t, rate, epoch) in enumerate(times):
+                if rate is None or i < rate[0]:
+                    continue
+                earlier = times[i - rate[0]]
+                if earlier[2] == epoch:         # the same settings in force for the whole stretch
+                    assert t - earlier[0] >= rate[1], \
+                        f"{qname!r}/{tenant!r}: {rate[0] + 1} hand-outs within {t - earlier[0]} ms, rate {rate}"
 
     @invariant()
     def a_servable_queue_hands_out_a_job(self):
@@ -237,6 +333,9 @@ class GatingModel(RuleBasedStateMachine):
                 continue
             view = m.queue_stats(name)
             if not view["window_open"] or (view["circuit"] or {}).get("state") == "open":
+                continue
+            rate = m.limits.queue(name).rate
+            if rate is not None and K.rate_room(q.rate_log, rate, m.clock) <= 0:
                 continue
             if (view["circuit"] or {}).get("state") == "half_open" and q.circuit.probe is not None:
                 continue
@@ -253,6 +352,14 @@ class GatingModel(RuleBasedStateMachine):
             return False
         r = job.resource
         limit = self.m.limits.resource_limits.get(r) if r is not None else None
+        if job.key is not None:
+            q = self.m.queues[job.queue]
+            key = q.keys.by_key.get(job.key) if q.keys is not None else None      # none: no job, no window
+            conc, rate, _ = K.key_limits(self.m.limits.queue(job.queue), job.key)
+            if conc is not None and (key.in_flight if key else 0) >= conc:
+                return False
+            if rate is not None and K.rate_room(key.log if key else (), rate, self.m.clock) <= 0:
+                return False
         return limit is None or self.m.in_use.get(r, 0) < limit
 
     def teardown(self):
@@ -266,6 +373,7 @@ class GatingModel(RuleBasedStateMachine):
         fresh.check_invariants()
         event(f"throttled ever: {sum(q.deferred for q in self.m.queues.values()) > 0}")
         event(f"circuit opened: {any(q.circuit is not None and q.circuit.opened_total for q in self.m.queues.values())}")
+        event(f"keyed hand-outs: {min(3, sum(len(v) for k, v in self.handed.items() if k[1] not in (None, '(queue)')))}")
 
 
 GatingModel.TestCase.settings = settings(

@@ -137,6 +137,7 @@ def test_admin_page_is_served_by_every_node_without_a_key_and_its_calls_exist(cl
     leader = cluster.urls[cluster.wait_leader(20)]
     paths = {re.sub(r"\$\{[^}]*\}", "{}", m.group(1)) for m in re.finditer(r'["`](/v1/[^"`?]*)', page)}
     assert paths == {"/v1/cluster", "/v1/cluster/nodes", "/v1/server-info", "/v1/queues", "/v1/queues/{}/jobs",
+                     "/v1/queues/{}/keys",
                      "/v1/queues/{}/{}", "/v1/queues/{}/purge", "/v1/queues/{}/dead-letter", "/v1/queues/{}",
                      "/v1/queues/{}/circuit/close",
                      "/v1/jobs", "/v1/jobs/{}", "/v1/jobs/{}/nack", "/v1/dead-letters", "/v1/dead-letters/{}",
@@ -147,6 +148,7 @@ def test_admin_page_is_served_by_every_node_without_a_key_and_its_calls_exist(cl
             ("GET", "/v1/server-info", None, 200), ("GET", "/v1/queues", None, 200),
             ("GET", "/v1/queues/ui-q/jobs?state=ready&limit=50", None, 200),
             ("POST", "/v1/queues/ui-q/pause", {"create": True}, 200), ("POST", "/v1/queues/ui-q/resume", {}, 200),
+            ("GET", "/v1/queues/ui-q/keys?limit=10", None, 200),
             ("POST", "/v1/jobs", {"queue": "ui-q", "job_type": "t"}, 200),
             ("GET", f"/v1/jobs/{unknown}", None, 404), ("DELETE", f"/v1/jobs/{unknown}", None, 404),
             ("POST", f"/v1/jobs/{unknown}/nack", {"attempt": 1}, 404),

@@ -620,7 +620,7 @@ def enqueue_request_from(args) -> dict:
     fields: dict[str, Any] = {"priority": args.priority, "idempotency_key": args.idempotency_key,
                               "max_attempts": args.max_attempts, "custom": parse_custom(args.custom),
                               "delay_ms": args.delay_ms, "scheduled_at_ms": args.scheduled_at_ms,
-                              "deadline_at_ms": args.deadline_at_ms}
+                              "deadline_at_ms": args.deadline_at_ms, "key": getattr(args, "key_name", None)}
     if data is not None:
         fields["encoding"] = encoding
     return job_request(args.queue, args.job_type, data, **fields)
@@ -717,6 +717,8 @@ def queue_notes(q: dict) -> list[str]:
         notes.append("window closed")
     if q.get("throttled"):
         notes.append(f"{q['throttled']} throttled")
+    if q.get("ready_held_by_keys"):
+        notes.append(f"{q['ready_held_by_keys']} held by keys")
     return notes
 
 
@@ -739,12 +741,58 @@ async def cmd_close_circuit(ctx: Ctx, name: str) -> int:
     return EXIT_OK
 
 
+def fmt_rate(rate) -> str | None:
+    """A rate {count, period_ms} as `5 per 1s` (None: no rate)."""
+    if not isinstance(rate, dict):
+        return None
+    ms = rate.get("period_ms")
+    period = fmt_ms_duration(ms) if isinstance(ms, int) else str(ms)
+    if isinstance(ms, int) and "(" in period:
+        period = period[period.index("(") + 1:-1]       # `1000 (1s)` -> `1s`
+    elif isinstance(ms, int):
+        period = f"{ms}ms"
+    return f"{rate.get('count')} per {period}"
+
+
+KEY_COLUMNS = ["KEY", "READY", "IN_FLIGHT", "HELD", "CONCURRENCY", "RATE", "IN_WINDOW", "WEIGHT"]
+
+
+async def cmd_queue_keys(ctx: Ctx, name: str) -> int:
+    """`raftq queues keys NAME [--limit N] [--all]`: GET /v1/queues/{name}/keys, most ready first."""
+    a = ctx.args
+    limit = 50 if a.limit is None else a.limit
+    if limit < 1:
+        raise CliError("--limit must be at least 1", EXIT_UNREACHABLE)
+    rows, more = await collect_pages_more(ctx, "queue_keys", f"/v1/queues/{_path(name)}/keys", "keys",
+                                          None if a.all else limit)
+    if ctx.json:
+        ctx.dump(rows)
+        return EXIT_OK
+    q = await ctx.call("queue", "GET", f"/v1/queues/{_path(name)}")
+    summary = (f"queue {name}: {q.get('keys', 0)} key(s), {q.get('keys_at_limit', 0)} at a limit, "
+               f"{q.get('ready_held_by_keys', 0)} ready job(s) held by their key's limit")
+    if not rows:
+        ctx.out(f"no keys in queue {name} (none of its jobs has a key now)")
+        ctx.out(summary)
+        return EXIT_OK
+    ctx.out(format_table(KEY_COLUMNS, [[r.get("key"), r.get("ready"), r.get("in_flight"), r.get("held") or "-",
+                                        r.get("concurrency"), fmt_rate(r.get("rate")), r.get("in_window"),
+                                        r.get("weight")] for r in rows], right={1, 2, 4, 6, 7}))
+    ctx.out(summary + (f"; {len(rows)} shown, more remain (raise --limit, or --all)" if more else ""))
+    return EXIT_OK
+
+
 async def cmd_queues(ctx: Ctx) -> int:
     name = ctx.args.name
     extra = getattr(ctx.args, "circuit_queue", None)
+    if (getattr(ctx.args, "limit", None) is not None or getattr(ctx.args, "all", False)) and \
+            not (name == "keys" and extra is not None):
+        raise CliError("--limit and --all go with `raftq queues keys NAME`", EXIT_UNREACHABLE)
     if extra is not None:
+        if name == "keys":
+            return await cmd_queue_keys(ctx, extra)
         if name != "close-circuit":
-            ctx.err(f"raftq: queues takes one NAME (or `close-circuit NAME`), got {name!r} and {extra!r}")
+            ctx.err(f"raftq: queues takes one NAME (or `close-circuit NAME`, `keys NAME`), got {name!r} and {extra!r}")
             return EXIT_FAILED
         return await cmd_close_circuit(ctx, extra)
     if name is None:
@@ -782,8 +830,18 @@ async def cmd_queues(ctx: Ctx) -> int:
                 v = fmt_ms_duration(v)
             elif v is None:         # unset: no limit (a list: any value; a number: no maximum)
                 v = ("any" if k.startswith("allowed_") else "always open" if k == "windows"
-                     else "none" if k in ("dead_letter_forward", "resource", "circuit_breaker", "execution_timeout_ms")
+                     else "none" if k in ("dead_letter_forward", "resource", "circuit_breaker", "execution_timeout_ms",
+                                          "key_field")
                      else "unlimited")
+            elif k in ("key_rate", "rate"):
+                v = fmt_rate(v)
+            elif k == "key_weights" and isinstance(v, dict):
+                v = ", ".join(f"{key} {w}" for key, w in v.items()) or "(none: every key weighs 1)"
+            elif k == "key_limits" and isinstance(v, dict):
+                v = "; ".join(f"{key}: " + ", ".join(x for x in (
+                    f"concurrency {o.get('concurrency')}" if o.get("concurrency") is not None else None,
+                    f"rate {fmt_rate(o.get('rate'))}" if o.get("rate") else None) if x)
+                    for key, o in v.items() if isinstance(o, dict)) or "(none)"
             elif isinstance(v, dict):   # circuit_breaker
                 v = ", ".join(f"{a} {fmt_ms_duration(b) if a.endswith('_ms') else b}" for a, b in v.items())
             pairs.append((k, v))
@@ -826,6 +884,11 @@ def queue_detail_pairs(q: dict) -> list[tuple[str, object]]:
         pairs.append(("throttled now", q["throttled"]))
     if "throttle_deferred_total" in q:
         pairs.append(("throttle deferrals (total)", q["throttle_deferred_total"]))
+    if "keys" in q:
+        pairs.append(("keys", f"{q['keys']} (`raftq queues keys {q.get('name')}` lists them)" if q["keys"]
+                      else 0))
+        pairs.append(("keys at a limit", q.get("keys_at_limit", 0)))
+        pairs.append(("ready held by keys", q.get("ready_held_by_keys", 0)))
     return pairs
 
 
@@ -839,6 +902,12 @@ def fmt_ms_time(ms) -> str:
 async def collect_pages(ctx: "Ctx", op: str, path: str, key: str, limit: int | None = None) -> list:
     """Every item of a paged listing (`key` of each page, `next_cursor` to go on), or the first
     `limit` of them."""
+    return (await collect_pages_more(ctx, op, path, key, limit))[0]
+
+
+async def collect_pages_more(ctx: "Ctx", op: str, path: str, key: str,
+                             limit: int | None = None) -> tuple[list, bool]:
+    """collect_pages, and whether more items remain after the first `limit`."""
     items, cursor = [], None
     while limit is None or len(items) < limit:
         size = PAGE if limit is None else min(PAGE, limit - len(items))
@@ -846,8 +915,8 @@ async def collect_pages(ctx: "Ctx", op: str, path: str, key: str, limit: int | N
         items += out[key]
         cursor = out.get("next_cursor")
         if not cursor:
-            break
-    return items
+            return items, False
+    return items, True
 
 
 def _path(name: str) -> str:
@@ -902,6 +971,8 @@ async def cmd_job(ctx: Ctx) -> int:
              ("state", job.get("state")), ("priority", job.get("priority")),
              ("attempt", f"{job.get('attempt')} of {job.get('max_attempts')}"),
              ("enqueued at", fmt_ms(job.get("enqueued_at_ms"), now))]
+    if job.get("key") is not None:
+        pairs.insert(3, ("key", job["key"]))
     if job.get("scheduled_at_ms") is not None:
         pairs.append(("scheduled at", fmt_ms(job["scheduled_at_ms"], now)))
     if job.get("run_at_ms") is not None and job["run_at_ms"] != job.get("scheduled_at_ms"):

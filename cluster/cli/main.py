@@ -127,14 +127,22 @@ def build_parser() -> argparse.ArgumentParser:
                    help="dead-letter the job (cause expired) if it is not reserved by then")
     e.add_argument("--custom", action="append", metavar="KEY=VALUE", help="a custom field (repeatable); "
                    'numbers and true/false are typed, quote to keep a string: k=\'"42"\'')
+    # (not --key: that is the client certificate's key file, an option of every command)
+    e.add_argument("--job-key", dest="key_name", metavar="KEY", help="the job's key (a tenant, customer, account) "
+                   "for the queue's fairness and per-key limits (default: the --custom field the queue's "
+                   "key_field names, if any)")
     e.add_argument("--count", type=int, default=1, metavar="N",
                    help="enqueue N identical jobs in batches, with a progress bar")
     e.add_argument("--batch-size", type=int, default=256, metavar="N", help=argparse.SUPPRESS)
 
     q = client_cmd("queues", C.cmd_queues, "every queue with its counts and totals, or one queue with its limits")
     q.add_argument("name", nargs="?", metavar="NAME", help="show this queue in detail, limits included; "
-                   "`raftq queues close-circuit NAME` closes the queue's circuit breaker (operator)")
+                   "`raftq queues close-circuit NAME` closes the queue's circuit breaker (operator); "
+                   "`raftq queues keys NAME` lists the queue's keys, most ready jobs first")
     q.add_argument("circuit_queue", nargs="?", metavar="QUEUE", help=argparse.SUPPRESS)
+    q.add_argument("--limit", type=int, default=None, metavar="N", help="with `keys NAME`: show at most N keys "
+                   "(default 50)")
+    q.add_argument("--all", action="store_true", help="with `keys NAME`: show every key")
 
     j = client_cmd("job", C.cmd_job, "one job: state, attempts, times, payload")
     j.add_argument("id", metavar="ID")

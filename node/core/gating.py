@@ -151,7 +151,8 @@ def release_blocked(m, r: str) -> None:
                 m._pop(ids, job.id)
                 m._add(q, "throttled", -1)
                 ready_push(m, q, entry)
-                moved += 1
+                if not keys.held(q, job):       # a job its key's limit holds takes no slot yet
+                    moved += 1
         if moved:
             m.released.add(qname)
         if not heap:
@@ -183,6 +184,14 @@ def ready_push(m, q, entry) -> None:
     else:
         undo += (heap_remove, q.ready_heap, entry, None)
         heappush(q.ready_heap, entry)
+
+
+def key_held(m, key) -> None:
+    """A key's limit now holds it: claims its ready jobs had on free slots of their resources
+    pass on to held-back jobs that can take them (as `leave_ready` does for a job that leaves)."""
+    for r in list(key.resources or ()):
+        if r in m.blocked:
+            release_blocked(m, r)
 
 
 def release_all(m) -> None:

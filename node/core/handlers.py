@@ -407,7 +407,7 @@ def take(m, q, cap: int, kept: list, lease_ms: int, probe: int) -> None:
         if ql.rate is not None:
             m._set(q, "rate_log", keys.logged(q.rate_log, ql.rate, now))
         if key is not None:
-            _served(m, q, ql, key, now)
+            _served(m, q, ql, key, job, now)
 
 
 def _pick(m, q, qk, ql, now: int):
@@ -430,6 +430,7 @@ def _pick(m, q, qk, ql, now: int):
             why = keys.over_limit(m, ql, key, now)
             if why is not None:
                 keys.hold(m, q, qk, key, why)
+                gating.key_held(m, key)
                 continue
         m._heappop(sched)
         keys.unschedule(m, key)
@@ -457,7 +458,7 @@ def _back(m, q, key) -> None:
         keys.requeue(m, q, q.keys, key)
 
 
-def _served(m, q, ql, key, now: int) -> None:
+def _served(m, q, ql, key, job, now: int) -> None:
     """A job of `key` was handed out: its count, window and virtual time move; it goes back in
     the rotation unless a limit now holds it."""
     qk = q.keys
@@ -466,7 +467,7 @@ def _served(m, q, ql, key, now: int) -> None:
         keys.requeue(m, q, qk, key)
         return
     conc, rate, weight = keys.key_limits(ql, key.name)
-    keys.popped(m, q, key)
+    keys.popped(m, q, key, job)
     m._add(key, "in_flight", 1)
     if rate is not None:
         m._set(key, "log", keys.logged(key.log, rate, now))
@@ -474,6 +475,7 @@ def _served(m, q, ql, key, now: int) -> None:
     why = keys.over_limit(m, ql, key, now)
     if why is not None:
         keys.hold(m, q, qk, key, why)
+        gating.key_held(m, key)
     else:
         keys.requeue(m, q, qk, key)
 
@@ -794,6 +796,8 @@ def _live_waiting(m, q: Queue) -> tuple[list, list]:
     """The ready and the scheduled jobs of queue q (each once)."""
     jobs = m.jobs
     blocked = [h for per in m.blocked.values() for n, h in per.items() if n == q.name]
+    if q.keys is not None:
+        blocked += [k.heap for k in q.keys.by_key.values()]      # keyed jobs: their keys' heaps
     ready = [e[3] for e in chain(q.ready_heap, q.fifo_entries(), *blocked)
              if e[3].state == READY and e[3].seq == e[2] and jobs.get(e[3].id) is e[3]]
     name = q.name

@@ -151,7 +151,7 @@ def check(m) -> list[str]:
                 say(f"queue {name!r}: a probe {c.probe} while the circuit is not half open")
             if (c.opened_at is None) != (c.open_until is None):
                 say(f"queue {name!r}: circuit opened_at {c.opened_at} but open_until {c.open_until}")
-    bad.extend(key_problems(m, live_ready))
+    bad.extend(key_problems(m, live_ready, ready_of))
     for job_id, job in jobs.items():
         if job.state == READY and live_ready[job_id] != 1:
             say(f"ready job {job_id} has {live_ready[job_id]} live ready-index entries (blocked ones included)")

@@ -35,9 +35,10 @@ from __future__ import annotations
 
 from heapq import heappop
 
-from .jobs import IN_FLIGHT, READY, S_ENQUEUED_AT, S_KEY, S_PRIORITY
+from .jobs import IN_FLIGHT, READY, S_ENQUEUED_AT, S_KEY, S_PRIORITY, S_RESOURCE
 
 WEIGHT_SCALE = 1_000_000
+MAX_RATE_COUNT = 1000       # a rate's count at most (node/limits.py): the times a window log keeps
 CONCURRENCY, RATE = "concurrency", "rate"
 
 
@@ -47,8 +48,8 @@ class Key:
     virtual time it counts at level `vlevel`; `log` the hand-out times inside the rate window,
     oldest first; `held` None or why it is out of the rotation; `timer` (time, ctr) of its live
     timer entry; `since` when it was made or last served."""
-    __slots__ = ("name", "queue", "heap", "ready", "in_flight", "vpass", "vlevel", "since", "level", "turn",
-                 "log", "held", "timer")
+    __slots__ = ("name", "queue", "heap", "ready", "in_flight", "vpass", "vlevel", "vother", "since", "level",
+                 "turn", "log", "held", "timer", "resources")
 
     def __init__(self, name, queue: str, since: int):
         self.name, self.queue, self.since = name, queue, since
@@ -56,18 +57,24 @@ class Key:
         self.ready = self.in_flight = 0
         self.vpass = 0
         self.vlevel = self.level = self.turn = self.held = self.timer = None
+        self.vother: dict | None = None     # level -> virtual time, of the levels other than vlevel
         self.log: tuple = ()
+        # resource -> its ready jobs in `heap` (None while none has one): a key that a limit
+        # holds passes their claims on free slots on (gating.key_held).
+        self.resources: dict | None = None
 
     def to_tuple(self) -> tuple:
         """What snapshots keep; the heap and the counts are rebuilt from the jobs."""
         return (self.name, self.vpass, self.vlevel, self.since, self.level, self.turn, list(self.log),
-                self.held, None if self.timer is None else list(self.timer))
+                self.held, None if self.timer is None else list(self.timer),
+                None if self.vother is None else sorted(self.vother.items()))
 
     @classmethod
     def from_tuple(cls, queue: str, t) -> "Key":
         k = cls(t[0], queue, t[3])
-        _, k.vpass, k.vlevel, _, k.level, k.turn, log, k.held, timer = t
+        _, k.vpass, k.vlevel, _, k.level, k.turn, log, k.held, timer, vother = t
         k.log = tuple(log)
+        k.vother = None if vother is None else {lv: v for lv, v in vother}
         k.timer = None if timer is None else tuple(timer)
         return k
 
@@ -135,10 +142,17 @@ def over_limit(m, ql, key, now: int):
 def schedule(m, qk: Keys, key: Key, level: int) -> None:
     """Key `key` (re-)enters the rotation at `level` (its best ready job's -priority)."""
     vt = qk.vtimes.get(level, 0)
-    vpass = key.vpass if key.vlevel == level and key.vpass > vt else vt
+    own = key.vpass
+    if key.vlevel != level:             # the key's virtual time at each level is its own
+        other = dict(key.vother or {})
+        if key.vlevel is not None:
+            other[key.vlevel] = key.vpass
+        own = other.pop(level, None)
+        m._set(key, "vother", other or None)
+        m._set(key, "vlevel", level)
+    vpass = own if own is not None and own > vt else vt
     turn = m._new_ctr()
     m._set(key, "vpass", vpass)
-    m._set(key, "vlevel", level)
     m._set(key, "level", level)
     m._set(key, "turn", turn)
     m._push(qk.sched, (level, vpass, key.since, turn, key))
@@ -236,6 +250,9 @@ def push(m, q, entry) -> None:
             hold(m, q, qk, key, why)
     m._push(key.heap, entry)
     m._add(key, "ready", 1)
+    r = job.spec[S_RESOURCE]
+    if r is not None:
+        count_resource(m, key, r, 1)
     if key.held is not None:
         m._add(qk, "held_ready", 1)
     elif key.level is None or entry[0] < key.level:
@@ -246,8 +263,21 @@ def plain_pushed(m, q, level: int) -> None:
     """A job without a key became READY in a keyed queue: the queue's own index joins the
     rotation, or moves up to its level."""
     plain = q.keys.plain
+    if plain.level is None:
+        # It had no ready job: it comes back as a key made now would (after the keys made
+        # before it on a tie).
+        m._set(plain, "since", m._new_ctr())
     if plain.level is None or level < plain.level:
         schedule(m, q.keys, plain, level)
+
+
+def held(q, job) -> bool:
+    """Whether job's key is held at a limit (a job without a key never is)."""
+    name = job.spec[S_KEY]
+    if name is None or q.keys is None:
+        return False
+    key = q.keys.by_key.get(name)
+    return key is not None and key.held is not None
 
 
 def left_ready(m, q, job) -> None:
@@ -257,16 +287,36 @@ def left_ready(m, q, job) -> None:
     if key is None:
         return
     m._add(key, "ready", -1)
+    r = job.spec[S_RESOURCE]
+    if r is not None:
+        count_resource(m, key, r, -1)
     if key.held is not None:
         m._add(qk, "held_ready", -1)
     if key.ready <= 0:
         unschedule(m, key)
-        settle(m, q, key)
+        m.unsettled.append(key)
 
 
-def popped(m, q, key: Key) -> None:
-    """A keyed job was taken off its key's heap (handed out, or held back by a resource)."""
+def popped(m, q, key: Key, job) -> None:
+    """A keyed job was handed out (taken off its key's heap)."""
     m._add(key, "ready", -1)
+    r = job.spec[S_RESOURCE]
+    if r is not None:
+        count_resource(m, key, r, -1)
+
+
+def count_resource(m, key: Key, r: str, delta: int) -> None:
+    res = key.resources
+    if res is None:
+        res = {}
+        m._set(key, "resources", res)
+    n = res.get(r, 0) + delta
+    if n > 0:
+        m._put(res, r, n)
+    else:
+        m._pop(res, r)
+        if not res:
+            m._set(key, "resources", None)
 
 
 # ---------------------------------------------------------------------------- limits reached and freed
@@ -310,7 +360,7 @@ def left_in_flight(m, q, job) -> None:
     m._add(key, "in_flight", -1)
     if key.held == CONCURRENCY:
         review(m, q, key)
-    settle(m, q, key)
+    m.unsettled.append(key)
 
 
 def arm(m, key: Key, at: int) -> None:
@@ -320,6 +370,17 @@ def arm(m, key: Key, at: int) -> None:
     ctr = m._new_ctr()
     m._set(key, "timer", (at, ctr))
     m._push(m.key_timers, (at, ctr, key))
+
+
+def settle_unsettled(m) -> None:
+    """At the end of a command: the keys it left without a job (`m.unsettled`). Not at once: a
+    job that leaves in flight and is ready again in the same command (a nack, a release, a
+    lapsed lease) keeps its key's place in the rotation."""
+    pending, m.unsettled = m.unsettled, []
+    for key in pending:
+        q = m.queues.get(key.queue)
+        if q is not None and q.keys is not None and q.keys.by_key.get(key.name) is key:
+            settle(m, q, key)
 
 
 def settle(m, q, key: Key) -> None:
@@ -387,8 +448,9 @@ def purged(m, q) -> None:
             m._add(qk, "held_ready", -key.ready)
         m._set(key, "ready", 0)
         m._set(key, "heap", [])
+        m._set(key, "resources", None)
         unschedule(m, key)
-        settle(m, q, key)
+        m.unsettled.append(key)
 
 
 # ---------------------------------------------------------------------------- reads
@@ -423,10 +485,10 @@ def view(m, q, limit: int, after) -> tuple[list, object]:
 
 
 # ---------------------------------------------------------------------------- invariants
-def check(m, live_ready) -> list[str]:
+def check(m, live_ready, ready_of) -> list[str]:
     """Keys' invariants (node/core/invariants.py calls this after every apply in tests): each
     keyed ready job has one live entry, in its key's heap or a resource's blocked heap (counted
-    into `live_ready`); counts match the jobs; a key is in the rotation exactly when it has
+    into `live_ready`, and into `ready_of` when its key may be served: it can take a slot); counts match the jobs; a key is in the rotation exactly when it has
     ready jobs and no limit holds it, at a level no worse than its best job's; a held key is at
     its limit; a key exists only while it has jobs or a window to keep; no job of another
     queue's key; rate windows within their counts."""
@@ -445,8 +507,8 @@ def check(m, live_ready) -> list[str]:
     seen = set()
     for qname, q in m.queues.items():
         ql = m.limits.queue(qname)
-        if q.rate_log and ql.rate is not None and len(window(q.rate_log, ql.rate, m.clock)) > ql.rate[0]:
-            say(f"queue {qname!r}: {len(q.rate_log)} hand-outs in its rate window, above {ql.rate[0]}")
+        if len(q.rate_log) > MAX_RATE_COUNT:
+            say(f"queue {qname!r}: keeps {len(q.rate_log)} hand-out times, above {MAX_RATE_COUNT}")
         qk = q.keys
         if qk is None:
             continue
@@ -462,11 +524,16 @@ def check(m, live_ready) -> list[str]:
                 continue
             seen.add((qname, key.name))
             n = 0
+            res: dict = {}
             for e in key.heap:
                 job = e[3]
                 if job.state == READY and job.seq == e[2] and jobs.get(job.id) is job:
                     n += 1
                     live_ready[job.id] += 1
+                    if job.resource is not None:
+                        res[job.resource] = res.get(job.resource, 0) + 1
+                        if key.held is None:        # a job that can take a free slot now
+                            ready_of[(job.resource, qname)] += 1
                     if job.queue != qname or job.spec[S_KEY] != key.name:
                         say(f"{where}: holds job {job.id} of queue {job.queue!r} key {job.spec[S_KEY]!r}")
                     if (e[0], e[1]) != (-job.priority, job.enqueued_at):
@@ -474,6 +541,8 @@ def check(m, live_ready) -> list[str]:
             if n != key.ready or key.ready != ready.get((qname, key.name), 0):
                 say(f"{where}: counts {key.ready} ready, holds {n} live entries of "
                     f"{ready.get((qname, key.name), 0)} ready jobs")
+            if (key.resources or {}) != res:
+                say(f"{where}: counts {key.resources} ready per resource, holds {res}")
             if key.in_flight != in_flight.get((qname, key.name), 0):
                 say(f"{where}: counts {key.in_flight} in flight, {in_flight.get((qname, key.name), 0)} are")
             if key.held is not None:
@@ -489,9 +558,8 @@ def check(m, live_ready) -> list[str]:
                 say(f"{where}: in the rotation without a ready job")
             if key.ready == 0 and key.in_flight == 0 and key.timer is None:
                 say(f"{where}: idle, kept without a timer")
-            _, rate, _ = key_limits(ql, key.name)
-            if rate is not None and len(window(key.log, rate, m.clock)) > rate[0]:
-                say(f"{where}: {len(key.log)} hand-outs in its rate window, above {rate[0]}")
+            if len(key.log) > MAX_RATE_COUNT:
+                say(f"{where}: keeps {len(key.log)} hand-out times, above {MAX_RATE_COUNT}")
         if (held_keys, held_ready) != (qk.held_keys, qk.held_ready):
             say(f"queue {qname!r}: counts {qk.held_keys} held keys with {qk.held_ready} ready jobs, "
                 f"holds {held_keys} with {held_ready}")

@@ -125,6 +125,9 @@ def _restore_keys(m, data) -> None:
         if job.state == READY:
             k.heap.append((-job.priority, job.enqueued_at, job.seq, job))
             k.ready += 1
+            if job.resource is not None:
+                k.resources = k.resources or {}
+                k.resources[job.resource] = k.resources.get(job.resource, 0) + 1
         else:
             k.in_flight += 1
     for q in m.queues.values():
