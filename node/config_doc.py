@@ -169,6 +169,10 @@ LIMITS = {
                            "limit frees held-back jobs at once; a lowered one leaves jobs in flight alone. Global "
                            "only: a queue cannot cap a resource of its own (give it a resource of its own). Names: "
                            "1..256 UTF-8 bytes, no control characters.", default="`{}`"),
+    "max_key_bytes": Key("integer", "Longest job key (an enqueue's `key`, or the value of its queue's `key_field`), "
+                         "in UTF-8 bytes; also bounds the keys `key_weights` and `key_limits` name. A longer key is "
+                         "refused with `invalid_request` naming `key` (docs/semantics.md \"Keys\").", minimum=1,
+                         maximum=65535),
 }
 STORAGE = {
     "dead_letter_retention_ms": Key("integer", "How long dead letters are kept. 0: there is no dead-letter store; "
@@ -251,6 +255,31 @@ QUEUE_ONLY = {
                    "(the window opens on a listed day); `end = \"24:00\"` is the end of the day; `time_zone` "
                    "(default `UTC`) is an IANA name from the `tzdata` package, the same on every node. Evaluated "
                    "at the replicated clock, per minute. Per queue only. Unset: always open.", default="unset"),
+    # keys (docs/semantics.md "Keys"): node/limits.py _key_settings
+    "key_field": Key("string", "The custom field whose value is the key of a job that names no `key` of its own "
+                     "(a string; any other value refuses the job with `invalid_request`; a job without the field "
+                     "has no key). Keys are what the settings below limit and what reserve serves in turn: a "
+                     "queue with keyed jobs serves its keys fairly within each priority (docs/semantics.md "
+                     "\"Keys\"). Unset: only a job's `key` keys it.", default="unset"),
+    "key_concurrency": Key("integer", "Most jobs of one key in flight at once, across every worker. Reserve passes "
+                           "over a key at its limit (its jobs wait ready, no attempt used) and takes the next "
+                           "eligible job; a slot frees on ack, nack, release, delete and lease expiry. 0 holds every "
+                           "keyed job. A lowered limit takes no lease back. Unset: no limit.", default="unset",
+                           minimum=0),
+    "key_rate": Key("table", "`{count = N, period_ms = P}`: at most N jobs of one key handed out in any P ms of the "
+                    "replicated clock (a sliding window: a burst of N at once is allowed, the next when the oldest "
+                    "of them is P ms old). A held-back job waits ready, no attempt used; a release or nack gives "
+                    "no hand-out back. Unset: no rate.", default="unset", rule="`count` 1..1000, `period_ms` ≥ 1"),
+    "key_weights": Key("table", "`{key = weight}`: a key of weight w is served w jobs for each job of a key of "
+                       "weight 1, among the keys of one priority that have jobs ready. Keys not named weigh 1.",
+                       default="unset", rule="weights 1..1000; at most 10000 keys"),
+    "key_limits": Key("table", "`{key = {concurrency = C, rate = {count, period_ms}}}` (either or both): one key's "
+                      "own limits in place of `key_concurrency` and `key_rate`; 0 holds that key's jobs.",
+                      default="unset", rule="as `key_concurrency` and `key_rate`; at most 10000 keys"),
+    "rate": Key("table", "`{count = N, period_ms = P}`: at most N jobs of this queue handed out in any P ms, keyed "
+                "or not, all keys together (the same sliding window as `key_rate`); at the limit reserve skips "
+                "the queue. Per queue only. Unset: no rate.", default="unset",
+                rule="`count` 1..1000, `period_ms` ≥ 1"),
 }
 TUNING = {
     "auto_tick_period_s": Key("number", "Period of the Raft tick thread (pysyncobj `autoTickPeriod`).", positive=True),
@@ -516,6 +545,8 @@ def render() -> str:
             "`max_payload_bytes` ≤ `max_request_bytes`, in `[limits]` and in each `[[queues]]` entry after its "
             "overrides are applied.",
             "* A `[[queues]]` name must be unique and no longer than `max_queue_name_bytes`.",
+            "* The keys a `[[queues]]` entry's `key_weights` and `key_limits` name must be usable job keys: at most "
+            "`max_key_bytes`, no control characters.",
             "* `cluster.peers` must list this node (`node.id`) with this node's `node.raft`.",
             "* API key names and keys must be unique.",
             "* `cluster.secret`, when set, must not be weak: at least 16 characters and 8 distinct ones, no "
@@ -562,6 +593,13 @@ name = "emails"
 allowed_job_types = ["welcome", "digest"]
 max_queue_depth = 100000
 dedup_window_ms = 3600000
+
+[[queues]]
+name = "reports"
+key_field = "tenant"
+key_concurrency = 2
+key_rate = { count = 10, period_ms = 1000 }
+key_limits = { acme = { concurrency = 5 } }
 """
 
 
