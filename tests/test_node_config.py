@@ -45,6 +45,41 @@ CASES = [
      "schedules[1].name"),
 ]
 
+# The key settings of a [[queues]] entry (docs/semantics.md "Keys"): each bad one names its key.
+KEYED = GOOD + '\n[[queues]]\nname = "r"\n'
+KEY_CASES = [
+    ("negative key_concurrency", KEYED + "key_concurrency = -1\n", "queues[r].key_concurrency: must be >= 0"),
+    ("key_concurrency not an integer", KEYED + 'key_concurrency = "2"\n', "queues[r].key_concurrency"),
+    ("key_rate not a table", KEYED + "key_rate = 5\n", "queues[r].key_rate: must be a table"),
+    ("key_rate without period", KEYED + "key_rate = { count = 5 }\n", "queues[r].key_rate.period_ms: required"),
+    ("key_rate count 0", KEYED + "key_rate = { count = 0, period_ms = 1000 }\n", "queues[r].key_rate.count: must be >= 1"),
+    ("key_rate count above 1000", KEYED + "key_rate = { count = 1001, period_ms = 1000 }\n",
+     "queues[r].key_rate.count: must be <= 1000"),
+    ("key_rate unknown key", KEYED + "key_rate = { count = 5, period_ms = 1000, burst = 2 }\n",
+     "queues[r].key_rate.burst: unknown key"),
+    ("rate period 0", KEYED + "rate = { count = 5, period_ms = 0 }\n", "queues[r].rate.period_ms: must be >= 1"),
+    ("key_field empty", KEYED + 'key_field = ""\n', "queues[r].key_field"),
+    ("key_field not a string", KEYED + "key_field = 3\n", "queues[r].key_field"),
+    ("key weight 0", KEYED + "key_weights = { acme = 0 }\n", "queues[r].key_weights.acme: must be >= 1"),
+    ("key weight above 1000", KEYED + "key_weights = { acme = 1001 }\n", "queues[r].key_weights.acme: must be <= 1000"),
+    ("key_weights not a table", KEYED + 'key_weights = ["acme"]\n', "queues[r].key_weights: must be a table"),
+    ("key_limits entry empty", KEYED + "key_limits = { acme = {} }\n", "queues[r].key_limits.acme: must be a table"),
+    ("key_limits unknown key", KEYED + "key_limits = { acme = { burst = 1 } }\n",
+     "queues[r].key_limits.acme.burst: unknown key"),
+    ("key_limits negative", KEYED + "key_limits = { acme = { concurrency = -1 } }\n",
+     "queues[r].key_limits.acme.concurrency: must be >= 0"),
+    ("key_limits bad rate", KEYED + "key_limits = { acme = { rate = { count = 2000, period_ms = 10 } } }\n",
+     "queues[r].key_limits.acme.rate.count: must be <= 1000"),
+    ("key longer than max_key_bytes", GOOD + "\n[limits]\nmax_key_bytes = 4\n\n[[queues]]\nname = \"r\"\n"
+     "key_weights = { abcde = 2 }\n", "queues[r].key_weights.abcde: the key is longer than max_key_bytes (4)"),
+    ("key with a control character", KEYED + 'key_limits = { "a\\u0007b" = { concurrency = 1 } }\n',
+     "must not contain control characters"),
+    ("too many key overrides", KEYED + "key_weights = { " + ", ".join(f"k{i} = 2" for i in range(10_001)) + " }\n",
+     "queues[r].key_weights: names 10001 keys, at most 10000"),
+    ("max_key_bytes 0", GOOD + "\n[limits]\nmax_key_bytes = 0\n", "limits.max_key_bytes: must be >= 1"),
+    ("key settings are per queue only", GOOD + "\n[limits]\nkey_concurrency = 1\n", "limits.key_concurrency: unknown key"),
+]
+
 
 @pytest.mark.parametrize("name,text,key", CASES, ids=[c[0] for c in CASES])
 def test_bad_config_is_refused_with_the_key(name, text, key, tmp_path):
@@ -53,6 +88,51 @@ def test_bad_config_is_refused_with_the_key(name, text, key, tmp_path):
     with pytest.raises(ConfigError) as exc:
         load(path)
     assert key in str(exc.value)
+
+
+@pytest.mark.parametrize("name,text,message", KEY_CASES, ids=[c[0] for c in KEY_CASES])
+def test_bad_key_settings_are_refused_naming_the_key(name, text, message, tmp_path):
+    path = tmp_path / "node.toml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as exc:
+        load(path)
+    assert message in str(exc.value), str(exc.value)
+
+
+def test_key_settings_of_a_queue_are_taken_and_reach_its_limits():
+    import tomllib
+    from raftq.node.limits import Limits
+    text = GOOD + """
+[limits]
+max_key_bytes = 64
+
+[[queues]]
+name = "reports"
+key_field = "tenant"
+key_concurrency = 2
+key_rate = { count = 10, period_ms = 1000 }
+key_weights = { acme = 3, "globex corp" = 1000 }
+key_limits = { acme = { concurrency = 5 }, initech = { rate = { count = 1, period_ms = 60000 } }, stopped = { concurrency = 0 } }
+rate = { count = 1000, period_ms = 1 }
+
+[[queues]]
+name = "plain"
+"""
+    s = parse(tomllib.loads(text))
+    q = s.limits.queue("reports")
+    assert (q.key_field, q.key_concurrency, q.key_rate, q.rate) == ("tenant", 2, (10, 1000), (1000, 1))
+    assert q.key_weights == {"acme": 3, "globex corp": 1000}
+    assert q.key_limits == {"acme": (5, None), "initech": (None, (1, 60_000)), "stopped": (0, None)}
+    assert s.limits.max_key_bytes == 64
+    assert "reports" in s.limits.gated                  # a queue-wide rate: reserve gates the queue
+    plain = s.limits.queue("plain")
+    assert (plain.key_field, plain.key_concurrency, plain.key_rate, plain.rate) == (None, None, None, None)
+    assert plain.key_weights == {} and plain.key_limits == {} and "plain" not in s.limits.gated
+    # The configuration the first leader seeds (version 1) is this TOML's: the replicated
+    # document gives every node the same limits back, and the queue's view shows them.
+    again = Limits.from_doc(s.limits.doc)
+    assert again.queue("reports") == q and again.fingerprint() == s.limits.fingerprint()
+    assert q.describe()["key_limits"]["initech"] == {"concurrency": None, "rate": {"count": 1, "period_ms": 60_000}}
 
 
 def test_bad_config_exits_2_with_one_line(tmp_path):
