@@ -571,6 +571,7 @@ class Limits:
             "max_queue_name_bytes": self.max_queue_name_bytes,
             "max_job_type_bytes": self.max_job_type_bytes,
             "max_idempotency_key_bytes": self.max_idempotency_key_bytes,
+            "max_key_bytes": self.max_key_bytes,
             "max_schedule_horizon_ms": d.max_schedule_horizon_ms,
             "max_enqueue_batch": self.max_enqueue_batch,
             "max_reserve_batch": self.max_reserve_batch,

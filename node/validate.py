@@ -294,7 +294,8 @@ def check_job(job, limits: Limits, now_ms: int, new_id) -> tuple:
 
 def job_key(key, custom, ql, limits: Limits):
     """A job's key (docs/semantics.md "Keys"): the request's `key`, else the value of the custom
-    field the queue names (`key_field`, a string), else None; 400 naming the field when unusable."""
+    field the queue names (`key_field`, a string), else None; when unusable, the job is refused
+    naming the field (422 `rejected`, reason `invalid_request`, as any bad field of a job)."""
     where = "key"
     if key is None:
         if custom is None or ql.key_field is None or custom.get(ql.key_field) is None:

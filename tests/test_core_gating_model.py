@@ -16,8 +16,10 @@ breakers", "Execution windows", "Keys"):
   waits on a slot nobody holds;
 * keys, over the whole history: in flight per key never above its limit (unless the limit was
   lowered under running jobs: then it only falls); hand-outs per key and per queue never above
-  the rate in any window; and no key handed out twice in a row at a level while another key had
-  a job there that could run (fairness, equal weights);
+  the rate in any window (while the same key settings are in force); and no key handed out twice
+  in a row at a level while another key had a job there that could run all along, from before
+  the first hand-out (fairness, equal weights: a key that arrives after a hand-out joins the turn
+  order behind it);
 * a snapshot round trip keeps the digest, and a replay of the whole log ends in the same state.
 
 Run size: RAFTQ_GATING_EXAMPLES (default 150) x RAFTQ_GATING_STEPS (default 60).
@@ -77,7 +79,7 @@ class GatingModel(RuleBasedStateMachine):
         self.seen: list = []          # every job id made
         self.handed: dict = {}        # (queue, key) -> [(time, rate in force, epoch)] of every hand-out
         self.keyed, self.epoch = 0, 0  # queue k's key settings in force; bumped when they change
-        self.last_served: dict = {}   # (queue, level) -> the key served there last
+        self.last_served: dict = {}   # (queue, level) -> (the key served there last, the keys that could run then)
         self.in_flight_seen: dict = {}  # (queue, key) -> jobs in flight at the last check
 
     # ------------------------------------------------------------------ helpers
@@ -173,13 +175,14 @@ class GatingModel(RuleBasedStateMachine):
         for i, job in enumerate(body["jobs"]):
             qname, tenant, level = job["queue"], job.get("key"), -job["priority"]
             if i == 0 and self.m.queues[qname].keys is not None:
-                last = self.last_served.get((qname, level), _NOBODY)
-                others = could.get((qname, level), set()) - {tenant}
+                # Skipped: a key that could run at the last hand-out at this level and can still.
+                last, then = self.last_served.get((qname, level), (_NOBODY, set()))
+                others = (could.get((qname, level), set()) & then) - {tenant}
                 if others:
                     event("fairness checked with other keys waiting")
                 assert not (last == tenant and others), \
                     f"key {tenant!r} of queue {qname!r} served twice in a row at priority {-level} while {others} could run"
-            self.last_served[(qname, level)] = tenant
+            self.last_served[(qname, level)] = (tenant, could.get((qname, level), set()))
             ql = self.m.limits.queue(qname)
             rate = K.key_limits(ql, tenant)[1] if tenant is not None else None
             self.handed.setdefault((qname, tenant), []).append((self.c.now, rate, self.epoch))
@@ -279,7 +282,7 @@ class GatingModel(RuleBasedStateMachine):
         doc = limits_doc(LIMIT_SETS[limits], breaker, keyed)
         status, body = self.c.configure(limits=doc["limits"], storage=STORAGE, queues=doc["queues"])
         assert status == 200, body
-        if keyed != self.keyed:     # a rate taken away forgets its window (docs/semantics.md, Keys)
+        if keyed != self.keyed:     # hand-outs while a rate was away were not logged (docs/semantics.md "Keys")
             self.keyed, self.epoch = keyed, self.epoch + 1
 
     @rule(ms=st.sampled_from((0, 1, 250, 1000, 2500, 400_000)), sweep=st.booleans())
@@ -296,6 +299,14 @@ class GatingModel(RuleBasedStateMachine):
             q = self.m.queues.get(name)
             if q is None or q.keys is None:
                 self.last_served = {k: v for k, v in self.last_served.items() if k[0] != name}
+
+    @invariant()
+    def waiting_keys_seen_so_far(self):
+        """Fairness bookkeeping: a key that could not run at some point since the last hand-out
+        at a level (no job there, held, its resource full) is no longer one that waited."""
+        could = self.could_run()
+        self.last_served = {k: (last, then & could.get(k, set()))
+                            for k, (last, then) in self.last_served.items()}
 
     @invariant()
     def keys_in_flight_within_their_limits(self):

@@ -367,18 +367,19 @@ def reserve(m, queue_names, lease_ms: int, max_jobs: int):
 
 def take(m, q, cap: int, kept: list, lease_ms: int, probe: int) -> None:
     """Reserve from a queue with keyed jobs or a queue-wide rate: the rotation (node/core/keys.py)
-    names the key to serve, the rest is reserve's inline loop."""
+    names the key to serve, the rest is reserve's loop (the hand-out written inline, as there)."""
     now = m.clock
     if m.key_timers and m.key_timers[0][0] <= now:
         keys.fire_timers(m, now, m.limits.sweep_limit)
     ql = m.limits.queue(q.name)
+    undo, lease_heap = m._undo, m.lease_heap
     while len(kept) < cap:
         qk = q.keys
         if qk is None:
             e = keys.plain_head(m, q)
-            key = None
+            key = lim = None
         else:
-            key, e = _pick(m, q, qk, ql, now) or (None, None)
+            key, e, lim = _pick(m, q, qk, ql, now)
         if e is None:
             break
         _pop_entry(m, q, key, e)
@@ -395,53 +396,99 @@ def take(m, q, cap: int, kept: list, lease_ms: int, probe: int) -> None:
             limit = m.limits.resource_limits.get(r)
             if limit is not None and n >= limit:
                 gating.block(m, q, r, e)
-                if key is not None and key.name is not None:
+                if lim is not None:
                     keys.left_ready(m, q, job)
                 _back(m, q, key)
                 continue
             m._put(m.in_use, r, n + 1)
         if probe == 1:
             gating.set_probe(m, q, job.id)
-        hand_out(m, q, job, now + lease_ms)
-        kept.append(shown_fields(job))
+        # hand_out(m, q, job, expires), inline
+        expires = now + lease_ms
+        undo += (setattr, job, "state", job.state)
+        job.state = IN_FLIGHT
+        undo += (setattr, job, "lease_expires", job.lease_expires)
+        job.lease_expires = expires
+        if deadline is not None:
+            m._set(job, "deadline", None)
+        n = q.ready
+        undo += (setattr, q, "ready", n)
+        q.ready = n - 1
+        n = q.in_flight
+        undo += (setattr, q, "in_flight", n)
+        q.in_flight = n + 1
+        ctr = m.ctr
+        undo += (setattr, m, "ctr", ctr)
+        m.ctr = ctr = ctr + 1
+        entry = (expires, ctr, job.id)
+        undo += (heap_remove, lease_heap, entry, None)
+        heappush(lease_heap, entry)
         if ql.rate is not None:
             m._set(q, "rate_log", keys.logged(q.rate_log, ql.rate, now))
+        if lim is not None:
+            kept.append(shown_common(job) + (r, key.name))     # shown_fields, inline
+            _served(m, q, key, job, now, lim, ctr)
+            continue
+        kept.append(shown_fields(job))
         if key is not None:
-            _served(m, q, ql, key, job, now)
+            keys.served(m, qk, key, 1)
+            keys.requeue(m, q, qk, key)
 
 
 def _pick(m, q, qk, ql, now: int):
-    """(key, its best ready entry) the rotation serves next, or None: stale rotation entries are
-    dropped, a key whose best job changed level moves, a key at a limit (a lowered limit) is held."""
+    """(key, its best ready entry, the key's limits or None for the jobs without a key) that the
+    rotation serves next, or (None, None, None): stale rotation entries are dropped, a key whose
+    best job changed level moves, a key at a limit (a lowered limit) is held."""
     sched = qk.sched
     while sched:
-        level, _, _, turn, key = sched[0]
+        top = sched[0]
+        level, _, _, turn, key = top
         if key.turn != turn:
-            heappop(sched)                  # stale: changes nothing logical, not logged
+            m._heappop(sched)               # stale: logged all the same (keys.key_head says why)
             continue
-        e = keys.head(m, q, key)
+        name = key.name
+        if name is None:
+            e = keys.plain_head(m, q)
+        else:
+            heap = key.heap         # keys.key_head, inline
+            e = heap[0] if heap else None
+            if e is not None:
+                job = e[3]
+                if not (job.state == READY and job.seq == e[2] and m.jobs.get(job.id) is job):
+                    e = keys.key_head(m, key)
         if e is None:
             keys.unschedule(m, key)
             continue
         if e[0] != level:
             keys.schedule(m, qk, key, e[0])
             continue
-        if key.name is not None:
-            why = keys.over_limit(m, ql, key, now)
-            if why is not None:
-                keys.hold(m, q, qk, key, why)
+        lim = None
+        if name is not None:
+            lim = keys.key_limits(ql, name)
+            conc, rate, _ = lim
+            if (conc is not None and key.in_flight >= conc) \
+                    or (rate is not None and keys.rate_room(key.log, rate, now) <= 0):
+                keys.hold(m, q, qk, key, keys.limit_reached(key, lim, now))
                 gating.key_held(m, key)
                 continue
-        m._heappop(sched)
-        keys.unschedule(m, key)
-        return key, e
-    return None
+        # m._heappop(sched) and keys.unschedule(m, key), inline: its entry is the one popped
+        undo = m._undo
+        undo += (heap_restore, sched, top, None)
+        heappop(sched)
+        undo += (setattr, key, "level", level)
+        key.level = None
+        undo += (setattr, key, "turn", turn)
+        key.turn = None
+        return key, e, lim
+    return None, None, None
 
 
 def _pop_entry(m, q, key, e) -> None:
     """Take head entry `e` off its index: the key's heap, or the queue's own FIFO or heap."""
     if key is not None and key.name is not None:
-        m._heappop(key.heap)
+        heap = key.heap
+        m._undo += (heap_restore, heap, e, None)
+        heappop(heap)
         return
     fifo = q.ready_fifo
     if fifo and fifo[0] is e[3] and q.fifo_seqs[0] == e[2]:
@@ -458,21 +505,46 @@ def _back(m, q, key) -> None:
         keys.requeue(m, q, q.keys, key)
 
 
-def _served(m, q, ql, key, job, now: int) -> None:
-    """A job of `key` was handed out: its count, window and virtual time move; it goes back in
+def _served(m, q, key, job, now: int, lim: tuple, ctr: int) -> None:
+    """A job of key `key` (limits `lim`) was handed out, its lease entry taking counter `ctr`: its
+    counts, window and virtual time move (keys.popped and keys.served, written inline: reserve's
+    hot path; the lease's counter is the key's `since`, as fresh as a new one); it goes back in
     the rotation unless a limit now holds it."""
     qk = q.keys
-    if key.name is None:
-        keys.served(m, qk, key, 1)
-        keys.requeue(m, q, qk, key)
-        return
-    conc, rate, weight = keys.key_limits(ql, key.name)
-    keys.popped(m, q, key, job)
-    m._add(key, "in_flight", 1)
+    conc, rate, weight = lim
+    undo = m._undo
+    n = key.ready
+    undo += (setattr, key, "ready", n)
+    key.ready = n - 1
+    n = key.in_flight
+    undo += (setattr, key, "in_flight", n)
+    key.in_flight = n + 1
+    r = job.spec[S_RESOURCE]
+    if r is not None:
+        keys.count_resource(m, key, r, -1)
     if rate is not None:
         m._set(key, "log", keys.logged(key.log, rate, now))
-    keys.served(m, qk, key, weight)
-    why = keys.over_limit(m, ql, key, now)
+    vtimes, level, vpass = qk.vtimes, key.vlevel, key.vpass
+    undo += ((restore_item, vtimes, level, vtimes[level]) if level in vtimes else (drop_item, vtimes, level, None))
+    vtimes[level] = vpass
+    undo += (setattr, key, "vpass", vpass)
+    key.vpass = vpass + keys.WEIGHT_SCALE // weight
+    undo += (setattr, key, "since", key.since)
+    key.since = ctr
+    if conc is not None and key.in_flight >= conc and key.held is None:
+        # keys.hold(m, q, qk, key, CONCURRENCY), inline: the key left the rotation when picked
+        n = qk.held_ready
+        undo += (setattr, qk, "held_ready", n)
+        qk.held_ready = n + key.ready
+        n = qk.held_keys
+        undo += (setattr, qk, "held_keys", n)
+        qk.held_keys = n + 1
+        undo += (setattr, key, "held", None)
+        key.held = keys.CONCURRENCY
+        if key.resources is not None:
+            gating.key_held(m, key)
+        return
+    why = keys.limit_reached(key, lim, now)
     if why is not None:
         keys.hold(m, q, qk, key, why)
         gating.key_held(m, key)

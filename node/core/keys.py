@@ -29,13 +29,14 @@ window (a timer drops it when the last one leaves); a queue's `Keys` index while
 
 Pure: builtins only, every mutation through the machine's undo log. Entries are lazy like the
 queue's: a key heap entry is live while its job is READY with the entry's seq; a rotation entry
-while its key's `turn` (a counter taken whenever it enters the rotation) is the entry's.
+while its key's `turn` (a counter taken whenever it enters the rotation) is the entry's. Unlike
+the queue's own index in reserve's loop, a stale entry is dropped through the undo log too: the
+command that drops it may have made it stale itself, and a fault after that revives it.
 """
 from __future__ import annotations
 
-from heapq import heappop
-
 from .jobs import IN_FLIGHT, READY, S_ENQUEUED_AT, S_KEY, S_PRIORITY, S_RESOURCE
+from .undo import fifo_restore_head
 
 WEIGHT_SCALE = 1_000_000
 MAX_RATE_COUNT = 1000       # a rate's count at most (node/limits.py): the times a window log keeps
@@ -97,6 +98,8 @@ class Keys:
 def key_limits(ql, name) -> tuple:
     """(concurrency or None, (count, period_ms) or None, weight) of key `name` in a queue."""
     over = ql.key_limits.get(name) if ql.key_limits else None
+    if over is None and not ql.key_weights:
+        return ql.key_concurrency, ql.key_rate, 1
     conc = ql.key_concurrency if over is None or over[0] is None else over[0]
     rate = ql.key_rate if over is None or over[1] is None else over[1]
     weight = ql.key_weights.get(name, 1) if ql.key_weights else 1
@@ -130,7 +133,12 @@ def logged(log: tuple, rate, now: int) -> tuple:
 
 def over_limit(m, ql, key, now: int):
     """Why key `key` may not be served now (CONCURRENCY, RATE), or None."""
-    conc, rate, _ = key_limits(ql, key.name)
+    return limit_reached(key, key_limits(ql, key.name), now)
+
+
+def limit_reached(key, lim: tuple, now: int):
+    """Why key `key`, whose limits are `lim` (key_limits), may not be served now, or None."""
+    conc, rate, _ = lim
     if conc is not None and key.in_flight >= conc:
         return CONCURRENCY
     if rate is not None and rate_room(key.log, rate, now) <= 0:
@@ -174,33 +182,36 @@ def served(m, qk: Keys, key: Key, weight: int) -> None:
 
 
 def key_head(m, key: Key):
-    """The live head entry of a key's heap, stale heads dropped on the way (not logged: they
-    change nothing logical), or None."""
+    """The live head entry of a key's heap, or None. Stale heads are dropped on the way, logged:
+    the command may have made one stale itself (a deadline that passed in the same sweep), and a
+    fault later in it makes the job READY again."""
     heap, jobs = key.heap, m.jobs
     while heap:
         e = heap[0]
         job = e[3]
         if job.state == READY and job.seq == e[2] and jobs.get(job.id) is job:
             return e
-        heappop(heap)
+        m._heappop(heap)
     return None
 
 
 def plain_head(m, q):
-    """The live head of the queue's own ready index (FIFO or heap, the smaller), or None."""
+    """The live head of the queue's own ready index (FIFO or heap, the smaller), or None; stale
+    heads dropped on the way, logged (as key_head)."""
     jobs = m.jobs
     fifo, seqs, heap = q.ready_fifo, q.fifo_seqs, q.ready_heap
     while fifo:
         job = fifo[0]
         if job.state == READY and job.seq == seqs[0] and jobs.get(job.id) is job:
             break
+        m._undo += (fifo_restore_head, q, job, seqs[0])
         fifo.popleft()
         seqs.popleft()
     while heap:
         job = heap[0][3]
         if job.state == READY and job.seq == heap[0][2] and jobs.get(job.id) is job:
             break
-        heappop(heap)
+        m._heappop(heap)
     if fifo:
         job = fifo[0]
         e = (-job.spec[S_PRIORITY], job.spec[S_ENQUEUED_AT], seqs[0], job)
@@ -262,13 +273,17 @@ def push(m, q, entry) -> None:
 def plain_pushed(m, q, level: int) -> None:
     """A job without a key became READY in a keyed queue: the queue's own index joins the
     rotation, or moves up to its level."""
-    plain = q.keys.plain
+    qk = q.keys
+    plain = qk.plain
     if plain.level is None:
-        # It had no ready job: it comes back as a key made now would (after the keys made
-        # before it on a tie).
-        m._set(plain, "since", m._new_ctr())
+        own = plain.vpass if plain.vlevel == level else (plain.vother or {}).get(level)
+        if own is None or own <= qk.vtimes.get(level, 0):
+            # Not served since the level's virtual time passed it: it comes back as a key made
+            # now would (after the keys made before it, on a tie). One served just now (a job
+            # nacked back) keeps its place, as a named key whose job is in flight does.
+            m._set(plain, "since", m._new_ctr())
     if plain.level is None or level < plain.level:
-        schedule(m, q.keys, plain, level)
+        schedule(m, qk, plain, level)
 
 
 def held(q, job) -> bool:
@@ -551,7 +566,8 @@ def check(m, live_ready, ready_of) -> list[str]:
                 if over_limit(m, ql, key, m.clock) is None and not (key.held == RATE and key.timer is not None):
                     say(f"{where}: held ({key.held}) though no limit holds it")
             elif key.ready > 0:
-                best = key_head(m, key)
+                best = min((e for e in key.heap if e[3].state == READY and e[3].seq == e[2]
+                            and m.jobs.get(e[3].id) is e[3]), default=None)     # a read: nothing dropped
                 if key.turn is None or best is None or key.level > best[0]:
                     say(f"{where}: has ready jobs but is not in the rotation at its best level")
             elif key.turn is not None:
