@@ -94,6 +94,25 @@ def _page_limit(query) -> int | None:
     return limit if 1 <= limit <= 100 else None
 
 
+def _page_args(query, decode):
+    """A listing's (limit, cursor decoded by `decode`, or None when none came), and None; or None
+    and the 400 answer naming what is wrong. `decode` returns None or raises ValueError for a
+    cursor this server did not make."""
+    limit = _page_limit(query)
+    if limit is None:
+        return None, error("invalid_argument", "limit must be an integer 1..100")
+    cursor = query.get("cursor")
+    if not cursor:
+        return (limit, None), None
+    try:
+        after = decode(cursor)
+    except ValueError:
+        after = None
+    if after is None:
+        return None, error("invalid_argument", "cursor is not one this server returned")
+    return (limit, after), None
+
+
 def _key_cursor_encode(after) -> str:
     """A keys page's cursor: [ready, key] as base64url JSON (a key may hold any character but
     the control ones, so the cursor is made safe to put in a query as it is)."""
@@ -1018,16 +1037,10 @@ class NodeService:
             return 200, {"keys": self.state.machine.keys_view(), "version": self.state.machine.config_version}
 
     def audit(self, query):
-        limit = _page_limit(query)
-        if limit is None:
-            return error("invalid_argument", "limit must be an integer 1..100")
-        before = None
-        cursor = query.get("cursor")
-        if cursor:
-            try:
-                before = int(cursor)
-            except ValueError:
-                return error("invalid_argument", "cursor is not one this server returned")
+        page, bad = _page_args(query, int)
+        if bad:
+            return bad
+        limit, before = page
         with self.state.lock:
             entries, nxt = self.state.machine.audit_page(limit, before)
         return 200, {"entries": entries, "next_cursor": str(nxt) if nxt is not None else None}
@@ -1037,16 +1050,10 @@ class NodeService:
         states = {"ready": READY, "scheduled": SCHEDULED, "in_flight": IN_FLIGHT}
         if state not in states:
             return error("invalid_argument", "state must be ready, scheduled or in_flight")
-        limit = _page_limit(query)
-        if limit is None:
-            return error("invalid_argument", "limit must be an integer 1..100")
-        after = None
-        cursor = query.get("cursor")
-        if cursor:
-            try:
-                after = tuple(int(x) for x in cursor.split("."))
-            except ValueError:
-                return error("invalid_argument", "cursor is not one this server returned")
+        page, bad = _page_args(query, lambda c: tuple(int(x) for x in c.split(".")))
+        if bad:
+            return bad
+        limit, after = page
         with self.state.lock:
             jobs, nxt = self.state.machine.list_jobs(name, states[state], limit, after)
         return 200, {"jobs": jobs, "next_cursor": ".".join(str(x) for x in nxt) if nxt else None}
@@ -1054,15 +1061,10 @@ class NodeService:
     def queue_keys(self, name, query):
         """GET /v1/queues/{name}/keys: the queue's keys, most ready jobs first, a page at a time
         (node/core/keys.py `view`); the cursor is the last row's [ready, key], opaque."""
-        limit = _page_limit(query)
-        if limit is None:
-            return error("invalid_argument", "limit must be an integer 1..100")
-        after = None
-        cursor = query.get("cursor")
-        if cursor:
-            after = _key_cursor_decode(cursor)
-            if after is None:
-                return error("invalid_argument", "cursor is not one this server returned")
+        page, bad = _page_args(query, _key_cursor_decode)
+        if bad:
+            return bad
+        limit, after = page
         with self.state.lock:
             page = self.state.machine.key_page(name, limit, after)
         if page is None:

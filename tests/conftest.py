@@ -77,6 +77,18 @@ def make_cluster(tmp_path):
         c.close()
 
 
+def heal(cluster, converge_s: float | None = 30):
+    """A module's shared LocalCluster made whole again for the next test: every node running, a
+    leader, and (unless converge_s is None) every node caught up with it."""
+    for i in range(cluster.n):
+        if not cluster.alive(i):
+            cluster.start(i)
+    cluster.wait_leader(30)
+    if converge_s is not None:
+        cluster.wait_converged(converge_s)
+    return cluster
+
+
 def proxied_cluster(directory, **kw):
     """A LocalCluster whose Raft links go through a fault proxy (cluster/chaos/proxy.py), started:
     (cluster, net); `net.apply(NetState(...))` cuts links, the caller closes both."""

@@ -16,7 +16,7 @@ import pytest
 
 from raftq.cluster.client import NotFound, SyncClient
 from raftq.cluster.local import LocalCluster
-from tests.conftest import poll
+from tests.conftest import heal, poll
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -30,11 +30,7 @@ def cluster(tmp_path_factory):
 
 @pytest.fixture
 def healthy(cluster):
-    for i in range(cluster.n):
-        if not cluster.alive(i):
-            cluster.start(i)
-    cluster.wait_leader(30)
-    return cluster
+    return heal(cluster, None)
 
 
 @pytest.fixture(scope="module")

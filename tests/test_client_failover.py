@@ -16,6 +16,7 @@ import pytest
 from raftq.cluster.client import Client, LeaseLost, SyncClient
 from raftq.cluster.local import LocalCluster
 from raftq.cluster.worker import Worker
+from tests.conftest import heal
 
 WF_LEASE = 2000
 
@@ -33,12 +34,7 @@ def cluster(tmp_path_factory):
 
 @pytest.fixture
 def healthy(cluster):
-    for i in range(cluster.n):
-        if not cluster.alive(i):
-            cluster.start(i)
-    cluster.wait_leader(30)
-    cluster.wait_converged(30)
-    return cluster
+    return heal(cluster, 30)
 
 
 async def until(cond, timeout=30.0, what="condition", interval=0.02):

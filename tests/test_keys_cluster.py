@@ -26,6 +26,7 @@ import pytest
 
 from raftq.cluster.client import Client, LeaseLost
 from raftq.cluster.local import LocalCluster
+from tests.conftest import heal
 from tests.helpers_worker import until
 
 CONC_Q, RATE_Q, FAIR_Q = "keys-conc", "keys-rate", "keys-fair"
@@ -80,12 +81,7 @@ def cluster(tmp_path_factory):
 
 @pytest.fixture
 def healthy(cluster):
-    for i in range(cluster.n):
-        if not cluster.alive(i):
-            cluster.start(i)
-    cluster.wait_leader(30)
-    cluster.wait_converged(60)
-    return cluster
+    return heal(cluster, 60)
 
 
 async def kill_leader(c: LocalCluster) -> tuple[int, int]:

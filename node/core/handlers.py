@@ -433,6 +433,7 @@ def take(m, q, cap: int, kept: list, lease_ms: int, probe: int) -> None:
         if key is not None:
             keys.served(m, qk, key, 1)
             keys.requeue(m, q, qk, key)
+            keys.catch_up(m, qk, key.vlevel)
 
 
 def _pick(m, q, qk, ql, now: int):
@@ -543,13 +544,14 @@ def _served(m, q, key, job, now: int, lim: tuple, ctr: int) -> None:
         key.held = keys.CONCURRENCY
         if key.resources is not None:
             gating.key_held(m, key)
-        return
-    why = keys.limit_reached(key, lim, now)
-    if why is not None:
-        keys.hold(m, q, qk, key, why)
-        gating.key_held(m, key)
     else:
-        keys.requeue(m, q, qk, key)
+        why = keys.limit_reached(key, lim, now)
+        if why is not None:
+            keys.hold(m, q, qk, key, why)
+            gating.key_held(m, key)
+        else:
+            keys.requeue(m, q, qk, key)
+    keys.catch_up(m, qk, level)
 
 
 def hand_out(m, q, job: Job, expires: int) -> None:

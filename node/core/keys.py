@@ -181,6 +181,21 @@ def served(m, qk: Keys, key: Key, weight: int) -> None:
     m._set(key, "since", m._new_ctr())
 
 
+def catch_up(m, qk: Keys, level: int) -> None:
+    """After a hand-out at `level`: the level's virtual time moves up to the smallest virtual time
+    of the keys waiting there (the rotation's head, when it is at this level), so a key that comes
+    back (or comes new) joins behind every key that has waited since, never ahead of them: a key
+    dropped when idle keeps no virtual time of its own."""
+    sched = qk.sched
+    while sched:
+        top = sched[0]
+        if top[4].turn == top[3]:
+            if top[0] == level and top[1] > qk.vtimes.get(level, 0):
+                m._put(qk.vtimes, level, top[1])
+            return
+        m._heappop(sched)               # stale (logged: key_head says why)
+
+
 def key_head(m, key: Key):
     """The live head entry of a key's heap, or None. Stale heads are dropped on the way, logged:
     the command may have made one stale itself (a deadline that passed in the same sweep), and a
