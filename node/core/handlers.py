@@ -382,7 +382,12 @@ def take(m, q, cap: int, kept: list, lease_ms: int, probe: int) -> None:
             key, e, lim = _pick(m, q, qk, ql, now)
         if e is None:
             break
-        _pop_entry(m, q, key, e)
+        if lim is not None:                  # _pop_entry(m, q, key, e), inline
+            heap = key.heap
+            undo += (heap_restore, heap, e, None)
+            heappop(heap)
+        else:
+            _pop_entry(m, q, key, e)
         job = e[3]
         deadline = job.spec[S_DEADLINE]
         if deadline is not None and deadline <= now:
@@ -426,14 +431,17 @@ def take(m, q, cap: int, kept: list, lease_ms: int, probe: int) -> None:
         if ql.rate is not None:
             m._set(q, "rate_log", keys.logged(q.rate_log, ql.rate, now))
         if lim is not None:
-            kept.append(shown_common(job) + (r, key.name))     # shown_fields, inline
+            s = job.spec                     # shown_fields(job), inline (node/core/jobs.py)
+            kept.append((job.id, s[0], s[1], job.payload, s[2], s[3], s[4], s[5], s[6], s[7], s[14],
+                         s[8], expires, s[9], s[10], s[13], r, key.name))
             _served(m, q, key, job, now, lim, ctr)
             continue
         kept.append(shown_fields(job))
         if key is not None:
+            vpass = key.vpass
             keys.served(m, qk, key, 1)
             keys.requeue(m, q, qk, key)
-            keys.catch_up(m, qk, key.vlevel)
+            keys.catch_up(m, qk, key.vlevel, vpass)
 
 
 def _pick(m, q, qk, ql, now: int):
@@ -465,7 +473,10 @@ def _pick(m, q, qk, ql, now: int):
             continue
         lim = None
         if name is not None:
-            lim = keys.key_limits(ql, name)
+            if ql.key_limits or ql.key_weights:
+                lim = keys.key_limits(ql, name)
+            else:                           # keys.key_limits, inline: every key alike
+                lim = (ql.key_concurrency, ql.key_rate, 1)
             conc, rate, _ = lim
             if (conc is not None and key.in_flight >= conc) \
                     or (rate is not None and keys.rate_room(key.log, rate, now) <= 0):
@@ -525,9 +536,7 @@ def _served(m, q, key, job, now: int, lim: tuple, ctr: int) -> None:
         keys.count_resource(m, key, r, -1)
     if rate is not None:
         m._set(key, "log", keys.logged(key.log, rate, now))
-    vtimes, level, vpass = qk.vtimes, key.vlevel, key.vpass
-    undo += ((restore_item, vtimes, level, vtimes[level]) if level in vtimes else (drop_item, vtimes, level, None))
-    vtimes[level] = vpass
+    level, vpass = key.vlevel, key.vpass
     undo += (setattr, key, "vpass", vpass)
     key.vpass = vpass + keys.WEIGHT_SCALE // weight
     undo += (setattr, key, "since", key.since)
@@ -551,7 +560,7 @@ def _served(m, q, key, job, now: int, lim: tuple, ctr: int) -> None:
             gating.key_held(m, key)
         else:
             keys.requeue(m, q, qk, key)
-    keys.catch_up(m, qk, level)
+    keys.catch_up(m, qk, level, vpass)
 
 
 def hand_out(m, q, job: Job, expires: int) -> None:

@@ -35,6 +35,8 @@ command that drops it may have made it stale itself, and a fault after that revi
 """
 from __future__ import annotations
 
+from heapq import nsmallest
+
 from .jobs import IN_FLIGHT, READY, S_ENQUEUED_AT, S_KEY, S_PRIORITY, S_RESOURCE
 from .undo import fifo_restore_head
 
@@ -173,27 +175,30 @@ def unschedule(m, key: Key) -> None:
 
 
 def served(m, qk: Keys, key: Key, weight: int) -> None:
-    """A job of `key` was handed out at its level: the level's virtual time is the key's, and
-    the key's moves on by its stride."""
-    level = key.vlevel
-    m._put(qk.vtimes, level, key.vpass)
+    """A job of `key` was handed out at its level: its virtual time moves on by its stride (the
+    level's follows: catch_up)."""
     m._set(key, "vpass", key.vpass + WEIGHT_SCALE // weight)
     m._set(key, "since", m._new_ctr())
 
 
-def catch_up(m, qk: Keys, level: int) -> None:
-    """After a hand-out at `level`: the level's virtual time moves up to the smallest virtual time
-    of the keys waiting there (the rotation's head, when it is at this level), so a key that comes
-    back (or comes new) joins behind every key that has waited since, never ahead of them: a key
-    dropped when idle keeps no virtual time of its own."""
+def catch_up(m, qk: Keys, level: int, start: int) -> None:
+    """After a hand-out at `level` by a key whose virtual time was `start`: the level's virtual
+    time is `start`, or the smallest virtual time of the keys waiting there when that is larger
+    (the rotation's head, when it is at this level). So a key that comes back (or comes new)
+    joins behind every key that has waited since, never ahead of them: a key dropped when idle
+    keeps no virtual time of its own."""
     sched = qk.sched
+    vt = start
     while sched:
         top = sched[0]
         if top[4].turn == top[3]:
-            if top[0] == level and top[1] > qk.vtimes.get(level, 0):
-                m._put(qk.vtimes, level, top[1])
-            return
+            if top[0] == level and top[1] > vt:
+                vt = top[1]
+            break
         m._heappop(sched)               # stale (logged: key_head says why)
+    vtimes = qk.vtimes
+    if vtimes.get(level) != vt:
+        m._put(vtimes, level, vt)
 
 
 def key_head(m, key: Key):
@@ -499,9 +504,11 @@ def view(m, q, limit: int, after) -> tuple[list, object]:
     if qk is None:
         return [], None
     ql = m.limits.queue(q.name)
-    rows = sorted(((-k.ready, k.name, k) for k in qk.by_key.values()))
+    rows = ((-k.ready, k.name, k) for k in qk.by_key.values())
     if after is not None:
-        rows = [r for r in rows if (r[0], r[1]) > (-after[0], after[1])]
+        start = (-after[0], after[1])
+        rows = (r for r in rows if (r[0], r[1]) > start)
+    rows = nsmallest(limit + 1, rows)       # one pass, no sort of every key (a page under the lock)
     page = rows[:limit]
     out = []
     for _, name, k in page:
