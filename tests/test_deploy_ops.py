@@ -557,6 +557,17 @@ def _podman_engine() -> list[str]:
     pytest.skip("podman cannot run a container here: " + "; ".join(errors))
 
 
+def _containers_report(engine, names) -> str:
+    """Each container's state and the end of its log (for a failure's message)."""
+    out = []
+    for name in names:
+        state = _run([*engine, "inspect", name, "--format", "{{.State.Status}} exit {{.State.ExitCode}}"],
+                     timeout=60, check=False)
+        logs = _run([*engine, "logs", "--tail", "30", name], timeout=60, check=False)
+        out.append(f"--- {name}: {state.stdout.strip()}\n{(logs.stdout + logs.stderr)[-3000:]}")
+    return "\n".join(out)
+
+
 def _http(method, url, body=None, follow=True):
     """One call from the host, following a 307 as a client does; returns (status, body, urls)."""
     seen = [url]
@@ -628,6 +639,13 @@ def test_the_image_runs_the_compose_cluster(tmp_path):
                     "--network-alias", n["name"], "--ip", svc["networks"]["raftq"]["ipv4_address"],
                     "-p", f"127.0.0.1:{port}:{port}", "-v", f"{config}:/etc/raftq/node.toml:ro",
                     "-v", f"{volume}:/var/lib/raftq", *_ulimits(), "--stop-signal", svc["stop_signal"]]
+            # The other nodes by name, at their fixed addresses: a network's DNS needs a plugin
+            # (aardvark-dns, CNI's dnsname) that a minimal podman install lacks, as compose's
+            # engines provide it.
+            for m in nodes:
+                ip = m["svc"]["networks"]["raftq"]["ipv4_address"]
+                for host in {m["name"], m["svc"]["hostname"]} - {svc["hostname"]}:
+                    args += ["--add-host", f"{host}:{ip}"]
             if svc.get("read_only"):
                 args.append("--read-only")
             args += [a for t in svc.get("tmpfs", []) for a in ("--tmpfs", t)]
@@ -646,7 +664,10 @@ def test_the_image_runs_the_compose_cluster(tmp_path):
                 except (urllib.error.URLError, OSError):
                     return False
             return True
-        poll(all_ready, timeout=90, interval=0.5, what="/readyz 200 on the three containers")
+        try:
+            poll(all_ready, timeout=90, interval=0.5, what="/readyz 200 on the three containers")
+        except AssertionError as e:    # say why: each container's state and the end of its log
+            raise AssertionError(f"{e}\n{_containers_report(engine, names)}") from None
         # The image's HEALTHCHECK (GET /readyz from inside) agrees.
         for name in names:
             r = _run([*engine, "healthcheck", "run", name], timeout=60, check=False)
