@@ -382,12 +382,12 @@ def take(m, q, cap: int, kept: list, lease_ms: int, probe: int) -> None:
             key, e, lim = _pick(m, q, qk, ql, now)
         if e is None:
             break
-        if lim is not None:                  # _pop_entry(m, q, key, e), inline
+        if lim is not None:                  # off the key's heap
             heap = key.heap
             undo += (heap_restore, heap, e, None)
             heappop(heap)
         else:
-            _pop_entry(m, q, key, e)
+            _pop_entry(m, q, e)
         job = e[3]
         deadline = job.spec[S_DEADLINE]
         if deadline is not None and deadline <= now:
@@ -439,7 +439,7 @@ def take(m, q, cap: int, kept: list, lease_ms: int, probe: int) -> None:
         kept.append(shown_fields(job))
         if key is not None:
             vpass = key.vpass
-            keys.served(m, qk, key, 1)
+            keys.served(m, key)
             keys.requeue(m, q, qk, key)
             keys.catch_up(m, qk, key.vlevel, vpass)
 
@@ -495,13 +495,9 @@ def _pick(m, q, qk, ql, now: int):
     return None, None, None
 
 
-def _pop_entry(m, q, key, e) -> None:
-    """Take head entry `e` off its index: the key's heap, or the queue's own FIFO or heap."""
-    if key is not None and key.name is not None:
-        heap = key.heap
-        m._undo += (heap_restore, heap, e, None)
-        heappop(heap)
-        return
+def _pop_entry(m, q, e) -> None:
+    """Take head entry `e` of a job without a key off the queue's own FIFO or heap (a keyed
+    job's entry leaves its key's heap inline, in take)."""
     fifo = q.ready_fifo
     if fifo and fifo[0] is e[3] and q.fifo_seqs[0] == e[2]:
         m._undo += (fifo_restore_head, q, fifo[0], q.fifo_seqs[0])
@@ -519,7 +515,7 @@ def _back(m, q, key) -> None:
 
 def _served(m, q, key, job, now: int, lim: tuple, ctr: int) -> None:
     """A job of key `key` (limits `lim`) was handed out, its lease entry taking counter `ctr`: its
-    counts, window and virtual time move (keys.popped and keys.served, written inline: reserve's
+    counts, window and virtual time move (keys.served and the ready count, written inline: reserve's
     hot path; the lease's counter is the key's `since`, as fresh as a new one); it goes back in
     the rotation unless a limit now holds it."""
     qk = q.keys

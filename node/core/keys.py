@@ -174,10 +174,11 @@ def unschedule(m, key: Key) -> None:
         m._set(key, "turn", None)       # its rotation entry is stale from here on
 
 
-def served(m, qk: Keys, key: Key, weight: int) -> None:
-    """A job of `key` was handed out at its level: its virtual time moves on by its stride (the
-    level's follows: catch_up)."""
-    m._set(key, "vpass", key.vpass + WEIGHT_SCALE // weight)
+def served(m, key: Key) -> None:
+    """A job without a key was handed out (`key` is the queue's `plain`, weight 1): its virtual
+    time moves on by one stride (the level's follows: catch_up). Keyed hand-outs do this inline
+    (handlers._served)."""
+    m._set(key, "vpass", key.vpass + WEIGHT_SCALE)
     m._set(key, "since", m._new_ctr())
 
 
@@ -330,14 +331,6 @@ def left_ready(m, q, job) -> None:
     if key.ready <= 0:
         unschedule(m, key)
         m.unsettled.append(key)
-
-
-def popped(m, q, key: Key, job) -> None:
-    """A keyed job was handed out (taken off its key's heap)."""
-    m._add(key, "ready", -1)
-    r = job.spec[S_RESOURCE]
-    if r is not None:
-        count_resource(m, key, r, -1)
 
 
 def count_resource(m, key: Key, r: str, delta: int) -> None:
