@@ -7,7 +7,7 @@ One import name for users:
 The package has two parts, kept in the repository's top-level folders: `raftq.node` (node/,
 everything inside one server process; needs the `server` extra) and `raftq.cluster` (cluster/,
 everything that talks to a cluster from outside: client, worker, command line, local launcher,
-benchmark, chaos). The names below are loaded on first use, so `import raftq.node.machine`
+benchmark, chaos). The names below are loaded on first use, so `import raftq.node.core.machine`
 does not pull in the client and a producer's `import raftq` does not pull in the server.
 """
 from __future__ import annotations

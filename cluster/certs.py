@@ -19,6 +19,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+from .files import write_private
+
 
 def _name(common_name: str, org: str = "raftq") -> x509.Name:
     return x509.Name([x509.NameAttribute(NameOID.ORGANIZATION_NAME, org),
@@ -90,7 +92,6 @@ def key_pem(key) -> str:
 
 def write_pair(cert_path: Path, key_path: Path, cert, key) -> None:
     """The certificate and its key, each 0600 and written atomically."""
-    from .local import write_private
     write_private(Path(cert_path), cert_pem(cert))
     write_private(Path(key_path), key_pem(key))
 

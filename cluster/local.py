@@ -15,7 +15,8 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from ..node.settings import ROLES
+from ..node.base.settings import API_ROLES
+from .files import private_dir, write_private
 
 
 def free_ports(n: int) -> list[int]:
@@ -49,33 +50,6 @@ def toml_value(v) -> str:
 def toml_key(k: str) -> str:
     """A bare key when TOML allows one, else a quoted key."""
     return k if k and all(c.isascii() and (c.isalnum() or c in "-_") for c in k) else json.dumps(k)
-
-
-def write_private(path: Path, text: str) -> None:
-    """Write a file readable by its owner only (0600), atomically: a reader sees the old or the
-    new content, never half of it."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.chmod(tmp, 0o600)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-
-
-def private_dir(path: Path) -> Path:
-    """Make a directory (and missing parents) accessible to its owner only (0700)."""
-    path = Path(path)
-    path.mkdir(parents=True, exist_ok=True, mode=0o700)
-    os.chmod(path, 0o700)
-    return path
 
 
 def toml_table(name: str, d: dict) -> str:
@@ -157,9 +131,9 @@ class LocalCluster:
         self.env = env or {}
         # [auth] api_keys ({name, key, role}); the launcher's own probes use the strongest key.
         self.api_keys = api_keys or []
-        best = max(self.api_keys, key=lambda k: ROLES.index(k.get("role", "admin")), default=None)
+        best = max(self.api_keys, key=lambda k: API_ROLES.index(k.get("role", "admin")), default=None)
         self.probe_headers = {"Authorization": f"Bearer {best['key']}"} if best else {}
-        # [testing] hooks (node/settings.py TestHooks): `testing` for every node, `node_testing[i]`
+        # [testing] hooks (node/base/settings.py TestHooks): `testing` for every node, `node_testing[i]`
         # on top for node i; a node's config is rewritten when they changed since it was written.
         self.testing = testing or {}
         self.node_testing: dict[int, dict] = {}

@@ -85,10 +85,10 @@ import uuid
 
 import orjson
 
-from . import validate
+from .base import validate
 from .core.answers import render
-from .limits import Limits
-from .machine import QueueMachine
+from .core.limits import Limits
+from .core.machine import QueueMachine
 
 PAYLOAD_BYTES = 256
 QUEUE = "email-outbound"
@@ -382,7 +382,7 @@ def bench_memory_and_snapshot(n: int) -> dict:
 def bench_schedules(n: int, firing: int) -> dict:
     """Schedules (docs/semantics.md "Schedules"): n interval schedules of one minute, `firing` of
     them due at one tick and the others spread over the minute, in a machine with no job."""
-    from . import validate_schedule
+    from .base import validate_schedule
     limits = Limits.build(limits={"max_schedules": max(n, 1), "max_schedules_per_sweep": max(firing, 1)})
     gc.collect()
     tracemalloc.start()

@@ -10,18 +10,18 @@ import sys
 
 from aiohttp import web
 
-from .guard import GuardedRunner, allowed_hosts, install_redaction
-from .http import build_app
-from .limits import ConfigError
-from .replica import StorageFailure
-from .service import EXIT_STORAGE, NodeService
-from .settings import Settings, load
+from .api.guard import GuardedRunner, allowed_hosts, install_redaction
+from .api.http import build_app
+from .core.limits import ConfigError
+from .replication.replica import StorageFailure
+from .service.node_service import EXIT_STORAGE, NodeService
+from .base.settings import Settings, load
 
 log = logging.getLogger("raftq.node")
 
 
 async def serve(settings: Settings, tls_loaded=None, accept_damaged_log: bool = False) -> int:
-    """`tls_loaded`: node/tls.py's Loaded when the node serves TLS (checked before the start)."""
+    """`tls_loaded`: node/base/tls.py's Loaded when the node serves TLS (checked before the start)."""
     loop = asyncio.get_running_loop()
     try:
         service = NodeService(settings, loop, accept_damaged_log=accept_damaged_log)
@@ -41,7 +41,7 @@ async def serve(settings: Settings, tls_loaded=None, accept_damaged_log: bool = 
     if tls_loaded is None:
         site = web.TCPSite(runner, settings.http_host, settings.http_port, reuse_address=True)
     else:
-        from .tls import TlsSite
+        from .base.tls import TlsSite
         t = settings.tuning
         site = TlsSite(runner, settings.http_host, settings.http_port, tls_loaded, settings.url,
                        handshake_timeout=float(t["http_header_timeout_s"]), max_pending=int(t["max_connections"]))
@@ -73,7 +73,7 @@ async def serve(settings: Settings, tls_loaded=None, accept_damaged_log: bool = 
 
 
 def log_tls(loaded, settings: Settings, what: str) -> None:
-    from .tls import warnings_for
+    from .base.tls import warnings_for
     log.info("TLS: %s %s", what, loaded.describe())
     for text in warnings_for(loaded, settings.url):
         log.warning("TLS: %s", text)
@@ -82,7 +82,7 @@ def log_tls(loaded, settings: Settings, what: str) -> None:
 def reload_tls(site, settings: Settings) -> None:
     """SIGHUP: load the TLS files again. New connections get the new certificate (and client
     CA), established ones keep theirs; files that do not load leave everything as it was."""
-    from .tls import TlsSite
+    from .base.tls import TlsSite
     if not isinstance(site, TlsSite):
         log.info("SIGHUP: this node has no TLS (node.tls_cert): nothing to reload")
         return
@@ -117,7 +117,7 @@ def main(argv=None) -> int:
     try:
         settings = load(args.config)
         if settings.tls is not None:
-            from .tls import load as load_tls
+            from .base.tls import load as load_tls
             tls_loaded = load_tls(settings.tls)
     except ConfigError as e:
         print(f"raftq node: config error: {e}", file=sys.stderr)

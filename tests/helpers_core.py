@@ -5,26 +5,26 @@ clock and deterministic job ids.
 Every helper returns the `(status, body)` the HTTP layer would send, including the 4xx answers
 that `node.validate` decides before apply (an `ApiError`'s `.result`). The machine's results are
 codes and fields; `AnsweringMachine` renders them as the node does before it answers
-(node/proposer.py's bridge, with node/core/answers.py), so tests read answers.
+(node/replication/proposer.py's bridge, with node/core/answers.py), so tests read answers.
 """
 from __future__ import annotations
 
 import base64
 import uuid
 
-from raftq.node import validate as C
-from raftq.node import validate_schedule as VS
+from raftq.node.base import validate as C
+from raftq.node.base import validate_schedule as VS
 from raftq.node.core.answers import render
-from raftq.node.errors import ApiError
-from raftq.node.limits import Limits
-from raftq.node.machine import QueueMachine as _QueueMachine
+from raftq.node.core.errors import ApiError
+from raftq.node.core.limits import Limits
+from raftq.node.core.machine import QueueMachine as _QueueMachine
 
 T0 = 1_764_500_000_000
 
 
 class AnsweringMachine(_QueueMachine):
     """QueueMachine whose `apply` and `apply_batch` return the answers the node sends for the
-    results (rendered by node.core.answers.render, as node/proposer.py does)."""
+    results (rendered by node.core.answers.render, as node/replication/proposer.py does)."""
 
     def apply(self, now_ms, cmd):
         return render(super().apply(now_ms, cmd))

@@ -1,4 +1,4 @@
-"""The admin UI (node/admin.html) in a real browser, against real clusters on loopback.
+"""The admin UI (node/api/admin.html) in a real browser, against real clusters on loopback.
 
 Playwright drives Debian's Chromium (`apt-get install chromium`; `executable_path`, never a
 browser download). Without Playwright or Chromium the browser tests skip and say why; the API

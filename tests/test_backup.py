@@ -13,7 +13,7 @@ import pytest
 
 from raftq.cluster.client import SyncClient
 from raftq.cluster.local import LocalCluster, http_json
-from raftq.node import backup as fmt
+from raftq.node.replication import backup as fmt
 from tests.attacks import hits
 from tests.conftest import poll
 from tests.test_up import raftq

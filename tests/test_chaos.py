@@ -1123,7 +1123,7 @@ def test_chaos_kill_all_in_memory_mode(tmp_path):
 @skip_cluster
 def test_chaos_power_loss_in_fsync_mode_loses_nothing(tmp_path):
     """A power cut of every node, rolled back to what a disk honouring only fsync would hold
-    (node/sync_shadow.py): fsync mode must lose nothing. The cuts must really drop journal bytes
+    (node/replication/sync_shadow.py): fsync mode must lose nothing. The cuts must really drop journal bytes
     (appended, not yet synced), or this would pass on a no-op."""
     r = chaos_run(tmp_path, ["power-loss"], duration=9.0, quiet=(0.5, 1.0))
     pl, cuts = r["power_loss"], [f for f in r["faults"]["list"] if f["kind"] == "power-loss"]

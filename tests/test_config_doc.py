@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 from raftq.node import config_doc as D
-from raftq.node import limits as L
-from raftq.node import settings as S
-from raftq.node.limits import ConfigError
+from raftq.node.core import limits as L
+from raftq.node.base import settings as S
+from raftq.node.core.limits import ConfigError
 
 ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "configuration.md"

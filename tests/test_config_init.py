@@ -1,5 +1,5 @@
 """`raftq config init`: one node config per host, the systemd unit and install steps; every
-config loads with raftq.node.settings.load, all share one fresh secret, files are 0600."""
+config loads with raftq.node.base.settings.load, all share one fresh secret, files are 0600."""
 import os
 import re
 import stat
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from raftq.node.settings import load
+from raftq.node.base.settings import load
 from tests.test_up import raftq
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from raftq.cluster.local import LocalCluster, http_json
-from raftq.node.fault_hooks import RELEASE_SEED
+from raftq.node.replication.fault_hooks import RELEASE_SEED
 
 from conftest import Api, poll
 

@@ -26,13 +26,13 @@ import hypothesis.strategies as st
 import pytest
 from hypothesis import HealthCheck, event, given, settings
 
-from raftq.node import validate as C
-from raftq.node import validate_schedule as VS
+from raftq.node.base import validate as C
+from raftq.node.base import validate_schedule as VS
 from raftq.node.core.invariants import InvariantViolation
 from raftq.node.core.jobs import IN_FLIGHT, READY, SCHEDULED
 from raftq.node.core.ops import OPS
-from raftq.node.errors import ApiError
-from raftq.node.limits import Limits
+from raftq.node.core.errors import ApiError
+from raftq.node.core.limits import Limits
 
 from helpers_core import QueueMachine
 

@@ -8,9 +8,9 @@ import pickle
 
 import pytest
 
-from raftq.node import validate as C
+from raftq.node.base import validate as C
 from raftq.node.core.jobs import Queue
-from raftq.node.limits import ConfigError, Limits
+from raftq.node.core.limits import ConfigError, Limits
 
 from helpers_core import T0, Core, QueueMachine, payload
 from test_core_faults import snapshot

@@ -8,9 +8,9 @@ from datetime import datetime, timezone
 import pytest
 
 from raftq.node.core.jobs import READY
-from raftq.node.limits import ConfigError, Limits
-from raftq.node.machine import QueueMachine as PlainMachine
-from raftq.node.windows import load_zone
+from raftq.node.core.limits import ConfigError, Limits
+from raftq.node.core.machine import QueueMachine as PlainMachine
+from raftq.node.core.windows import load_zone
 
 from helpers_core import T0, Core, err, payload
 
@@ -317,7 +317,7 @@ def test_an_operator_closes_the_circuit_replicated_and_audited():
     fail(c)
     fail(c)
     assert c.stats()["circuit"]["state"] == "open"
-    from raftq.node import validate as C
+    from raftq.node.base import validate as C
     status, body = c.run(lambda: C.close_circuit("q", c.limits, who="ops"))
     assert (status, body) == (200, {"queue": "q", "circuit": "closed", "was": "open"})
     assert c.stats()["circuit"]["state"] == "closed"
@@ -438,7 +438,7 @@ def test_window_config_is_checked_naming_the_key():
 
 def test_zones_come_from_the_tzdata_package_not_the_host(monkeypatch):
     import zoneinfo
-    from raftq.node import windows
+    from raftq.node.core import windows
     monkeypatch.setattr(windows, "_zones", {})
     zoneinfo.reset_tzpath(to=[])            # no system zone files at all
     try:
@@ -451,7 +451,7 @@ def test_zones_come_from_the_tzdata_package_not_the_host(monkeypatch):
 def test_a_fault_at_any_mutation_of_a_gating_command_reverts_it_whole():
     """Blocking at reserve, unblocking at ack, a breaker opening at nack, the operator's close:
     an exception at the n-th mutation leaves the state exactly as before."""
-    from raftq.node import validate as C
+    from raftq.node.base import validate as C
     c = gated(limits={"resource_limits": {"db": 1}}, queues=BREAKER)
     c.enqueue_id("q", resource="db")
     c.enqueue_id("q", resource="db")
@@ -482,7 +482,7 @@ def test_random_gating_histories_keep_the_invariants_and_replay_alike(seed):
     changes and circuit closes at random: the invariants hold after every step, a snapshot
     round trip keeps the digest, and a replay of the log ends in the same state."""
     import random
-    from raftq.node import validate as C
+    from raftq.node.base import validate as C
     rng = random.Random(seed)
     queues = [{"name": "q", "circuit_breaker": {"failures": 3, "window_ms": 2000, "open_ms": 1500},
                "windows": [{"start": "00:00", "end": "24:00"}]}, {"name": "r", "resource": "db"}]

@@ -32,11 +32,11 @@ import hypothesis.strategies as st
 from hypothesis import HealthCheck, event, settings
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from raftq.node import validate as C
+from raftq.node.base import validate as C
 from raftq.node.core import keys as K
 from raftq.node.core.jobs import IN_FLIGHT, READY
 from raftq.node.core.ops import RESERVED
-from raftq.node.machine import QueueMachine as PlainMachine
+from raftq.node.core.machine import QueueMachine as PlainMachine
 
 from helpers_core import T0, Core, payload
 

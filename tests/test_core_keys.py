@@ -9,7 +9,7 @@ import pytest
 
 from raftq.node.core import keys as K
 from raftq.node.core import ops
-from raftq.node.machine import QueueMachine as PlainMachine
+from raftq.node.core.machine import QueueMachine as PlainMachine
 
 from helpers_core import T0, Core
 

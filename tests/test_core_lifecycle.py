@@ -7,10 +7,10 @@ import pickle
 
 import pytest
 
-from raftq.node import validate as C
+from raftq.node.base import validate as C
 from raftq.node.core import ops
 from raftq.node.core.jobs import READY, Job
-from raftq.node.machine import QueueMachine as RawMachine
+from raftq.node.core.machine import QueueMachine as RawMachine
 
 from helpers_core import Core, QueueMachine, err, payload, rejection
 
@@ -184,7 +184,7 @@ def test_timeout_ms_shown_job_first_then_queue_then_null():
 
 
 def test_execution_timeout_and_duplicate_policy_config_keys_are_checked():
-    from raftq.node.limits import ConfigError, Limits
+    from raftq.node.core.limits import ConfigError, Limits
     with pytest.raises(ConfigError, match="execution_timeout_ms"):
         Limits.build(queues=[{"name": "a", "execution_timeout_ms": 0}])
     with pytest.raises(ConfigError, match="duplicate_policy"):

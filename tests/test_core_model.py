@@ -1,4 +1,4 @@
-"""Model-based test of the queue state machine (node/machine.py) against a naive reference model.
+"""Model-based test of the queue state machine (node/core/machine.py) against a naive reference model.
 
 Hypothesis drives random request sequences through the real path (`node.validate` validation ->
 `QueueMachine.apply_batch`) and through `Model`, a deliberately simple reimplementation of
@@ -20,7 +20,7 @@ machine from the bootstrap configuration: every answer and the digest must come 
 
 Schedules (node/core/schedules.py) are commands among the others too: PUT (create / replace,
 with or without expect_version), DELETE, pause / resume and trigger on a few names, through
-node/validate_schedule.py. The model keeps its own record per schedule and fires ticks inside its
+node/base/validate_schedule.py. The model keeps its own record per schedule and fires ticks inside its
 sweep by brute force (every tick of the rule listed, then the catch-up and overlap policies applied
 to that list), enqueueing each tick's job through its own enqueue; every schedule view is compared
 field by field.
@@ -47,15 +47,15 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
-from raftq.node import validate as C
-from raftq.node import validate_schedule as VS
+from raftq.node.base import validate as C
+from raftq.node.base import validate_schedule as VS
 from raftq.node.core.jobs import IN_FLIGHT, READY, SCHEDULED                # system under test only
 from raftq.node.core.schedules import job_id_of                              # a tick's job id (code's choice)
-from raftq.node.errors import ApiError
-from raftq.node.limits import Limits
-from raftq.node.retry import policy_delay_ms                                 # checked against the spec formula
+from raftq.node.core.errors import ApiError
+from raftq.node.core.limits import Limits
+from raftq.node.core.retry import policy_delay_ms                                 # checked against the spec formula
 
-from helpers_core import QueueMachine                                        # node/machine.py, answering as the node does
+from helpers_core import QueueMachine                                        # node/core/machine.py, answering as the node does
 
 T0 = 1_764_500_000_000
 NAMES = ("a", "b", "c")
@@ -143,7 +143,7 @@ DEFAULTS = {
 # API.md's error table.
 STATUS = {"invalid_argument": 400, "job_not_found": 404, "not_found": 404, "attempt_mismatch": 409,
           "failed_precondition": 409, "rejected": 422, "batch_rejected": 422, "overloaded": 429, "internal": 500}
-# The route each request comes by (node/service.py): a request id is bound to it and to the
+# The route each request comes by (node/service/node_service.py): a request id is bound to it and to the
 # request (path parameter and body), so the three enqueue endpoints and pause / resume are told
 # apart although they share an op code.
 ROUTE_OF = {"enqueue": "enqueue", "batch": "enqueue_batch", "atomic": "enqueue_atomic", "reserve": "reserve",
@@ -185,7 +185,7 @@ def err(code: str, **details):
 
 
 def spec_policy_delay(job_id: str, attempt: int, base: int, backoff: str, max_ms: int, horizon: int) -> int:
-    """SEMANTICS.md "Retry policy", with H as documented in node/retry.py (blake2b-64 of
+    """SEMANTICS.md "Retry policy", with H as documented in node/core/retry.py (blake2b-64 of
     "<job_id>:<attempt>", big-endian)."""
     if base == 0:
         return 0
@@ -235,7 +235,7 @@ class MDead:
 
 @dataclass
 class MSched:
-    """A schedule as the model keeps it (docs: node/core/schedules.py and node/validate_schedule.py)."""
+    """A schedule as the model keeps it (docs: node/core/schedules.py and node/base/validate_schedule.py)."""
     name: str
     d: dict                       # the definition: what the model's prepare_schedule made of the PUT body
     version: int
@@ -1193,7 +1193,7 @@ def outcome(kind: str, result) -> str:
 
 def build_command(kind: str, args: dict, rid, limits: Limits, now: int, new_id, who=None):
     """The leader's side: request -> command (may raise ApiError), with the request-id slot the
-    node makes (node/validate.py request_slot: caller, id, route, request hash)."""
+    node makes (node/base/validate.py request_slot: caller, id, route, request hash)."""
     if rid is not None:
         param, body = request_of(kind, args)
         rid = C.request_slot(who, rid, route_of(kind, args), body, param)

@@ -9,9 +9,9 @@ import uuid
 
 import pytest
 
-from raftq.node import validate as C
+from raftq.node.base import validate as C
 from raftq.node.core.jobs import IN_FLIGHT, READY, SCHEDULED
-from raftq.node.retry import jitter_hash, policy_delay_ms
+from raftq.node.core.retry import jitter_hash, policy_delay_ms
 
 from helpers_core import T0, Core, QueueMachine, counter_ids, descending_ids, err, payload, rejection
 

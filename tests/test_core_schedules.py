@@ -265,7 +265,7 @@ def test_a_replay_and_a_snapshot_give_the_same_ticks():
 
 
 def test_the_toml_seed_applies_once_per_cluster():
-    from raftq.node import validate_schedule
+    from raftq.node.base import validate_schedule
     from raftq.node.core import ops
     seed = tuple((name, validate_schedule.definition(name, body, Core().limits, 0)) for name, body in (
         ("nightly", {"cron": "0 3 * * *", "time_zone": "Europe/Paris", "job": {"queue": "q", "job_type": "n"}}),

@@ -20,11 +20,11 @@ from pathlib import Path
 import orjson
 import pytest
 
-from raftq.node import validate as C
+from raftq.node.base import validate as C
 from raftq.node.core import answers, ops
 from raftq.node.core.answers import render
-from raftq.node.limits import Limits
-from raftq.node.machine import HANDLERS, QueueMachine
+from raftq.node.core.limits import Limits
+from raftq.node.core.machine import HANDLERS, QueueMachine
 
 FIXTURES = Path(__file__).parent / "fixtures"
 T0 = 1_764_500_000_000

@@ -3,8 +3,8 @@ even though the snapshot drops the stale heap entries the live replica still car
 import itertools
 import uuid
 
-from raftq.node import validate as C
-from raftq.node.limits import Limits
+from raftq.node.base import validate as C
+from raftq.node.core.limits import Limits
 
 from helpers_core import QueueMachine
 

@@ -7,10 +7,10 @@ import uuid
 
 import pytest
 
-from raftq.node import validate as C
+from raftq.node.base import validate as C
 from raftq.node.core import ops
-from raftq.node.errors import ApiError
-from raftq.node.limits import ConfigError, Limits
+from raftq.node.core.errors import ApiError
+from raftq.node.core.limits import ConfigError, Limits
 
 from helpers_core import T0, Core, b64, err, payload, rejection
 

@@ -1,4 +1,4 @@
-"""node/cron.py: cron expressions and intervals, the fires of periodic jobs ("schedules").
+"""node/core/cron.py: cron expressions and intervals, the fires of periodic jobs ("schedules").
 
 A table of expressions with their next fires (syntax, macros, the day-of-month / day-of-week OR
 rule, month ends, leap days, daylight-saving gaps and folds in three zones), the errors (each
@@ -23,9 +23,9 @@ import hypothesis.strategies as st
 import pytest
 from hypothesis import HealthCheck, given, settings
 
-from raftq.node import cron as cron_module
-from raftq.node.cron import Cron, CronError, Every, every_next, fires_between, parse
-from raftq.node.windows import load_zone
+from raftq.node.core import cron as cron_module
+from raftq.node.core.cron import Cron, CronError, Every, every_next, fires_between, parse
+from raftq.node.core.windows import load_zone
 
 EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 MINUTE = 60_000

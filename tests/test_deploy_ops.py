@@ -30,7 +30,7 @@ import yaml
 
 import raftq
 from raftq.cluster.local import LocalCluster, free_ports, http_json
-from raftq.node.settings import load
+from raftq.node.base.settings import load
 
 from conftest import poll
 

@@ -19,8 +19,8 @@ import pytest
 
 from raftq.cluster.chaos import diskfaults
 from raftq.cluster.local import LocalCluster, http_json
-from raftq.node import fault_hooks
-from raftq.node.service import EXIT_STORAGE
+from raftq.node.replication import fault_hooks
+from raftq.node.service.node_service.node_service import EXIT_STORAGE
 from tests.conftest import Api, poll
 
 skip_cluster = pytest.mark.skipif(os.environ.get("RAFTQ_SKIP_CHAOS", "") not in ("", "0"),
@@ -181,7 +181,7 @@ def test_a_failed_journal_sync_stops_the_node_with_code_74_and_a_restart_recover
         assert f"exiting with code {EXIT_STORAGE}" in lines[1]
         assert not (c.data_dir(target) / fault_hooks.FAIL_NEXT_SYNC).exists()
         # What the disk holds after a failed fsync: the last sync that succeeded.
-        from raftq.node import sync_shadow
+        from raftq.node.replication import sync_shadow
         out = sync_shadow.restore(c.data_dir(target), "fsync")
         assert "error" not in out, out
         ids += enqueue_many(api, 10, "b")                  # the others go on

@@ -146,7 +146,8 @@ def test_count():
 def test_docs_name_every_route_code_reason_and_key():
     """docs/api.md covers the whole API: every route of the OpenAPI document, every error code,
     every rejection reason, every session op."""
-    from raftq.node import errors, openapi
+    from raftq.node.core import errors
+    from raftq.node.api import openapi
     api = (ROOT / "docs" / "api.md").read_text()
     doc = openapi.document()
     for path, ops in doc["paths"].items():

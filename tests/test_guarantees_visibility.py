@@ -10,7 +10,7 @@
 * a forward across a leader kill: the records of dead letters made before and after the kill
   are on the new leader, one per dead letter, the same on every node.
 
-Plus the leader's worker tracking (node/workers_seen.py) on its own, with a hand-driven clock.
+Plus the leader's worker tracking (node/service/workers_seen.py) on its own, with a hand-driven clock.
 """
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ from pathlib import Path
 import pytest
 
 from raftq.cluster.local import LocalCluster, http_json
-from raftq.node.workers_seen import WorkersSeen
+from raftq.node.service.node_service.workers_seen import WorkersSeen
 from tests.conftest import Api, poll
 
 ROOT = Path(__file__).resolve().parent.parent

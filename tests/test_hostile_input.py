@@ -31,8 +31,8 @@ from hypothesis import strategies as st
 
 from raftq.cluster.local import LocalCluster, http_json
 from tests.conftest import poll
-from raftq.node import openapi
-from raftq.node.session import ALL_OPS
+from raftq.node.api import openapi
+from raftq.node.api.session import ALL_OPS
 from tests.attacks import (API_KEYS, KEYS, SECRET, ClosedByNode, RawWs, bearer, json_body, raw_exchange, read_response,
                            request_bytes)
 
@@ -271,7 +271,7 @@ def test_json_bodies_on_every_route(cluster, method, path, op):
         node = data.draw(st.sampled_from([PROBES[id(cluster)].leader, data.draw(st.integers(0, 2))]), label="node")
         before = leader_state(cluster)
         raw = request_bytes(method, target, body, hdrs, close=True)
-        # A valid member add waits for its (unreachable) learner until node/membership.py
+        # A valid member add waits for its (unreachable) learner until node/replication/membership.py
         # NO_PROGRESS_S (15 s) before it answers 503: wait longer than that for it.
         timeout = 30.0 if (method, path) == ("POST", "/v1/cluster/members") else 10.0
         status, headers, got = raw_exchange(cluster.http_ports[node], raw, timeout=timeout)

@@ -41,7 +41,7 @@ MAX_BATCH = 256                         # max_enqueue_batch and max_reserve_batc
 
 
 def wall_ms() -> int:
-    """This host's wall clock as the leader stamps it (node/proposer.py wall_ms)."""
+    """This host's wall clock as the leader stamps it (node/replication/proposer.py wall_ms)."""
     return time.time_ns() // 1_000_000
 
 

@@ -287,7 +287,7 @@ def test_cancel_pause_resume_and_listing(api):
 
 def test_the_leader_times_the_stages_of_its_commits(cluster, api):
     """`proposer` in /v1/cluster: every batch the leader proposed and committed is timed through
-    its stages (node/proposer.py STAGES), which add up to its proposal-to-commit time."""
+    its stages (node/replication/proposer.py STAGES), which add up to its proposal-to-commit time."""
     leader = cluster.wait_leader(20)
     before = http_json("GET", cluster.urls[leader] + "/v1/cluster?digest=false")[1]["proposer"]
     queue = q()

@@ -170,7 +170,7 @@ def test_admin_page_is_served_by_every_node_without_a_key_and_its_calls_exist(cl
 
 
 def test_auth_rules_without_a_cluster():
-    from raftq.node.auth import ADMIN, OPERATOR, VIEWER, WORKER, Auth
+    from raftq.node.base.auth import ADMIN, OPERATOR, VIEWER, WORKER, Auth
     assert Auth(None).check(None, ADMIN) is None                 # no keys configured: open
     a = Auth([{"name": "w", "key": "k1", "role": "worker"}, {"name": "a", "key": "k2", "role": "admin"}])
     assert a.check("Bearer k1", WORKER) is None and a.check("bearer  k1 ", VIEWER) is None

@@ -6,8 +6,8 @@ import pytest
 
 from conftest import poll
 
-from raftq.node.limits import ConfigError
-from raftq.node.settings import load, parse
+from raftq.node.core.limits import ConfigError
+from raftq.node.base.settings import load, parse
 
 GOOD = """
 [node]
@@ -101,7 +101,7 @@ def test_bad_key_settings_are_refused_naming_the_key(name, text, message, tmp_pa
 
 def test_key_settings_of_a_queue_are_taken_and_reach_its_limits():
     import tomllib
-    from raftq.node.limits import Limits
+    from raftq.node.core.limits import Limits
     text = GOOD + """
 [limits]
 max_key_bytes = 64

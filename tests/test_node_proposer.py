@@ -4,9 +4,9 @@ replicated call, answering from another thread as pysyncobj's tick thread does).
 import asyncio
 import threading
 
-from raftq.node.replica import FAIL_REASON
+from raftq.node.replication.replica import FAIL_REASON
 
-from raftq.node.proposer import Proposer
+from raftq.node.replication.proposer import Proposer
 
 
 class Recorder:

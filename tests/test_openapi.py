@@ -1,10 +1,10 @@
-"""The OpenAPI document (node/openapi.py, docs/openapi.json, GET /v1/openapi.json) holds to the code.
+"""The OpenAPI document (node/api/openapi.py, docs/openapi.json, GET /v1/openapi.json) holds to the code.
 
 Without a cluster:
-* docs/openapi.json is exactly what `python -m raftq.node.openapi` prints;
+* docs/openapi.json is exactly what `python -m raftq.node.api.openapi` prints;
 * every route of the aiohttp app is described, and nothing else;
 * the error codes, rejection reasons, dead-letter causes and session ops it lists are the ones
-  the node's code produces (the codes from node/errors.py, reasons and causes found in node/);
+  the node's code produces (the codes from node/core/errors.py, reasons and causes found in node/);
 * every schema is valid JSON Schema, every example fits its schema.
 
 Against a live cluster with API keys (one per role):
@@ -35,8 +35,9 @@ from types import SimpleNamespace
 import pytest
 
 from raftq.cluster.local import LocalCluster, http_json
-from raftq.node import errors, openapi
-from raftq.node.limits import Limits
+from raftq.node.core import errors
+from raftq.node.api import openapi
+from raftq.node.core.limits import Limits
 
 ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.filterwarnings("ignore:It is recommended to use web.AppKey")
@@ -82,7 +83,7 @@ def auth(role):
 
 def check_answer(op, status: int, body, content_type: str = "application/json"):
     """The answer is one the document allows: a documented status, the content type, the schema,
-    and for an error, a code listed for that status (and the status node/errors.py gives it)."""
+    and for an error, a code listed for that status (and the status node/core/errors.py gives it)."""
     responses = op["responses"]
     assert str(status) in responses, f"{op['operationId']}: undocumented status {status}: {body!r}"
     resp = resolve(responses[str(status)])
@@ -103,12 +104,12 @@ def check_answer(op, status: int, body, content_type: str = "application/json"):
 # ------------------------------------------------------------------------------ without a cluster
 def test_checked_in_document_is_the_generated_one():
     assert (ROOT / "docs" / "openapi.json").read_bytes() == openapi.document_bytes(), (
-        "docs/openapi.json is out of date: run `.venv/bin/python -m raftq.node.openapi > docs/openapi.json`")
+        "docs/openapi.json is out of date: run `.venv/bin/python -m raftq.node.api.openapi > docs/openapi.json`")
 
 
 def app_routes() -> set[tuple[str, str]]:
-    from raftq.node.http import build_app
-    from raftq.node.auth import Auth
+    from raftq.node.api.http import build_app
+    from raftq.node.base.auth import Auth
     service = SimpleNamespace(limits=Limits.build(), settings=SimpleNamespace(api_keys=None),
                               leadership_lost_hooks=[], auth=Auth(None), config_hooks=[])
     app = build_app(service)
@@ -124,8 +125,8 @@ def app_routes() -> set[tuple[str, str]]:
 def test_every_route_of_the_app_is_described_and_no_other():
     described = {(m, p) for p, m, _ in OPERATIONS}
     routes = app_routes()
-    assert routes - described == set(), "routes missing from node/openapi.py"
-    assert described - routes == set(), "node/openapi.py describes routes the app does not have"
+    assert routes - described == set(), "routes missing from node/api/openapi.py"
+    assert described - routes == set(), "node/api/openapi.py describes routes the app does not have"
 
 
 def test_error_codes_reasons_and_causes_are_the_codes():
@@ -141,13 +142,13 @@ def test_error_codes_reasons_and_causes_are_the_codes():
 
 
 def test_session_ops_and_roles_are_the_sessions():
-    from raftq.node.session import FAST_OPS, OP_ROLES, READ_OPS
-    from raftq.node.settings import ROLES
+    from raftq.node.api.session import FAST_OPS, OP_ROLES, READ_OPS
+    from raftq.node.base.settings import API_ROLES
     ops = DOC["paths"]["/v1/session"]["get"]["x-raftq-session-ops"]
     assert set(ops) == FAST_OPS | {"reserve"} | set(READ_OPS) == set(openapi.SESSION_HTTP)
     for name, spec in ops.items():
         method, path = openapi.SESSION_HTTP[name]
-        assert spec["role"] == ROLES[OP_ROLES.get(name, 0)]
+        assert spec["role"] == API_ROLES[OP_ROLES.get(name, 0)]
         assert DOC["paths"][path][method]["x-raftq-role"] == spec["role"], name   # as over HTTP
 
 

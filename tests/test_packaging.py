@@ -45,7 +45,7 @@ def test_the_wheel_holds_one_package_named_raftq(wheel):
     names = zipfile.ZipFile(wheel).namelist()
     tops = {n.split("/")[0] for n in names if not n.split("/")[0].endswith((".dist-info", ".data"))}
     assert tops == {"raftq"}, tops
-    for must in ("raftq/__init__.py", "raftq/node/machine.py", "raftq/cluster/client.py", "raftq/node/admin.html",
+    for must in ("raftq/__init__.py", "raftq/node/core/machine.py", "raftq/cluster/client.py", "raftq/node/api/admin.html",
                  "raftq/cluster/cli/raftq.service"):     # the unit `raftq config init` writes
         assert must in names, must
     assert not any(n.startswith("raftq/tests/") for n in names)
@@ -124,7 +124,7 @@ def test_the_sdist_holds_the_checkout_and_builds_the_same_wheel(wheel, tmp_path)
     with tarfile.open(out / name) as tar:
         names = {n.split("/", 1)[1] for n in tar.getnames() if "/" in n}
         tar.extractall(tmp_path / "src", filter="data")
-    for must in ("pyproject.toml", "README.md", "__init__.py", "node/machine.py", "node/admin.html",
+    for must in ("pyproject.toml", "README.md", "__init__.py", "node/core/machine.py", "node/api/admin.html",
                  "node/raft/LICENSE.txt", "cluster/cli/raftq.service"):
         assert must in names, must
     again = tmp_path / "again"

@@ -121,7 +121,7 @@ def test_a_follower_syncs_its_journal_before_it_acknowledges_entries(tmp_path, m
 
 # ---------------------------------------------------------------------------- the power-loss hook
 def test_the_sync_shadow_reads_the_journal_layout_the_fork_writes():
-    from raftq.node import sync_shadow
+    from raftq.node.replication import sync_shadow
     assert sync_shadow.FIRST_RECORD_OFFSET == journal.FIRST_RECORD_OFFSET
     assert sync_shadow.LAST_RECORD_OFFSET_OFFSET == journal.LAST_RECORD_OFFSET_OFFSET
 
@@ -135,7 +135,7 @@ def test_sync_shadow_restores_exactly_the_durable_journal(tmp_path, mode, seed):
     on a real FileJournal (the file class the node uses in that mode); after `restore`, the
     journal loads exactly the entries of the last durable point, and (memory mode) the snapshot
     of that moment."""
-    from raftq.node.sync_shadow import SyncShadow, restore
+    from raftq.node.replication.sync_shadow import SyncShadow, restore
 
     rng = random.Random(seed)
     d = tmp_path
@@ -198,7 +198,7 @@ def test_sync_shadow_restores_exactly_the_durable_journal(tmp_path, mode, seed):
 
 def test_a_journal_sync_is_a_durable_point_of_the_shadow(tmp_path):
     """fsync mode: the observer hears of every real sync (FileJournal.sync), nothing else."""
-    from raftq.node.sync_shadow import SyncShadow, read_record
+    from raftq.node.replication.sync_shadow import SyncShadow, read_record
 
     shadow = SyncShadow(tmp_path, "fsync")
     j = createJournal(str(tmp_path / "raft.journal"), durable=True, observer=shadow)

@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from raftq.cluster.local import LocalCluster, http_json
-from raftq.node import replica
-from raftq.node.limits import Limits
+from raftq.node.replication import replica
+from raftq.node.core.limits import Limits
 from raftq.node.raft import pickle as raft_pickle
 from raftq.node.raft import serializer
 from raftq.node.raft.serializer import SNAPSHOT_FORMAT, SNAPSHOT_VERSION, Serializer

@@ -28,9 +28,9 @@ from raftq.cluster import certs as C
 from raftq.cluster.client import Client, SyncClient, TlsError
 from raftq.cluster.local import LocalCluster, free_ports, http_json
 from raftq.cluster.worker import Worker
-from raftq.node.limits import ConfigError
-from raftq.node.settings import TlsFiles, load, parse
-from raftq.node.tls import load as load_tls
+from raftq.node.core.limits import ConfigError
+from raftq.node.base.settings import TlsFiles, load, parse
+from raftq.node.base.tls import load as load_tls
 from tests.conftest import poll
 from tests.test_up import ROOT, Up, env, raftq
 

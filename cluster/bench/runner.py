@@ -142,13 +142,13 @@ def percentiles(lat: dict) -> dict:
 
 def stage_means(before: dict, after: dict) -> dict:
     """The leader's commit stages over a phase (its /v1/cluster `proposer` figures before and
-    after, node/proposer.py STAGES): the mean per timed batch in ms, requests per batch, and the
+    after, node/replication/proposer.py STAGES): the mean per timed batch in ms, requests per batch, and the
     mean wait of a request between its submit and its batch's flush."""
     d = {k: after.get(k, 0) - before.get(k, 0) for k in after}
     batches = d.get("timed_batches", 0)
     if batches <= 0:
         return {}
-    # node/proposer.py STAGES, spelled out: the client side does not import the server's modules
+    # node/replication/proposer.py STAGES, spelled out: the client side does not import the server's modules
     out = {k[:-3] + "_ms": round(d.get(k, 0) / batches / 1000, 3)
            for k in ("to_raft_us", "leader_sync_us", "replicate_us", "apply_us", "render_us", "to_loop_us")}
     out["batches"] = batches

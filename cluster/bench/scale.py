@@ -290,10 +290,10 @@ def state_machine_bytes_per_job(n: int = 50_000) -> int:
 
     import orjson
 
-    from ...node import validate
+    from ...node.base import validate
     from ...node.core import ops
-    from ...node.limits import Limits
-    from ...node.machine import QueueMachine
+    from ...node.core.limits import Limits
+    from ...node.core.machine import QueueMachine
     from ..client import auto_idempotency_key
     limits = Limits.build()
     job = job_request("backlog", "bench", PAYLOAD)

@@ -44,10 +44,10 @@ import bisect
 from collections import defaultdict
 
 from ..local import digest_at
-from ...node.retry import policy_delay_ms
+from ...node.core.retry import policy_delay_ms
 
 MAX_EXAMPLES = 5
-MAX_CATCHUP_TICKS = 100         # the cluster's max_catchup_ticks (node/limits.py); a chaos run keeps the default
+MAX_CATCHUP_TICKS = 100         # the cluster's max_catchup_ticks (node/core/limits.py); a chaos run keeps the default
 MAX_LEASE_MS = 300_000          # the longest lease a chaos run asks for (its max_lease_duration_ms)
 
 
@@ -661,7 +661,7 @@ def check(ops: list[dict], *, dead_letters: list[dict], drain: dict | None = Non
 
     if leader_claims is not None:
         # Strict in both modes: term and vote are synced before they are acted on in memory mode
-        # too (node/replica.py), so even a power cut cannot make a node vote twice in a term.
+        # too (node/replication/replica.py), so even a power cut cannot make a node vote twice in a term.
         for term, nodes in sorted(leader_claims.items(), key=lambda kv: int(kv[0])):
             if len(set(nodes)) > 1:
                 invs["one_leader_per_term"].bad({"term": term, "leaders": sorted(set(nodes))})

@@ -1,7 +1,7 @@
 """Damage to a stopped node's data dir, for the chaos tool's disk faults and the tests: bit flips in
 the journal, the snapshot or the meta file, a journal cut at a random offset, a rollback to an
 older copy of the whole directory. Harness side: it reads the files itself (the layout of
-node/sync_shadow.py, which a test checks against the journal's), never with the node's code.
+node/replication/sync_shadow.py, which a test checks against the journal's), never with the node's code.
 
 Every damage lands where it matters: a flip in the journal hits the live part of the file (its
 end marker or a record below it), never the zero-filled space past the end, and a cut is below
@@ -16,7 +16,7 @@ import struct
 import subprocess
 from pathlib import Path
 
-from ...node import sync_shadow
+from ...node.replication import sync_shadow
 
 JOURNAL = sync_shadow.JOURNAL
 META = sync_shadow.META
@@ -141,7 +141,7 @@ def empty_dir(d: Path):
 
 
 def clear_shadow_record(data_dir):
-    """Forget the power-loss hook's record (node/sync_shadow.py) of a data dir damaged from
+    """Forget the power-loss hook's record (node/replication/sync_shadow.py) of a data dir damaged from
     outside: the next life takes what is there as durable, as after a start without the hook."""
     d = Path(data_dir)
     for p in list(d.glob(sync_shadow.RECORD + "*")) + list(d.glob(sync_shadow.DUMP_LINK_PREFIX + "*")):

@@ -17,13 +17,13 @@ Fault kinds (`KINDS`):
 | latency | 50-400 ms (with jitter) on the Raft links | back to 0 |
 | reset | connection resets (RST) on random Raft links every 0.2-1 s | stop |
 | clock-skew | restart one node with its clock shifted ([testing] clock_offset_ms), then nudge leadership | restart it without |
-| power-loss | (opt-in) freeze every node at once, SIGKILL them, roll each data dir back to its last durable point (node/sync_shadow.py) | restart them all |
+| power-loss | (opt-in) freeze every node at once, SIGKILL them, roll each data dir back to its last durable point (node/replication/sync_shadow.py) | restart them all |
 | bitflip | (opt-in, `disk`) SIGKILL one node, flip 1-8 bits in its journal (end marker or records), snapshot or meta file | restart it |
 | truncate | (opt-in, `disk`) SIGKILL one node, cut its journal at a random offset below its end marker | restart it |
 | rollback | (opt-in, `disk`) copy one node's whole data dir (frozen), let the cluster go on, SIGKILL it and put the old copy back | restart it |
-| fsync-eio | (opt-in, `disk`) make one node's next journal fsync fail with EIO (node/fault_hooks.py); it must exit with code 74; roll its data dir back to its last good sync (what the kernel dropping the pages leaves) | restart it |
+| fsync-eio | (opt-in, `disk`) make one node's next journal fsync fail with EIO (node/replication/fault_hooks.py); it must exit with code 74; roll its data dir back to its last good sync (what the kernel dropping the pages leaves) | restart it |
 | disk-full | (opt-in, `disk`) fill one node's data filesystem (a small loop-mounted ext4 per node, made and removed by the run; without root, a test hook tells the node its free space) below its reserve or to the last block | free it (restart the node if it exited) |
-| clock-strobe | (opt-in, `disk`) one node's clock jumps between +A and -A (0.5-5 s) every 20-250 ms (node/fault_hooks.py) | stop |
+| clock-strobe | (opt-in, `disk`) one node's clock jumps between +A and -A (0.5-5 s) every 20-250 ms (node/replication/fault_hooks.py) | stop |
 
 Steps alternate a quiet period with either one fault or a mix of up to three compatible ones
 (kill-all, wipe-node, clock-skew and power-loss always run alone; at most one partition and one
@@ -47,7 +47,7 @@ import orjson
 
 from pathlib import Path
 
-from ...node import fault_hooks, sync_shadow
+from ...node.replication import fault_hooks, sync_shadow
 
 from . import diskfaults
 from .proxy import NetState, ProxyNet
@@ -540,7 +540,7 @@ class ClockSkew(Fault):
 
 
 class PowerLoss(Fault):
-    """A power cut of the whole cluster, without root (node/sync_shadow.py). Every node runs with
+    """A power cut of the whole cluster, without root (node/replication/sync_shadow.py). Every node runs with
     `[testing] sync_shadow = true` and records, at each durable point (a journal sync in fsync mode, a
     simulated page writeback every few seconds in memory mode), what a disk honouring only fsync
     would hold. The cut: every node's process group is frozen at once (SIGSTOP), then SIGKILLed,
@@ -718,10 +718,10 @@ class Rollback(DiskFault):
 
 
 class FsyncEio(DiskFault):
-    """The node's next journal fsync fails with EIO (node/fault_hooks.py, `[testing] fsync_eio`).
+    """The node's next journal fsync fails with EIO (node/replication/fault_hooks.py, `[testing] fsync_eio`).
     It must neither retry nor acknowledge, and exit with code 74; what its disk then holds is
     what a kernel that dropped the dirty pages leaves: its data dir rolled back to the last sync
-    that succeeded (node/sync_shadow.py restore, the nodes run with `sync_shadow`)."""
+    that succeeded (node/replication/sync_shadow.py restore, the nodes run with `sync_shadow`)."""
     kind = "fsync-eio"
     WAIT_S = 15.0
 

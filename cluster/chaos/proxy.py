@@ -3,7 +3,7 @@
 pysyncobj opens exactly one TCP connection per pair of nodes, dialed by the node whose Raft
 address string is larger. `ProxyNet` puts one `Link` (a listening socket that forwards to the
 target's real Raft port) on every pair, and gives each dialer a `[testing] raft_dial_map` entry
-`target_addr -> proxy_addr` (see node/replica.py). Each link then carries both directions of
+`target_addr -> proxy_addr` (see node/replication/replica.py). Each link then carries both directions of
 one pair: "fwd" = dialer -> target, "back" = target -> dialer.
 
 Per direction a link can be

@@ -18,7 +18,7 @@ logs, `history.jsonl` (every op's invoke and completion) and `report.json`.
 
 Power loss (`--faults power-loss`, opt-in): kill -9 of every node (`kill-all`) loses nothing in
 either durability mode, because the page cache survives a process crash. A real power cut needs
-root (LazyFS, dm-flakey), so the nodes run with a test hook instead (node/sync_shadow.py,
+root (LazyFS, dm-flakey), so the nodes run with a test hook instead (node/replication/sync_shadow.py,
 `[testing] sync_shadow = true`): at every durable point (a journal sync in fsync mode; a simulated page
 writeback every `--writeback` seconds, default 2, in memory mode) each node records what a disk
 honouring only fsync would hold. The fault freezes every node at once, SIGKILLs them, rolls each
@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .checker import FENCING, check, percentile, unavailability
-from ...node import sync_shadow
+from ...node.replication import sync_shadow
 
 from . import diskfaults
 from .nemesis import ALL_KINDS, GROUPS, KINDS, Env, Nemesis, Sampler, ScheduleConfig, describe_fault
@@ -209,7 +209,7 @@ async def run_chaos(opts: ChaosOptions) -> dict:
         if why is None:
             disks = diskfaults.SmallDisks(directory / "disks", size_bytes=int(opts.disk_bytes))
         else:
-            cluster.testing["free_space_file"] = True       # the hook instead (node/fault_hooks.py)
+            cluster.testing["free_space_file"] = True       # the hook instead (node/replication/fault_hooks.py)
     raft_addrs = [f"127.0.0.1:{p}" for p in cluster.raft_ports]
     net = ProxyNet(raft_addrs, encrypted=bool(cluster.secret), seed=seed)
     net.start()

@@ -20,9 +20,9 @@ import time
 import tomllib
 from pathlib import Path
 
-from ...node.core.config import ROLES
+from ...node.core.config import API_ROLES
 from ..local import toml_key, toml_value
-from ...node.limits import ConfigError, Limits, diff_docs
+from ...node.core.limits import ConfigError, Limits, diff_docs
 from .commands import (EXIT_FAILED, EXIT_OK, EXIT_UNREACHABLE, MAX_ADMIN_IDS, CliError, Ctx, _path, collect_pages,
                        confirm, fmt_rel, format_table, read_ids, short)
 
@@ -58,8 +58,8 @@ def read_config_file(path: str) -> tuple[dict, list | None]:
             if not isinstance(k, dict) or not isinstance(k.get("name"), str) or not isinstance(k.get("key"), str):
                 raise CliError(f"{path}: auth.api_keys[{i}]: must be a table {{name, key, role}}", EXIT_FAILED)
             role = k.get("role", "admin")
-            if role not in ROLES:
-                raise CliError(f"{path}: auth.api_keys[{i}].role: must be one of {', '.join(ROLES)}", EXIT_FAILED)
+            if role not in API_ROLES:
+                raise CliError(f"{path}: auth.api_keys[{i}].role: must be one of {', '.join(API_ROLES)}", EXIT_FAILED)
             keys.append((k["name"], role, hashlib.sha256(k["key"].encode("utf-8", "surrogateescape")).hexdigest()))
     return limits.doc, keys
 
@@ -213,8 +213,8 @@ async def cmd_keys_list(ctx: Ctx) -> int:
 
 async def cmd_keys_add(ctx: Ctx) -> int:
     a = ctx.args
-    if a.role not in ROLES:
-        raise CliError(f"ROLE must be one of {', '.join(ROLES)}, got {a.role!r}", EXIT_UNREACHABLE)
+    if a.role not in API_ROLES:
+        raise CliError(f"ROLE must be one of {', '.join(API_ROLES)}, got {a.role!r}", EXIT_UNREACHABLE)
     key = KEY_PREFIX + secrets.token_urlsafe(32)
     digest = hashlib.sha256(key.encode()).hexdigest()
     out = await ctx.call("key_add", "POST", "/v1/keys", {"name": a.name, "role": a.role, "key_sha256": digest},

@@ -1,5 +1,5 @@
 """`raftq backup` and `raftq restore`: an online backup of the state, and the data dirs of a new
-cluster made from one (node/backup.py has the file format)."""
+cluster made from one (node/replication/backup.py has the file format)."""
 from __future__ import annotations
 
 import asyncio
@@ -95,7 +95,7 @@ async def _first_backup(ctx: Ctx, candidates: list[str], tmp: Path) -> tuple[str
 
 
 async def _download(ctx: Ctx, url: str, tmp: Path) -> dict:
-    from ...node import backup as fmt
+    from ...node.replication import backup as fmt
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=ctx.probe_timeout, sock_read=max(60.0, ctx.timeout))
     try:
         async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=ctx.ssl), timeout=timeout) as s:
@@ -139,8 +139,8 @@ def _retry_after(value: str | None) -> float:
 def cmd_restore(args) -> int:
     """Make DIR the data dir of one node of a new cluster holding the backup's state."""
     try:
-        from ...node import backup as fmt
-        from ...node.replica import write_restored_snapshot
+        from ...node.replication import backup as fmt
+        from ...node.replication.replica import write_restored_snapshot
     except ImportError as e:
         print(f"raftq restore: this install has the client only (missing {e.name}); restoring needs the server "
               "extra: pip install 'raftq[server]'", file=sys.stderr)
@@ -155,8 +155,8 @@ def cmd_restore(args) -> int:
         return 1
     # The state must hash to the digest the source node had at that index: the file is the
     # state it claims to be (the checksum only proves it is the file the node wrote).
-    from ...node.limits import Limits
-    from ...node.machine import QueueMachine
+    from ...node.core.limits import Limits
+    from ...node.core.machine import QueueMachine
     try:
         digest = QueueMachine.from_builtins(Limits.build(), machine).digest()
     except Exception as e:           # noqa: BLE001 - a state this version cannot read

@@ -39,7 +39,7 @@ from ..progress import Progress, progress_enabled
 DEFAULT_URLS = "http://127.0.0.1:7001,http://127.0.0.1:7002,http://127.0.0.1:7003"
 DEFAULT_TLS_URLS = DEFAULT_URLS.replace("http://", "https://")
 EXIT_OK, EXIT_FAILED, EXIT_UNREACHABLE, EXIT_UNAVAILABLE, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
-MAX_ADMIN_IDS = 1000          # ids per requeue/delete request (node/validate.py)
+MAX_ADMIN_IDS = 1000          # ids per requeue/delete request (node/base/validate.py)
 PAGE = 100                    # largest page of the listing endpoints
 
 
@@ -697,7 +697,7 @@ QUEUE_COLUMNS = [("QUEUE", "name"), ("PAUSED", "paused"), ("READY", "ready"), ("
 
 
 # The CLI asks the leader; it answers null only in its first window as leader (it counts the
-# workers it sees itself: node/workers_seen.py).
+# workers it sees itself: node/service/workers_seen.py).
 WORKERS_NOT_KNOWN = "not known yet (the leader counts the workers it sees for 30 s after it takes over)"
 
 

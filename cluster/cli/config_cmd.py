@@ -7,7 +7,7 @@ fresh random secret shared by all), the systemd unit and a README.md with the co
 install them, host by host. With --tls also a CA (ca.pem, ca-key.pem) and a certificate per
 host (n1-cert.pem, n1-key.pem ...: subjectAltName the host given), the configs serving https://;
 with --mtls also a client certificate (client-cert.pem, client-key.pem) that the nodes require. Every file is 0600 in a 0700 directory (the configs hold the secret),
-and every config is loaded back with raftq.node.settings.load before the command says it is done.
+and every config is loaded back with raftq.node.base.settings.load before the command says it is done.
 
 `config` is a command group: add an action with `add_action(name, fn, help)` in `add_parser`.
 """
@@ -19,9 +19,10 @@ import sys
 from importlib import resources
 from pathlib import Path
 
-from ...node.limits import ConfigError
-from ...node.settings import load
-from ..local import private_dir, toml_value, write_private
+from ...node.core.limits import ConfigError
+from ...node.base.settings import load
+from ..files import private_dir, write_private
+from ..local import toml_value
 from . import sections as S
 
 UNIT_NAME = "raftq.service"
@@ -150,11 +151,11 @@ def make_certs(out: Path, ids: list[str], hosts: list[str], mtls: bool) -> list[
 
 
 def check_certs(out: Path, ids: list[str], hosts: list[str], mtls: bool) -> None:
-    """What a node will do with them: every certificate loads with its key (node/tls.py) and
+    """What a node will do with them: every certificate loads with its key (node/base/tls.py) and
     verifies against the CA for its host, as a client checks it."""
     import ssl
-    from ...node.settings import TlsFiles
-    from ...node.tls import load as load_tls
+    from ...node.base.settings import TlsFiles
+    from ...node.base.tls import load as load_tls
     for n, h in zip(ids, hosts):
         server = load_tls(TlsFiles(cert=out / f"{n}-cert.pem", key=out / f"{n}-key.pem",
                                    client_ca=out / "ca.pem" if mtls else None, peer_ca=out / "ca.pem")).context
@@ -225,7 +226,7 @@ install -m 0640 -o root -g raftq /tmp/{n}-key.pem /etc/raftq/{TLS_FILES['key']}
 install -m 0644 /tmp/ca.pem /etc/raftq/{TLS_FILES['ca']}
 """ if args.tls else "")
         check = ("sudo -u raftq /opt/raftq/.venv/bin/raftq node --config /etc/raftq/node.toml --check" if args.tls else
-                 "sudo -u raftq /opt/raftq/.venv/bin/python -c \"from raftq.node.settings import load; "
+                 "sudo -u raftq /opt/raftq/.venv/bin/python -c \"from raftq.node.base.settings import load; "
                  "s = load('/etc/raftq/node.toml'); print(s.node_id, s.raft, s.data_dir)\"")
         parts.append(f"""
 ### {n} on {h}

@@ -10,9 +10,10 @@ import threading
 import time
 from pathlib import Path
 
-from ...node.limits import ConfigError
-from ...node.settings import ROLES
-from ..local import digest_at, digest_cell, http_json, write_private
+from ...node.core.limits import ConfigError
+from ...node.base.settings import API_ROLES
+from ..files import write_private
+from ..local import digest_at, digest_cell, http_json
 from . import sections as S
 from .up import (CONFIG, CONTROL, EXIT_FAILED, EXIT_OK, EXIT_USAGE, STATE, UpError, dir_option, lock_holder,
                  pid_runs, proc_stopped, read_state, resolve_dir)
@@ -80,7 +81,7 @@ def probe_headers(directory: Path) -> dict:
     except ConfigError:
         return {}
     keys = (secs.get("auth") or {}).get("api_keys") or []
-    best = max(keys, key=lambda k: ROLES.index(k.get("role", "admin")), default=None)
+    best = max(keys, key=lambda k: API_ROLES.index(k.get("role", "admin")), default=None)
     return {"Authorization": f"Bearer {best['key']}"} if best else {}
 
 

@@ -1,14 +1,14 @@
 """Config sections a user gives `raftq up --config FILE` and `raftq config init --include FILE`:
 `[limits]`, `[storage]`, `[[queues]]`, `[auth]` (and `[tuning]`), checked exactly as a node's
-config is (raftq.node.settings.parse, the same errors naming the key), then written into every
+config is (raftq.node.base.settings.parse, the same errors naming the key), then written into every
 node config the command makes."""
 from __future__ import annotations
 
 import tomllib
 from pathlib import Path
 
-from ...node.limits import ConfigError
-from ...node.settings import parse
+from ...node.core.limits import ConfigError
+from ...node.base.settings import parse
 from ..local import toml_key, toml_table, toml_value
 
 SECTIONS = ("limits", "storage", "queues", "auth", "tuning")

@@ -42,9 +42,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ...node.limits import ConfigError
+from ...node.core.limits import ConfigError
 from ..shell_worker import describe_exit
-from ..local import LocalCluster, free_ports, http_json, private_dir, write_private
+from ..files import private_dir, write_private
+from ..local import LocalCluster, free_ports, http_json
 from . import sections as S
 
 STATE, CONFIG, SECRET, LOCK, CONTROL = "up.json", "up.toml", "secret", "up.lock", "control"

@@ -13,7 +13,7 @@ import sys
 import urllib.error
 import urllib.request
 
-from raftq.node.settings import load
+from raftq.node.base.settings import load
 
 CONFIG = "/etc/raftq/node.toml"
 

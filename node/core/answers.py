@@ -1,7 +1,7 @@
 """Answers: results (node/core/ops.py) rendered into what the API sends, and back.
 
 The state machine returns results of codes and fields and keeps them under request ids; the
-node renders them into `(http_status, body)` when it sends the answer (node/proposer.py, the
+node renders them into `(http_status, body)` when it sends the answer (node/replication/proposer.py, the
 bridge that hands committed results to the waiting requests). Every message text of an answer
 that apply decides lives here, so a wording change never changes replicated state, the
 request-id store or the digest, and a replay renders the very same answer as the first time.
@@ -19,7 +19,7 @@ import re
 from binascii import a2b_base64, b2a_base64
 from itertools import starmap
 
-from ..errors import error
+from .errors import error
 from . import ops
 from .ops import (ACKED_BATCH, ANSWER, ATTEMPT_MISMATCH, BATCH_FULL, CANCEL_IN_FLIGHT, CANCEL_NOT_FOUND,
                   DELETED, DRAINED, ENQUEUED, ENQUEUED_BATCH, EXTENDED, FAILED, JOB_ID, JOB_NOT_FOUND,

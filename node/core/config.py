@@ -1,6 +1,6 @@
 """The configuration in force (SEMANTICS.md "Configuration is replicated state").
 
-The machine holds the configuration as state: `m.limits` (a Limits, node/limits.py, whose
+The machine holds the configuration as state: `m.limits` (a Limits, node/core/limits.py, whose
 `doc` is its canonical document), `m.config_version` and `m.keys` (API key name ->
 (key_sha256, role, added_by, added_at_ms): digests, never keys). Every handler reads
 `m.limits`, so each entry applies under the configuration in force at that entry, on every
@@ -20,11 +20,11 @@ longer declared keeps its jobs. The result's `warnings` say so.
 """
 from __future__ import annotations
 
-from ..limits import ConfigError, Limits
+from .limits import ConfigError, Limits
 from . import audit, gating, ops
 from . import keys as keyed
 
-ROLES = ("viewer", "worker", "operator", "admin")
+API_ROLES = ("viewer", "worker", "operator", "admin")
 _HEX = frozenset("0123456789abcdef")
 
 
@@ -36,8 +36,8 @@ def key_problem(name, role, key_sha256) -> str | None:
     """Why (name, role, key_sha256) is not a key record, or None."""
     if type(name) is not str or not 1 <= len(name) <= 128 or any(ord(c) < 0x20 or 0x7F <= ord(c) <= 0x9F for c in name):
         return "name must be 1..128 characters, no control characters"
-    if role not in ROLES:
-        return f"role must be one of {', '.join(ROLES)}"
+    if role not in API_ROLES:
+        return f"role must be one of {', '.join(API_ROLES)}"
     if not valid_digest(key_sha256):
         return "key_sha256 must be 64 lowercase hex digits (the SHA-256 of the key)"
     return None
@@ -95,7 +95,7 @@ def configure(m, expect_version, config, keys, who=None):
 
 
 def _diff(m, limits: Limits):
-    from ..limits import diff_docs
+    from .limits import diff_docs
     if m.config_version == 0:
         return []                               # the seed: nothing was in force before it
     return diff_docs(m.limits.doc, limits.doc)

@@ -32,11 +32,11 @@ probe go. Failures while the circuit is open, and of jobs other than the probe w
 open (deliveries from before it opened), are not counted. An operator closes it at any time
 (`close_circuit`, audited "circuit_close").
 
-Windows. `[[queues]] windows` (node/windows.py): outside them reserve skips the queue; the
+Windows. `[[queues]] windows` (node/core/windows.py): outside them reserve skips the queue; the
 deadline sweep still runs, so a deadline passing outside a window expires the job.
 
 `m.released` is not replicated state: the names of the queues a command made a held-back job
-reservable in (a freed slot, a closed circuit), which node/service.py reads to wake parked
+reservable in (a freed slot, a closed circuit), which node/service/node_service.py reads to wake parked
 reserves after an ack or a configuration change. It never changes what the machine decides.
 """
 from __future__ import annotations
@@ -44,7 +44,7 @@ from __future__ import annotations
 from heapq import heappush
 
 from . import audit, keys, ops
-from .jobs import READY, S_KEY, SCHEDULED
+from .jobs import READY, S_KEY, SCHEDULED, known_queue
 from .undo import fifo_unappend, heap_remove
 
 NEUTRAL, OK, FAILED = 0, 1, 2       # how a job left IN_FLIGHT, for the circuit breaker
@@ -97,7 +97,7 @@ def reserve_cap(m, q, now: int) -> int:
 
 
 def reservable(m, q) -> bool:
-    """Whether a reserve of queue q could take a job now (node/service.py's long-poll wake)."""
+    """Whether a reserve of queue q could take a job now (node/service/node_service.py's long-poll wake)."""
     held = q.keys.held_ready if q.keys is not None else 0
     if q.paused or q.ready - q.throttled - held <= 0:
         return False
@@ -314,7 +314,6 @@ def close(m, q) -> None:
 # ---------------------------------------------------------------------------- the operator's close
 def close_circuit(m, queue: str, who=ops.UNAUDITED):
     """POST /v1/queues/{name}/circuit/close: the circuit closes now (failures forgotten)."""
-    from .handlers import known_queue
     if not known_queue(m, queue):
         return ops.queue_not_found(queue)
     q = m.queues.get(queue)

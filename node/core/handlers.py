@@ -16,11 +16,11 @@ import uuid
 
 import orjson
 
-from ..retry import policy_delay_ms
+from .retry import policy_delay_ms
 from . import audit, gating, keys, ops
 from .answers import render_dead_letter
 from .jobs import (DEAD, DEAD_LETTER_RECORD_TYPE, GONE, IN_FLIGHT, READY, SCHEDULED, DeadLetter, Job, Queue,
-                   shown_fields)
+                   known_queue, shown_fields)
 from .jobs import (DEDUP_JOB_ID, S_ATTEMPT, S_DEADLINE, S_ENQUEUED_AT, S_KEY, S_PRIORITY, S_QUEUE,
                    S_RESOURCE, dedup_expires, dedup_record, shown_common)
 from .ops import ATOMIC, DEAD_LETTER, DELAY, ENQUEUED, JOB_ID, RESERVED, SINGLE, UNAUDITED
@@ -854,10 +854,6 @@ def cancel(m, job_id: str, who=UNAUDITED, in_flight=False):
     forget(m, job)
     audit.record(m, who, "cancel", job_id, {"queue": job.queue})
     return JOB_ID, job_id
-
-
-def known_queue(m, queue) -> bool:
-    return queue in m.queues or queue in m.limits.queues
 
 
 def pause(m, queue: str, paused: bool, create: bool = True, who=UNAUDITED):

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from ..limits import Limits
+from .limits import Limits
 from .config import key_problem
 from .jobs import (DEAD, DEDUP_BUCKET, DEDUP_KEY, IN_FLIGHT, READY, SCHEDULED, SPEC_FIELDS, STATE_NAMES,
                    dedup_expires, dedup_queue)

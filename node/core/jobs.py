@@ -260,3 +260,8 @@ class DeadLetter:
         """Everything but the job: (cause, failed_at, final_attempt, reason, order), the form
         snapshots and the digest keep after the job's id."""
         return self.cause, self.failed_at, self.final_attempt, self.reason, self.order
+
+
+def known_queue(m, queue) -> bool:
+    """A queue that exists or that the configuration in force declares."""
+    return queue in m.queues or queue in m.limits.queues

@@ -41,7 +41,7 @@ from .jobs import IN_FLIGHT, READY, S_ENQUEUED_AT, S_KEY, S_PRIORITY, S_RESOURCE
 from .undo import fifo_restore_head
 
 WEIGHT_SCALE = 1_000_000
-MAX_RATE_COUNT = 1000       # a rate's count at most (node/limits.py): the times a window log keeps
+MAX_RATE_COUNT = 1000       # a rate's count at most (node/core/limits.py): the times a window log keeps
 CONCURRENCY, RATE = "concurrency", "rate"
 
 

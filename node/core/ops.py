@@ -5,7 +5,7 @@ a plain tuple of builtins, `(op, request_id, *fields)`, never an object with a c
 op codes below are the wire codes release 0.1.0 wrote ("enq", "res", ...): journals of that
 release replay as they are. `COMMANDS` names each command's fields in wire order, and the
 handler of each op (node/core/handlers.py, node/core/sweep.py) takes exactly those names as
-its parameters (node/machine.py checks this at import), so a handler reads names, not indexes.
+its parameters (node/core/machine.py checks this at import), so a handler reads names, not indexes.
 
 Results are tuples too, `(kind, *fields)`, of codes and values, never of prose: they are what
 the request-id store keeps (so what snapshots hold and `digest()` hashes) and what a replay
@@ -99,7 +99,7 @@ SINGLE, BATCH, ATOMIC = 0, 1, 2
 DEFAULT, DELAY, DEAD_LETTER = "default", "delay", "dead_letter"
 STRATEGIES = (DEFAULT, DELAY, DEAD_LETTER)
 
-# One job of an enqueue, as validation made it (node/validate.py): everything is final
+# One job of an enqueue, as validation made it (node/base/validate.py): everything is final
 # (defaults applied, max_attempts clamped, a past schedule turned into None).
 ITEM: tuple[str, ...] = ("job_id", "queue", "job_type", "payload", "encoding", "priority",
                          "max_attempts", "custom", "trace", "scheduled_at", "deadline",
@@ -263,7 +263,7 @@ def item(job_id, queue, job_type, payload, encoding, priority, max_attempts, cus
 reserve_queue_names = reader(RESERVE, "queue_names")
 ack_batch_pairs = reader(ACK_BATCH, "pairs")
 
-# Ops after which a parked reserve may find a job ready (node/service.py wakes its waiters).
+# Ops after which a parked reserve may find a job ready (node/service/node_service.py wakes its waiters).
 # An ack can make a held-back job reservable too (a throttle slot freed, a probe closed the
 # circuit): it wakes only the queues the machine says it released (`QueueMachine.released`,
 # node/core/gating.py), so acks cost nothing more when no job is held back; so does the
@@ -271,7 +271,7 @@ ack_batch_pairs = reader(ACK_BATCH, "pairs")
 # A configuration change wakes them all (it may open a window, remove a breaker, raise a limit).
 WAKING_OPS = frozenset((ENQUEUE, NACK, SWEEP, REQUEUE, PAUSE, RELEASE, CLOSE_CIRCUIT, CONFIGURE, SCHEDULE_TRIGGER))
 RELEASING_OPS = frozenset((ACK, ACK_BATCH, CANCEL))
-# Ops that change the configuration in force (node/service.py follows it).
+# Ops that change the configuration in force (node/service/node_service.py follows it).
 CONFIG_OPS = frozenset((CONFIGURE, ADD_KEY, REMOVE_KEY))
 
 
@@ -280,7 +280,7 @@ CONFIG_OPS = frozenset((CONFIGURE, ADD_KEY, REMOVE_KEY))
 # of release 0.1.0 and of this code until request ids were scoped), or a RequestId tuple
 # (who, request_id, route, body_hash): the caller's key name (None without auth), the id the
 # client sent, the route it came by ("enqueue", "enqueue_batch", "pause", "resume", ...) and a
-# short hash of its request (node/service.py `request_hash`). The store keys a record by the
+# short hash of its request (node/service/node_service.py `request_hash`). The store keys a record by the
 # request id alone for a caller without a name (and for bare ids), by (who, request id) else.
 def request_id(who, rid: str, route: str, body_hash: str) -> tuple:
     return who, rid, route, body_hash

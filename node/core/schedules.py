@@ -8,15 +8,15 @@ schedule's `next_fire` moves past every tick a sweep handled, so a replay, a sec
 sweep or a restarted cluster never fires a tick twice; ticks are dropped only as the catch-up
 and overlap policies say.
 
-The definition (`Schedule.definition`) is a dict of builtins that node/validate.py built and
+The definition (`Schedule.definition`) is a dict of builtins that node/base/validate.py built and
 checked (`DEFINITION_KEYS`); the apply checks it again where a wrong value could make it raise
-or fire wrongly, and parses the cron rule (node/cron.py, pure: time zones from tzdata).
+or fire wrongly, and parses the cron rule (node/core/cron.py, pure: time zones from tzdata).
 """
 from __future__ import annotations
 
 import uuid
 
-from .. import cron
+from . import cron
 from . import audit, gating, ops
 from .answers import render_template
 from .handlers import _enqueue_one, _replaceable, forget
@@ -38,7 +38,7 @@ _ID_NAMESPACE = uuid.UUID("0d6c1f6e-2b8a-4f4e-9a57-3c9e1d2b7f31")
 
 
 class Schedule:
-    """One schedule's state. `rule` is derived (node/cron.py), not state: rebuilt at restore."""
+    """One schedule's state. `rule` is derived (node/core/cron.py), not state: rebuilt at restore."""
     __slots__ = ("name", "definition", "version", "incarnation", "created_at", "updated_at",
                  "anchor", "paused", "next_fire", "stamp", "fired", "skipped", "handled_to",
                  "last_tick", "last_fired_at", "last_job_id", "last_error", "rule")
@@ -239,7 +239,7 @@ def put_schedule(m, name: str, definition: dict, expect_version, who=ops.UNAUDIT
     if s is None and len(m.schedules) >= m.limits.max_schedules:
         return ops.schedule_refused("too_many", name, m.limits.max_schedules)
     if m.limits.strict_queues and definition["job"]["queue"] not in m.limits.queues:
-        return ops.schedule_invalid("job", "unknown_queue")     # the field node/validate_schedule.py names
+        return ops.schedule_invalid("job", "unknown_queue")     # the field node/base/validate_schedule.py names
     created_at = s.created_at if s is not None else m.clock
     anchor = anchor_of(definition, created_at)
     try:

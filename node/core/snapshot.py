@@ -30,7 +30,7 @@ from itertools import chain
 
 import orjson
 
-from ..limits import Limits
+from .limits import Limits
 from .answers import result_of_answer
 from .gating import Circuit
 from .jobs import (DEDUP_BUCKET, DEDUP_JOB_ID, DEDUP_KEY, IN_FLIGHT, READY, SHOWN_FIELDS, DeadLetter,

@@ -168,7 +168,7 @@ class _LegacyUnpickler(stdpickle.Unpickler):
 
 
 # raftq: what a child forked off a node does first (the snapshot writer below, the digest
-# hasher of node/replica.py `fork_at_tick`). prctl is looked up here, in the parent: a child of a
+# hasher of node/replication/replica.py `fork_at_tick`). prctl is looked up here, in the parent: a child of a
 # threaded process must not dlopen.
 PR_SET_PDEATHSIG = 1
 try:

@@ -177,7 +177,7 @@ class SyncObj(object):
         self.__raftView = None      # (raft state, term) between two rounds of message handling
         # raftq: when each of the leader's own proposals (an entry with a local callback) was
         # appended, synced and committed ([appended, synced, committed], perf_counter), for the
-        # per-stage commit latency (node/proposer.py). `entryStages` is the entry's stamps while
+        # per-stage commit latency (node/replication/proposer.py). `entryStages` is the entry's stamps while
         # its callbacks run on this thread (None for other entries). Cleared on leaving leadership.
         self.__stages = {}
         self.__stagesUnsynced = []
@@ -1491,7 +1491,7 @@ class SyncObj(object):
             return self.__raftLog[diff:]
         return self.__raftLog[diff:diff + count]
 
-    # raftq: read-only views for the node (node/replica.py), so nothing outside reaches internals.
+    # raftq: read-only views for the node (node/replication/replica.py), so nothing outside reaches internals.
     @property
     def raftState(self):
         """:rtype: int (_RAFT_STATE)"""

@@ -6,7 +6,7 @@ its replication lag); take them from the node where `raftq_leader` is 1.
 """
 from __future__ import annotations
 
-from .proposer import STAGES
+from ..replication.proposer import STAGES
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -52,9 +52,9 @@ def render(view: dict, queues: list[dict], inflight: int, gauges: dict | None = 
            raft_refusals: dict | None = None) -> str:
     """`view` is NodeService.cluster()'s body (without digest), `queues` the queue stats;
     `gauges` the node's open connections, sessions, parked long polls and Raft handshakes,
-    `hits` the bound hits (node/bounds.py), `raft_refusals` the Raft port's refused
+    `hits` the bound hits (node/base/bounds.py), `raft_refusals` the Raft port's refused
     connections by reason (node/raft/transport.py REFUSALS)."""
-    from .bounds import BOUNDS
+    from ..base.bounds import BOUNDS
     t = _Text(view["node_id"])
     t.family("raftq_leader", "gauge", "1 on the node that leads the cluster", [({}, view["role"] == "leader")])
     t.family("raftq_ready", "gauge", "1 when the node knows a leader and has applied what it knows is committed",

@@ -33,7 +33,7 @@ import json
 import os
 import pickle
 
-from .readable import readable
+from ..base.readable import readable
 
 MAGIC = b"RAFTQ-BACKUP 1\n"
 FORMAT = "raftq-backup"
@@ -223,7 +223,7 @@ class Backups:
             os.close(wfd)
             wfd = None
             os.set_blocking(rfd, False)
-            from .. import __version__
+            from ... import __version__
             await start(MAGIC + header_line({"index": index, "term": term, "node": self.service.settings.node_id,
                                              "taken_at_ms": wall_ms, "raftq": __version__}), index, term)
             while chunk := await _read_when_ready(loop, rfd):

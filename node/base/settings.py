@@ -10,12 +10,12 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .limits import ConfigError, Limits
+from ..core.config import API_ROLES
+from ..core.limits import ConfigError, Limits
 
 NODE_KEYS = {"id", "http", "url", "raft", "data_dir", "tls_cert", "tls_key", "tls_client_ca", "tls_peer_ca"}
 CLUSTER_KEYS = {"peers", "secret", "durability"}
 PEER_KEYS = {"id", "raft", "url"}
-ROLES = ("viewer", "worker", "operator", "admin")
 
 
 @dataclass(frozen=True)
@@ -27,7 +27,7 @@ class Peer:
 
 @dataclass(frozen=True)
 class TlsFiles:
-    """`[node] tls_*`: the PEM files of the node's TLS (node/tls.py loads and checks them at
+    """`[node] tls_*`: the PEM files of the node's TLS (node/base/tls.py loads and checks them at
     start and on SIGHUP). Paths are absolute (relative ones are resolved against the config
     file's directory, like data_dir)."""
     cert: Path                      # tls_cert: the node's certificate (chain), leaf first
@@ -43,18 +43,18 @@ class TestHooks:
     disk), never the replicated rules; a production config has no such section."""
     clock_offset_ms: int = 0                # shifts this node's idea of now (never the system clock)
     raft_dial_map: dict = field(default_factory=dict)   # peer raft address -> address to dial (proxies)
-    sync_shadow: bool = False               # record what a disk honouring only fsync holds (node/sync_shadow.py)
+    sync_shadow: bool = False               # record what a disk honouring only fsync holds (node/replication/sync_shadow.py)
     sync_shadow_writeback_s: float = 2.0    # memory mode: the simulated page writeback period
-    fsync_eio: bool = False                 # fail the next journal sync on demand (node/fault_hooks.py)
-    clock_strobe: bool = False              # make the clock jump back and forth on demand (node/fault_hooks.py)
-    free_space_file: bool = False           # take the data disk's free space from a file (node/fault_hooks.py)
+    fsync_eio: bool = False                 # fail the next journal sync on demand (node/replication/fault_hooks.py)
+    clock_strobe: bool = False              # make the clock jump back and forth on demand (node/replication/fault_hooks.py)
+    free_space_file: bool = False           # take the data disk's free space from a file (node/replication/fault_hooks.py)
     # false: the leader proposes no sweeps, so the state changes only by requests (the
     # hostile-input suite compares state digests around each refused request)
     sweeps: bool = True
-    # how long a worker that reserved counts for its queues' `workers` (node/workers_seen.py)
+    # how long a worker that reserved counts for its queues' `workers` (node/service/workers_seen.py)
     workers_window_ms: int = 30_000
     # true: a leader seeds a new cluster's configuration only once the file `release-seed` is in
-    # its data dir (node/fault_hooks.py), so a test can watch a cluster that is not seeded yet
+    # its data dir (node/replication/fault_hooks.py), so a test can watch a cluster that is not seeded yet
     hold_seed: bool = False
 
 
@@ -262,8 +262,8 @@ def parse(doc: dict, source: str = "", base_dir: Path | None = None) -> Settings
                 if not all(0x21 <= ord(c) <= 0x7E for c in key):
                     raise ConfigError(f"{where}.key: must be visible ASCII characters only")
                 role = k.get("role", "admin")
-                if role not in ROLES:
-                    raise ConfigError(f"{where}.role: must be one of {', '.join(ROLES)}, got {role!r}")
+                if role not in API_ROLES:
+                    raise ConfigError(f"{where}.role: must be one of {', '.join(API_ROLES)}, got {role!r}")
                 if name in names or key in secrets:
                     raise ConfigError(f"{where}: duplicate name or key")
                 names.add(name)
@@ -303,7 +303,7 @@ def parse(doc: dict, source: str = "", base_dir: Path | None = None) -> Settings
 def _schedules(raw, limits: Limits) -> tuple:
     """[[schedules]]: each a table with `name` and the fields of PUT /v1/schedules/{name}
     (docs/api.md "Schedules"), checked the same way; a wrong one stops the node naming it."""
-    from .errors import ApiError
+    from ..core.errors import ApiError
     from .validate_schedule import definition, name_arg
     if not isinstance(raw, list):
         raise ConfigError("schedules: must be an array of tables [[schedules]]")
@@ -335,7 +335,7 @@ def _path(where: str, value, base_dir: Path | None) -> Path:
 
 def _tls(node: dict, base_dir: Path | None) -> TlsFiles | None:
     """The [node] tls_* keys: tls_cert and tls_key together, or no TLS (then tls_client_ca and
-    tls_peer_ca are errors too). Only the shape is checked here: node/tls.py reads the files at
+    tls_peer_ca are errors too). Only the shape is checked here: node/base/tls.py reads the files at
     start, with errors naming the key."""
     if not any(k in node for k in ("tls_cert", "tls_key", "tls_client_ca", "tls_peer_ca")):
         return None

@@ -44,12 +44,12 @@ import inspect
 from collections import OrderedDict, deque
 from itertools import islice
 
-from .core import audit, config, gating, handlers, invariants, keys, ops, schedules, snapshot
-from .core import sweep as sweeping
-from .core.answers import render_dead_letter, render_job
-from .core.jobs import IN_FLIGHT, READY, SCHEDULED, STATE_NAMES, Job, Queue, shown_fields
-from .core.ops import MALFORMED_RESULT, NOT_REMEMBERED, RESERVE
-from .core.undo import UndoLog
+from . import audit, config, gating, handlers, invariants, keys, ops, schedules, snapshot
+from . import sweep as sweeping
+from .answers import render_dead_letter, render_job
+from .jobs import IN_FLIGHT, READY, SCHEDULED, STATE_NAMES, Job, Queue, shown_fields
+from .ops import MALFORMED_RESULT, NOT_REMEMBERED, RESERVE
+from .undo import UndoLog
 from .limits import Limits
 
 # op code -> handler(machine, *fields): the handlers take the fields by their ops.COMMANDS names.
@@ -191,7 +191,7 @@ class QueueMachine(UndoLog):
         self.rid_heap: list = []
         # Whether anyone reads the answers of the commands being applied: a follower, or a
         # leader applying entries nobody on it waits for. Not replicated state: the node sets
-        # it per entry (node/replica.py). Results are rendered outside the machine now, by the
+        # it per entry (node/replication/replica.py). Results are rendered outside the machine now, by the
         # node that sends them, so nothing here depends on it; it stays for that interface.
         self.render = True
         self.dlq: OrderedDict[str, object] = OrderedDict()         # job id -> DeadLetter, oldest first
@@ -324,7 +324,7 @@ class QueueMachine(UndoLog):
         return gating.queue_view(self, name, q, q.stats(declared))
 
     def gating_view(self, name: str, stats: dict) -> dict:
-        """The gating fields for a queue's stats made outside the machine (node/service.py)."""
+        """The gating fields for a queue's stats made outside the machine (node/service/node_service.py)."""
         return gating.queue_view(self, name, self.queues.get(name), stats)
 
     def reservable(self, q) -> bool:
@@ -473,7 +473,7 @@ class QueueMachine(UndoLog):
 
     def __getstate__(self):
         # Pickling goes through the builtins form (release 0.1.0's snapshots pickled the machine,
-        # node/replica.py reads those; tests copy machines this way). `limits` is the bootstrap:
+        # node/replication/replica.py reads those; tests copy machines this way). `limits` is the bootstrap:
         # from version 1 on the state's own configuration wins.
         return {"limits": self.limits, "state": self.to_builtins()}
 

@@ -7,7 +7,7 @@ acknowledge, and exit: node/raft/journal.py StorageFailure). It asks by creating
 `FAIL_NEXT_SYNC` in the node's data dir; the node's journal checks for it before each sync
 (a stat per sync, only with the hook on), removes it, and fails that sync without syncing. With
 `sync_shadow` on as well, the harness then rolls the data dir back to the last sync that did
-succeed (node/sync_shadow.py restore): what a kernel that dropped the dirty pages after the
+succeed (node/replication/sync_shadow.py restore): what a kernel that dropped the dirty pages after the
 failed fsync leaves on the disk.
 """
 from __future__ import annotations

@@ -1,10 +1,10 @@
 """The OpenAPI 3.1 description of the HTTP API: served at `GET /v1/openapi.json` by every node,
-checked in as docs/openapi.json (`python -m raftq.node.openapi > docs/openapi.json`).
+checked in as docs/openapi.json (`python -m raftq.node.api.openapi > docs/openapi.json`).
 
 Built from the definitions the node itself uses wherever there is one: the error codes and
-their statuses (node/errors.py), the roles (node/auth.py), the session ops and their roles
-(node/session.py), the limits a server advertises and a queue shows (node/limits.py), the job
-states (node/machine.py). The rest (routes, request bodies, what each answer holds) is written
+their statuses (node/core/errors.py), the roles (node/base/auth.py), the session ops and their roles
+(node/api/session.py), the limits a server advertises and a queue shows (node/core/limits.py), the job
+states (node/core/machine.py). The rest (routes, request bodies, what each answer holds) is written
 here once, and tests/test_openapi.py holds it to the code: every route of the aiohttp app is
 described and nothing else; the role each operation states is the one the node enforces; every
 required field is refused when missing; every example is accepted; a schema-driven run
@@ -19,14 +19,15 @@ import json
 import sys
 from functools import lru_cache
 
-from .. import __version__
-from . import errors
-from . import validate_schedule as vs
-from .auth import ADMIN, OPERATOR, VIEWER, WORKER
-from .limits import MAX_KEY_OVERRIDES, MAX_KEY_WEIGHT, MAX_RATE_COUNT, QUEUE_KEYS, Limits
-from .core.jobs import DEAD_LETTER_CAUSES
-from .machine import STATE_NAMES
-from .settings import ROLES
+from ... import __version__
+from ..core import errors
+from ..base import validate_schedule as vs
+from ..base.auth import ADMIN, OPERATOR, VIEWER, WORKER
+from ..core.limits import MAX_KEY_OVERRIDES, MAX_KEY_WEIGHT, MAX_RATE_COUNT, QUEUE_KEYS, Limits
+from ..core.jobs import DEAD_LETTER_CAUSES
+from ..core.machine import STATE_NAMES
+from ..base.settings import API_ROLES
+from .session_ops import FAST_OPS, OP_ROLES, READ_OPS
 
 INT64_MAX = 2**63 - 1
 INT64_MIN = -(2**63)
@@ -40,7 +41,7 @@ REQUEST_ID_PATTERN = "^[!-~]{1,128}$"
 KEY_PATTERN = "^[^\\u0000-\\u001f\\u007f-\\u009f]+$"
 EXAMPLE_ID = "8a3c2f8e-5b1d-4c47-9a51-0b7e2f3d9c10"
 
-# What each error code means (the statuses come from node/errors.py).
+# What each error code means (the statuses come from node/core/errors.py).
 CODE_MEANINGS = {
     "invalid_argument": "malformed JSON or HTTP, a body that is not an object, missing or mistyped request "
                         "fields, out-of-range values, a string over its length limit (`field` names it), an empty "
@@ -118,7 +119,7 @@ AUDIT_ACTIONS = ("config_seed", "config_change", "key_add", "key_remove", "pause
                  "schedule_create", "schedule_replace", "schedule_delete", "schedule_pause", "schedule_resume",
                  "schedule_trigger")
 
-# The session ops (node/session.py) and the HTTP route each one mirrors.
+# The session ops (node/api/session.py) and the HTTP route each one mirrors.
 SESSION_HTTP = {
     "enqueue": ("post", "/v1/jobs"), "enqueue_batch": ("post", "/v1/jobs/batch"),
     "enqueue_atomic": ("post", "/v1/jobs/atomic"), "reserve": ("post", "/v1/reserve"),
@@ -204,7 +205,7 @@ def _key_name_schema() -> dict:
 
 
 def _key_settings_schemas() -> dict:
-    """The key settings of a `[[queues]]` entry (docs/configuration.md; node/limits.py
+    """The key settings of a `[[queues]]` entry (docs/configuration.md; node/core/limits.py
     `_key_settings`), each optional (null: unset)."""
     limit_override = obj({"concurrency": nullable(integer(0)),
                           "rate": nullable(_rate_schema("this key's rate"))},
@@ -228,7 +229,7 @@ def _key_settings_schemas() -> dict:
 
 def _queue_limits_schema() -> dict:
     """GET /v1/queues/{name} `limits`: QueueLimits.describe() of the default limits, typed from
-    node/limits.py's defaults (a default of None is an optional value: null when unset)."""
+    node/core/limits.py's defaults (a default of None is an optional value: null when unset)."""
     props = {}
     shown = Limits.build().default_queue.describe()
     rate = {"type": ["object", "null"], "properties": {"count": {"type": "integer"}, "period_ms": {"type": "integer"}},
@@ -272,7 +273,7 @@ def _server_info_schema() -> dict:
 
 
 def _config_schema() -> dict:
-    from .limits import GLOBAL_KEYS, QUEUE_ONLY_KEYS, STORAGE_KEYS
+    from ..core.limits import GLOBAL_KEYS, QUEUE_ONLY_KEYS, STORAGE_KEYS
     special = {"max_queue_depth": {"type": ["integer", "null"], "minimum": 0, "description": "null: unlimited"},
                "allowed_encodings": {"type": ["array", "null"], "items": string(minLength=1),
                                      "description": "null: any"},
@@ -536,7 +537,7 @@ def schemas() -> dict:
                           "and the [[queues]] entries as declared."),
         "KeyEntry": obj({"name": string("1..128 characters, no control characters", minLength=1, maxLength=128,
                                         pattern="^[^\\u0000-\\u001f\\u007f-\\u009f]+$"),
-                         "role": {"type": "string", "enum": list(ROLES)},
+                         "role": {"type": "string", "enum": list(API_ROLES)},
                          "key_sha256": string("the SHA-256 of the key, 64 lowercase hex digits",
                                               pattern="^[0-9a-f]{64}$")}, ["name", "role", "key_sha256"],
                         example={"name": "ci", "role": "viewer", "key_sha256": "9f86d081884c7d659a2feaa0c55ad015"
@@ -558,7 +559,7 @@ def schemas() -> dict:
                              "\n".join(f"* `{c}`: {d}" for c, d in CONFIG_WARNINGS.items())),
         "ConfigChanged": obj({"version": integer(1), "warnings": {"type": "array", "items": ref("ConfigWarning")}},
                              ["version", "warnings"]),
-        "Key": obj({"name": string(), "role": {"type": "string", "enum": list(ROLES)},
+        "Key": obj({"name": string(), "role": {"type": "string", "enum": list(API_ROLES)},
                     "added_by": {"type": ["string", "null"], "description": "the admin key's name; null for the "
                                  "keys of the first TOML and without auth"},
                     "added_at_ms": ms("replicated time"),
@@ -566,7 +567,7 @@ def schemas() -> dict:
                    ["name", "role", "added_by", "added_at_ms", "key_sha256_prefix"]),
         "KeysResponse": obj({"keys": {"type": "array", "items": ref("Key")}, "version": integer(0)},
                             ["keys", "version"]),
-        "KeyAdded": obj({"name": string(), "role": {"type": "string", "enum": list(ROLES)}, "version": integer(1)},
+        "KeyAdded": obj({"name": string(), "role": {"type": "string", "enum": list(API_ROLES)}, "version": integer(1)},
                         ["name", "role", "version"]),
         "KeyRemoved": obj({"name": string(), "version": integer(1)}, ["name", "version"]),
         "AuditEntry": obj({"at_ms": ms("replicated time"),
@@ -741,8 +742,8 @@ def schemas() -> dict:
                             "queues": {"type": "array", "items": string()},
                             "leader_url": string(), "job_id": string(), "attempt": {"type": "integer"},
                             "limit": {"type": "integer"}, "actual": {"type": "integer"}, "field": string(),
-                            "role": {"type": "string", "enum": list(ROLES)},
-                            "required_role": {"type": "string", "enum": list(ROLES)},
+                            "role": {"type": "string", "enum": list(API_ROLES)},
+                            "required_role": {"type": "string", "enum": list(API_ROLES)},
                             "queue": string(), "version": {"type": "integer"}, "reason": string(),
                             "name": {"type": ["string", "null"]}, "jobs": {"type": "object"},
                             "applied": {"type": ["boolean", "null"]}},
@@ -1238,10 +1239,9 @@ def _operation(route) -> dict:
     op["responses"] = _responses(route)
     op["security"] = [{"bearer": []}] if role is not None else []
     if route["op_id"] == "session":
-        from .session import FAST_OPS, OP_ROLES, READ_OPS
         ops = sorted(FAST_OPS | {"reserve"} | set(READ_OPS))
         op["x-raftq-session-ops"] = {o: {"route": f"{SESSION_HTTP[o][0].upper()} {SESSION_HTTP[o][1]}",
-                                         "role": ROLES[OP_ROLES.get(o, VIEWER)]} for o in ops}
+                                         "role": API_ROLES[OP_ROLES.get(o, VIEWER)]} for o in ops}
     return op
 
 

@@ -19,10 +19,10 @@ import sys
 from . import bounds
 import orjson
 
-from .errors import ApiError, invalid
-from .limits import MAX_RESOURCE_BYTES, ConfigError, Limits, check_key, check_queue_name
-from .core import ops
-from .core.ops import ATOMIC, BATCH, SINGLE
+from ..core.errors import ApiError, invalid
+from ..core.limits import MAX_RESOURCE_BYTES, ConfigError, Limits, check_key, check_queue_name
+from ..core import ops
+from ..core.ops import ATOMIC, BATCH, SINGLE
 
 INT64_MAX = 2**63 - 1
 INT64_MIN = -(2**63)
@@ -387,7 +387,7 @@ def reserve(body, limits: Limits, rid=None) -> tuple[tuple, int]:
     wait = _opt_int(body, "wait_ms", 0, 0)
     max_jobs = _opt_int(body, "max_jobs", 1, 1)
     if body.get("worker_id") is not None:
-        _check_text(body, "worker_id", "max_worker_id_bytes", limits)     # counted by the leader (node/workers_seen.py)
+        _check_text(body, "worker_id", "max_worker_id_bytes", limits)     # counted by the leader (node/service/workers_seen.py)
     # The lease clamp; one queue (the common case) without building a generator.
     cap = (limits.queue(queues[0]).max_lease_duration_ms if len(queues) == 1
            else min(limits.queue(q).max_lease_duration_ms for q in queues))
@@ -561,7 +561,7 @@ def delete_queue(queue, limits: Limits, rid=None, who=None) -> tuple:
 
 # ---------------------------------------------------------------------------- configuration
 def key_sha256(key: str) -> str:
-    """The digest an API key is kept as (node/auth.py looks keys up by it)."""
+    """The digest an API key is kept as (node/base/auth.py looks keys up by it)."""
     import hashlib
     return hashlib.sha256(key.encode("utf-8", "surrogateescape")).hexdigest()
 
@@ -588,7 +588,7 @@ def configure(body, rid=None, who=None) -> tuple:
 
 
 def _key_entry(k, where: str) -> tuple:
-    from .core.config import key_problem
+    from ..core.config import key_problem
     if not isinstance(k, dict):
         raise invalid(f"{where}: must be an object {{name, role, key_sha256}}")
     name, role, digest = k.get("name"), k.get("role"), k.get("key_sha256")

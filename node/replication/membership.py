@@ -16,10 +16,10 @@ import asyncio
 import logging
 import re
 
-from .core import ops
-from .errors import error
+from ..core import ops
+from ..core.errors import error
 from .replica import FAIL_REASON, READY_MAX_LAG
-from .settings import ConfigError, Peer, _hostport
+from ..base.settings import ConfigError, Peer, _hostport
 
 log = logging.getLogger("raftq.members")
 

@@ -28,7 +28,7 @@ from aiohttp import web
 from aiohttp.http_exceptions import ContentEncodingError
 from aiohttp.web_protocol import RequestHandler, RequestPayloadError
 
-from . import bounds
+from ..base import bounds
 
 log = logging.getLogger("raftq.http")
 JSON = "application/json"
@@ -276,7 +276,7 @@ def allowed_hosts(settings) -> frozenset | None:
     """The Host names a keyless node on loopback answers to (None: no check, a node with API
     keys or one listening beyond loopback, where proxies and names are the operator's)."""
     from urllib.parse import urlsplit
-    from .settings import is_loopback
+    from ..base.settings import is_loopback
     if settings.api_keys or not is_loopback(settings.http_host):
         return None
     names = set(LOOPBACK_NAMES) | {host_name(settings.http_host)}

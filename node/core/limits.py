@@ -11,8 +11,8 @@ import hashlib
 import json
 from dataclasses import dataclass, field, fields
 
-from .core.jobs import CLUSTER_CAUSES, DEAD_LETTER_CAUSES, DEAD_LETTER_RECORD_TYPE
-from .core.keys import MAX_RATE_COUNT
+from .jobs import CLUSTER_CAUSES, DEAD_LETTER_CAUSES, DEAD_LETTER_RECORD_TYPE
+from .keys import MAX_RATE_COUNT
 
 MIB = 1024 * 1024
 
@@ -181,7 +181,7 @@ class QueueLimits:
     dead_letter_forward: str | None = None
     dead_letter_forward_causes: tuple[str, ...] = ()
     # Gating (issue 17): the default resource of the queue's jobs, the circuit breaker
-    # (failures, window_ms, open_ms) and the execution windows (node/windows.py), or None.
+    # (failures, window_ms, open_ms) and the execution windows (node/core/windows.py), or None.
     resource: str | None = None
     circuit_breaker: tuple | None = None
     windows: object = None

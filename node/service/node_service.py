@@ -18,18 +18,19 @@ import time
 
 import orjson
 
-from . import bounds, fault_hooks, validate, validate_schedule
-from .auth import Auth
-from .core import ops
-from .core.jobs import DEAD_LETTER_CAUSES, IN_FLIGHT, READY, SCHEDULED, Queue
-from .errors import ApiError, error
-from .proposer import Proposer, wall_ms
-from .replica import ROLES, Replica
-from .settings import Settings
+from ..base import bounds, validate, validate_schedule
+from ..replication import fault_hooks
+from ..base.auth import Auth
+from ..core import ops
+from ..core.jobs import DEAD_LETTER_CAUSES, IN_FLIGHT, READY, SCHEDULED, Queue
+from ..core.errors import ApiError, error
+from ..replication.proposer import Proposer, wall_ms
+from ..replication.replica import RAFT_ROLES, Replica
+from ..base.settings import Settings
 from .workers_seen import WorkersSeen
 
 log = logging.getLogger("raftq.node")
-from .. import __version__ as VERSION
+from ... import __version__ as VERSION
 WAKING_OPS = ops.WAKING_OPS
 RELEASING_OPS = ops.RELEASING_OPS
 ENQUEUE_ITEMS = ops.reader(ops.ENQUEUE, "items")
@@ -132,7 +133,7 @@ def _key_cursor_decode(cursor: str):
     return after
 
 
-# The routes a request id is bound to (node/validate.py request_slot): one per endpoint.
+# The routes a request id is bound to (node/base/validate.py request_slot): one per endpoint.
 JOB_ID_OPS = frozenset(("ack", "nack", "extend", "release"))
 SEED_RETRY_S = 0.05
 
@@ -166,7 +167,7 @@ class NodeService:
         self.parked = 0
         self.max_parked = int(t["max_parked_reserves"])
         self.wake_scheduled = False
-        # Which workers reserve from which queue (leader soft state: node/workers_seen.py).
+        # Which workers reserve from which queue (leader soft state: node/service/workers_seen.py).
         self.workers_seen = WorkersSeen(window_ms=settings.testing.workers_window_ms)
         self._wake_names: set | None = set()    # what the next wake looks at; None: every name
         self._wake_lock = threading.Lock()
@@ -195,7 +196,7 @@ class NodeService:
         self.config_watch: asyncio.Task | None = None
         self.follow_config()
         self.state.after_restore = self.follow_config
-        from .membership import Membership
+        from ..replication.membership import Membership
         self.membership = Membership(self)
         self._removed_said = False
         self.replica.on_members_changed = self._members_changed_thread
@@ -277,7 +278,7 @@ class NodeService:
     def toml_differences(self) -> list[str]:
         """The keys where this node's TOML differs from the configuration in force (after
         version 1; before it the TOML is what is in force)."""
-        from .limits import diff_docs
+        from ..core.limits import diff_docs
         m = self.state.machine
         if m.config_version < 1:
             return []
@@ -359,7 +360,7 @@ class NodeService:
         return tuple(p for p in self.replica.members() if p.raft != self.settings.raft)
 
     async def strobe_loop(self):
-        """[testing] clock_strobe (node/fault_hooks.py): while the strobe file is there, the
+        """[testing] clock_strobe (node/replication/fault_hooks.py): while the strobe file is there, the
         clock offset flips between +A and -A every period; stamp() reads the attribute as ever,
         and never goes behind replicated time or an earlier stamp."""
         base = self.clock_offset_ms
@@ -443,7 +444,7 @@ class NodeService:
 
     async def _hand_over_leadership(self):
         import aiohttp
-        from .tls import peer_context
+        from ..base.tls import peer_context
         try:
             ssl_ctx = peer_context(self.settings.tls)
         except Exception:
@@ -480,13 +481,13 @@ class NodeService:
     def _on_state_changed(self, old, new):
         self.leader_epoch += 1
         # Role names, not the Raft layer's numbers: an operator reads this line.
-        log.info("raft role %s -> %s", ROLES.get(old, old), ROLES.get(new, new))
+        log.info("raft role %s -> %s", RAFT_ROLES.get(old, old), RAFT_ROLES.get(new, new))
         self._wake_all()
-        if ROLES.get(new) == "leader":
+        if RAFT_ROLES.get(new) == "leader":
             self.workers_seen.lead()
-        elif ROLES.get(old) == "leader":
+        elif RAFT_ROLES.get(old) == "leader":
             self.workers_seen.follow()
-        if ROLES.get(old) == "leader" and ROLES.get(new) != "leader":
+        if RAFT_ROLES.get(old) == "leader" and RAFT_ROLES.get(new) != "leader":
             self._leadership_lost()
 
     def _leadership_lost(self):
@@ -1002,7 +1003,7 @@ class NodeService:
 
     def _with_workers(self, stats: dict) -> dict:
         """The leader's soft state next to the replicated stats: `workers`, `no_workers` (null
-        on a follower and in a new leader's first window: node/workers_seen.py)."""
+        on a follower and in a new leader's first window: node/service/workers_seen.py)."""
         stats["workers"], stats["no_workers"] = self.workers_seen.stats(stats["name"])
         return stats
 
@@ -1103,7 +1104,7 @@ class NodeService:
         only call its own origin). The caller's Authorization goes along: the peers check the
         key themselves, as they would the caller's own request."""
         import aiohttp
-        from .tls import peer_problem
+        from ..base.tls import peer_problem
         _, mine = self.cluster(False)
         headers = {"Authorization": authorization} if authorization else {}
         timeout = aiohttp.ClientTimeout(total=PEER_VIEW_TIMEOUT_S)
@@ -1155,7 +1156,7 @@ class NodeService:
         tls_peer_ca trust and this node's certificate, as for the limits check)."""
         if self._peer_session is None or self._peer_session.closed:
             import aiohttp
-            from .tls import peer_context
+            from ..base.tls import peer_context
             ctx = peer_context(self.settings.tls)
             self._peer_session = aiohttp.ClientSession(
                 connector=aiohttp.TCPConnector(ssl=True if ctx is None else ctx, limit_per_host=4))

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import re
 
-from . import cron
-from .core import ops
-from .core.schedules import CATCHUP_POLICIES, OVERLAP_POLICIES, SCHEDULE_FIELD, TICK_FIELD
-from .errors import ApiError
-from .limits import Limits
+from ..core import cron
+from ..core import ops
+from ..core.schedules import CATCHUP_POLICIES, OVERLAP_POLICIES, SCHEDULE_FIELD, TICK_FIELD
+from ..core.errors import ApiError
+from ..core.limits import Limits
 from .validate import _Reject, check_job, is_int, require_object
 
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}")

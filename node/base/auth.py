@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import hashlib
 
-from .errors import error
-from .settings import ROLES
+from ..core.errors import error
+from .settings import API_ROLES
 
-VIEWER, WORKER, OPERATOR, ADMIN = (ROLES.index(r) for r in ("viewer", "worker", "operator", "admin"))
+VIEWER, WORKER, OPERATOR, ADMIN = (API_ROLES.index(r) for r in ("viewer", "worker", "operator", "admin"))
 
 
 def _digest(key: str) -> bytes:
@@ -29,13 +29,13 @@ class Auth:
         """`api_keys`: the TOML's [auth] keys ({name, key, role}), in force until the cluster's
         configuration version 1 is applied (the bootstrap; release 0.1.0 checked these)."""
         self.enabled = bool(api_keys)
-        self.keys = {_digest(k["key"]): (k["name"], ROLES.index(k["role"])) for k in api_keys or ()}
+        self.keys = {_digest(k["key"]): (k["name"], API_ROLES.index(k["role"])) for k in api_keys or ()}
 
     def load(self, records) -> None:
         """The key set in force: (name, key_sha256 hex, role) records. The dict is swapped whole
         (readers on the event loop see the old or the new one); auth goes on after its keys are
         there and off before they go."""
-        keys = {bytes.fromhex(digest): (name, ROLES.index(role)) for name, digest, role in records}
+        keys = {bytes.fromhex(digest): (name, API_ROLES.index(role)) for name, digest, role in records}
         if keys:
             self.keys = keys
             self.enabled = True
@@ -84,6 +84,6 @@ class Auth:
         name, level = found
         if level >= need:
             return None
-        return error("permission_denied", f"the API key {name!r} has the role {ROLES[level]}; "
-                                          f"this needs {ROLES[need]} or higher",
-                     role=ROLES[level], required_role=ROLES[need])
+        return error("permission_denied", f"the API key {name!r} has the role {API_ROLES[level]}; "
+                                          f"this needs {API_ROLES[need]} or higher",
+                     role=API_ROLES[level], required_role=API_ROLES[need])

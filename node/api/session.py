@@ -14,28 +14,17 @@ import logging
 import orjson
 from aiohttp import WSMsgType, web
 
-from . import bounds
-from .auth import OPERATOR, VIEWER, WORKER
-from .errors import error
-from .service import NodeService
-from .settings import TUNING_DEFAULTS
-from .validate import valid_request_id
+from ..base import bounds
+from ..base.auth import VIEWER
+from ..core.errors import error
+from ..service.node_service import NodeService
+from ..base.settings import TUNING_DEFAULTS
+from ..base.validate import valid_request_id
+from .session_ops import ALL_OPS, FAST_OPS, OP_ROLES, READ_OPS
 
 log = logging.getLogger("raftq.session")
 CLOSE_NOT_LEADER = 4001
 CLOSE_NOT_READ = 4008       # the client did not read its answers for session_stall_timeout_s
-
-
-# Answered without a task: prepared, proposed, and replied to from the future's callback.
-FAST_OPS = frozenset(("enqueue", "enqueue_batch", "enqueue_atomic", "ack", "ack_batch", "nack", "extend", "drain",
-                      "release"))
-# The role each op needs when API keys are on (API.md "Authentication"); read ops: viewer.
-OP_ROLES = {**{op: WORKER for op in FAST_OPS}, "reserve": WORKER, "drain": OPERATOR}
-READ_OPS = {
-    "server_info": lambda s: s.server_info(),
-    "cluster": lambda s: s.cluster_with_digest(),       # a coroutine: awaited
-}
-ALL_OPS = tuple(sorted(FAST_OPS | {"reserve"} | set(READ_OPS)))
 
 
 class SessionState:

@@ -11,15 +11,15 @@ import orjson
 from aiohttp import HttpVersion11, web
 from aiohttp.web_protocol import RequestPayloadError
 
-from . import bounds, validate
-from .auth import ADMIN, OPERATOR, VIEWER, WORKER, Auth
-from .backup import Backups, Busy
-from .errors import error
+from ..base import bounds, validate
+from ..base.auth import ADMIN, OPERATOR, VIEWER, WORKER, Auth
+from ..replication.backup import Backups, Busy
+from ..core.errors import error
 from .metrics import CONTENT_TYPE, render as render_metrics
-from .proposer import wall_ms
-from .service import NodeService
+from ..replication.proposer import wall_ms
+from ..service.node_service import NodeService
 from .session import Sessions
-from .settings import TUNING_DEFAULTS
+from ..base.settings import TUNING_DEFAULTS
 
 log = logging.getLogger("raftq.http")
 JSON = "application/json"
@@ -430,7 +430,7 @@ _OPENAPI: bytes | None = None
 
 
 async def _openapi(request: web.Request) -> web.Response:
-    """This API's OpenAPI 3.1 document (node/openapi.py; the same as docs/openapi.json)."""
+    """This API's OpenAPI 3.1 document (node/api/openapi.py; the same as docs/openapi.json)."""
     global _OPENAPI
     if _OPENAPI is None:
         from .openapi import document_bytes

@@ -22,10 +22,10 @@ import time
 import cryptography  # noqa: F401 - a node needs the server extra (the Raft link's AES-GCM), said at import
 
 from . import fault_hooks, sync_shadow
-from .machine import QueueMachine
-from .raft import _RAFT_STATE, FAIL_REASON, StorageFailure, SyncObj, SyncObjConf, SyncObjConsumer, replicated
-from .raft.serializer import atomicReplace, detachForkedChild
-from .settings import Peer, Settings
+from ..core.machine import QueueMachine
+from ..raft import _RAFT_STATE, FAIL_REASON, StorageFailure, SyncObj, SyncObjConf, SyncObjConsumer, replicated
+from ..raft.serializer import atomicReplace, detachForkedChild
+from ..base.settings import Peer, Settings
 
 __all__ = ["FAIL_REASON", "QueueState", "Replica", "StorageFailure"]
 
@@ -63,7 +63,7 @@ def write_members_file(data_dir, members, removed: bool, durable: bool) -> None:
         f.write(json.dumps(doc, indent=1, sort_keys=True).encode() + b"\n")
     atomicReplace(tmp, path, fsync=durable)     # synced before the rename, its directory after
 
-ROLES = {_RAFT_STATE.FOLLOWER: "follower", _RAFT_STATE.CANDIDATE: "candidate", _RAFT_STATE.LEADER: "leader"}
+RAFT_ROLES = {_RAFT_STATE.FOLLOWER: "follower", _RAFT_STATE.CANDIDATE: "candidate", _RAFT_STATE.LEADER: "leader"}
 
 # Class paths that snapshots written before the builtins format (release 0.1.0's `node.*`, and
 # `raftq.node.*` from the one-package layout until the fork) name for the machine; each is read
@@ -190,11 +190,11 @@ class Replica:
         t = settings.tuning
         self.shadow = None
         observers = []
-        if settings.testing.sync_shadow:    # [testing]: the power-loss test hook (node/sync_shadow.py)
+        if settings.testing.sync_shadow:    # [testing]: the power-loss test hook (node/replication/sync_shadow.py)
             self.shadow = sync_shadow.SyncShadow(settings.data_dir, settings.durability,
                                                  settings.testing.sync_shadow_writeback_s)
             observers.append(self.shadow)
-        if settings.testing.fsync_eio:      # [testing]: the fsync-EIO test hook (node/fault_hooks.py)
+        if settings.testing.fsync_eio:      # [testing]: the fsync-EIO test hook (node/replication/fault_hooks.py)
             observers.append(fault_hooks.FailingSync(settings.data_dir))
         conf = SyncObjConf(
             journalFile=str(settings.data_dir / "raft.journal"),
@@ -363,7 +363,7 @@ class Replica:
     def entry_stages(self):
         """[appended, synced, committed] (perf_counter) of the entry being applied, when it is
         one this node proposed as leader; else None. Only meaningful on the tick thread, inside
-        the entry's callback (node/proposer.py STAGES)."""
+        the entry's callback (node/replication/proposer.py STAGES)."""
         return self.syncobj.entryStages
 
     @property
@@ -398,10 +398,10 @@ class Replica:
         view = self.syncobj.raftView
         if view is None:
             return self.role(), self.syncobj.raftCurrentTerm
-        return ROLES.get(view[0], "follower"), view[1]
+        return RAFT_ROLES.get(view[0], "follower"), view[1]
 
     def role(self) -> str:
-        return ROLES.get(self.syncobj.raftState, "follower")
+        return RAFT_ROLES.get(self.syncobj.raftState, "follower")
 
     def last_applied(self) -> int:
         return self.syncobj.raftLastApplied
@@ -511,7 +511,7 @@ def write_restored_snapshot(data_dir, machine_builtins: dict, index: int) -> Non
     Every node of the new cluster is restored from the same file, so their logs match."""
     from pathlib import Path
 
-    from .raft.serializer import SNAPSHOT_FORMAT, SNAPSHOT_VERSION, writeDocument
+    from ..raft.serializer import SNAPSHOT_FORMAT, SNAPSHOT_VERSION, writeDocument
     path = Path(data_dir) / "raft.dump"
     document = {
         "format": SNAPSHOT_FORMAT, "version": SNAPSHOT_VERSION,

@@ -21,9 +21,9 @@ import time
 
 from .replica import FAIL_REASON
 
-from . import bounds
-from .core.answers import render
-from .errors import error
+from ..base import bounds
+from ..core.answers import render
+from ..core.errors import error
 
 # Outcomes that guarantee the command was never applied: safe to retry anywhere.
 NOT_APPLIED = {FAIL_REASON.QUEUE_FULL, FAIL_REASON.MISSING_LEADER, FAIL_REASON.NOT_LEADER,

@@ -1,5 +1,5 @@
 """TLS for the HTTP API and the session: `[node] tls_cert`, `tls_key`, `tls_client_ca`,
-`tls_peer_ca` (node/settings.py TlsFiles).
+`tls_peer_ca` (node/base/settings.py TlsFiles).
 
 * `load(files)` reads and checks the PEM files and builds the server's SSLContext (TLS 1.2 at
   least, the ssl module's default ciphers). Every problem is a ConfigError naming the key: a
@@ -40,7 +40,7 @@ from pathlib import Path
 import orjson
 from aiohttp import web
 
-from .limits import ConfigError
+from ..core.limits import ConfigError
 from .readable import readable
 from .settings import TlsFiles
 
