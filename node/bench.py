@@ -2,7 +2,7 @@
 
     python -m raftq.node.bench [--json] [--quick] [--repeat N]
 
-Every figure goes through what the leader does for a request: `node.validate` turns a request
+Every figure goes through what the leader does for a request: `node.base.validate` turns a request
 body dict into a command, `QueueMachine.apply` applies it, `node.core.answers.render` renders its
 result into the answer. No HTTP, no Raft, no JSON encoding of the answer. Jobs carry a 256-byte
 payload, base64 in the request body as a client sends it.
@@ -22,7 +22,8 @@ Figures:
 * snapshot_s_at_100k      to_builtins + pickle.dumps of the 100k-job machine;
   restore_s_at_100k       pickle.loads + from_builtins; the digest must survive.
 
-Throttles (issue 17), run alone with `--resources R --backlog N` (e.g. 10000 and 1000000):
+Throttles (docs/api.md "Gating: throttles, circuit breakers, execution windows"), run alone with
+`--resources R --backlog N` (e.g. 10000 and 1000000):
 * throttle_reserve_us_*   reserve cost (parse + apply + render, max_jobs 1) with N ready jobs spread
                           at random over R resources of limit 1 (`[limits] resource_limits`); half
                           the resources are held full all along (a job of each in flight, never
@@ -52,7 +53,7 @@ a value) and `--backlog J` ready jobs (default 1,000,000), e.g. `--keys 100000 -
                           flight). The two machines are built once and measured in --rounds
                           alternated blocks (keyed, plain, plain, keyed, ...) of --samples / --rounds
                           reserves each: median and p99 over all samples, the per-block ranges, and
-                          the ratios keyed / plain (the issue's target: median and p99 within 2x).
+                          the ratios keyed / plain (the target: median and p99 within 2x).
 * bytes_per_key           tracemalloc: N jobs of N distinct keys, one ready job each, in a queue
                           with key_concurrency 1 and key_rate 10 per 60 s, against the same N jobs
                           without keys; then every job is reserved and acked (batches of 256), the

@@ -127,7 +127,8 @@ def render(view: dict, queues: list[dict], inflight: int, gauges: dict | None = 
         t.family(f"raftq_queue_{suffix}", "gauge", help_, [({"queue": q["name"]}, q[key]) for q in queues])
     t.family("raftq_queue_paused", "gauge", "1 while the queue is paused", [({"queue": q["name"]}, q["paused"])
                                                                           for q in queues])
-    # gating (issue 17): circuit breakers, execution windows, throttles
+    # gating: circuit breakers, execution windows, throttles (docs/api.md "Gating: throttles,
+    # circuit breakers, execution windows")
     t.family("raftq_queue_circuit_open", "gauge", "1 while the queue's circuit breaker is open or half open "
              "(reserve skips it, or takes one probe job); 0 when closed or without a breaker",
              [({"queue": q["name"]}, (q.get("circuit") or {}).get("state", "closed") != "closed") for q in queues])

@@ -1019,7 +1019,7 @@ ROUTES = [
            body_required=False, ok="ScheduleTriggered", write=True, tags=("schedules",), params=[SCHEDULE_PARAM],
            errors_=[(404, ["not_found"]), (422, ["rejected"])]),
     _route("delete", "/v1/jobs/{id}", "cancel", "Cancel (delete) a job",
-           "A ready, scheduled or in-flight job is removed for good. In flight (since issue 17; before, 409): "
+           "A ready, scheduled or in-flight job is removed for good. In flight (since 0.2.0; before, 409): "
            "its lease is dropped, its worker's next extend, ack, nack or release is 404 `job_not_found`, and it "
            "is never redelivered nor dead-lettered. A dead-lettered or unknown job is 404 `not_found`.", OPERATOR,
            ok="JobIdResponse", write=True, params=[ID_PARAM], errors_=[(404, ["not_found"])]),

@@ -8,7 +8,7 @@ from ..base.auth import OPERATOR, WORKER
 # Answered without a task: prepared, proposed, and replied to from the future's callback.
 FAST_OPS = frozenset(("enqueue", "enqueue_batch", "enqueue_atomic", "ack", "ack_batch", "nack", "extend", "drain",
                       "release"))
-# The role each op needs when API keys are on (API.md "Authentication"); read ops: viewer.
+# The role each op needs when API keys are on (docs/api.md "Authentication"); read ops: viewer.
 OP_ROLES = {**{op: WORKER for op in FAST_OPS}, "reserve": WORKER, "drain": OPERATOR}
 READ_OPS = {
     "server_info": lambda s: s.server_info(),

@@ -1,4 +1,4 @@
-"""API keys and roles (API.md "Authentication").
+"""API keys and roles (docs/api.md "Authentication").
 
 The keys in force are replicated state (node/core/config.py: names, roles and SHA-256 digests,
 never the keys), seeded from `[auth] api_keys` of the first leader's TOML and changed with
@@ -27,7 +27,7 @@ def _digest(key: str) -> bytes:
 class Auth:
     def __init__(self, api_keys=None):
         """`api_keys`: the TOML's [auth] keys ({name, key, role}), in force until the cluster's
-        configuration version 1 is applied (the bootstrap; release 0.1.0 checked these)."""
+        configuration version 1 is applied (the bootstrap)."""
         self.enabled = bool(api_keys)
         self.keys = {_digest(k["key"]): (k["name"], API_ROLES.index(k["role"])) for k in api_keys or ()}
 

@@ -1,10 +1,11 @@
-"""From request bodies to state-machine commands: validation exactly as API.md lists it.
+"""From request bodies to state-machine commands: validation exactly as docs/api.md
+"Shapes" lists it.
 
 Runs on the leader before proposing (so a bad request costs no Raft round and changes nothing)
 and is pure: the caller passes `now_ms` and a `new_id` function. Request-level problems raise
 `ApiError` (400 `invalid_argument`, 409 `unknown_queues`); everything wrong with one job of an
-enqueue becomes that job's rejection, first failing check wins, in API.md's order. Checks that
-depend on the state (dedup, `queue_full`) happen at apply.
+enqueue becomes that job's rejection, first failing check wins, in the order of docs/api.md
+"Shapes". Checks that depend on the state (dedup, `queue_full`) happen at apply.
 
 A command is `(op, request_id, *fields)` of builtins, built by the constructors of
 `node.core.ops` (which names every field); see `node.core.handlers` for what each op does.
@@ -57,7 +58,7 @@ def is_int(v) -> bool:
 
 
 def canonical_uuid(value) -> str | None:
-    """The lowercase form of a canonical UUID text, or None (API.md conventions)."""
+    """The lowercase form of a canonical UUID text, or None (docs/api.md "Conventions")."""
     if not isinstance(value, str) or len(value) != 36 or _UUID.fullmatch(value) is None:
         return None
     return value.lower()
@@ -78,7 +79,7 @@ def require_object(body) -> dict:
 
 def _opt_int(body: dict, key: str, default, minimum: int, what: str = ""):
     v = body.get(key)
-    if v is None:               # absent or null: the default (API.md: null counts as left out)
+    if v is None:               # absent or null: the default (docs/api.md "Conventions": null is left out)
         return default
     if not is_int(v) or v < minimum:
         raise invalid(f"{key} must be an integer >= {minimum}{what}, got {v!r}")
@@ -210,8 +211,9 @@ def _structure(job) -> tuple:
 
 
 def _lifecycle_fields(job: dict) -> tuple:
-    """Issue 17's enqueue fields: timeout_ms (integer >= 1 or null) and duplicate_policy (one
-    of ops.DUPLICATE_POLICIES or null); rejection `invalid_request` otherwise."""
+    """The enqueue fields of docs/semantics.md "Execution timeout" and "Duplicate policy":
+    timeout_ms (integer >= 1 or null) and duplicate_policy (one of ops.DUPLICATE_POLICIES or
+    null); rejection `invalid_request` otherwise."""
     timeout = job.get("timeout_ms")
     if timeout is not None and (not is_int(timeout) or timeout < 1):
         _bad(f"timeout_ms must be an integer >= 1 (ms), got {timeout!r}")
@@ -270,7 +272,7 @@ def check_job(job, limits: Limits, now_ms: int, new_id) -> tuple:
         priority = ql.default_priority
     max_attempts = min(max_attempts if max_attempts is not None else ql.default_max_attempts,
                        ql.max_attempts_ceiling)
-    resource = job.get("resource")          # issue 17: the job's throttle resource, else its queue's
+    resource = job.get("resource")          # the job's throttle resource, else its queue's
     if resource is None:
         resource = ql.resource
     else:
@@ -283,7 +285,7 @@ def check_job(job, limits: Limits, now_ms: int, new_id) -> tuple:
             _bad("resource must not contain control characters")
         resource = sys.intern(resource)
     timeout = policy = None
-    if "timeout_ms" in job or "duplicate_policy" in job:       # issue 17; a plain job: the 12-field item
+    if "timeout_ms" in job or "duplicate_policy" in job:       # a plain job: the 12-field item
         timeout, policy = _lifecycle_fields(job)
     fair = job.get("key")
     if fair is not None or ql.key_field is not None:

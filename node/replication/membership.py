@@ -1,5 +1,6 @@
-"""Online membership change (CLUSTER.md "Membership changes", API.md `POST /v1/cluster/members`,
-`DELETE /v1/cluster/members/{id}`): one member at a time, through the Raft log.
+"""Online membership change (docs/cluster.md "Membership changes"; docs/api.md "Membership
+changes": `POST /v1/cluster/members`, `DELETE /v1/cluster/members/{id}`): one member at a time,
+through the Raft log.
 
 On the leader. An add first makes the new node a *learner* (node/raft: sent the log, or the
 snapshot, like a member, but neither counted toward the majority nor a voter), waits until its
@@ -110,8 +111,8 @@ class Membership:
         return await asyncio.shield(task)
 
     async def _audited(self, change, who, action: str, peer: Peer):
-        """The change, then its entry in the audit trail (SEMANTICS.md: a membership change is an
-        operator action) once it is committed; one entry per change, whoever waits for it. The
+        """The change, then its entry in the audit trail (docs/semantics.md "Operator moves and the audit
+        trail": a membership change is an operator action) once it is committed; one entry per change, whoever waits for it. The
         change stands if the entry cannot be proposed (leadership lost at that moment): logged."""
         status, out = await change
         if status == 200 and out.get("changed"):

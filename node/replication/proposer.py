@@ -8,9 +8,9 @@ queues the outcome and wakes the loop once per drain, not once per command.
 This is where answers are rendered: the state machine's results are codes and fields
 (node/core/ops.py), and `render_answers` turns each into the `(status, body)` its request is
 answered with (node/core/answers.py `render`), in the commit callback, only for the batches
-proposed on this node. That is on pysyncobj's tick thread right after the apply, where the
-machine used to render them itself (outside the state lock now), so the event loop does no more
-than before. Everything a future of this module holds is such an answer.
+proposed on this node. That is on the Raft tick thread right after the apply, outside the
+state lock, so the event loop only hands the answers to their requests. Everything a future of
+this module holds is such an answer.
 """
 from __future__ import annotations
 
