@@ -1,4 +1,4 @@
-"""The hostile-client attacks of the security review (issue 13), as helpers the tests import and
+"""The hostile-client attacks on the bounds of docs/limits.md, as helpers the tests import and
 as a rerunnable measurement.
 
 The tests (tests/test_hostile_*.py, tests/test_raft_hostile.py) import the raw-socket clients,

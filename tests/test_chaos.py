@@ -1135,7 +1135,7 @@ def test_chaos_power_loss_in_fsync_mode_loses_nothing(tmp_path):
 @skip_cluster
 def test_chaos_power_loss_in_memory_mode_loses_acknowledged_writes(tmp_path):
     """Memory mode after a power cut (a writeback every 5 s, Linux's is 5-30 s): acknowledged
-    writes are lost, as CLUSTER.md says, and the report counts them apart from the violations;
+    writes are lost, as docs/cluster.md "Durability" says, and the report counts them apart from the violations;
     every other invariant still holds (among them: the replicas agree, no node logs CRITICAL,
     one leader per term)."""
     r = chaos_run(tmp_path, ["power-loss"], durability="memory", duration=9.0, quiet=(1.5, 2.0), writeback_s=5.0)

@@ -1,4 +1,5 @@
-"""Faults of the disk on real clusters (CLUSTER.md "Faults of the disk"): a node whose files were
+"""Faults of the disk on real clusters (docs/chaos.md "Faults of the disk";
+docs/cluster.md "Durability"): a node whose files were
 damaged while it was down finds it, says so (CRITICAL log line, /metrics, /v1/cluster), does not
 vote with the damaged log, and recovers from the leader; a failed journal sync makes the node
 exit with code 74 naming the file and errno, and a restart recovers; below its free-space

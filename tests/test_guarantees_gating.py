@@ -1,4 +1,4 @@
-"""003's rows on gating through a real three-node cluster (docs/guarantees.md, "Gating"):
+"""NexJob's rows on gating through a real three-node cluster (docs/guarantees.md, "Gating"):
 
 * a throttle slot is not free: the job waits ready, no attempt used; it runs when a slot frees;
 * the queue's circuit breaker is open: jobs wait, retries are not burned; half open, one probe;

@@ -1,4 +1,4 @@
-"""NexJob's delivery guarantees (seed 003), the lifecycle rows, through a real cluster: one test
+"""NexJob's delivery guarantees (docs/glossary.md), the lifecycle rows, through a real cluster: one test
 per row (the event, then the job's state, its attempt and which handlers ran). docs/guarantees.md
 "Lifecycle: release, timeout, delete, duplicates, dead-letter handlers" names each test.
 
@@ -47,7 +47,7 @@ async def state_of(client, job_id):
 
 # ---------------------------------------------------------------------------- clean shutdown
 async def test_clean_shutdown_releases_in_flight_jobs_attempt_not_used(client):
-    """003: the host shuts down cleanly while it runs -> put back in the queue, attempt not used."""
+    """NexJob: the host shuts down cleanly while it runs -> put back in the queue, attempt not used."""
     job_id = (await client.enqueue("lc-shutdown", "hang", max_attempts=1)).job_id
     started = []
 
@@ -100,7 +100,7 @@ async def test_clean_shutdown_releases_at_once_even_when_the_handler_ignores_its
 
 # ---------------------------------------------------------------------------- foreign job type
 async def test_foreign_job_type_is_deferred_attempt_not_used_and_the_owner_takes_it(client):
-    """003: the job type is not available in this process -> deferred by ForeignJobRetryDelay."""
+    """NexJob: the job type is not available in this process -> deferred by ForeignJobRetryDelay."""
     job_id = (await client.enqueue("lc-foreign", "billing", max_attempts=1)).job_id
 
     async def other(job):
@@ -129,7 +129,7 @@ async def test_foreign_job_type_is_deferred_attempt_not_used_and_the_owner_takes
 
 # ---------------------------------------------------------------------------- execution timeout
 async def test_execution_timeout_cancels_the_handler_nacks_timeout_and_retries(client):
-    """003: it runs longer than its ExecutionTimeout -> cancelled, fails ("timeout"), retried."""
+    """NexJob: it runs longer than its ExecutionTimeout -> cancelled, fails ("timeout"), retried."""
     job_id = (await client.enqueue("lc-timeout", "slow", max_attempts=3)).job_id
     queued = await client.job(job_id)
     assert queued.timeout_ms == 400                 # the queue's execution_timeout_ms, shown on the job

@@ -1,4 +1,4 @@
-"""NexJob's delivery guarantees (seed 003) that raftq shows and forwards, through real clusters
+"""NexJob's delivery guarantees (docs/glossary.md) that raftq shows and forwards, through real clusters
 (docs/guarantees.md "Visibility and forwarders"):
 
 * the node dies on the job's last attempt: dead letter cause lease_expired, and one record job

@@ -1,4 +1,4 @@
-"""The hostile-input suite (issue 13, item 4): hypothesis over raw bytes, request heads and
+"""The hostile-input suite (docs/limits.md "Checked by"): hypothesis over raw bytes, request heads and
 headers, JSON bodies for every route of the OpenAPI document, and frames for every session op,
 against a real three-node cluster with API keys on.
 

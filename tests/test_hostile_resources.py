@@ -1,4 +1,4 @@
-"""Issue 13's findings, each reproduced against real node processes, and the fix asserted: the
+"""Each bound of docs/limits.md attacked on real node processes, and the bound asserted: the
 documented status or close code, the bound's hit counted in /metrics, and the node's memory
 and enqueue latency back near their baseline afterwards (tests/attacks.py).
 

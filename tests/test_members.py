@@ -1,4 +1,4 @@
-"""Online membership change (CLUSTER.md "Membership changes") on real node processes, under load:
+"""Online membership change (docs/cluster.md "Membership changes") on real node processes, under load:
 a producer and a worker loop on raftq's Client enqueue, reserve and ack the whole time. Each
 change must cost no failed client call and no acknowledged job, and leave every member with the
 same state digest. The write unavailability of each change (the longest gap between two

@@ -274,7 +274,7 @@ def test_cancel_pause_resume_and_listing(api):
     api.post(f"/v1/queues/{name}/resume")
     status, got = api.reserve([name])
     assert got["jobs"][0]["id"] == ids[1]
-    # issue 17: an in-flight job is deleted too (before: 409); its worker's next ack is job_not_found
+    # an in-flight job is deleted too (409 before 0.2.0); its worker's next ack is job_not_found
     status, out = api.call("DELETE", f"/v1/jobs/{ids[1]}")
     assert status == 200 and out == {"job_id": ids[1]}
     status, out = api.post(f"/v1/jobs/{ids[1]}/ack", {"attempt": got["jobs"][0]["attempt"]})

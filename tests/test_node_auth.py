@@ -1,4 +1,4 @@
-"""API keys and roles (API.md "Authentication") against a real three-node cluster."""
+"""API keys and roles (docs/api.md "Authentication") against a real three-node cluster."""
 import asyncio
 import json
 import re

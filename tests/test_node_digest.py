@@ -133,7 +133,7 @@ def _sockets(pid: int) -> list[str]:
 
 
 def test_a_digest_child_holds_no_socket_of_its_node_and_dies_with_it(tmp_path):
-    """Issue 16: a node killed while a child of it hashes (or snapshots) a large state restarts
+    """A node killed while a child of it hashes (or snapshots) a large state restarts
     on its ports at once; the child neither holds them nor outlives the node."""
     c = cluster_hashing_node_1_in_a_child(tmp_path)
     try:

@@ -147,7 +147,7 @@ async def test_other_exception_nacks_default_until_attempts_exhausted(client):
 
 
 async def test_unknown_job_type_is_released_with_foreign_job_delay_or_goes_to_catch_all(client):
-    # Issue 17: a job type without a handler is released (no attempt used), deferred by
+    # A job type without a handler is released (no attempt used), deferred by
     # foreign_job_delay, instead of nacked.
     job_id = (await client.enqueue("w-unknown", "mystery", max_attempts=1)).job_id
 
@@ -323,7 +323,7 @@ async def test_shutdown_deadline_interrupts_and_releases_stuck_jobs(client):
     assert (stats.interrupted, stats.releases, stats.nacked, stats.acked, stats.lease_lost) == (1, 1, 0, 0, 0)
     assert stats.extended >= 1                    # the grace period outlived the 1.5 s lease
     view = await client.job(job_id)
-    # released (issue 17): ready at once, a new delivery fence, no attempt used
+    # released: ready at once, a new delivery fence, no attempt used
     assert (view.state, view.attempt, view.releases, view.attempts_used) == ("ready", 2, 1, 1)
 
 
