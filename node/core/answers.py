@@ -15,6 +15,7 @@ into the results this version would have kept, so the same replays come out.
 """
 from __future__ import annotations
 
+import inspect
 import re
 from binascii import a2b_base64, b2a_base64
 from itertools import starmap
@@ -167,86 +168,108 @@ def render(result) -> tuple:
     kind = result[0]
     # The answers most requests get, first.
     if kind == ENQUEUED:
-        return 200, {"job_id": result[1], "deduplicated": result[2]}
+        _, job_id, deduplicated = result
+        return 200, {"job_id": job_id, "deduplicated": deduplicated}
     if kind == JOB_ID:
-        return 200, {"job_id": result[1]}
+        _, job_id = result
+        return 200, {"job_id": job_id}
     if kind == RESERVED:
-        jobs = result[1]
+        _, jobs = result
         if len(jobs) == 1:          # the common case, without building an iterator
             return 200, {"jobs": [render_job(*jobs[0])]}
         return 200, {"jobs": list(starmap(render_job, jobs))}
     if type(kind) is int:
         return result
-    return _RENDER[kind](result)
+    return _RENDER[kind](*result[1:])
 
 
-def _enqueued_batch(r):
-    # A job made is its bare id (node/core/ops.py `enqueued_batch`).
+def _enqueued_batch(results):
+    # A job made is its bare id (node/core/ops.py `enqueued_batch`); a deduplicated or replaced
+    # one its ENQUEUED or REPLACED result, answered as alone; a refused one its rejection.
     return 200, {"results": [{"job_id": x, "deduplicated": False} if type(x) is str
-                             else ({"job_id": x[1], "deduplicated": x[2]} if x[0] == ENQUEUED
-                                   else {"job_id": x[1], "deduplicated": True, "replaced": True})
-                             if type(x) is tuple else {"rejection": x} for x in r[1]]}
+                             else render(x)[1] if type(x) is tuple else {"rejection": x} for x in results]}
 
 
-def _acked_batch(r):
-    return 200, {"results": [{"job_id": x[1]} if x[0] == JOB_ID else render(x)[1] for x in r[1]]}
+def _acked_batch(results):
+    # Each result answered as alone: {"job_id"}, or the fencing error's body.
+    return 200, {"results": [render(x)[1] for x in results]}
 
 
+def _swept(promoted, leases_expired, deadlines_expired, dedup_expired, request_ids_expired,
+           dead_letters_expired, audit_expired, ticks_fired, key_timers_fired):
+    return 200, dict(zip(SWEEP_STEPS, (promoted, leases_expired, deadlines_expired, dedup_expired,
+                                       request_ids_expired, dead_letters_expired, audit_expired, ticks_fired,
+                                       key_timers_fired)))
+
+
+def _schedule_refused(why, name, limit):
+    return error("overloaded", f"the cluster holds max_schedules ({limit}) schedules already: "
+                 "delete one first, or raise limits.max_schedules", reason=why, limit=limit)
+
+
+# kind -> renderer(*fields): each takes its result's fields by their ops.RESULTS names (checked
+# below), so a renderer reads names, not positions.
 _RENDER = {
-    NACKED: lambda r: (200, {"job_id": r[1], "dead_lettered": r[2]}),
-    EXTENDED: lambda r: (200, {"job_id": r[1], "lease_expires_at_ms": r[2]}),
+    NACKED: lambda job_id, dead_lettered: (200, {"job_id": job_id, "dead_lettered": dead_lettered}),
+    EXTENDED: lambda job_id, lease_expires_at_ms: (200, {"job_id": job_id, "lease_expires_at_ms": lease_expires_at_ms}),
     ENQUEUED_BATCH: _enqueued_batch,
     ACKED_BATCH: _acked_batch,
-    DRAINED: lambda r: (200, {"records": list(starmap(render_dead_letter, r[1]))}),
-    REQUEUED: lambda r: (200, {"requeued": list(r[1]), "missing": list(r[2])}),
-    DELETED: lambda r: (200, {"deleted": list(r[1]), "missing": list(r[2])}),
-    PAUSED: lambda r: (200, {"queue": r[1], "paused": r[2]}),
-    SWEPT: lambda r: (200, dict(zip(SWEEP_STEPS, r[1:]))),
-    JOB_NOT_FOUND: lambda r: error("job_not_found", JOB_NOT_FOUND_MESSAGE, job_id=r[1]),
-    ATTEMPT_MISMATCH: lambda r: error("attempt_mismatch", attempt_mismatch_message(r[2], r[3]),
-                                      job_id=r[1], attempt=r[2]),
-    REJECTED: lambda r: error("rejected", rejected_message(r[1]), rejection=r[1]),
-    BATCH_FULL: lambda r: error("batch_rejected", batch_full_message(r[1]), errors=list(r[1])),
-    REPLACED: lambda r: (200, {"job_id": r[1], "deduplicated": True, "replaced": True}),
-    DUPLICATE_STARTED: lambda r: error("failed_precondition", DUPLICATE_STARTED_MESSAGE, reason="duplicate_started",
-                                       job_id=r[1]),
-    CANCEL_NOT_FOUND: lambda r: error("not_found", CANCEL_NOT_FOUND_MESSAGE, job_id=r[1]),
-    CANCEL_IN_FLIGHT: lambda r: error("failed_precondition", CANCEL_IN_FLIGHT_MESSAGE, job_id=r[1]),
-    REQUEST_ID_REUSED: lambda r: error("invalid_argument", request_id_reused_message(r[1], r[2])),
-    MALFORMED: lambda r: error("internal", MALFORMED_MESSAGE),
-    FAILED: lambda r: error("internal", failed_message(r[1], r[2])),
-    ANSWER: lambda r: (r[1], r[2]),
-    CONFIGURED: lambda r: (200, {"version": r[1], "warnings": list(r[2])}),
-    CONFIG_CONFLICT: lambda r: error("failed_precondition", config_conflict_message(r[1], r[2]), version=r[1]),
-    CONFIG_INVALID: lambda r: error("invalid_argument", r[1]),
-    KEY_ADDED: lambda r: (200, {"name": r[1], "role": r[2], "version": r[3]}),
-    KEY_REMOVED: lambda r: (200, {"name": r[1], "version": r[2]}),
-    KEY_REFUSED: lambda r: error("failed_precondition", KEY_REFUSED_MESSAGES.get(r[1], r[1]), reason=r[1], name=r[2]),
-    KEY_NOT_FOUND: lambda r: error("not_found", f"no API key named {r[1]!r}", name=r[1]),
-    MOVED: lambda r: (200, {"dead_lettered": list(r[1]), "missing": list(r[2])}),
-    PURGED: lambda r: (200, {"queue": r[1], "purged": r[2]}),
-    QUEUE_DELETED: lambda r: (200, {"queue": r[1]}),
-    RECORDED: lambda r: (200, {"action": r[1]}),
-    ops.CIRCUIT_CLOSED: lambda r: (200, {"queue": r[1], "circuit": "closed", "was": r[2]}),
-    QUEUE_NOT_FOUND: lambda r: error("not_found", f"queue {r[1]!r} neither exists nor is declared", queue=r[1]),
-    QUEUE_REFUSED: lambda r: error("failed_precondition", queue_refused_message(r[1], r[2], r[3]),
-                                   reason=r[1], queue=r[2], jobs=r[3]),
-    REQUEST_MISMATCH: lambda r: error("invalid_argument", request_mismatch_message(r[1], r[2], r[3])),
-    ops.SCHEDULE_SAVED: lambda r: (200, {"name": r[1], "version": r[2], "created": r[3], "next_fire_at_ms": r[4]}),
-    ops.SCHEDULE_DELETED: lambda r: (200, {"name": r[1], "deleted": True}),
-    ops.SCHEDULE_PAUSED: lambda r: (200, {"name": r[1], "paused": r[2], "version": r[3]}),
-    ops.SCHEDULE_TRIGGERED: lambda r: (200, {"name": r[1], "job_id": r[2]}),
-    ops.SCHEDULE_NOT_FOUND: lambda r: error("not_found", f"no schedule named {r[1]!r}", name=r[1]),
-    ops.SCHEDULE_CONFLICT: lambda r: error("failed_precondition", schedule_conflict_message(r[1], r[2], r[3]),
-                                           name=r[1], version=r[2]),
-    ops.SCHEDULE_INVALID: lambda r: error("invalid_argument", f"{r[1]}: {SCHEDULE_INVALID_WHY.get(r[2], r[2])}",
-                                          field=r[1]),
-    ops.SCHEDULES_SEEDED: lambda r: (200, {"created": list(r[1])}),
-    ops.SCHEDULE_REFUSED: lambda r: error("overloaded", f"the cluster holds max_schedules ({r[3]}) schedules already: "
-                                          "delete one first, or raise limits.max_schedules", reason=r[1], limit=r[3]),
+    DRAINED: lambda records: (200, {"records": list(starmap(render_dead_letter, records))}),
+    REQUEUED: lambda requeued, missing: (200, {"requeued": list(requeued), "missing": list(missing)}),
+    DELETED: lambda deleted, missing: (200, {"deleted": list(deleted), "missing": list(missing)}),
+    PAUSED: lambda queue, paused: (200, {"queue": queue, "paused": paused}),
+    SWEPT: _swept,
+    JOB_NOT_FOUND: lambda job_id: error("job_not_found", JOB_NOT_FOUND_MESSAGE, job_id=job_id),
+    ATTEMPT_MISMATCH: lambda job_id, attempt, asked: error("attempt_mismatch", attempt_mismatch_message(attempt, asked),
+                                                           job_id=job_id, attempt=attempt),
+    REJECTED: lambda rejection: error("rejected", rejected_message(rejection), rejection=rejection),
+    BATCH_FULL: lambda errors: error("batch_rejected", batch_full_message(errors), errors=list(errors)),
+    REPLACED: lambda job_id: (200, {"job_id": job_id, "deduplicated": True, "replaced": True}),
+    DUPLICATE_STARTED: lambda job_id: error("failed_precondition", DUPLICATE_STARTED_MESSAGE,
+                                            reason="duplicate_started", job_id=job_id),
+    CANCEL_NOT_FOUND: lambda job_id: error("not_found", CANCEL_NOT_FOUND_MESSAGE, job_id=job_id),
+    CANCEL_IN_FLIGHT: lambda job_id: error("failed_precondition", CANCEL_IN_FLIGHT_MESSAGE, job_id=job_id),
+    REQUEST_ID_REUSED: lambda request_id, op: error("invalid_argument", request_id_reused_message(request_id, op)),
+    MALFORMED: lambda: error("internal", MALFORMED_MESSAGE),
+    FAILED: lambda op, exception: error("internal", failed_message(op, exception)),
+    ANSWER: lambda status, body: (status, body),
+    CONFIGURED: lambda version, warnings: (200, {"version": version, "warnings": list(warnings)}),
+    CONFIG_CONFLICT: lambda version, expected: error("failed_precondition", config_conflict_message(version, expected),
+                                                     version=version),
+    CONFIG_INVALID: lambda message: error("invalid_argument", message),
+    KEY_ADDED: lambda name, role, version: (200, {"name": name, "role": role, "version": version}),
+    KEY_REMOVED: lambda name, version: (200, {"name": name, "version": version}),
+    KEY_REFUSED: lambda why, name: error("failed_precondition", KEY_REFUSED_MESSAGES.get(why, why), reason=why, name=name),
+    KEY_NOT_FOUND: lambda name: error("not_found", f"no API key named {name!r}", name=name),
+    MOVED: lambda dead_lettered, missing: (200, {"dead_lettered": list(dead_lettered), "missing": list(missing)}),
+    PURGED: lambda queue, purged: (200, {"queue": queue, "purged": purged}),
+    QUEUE_DELETED: lambda queue: (200, {"queue": queue}),
+    RECORDED: lambda action: (200, {"action": action}),
+    ops.CIRCUIT_CLOSED: lambda queue, was: (200, {"queue": queue, "circuit": "closed", "was": was}),
+    QUEUE_NOT_FOUND: lambda queue: error("not_found", f"queue {queue!r} neither exists nor is declared", queue=queue),
+    QUEUE_REFUSED: lambda why, queue, jobs: error("failed_precondition", queue_refused_message(why, queue, jobs),
+                                                  reason=why, queue=queue, jobs=jobs),
+    REQUEST_MISMATCH: lambda request_id, route, what: error("invalid_argument",
+                                                            request_mismatch_message(request_id, route, what)),
+    ops.SCHEDULE_SAVED: lambda name, version, created, next_fire_at_ms: (
+        200, {"name": name, "version": version, "created": created, "next_fire_at_ms": next_fire_at_ms}),
+    ops.SCHEDULE_DELETED: lambda name: (200, {"name": name, "deleted": True}),
+    ops.SCHEDULE_PAUSED: lambda name, paused, version: (200, {"name": name, "paused": paused, "version": version}),
+    ops.SCHEDULE_TRIGGERED: lambda name, job_id: (200, {"name": name, "job_id": job_id}),
+    ops.SCHEDULE_NOT_FOUND: lambda name: error("not_found", f"no schedule named {name!r}", name=name),
+    ops.SCHEDULE_CONFLICT: lambda name, version, expected: error(
+        "failed_precondition", schedule_conflict_message(name, version, expected), name=name, version=version),
+    ops.SCHEDULE_INVALID: lambda field, why: error("invalid_argument", f"{field}: {SCHEDULE_INVALID_WHY.get(why, why)}",
+                                                   field=field),
+    ops.SCHEDULES_SEEDED: lambda created: (200, {"created": list(created)}),
+    ops.SCHEDULE_REFUSED: _schedule_refused,
 }
 if set(_RENDER) | {ENQUEUED, JOB_ID, RESERVED} != set(ops.RESULTS):
     raise RuntimeError("every result kind of node/core/ops.py needs a renderer here")
+for _kind, _renderer in _RENDER.items():
+    if tuple(inspect.signature(_renderer).parameters) != ops.RESULTS[_kind]:
+        raise RuntimeError(f"the renderer of {_kind!r} does not take the fields ops.RESULTS names")
+del _kind, _renderer
 
 
 SCHEDULE_INVALID_WHY = {"unknown_queue": "the queue is not declared and strict_queues is on: declare it first"}
