@@ -1,10 +1,11 @@
 """Model-based test of the queue state machine (node/core/machine.py) against a naive reference model.
 
-Hypothesis drives random request sequences through the real path (`node.validate` validation ->
-`QueueMachine.apply_batch`) and through `Model`, a deliberately simple reimplementation of
-SEMANTICS.md and API.md written for obviousness, not speed: plain dicts and lists, O(n) scans,
-"sort every ready job of the queue and take the first". The model never uses node.machine (nor
-node.retry: it recomputes the documented jitter formula itself).
+Hypothesis drives random request sequences through the real path (`node.base.validate`
+validation -> `QueueMachine.apply_batch`) and through `Model`, a deliberately simple
+reimplementation of docs/semantics.md and docs/api.md written for obviousness, not speed: plain
+dicts and lists, O(n) scans, "sort every ready job of the queue and take the first". The model
+never uses node.core.machine (nor node.core.retry: it recomputes the documented jitter formula
+itself).
 
 After every step every answer (status and body; error `message` texts aside, they are prose) must
 match, and invariants compare per-queue stats, a job-by-job view, the dead-letter store, the
@@ -140,7 +141,7 @@ DEFAULTS = {
     "audit_retention_ms": 2_592_000_000, "audit_max_entries": 10_000,
     "max_schedules": 10_000, "max_schedules_per_sweep": 1_000, "max_catchup_ticks": 100,
 }
-# API.md's error table.
+# docs/api.md "Errors".
 STATUS = {"invalid_argument": 400, "job_not_found": 404, "not_found": 404, "attempt_mismatch": 409,
           "failed_precondition": 409, "rejected": 422, "batch_rejected": 422, "overloaded": 429, "internal": 500}
 # The route each request comes by (node/service/node_service.py): a request id is bound to it and to the
@@ -185,8 +186,8 @@ def err(code: str, **details):
 
 
 def spec_policy_delay(job_id: str, attempt: int, base: int, backoff: str, max_ms: int, horizon: int) -> int:
-    """SEMANTICS.md "Retry policy", with H as documented in node/core/retry.py (blake2b-64 of
-    "<job_id>:<attempt>", big-endian)."""
+    """docs/semantics.md "Retry policy (the timing of `default` nacks)", with H as documented in
+    node/core/retry.py (blake2b-64 of "<job_id>:<attempt>", big-endian)."""
     if base == 0:
         return 0
     grown = base * 2 ** (attempt - 1) if backoff == "exponential" else base
@@ -425,7 +426,8 @@ class Model:
             run = lambda: (200, {"results": [self.ack(j, a)[1] for j, a in pairs]})  # noqa: E731
         elif kind == "drain":
             b = args["body"]
-            # `max` is clamped to max_reserve_batch (code's choice; API.md gives no maximum).
+            # `max` is clamped to max_reserve_batch (docs/api.md "Decisions where the rules above
+            # leave room").
             run = lambda: self.drain(b.get("queue"), min(b.get("max", 1), self.gv("max_reserve_batch")))  # noqa: E731
         elif kind in ("requeue", "dldel"):
             ids = [i.lower() for i in args["body"]["ids"]]
@@ -508,7 +510,8 @@ class Model:
     def enqueue(self, kind: str, items: list):
         if kind == "atomic":
             # Capacity for the whole batch up front: all or nothing. Dedup hits never count
-            # (SEMANTICS.md), whether they hit a live record or an earlier job of the batch.
+            # (docs/semantics.md "Enqueue"), whether they hit a live record or an earlier job of
+            # the batch.
             wanted, seen = Counter(), set()
             for _, f in items:
                 k = (f["queue"], f["key"])
@@ -672,10 +675,10 @@ class Model:
 
     def cancel(self, jid: str, who=None):
         j = self.jobs.get(jid)
-        # A dead letter is "not found" for cancel (code's choice; API.md only names in-flight).
+        # A dead letter is "not found" for cancel (docs/api.md, `DELETE /v1/jobs/{id}`).
         if j is None or j.state == "dead_lettered":
             return err("not_found", job_id=jid)
-        # issue 17: an in-flight job is removed too (its worker's next call: job_not_found)
+        # an in-flight job is removed too (its worker's next call: job_not_found)
         del self.jobs[jid]
         self.record(who, "cancel", jid)
         return 200, {"job_id": jid}
@@ -792,10 +795,11 @@ class Model:
         return 200, {"name": name, "version": self.version}
 
     def sweep(self):
-        """The phases in SEMANTICS.md's order (deadlines after leases); each phase handles at
-        most `sweep_limit` due entries, earliest due first, and leaves the rest to the next
-        sweep. (Ties within one ms: see MJob; deadlines by enqueue order, dedup records by
-        (queue, key), request ids by when they were stored: code's choice.)"""
+        """The phases in the order of docs/semantics.md "Lease expiry: the sweep" (deadlines
+        after leases); each phase handles at most `sweep_limit` due entries, earliest due first,
+        and leaves the rest to the next sweep. (Ties within one ms: see MJob; deadlines by
+        enqueue order, dedup records by (queue, key), request ids by when they were stored:
+        code's choice.)"""
         now, budget = self.clock, self.sweep_limit
         n = Counter()
         for j in sorted((j for j in self.jobs.values() if j.state == "scheduled" and j.run_at <= now),
@@ -1092,7 +1096,7 @@ class Model:
                 "dead_lettered_by_cause": {c: sum(1 for d in self.dead if d.cause == c and self.jobs[d.id].queue == q)
                                            for c in ("attempts_exhausted", "rejected", "lease_expired", "admin",
                                                      "expired")},
-                # gating (issue 17): the model uses no resource, breaker or window
+                # gating: the model uses no resource, breaker or window
                 "throttled": 0, "throttle_deferred_total": 0, "circuit": None, "window_open": True,
                 "keys": 0, "keys_at_limit": 0, "ready_held_by_keys": 0}
 
@@ -1101,7 +1105,7 @@ class Model:
         if j is None:
             return None
         out = self.render(j)
-        out["timeout_ms"] = None            # issue 17: the model uses no timeouts and no releases
+        out["timeout_ms"] = None            # the model uses no timeouts and no releases
         out["releases"] = 0
         out["state"] = j.state
         out["last_reason"] = j.last_reason
@@ -1769,7 +1773,7 @@ def test_retry_policy_matches_spec_formula(job, attempt, base, backoff, max_ms, 
 @pytest.mark.parametrize("n", range(50))
 def test_retry_policy_spec_examples(n):
     jid = counter_id(n + 1)
-    # SEMANTICS.md: base 1 s exponential, failing attempt 3 -> between 3 s and 4 s.
+    # docs/semantics.md: base 1 s exponential, failing attempt 3 -> between 3 s and 4 s.
     assert 3000 <= policy_delay_ms(jid, 3, 1000, "exponential", 3_600_000, 2_592_000_000) <= 4000
     # sepp's tests: base 10 s fixed -> 7.5-10 s; a 10 s cap -> 7.5-10 s.
     assert 7500 <= policy_delay_ms(jid, 5, 10_000, "none", 3_600_000, 2_592_000_000) <= 10_000
