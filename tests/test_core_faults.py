@@ -1,8 +1,8 @@
 """Fault injection into the state machine: a command that fails half-way leaves no trace.
 
-CLUSTER.md: "a bug in one command returns an `internal` result for that command and leaves the
-state as it was before it, because an exception inside a pysyncobj apply stalls the whole
-cluster for good". The machine's test hook `_fault_after = n` makes the n-th mutation of the next
+docs/cluster.md "Design", "Apply never raises": a bug in one command returns an `internal` result
+for that command and leaves the state as it was before it, because an exception inside a Raft
+apply would stall the whole cluster for good. The machine's test hook `_fault_after = n` makes the n-th mutation of the next
 command raise; these tests fault random commands after random histories at *every* mutation
 point in turn and check that
 
