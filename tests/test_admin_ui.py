@@ -433,7 +433,8 @@ def test_cancel_retry_now_and_dead_letter_from_the_browser(cluster, api, ui):
     assert job_state(api, ids[2]) == "dead_lettered"
     expect(page.locator("#detail button[data-do=requeue]")).to_be_visible()   # the panel follows the job
     expect(page.locator(f"#dlq tr[data-id='{ids[2]}'] td").nth(4)).to_have_text("rejected")
-    # in flight: delete it (docs/semantics.md "Cancel of a running job"): gone for good, its worker's ack refused
+    # in flight: delete it (docs/semantics.md "Cancel of a running job"): gone for good, its
+    # worker's ack refused
     [running] = enqueue(api, q, 1)
     [held] = reserve_all(api, q)
     assert held["id"] == running

@@ -5,8 +5,8 @@ execution windows and keys (per-key concurrency and rates, a queue-wide rate, fa
 driven by hypothesis through request validation and `QueueMachine.apply` (tests/helpers_core.py).
 
 tests/test_core_model.py checks the plain rules against a reference model; the gating rules are
-checked here by what must hold whatever the history (docs/semantics.md "Throttles", "Circuit
-breakers", "Execution windows", "Keys"):
+checked here by what must hold whatever the history (docs/api.md "Gating: throttles, circuit
+breakers, execution windows"; docs/semantics.md "Keys"):
 
 * after every step, `check_invariants()` (node/core/invariants.py): every count the queues keep
   recomputed from the jobs, held-back marks, slots per resource, probes;

@@ -223,9 +223,9 @@ def test_a_deadline_passing_while_the_circuit_is_open_expires_the_job(make_clust
 
 
 def test_a_held_back_job_that_is_replaced_or_passes_its_slot_on_runs_across_a_leader_kill(make_cluster):
-    """docs/semantics.md "Throttles": a held-back job replaced by its idempotency key stays
-    reservable, and a job handed a freed slot that is then deleted passes the slot on; neither
-    wedges its queue (both did: reserve skipped the queue for good)."""
+    """docs/api.md "Gating: throttles, circuit breakers, execution windows": a held-back job
+    replaced by its idempotency key stays reservable, and a job handed a freed slot that is then
+    deleted passes the slot on; neither wedges its queue (reserve skipping it for good)."""
     c = make_cluster(limits={"resource_limits": {"db": 2, "api": 1}}, storage=RETAIN)
     api = Api(c)
     running = [api.enqueue("q", resource="db")[1]["job_id"] for _ in range(2)]

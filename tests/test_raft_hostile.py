@@ -1,5 +1,5 @@
-"""The Raft port against clients that do not know the secret (issue 13, FORK.md "Raft port
-before authentication"): a bounded pre-auth frame, a handshake deadline, a cap on pending
+"""The Raft port against clients that do not know the secret (docs/limits.md "The Raft
+port"; node/raft/FORK.md "Raft port before authentication"): a bounded pre-auth frame, a handshake deadline, a cap on pending
 handshakes, refusals counted in /metrics and logged without the secret; and hypothesis over raw
 frames. Real node processes (three, memory durability, a random secret), attacked on the
 leader's Raft port and a follower's; no election may follow and the state must not change.
