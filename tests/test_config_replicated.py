@@ -476,7 +476,7 @@ def test_an_upgrade_from_release_0_1_0_keeps_everything_and_seeds_version_1(tmp_
 
 
 def test_no_node_is_ready_until_the_configuration_is_seeded(tmp_path):
-    """docs/api.md "Health": /readyz (and `ready` in /v1/cluster, which `raftq up` waits on) says
+    """docs/api.md "Cluster and node": /readyz (and `ready` in /v1/cluster, which `raftq up` waits on) says
     a node can take writes; before a new cluster's configuration is seeded every write answers
     503, so no node may say ready then, though a leader is known and everyone has caught up."""
     c = LocalCluster(tmp_path / "c", tuning={}, testing={"hold_seed": True})
