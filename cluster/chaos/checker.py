@@ -34,7 +34,8 @@ Unknown outcomes follow Jepsen: an unknown enqueue may or may not have created i
 delivered anyway is "recovered"); an unknown ack may or may not have completed the job.
 
 `check(...)` returns {"valid": bool, "invariants": [{name, ok, count, examples, about}], "stats",
-"failures"}: `INVARIANTS` lists the invariants; `failures` (failed_ops) sorts the ops that did not
+"failures"}: `INVARIANTS` lists the invariants, `JUDGES` the function that judges each one (on
+the `Evidence`, into its own `Inv`); `failures` (failed_ops) sorts the ops that did not
 end ok into the expected (a fenced ack after a lapsed lease, an unknown outcome during a fault)
 and the rest, for the report; they never decide `valid`.
 """
@@ -42,6 +43,8 @@ from __future__ import annotations
 
 import bisect
 from collections import defaultdict
+from dataclasses import dataclass, field
+from functools import cached_property
 
 from ..local import digest_at
 from ...node.core.retry import policy_delay_ms
@@ -283,6 +286,577 @@ def reserve_now(op: dict, job: dict):
     return job["lease_expires"] - op["lease_ms"]
 
 
+# ---------------------------------------------------------------------------- what the judges share
+@dataclass
+class Evidence:
+    """What every invariant is judged on: the history indexed, the power cuts, check's other
+    arguments (see its docstring), and what several judges derive from them (once, when first
+    asked for)."""
+    ix: Index
+    pc: PowerCuts
+    drain: dict | None = None
+    views: list | None = None
+    leader_claims: dict | None = None
+    liveness: dict | None = None
+    retry: dict | None = None
+    clock_tolerance_ms: int = 100
+    internal_errors: list | None = None
+    node_logs: dict | None = None
+    disk_faults: list | None = None
+    untrusted_claims: list | None = None
+    gates: dict | None = None
+    max_catchup_ticks: int = MAX_CATCHUP_TICKS
+    key_queues: dict | None = None
+    clock_lag_ms: int = 0
+    key_report: dict = field(default_factory=dict)    # keyed queue -> what its judges measured, for the report
+
+    @cached_property
+    def value_jobs(self) -> dict:
+        """value -> ids of the jobs it became: fresh (not deduplicated) enqueue answers, deliveries."""
+        out: dict[str, set] = defaultdict(set)
+        for op, item, res in self.ix.ok_items:
+            if not res.get("dedup"):
+                out[item["value"]].add(res["job_id"])
+        for jid, values in self.ix.job_value.items():
+            for v in values:
+                if v is not None:
+                    out[v].add(jid)
+        return out
+
+    @cached_property
+    def power_lost(self) -> set:
+        return _power_lost_jobs(self.ix, self.pc, self.value_jobs)
+
+    @cached_property
+    def tick_erased(self) -> set:
+        return _maybe_erased_tick_jobs(self.ix, self.pc)
+
+    @cached_property
+    def ok_jobs(self) -> dict:
+        """job id -> (op, item) of the first ok enqueue answered with it."""
+        out: dict[str, tuple] = {}
+        for op, item, res in self.ix.ok_items:
+            out.setdefault(res["job_id"], (op, item))
+        return out
+
+    @cached_property
+    def gated(self) -> list:
+        return _gated_deliveries(self.ix, self.gates)
+
+    @cached_property
+    def keyed(self) -> dict:
+        return _keyed_hand_outs(self.ix, self.key_queues)
+
+    @cached_property
+    def critical_lines(self) -> list:
+        return _critical_lines(self.node_logs, self.disk_faults)
+
+
+def _power_lost_jobs(ix: Index, pc: PowerCuts, value_jobs: dict) -> set:
+    """Jobs a memory-mode power cut may have erased: every enqueue that could have created one was
+    answered in a cut's window, and nothing shows the job after that cut's restart."""
+    power_lost: set = set()
+    if not pc:
+        return power_lost
+    job_values: dict[str, set] = defaultdict(set)
+    for v, jobs in value_jobs.items():
+        for jid in jobs:
+            job_values[jid].add(v)
+    value_ops: dict[str, list] = defaultdict(list)
+    job_ops: dict[str, list] = defaultdict(list)
+    for op in ix.ops:
+        if op.get("f") == "enqueue":
+            for item in op.get("items") or []:
+                value_ops[item["value"]].append(op)
+            for res in (op.get("results") or []) if _ok(op) else []:
+                if res and "job_id" in res:
+                    job_ops[res["job_id"]].append(op)
+        elif op.get("f") in ("ack", "nack", "extend") and _ok(op):
+            job_ops[op["job_id"]].append(op)
+    for jid, ds in ix.deliveries.items():
+        job_ops[jid].extend(op for op, _ in ds)
+    for jid in set(job_ops) | set(job_values):
+        if jid in ix.dlq:
+            continue
+        creators = [op for v in job_values.get(jid, ()) for op in value_ops.get(v, ())] + \
+            [op for op in job_ops.get(jid, ()) if op.get("f") == "enqueue"]
+        first = min((op for op in creators if op.get("w1") is not None and op.get("t1") is not None),
+                    key=lambda op: op["w1"], default=None)
+        seen = [op for op in job_ops.get(jid, ()) if _ok(op)]
+        if first is None or not seen:
+            continue
+        if any(all(op["t1"] <= c["sep"] for op in seen) for c in pc.at_risk(first["w1"], first["t1"])):
+            power_lost.add(jid)
+    return power_lost
+
+
+# ---------------------------------------------------------------------------- identity
+def judge_lost(ev: Evidence, inv: Inv):
+    """`lost` (docs/chaos.md "Invariants"): every ok enqueue, and every tick's job seen, acked or dead-lettered."""
+    ix = ev.ix
+    for jid, (op, item) in ev.ok_jobs.items():
+        if jid in ix.dlq or _maybe_acked(ix, jid):
+            continue
+        last = None
+        if ix.deliveries.get(jid):
+            lop, lj = ix.deliveries[jid][-1]
+            last = {"op": lop["id"], "attempt": lj["attempt"], "t": round(lop["t1"], 3)}
+        inv.bad_unless(jid in ev.power_lost,
+                       {"job_id": jid, "value": item["value"], "enqueue_op": op["id"], "proc": op.get("proc"),
+                        "t": round(op["t1"], 3), "last_delivery": last})
+    # A tick's job, once seen, is acked or dead-lettered too (no enqueue answered for it: the
+    # cluster made it; a memory-mode power cut may have erased its firing).
+    for jid in ix.job_ticks:
+        if jid in ix.dlq or _maybe_acked(ix, jid):
+            continue
+        name, tick = sorted(ix.job_ticks[jid], key=str)[0]
+        lop, lj = ix.deliveries[jid][-1]
+        inv.bad_unless(jid in ev.tick_erased, {"job_id": jid, "schedule": name, "tick": tick,
+                                               "last_delivery": {"op": lop["id"], "attempt": lj["attempt"],
+                                                                 "t": round(lop["t1"], 3)}})
+
+
+def _maybe_acked(ix: Index, jid: str) -> bool:
+    """An ok ack, or an unknown one of the job's latest attempt delivered (it may have completed it)."""
+    top = max((j["attempt"] for _, j in ix.deliveries.get(jid, ())), default=0)
+    return any(_ok(a) for a in ix.acks.get(jid, ())) or \
+        any(a["outcome"] == "unknown" and a["attempt"] >= top for a in ix.acks.get(jid, ()))
+
+
+def judge_unexpected(ev: Evidence, inv: Inv):
+    """`unexpected` (docs/chaos.md "Invariants"): every job seen was enqueued, or ticked by a schedule, in this run."""
+    ix = ev.ix
+    for jid, values in ix.job_value.items():
+        for v in values:
+            if v is None or v not in ix.attempted:
+                inv.bad({"job_id": jid, "value": v})
+    for jid, ticks in ix.job_ticks.items():
+        for name, tick in ticks:
+            if name not in ix.schedule_puts:
+                inv.bad({"job_id": jid, "schedule": name, "tick": tick, "why": "a schedule this run never created"})
+
+
+def judge_duplicate_jobs(ev: Evidence, inv: Inv):
+    """`duplicate_jobs` (docs/chaos.md "Invariants"): one value, one job, carrying that value."""
+    ix = ev.ix
+    for v, jobs in ev.value_jobs.items():
+        if len(jobs) > 1:
+            inv.bad_unless(len(jobs - ev.power_lost) <= 1, {"value": v, "job_ids": sorted(jobs)})
+    for jid, values in ix.job_value.items():
+        if len(values) > 1:
+            inv.bad({"job_id": jid, "payload_values": sorted(map(str, values))})
+    for op, item, res in ix.ok_items:
+        if not res.get("dedup"):
+            seen = ix.job_value.get(res["job_id"])
+            if seen and item["value"] not in seen:
+                inv.bad({"job_id": res["job_id"], "enqueued_value": item["value"],
+                         "delivered_values": sorted(map(str, seen))})
+
+
+def judge_idempotency(ev: Evidence, inv: Inv):
+    """`idempotency` (docs/chaos.md "Invariants"): one job, one fresh answer, per idempotency key."""
+    ix = ev.ix
+    key_jobs: dict[tuple, set] = defaultdict(set)
+    key_fresh: dict[tuple, list] = defaultdict(list)
+    for op, item, res in ix.ok_items:
+        if item.get("key"):
+            k = (item.get("queue"), item["key"])          # keys are scoped to their queue
+            key_jobs[k].add(res["job_id"])
+            if not res.get("dedup"):
+                key_fresh[k].append((op["id"], res["job_id"]))
+    for jid, keys in ix.job_key.items():
+        for k in keys:
+            if k:
+                key_jobs[(ix.job_queue.get(jid), k)].add(jid)
+    for k, jobs in key_jobs.items():
+        if len(jobs) > 1:
+            inv.bad_unless(len(jobs - ev.power_lost) <= 1, {"queue": k[0], "key": k[1], "job_ids": sorted(jobs)})
+    for k, fresh in key_fresh.items():
+        if len(fresh) > 1:
+            kept = [jid for _, jid in fresh if jid not in ev.power_lost]
+            inv.bad_unless(len(kept) <= 1, {"queue": k[0], "key": k[1],
+                                            "non_deduplicated_answers": [i for i, _ in fresh]})
+
+
+# ---------------------------------------------------------------------------- deliveries
+def judge_redelivery_attempts(ev: Evidence, inv: Inv):
+    """`redelivery_attempts` (docs/chaos.md "Invariants"): each redelivery carries a strictly higher attempt."""
+    pc = ev.pc
+    for jid, ds in ev.ix.deliveries.items():
+        by_attempt = defaultdict(list)
+        for op, j in ds:
+            by_attempt[j["attempt"]].append(op)
+        for a, same in by_attempt.items():
+            if len(same) > 1:
+                # Excused when each earlier delivery of the attempt was lost to a cut before the next.
+                same.sort(key=lambda op: op["t1"])
+                excused = all(pc.lost_before(x, y["t1"]) for x, y in zip(same, same[1:]))
+                inv.bad_unless(excused, {"job_id": jid, "attempt": a, "delivered_by_ops": [op["id"] for op in same]})
+        for op1, j1 in ds:
+            for op2, j2 in ds:
+                if op1["t1"] < op2["t0"] and j1["attempt"] > j2["attempt"]:
+                    inv.bad_unless(pc.lost_before(op1, op2["t1"]),
+                                   {"job_id": jid, "first": {"op": op1["id"], "attempt": j1["attempt"]},
+                                    "later": {"op": op2["id"], "attempt": j2["attempt"]}})
+
+
+def judge_stale_attempt(ev: Evidence, inv: Inv):
+    """`stale_attempt` (docs/chaos.md "Invariants"): no ok settle with an attempt older than one delivered."""
+    ix = ev.ix
+    for table in (ix.acks, ix.nacks, ix.extends, ix.releases):
+        for jid, lst in table.items():
+            for op in lst:
+                if not _ok(op):
+                    continue
+                newer = [(d, j) for d, j in ix.deliveries.get(jid, ())
+                         if d["t1"] < op["t0"] and j["attempt"] > op["attempt"]]
+                if newer:
+                    hit = newer[0]
+                    inv.bad_unless(all(ev.pc.lost_before(d, op["t1"]) for d, _ in newer),
+                                   {"job_id": jid, "op": op["id"], "f": op["f"], "attempt": op["attempt"],
+                                    "newer_delivery": {"op": hit[0]["id"], "attempt": hit[1]["attempt"]}})
+
+
+def judge_no_delivery_after_ack(ev: Evidence, inv: Inv):
+    """`no_delivery_after_ack` (docs/chaos.md "Invariants"): an ok ack ends the job for good."""
+    ix, pc = ev.ix, ev.pc
+
+    def either_lost(x, y) -> bool:
+        """One of two ok ops that cannot both have happened was lost to a cut before the other."""
+        return pc.lost_before(x, y["t1"]) or pc.lost_before(y, x["t1"])
+
+    for jid, lst in ix.acks.items():
+        oks = sorted((op for op in lst if _ok(op)), key=lambda op: op["t1"])
+        if len(oks) > 1:
+            inv.bad_unless(all(pc.lost_before(x, y["t1"]) for x, y in zip(oks, oks[1:])),
+                           {"job_id": jid, "ok_acks": [op["id"] for op in oks]})
+        for ack in oks:
+            a = ack["attempt"]
+            for op, j in ix.deliveries.get(jid, ()):
+                if j["attempt"] > a or (j["attempt"] <= a and op["t0"] > ack["t1"]):
+                    inv.bad_unless(either_lost(ack, op), {"job_id": jid, "ack": ack["id"], "ack_attempt": a,
+                                                          "delivery": op["id"], "attempt": j["attempt"]})
+            if jid in ix.dlq:
+                rec = ix.dlq[jid][0]
+                inv.bad_unless(pc.lost_before_wall(ack, rec.get("failed_at")),
+                               {"job_id": jid, "ack": ack["id"], "dead_letter": rec})
+            for n in list(ix.nacks.get(jid, ())) + list(ix.releases.get(jid, ())):
+                if _ok(n) and n["attempt"] >= a:
+                    inv.bad_unless(either_lost(ack, n), {"job_id": jid, "ack": ack["id"], "ok_nack": n["id"]})
+
+
+def judge_attempts_bound(ev: Evidence, inv: Inv):
+    """`attempts_bound` (docs/chaos.md "Invariants"): 1 <= attempts used <= max_attempts, delivered or dead."""
+    ix = ev.ix
+    for jid, ds in ix.deliveries.items():
+        for op, j in ds:
+            mx = j.get("max_attempts")
+            used = j["attempt"] - (j.get("releases") or 0)
+            if not (1 <= used and (mx is None or used <= mx)):
+                inv.bad({"job_id": jid, "attempt": j["attempt"], "releases": j.get("releases"),
+                         "max_attempts": mx, "op": op["id"]})
+    for jid, recs in ix.dlq.items():
+        rec = recs[0]
+        fa, mx = rec["final_attempt"], rec.get("max_attempts") or ix.job_max.get(jid)
+        used = fa - (rec.get("releases") or 0)
+        if not (1 <= used and (mx is None or used <= mx)):
+            inv.bad({"job_id": jid, "dead_letter_final_attempt": fa, "max_attempts": mx})
+
+
+def judge_schedule(ev: Evidence, inv: Inv):
+    """`schedule` (docs/chaos.md "Invariants"): no job leased before its scheduled time."""
+    ix = ev.ix
+    for jid, ds in ix.deliveries.items():
+        for op, j in ds:
+            sched = j.get("scheduled_at")
+            now = reserve_now(op, j)
+            if sched is not None and now is not None and now < sched:
+                inv.bad({"job_id": jid, "op": op["id"], "scheduled_at": sched, "leased_at": now,
+                         "early_ms": sched - now, "clock": "replicated"})
+            item = ix.attempted.get(j.get("value"))
+            if item and item.get("scheduled_at") is not None:
+                if sched is not None and sched != item["scheduled_at"]:
+                    inv.bad({"job_id": jid, "op": op["id"], "asked": item["scheduled_at"], "got": sched})
+                if op["w1"] is not None and op["w1"] < item["scheduled_at"] - ev.clock_tolerance_ms:
+                    inv.bad({"job_id": jid, "op": op["id"], "scheduled_at": item["scheduled_at"],
+                             "answered_at_wall": op["w1"], "early_ms": item["scheduled_at"] - op["w1"],
+                             "clock": "wall"})
+
+
+# ---------------------------------------------------------------------------- retry delay, lease honoured
+def _next_attempts(ix: Index):
+    """(job id, attempt a, (op, job) of a's first delivery, that of a + 1's, their replicated
+    lease times) for every job delivered under two consecutive attempts with both times known."""
+    for jid, ds in ix.deliveries.items():
+        at = {}
+        for op, j in ds:
+            at.setdefault(j["attempt"], (op, j))
+        for a, (op, j) in at.items():
+            nxt = at.get(a + 1)
+            if nxt is None:
+                continue
+            now_a, now_b = reserve_now(op, j), reserve_now(*nxt)
+            if now_a is not None and now_b is not None:
+                yield jid, a, (op, j), nxt, now_a, now_b
+
+
+def _settled_again(ix: Index, jid: str, a: int) -> tuple[list, list]:
+    """(ok nacks that did not dead-letter and ok releases, unknown nacks and releases) of attempt a."""
+    nacks, rels = ix.nacks.get(jid, ()), ix.releases.get(jid, ())
+    ok = [n for n in nacks if n["attempt"] == a and _ok(n) and not n.get("dead_lettered")] + \
+        [r for r in rels if r["attempt"] == a and _ok(r)]
+    maybe = [n for n in list(nacks) + list(rels) if n["attempt"] == a and n["outcome"] == "unknown"]
+    return ok, maybe
+
+
+def _retry_wait_ms(n: dict, jid: str, j: dict, retry: dict | None) -> int:
+    """How long after nack or release n (of delivery j) the job may come back."""
+    if n["f"] == "release":
+        horizon = (retry or {}).get("max_schedule_horizon_ms")
+        return min(n.get("delay_ms") or 0, horizon) if horizon else (n.get("delay_ms") or 0)
+    if n["strategy"] == "delay":
+        horizon = (retry or {}).get("max_schedule_horizon_ms")
+        return min(n["delay_ms"] or 0, horizon) if horizon else (n["delay_ms"] or 0)
+    if retry is not None:
+        # The policy counts attempts used: a release uses none.
+        return policy_delay_ms(jid, n["attempt"] - (j.get("releases") or 0), retry["retry_delay_ms"],
+                               retry["retry_backoff"], retry["retry_delay_max_ms"], retry["max_schedule_horizon_ms"])
+    return 0
+
+
+def judge_retry_delay(ev: Evidence, inv: Inv):
+    """`retry_delay` (docs/chaos.md "Invariants"): a nacked job is not redelivered before its retry delay."""
+    pc = ev.pc
+    for jid, a, (op, j), nxt, now_a, now_b in _next_attempts(ev.ix):
+        ok_nacks, _ = _settled_again(ev.ix, jid, a)
+        if not ok_nacks:
+            continue
+        n = ok_nacks[0]
+        want = _retry_wait_ms(n, jid, j, ev.retry)
+        if now_b < now_a + want:
+            inv.bad_unless(pc.lost_before(n, nxt[0]["t1"]) or pc.lost_before(op, nxt[0]["t1"]),
+                           {"job_id": jid, "attempt": a, "nack": n["id"], "delay_ms": want,
+                            "redelivered_after_ms": now_b - now_a})
+
+
+def judge_lease_honoured(ev: Evidence, inv: Inv):
+    """`lease_honoured` (docs/chaos.md "Invariants"): no redelivery without a nack before the (extended) lease end."""
+    pc = ev.pc
+    for jid, a, (op, j), nxt, now_a, now_b in _next_attempts(ev.ix):
+        ok_nacks, maybe_nacks = _settled_again(ev.ix, jid, a)
+        if ok_nacks or maybe_nacks:
+            continue
+        expiry = kept = j.get("lease_expires")
+        if pc.lost_before(op, nxt[0]["t1"]):
+            kept = None
+        for e in ev.ix.extends.get(jid, ()):
+            if e["attempt"] == a and _ok(e) and e.get("lease_expires") is not None:
+                expiry = max(expiry, e["lease_expires"])
+                if kept is not None and not pc.lost_before(e, nxt[0]["t1"]):
+                    kept = max(kept, e["lease_expires"])
+        if expiry is not None and now_b < expiry:
+            # Excused when only lease ends that a cut may have erased come after it.
+            inv.bad_unless(kept is None or now_b >= kept, {"job_id": jid, "attempt": a, "lease_end": expiry,
+                                                           "redelivered_at": now_b, "early_ms": expiry - now_b})
+
+
+# ---------------------------------------------------------------------------- dead letters
+def judge_dead_letters(ev: Evidence, inv: Inv):
+    """`dead_letters` (docs/chaos.md "Invariants"): right cause, attempt and reason; each dead-lettering nack shows."""
+    ix = ev.ix
+    for jid, recs in ix.dlq.items():
+        if len(recs) > 1:
+            inv.bad({"job_id": jid, "records": len(recs)})
+        _judge_dead_letter(ev, inv, jid, recs[0])
+    for jid, lst in ix.nacks.items():
+        for n in lst:
+            if not _ok(n):
+                continue
+            mx = n.get("max_attempts") or ix.job_max.get(jid)
+            used = n["attempt"] - (n.get("releases") or 0)
+            expect = n["strategy"] == "dead_letter" or (mx is not None and used >= mx)
+            if n.get("dead_lettered") != expect:
+                inv.bad({"job_id": jid, "nack": n["id"], "attempt": n["attempt"], "max_attempts": mx,
+                         "strategy": n["strategy"], "dead_lettered": n.get("dead_lettered"),
+                         "why": "dead_lettered flag differs from the rules"})
+            if n.get("dead_lettered"):
+                recs = ix.dlq.get(jid)
+                want = "rejected" if n["strategy"] == "dead_letter" else "attempts_exhausted"
+                if not recs or recs[0]["cause"] != want or recs[0]["final_attempt"] != n["attempt"]:
+                    inv.bad_unless(ev.pc.lost_before_wall(n, recs[0].get("failed_at") if recs else None),
+                                   {"job_id": jid, "nack": n["id"], "want_cause": want,
+                                    "found": recs[0] if recs else None,
+                                    "why": "an ok dead-lettering nack without its dead letter"})
+
+
+def _judge_dead_letter(ev: Evidence, inv: Inv, jid: str, rec: dict):
+    """One dead letter against the nacks, acks and attempts of its job, by its cause."""
+    ix = ev.ix
+    fa, mx, cause = rec["final_attempt"], rec.get("max_attempts") or ix.job_max.get(jid), rec["cause"]
+    used = fa - (rec.get("releases") or 0)
+    nacks_at = [n for n in ix.nacks.get(jid, ()) if n["attempt"] == fa and n["outcome"] in ("ok", "unknown")]
+    if cause == "rejected":
+        match = [n for n in nacks_at if n["strategy"] == "dead_letter" and n["reason"] == rec.get("last_reason")]
+        if not match:
+            inv.bad({"job_id": jid, "cause": cause, "final_attempt": fa,
+                     "why": "no dead_letter nack for this attempt with this reason",
+                     "last_reason": rec.get("last_reason")})
+    elif cause == "attempts_exhausted":
+        match = [n for n in nacks_at if n["strategy"] != "dead_letter" and n["reason"] == rec.get("last_reason")]
+        if mx is not None and used < mx or not match:
+            inv.bad({"job_id": jid, "cause": cause, "final_attempt": fa, "max_attempts": mx,
+                     "why": "not the last attempt, or no nack for it with this reason",
+                     "last_reason": rec.get("last_reason")})
+    elif cause == "lease_expired":
+        done = [x for x in list(ix.acks.get(jid, ())) + list(ix.nacks.get(jid, ())) if x["attempt"] == fa and _ok(x)]
+        if (mx is not None and used < mx) or rec.get("last_reason") is not None or done:
+            excused = bool(done) and not ((mx is not None and used < mx) or rec.get("last_reason") is not None) \
+                and all(ev.pc.lost_before_wall(x, rec.get("failed_at")) for x in done)
+            inv.bad_unless(excused, {"job_id": jid, "cause": cause, "final_attempt": fa,
+                                     "max_attempts": mx, "ok_ops": [x["id"] for x in done],
+                                     "why": "not the last attempt, has a reason, or was acked/nacked ok"})
+    else:
+        inv.bad({"job_id": jid, "cause": cause, "why": "a cause this workload never produces"})
+
+
+# ---------------------------------------------------------------------------- final state
+def judge_drained(ev: Evidence, inv: Inv):
+    """`drained` (docs/chaos.md "Invariants"): after healing no job and no dead letter is left anywhere."""
+    if ev.drain is not None:
+        if not ev.drain.get("ok"):
+            inv.bad({"why": "the final drain did not finish", "queues": ev.drain.get("queues")})
+        for q in ev.drain.get("queues") or []:
+            left = {k: q.get(k, 0) for k in ("ready", "scheduled", "in_flight", "dead_lettered") if q.get(k, 0)}
+            if left:
+                inv.bad({"queue": q.get("name"), "left": left})
+    else:
+        inv.skipped = "no final drain"
+    for v in ev.views or []:
+        if not v:
+            continue                                      # replicas_agree's
+        st = v.get("state") or {}
+        if st.get("jobs", 0) or st.get("dead_letters", 0):
+            inv.bad({"node": v.get("node_id"), "jobs": st.get("jobs"), "dead_letters": st.get("dead_letters")})
+
+
+def judge_replicas_agree(ev: Evidence, inv: Inv):
+    """`replicas_agree` (docs/chaos.md "Invariants"): every node ends at one applied index and state digest."""
+    if ev.views is None:
+        inv.skipped = "no node views"
+        return
+    for i, v in enumerate(ev.views):
+        if not v:
+            inv.bad({"node": i, "why": "no view (node down or not answering)"})
+    got = [(v.get("node_id"),) + digest_at(v) for v in ev.views if v]
+    if len({(a, d) for _, a, d in got}) > 1:
+        inv.bad({"views": got})
+
+
+def judge_one_leader_per_term(ev: Evidence, inv: Inv):
+    """`one_leader_per_term` (docs/chaos.md "Invariants"): at most one node claims leadership in a term."""
+    if ev.leader_claims is None:
+        inv.skipped = "no samples"
+        return
+    # Strict in both modes: term and vote are synced before they are acted on in memory mode
+    # too (node/replication/replica.py), so even a power cut cannot make a node vote twice in a term.
+    for term, nodes in sorted(ev.leader_claims.items(), key=lambda kv: int(kv[0])):
+        if len(set(nodes)) > 1:
+            inv.bad({"term": term, "leaders": sorted(set(nodes))})
+
+
+def judge_liveness(ev: Evidence, inv: Inv):
+    """`liveness` (docs/chaos.md "Invariants"): a leader within the bound after healing; leases lapse in time."""
+    if ev.liveness is None:
+        inv.skipped = "not measured"
+        return
+    la, bound = ev.liveness.get("leader_after_heal_s"), ev.liveness.get("leader_bound_s")
+    if la is None or (bound is not None and la > bound):
+        inv.bad({"leader_after_heal_s": la, "bound_s": bound})
+    lp = ev.liveness.get("lease_probe")
+    if lp is not None and not lp.get("ok"):
+        inv.bad({"lease_probe": lp})
+
+
+def judge_no_internal_errors(ev: Evidence, inv: Inv):
+    """`no_internal_errors` (docs/chaos.md "Invariants"): the cluster never answered `internal`."""
+    for e in ev.internal_errors or []:
+        inv.bad(e)
+    for op in ev.ix.ops:
+        if op.get("error") == "internal":
+            inv.bad({"op": op["id"], "f": op["f"]})
+
+
+# ---------------------------------------------------------------------------- disks
+def _critical_lines(node_logs: dict | None, disk_faults: list | None) -> list:
+    """(node, line, what) of every CRITICAL node log line: what is "snapshot_damaged" (a snapshot
+    that arrived damaged), "damaged_node" (a damaged node's own disk-check or storage-failure line,
+    as it must say), "undamaged_node" (such a line from a node no fault damaged) or "other"."""
+    if node_logs is None:
+        return []
+    damaged_nodes = {f.get("node") for f in disk_faults or [] if not f.get("skipped")}
+    by_node = node_logs.get("critical_by_node")
+    if by_node is None:
+        by_node = {None: node_logs.get("critical", [])}
+    out = []
+    for nid, lines in by_node.items():
+        for line in lines:
+            ours = "disk check:" in line or "storage failure:" in line
+            if "disk check: snapshot_received_damaged" in line:
+                what = "snapshot_damaged"
+            elif ours:
+                what = "damaged_node" if nid in damaged_nodes else "undamaged_node"
+            else:
+                what = "other"
+            out.append((nid, line, what))
+    return out
+
+
+def judge_no_critical_node_logs(ev: Evidence, inv: Inv):
+    """`no_critical_node_logs` (docs/chaos.md "Invariants"): no CRITICAL line but a damaged node's disk lines."""
+    if ev.node_logs is None:
+        inv.skipped = "no node logs"
+        return
+    for nid, line, what in ev.critical_lines:
+        if what in ("undamaged_node", "other"):
+            inv.bad({"line": line})
+
+
+def judge_checksum_failures_contained(ev: Evidence, inv: Inv):
+    """`checksum_failures_contained` (docs/chaos.md "Invariants"): damage found, never served, voted or sent."""
+    for nid, line, what in ev.critical_lines:
+        if what == "snapshot_damaged":
+            inv.bad({"node": nid, "why": "a snapshot arrived damaged", "line": line})
+        elif what == "undamaged_node":
+            inv.bad({"node": nid, "why": "damage found on a node no fault damaged", "line": line})
+    for f in ev.disk_faults or []:
+        if f.get("skipped") or f.get("damage_skipped"):
+            continue
+        if f["kind"] in ("bitflip", "truncate") and not f.get("found"):
+            inv.bad({"fault": f.get("id"), "kind": f["kind"], "node": f.get("node"),
+                     "why": "damage the node did not find",
+                     "damage": {k: f.get(k) for k in ("file", "bits", "cut_at")}})
+    for claim in ev.untrusted_claims or []:
+        inv.bad(dict(claim, why="led or stood for election with an untrusted log"))
+    if ev.disk_faults is None:
+        inv.skipped = "no disk faults"
+
+
+def judge_failed_writes_stop(ev: Evidence, inv: Inv):
+    """`failed_writes_stop` (docs/chaos.md "Invariants"): a failed fsync or full-disk write exits 74, saying why."""
+    if ev.disk_faults is None:
+        inv.skipped = "no disk faults"
+    for f in ev.disk_faults or []:
+        if f.get("skipped") or f.get("damage_skipped"):
+            continue
+        if f["kind"] == "fsync-eio" and "exit_code" in f:
+            if f["exit_code"] != 74 or not f.get("logged"):
+                inv.bad({"fault": f.get("id"), "node": f.get("node"), "exit_code": f["exit_code"],
+                         "logged": f.get("logged")})
+        if f["kind"] == "disk-full" and f.get("exit_code") is not None and f["exit_code"] != 74:
+            inv.bad({"fault": f.get("id"), "node": f.get("node"), "exit_code": f["exit_code"]})
+
+
+# ---------------------------------------------------------------------------- the driver
 def check(ops: list[dict], *, dead_letters: list[dict], drain: dict | None = None, views: list | None = None,
           leader_claims: dict | None = None, liveness: dict | None = None, retry: dict | None = None,
           clock_tolerance_ms: int = 100, internal_errors: list | None = None,
@@ -299,455 +873,47 @@ def check(ops: list[dict], *, dead_letters: list[dict], drain: dict | None = Non
     log was untrusted (the sampler's). `max_catchup_ticks`: the cluster's (no_tick_missed).
     `keys`: the keyed queues' settings, `clock_lag_ms` how far the replicated clock may lag the
     wall clock (key_concurrency_held; see the module's docstring)."""
-    ix = Index(ops, dead_letters)
-    pc = PowerCuts(power_losses)
-    key_queues = keys                       # (`keys` is reused below for idempotency keys)
+    ev = Evidence(Index(ops, dead_letters), PowerCuts(power_losses), drain=drain, views=views,
+                  leader_claims=leader_claims, liveness=liveness, retry=retry, clock_tolerance_ms=clock_tolerance_ms,
+                  internal_errors=internal_errors, node_logs=node_logs, disk_faults=disk_faults,
+                  untrusted_claims=untrusted_claims, gates=gates, max_catchup_ticks=max_catchup_ticks,
+                  key_queues=keys, clock_lag_ms=clock_lag_ms)
     invs = {name: Inv(name, about) for name, about in INVARIANTS}
+    for name, judge in JUDGES.items():
+        judge(ev, invs[name])
+    out = [inv.out() for inv in invs.values()]
+    return {"valid": all(i["ok"] for i in out), "invariants": out, "stats": _stats(ev, invs),
+            "failures": failed_ops(ev.ix)}
 
-    # ------------------------------------------------------------------ identity
-    value_jobs: dict[str, set] = defaultdict(set)
-    for op, item, res in ix.ok_items:
-        if not res.get("dedup"):
-            value_jobs[item["value"]].add(res["job_id"])
-    for jid, values in ix.job_value.items():
-        for v in values:
-            if v is not None:
-                value_jobs[v].add(jid)
 
-    # Jobs a memory-mode power cut may have erased: every enqueue that could have created one was
-    # answered in a cut's window, and nothing shows the job after that cut's restart.
-    power_lost: set = set()
-    if pc:
-        job_values: dict[str, set] = defaultdict(set)
-        for v, jobs in value_jobs.items():
-            for jid in jobs:
-                job_values[jid].add(v)
-        value_ops: dict[str, list] = defaultdict(list)
-        job_ops: dict[str, list] = defaultdict(list)
-        for op in ops:
-            if op.get("f") == "enqueue":
-                for item in op.get("items") or []:
-                    value_ops[item["value"]].append(op)
-                for res in (op.get("results") or []) if _ok(op) else []:
-                    if res and "job_id" in res:
-                        job_ops[res["job_id"]].append(op)
-            elif op.get("f") in ("ack", "nack", "extend") and _ok(op):
-                job_ops[op["job_id"]].append(op)
-        for jid, ds in ix.deliveries.items():
-            job_ops[jid].extend(op for op, _ in ds)
-        for jid in set(job_ops) | set(job_values):
-            if jid in ix.dlq:
-                continue
-            creators = [op for v in job_values.get(jid, ()) for op in value_ops.get(v, ())] + \
-                [op for op in job_ops.get(jid, ()) if op.get("f") == "enqueue"]
-            first = min((op for op in creators if op.get("w1") is not None and op.get("t1") is not None),
-                        key=lambda op: op["w1"], default=None)
-            seen = [op for op in job_ops.get(jid, ()) if _ok(op)]
-            if first is None or not seen:
-                continue
-            if any(all(op["t1"] <= c["sep"] for op in seen) for c in pc.at_risk(first["w1"], first["t1"])):
-                power_lost.add(jid)
-
-    for v, jobs in value_jobs.items():
-        if len(jobs) > 1:
-            invs["duplicate_jobs"].bad_unless(len(jobs - power_lost) <= 1, {"value": v, "job_ids": sorted(jobs)})
-    for jid, values in ix.job_value.items():
-        if len(values) > 1:
-            invs["duplicate_jobs"].bad({"job_id": jid, "payload_values": sorted(map(str, values))})
-    for op, item, res in ix.ok_items:
-        if not res.get("dedup"):
-            seen = ix.job_value.get(res["job_id"])
-            if seen and item["value"] not in seen:
-                invs["duplicate_jobs"].bad({"job_id": res["job_id"], "enqueued_value": item["value"],
-                                            "delivered_values": sorted(map(str, seen))})
-
-    # unexpected: delivered values never attempted; ticks of a schedule never created
-    for jid, values in ix.job_value.items():
-        for v in values:
-            if v is None or v not in ix.attempted:
-                invs["unexpected"].bad({"job_id": jid, "value": v})
-    for jid, ticks in ix.job_ticks.items():
-        for name, tick in ticks:
-            if name not in ix.schedule_puts:
-                invs["unexpected"].bad({"job_id": jid, "schedule": name, "tick": tick,
-                                        "why": "a schedule this run never created"})
-
-    # idempotency
-    key_jobs: dict[str, set] = defaultdict(set)
-    key_fresh: dict[str, list] = defaultdict(list)
-    for op, item, res in ix.ok_items:
-        if item.get("key"):
-            k = (item.get("queue"), item["key"])          # keys are scoped to their queue
-            key_jobs[k].add(res["job_id"])
-            if not res.get("dedup"):
-                key_fresh[k].append((op["id"], res["job_id"]))
-    for jid, keys in ix.job_key.items():
-        for k in keys:
-            if k:
-                key_jobs[(ix.job_queue.get(jid), k)].add(jid)
-    for k, jobs in key_jobs.items():
-        if len(jobs) > 1:
-            invs["idempotency"].bad_unless(len(jobs - power_lost) <= 1,
-                                           {"queue": k[0], "key": k[1], "job_ids": sorted(jobs)})
-    for k, fresh in key_fresh.items():
-        if len(fresh) > 1:
-            kept = [jid for _, jid in fresh if jid not in power_lost]
-            invs["idempotency"].bad_unless(len(kept) <= 1, {"queue": k[0], "key": k[1],
-                                                            "non_deduplicated_answers": [i for i, _ in fresh]})
-
-    # ------------------------------------------------------------------ deliveries
-    redeliveries = 0
-    for jid, ds in ix.deliveries.items():
-        redeliveries += len(ds) - 1
-        by_attempt = defaultdict(list)
-        for op, j in ds:
-            by_attempt[j["attempt"]].append(op)
-            mx = j.get("max_attempts")
-            used = j["attempt"] - (j.get("releases") or 0)
-            if not (1 <= used and (mx is None or used <= mx)):
-                invs["attempts_bound"].bad({"job_id": jid, "attempt": j["attempt"], "releases": j.get("releases"),
-                                            "max_attempts": mx, "op": op["id"]})
-        for a, same in by_attempt.items():
-            if len(same) > 1:
-                # Excused when each earlier delivery of the attempt was lost to a cut before the next.
-                same.sort(key=lambda op: op["t1"])
-                excused = all(pc.lost_before(x, y["t1"]) for x, y in zip(same, same[1:]))
-                invs["redelivery_attempts"].bad_unless(excused, {"job_id": jid, "attempt": a,
-                                                                 "delivered_by_ops": [op["id"] for op in same]})
-        for op1, j1 in ds:
-            for op2, j2 in ds:
-                if op1["t1"] < op2["t0"] and j1["attempt"] > j2["attempt"]:
-                    invs["redelivery_attempts"].bad_unless(
-                        pc.lost_before(op1, op2["t1"]),
-                        {"job_id": jid, "first": {"op": op1["id"], "attempt": j1["attempt"]},
-                         "later": {"op": op2["id"], "attempt": j2["attempt"]}})
-
-    for table in (ix.acks, ix.nacks, ix.extends, ix.releases):
-        for jid, lst in table.items():
-            for op in lst:
-                if not _ok(op):
-                    continue
-                newer = [(d, j) for d, j in ix.deliveries.get(jid, ()) if d["t1"] < op["t0"] and j["attempt"] > op["attempt"]]
-                if newer:
-                    hit = newer[0]
-                    invs["stale_attempt"].bad_unless(
-                        all(pc.lost_before(d, op["t1"]) for d, _ in newer),
-                        {"job_id": jid, "op": op["id"], "f": op["f"], "attempt": op["attempt"],
-                         "newer_delivery": {"op": hit[0]["id"], "attempt": hit[1]["attempt"]}})
-
-    # ------------------------------------------------------------------ acks
-    def either_lost(x, y) -> bool:
-        """One of two ok ops that cannot both have happened was lost to a cut before the other."""
-        return pc.lost_before(x, y["t1"]) or pc.lost_before(y, x["t1"])
-
-    for jid, lst in ix.acks.items():
-        oks = sorted((op for op in lst if _ok(op)), key=lambda op: op["t1"])
-        if len(oks) > 1:
-            invs["no_delivery_after_ack"].bad_unless(all(pc.lost_before(x, y["t1"]) for x, y in zip(oks, oks[1:])),
-                                                     {"job_id": jid, "ok_acks": [op["id"] for op in oks]})
-        for ack in oks:
-            a = ack["attempt"]
-            for op, j in ix.deliveries.get(jid, ()):
-                if j["attempt"] > a or (j["attempt"] <= a and op["t0"] > ack["t1"]):
-                    invs["no_delivery_after_ack"].bad_unless(
-                        either_lost(ack, op), {"job_id": jid, "ack": ack["id"], "ack_attempt": a,
-                                               "delivery": op["id"], "attempt": j["attempt"]})
-            if jid in ix.dlq:
-                rec = ix.dlq[jid][0]
-                invs["no_delivery_after_ack"].bad_unless(pc.lost_before_wall(ack, rec.get("failed_at")),
-                                                         {"job_id": jid, "ack": ack["id"], "dead_letter": rec})
-            for n in list(ix.nacks.get(jid, ())) + list(ix.releases.get(jid, ())):
-                if _ok(n) and n["attempt"] >= a:
-                    invs["no_delivery_after_ack"].bad_unless(either_lost(ack, n),
-                                                             {"job_id": jid, "ack": ack["id"], "ok_nack": n["id"]})
-
-    # ------------------------------------------------------------------ lost
-    recovered = 0
-    for v in ix.unknown_values:
-        if value_jobs.get(v):
-            recovered += 1
-    ok_jobs: dict[str, tuple] = {}
-    for op, item, res in ix.ok_items:
-        ok_jobs.setdefault(res["job_id"], (op, item))
-    for jid, (op, item) in ok_jobs.items():
-        if jid in ix.dlq:
-            continue
-        top = max((j["attempt"] for _, j in ix.deliveries.get(jid, ())), default=0)
-        acked = any(_ok(a) for a in ix.acks.get(jid, ())) or \
-            any(a["outcome"] == "unknown" and a["attempt"] >= top for a in ix.acks.get(jid, ()))
-        if not acked:
-            last = None
-            if ix.deliveries.get(jid):
-                lop, lj = ix.deliveries[jid][-1]
-                last = {"op": lop["id"], "attempt": lj["attempt"], "t": round(lop["t1"], 3)}
-            invs["lost"].bad_unless(jid in power_lost,
-                                    {"job_id": jid, "value": item["value"], "enqueue_op": op["id"], "proc": op.get("proc"),
-                                     "t": round(op["t1"], 3), "last_delivery": last})
-    # A tick's job, once seen, is acked or dead-lettered too (no enqueue answered for it: the
-    # cluster made it; a memory-mode power cut may have erased its firing).
-    tick_erased = _maybe_erased_tick_jobs(ix, pc)
-    for jid in ix.job_ticks:
-        if jid in ix.dlq:
-            continue
-        top = max((j["attempt"] for _, j in ix.deliveries.get(jid, ())), default=0)
-        if any(_ok(a) for a in ix.acks.get(jid, ())) or \
-                any(a["outcome"] == "unknown" and a["attempt"] >= top for a in ix.acks.get(jid, ())):
-            continue
-        name, tick = sorted(ix.job_ticks[jid], key=str)[0]
-        lop, lj = ix.deliveries[jid][-1]
-        invs["lost"].bad_unless(jid in tick_erased, {"job_id": jid, "schedule": name, "tick": tick,
-                                                     "last_delivery": {"op": lop["id"], "attempt": lj["attempt"],
-                                                                       "t": round(lop["t1"], 3)}})
-
-    # ------------------------------------------------------------------ schedule
-    for jid, ds in ix.deliveries.items():
-        for op, j in ds:
-            sched = j.get("scheduled_at")
-            now = reserve_now(op, j)
-            if sched is not None and now is not None and now < sched:
-                invs["schedule"].bad({"job_id": jid, "op": op["id"], "scheduled_at": sched, "leased_at": now,
-                                      "early_ms": sched - now, "clock": "replicated"})
-            item = ix.attempted.get(j.get("value"))
-            if item and item.get("scheduled_at") is not None:
-                if sched is not None and sched != item["scheduled_at"]:
-                    invs["schedule"].bad({"job_id": jid, "op": op["id"], "asked": item["scheduled_at"], "got": sched})
-                if op["w1"] is not None and op["w1"] < item["scheduled_at"] - clock_tolerance_ms:
-                    invs["schedule"].bad({"job_id": jid, "op": op["id"], "scheduled_at": item["scheduled_at"],
-                                          "answered_at_wall": op["w1"], "early_ms": item["scheduled_at"] - op["w1"],
-                                          "clock": "wall"})
-
-    # ------------------------------------------------------------------ retry delay, lease honoured
-    for jid, ds in ix.deliveries.items():
-        at = {}
-        for op, j in ds:
-            at.setdefault(j["attempt"], (op, j))
-        nacks = ix.nacks.get(jid, ())
-        for a, (op, j) in at.items():
-            nxt = at.get(a + 1)
-            if nxt is None:
-                continue
-            now_a, now_b = reserve_now(op, j), reserve_now(*nxt)
-            if now_a is None or now_b is None:
-                continue
-            rels = ix.releases.get(jid, ())
-            ok_nacks = [n for n in nacks if n["attempt"] == a and _ok(n) and not n.get("dead_lettered")] + \
-                [r for r in rels if r["attempt"] == a and _ok(r)]
-            maybe_nacks = [n for n in list(nacks) + list(rels) if n["attempt"] == a and n["outcome"] == "unknown"]
-            if ok_nacks:
-                n = ok_nacks[0]
-                if n["f"] == "release":
-                    horizon = (retry or {}).get("max_schedule_horizon_ms")
-                    want = min(n.get("delay_ms") or 0, horizon) if horizon else (n.get("delay_ms") or 0)
-                elif n["strategy"] == "delay":
-                    horizon = (retry or {}).get("max_schedule_horizon_ms")
-                    want = min(n["delay_ms"] or 0, horizon) if horizon else (n["delay_ms"] or 0)
-                elif retry is not None:
-                    # The policy counts attempts used: a release uses none.
-                    want = policy_delay_ms(jid, a - (j.get("releases") or 0), retry["retry_delay_ms"], retry["retry_backoff"],
-                                           retry["retry_delay_max_ms"], retry["max_schedule_horizon_ms"])
-                else:
-                    want = 0
-                if now_b < now_a + want:
-                    invs["retry_delay"].bad_unless(
-                        pc.lost_before(n, nxt[0]["t1"]) or pc.lost_before(op, nxt[0]["t1"]),
-                        {"job_id": jid, "attempt": a, "nack": n["id"], "delay_ms": want,
-                         "redelivered_after_ms": now_b - now_a})
-            elif not maybe_nacks:
-                expiry = kept = j.get("lease_expires")
-                if pc.lost_before(op, nxt[0]["t1"]):
-                    kept = None
-                for e in ix.extends.get(jid, ()):
-                    if e["attempt"] == a and _ok(e) and e.get("lease_expires") is not None:
-                        expiry = max(expiry, e["lease_expires"])
-                        if kept is not None and not pc.lost_before(e, nxt[0]["t1"]):
-                            kept = max(kept, e["lease_expires"])
-                if expiry is not None and now_b < expiry:
-                    # Excused when only lease ends that a cut may have erased come after it.
-                    invs["lease_honoured"].bad_unless(kept is None or now_b >= kept,
-                                                      {"job_id": jid, "attempt": a, "lease_end": expiry,
-                                                       "redelivered_at": now_b, "early_ms": expiry - now_b})
-
-    # ------------------------------------------------------------------ dead letters
-    causes = defaultdict(int)
-    for jid, recs in ix.dlq.items():
-        if len(recs) > 1:
-            invs["dead_letters"].bad({"job_id": jid, "records": len(recs)})
-        rec = recs[0]
-        causes[rec["cause"]] += 1
-        fa, mx, cause = rec["final_attempt"], rec.get("max_attempts") or ix.job_max.get(jid), rec["cause"]
-        used = fa - (rec.get("releases") or 0)
-        if not (1 <= used and (mx is None or used <= mx)):
-            invs["attempts_bound"].bad({"job_id": jid, "dead_letter_final_attempt": fa, "max_attempts": mx})
-        nacks_at = [n for n in ix.nacks.get(jid, ()) if n["attempt"] == fa and n["outcome"] in ("ok", "unknown")]
-        if cause == "rejected":
-            match = [n for n in nacks_at if n["strategy"] == "dead_letter" and n["reason"] == rec.get("last_reason")]
-            if not match:
-                invs["dead_letters"].bad({"job_id": jid, "cause": cause, "final_attempt": fa,
-                                          "why": "no dead_letter nack for this attempt with this reason",
-                                          "last_reason": rec.get("last_reason")})
-        elif cause == "attempts_exhausted":
-            match = [n for n in nacks_at if n["strategy"] != "dead_letter" and n["reason"] == rec.get("last_reason")]
-            if mx is not None and used < mx or not match:
-                invs["dead_letters"].bad({"job_id": jid, "cause": cause, "final_attempt": fa, "max_attempts": mx,
-                                          "why": "not the last attempt, or no nack for it with this reason",
-                                          "last_reason": rec.get("last_reason")})
-        elif cause == "lease_expired":
-            done = [x for x in list(ix.acks.get(jid, ())) + list(ix.nacks.get(jid, ()))
-                    if x["attempt"] == fa and _ok(x)]
-            if (mx is not None and used < mx) or rec.get("last_reason") is not None or done:
-                excused = bool(done) and not ((mx is not None and used < mx) or rec.get("last_reason") is not None) \
-                    and all(pc.lost_before_wall(x, rec.get("failed_at")) for x in done)
-                invs["dead_letters"].bad_unless(excused, {"job_id": jid, "cause": cause, "final_attempt": fa,
-                                                          "max_attempts": mx, "ok_ops": [x["id"] for x in done],
-                                                          "why": "not the last attempt, has a reason, or was acked/nacked ok"})
-        else:
-            invs["dead_letters"].bad({"job_id": jid, "cause": cause, "why": "a cause this workload never produces"})
-    for jid, lst in ix.nacks.items():
-        for n in lst:
-            if not _ok(n):
-                continue
-            mx = n.get("max_attempts") or ix.job_max.get(jid)
-            expect = n["strategy"] == "dead_letter" or (mx is not None and n["attempt"] - (n.get("releases") or 0) >= mx)
-            if n.get("dead_lettered") != expect:
-                invs["dead_letters"].bad({"job_id": jid, "nack": n["id"], "attempt": n["attempt"], "max_attempts": mx,
-                                          "strategy": n["strategy"], "dead_lettered": n.get("dead_lettered"),
-                                          "why": "dead_lettered flag differs from the rules"})
-            if n.get("dead_lettered"):
-                recs = ix.dlq.get(jid)
-                want = "rejected" if n["strategy"] == "dead_letter" else "attempts_exhausted"
-                if not recs or recs[0]["cause"] != want or recs[0]["final_attempt"] != n["attempt"]:
-                    invs["dead_letters"].bad_unless(
-                        pc.lost_before_wall(n, recs[0].get("failed_at") if recs else None),
-                        {"job_id": jid, "nack": n["id"], "want_cause": want, "found": recs[0] if recs else None,
-                         "why": "an ok dead-lettering nack without its dead letter"})
-
-    schedule_stats = _check_schedules(ix, invs, pc, tick_erased, drain, max_catchup_ticks)
-    _check_releases(ix, invs, pc)
-    if gates:
-        _check_gates(ix, invs, gates, pc)
-    else:
-        for name in ("throttle_limit", "circuit_open", "window_closed"):
-            invs[name].skipped = "no gates configured"
-    if key_queues:
-        key_stats = _check_keys(ix, invs, key_queues, pc, clock_lag_ms)
-    else:
-        key_stats = None
-        for name in ("key_concurrency_held", "key_rate_held", "queue_rate_held"):
-            invs[name].skipped = "no keyed queues configured"
-
-    # ------------------------------------------------------------------ final state
-    if drain is not None:
-        if not drain.get("ok"):
-            invs["drained"].bad({"why": "the final drain did not finish", "queues": drain.get("queues")})
-        for q in drain.get("queues") or []:
-            left = {k: q.get(k, 0) for k in ("ready", "scheduled", "in_flight", "dead_lettered") if q.get(k, 0)}
-            if left:
-                invs["drained"].bad({"queue": q.get("name"), "left": left})
-    else:
-        invs["drained"].skipped = "no final drain"
-    if views is not None:
-        for i, v in enumerate(views):
-            if not v:
-                invs["replicas_agree"].bad({"node": i, "why": "no view (node down or not answering)"})
-                continue
-            st = v.get("state") or {}
-            if st.get("jobs", 0) or st.get("dead_letters", 0):
-                invs["drained"].bad({"node": v.get("node_id"), "jobs": st.get("jobs"), "dead_letters": st.get("dead_letters")})
-        got = [(v.get("node_id"),) + digest_at(v) for v in views if v]
-        if len({(a, d) for _, a, d in got}) > 1:
-            invs["replicas_agree"].bad({"views": got})
-    else:
-        invs["replicas_agree"].skipped = "no node views"
-
-    if leader_claims is not None:
-        # Strict in both modes: term and vote are synced before they are acted on in memory mode
-        # too (node/replication/replica.py), so even a power cut cannot make a node vote twice in a term.
-        for term, nodes in sorted(leader_claims.items(), key=lambda kv: int(kv[0])):
-            if len(set(nodes)) > 1:
-                invs["one_leader_per_term"].bad({"term": term, "leaders": sorted(set(nodes))})
-    else:
-        invs["one_leader_per_term"].skipped = "no samples"
-
-    if liveness is not None:
-        la, bound = liveness.get("leader_after_heal_s"), liveness.get("leader_bound_s")
-        if la is None or (bound is not None and la > bound):
-            invs["liveness"].bad({"leader_after_heal_s": la, "bound_s": bound})
-        lp = liveness.get("lease_probe")
-        if lp is not None and not lp.get("ok"):
-            invs["liveness"].bad({"lease_probe": lp})
-    else:
-        invs["liveness"].skipped = "not measured"
-
-    # ------------------------------------------------------------------ disks
-    damaged_nodes = {f.get("node") for f in disk_faults or [] if not f.get("skipped")}
-    disk_lines = 0
-    if node_logs is not None:
-        by_node = node_logs.get("critical_by_node")
-        if by_node is None:
-            by_node = {None: node_logs.get("critical", [])}
-        for nid, lines in by_node.items():
-            for line in lines:
-                if "disk check: snapshot_received_damaged" in line:
-                    invs["checksum_failures_contained"].bad({"node": nid, "why": "a snapshot arrived damaged", "line": line})
-                    continue
-                ours = "disk check:" in line or "storage failure:" in line
-                if ours and nid in damaged_nodes:
-                    disk_lines += 1                   # what a damaged node must say
-                    continue
-                if ours:
-                    invs["checksum_failures_contained"].bad({"node": nid, "why": "damage found on a node no fault "
-                                                                                "damaged", "line": line})
-                invs["no_critical_node_logs"].bad({"line": line})
-    else:
-        invs["no_critical_node_logs"].skipped = "no node logs"
-    for f in disk_faults or []:
-        if f.get("skipped") or f.get("damage_skipped"):
-            continue
-        if f["kind"] in ("bitflip", "truncate") and not f.get("found"):
-            invs["checksum_failures_contained"].bad({"fault": f.get("id"), "kind": f["kind"], "node": f.get("node"),
-                                                     "why": "damage the node did not find", "damage": {
-                                                         k: f.get(k) for k in ("file", "bits", "cut_at")}})
-        if f["kind"] == "fsync-eio" and "exit_code" in f:
-            if f["exit_code"] != 74 or not f.get("logged"):
-                invs["failed_writes_stop"].bad({"fault": f.get("id"), "node": f.get("node"),
-                                                "exit_code": f["exit_code"], "logged": f.get("logged")})
-        if f["kind"] == "disk-full" and f.get("exit_code") is not None and f["exit_code"] != 74:
-            invs["failed_writes_stop"].bad({"fault": f.get("id"), "node": f.get("node"), "exit_code": f["exit_code"]})
-    for claim in untrusted_claims or []:
-        invs["checksum_failures_contained"].bad(dict(claim, why="led or stood for election with an untrusted log"))
-    if disk_faults is None:
-        invs["checksum_failures_contained"].skipped = invs["failed_writes_stop"].skipped = "no disk faults"
-    for e in internal_errors or []:
-        invs["no_internal_errors"].bad(e)
-    for op in ops:
-        if op.get("error") == "internal":
-            invs["no_internal_errors"].bad({"op": op["id"], "f": op["f"]})
-
-    # ------------------------------------------------------------------ stats
+def _stats(ev: Evidence, invs: dict) -> dict:
+    """What the run did, for the report."""
+    ix = ev.ix
     by_outcome: dict = defaultdict(lambda: defaultdict(int))
-    for op in ops:
+    for op in ix.ops:
         by_outcome[op["f"]][op.get("outcome") or "open"] += 1
-    stats = {
+    causes: dict = defaultdict(int)
+    for recs in ix.dlq.values():
+        causes[recs[0]["cause"]] += 1
+    return {
         "ops": {f: dict(v) for f, v in sorted(by_outcome.items())},
         "lost_after_power_loss": invs["lost"].expected,
-        "disk_critical_lines": disk_lines,
+        "disk_critical_lines": sum(1 for _, _, what in ev.critical_lines if what == "damaged_node"),
         "expected_after_power_loss": sum(i.expected for i in invs.values()),
-        "enqueued_ok_jobs": len(ok_jobs),
+        "enqueued_ok_jobs": len(ev.ok_jobs),
         "attempted_values": len(ix.attempted),
-        "recovered": recovered,
+        "recovered": sum(1 for v in ix.unknown_values if ev.value_jobs.get(v)),
         "jobs_delivered": len(ix.deliveries),
         "deliveries": sum(len(d) for d in ix.deliveries.values()),
-        "redeliveries": redeliveries,
+        "redeliveries": sum(len(ds) - 1 for ds in ix.deliveries.values()),
         "acked_ok_jobs": sum(1 for lst in ix.acks.values() if any(_ok(a) for a in lst)),
         "dead_letters": dict(causes),
         "releases_ok": sum(1 for lst in ix.releases.values() for r in lst if _ok(r)),
         "gated_deliveries": {q: sum(1 for ds in ix.deliveries.values() for _, j in ds if j.get("queue") == q)
-                             for q in ("thr", "cb", "win")} if gates else None,
-        "schedules": schedule_stats,
-        "keys": key_stats,
+                             for q in ("thr", "cb", "win")} if ev.gates else None,
+        "schedules": _schedule_stats(ev),
+        "keys": _key_stats(ev),
     }
-    out = [inv.out() for inv in invs.values()]
-    return {"valid": all(i["ok"] for i in out), "invariants": out, "stats": stats, "failures": failed_ops(ix)}
 
 
 # ---------------------------------------------------------------------------- failed ops
@@ -811,9 +977,12 @@ def failed_ops(ix: Index) -> list[dict]:
     return sorted(rows.values(), key=lambda r: (r["expected"], r["f"], r["outcome"], str(r["error"])))
 
 
-def _check_releases(ix: Index, invs: dict, pc: PowerCuts):
-    """An ok release of attempt a: the next delivery carries attempt a + 1 and one release more,
-    so the attempts used (attempt - releases) are those of the released delivery."""
+# ---------------------------------------------------------------------------- releases
+def judge_release_uses_no_attempt(ev: Evidence, inv: Inv):
+    """`release_uses_no_attempt` (docs/chaos.md "Invariants"): a released job comes back, attempts used unchanged."""
+    ix = ev.ix
+    # An ok release of attempt a: the next delivery carries attempt a + 1 and one release more,
+    # so the attempts used (attempt - releases) are those of the released delivery.
     for jid, lst in ix.releases.items():
         ds = ix.deliveries.get(jid, ())
         for r in lst:
@@ -827,11 +996,16 @@ def _check_releases(ix: Index, invs: dict, pc: PowerCuts):
             op, j = after[0]
             used_after = j["attempt"] - (j.get("releases") or 0)
             if used_after != used_before:
-                invs["release_uses_no_attempt"].bad_unless(pc.lost_before(r, op["t1"]), {
+                inv.bad_unless(ev.pc.lost_before(r, op["t1"]), {
                     "job_id": jid, "release": r["id"], "attempt": r["attempt"], "used_before": used_before,
                     "next_delivery": op["id"], "used_after": used_after})
 
 
+# ---------------------------------------------------------------------------- gates
+# The gates against the history. What a memory-mode power cut may have erased (a delivery, a
+# failure) before the delivery being judged does not count against it: the cluster that made
+# that delivery no longer knew of it (counted apart as expected, like the other invariants'
+# power-cut echoes).
 def _gated_deliveries(ix: Index, gates: dict) -> list:
     """(reserve op, job, replicated time it was leased) of every delivery made before the gates
     were lifted, in replicated-time order."""
@@ -862,60 +1036,80 @@ def _surely_in_flight(ix: Index, y: tuple, x: tuple) -> bool:
     return all(s["t0"] > xop["t1"] for s in _settles(ix, yj["job_id"], yj["attempt"]))
 
 
-def _check_gates(ix: Index, invs: dict, gates: dict, pc: PowerCuts):
-    """The gates against the history. What a memory-mode power cut may have erased (a delivery,
-    a failure) before the delivery being judged does not count against it: the cluster that
-    made that delivery no longer knew of it (counted apart as expected, like the other
-    invariants' power-cut echoes)."""
-    ds = _gated_deliveries(ix, gates)
-    limits = gates.get("resource_limits") or {}
+def judge_throttle_limit(ev: Evidence, inv: Inv):
+    """`throttle_limit` (docs/chaos.md "Invariants"): never more jobs of a resource in flight than its limit."""
+    if not ev.gates:
+        inv.skipped = "no gates configured"
+        return
+    limits = ev.gates.get("resource_limits") or {}
     by_resource: dict = defaultdict(list)
-    for d in ds:
+    for d in ev.gated:
         r = d[1].get("resource")
         if r in limits:
             by_resource[r].append(d)
     for r, lst in by_resource.items():
         times = [d[2] for d in lst]
-        for i, x in enumerate(lst):
+        for x in lst:
             # Only deliveries leased within a lease before x can still hold a slot at x.
             lo = bisect.bisect_left(times, x[2] - MAX_LEASE_MS)
             hi = bisect.bisect_right(times, x[2])
             held = [y for y in lst[lo:hi] if y is not x and y[1]["job_id"] != x[1]["job_id"]
-                    and _surely_in_flight(ix, y, x)]
+                    and _surely_in_flight(ev.ix, y, x)]
             if len(held) + 1 > limits[r]:
-                kept = [y for y in held if not pc.lost_before(y[0], x[0]["t1"])]
-                invs["throttle_limit"].bad_unless(len(kept) + 1 <= limits[r], {"resource": r, "limit": limits[r], "job_id": x[1]["job_id"],
-                                            "leased_at": x[2], "also_in_flight": [y[1]["job_id"] for y in held]})
-    cb = gates.get("circuit")
-    if cb:
-        mine = [d for d in ds if d[1].get("queue") == cb["queue"]]
-        fail_ops = sorted((n for lst in ix.nacks.values() for n in lst
-                           if _ok(n) and ix.job_queue.get(n["job_id"]) == cb["queue"] and n.get("proc") != "drain"),
-                          key=lambda n: n["t1"])
-        fails = [n["t1"] for n in fail_ops]
-        prev = None
-        for x in mine:
-            surely = bisect.bisect_left(fails, x[0]["t0"])        # failures answered before x was asked for
-            if prev is not None and surely >= cb["failures"] and x[2] - prev[2] < cb["open_ms"]:
-                kept = sum(1 for n in fail_ops[:surely] if not pc.lost_before(n, x[0]["t1"]))
-                invs["circuit_open"].bad_unless(kept < cb["failures"] or pc.lost_before(prev[0], x[0]["t1"]), {"queue": cb["queue"], "job_id": x[1]["job_id"], "leased_at": x[2],
-                                          "previous": prev[1]["job_id"], "previous_at": prev[2],
-                                          "apart_ms": x[2] - prev[2], "open_ms": cb["open_ms"],
-                                          "failures_before": surely})
-            prev = x
-    win = gates.get("windows")
-    if win:
-        spans = sorted(tuple(s) for s in win["open"])
-        starts = [a for a, _ in spans]
-        for op, j, now in ds:
-            if j.get("queue") != win["queue"]:
-                continue
-            i = bisect.bisect_right(starts, now) - 1
-            if i < 0 or not (spans[i][0] <= now < spans[i][1]):
-                invs["window_closed"].bad({"queue": win["queue"], "job_id": j["job_id"], "leased_at": now, "op": op["id"]})
+                kept = [y for y in held if not ev.pc.lost_before(y[0], x[0]["t1"])]
+                inv.bad_unless(len(kept) + 1 <= limits[r],
+                               {"resource": r, "limit": limits[r], "job_id": x[1]["job_id"], "leased_at": x[2],
+                                "also_in_flight": [y[1]["job_id"] for y in held]})
+
+
+def judge_circuit_open(ev: Evidence, inv: Inv):
+    """`circuit_open` (docs/chaos.md "Invariants"): an open breaker hands out one probe at a time, open_ms apart."""
+    if not ev.gates:
+        inv.skipped = "no gates configured"
+        return
+    cb, ix, pc = ev.gates.get("circuit"), ev.ix, ev.pc
+    if not cb:
+        return
+    mine = [d for d in ev.gated if d[1].get("queue") == cb["queue"]]
+    fail_ops = sorted((n for lst in ix.nacks.values() for n in lst
+                       if _ok(n) and ix.job_queue.get(n["job_id"]) == cb["queue"] and n.get("proc") != "drain"),
+                      key=lambda n: n["t1"])
+    fails = [n["t1"] for n in fail_ops]
+    prev = None
+    for x in mine:
+        surely = bisect.bisect_left(fails, x[0]["t0"])        # failures answered before x was asked for
+        if prev is not None and surely >= cb["failures"] and x[2] - prev[2] < cb["open_ms"]:
+            kept = sum(1 for n in fail_ops[:surely] if not pc.lost_before(n, x[0]["t1"]))
+            inv.bad_unless(kept < cb["failures"] or pc.lost_before(prev[0], x[0]["t1"]),
+                           {"queue": cb["queue"], "job_id": x[1]["job_id"], "leased_at": x[2],
+                            "previous": prev[1]["job_id"], "previous_at": prev[2],
+                            "apart_ms": x[2] - prev[2], "open_ms": cb["open_ms"], "failures_before": surely})
+        prev = x
+
+
+def judge_window_closed(ev: Evidence, inv: Inv):
+    """`window_closed` (docs/chaos.md "Invariants"): no job of a windowed queue handed out while it is closed."""
+    if not ev.gates:
+        inv.skipped = "no gates configured"
+        return
+    win = ev.gates.get("windows")
+    if not win:
+        return
+    spans = sorted(tuple(s) for s in win["open"])
+    starts = [a for a, _ in spans]
+    for op, j, now in ev.gated:
+        if j.get("queue") != win["queue"]:
+            continue
+        i = bisect.bisect_right(starts, now) - 1
+        if i < 0 or not (spans[i][0] <= now < spans[i][1]):
+            inv.bad({"queue": win["queue"], "job_id": j["job_id"], "leased_at": now, "op": op["id"]})
 
 
 # ---------------------------------------------------------------------------- keys
+# key_concurrency_held, key_rate_held and queue_rate_held judge every hand-out of a keyed queue
+# (the final drain's included: the limits hold then too). A hand-out a memory-mode power cut may
+# have erased before the one judged does not count against it (the cluster that made that one
+# no longer knew of it): counted apart as expected, like the gates' checks.
 def _rate_of(x):
     """A configured rate ({count, period_ms} or [count, period_ms]) as (count, period_ms), or None."""
     if x is None:
@@ -981,14 +1175,9 @@ def _densest(times: list, period: int) -> int:
     return best
 
 
-def _check_keys(ix: Index, invs: dict, keys: dict, pc: PowerCuts, lag_ms: int) -> dict:
-    """key_concurrency_held, key_rate_held and queue_rate_held over every delivery of a keyed
-    queue (the final drain's included: the limits hold then too); what each queue did, for the
-    report. A hand-out a memory-mode power cut may have erased before the one judged does not
-    count against it (the cluster that made that one no longer knew of it): counted apart as
-    expected, like the gates' checks."""
-    conc_inv, rate_inv, qrate_inv = invs["key_concurrency_held"], invs["key_rate_held"], invs["queue_rate_held"]
-    per_queue: dict = {q: [] for q in keys}
+def _keyed_hand_outs(ix: Index, keys: dict | None) -> dict:
+    """keyed queue -> its hand-outs (reserve op, job, replicated time), one per attempt, in time order."""
+    per_queue: dict = {q: [] for q in keys or {}}
     seen: set = set()
     for jid, ds in ix.deliveries.items():
         for op, j in ds:
@@ -999,81 +1188,130 @@ def _check_keys(ix: Index, invs: dict, keys: dict, pc: PowerCuts, lag_ms: int) -
             now = reserve_now(op, j)
             if now is not None:
                 per_queue[q].append((op, j, now))
-    stats: dict = {}
-    for q, lst in per_queue.items():
-        settings = keys[q] or {}
+    for lst in per_queue.values():
         lst.sort(key=lambda d: (d[2], d[0]["t1"]))
-        by_key: dict = defaultdict(list)
-        for d in lst:
-            by_key[d[1].get("tenant")].append(d)
+    return per_queue
+
+
+def _by_key(hand_outs: list) -> dict:
+    """key (the job's `tenant`; None for a job without one) -> its hand-outs, in their order."""
+    by_key: dict = defaultdict(list)
+    for d in hand_outs:
+        by_key[d[1].get("tenant")].append(d)
+    return by_key
+
+
+def _held_at(ev: Evidence, kl: list, times: list, x: tuple, conc: int) -> tuple[list, bool]:
+    """(the hand-outs of x's key certainly handed out before x and certainly still in flight at
+    x's hand-out, whether one of them only counts as "either came second") of key hand-outs kl."""
+    lo = bisect.bisect_left(times, x[2] - MAX_LEASE_MS)
+    hi = bisect.bisect_right(times, x[2])
+    # Those certainly handed out before x (an earlier stamp, the same reserve, or the same stamp
+    # by a reserve answered before x's was asked for: the clock stands still while a leader's
+    # clock is behind the replicated one) and certainly still in flight at x's hand-out: all of
+    # them and x at once.
+    held, either = [], False
+    for y in kl[lo:hi]:
+        if y is x or y[1]["job_id"] == x[1]["job_id"] or not _key_in_flight(ev.ix, y, x, ev.clock_lag_ms):
+            continue
+        if y[2] < x[2] or y[0] is x[0] or y[0]["t1"] < x[0]["t0"]:
+            held.append(y)
+        elif conc == 1 and _key_in_flight(ev.ix, x, y, ev.clock_lag_ms):
+            # One stamp, two reserves in unknown order, each certainly in flight at the other's
+            # hand-out: whichever came second, two at once.
+            either = True
+            held.append(y)
+    return held, either
+
+
+def judge_key_concurrency_held(ev: Evidence, inv: Inv):
+    """`key_concurrency_held` (docs/chaos.md "Invariants"): never more jobs of a key in flight than its limit."""
+    if not ev.key_queues:
+        inv.skipped = "no keyed queues configured"
+        return
+    for q, lst in ev.keyed.items():
         peak = {"in_flight": 0, "key": None, "limit": None}
-        densest = {"hand_outs": 0, "key": None, "count": None, "period_ms": None}
-        for key, kl in by_key.items():
-            if key is None:
-                continue                           # a job without a key: no key limit
-            conc, rate = _key_limits(settings, key)
+        for key, kl in _by_key(lst).items():
+            conc = _key_limits(ev.key_queues[q] or {}, key)[0] if key is not None else None
+            if conc is None:
+                continue                           # a job without a key, or a key without a limit
             times = [d[2] for d in kl]
-            if conc is not None:
-                for x in kl:
-                    lo = bisect.bisect_left(times, x[2] - MAX_LEASE_MS)
-                    hi = bisect.bisect_right(times, x[2])
-                    # Those certainly handed out before x (an earlier stamp, the same reserve, or
-                    # the same stamp by a reserve answered before x's was asked for: the clock
-                    # stands still while a leader's clock is behind the replicated one) and
-                    # certainly still in flight at x's hand-out: all of them and x at once.
-                    held, either = [], False
-                    for y in kl[lo:hi]:
-                        if y is x or y[1]["job_id"] == x[1]["job_id"] or not _key_in_flight(ix, y, x, lag_ms):
-                            continue
-                        if y[2] < x[2] or y[0] is x[0] or y[0]["t1"] < x[0]["t0"]:
-                            held.append(y)
-                        elif conc == 1 and _key_in_flight(ix, x, y, lag_ms):
-                            # One stamp, two reserves in unknown order, each certainly in flight at
-                            # the other's hand-out: whichever came second, two at once.
-                            either = True
-                            held.append(y)
-                    if not either and len(held) + 1 > peak["in_flight"]:
-                        peak = {"in_flight": len(held) + 1, "key": key, "limit": conc}
-                    if len(held) + 1 > conc:
-                        kept = [y for y in held if not pc.lost_before(y[0], x[0]["t1"])]
-                        conc_inv.bad_unless(len(kept) + 1 <= conc, {
-                            "queue": q, "key": key, "key_concurrency": conc, "job_id": x[1]["job_id"],
-                            "attempt": x[1]["attempt"], "handed_out_at": x[2], "op": x[0]["id"],
-                            "also_in_flight": [{"job_id": y[1]["job_id"], "attempt": y[1]["attempt"],
-                                                "handed_out_at": y[2], "lease_end": _lease_end(ix, y[1])}
-                                               for y in held]})
-            if rate is not None:
-                count, period = rate
-                for i in range(len(kl) - count):
-                    a, b = kl[i], kl[i + count]
-                    if b[2] - a[2] < period:
-                        rate_inv.bad_unless(any(pc.lost_before(d[0], b[0]["t1"]) for d in kl[i:i + count]), {
-                            "queue": q, "key": key, "count": count, "period_ms": period, "span_ms": b[2] - a[2],
-                            "hand_outs": [[d[1]["job_id"], d[1]["attempt"], d[2]] for d in kl[i:i + count + 1]]})
-                n = _densest(times, period)
-                if n > densest["hand_outs"]:
-                    densest = {"hand_outs": n, "key": key, "count": count, "period_ms": period}
-        qrate = _rate_of(settings.get("rate"))
+            for x in kl:
+                held, either = _held_at(ev, kl, times, x, conc)
+                if not either and len(held) + 1 > peak["in_flight"]:
+                    peak = {"in_flight": len(held) + 1, "key": key, "limit": conc}
+                if len(held) + 1 > conc:
+                    kept = [y for y in held if not ev.pc.lost_before(y[0], x[0]["t1"])]
+                    inv.bad_unless(len(kept) + 1 <= conc, {
+                        "queue": q, "key": key, "key_concurrency": conc, "job_id": x[1]["job_id"],
+                        "attempt": x[1]["attempt"], "handed_out_at": x[2], "op": x[0]["id"],
+                        "also_in_flight": [{"job_id": y[1]["job_id"], "attempt": y[1]["attempt"],
+                                            "handed_out_at": y[2], "lease_end": _lease_end(ev.ix, y[1])}
+                                           for y in held]})
+        ev.key_report.setdefault(q, {})["peak_in_flight"] = peak if peak["limit"] is not None else None
+
+
+def _judge_rate(ev: Evidence, inv: Inv, hand_outs: list, rate: tuple, where: dict):
+    """count + 1 consecutive hand-outs (sorted) inside one period_ms: one too many."""
+    count, period = rate
+    for i in range(len(hand_outs) - count):
+        a, b = hand_outs[i], hand_outs[i + count]
+        if b[2] - a[2] < period:
+            inv.bad_unless(any(ev.pc.lost_before(d[0], b[0]["t1"]) for d in hand_outs[i:i + count]), dict(
+                where, count=count, period_ms=period, span_ms=b[2] - a[2],
+                hand_outs=[[d[1]["job_id"], d[1]["attempt"], d[2]] for d in hand_outs[i:i + count + 1]]))
+
+
+def judge_key_rate_held(ev: Evidence, inv: Inv):
+    """`key_rate_held` (docs/chaos.md "Invariants"): never more hand-outs of a key in a period than its rate."""
+    if not ev.key_queues:
+        inv.skipped = "no keyed queues configured"
+        return
+    for q, lst in ev.keyed.items():
+        densest = {"hand_outs": 0, "key": None, "count": None, "period_ms": None}
+        for key, kl in _by_key(lst).items():
+            rate = _key_limits(ev.key_queues[q] or {}, key)[1] if key is not None else None
+            if rate is None:
+                continue
+            _judge_rate(ev, inv, kl, rate, {"queue": q, "key": key})
+            n = _densest([d[2] for d in kl], rate[1])
+            if n > densest["hand_outs"]:
+                densest = {"hand_outs": n, "key": key, "count": rate[0], "period_ms": rate[1]}
+        ev.key_report.setdefault(q, {})["densest_key_window"] = densest if densest["key"] is not None else None
+
+
+def judge_queue_rate_held(ev: Evidence, inv: Inv):
+    """`queue_rate_held` (docs/chaos.md "Invariants"): never more hand-outs of a queue in a period than its rate."""
+    if not ev.key_queues:
+        inv.skipped = "no keyed queues configured"
+        return
+    for q, lst in ev.keyed.items():
+        qrate = _rate_of((ev.key_queues[q] or {}).get("rate"))
         queue_densest = None
         if qrate is not None:
-            count, period = qrate
-            for i in range(len(lst) - count):
-                a, b = lst[i], lst[i + count]
-                if b[2] - a[2] < period:
-                    qrate_inv.bad_unless(any(pc.lost_before(d[0], b[0]["t1"]) for d in lst[i:i + count]), {
-                        "queue": q, "count": count, "period_ms": period, "span_ms": b[2] - a[2],
-                        "hand_outs": [[d[1]["job_id"], d[1]["attempt"], d[2]] for d in lst[i:i + count + 1]]})
-            queue_densest = {"hand_outs": _densest([d[2] for d in lst], period), "count": count, "period_ms": period}
+            _judge_rate(ev, inv, lst, qrate, {"queue": q})
+            queue_densest = {"hand_outs": _densest([d[2] for d in lst], qrate[1]), "count": qrate[0],
+                             "period_ms": qrate[1]}
+        ev.key_report.setdefault(q, {})["densest_queue_window"] = queue_densest
+
+
+def _key_stats(ev: Evidence) -> dict | None:
+    """What each keyed queue did, for the report (with what its judges measured)."""
+    if not ev.key_queues:
+        return None
+    ix, stats = ev.ix, {}
+    for q, lst in ev.keyed.items():
         jobs = {d[1]["job_id"] for d in lst}
-        stats[q] = {"keys": sum(1 for k in by_key if k is not None),
+        measured = ev.key_report.get(q, {})
+        stats[q] = {"keys": sum(1 for k in _by_key(lst) if k is not None),
                     "enqueued_ok_jobs": len({res["job_id"] for _, item, res in ix.ok_items if item.get("queue") == q}),
                     "hand_outs": len(lst), "jobs_handed_out": len(jobs),
                     "acked_ok_jobs": sum(1 for jid in jobs if any(_ok(a) for a in ix.acks.get(jid, ()))),
                     "releases_ok": sum(1 for jid in jobs for r in ix.releases.get(jid, ()) if _ok(r)),
                     "dead_lettered": sum(1 for jid in jobs if jid in ix.dlq),
-                    "peak_in_flight": peak if peak["limit"] is not None else None,
-                    "densest_key_window": densest if densest["key"] is not None else None,
-                    "densest_queue_window": queue_densest}
+                    "peak_in_flight": measured.get("peak_in_flight"),
+                    "densest_key_window": measured.get("densest_key_window"),
+                    "densest_queue_window": measured.get("densest_queue_window")}
     return stats
 
 
@@ -1178,65 +1416,140 @@ def _judge_ticks(spec: dict, ticks: dict, max_catchup_ticks: int) -> list:
                                 {t, t + every}))
     return out
 
+def _schedules_in_run(ix: Index) -> bool:
+    return bool(ix.schedule_puts or ix.tick_jobs)
 
-def _check_schedules(ix: Index, invs: dict, pc: PowerCuts, erased: set, drain: dict | None,
-                     max_catchup_ticks: int) -> dict | None:
-    """one_job_per_tick and no_tick_missed; what each schedule did, for the report. What a
-    memory-mode power cut may have erased (a tick fired, seen, then rolled back and fired again
-    later or never) counts apart as expected."""
-    once, missed = invs["one_job_per_tick"], invs["no_tick_missed"]
-    if not ix.schedule_puts and not ix.tick_jobs:
-        once.skipped = missed.skipped = "no schedules in this run"
-        return None
+
+def _schedule_views(ix: Index) -> dict | None:
+    """name -> the schedule's view read after the final drain; None when none was read."""
+    return None if ix.schedule_views is None else {v.get("name"): v for v in ix.schedule_views}
+
+
+def _schedule_ticks(ev: Evidence, name: str) -> tuple:
+    """What the history saw of schedule `name`: ({tick: enqueued_at of its job}, the ticks whose
+    every job a power cut may have erased, its job ids, the ids of its jobs without a tick)."""
+    ticks: dict = {}
+    erased_ticks: set = set()
+    jobs: set = set()
+    tickless: set = set()
+    for (n, tick), jids in ev.ix.tick_jobs.items():
+        if n != name:
+            continue
+        jobs |= jids
+        if tick is None:
+            tickless |= jids
+            continue
+        sighted = [ev.ix.job_enqueued[j] for j in jids if j in ev.ix.job_enqueued]
+        ticks[tick] = max(sighted)[1] if sighted else None
+        if all(j in ev.tick_erased for j in jids):
+            erased_ticks.add(tick)
+    return ticks, erased_ticks, jobs, tickless
+
+
+def judge_one_job_per_tick(ev: Evidence, inv: Inv):
+    """`one_job_per_tick` (docs/chaos.md "Invariants"): never two job ids for one tick, nor one job for two."""
+    ix = ev.ix
+    if not _schedules_in_run(ix):
+        inv.skipped = "no schedules in this run"
+        return
     for (name, tick), jids in sorted(ix.tick_jobs.items(), key=str):
         if len(jids) > 1:
-            once.bad({"schedule": name, "tick": tick, "job_ids": sorted(jids)})
+            inv.bad({"schedule": name, "tick": tick, "job_ids": sorted(jids)})
     for jid, ticks in sorted(ix.job_ticks.items()):
         if len(ticks) > 1:
-            once.bad({"job_id": jid, "ticks": sorted(ticks, key=str), "why": "one job for two ticks"})
-    views = None if ix.schedule_views is None else {v.get("name"): v for v in ix.schedule_views}
+            inv.bad({"job_id": jid, "ticks": sorted(ticks, key=str), "why": "one job for two ticks"})
+
+
+def judge_no_tick_missed(ev: Evidence, inv: Inv):
+    """`no_tick_missed` (docs/chaos.md "Invariants"): no tick missed beyond the catch-up policy; each fired one seen."""
+    ix = ev.ix
+    if not _schedules_in_run(ix):
+        inv.skipped = "no schedules in this run"
+        return
+    # What a memory-mode power cut may have erased (a tick fired, seen, then rolled back and fired
+    # again later or never) counts apart as expected.
+    views = _schedule_views(ix)
+    for name, puts in sorted(ix.schedule_puts.items()):
+        oks = [op for op in puts if _ok(op)]
+        spec = oks[0] if oks else puts[0]
+        ticks, erased_ticks, _, tickless = _schedule_ticks(ev, name)
+        if tickless:
+            inv.bad({"schedule": name, "job_ids": sorted(tickless), "why": "a schedule's job without its tick"})
+        for ex, involved in _judge_ticks(spec, ticks, ev.max_catchup_ticks):
+            inv.bad_unless(bool(involved & erased_ticks), dict(ex, schedule=name, catchup=spec.get("catchup")))
+        view = views.get(name) if views is not None else None
+        fired = view.get("fired") if view else None
+        if views is not None and oks and view is None:
+            inv.bad_unless(any(ev.pc.windows(op) for op in oks), {"schedule": name, "why": "the schedule is gone"})
+        elif view is not None and view.get("paused") and fired is not None and (ev.drain is None or ev.drain.get("ok")):
+            # Paused before the final drain, which took every job: each tick fired was seen.
+            if fired > len(ticks):
+                inv.bad({"schedule": name, "fired": fired, "seen": len(ticks),
+                         "why": "ticks fired whose job was never seen"})
+            elif fired < len(ticks):
+                inv.bad_unless(fired >= len(ticks) - len(erased_ticks),
+                               {"schedule": name, "fired": fired, "seen": len(ticks),
+                                "why": "more ticks seen than the schedule fired"})
+
+
+def _schedule_stats(ev: Evidence) -> dict | None:
+    """What each schedule did, for the report."""
+    ix = ev.ix
+    if not _schedules_in_run(ix):
+        return None
+    views = _schedule_views(ix)
     stats: dict = {}
     for name, puts in sorted(ix.schedule_puts.items()):
         oks = [op for op in puts if _ok(op)]
         spec = oks[0] if oks else puts[0]
-        ticks: dict = {}
-        erased_ticks: set = set()
-        jobs: set = set()
-        for (n, tick), jids in ix.tick_jobs.items():
-            if n != name:
-                continue
-            jobs |= jids
-            if tick is None:
-                missed.bad({"schedule": name, "job_ids": sorted(jids), "why": "a schedule's job without its tick"})
-                continue
-            sighted = [ix.job_enqueued[j] for j in jids if j in ix.job_enqueued]
-            ticks[tick] = max(sighted)[1] if sighted else None
-            if all(j in erased for j in jids):
-                erased_ticks.add(tick)
-        for ex, involved in _judge_ticks(spec, ticks, max_catchup_ticks):
-            missed.bad_unless(bool(involved & erased_ticks), dict(ex, schedule=name, catchup=spec.get("catchup")))
+        ticks, _, jobs, _ = _schedule_ticks(ev, name)
         view = views.get(name) if views is not None else None
-        fired = view.get("fired") if view else None
-        if views is not None and oks and view is None:
-            missed.bad_unless(any(pc.windows(op) for op in oks), {"schedule": name, "why": "the schedule is gone"})
-        elif view is not None and view.get("paused") and fired is not None and (drain is None or drain.get("ok")):
-            # Paused before the final drain, which took every job: each tick fired was seen.
-            if fired > len(ticks):
-                missed.bad({"schedule": name, "fired": fired, "seen": len(ticks),
-                            "why": "ticks fired whose job was never seen"})
-            elif fired < len(ticks):
-                missed.bad_unless(fired >= len(ticks) - len(erased_ticks),
-                                  {"schedule": name, "fired": fired, "seen": len(ticks),
-                                   "why": "more ticks seen than the schedule fired"})
         every = spec.get("every_ms")
         order = sorted(ticks)
         misfire = spec.get("misfire_after_ms") if spec.get("misfire_after_ms") is not None else 5000
         stats[name] = {"catchup": spec.get("catchup"), "misfire_after_ms": spec.get("misfire_after_ms"),
-                       "ticks": len(ticks), "jobs": len(jobs), "fired": fired,
+                       "ticks": len(ticks), "jobs": len(jobs), "fired": view.get("fired") if view else None,
                        "late": sum(1 for t in order if ticks[t] is not None and ticks[t] - t > misfire),
                        "missing": ((order[-1] - order[0]) // every + 1 - len(order)) if order and every else 0,
                        "first_tick": order[0] if order else None, "last_tick": order[-1] if order else None}
     return stats
+
+
+# ---------------------------------------------------------------------------- the table
+# The judge of each invariant, in INVARIANTS' order: check runs them all, each into its own Inv.
+JUDGES = {
+    "lost": judge_lost,
+    "unexpected": judge_unexpected,
+    "duplicate_jobs": judge_duplicate_jobs,
+    "idempotency": judge_idempotency,
+    "redelivery_attempts": judge_redelivery_attempts,
+    "stale_attempt": judge_stale_attempt,
+    "no_delivery_after_ack": judge_no_delivery_after_ack,
+    "attempts_bound": judge_attempts_bound,
+    "release_uses_no_attempt": judge_release_uses_no_attempt,
+    "throttle_limit": judge_throttle_limit,
+    "circuit_open": judge_circuit_open,
+    "window_closed": judge_window_closed,
+    "key_concurrency_held": judge_key_concurrency_held,
+    "key_rate_held": judge_key_rate_held,
+    "queue_rate_held": judge_queue_rate_held,
+    "schedule": judge_schedule,
+    "one_job_per_tick": judge_one_job_per_tick,
+    "no_tick_missed": judge_no_tick_missed,
+    "retry_delay": judge_retry_delay,
+    "lease_honoured": judge_lease_honoured,
+    "dead_letters": judge_dead_letters,
+    "drained": judge_drained,
+    "replicas_agree": judge_replicas_agree,
+    "one_leader_per_term": judge_one_leader_per_term,
+    "liveness": judge_liveness,
+    "no_internal_errors": judge_no_internal_errors,
+    "no_critical_node_logs": judge_no_critical_node_logs,
+    "checksum_failures_contained": judge_checksum_failures_contained,
+    "failed_writes_stop": judge_failed_writes_stop,
+}
+if list(JUDGES) != [name for name, _ in INVARIANTS]:
+    raise RuntimeError("checker: JUDGES must name every invariant of INVARIANTS, in its order")
 
 
 # ---------------------------------------------------------------------------- availability

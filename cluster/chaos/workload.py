@@ -33,7 +33,7 @@ delivery's schedule and tick (the custom fields `raftq.schedule`, `raftq.tick_ms
 `enqueued_at`. At the end `pause_schedules` pauses them before the final drain, which takes
 their last jobs and then reads the schedules' views (`schedule_views`: `fired` per schedule).
 The checker holds the ticks to one job per tick and to the catch-up policy (checker.py
-`_check_schedules`).
+`judge_one_job_per_tick`, `judge_no_tick_missed`).
 
 Keyed queues (issue 33, on unless `keys=False`): `KEY_QUEUES` are declared with per-key limits
 (node/core/keys.py): `chaos-keyed` with `key_concurrency = 1` over 20 keys (one of them allowed 2),
@@ -44,7 +44,7 @@ sometimes in bursts of one key), key workers reserve from those queues only, wit
 stall past the lease. A delivered job's key is recorded as `tenant` (the history's `key` is the
 idempotency key): the server's when the client's Job carries it, else the copy the workload puts
 in the payload (`g`). The checker holds the hand-outs to the limits on the replicated clock (checker.py
-`_check_keys`).
+`judge_key_concurrency_held`, `judge_key_rate_held`, `judge_queue_rate_held`).
 """
 from __future__ import annotations
 
