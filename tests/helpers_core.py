@@ -282,3 +282,32 @@ def err(result, status: int, code: str) -> dict:
     got_status, body = result
     assert got_status == status and body["error"]["code"] == code, result
     return body["error"]
+
+
+RETAIN = {"dead_letter_retention_ms": 10**12}      # a dead-letter store that keeps everything
+UNKNOWN_ID = str(uuid.UUID(int=0xDEAD_BEEF, version=4))
+
+
+def ids_of(jobs) -> list:
+    return [j["id"] for j in jobs]
+
+
+def dead_record(c: Core, job_id: str) -> dict:
+    recs = [r for r in c.dead_letters() if r["job"]["id"] == job_id]
+    assert len(recs) == 1, recs
+    return recs[0]
+
+
+def _kill(c: Core, queue: str = "q", reason=None) -> str:
+    jid = c.enqueue_id(queue, max_attempts=1)
+    job = c.reserve_one([queue])
+    assert job["id"] == jid
+    c.nack(jid, 1, reason=reason)
+    return jid
+
+
+def restored(c: Core) -> QueueMachine:
+    m = QueueMachine.from_builtins(c.limits, c.m.to_builtins())
+    m.check_invariants()
+    assert m.digest() == c.m.digest()
+    return m

@@ -23,8 +23,12 @@ import pytest
 from raftq.node.base import validate as C
 from raftq.node.core import answers, ops
 from raftq.node.core.answers import render
+from raftq.node.core.jobs import Job
 from raftq.node.core.limits import Limits
 from raftq.node.core.machine import HANDLERS, QueueMachine
+from raftq.node.core.machine import QueueMachine as RawMachine
+
+from helpers_core import Core
 
 FIXTURES = Path(__file__).parent / "fixtures"
 T0 = 1_764_500_000_000
@@ -288,3 +292,41 @@ def test_check_invariants_finds_a_broken_index(corrupt, says):
     corrupt(m)
     with pytest.raises(AssertionError, match=says):
         m.check_invariants()
+
+
+def test_legacy_18_field_jobs_and_12_field_items_still_load_and_apply():
+    c = Core()
+    jid = c.enqueue_id()
+    data = c.m.to_builtins()
+    data["jobs"] = [tuple(t)[:18] for t in data["jobs"]]            # the snapshot form before issue 17
+    m = RawMachine.from_builtins(c.limits, data)
+    m.check_invariants()
+    assert m.jobs[jid].releases == 0 and m.jobs[jid].timeout_ms is None
+    assert m.digest() == c.m.digest()
+    item = C.check_job({"queue": "q", "job_type": "t"}, c.limits, c.now, lambda: "11111111-1111-4111-8111-111111111111")
+    assert len(item) == ops.ITEM_LEGACY_LEN
+    assert m.apply(c.now, ops.enqueue(None, ops.SINGLE, [item]))[0] == ops.ENQUEUED
+    m.check_invariants()
+
+
+def test_a_job_that_uses_nothing_new_renders_and_hashes_as_before():
+    c = Core()
+    jid = c.enqueue_id()
+    job = c.reserve_one()
+    assert "timeout_ms" not in job and "releases" not in job
+    assert c.m.jobs[jid].legacy_tuple() == c.m.jobs[jid].to_tuple()[:18]
+    v = c.view(jid)
+    assert v["timeout_ms"] is None and v["releases"] == 0     # the job view always shows both
+    t = Job.from_tuple(c.m.jobs[jid].to_tuple())
+    assert t.to_tuple() == c.m.jobs[jid].to_tuple()
+
+
+def test_reserve_results_kept_by_older_code_get_the_new_fields_on_restore():
+    c = Core()
+    c.enqueue_id()
+    c.reserve(rid="r-old")
+    data = c.m.to_builtins()
+    data["rids"] = [(key, op, (kept[0], tuple(t[:14] for t in kept[1])) if op == ops.RESERVE else kept, *rest)
+                    for key, op, kept, *rest in data["rids"]]
+    m = RawMachine.from_builtins(c.limits, data)
+    assert m.rids == c.m.rids and m.digest() == c.m.digest()

@@ -1,5 +1,7 @@
-"""Rule tests of issue 17's gating in the core: throttles (resource limits), circuit breakers and
-execution windows, driven through request validation and QueueMachine.apply (tests/helpers_core.py)."""
+"""Reserve's gating (docs/semantics.md, Reserve; docs/api.md "Gating"): throttles (resource
+limits), circuit breakers and execution windows, and how every other way out of ready keeps the
+held-back marks in step, driven through request validation and QueueMachine.apply
+(tests/helpers_core.py)."""
 from __future__ import annotations
 
 import pickle
