@@ -59,12 +59,45 @@ def build_parser() -> argparse.ArgumentParser:
                "2 usage error or no node reachable; 3 no leader served the request in time")
     add_common(p, top=True)
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    _add_node(sub)
+    _add_up(sub)
+    local_cmd.add_parser(sub, argparse.SUPPRESS)
+    config_cmd.add_parser(sub, add_common, C.run)
+    client_cmd = _client_commands(sub)
+    client_cmd("status", C.cmd_status, "every node's own view of the cluster: role, term, indexes, digest, "
+               "peers, leader (exit 1 when no node knows a leader)", needs_client=False)
+    backup_cmd.add_parsers(sub, client_cmd)
+    _add_enqueue(client_cmd)
+    _add_queue_and_job_commands(client_cmd)
+    admin_cmd.add_parsers(sub, add_common, C.run)
+    members_cmd.add_parsers(sub, add_common, C.run)
+    schedules_cmd.add_parsers(sub, add_common, C.run)
+    consume_cmd.add_parsers(sub, add_common, C.run)
+    _add_dlq(sub)
+    _add_tools(sub)
+    return p
+
+
+def _client_commands(sub):
+    """A function that adds a client command (one that calls the cluster through C.run) to `sub`."""
+    def client_cmd(name, fn, help, needs_client=True):
+        c = sub.add_parser(name, help=help, description=help)
+        add_common(c, top=False)
+        c.set_defaults(fn=lambda a, fn=fn: C.run(a, fn, needs_client=needs_client))
+        return c
+    return client_cmd
+
+
+def _add_node(sub) -> None:
     n = sub.add_parser("node", help="run one node from its TOML config")
     n.add_argument("--config", required=True)
     n.add_argument("--log-level", default=None)
     n.add_argument("--check", action="store_true", help="check the config and the TLS files it names, then exit "
                    "(0: the node would start)")
     n.set_defaults(fn=cmd_node)
+
+
+def _add_up(sub) -> None:
     u = sub.add_parser("up", help="run a local cluster on loopback in the foreground: a lab for failover",
                        description="Run a local cluster on loopback in the foreground. A node that dies is "
                                    "reported and restarted after a back-off; `raftq local` acts on it from another "
@@ -92,20 +125,9 @@ def build_parser() -> argparse.ArgumentParser:
     u.add_argument("--keep", action="store_true", help=argparse.SUPPRESS)   # the directory is always kept now
     u.add_argument("--exit-after-demo", action="store_true", help=argparse.SUPPRESS)
     u.set_defaults(fn=cmd_up)
-    local_cmd.add_parser(sub, argparse.SUPPRESS)
-    config_cmd.add_parser(sub, add_common, C.run)
 
-    def client_cmd(name, fn, help, needs_client=True):
-        c = sub.add_parser(name, help=help, description=help)
-        add_common(c, top=False)
-        c.set_defaults(fn=lambda a, fn=fn: C.run(a, fn, needs_client=needs_client))
-        return c
 
-    client_cmd("status", C.cmd_status, "every node's own view of the cluster: role, term, indexes, digest, "
-               "peers, leader (exit 1 when no node knows a leader)", needs_client=False)
-
-    backup_cmd.add_parsers(sub, client_cmd)
-
+def _add_enqueue(client_cmd) -> None:
     e = client_cmd("enqueue", C.cmd_enqueue, "enqueue a job (or --count N jobs) and print the job id(s)")
     e.add_argument("queue", metavar="QUEUE")
     e.add_argument("job_type", metavar="JOB_TYPE")
@@ -135,6 +157,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="enqueue N identical jobs in batches, with a progress bar")
     e.add_argument("--batch-size", type=int, default=256, metavar="N", help=argparse.SUPPRESS)
 
+
+def _add_queue_and_job_commands(client_cmd) -> None:
+    """queues, job, cancel, pause and resume."""
     q = client_cmd("queues", C.cmd_queues, "every queue with its counts and totals, or one queue with its limits")
     q.add_argument("name", nargs="?", metavar="NAME", help="show this queue in detail, limits included; "
                    "`raftq queues close-circuit NAME` closes the queue's circuit breaker (operator); "
@@ -157,11 +182,9 @@ def build_parser() -> argparse.ArgumentParser:
         pr.add_argument("queue", metavar="QUEUE")
         pr.add_argument("--create", action="store_true", help="also for a queue that neither exists nor is "
                         "declared (refused otherwise: a typo would make a new queue)")
-    admin_cmd.add_parsers(sub, add_common, C.run)
-    members_cmd.add_parsers(sub, add_common, C.run)
-    schedules_cmd.add_parsers(sub, add_common, C.run)
-    consume_cmd.add_parsers(sub, add_common, C.run)
 
+
+def _add_dlq(sub) -> None:
     d = sub.add_parser("dlq", help="dead letters: list, drain, requeue, delete, move",
                        description="dead letters: list, drain, requeue, delete, move")
     dsub = d.add_subparsers(dest="dlq_command", required=True, metavar="ACTION")
@@ -189,6 +212,9 @@ def build_parser() -> argparse.ArgumentParser:
     dx.add_argument("ids", nargs="+", metavar="ID", help="job ids; `-` reads them from stdin")
     admin_cmd.add_dlq_move(dlq_cmd)
 
+
+def _add_tools(sub) -> None:
+    """bench and chaos: their own parsers take the rest of the command line."""
     b = sub.add_parser("bench", help="benchmark a cluster (`raftq bench --help` for its options)", add_help=False)
     b.add_argument("bench_args", nargs=argparse.REMAINDER)
     b.set_defaults(fn=lambda a: cmd_bench(a.bench_args))
@@ -196,7 +222,6 @@ def build_parser() -> argparse.ArgumentParser:
                         add_help=False)
     ch.add_argument("chaos_args", nargs=argparse.REMAINDER)
     ch.set_defaults(fn=lambda a: cmd_chaos(a.chaos_args))
-    return p
 
 
 def cmd_chaos(argv: list[str]) -> int:
