@@ -188,12 +188,20 @@ def handshake(server, client, host: str) -> None:
 
 def install_readme(out: Path, ids: list[str], hosts: list[str], args, stamp: str) -> str:
     urls = ",".join(f"{scheme(args)}://{hostport(h, args.http_port)}" for h in hosts)
-    tls_opts = (" --ca ca.pem" + (" --cert client-cert.pem --key client-key.pem" if args.mtls else "")) if args.tls else ""
-    tls_kwargs = ((', ca="ca.pem"' + (', cert=("client-cert.pem", "client-key.pem")' if args.mtls else ""))
-                  if args.tls else "")
+    parts = [_readme_head(ids, hosts, args, stamp)]
+    for n, h in zip(ids, hosts):
+        parts.append(_readme_host(out, n, h, args))
+    parts.append(_readme_check(urls, args))
+    if args.tls:
+        parts.append(tls_readme(ids, hosts, args))
+    return "".join(parts)
+
+
+def _readme_head(ids: list[str], hosts: list[str], args, stamp: str) -> str:
+    """The README's title, the table of nodes and step 1 (Python, a user, the package)."""
     members = ", ".join(f"{n} on {h}" for n, h in zip(ids, hosts))
     d = args.data_dir
-    parts = [f"""# raftq cluster: {members}
+    return f"""# raftq cluster: {members}
 
 Written by `raftq config init` on {stamp}. Every `nX.toml` here holds the cluster secret: keep this
 directory private (it is mode 0700, its files 0600) and out of version control; put the files in your
@@ -217,18 +225,21 @@ python3 -m venv /opt/raftq/.venv
 ```
 
 ## 2. Each host's config and the unit
-"""]
-    for n, h in zip(ids, hosts):
-        ssh_host = f"[{h}]" if ":" in h else h
-        tls_files = f" {n}-cert.pem {n}-key.pem ca.pem" if args.tls else ""
-        tls_install = (f"""install -m 0640 -o root -g raftq /tmp/{n}-cert.pem /etc/raftq/{TLS_FILES['cert']}
+"""
+
+
+def _readme_host(out: Path, n: str, h: str, args) -> str:
+    """Step 2 for node n on host h: copy its config (and TLS files) and the unit, install, start."""
+    ssh_host = f"[{h}]" if ":" in h else h
+    tls_files = f" {n}-cert.pem {n}-key.pem ca.pem" if args.tls else ""
+    tls_install = (f"""install -m 0640 -o root -g raftq /tmp/{n}-cert.pem /etc/raftq/{TLS_FILES['cert']}
 install -m 0640 -o root -g raftq /tmp/{n}-key.pem /etc/raftq/{TLS_FILES['key']}
 install -m 0644 /tmp/ca.pem /etc/raftq/{TLS_FILES['ca']}
 """ if args.tls else "")
-        check = ("sudo -u raftq /opt/raftq/.venv/bin/raftq node --config /etc/raftq/node.toml --check" if args.tls else
-                 "sudo -u raftq /opt/raftq/.venv/bin/python -c \"from raftq.node.base.settings import load; "
-                 "s = load('/etc/raftq/node.toml'); print(s.node_id, s.raft, s.data_dir)\"")
-        parts.append(f"""
+    check = ("sudo -u raftq /opt/raftq/.venv/bin/raftq node --config /etc/raftq/node.toml --check" if args.tls else
+             "sudo -u raftq /opt/raftq/.venv/bin/python -c \"from raftq.node.base.settings import load; "
+             "s = load('/etc/raftq/node.toml'); print(s.node_id, s.raft, s.data_dir)\"")
+    return f"""
 ### {n} on {h}
 
 From this directory (`cd {out}`):
@@ -247,8 +258,15 @@ rm /tmp/{n}.toml{tls_files.replace(' ', ' /tmp/')} /tmp/{UNIT_NAME}
 {check}
 systemctl daemon-reload && systemctl enable --now raftq
 ```
-""")
-    parts.append(f"""
+"""
+
+
+def _readme_check(urls: str, args) -> str:
+    """Step 3: check the cluster from a client."""
+    tls_opts = (" --ca ca.pem" + (" --cert client-cert.pem --key client-key.pem" if args.mtls else "")) if args.tls else ""
+    tls_kwargs = ((', ca="ca.pem"' + (', cert=("client-cert.pem", "client-key.pem")' if args.mtls else ""))
+                  if args.tls else "")
+    return f"""
 ## 3. Check
 
 The order of the hosts does not matter: the cluster elects a leader as soon as a majority is up.
@@ -260,10 +278,7 @@ raftq status --urls {urls}{tls_opts}
 
 One leader, every node with the same applied index and digest once writes stop. On a host:
 `journalctl -u raftq -f`. Clients take the same URLs: `Client("{urls}"{tls_kwargs})`.
-""")
-    if args.tls:
-        parts.append(tls_readme(ids, hosts, args))
-    return "".join(parts)
+"""
 
 
 def tls_readme(ids: list[str], hosts: list[str], args) -> str:
