@@ -844,15 +844,7 @@ def _run_up(args, directory: Path) -> int:
     storage = {"dead_letter_retention_ms": DEFAULT_RETENTION_MS, **(secs.get("storage") or {})}
     durability = args.durability or (prior or {}).get("durability") or "fsync"
     tls = "mtls" if args.mtls else bool(args.tls)
-    taken = [(p, f"{kind} port of n{j + 1}") for kind, ports in (("HTTP", layout["http_ports"]),
-                                                                ("Raft", layout["raft_ports"]))
-             for j, p in enumerate(ports) if not port_free(p)]
-    if taken:
-        raise UpError(f"port {taken[0][0]} ({taken[0][1]}) is in use" + (f" and {len(taken) - 1} more" if len(taken) > 1
-                                                                        else "")
-                      + ": another raftq up or another program holds it (`raftq local status` shows a raftq up); "
-                      + ("--fresh --base-port 0 starts a new cluster on free ports" if prior else
-                         "give --base-port N, or 0 for any free ports"), EXIT_FAILED)
+    _check_ports_free(layout, prior)
     cluster = LocalCluster(directory, nodes=layout["count"], durability=durability, limits=secs.get("limits"),
                            storage=storage, queues=secs.get("queues"), tuning=secs.get("tuning"),
                            secret=cluster_secret(directory), http_ports=layout["http_ports"],
@@ -889,6 +881,25 @@ def _run_up(args, directory: Path) -> int:
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
 
+    return sup.run(args.timeout, _on_leader(args, cluster, directory))
+
+
+def _check_ports_free(layout: dict, prior: dict | None) -> None:
+    """Refuse to start when a port of the layout is taken, saying which and what to do."""
+    taken = [(p, f"{kind} port of n{j + 1}") for kind, ports in (("HTTP", layout["http_ports"]),
+                                                                ("Raft", layout["raft_ports"]))
+             for j, p in enumerate(ports) if not port_free(p)]
+    if taken:
+        raise UpError(f"port {taken[0][0]} ({taken[0][1]}) is in use" + (f" and {len(taken) - 1} more" if len(taken) > 1
+                                                                        else "")
+                      + ": another raftq up or another program holds it (`raftq local status` shows a raftq up); "
+                      + ("--fresh --base-port 0 starts a new cluster on free ports" if prior else
+                         "give --base-port N, or 0 for any free ports"), EXIT_FAILED)
+
+
+def _on_leader(args, cluster: LocalCluster, directory: Path):
+    """What the supervisor calls once the cluster has a leader: the demo (--demo), then the next
+    steps; False (stop) after --exit-after-demo."""
     def on_leader(leader: int):
         if args.demo:
             try:
@@ -903,5 +914,4 @@ def _run_up(args, directory: Path) -> int:
         for line in next_steps(cluster, directory):
             print(line, flush=True)
         return True
-
-    return sup.run(args.timeout, on_leader)
+    return on_leader
