@@ -430,6 +430,25 @@ def _state(a) -> str:
 
 
 async def cmd_status(ctx: Ctx) -> int:
+    answers, ids = await _status_answers(ctx)
+    up = [a for a in answers if a.view]
+    if not up and any(a.tls for a in answers):
+        raise _tls_error([(a.url, a.tls) for a in answers if a.tls])
+    _show_status(ctx, answers, ids)
+    if not up and answers and all(_refused(a) for a in answers):
+        raise CliError("the nodes answer but refuse the request: "
+                       + ("give an API key with --api-key KEY or $RAFTQ_API_KEY (a viewer key is enough for status)"
+                          if ctx.api_key is None else "the API key is unknown to them or its role is too low"),
+                       EXIT_FAILED)
+    if not up:
+        raise CliError(unreachable_message(ctx.urls, answers), EXIT_UNREACHABLE)
+    _warn_if_diverged(ctx, up)
+    return _status_leader(ctx, up, answers)
+
+
+async def _status_answers(ctx: Ctx) -> tuple[list, dict]:
+    """Every node's answer (those --urls names and the members they list), one per node, sorted
+    by node id; and url -> node id of every node known."""
     # status shows the digests (and warns when they differ at one index): a slower probe.
     timeout_was, ctx.probe_timeout = ctx.probe_timeout, max(ctx.probe_timeout, ctx.timeout)
     try:
@@ -459,10 +478,11 @@ async def cmd_status(ctx: Ctx) -> int:
         seen_ids.add(node_id)
         unique.append(a)
     answers = sorted(unique, key=lambda a: (str(ids.get(a.url) or "~"), a.url))
-    up = [a for a in answers if a.view]
-    if not up and any(a.tls for a in answers):
-        raise _tls_error([(a.url, a.tls) for a in answers if a.tls])
+    return answers, ids
 
+
+def _show_status(ctx: Ctx, answers: list, ids: dict) -> None:
+    """The answers as JSON, or as a table with a line for each node down and TOML that differs."""
     if ctx.json:
         out = []
         for a in answers:
@@ -501,14 +521,8 @@ async def cmd_status(ctx: Ctx) -> int:
                     "the configuration in force (`raftq config diff FILE` shows how, `raftq config apply FILE` "
                     "makes a file the configuration)")
 
-    if not up and answers and all(_refused(a) for a in answers):
-        raise CliError("the nodes answer but refuse the request: "
-                       + ("give an API key with --api-key KEY or $RAFTQ_API_KEY (a viewer key is enough for status)"
-                          if ctx.api_key is None else "the API key is unknown to them or its role is too low"),
-                       EXIT_FAILED)
-    if not up:
-        raise CliError(unreachable_message(ctx.urls, answers), EXIT_UNREACHABLE)
 
+def _warn_if_diverged(ctx: Ctx, up: list) -> None:
     # Digests must agree at equal applied indexes.
     by_index: dict[int, dict[str, list[str]]] = {}
     for a in up:
@@ -520,6 +534,10 @@ async def cmd_status(ctx: Ctx) -> int:
             ctx.err(f"raftq: WARNING: nodes disagree on the state at applied index {index} ({parts}); "
                     "the replicas have diverged, which is a bug: keep the data directories and the logs")
 
+
+def _status_leader(ctx: Ctx, up: list, answers: list) -> int:
+    """The leader the answering nodes name, or the exit for none (a leader that does not answer
+    is none)."""
     seen = Counter(a.view["leader"]["id"] for a in up if a.view.get("leader"))
     if not seen:
         return _no_leader(ctx, f"no leader: none of the {len(up)} answering node(s) knows a leader "
