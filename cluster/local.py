@@ -13,6 +13,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+import weakref
 from pathlib import Path
 
 from ..node.base.settings import API_ROLES
@@ -102,6 +103,12 @@ def http_json(method: str, url: str, body=None, timeout: float = 2.0, headers: d
 
 
 class LocalCluster:
+    # [testing] hooks every LocalCluster of this checkout's code starts with, beneath its own
+    # `testing`: the test suite sets check_invariants here (tests/conftest.py), and keeps every
+    # such cluster in `checked` to ask each for its invariant violations (invariant_violations).
+    default_testing: dict = {}
+    checked: "weakref.WeakSet[LocalCluster]" = weakref.WeakSet()
+
     def __init__(self, directory, nodes: int = 3, durability: str = "fsync", limits: dict | None = None,
                  storage: dict | None = None, queues: list | None = None, tuning: dict | None = None,
                  secret: str | None = "random", base_port: int | None = None,
@@ -136,6 +143,11 @@ class LocalCluster:
         # [testing] hooks (node/base/settings.py TestHooks): `testing` for every node, `node_testing[i]`
         # on top for node i; a node's config is rewritten when they changed since it was written.
         self.testing = testing or {}
+        if self.default_testing and not self.env.get("PYTHONPATH"):     # not another release's nodes
+            self.testing = {**self.default_testing, **self.testing}
+            LocalCluster.checked.add(self)
+        self._violations_seen: dict[int, int] = {}     # invariant_violations(): what was said already
+        self._log_seen: dict[int, int] = {}
         self.node_testing: dict[int, dict] = {}
         self._written_testing: dict[int, dict] = {}
         if http_ports or raft_ports:
@@ -426,6 +438,32 @@ class LocalCluster:
         among = list(range(self.n) if among is None else among)
         with concurrent.futures.ThreadPoolExecutor(len(among) or 1) as pool:
             return list(pool.map(lambda i: self.cluster_view(i, digest=digest), among))
+
+    def invariant_violations(self) -> dict[str, str]:
+        """What the nodes found with `[testing] check_invariants` since the last call: per node,
+        a rise of the count its running process reports (`invariant_violations` in GET
+        /v1/cluster) and the new CRITICAL lines of its log (from any of its processes, so a
+        node restarted since is not missed); {} when nothing new was found."""
+        found: dict[str, list] = {}
+        live = [i for i in range(self.n) if self.alive(i)]
+        for i, v in zip(live, self.cluster_views(live, digest=False)):
+            count = (v or {}).get("invariant_violations") or 0
+            if count > self._violations_seen.get(i, 0):
+                found.setdefault(self.ids[i], []).append(f"{count} violation(s) counted")
+            self._violations_seen[i] = count
+        for i in range(self.n):
+            try:
+                with open(self.log_path(i), "rb") as f:
+                    f.seek(self._log_seen.get(i, 0))
+                    new = f.read()
+            except OSError:
+                continue
+            self._log_seen[i] = self._log_seen.get(i, 0) + len(new)
+            lines = [line.strip()[:2000] for line in new.decode(errors="replace").splitlines()
+                     if "invariant violation after" in line]
+            if lines:
+                found.setdefault(self.ids[i], []).extend(lines[:3])
+        return {node: "; ".join(said) for node, said in found.items()}
 
     def leader(self, among=None) -> int | None:
         """The index of the node that says it leads and that the others agree on, and that has

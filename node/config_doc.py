@@ -385,6 +385,15 @@ TESTING = {
     "hold_seed": Key("boolean", "A leader of a new cluster seeds its configuration (version 1) only once the file "
                      "`release-seed` is in its data dir: the tests watch a cluster that has a leader and no "
                      "configuration yet (writes and `/readyz` answer 503)."),
+    "check_invariants": Key("integer", "N > 0: after applied Raft entries the node runs the core's invariant "
+                            "checks (node/core/invariants.py: counts, indexes, leases, keys, the clock), on the "
+                            "Raft thread, never raising into the apply: a violation is logged CRITICAL with its "
+                            "problems and counted in `GET /v1/cluster` `invariant_violations` (null when off). A "
+                            "check costs O(state), so N bounds it: after every entry while the state holds at most "
+                            "N entries (jobs, dead letters, request ids), after every ⌈entries / N⌉-th beyond, about "
+                            "N entries' worth of checking per applied entry whatever the backlog. The test suite's "
+                            "clusters and `raftq chaos` run with 1000 and fail on any violation. 0: off.",
+                            minimum=0),
 }
 
 # (TOML header, keys, where the code keeps them / their defaults, what the section is)

@@ -173,6 +173,27 @@ def scan_node_logs(directory: Path, ids: list[str]) -> dict:
     return out
 
 
+# [testing] check_invariants of the run's nodes (docs/configuration.md): the core's own invariant
+# checks after applied entries; a violation any node finds fails the run (add_core_invariants).
+INVARIANT_CHECK_BUDGET = 1000
+
+
+def add_core_invariants(result: dict, views: list, node_logs: dict) -> None:
+    """The nodes' own invariant checks as one more of the checker's invariants: every violation
+    a node logged (CRITICAL, from any of its processes: a restarted node's count starts again)
+    or counts in its final view. Any fails the run."""
+    logged = [line for line in node_logs["critical"] if "invariant violation after" in line]
+    counted = sum((v or {}).get("invariant_violations") or 0 for v in views)
+    examples = logged[:5] or [f"{(v or {}).get('node_id')}: {(v or {}).get('invariant_violations')} counted"
+                              for v in views if (v or {}).get("invariant_violations")]
+    count = max(len(logged), counted)
+    result["invariants"].append({
+        "name": "core_invariants_on_every_node", "ok": count == 0, "count": count, "examples": examples,
+        "about": "every node ran the core's invariant checks (node/core/invariants.py) after applied entries "
+                 "([testing] check_invariants) and found no violation"})
+    result["valid"] = result["valid"] and count == 0
+
+
 async def run_chaos(opts: ChaosOptions) -> dict:
     seed = opts.seed if opts.seed is not None else random.randrange(1 << 31)
     made_dir = opts.dir is None
@@ -194,6 +215,7 @@ async def run_chaos(opts: ChaosOptions) -> dict:
                            limits={**RETRY_LIMITS, **gate_limits}, queues=gate_queues + key_queues,
                            storage={"dead_letter_retention_ms": 3_600_000, "sweep_interval_ms": opts.sweep_interval_ms},
                            tuning=dict(opts.tuning))
+    cluster.testing["check_invariants"] = INVARIANT_CHECK_BUDGET       # the core's own checks (add_core_invariants)
     if "power-loss" in opts.faults or "fsync-eio" in opts.faults:
         # The nodes record what a disk honouring only fsync would hold (power-loss; fsync-eio:
         # what the disk holds after a failed fsync).
@@ -300,6 +322,7 @@ async def run_chaos(opts: ChaosOptions) -> dict:
                        disk_faults=[f for f in faults if f["kind"] in DISK_FAULT_KINDS],
                        untrusted_claims=sampler.untrusted_claims, gates=gates, keys=keys,
                        clock_lag_ms=clock_lag_ms(faults))
+        add_core_invariants(result, views, node_logs)
         unav = unavailability(h.ops, [f for f in faults if not f.get("skipped")])
         for u in unav:          # when a leader of a newer term was first seen after the fault
             later = [(t, s) for t, s in sampler.first_seen.items() if s[1] >= u["t_inject"]]

@@ -1,9 +1,9 @@
 """`GET /v1/session`: the operations of the HTTP API as WebSocket frames, many in flight.
 
 An HTTP request costs far more CPU than the work behind it; one WebSocket carrying many small
-frames is where per-operation speed comes from (API.md "Session transport"). Each frame is
-answered by the same `NodeService` method as the matching endpoint, with the same status and
-body. When this node stops leading, every session is closed with code 4001 and the new
+frames is where per-operation speed comes from (docs/api.md "Session transport (WebSocket)").
+Each frame is answered by the same `NodeService` method as the matching endpoint, with the same
+status and body. When this node stops leading, every session is closed with code 4001 and the new
 leader's URL as the reason, and the client re-sends its unanswered requests there.
 """
 from __future__ import annotations
@@ -101,186 +101,230 @@ class Sessions:
         """`header`: the upgrade's Authorization header; each frame is checked with it against
         the key set in force when the frame arrives (a removed key stops working at once)."""
         service = self.service
-        tuning = service.settings.tuning
-        auth = service.auth
         ws = web.WebSocketResponse(max_msg_size=service.limits.max_request_bytes + 4096, heartbeat=20.0,
                                    autoping=True)
         await ws.prepare(request)
         self.open.add(ws)
+        session = Session(self, request, ws, header)
+        writer_task = asyncio.create_task(session.writer())
+        try:
+            await session.read_loop()
+        finally:
+            await session.close(writer_task)
+        return ws
+
+
+class Session:
+    """One open session: its socket, bounds and counters, the answers waiting to be sent (one
+    writer sends them) and the tasks of its slow frames. Steps: `read_loop` takes frames while
+    the bounds leave room, `dispatch` checks each and answers or proposes it (`serve` runs a
+    reserve or a read in a task), `reply` queues an answer, `writer` sends, `close` ends it."""
+    __slots__ = ("sessions", "service", "auth", "header", "request", "ws", "batching", "state", "stall_s",
+                 "outbox", "wake", "tasks")
+
+    def __init__(self, sessions: Sessions, request: web.Request, ws: web.WebSocketResponse, header):
+        service = sessions.service
+        tuning = service.settings.tuning
+        self.sessions = sessions
+        self.service = service
+        self.auth = service.auth
+        self.header = header
+        self.request = request
+        self.ws = ws
         # Extension: a client that sends a JSON array of frames (or connects with ?batch=1) gets
         # its answers batched the same way: every response ready at one moment goes out as one
         # WebSocket message, one syscall instead of one per response.
-        batching = [request.query.get("batch") == "1"]
-        state = SessionState(tuning, self)
-        stall_s = float(tuning["session_stall_timeout_s"])
-        outbox: list = []                # (answer frame as bytes, binary)
-        wake = asyncio.Event()
-        tasks: set[asyncio.Task] = set()
+        self.batching = request.query.get("batch") == "1"
+        self.state = SessionState(tuning, sessions)
+        self.stall_s = float(tuning["session_stall_timeout_s"])
+        self.outbox: list = []                # (answer frame as bytes, binary)
+        self.wake = asyncio.Event()
+        self.tasks: set[asyncio.Task] = set()
 
-        def alive() -> bool:
-            return not ws.closed
+    def alive(self) -> bool:
+        return not self.ws.closed
 
-        def reply(frame_id, status, body, binary):
-            if state.closed:                # a proposal committed after the session ended
-                state.inflight -= 1
-                return
-            data = _frame_bytes(frame_id, status, body)
-            outbox.append((data, binary))
+    def reply(self, frame_id, status, body, binary):
+        state = self.state
+        if state.closed:                # a proposal committed after the session ended
             state.inflight -= 1
-            state.queue(len(data))
-            wake.set()
+            return
+        data = _frame_bytes(frame_id, status, body)
+        self.outbox.append((data, binary))
+        state.inflight -= 1
+        state.queue(len(data))
+        self.wake.set()
 
-        async def writer():
-            # One writer: aiohttp's WebSocket sends must not interleave.
-            try:
-                while True:
-                    await wake.wait()
-                    wake.clear()
-                    while outbox:
-                        if ws.closed:
-                            return
-                        if batching[0] and len(outbox) > 1:
-                            parts = [d for d, _ in outbox]
-                            binary = outbox[0][1]
-                            outbox.clear()
-                            data = b"[" + b",".join(parts) + b"]"
-                            size = len(data) - len(parts) - 1
-                        else:
-                            data, binary = outbox.pop(0)
-                            size = len(data)
-                        if binary:
-                            await ws.send_bytes(data)
-                        else:
-                            await ws.send_str(data.decode())
-                        state.sent += 1
-                        state.queue(-size)
-            except (ConnectionError, RuntimeError):
-                return
-
-        async def serve(frame_id, op, body, rid, binary, who):
-            try:
-                if not service.is_leader():
-                    status, out = error("unavailable", "this node is no longer the leader; reconnect",
-                                        applied=False)
-                elif op == "reserve" and not service.is_seeded():
-                    status, out = service.not_seeded()
-                elif op == "reserve":          # a long poll: needs its own task
-                    status, out = await service.reserve(body, rid, alive=alive, owner=state, who=who)
-                else:
-                    answer = READ_OPS[op](service)
-                    status, out = await answer if asyncio.iscoroutine(answer) else answer
-            except Exception:
-                log.exception("session op %s failed", op)
-                status, out = error("internal", "internal error (a bug): see the node's log")
-            reply(frame_id, status, out, binary)
-
-        def dispatch(frame, binary):
-            state.inflight += 1             # every frame taken is answered once (reply)
-            if state.inflight >= state.max_inflight:
-                state.update()
-            try:
-                frame_id = frame["id"]
-                op = frame["op"]
-            except (KeyError, TypeError, IndexError):
-                reply(None, *error("invalid_argument", "a frame is {\"id\", \"op\", \"request_id\"?, \"body\"}"), binary)
-                return
-            if not isinstance(op, str):
-                reply(frame_id, *error("invalid_argument", f"op must be a string, one of {', '.join(ALL_OPS)}"),
-                      binary)
-                return
-            rid = frame.get("request_id")
-            if rid is not None and not valid_request_id(rid):
-                reply(frame_id, *error("invalid_argument", "request_id must be 1..128 visible ASCII characters"), binary)
-                return
-            who = None
-            if auth.enabled:
-                found, denied = auth.frame_check(header, OP_ROLES.get(op, VIEWER))
-                if denied is not None:
-                    reply(frame_id, *denied, binary)
-                    return
-                who = found[0]
-            if op in FAST_OPS:
-                if not service.is_leader():
-                    reply(frame_id, *error("unavailable", "this node is no longer the leader; reconnect",
-                                           applied=False), binary)
-                    return
-                if not service.seeded and not service.is_seeded():
-                    reply(frame_id, *service.not_seeded(), binary)
-                    return
-                cmd, extra = service.prepare(op, frame.get("body"), rid, None, who)
-                if cmd is None:
-                    reply(frame_id, *extra, binary)
-                    return
-                fut = service.proposer.submit(cmd, extra)
-                fut.add_done_callback(lambda f, i=frame_id, b=binary: reply(i, *f.result(), b))
-                return
-            if op != "reserve" and op not in READ_OPS:
-                reply(frame_id, *error("invalid_argument", f"unknown op {op[:64]!r}; one of {', '.join(ALL_OPS)}"),
-                      binary)
-                return
-            t = asyncio.create_task(serve(frame_id, op, frame.get("body"), rid, binary, who))
-            tasks.add(t)
-            t.add_done_callback(tasks.discard)
-
-        async def room() -> bool:
-            """Wait until the session may take a frame; False when it is closed for not reading
-            its answers (the queued-bytes bound held for session_stall_timeout_s)."""
-            while not state.room.is_set():
-                sent = state.sent
-                try:
-                    await asyncio.wait_for(state.room.wait(), stall_s)
-                except asyncio.TimeoutError:
-                    if state.queued > 0 and state.sent == sent:     # answers waiting, none sent
-                        bounds.hit("session_stall_timeout_s")
-                        log.info("session closed: its answers were not read for %.0f s (%d bytes waiting)",
-                                 stall_s, state.queued)
-                        try:
-                            await asyncio.wait_for(ws.close(code=CLOSE_NOT_READ, message=b"answers not read"), 2.0)
-                        except (asyncio.TimeoutError, Exception):
-                            pass
-                        if request.transport is not None:
-                            request.transport.abort()
-                        return False
-            return True
-
-        writer_task = asyncio.create_task(writer())
+    async def writer(self):
+        # One writer: aiohttp's WebSocket sends must not interleave.
+        ws, outbox, wake, state = self.ws, self.outbox, self.wake, self.state
         try:
-            while not ws.closed:
-                if not state.room.is_set() and not await room():
-                    break
-                msg = await ws.receive()
-                if msg.type == WSMsgType.BINARY:
-                    raw, binary = msg.data, True
-                elif msg.type == WSMsgType.TEXT:
-                    raw, binary = msg.data, False
-                else:
-                    if msg.type == WSMsgType.ERROR and getattr(msg.data, "code", None) == 1009:
-                        bounds.hit("max_request_bytes")
-                    break
-                try:
-                    frame = orjson.loads(raw)
-                except orjson.JSONDecodeError:
-                    state.inflight += 1     # (reply takes it back)
-                    reply(None, *error("invalid_argument", "a frame must be JSON"), binary)
-                    continue
-                if isinstance(frame, list):
-                    batching[0] = True
-                    for f in frame:
-                        if not state.room.is_set() and not await room():
-                            break
-                        dispatch(f, binary)
-                else:
-                    dispatch(frame, binary)
-        finally:
-            self.open.discard(ws)
-            state.closed = True
-            self.queued -= state.queued          # its unsent answers are dropped with it
-            state.queued = 0
-            # Unanswered requests are abandoned: a proposal still commits (the client re-sends
-            # it with its request id and gets the stored answer); a parked reserve takes nothing.
-            for t in list(tasks):
-                t.cancel()
-            writer_task.cancel()
-            if not ws.closed:
-                await ws.close()
-        return ws
+            while True:
+                await wake.wait()
+                wake.clear()
+                while outbox:
+                    if ws.closed:
+                        return
+                    if self.batching and len(outbox) > 1:
+                        parts = [d for d, _ in outbox]
+                        binary = outbox[0][1]
+                        outbox.clear()
+                        data = b"[" + b",".join(parts) + b"]"
+                        size = len(data) - len(parts) - 1
+                    else:
+                        data, binary = outbox.pop(0)
+                        size = len(data)
+                    if binary:
+                        await ws.send_bytes(data)
+                    else:
+                        await ws.send_str(data.decode())
+                    state.sent += 1
+                    state.queue(-size)
+        except (ConnectionError, RuntimeError):
+            return
+
+    async def read_loop(self):
+        """Take frames until the socket closes (or the session is closed for not reading its
+        answers); a frame that is not JSON is answered here, the others go to `dispatch`."""
+        ws, state = self.ws, self.state
+        while not ws.closed:
+            if not state.room.is_set() and not await self.room():
+                break
+            msg = await ws.receive()
+            if msg.type == WSMsgType.BINARY:
+                raw, binary = msg.data, True
+            elif msg.type == WSMsgType.TEXT:
+                raw, binary = msg.data, False
+            else:
+                if msg.type == WSMsgType.ERROR and getattr(msg.data, "code", None) == 1009:
+                    bounds.hit("max_request_bytes")
+                break
+            try:
+                frame = orjson.loads(raw)
+            except orjson.JSONDecodeError:
+                state.inflight += 1     # (reply takes it back)
+                self.reply(None, *error("invalid_argument", "a frame must be JSON"), binary)
+                continue
+            if isinstance(frame, list):
+                self.batching = True
+                for f in frame:
+                    if not state.room.is_set() and not await self.room():
+                        break
+                    self.dispatch(f, binary)
+            else:
+                self.dispatch(frame, binary)
+
+    async def room(self) -> bool:
+        """Wait until the session may take a frame; False when it is closed for not reading
+        its answers (the queued-bytes bound held for session_stall_timeout_s)."""
+        state, stall_s = self.state, self.stall_s
+        while not state.room.is_set():
+            sent = state.sent
+            try:
+                await asyncio.wait_for(state.room.wait(), stall_s)
+            except asyncio.TimeoutError:
+                if state.queued > 0 and state.sent == sent:     # answers waiting, none sent
+                    bounds.hit("session_stall_timeout_s")
+                    log.info("session closed: its answers were not read for %.0f s (%d bytes waiting)",
+                             stall_s, state.queued)
+                    try:
+                        await asyncio.wait_for(self.ws.close(code=CLOSE_NOT_READ, message=b"answers not read"), 2.0)
+                    except (asyncio.TimeoutError, Exception):
+                        pass
+                    if self.request.transport is not None:
+                        self.request.transport.abort()
+                    return False
+        return True
+
+    def dispatch(self, frame, binary):
+        """One frame taken: answered at once when it is malformed or refused, else proposed
+        (a fast op) or served in a task of its own (a reserve, a read)."""
+        state = self.state
+        state.inflight += 1             # every frame taken is answered once (reply)
+        if state.inflight >= state.max_inflight:
+            state.update()
+        try:
+            frame_id = frame["id"]
+            op = frame["op"]
+        except (KeyError, TypeError, IndexError):
+            self.reply(None, *error("invalid_argument", "a frame is {\"id\", \"op\", \"request_id\"?, \"body\"}"),
+                       binary)
+            return
+        if not isinstance(op, str):
+            self.reply(frame_id, *error("invalid_argument", f"op must be a string, one of {', '.join(ALL_OPS)}"),
+                       binary)
+            return
+        rid = frame.get("request_id")
+        if rid is not None and not valid_request_id(rid):
+            self.reply(frame_id, *error("invalid_argument", "request_id must be 1..128 visible ASCII characters"),
+                       binary)
+            return
+        who = None
+        if self.auth.enabled:
+            found, denied = self.auth.frame_check(self.header, OP_ROLES.get(op, VIEWER))
+            if denied is not None:
+                self.reply(frame_id, *denied, binary)
+                return
+            who = found[0]
+        if op in FAST_OPS:
+            self.propose(frame_id, op, frame.get("body"), rid, who, binary)
+        elif op != "reserve" and op not in READ_OPS:
+            self.reply(frame_id, *error("invalid_argument", f"unknown op {op[:64]!r}; one of {', '.join(ALL_OPS)}"),
+                       binary)
+        else:
+            t = asyncio.create_task(self.serve(frame_id, op, frame.get("body"), rid, binary, who))
+            self.tasks.add(t)
+            t.add_done_callback(self.tasks.discard)
+
+    def propose(self, frame_id, op, body, rid, who, binary):
+        """A fast op (a write other than reserve): prepared and proposed here, answered when
+        its entry is applied, without a task of its own."""
+        service = self.service
+        if not service.is_leader():
+            self.reply(frame_id, *error("unavailable", "this node is no longer the leader; reconnect",
+                                        applied=False), binary)
+            return
+        if not service.seeded and not service.is_seeded():
+            self.reply(frame_id, *service.not_seeded(), binary)
+            return
+        cmd, extra = service.prepare(op, body, rid, None, who)
+        if cmd is None:
+            self.reply(frame_id, *extra, binary)
+            return
+        fut = service.proposer.submit(cmd, extra)
+        reply = self.reply
+        fut.add_done_callback(lambda f, i=frame_id, b=binary: reply(i, *f.result(), b))
+
+    async def serve(self, frame_id, op, body, rid, binary, who):
+        """A reserve (a long poll maybe) or a read, in a task of its own."""
+        service = self.service
+        try:
+            if not service.is_leader():
+                status, out = error("unavailable", "this node is no longer the leader; reconnect",
+                                    applied=False)
+            elif op == "reserve" and not service.is_seeded():
+                status, out = service.not_seeded()
+            elif op == "reserve":          # a long poll: needs its own task
+                status, out = await service.reserve(body, rid, alive=self.alive, owner=self.state, who=who)
+            else:
+                answer = READ_OPS[op](service)
+                status, out = await answer if asyncio.iscoroutine(answer) else answer
+        except Exception:
+            log.exception("session op %s failed", op)
+            status, out = error("internal", "internal error (a bug): see the node's log")
+        self.reply(frame_id, status, out, binary)
+
+    async def close(self, writer_task: asyncio.Task):
+        """The session ends: its unsent answers are dropped with it, and its unanswered requests
+        abandoned: a proposal still commits (the client re-sends it with its request id and gets
+        the stored answer); a parked reserve takes nothing."""
+        sessions, state, ws = self.sessions, self.state, self.ws
+        sessions.open.discard(ws)
+        state.closed = True
+        sessions.queued -= state.queued
+        state.queued = 0
+        for t in list(self.tasks):
+            t.cancel()
+        writer_task.cancel()
+        if not ws.closed:
+            await ws.close()

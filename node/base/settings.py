@@ -1,4 +1,4 @@
-"""The node's TOML config file (CLUSTER.md "Node config and commands").
+"""The node's TOML config file (every key: docs/configuration.md).
 
 Unknown keys are errors so that typos do not pass silently; every error names the key.
 """
@@ -56,12 +56,15 @@ class TestHooks:
     # true: a leader seeds a new cluster's configuration only once the file `release-seed` is in
     # its data dir (node/replication/fault_hooks.py), so a test can watch a cluster that is not seeded yet
     hold_seed: bool = False
+    # N > 0: run the core's invariant checks after applied entries, about N state entries' worth
+    # per entry (node/replication/replica.py QueueState._check_invariants); 0: never
+    check_invariants: int = 0
 
 
 TESTING_KEYS = {f: t for f, t in (("clock_offset_ms", int), ("raft_dial_map", dict), ("sync_shadow", bool),
                                   ("sync_shadow_writeback_s", (int, float)), ("fsync_eio", bool),
                                   ("clock_strobe", bool), ("free_space_file", bool), ("sweeps", bool),
-                                  ("workers_window_ms", int), ("hold_seed", bool))}
+                                  ("workers_window_ms", int), ("hold_seed", bool), ("check_invariants", int))}
 
 
 @dataclass(frozen=True)
@@ -150,12 +153,35 @@ def _str(where: str, value) -> str:
     return value
 
 
+SECTIONS = ("node", "cluster", "limits", "storage", "auth", "queues", "schedules", "tuning", "testing")
+
+
 def parse(doc: dict, source: str = "", base_dir: Path | None = None) -> Settings:
-    """Check a parsed TOML document and build the node's settings."""
+    """Check a parsed TOML document and build the node's settings: one section after another,
+    in this order (the first error found is the one raised)."""
     for key in doc:
-        if key not in ("node", "cluster", "limits", "storage", "auth", "queues", "schedules", "tuning", "testing"):
+        if key not in SECTIONS:
             raise ConfigError(f"{key}: unknown section")
-    node = doc.get("node")
+    node = _node(doc.get("node"), base_dir)
+    peers, secret, durability = _cluster(doc.get("cluster"), node)
+    queues = doc.get("queues", [])
+    if not isinstance(queues, list):
+        raise ConfigError("queues: must be an array of tables [[queues]]")
+    storage = doc.get("storage", {})
+    limits = Limits.build(doc.get("limits", {}), storage, queues)
+    api_keys = _auth(doc.get("auth"))
+    # Without keys on a non-loopback address: not fatal (a firewalled private network is a
+    # valid setup), and not said here.
+    schedules = _schedules(doc.get("schedules", []), limits)
+    tuning = _tuning(doc.get("tuning", {}))
+    return Settings(node_id=node["id"], http_host=node["http_host"], http_port=node["http_port"], url=node["url"],
+                    raft=node["raft"], data_dir=node["data_dir"], peers=peers, secret=secret, durability=durability,
+                    limits=limits, api_keys=api_keys, schedules=schedules, source=source, tuning=tuning,
+                    testing=_testing(doc.get("testing", {})), tls=node["tls"])
+
+
+def _node(node, base_dir: Path | None) -> dict:
+    """[node]: id, http, url, raft, data_dir and the TLS files."""
     if not isinstance(node, dict):
         raise ConfigError("node: missing section [node]")
     for key in node:
@@ -167,19 +193,42 @@ def parse(doc: dict, source: str = "", base_dir: Path | None = None) -> Settings
     node_id = _str("node.id", node["id"])
     http_host, http_port = _hostport("node.http", node["http"])
     raft = node["raft"]
-    raft_host, _ = _hostport("node.raft", raft)
+    _hostport("node.raft", raft)
     data_dir = _path("node.data_dir", node["data_dir"], base_dir)
     tls = _tls(node, base_dir)
     url = _str("node.url", node.get("url", f"{'https' if tls else 'http'}://{node['http']}")).rstrip("/")
     _check_scheme("node.url", url, tls)
+    return {"id": node_id, "http_host": http_host, "http_port": http_port, "raft": raft, "data_dir": data_dir,
+            "tls": tls, "url": url}
 
-    cluster = doc.get("cluster")
+
+def _cluster(cluster, node: dict) -> tuple[tuple[Peer, ...], str | None, str]:
+    """[cluster]: the peers (this node among them), the secret, the durability."""
     if not isinstance(cluster, dict):
         raise ConfigError("cluster: missing section [cluster]")
     for key in cluster:
         if key not in CLUSTER_KEYS:
             raise ConfigError(f"cluster.{key}: unknown key")
-    peers_raw = cluster.get("peers")
+    peers = _peers(cluster.get("peers"))
+    me = [p for p in peers if p.id == node["id"]]
+    if not me:
+        raise ConfigError(f"cluster.peers: this node ({node['id']!r}) is not in the peer list; every member must be "
+                          "listed, this node included")
+    if me[0].raft != node["raft"]:
+        raise ConfigError(f"cluster.peers: this node's raft address is {me[0].raft!r} there but node.raft is "
+                          f"{node['raft']!r}")
+    _check_scheme(f"cluster.peers[{peers.index(me[0])}].url", me[0].url, node["tls"])
+    # An even number is allowed: a node that joins a running cluster lists the current members and
+    # itself (docs/cluster.md "Membership changes"), 3 + 1 while a cluster grows from 3 to 5.
+    secret = _secret(cluster.get("secret"), peers)
+    durability = cluster.get("durability", "fsync")
+    if durability not in ("fsync", "memory"):
+        raise ConfigError(f"cluster.durability: must be \"fsync\" or \"memory\", got {durability!r}")
+    return tuple(peers), secret, durability
+
+
+def _peers(peers_raw) -> list[Peer]:
+    """cluster.peers: every member {id, raft, url}, no id or raft address twice."""
     if not isinstance(peers_raw, list) or not peers_raw:
         raise ConfigError("cluster.peers: missing or empty; list every member, this node included")
     peers, ids, rafts = [], set(), set()
@@ -203,15 +252,11 @@ def parse(doc: dict, source: str = "", base_dir: Path | None = None) -> Settings
         ids.add(pid)
         rafts.add(p["raft"])
         peers.append(Peer(pid, p["raft"], purl))
-    me = [p for p in peers if p.id == node_id]
-    if not me:
-        raise ConfigError(f"cluster.peers: this node ({node_id!r}) is not in the peer list; every member must be listed, this node included")
-    if me[0].raft != raft:
-        raise ConfigError(f"cluster.peers: this node's raft address is {me[0].raft!r} there but node.raft is {raft!r}")
-    _check_scheme(f"cluster.peers[{peers.index(me[0])}].url", me[0].url, tls)
-    # An even number is allowed: a node that joins a running cluster lists the current members and
-    # itself (docs/cluster.md "Membership changes"), 3 + 1 while a cluster grows from 3 to 5.
-    secret = cluster.get("secret")
+    return peers
+
+
+def _secret(secret, peers: list[Peer]) -> str | None:
+    """cluster.secret: not weak when set, and required unless every Raft address is loopback."""
     if secret is not None:
         secret = _str("cluster.secret", secret)
         why = weak_secret(secret)
@@ -225,58 +270,54 @@ def parse(doc: dict, source: str = "", base_dir: Path | None = None) -> Settings
                 raise ConfigError(
                     f"cluster.secret: required because raft address {p.raft!r} is not loopback "
                     "(the Raft port speaks pickle: without a secret anyone who reaches it runs code on the node)")
-    durability = cluster.get("durability", "fsync")
-    if durability not in ("fsync", "memory"):
-        raise ConfigError(f"cluster.durability: must be \"fsync\" or \"memory\", got {durability!r}")
+    return secret
 
-    queues = doc.get("queues", [])
-    if not isinstance(queues, list):
-        raise ConfigError("queues: must be an array of tables [[queues]]")
-    storage = doc.get("storage", {})
-    limits = Limits.build(doc.get("limits", {}), storage, queues)
 
-    api_keys = None
-    auth = doc.get("auth")
-    if auth is not None:
-        if not isinstance(auth, dict):
-            raise ConfigError("auth: must be a table")
-        for key in auth:
-            if key != "api_keys":
-                raise ConfigError(f"auth.{key}: unknown key")
-        raw = auth.get("api_keys")
-        if raw is not None:
-            if not isinstance(raw, list):
-                raise ConfigError("auth.api_keys: must be a list of {name, key, role}")
-            names, secrets, keys = set(), set(), []
-            for i, k in enumerate(raw):
-                where = f"auth.api_keys[{i}]"
-                if not isinstance(k, dict):
-                    raise ConfigError(f"{where}: must be a table {{name, key, role}}")
-                for kk in k:
-                    if kk not in ("name", "key", "role"):
-                        raise ConfigError(f"{where}.{kk}: unknown key")
-                name = _str(f"{where}.name", k.get("name"))
-                if len(name) > 128 or any(ord(c) < 0x20 or 0x7F <= ord(c) <= 0x9F for c in name):
-                    raise ConfigError(f"{where}.name: must be 1..128 characters, no control characters")
-                key = _str(f"{where}.key", k.get("key"))
-                if not all(0x21 <= ord(c) <= 0x7E for c in key):
-                    raise ConfigError(f"{where}.key: must be visible ASCII characters only")
-                role = k.get("role", "admin")
-                if role not in API_ROLES:
-                    raise ConfigError(f"{where}.role: must be one of {', '.join(API_ROLES)}, got {role!r}")
-                if name in names or key in secrets:
-                    raise ConfigError(f"{where}: duplicate name or key")
-                names.add(name)
-                secrets.add(key)
-                keys.append({"name": name, "key": key, "role": role})
-            api_keys = tuple(keys)
-    if api_keys is None and not is_loopback(http_host):
-        # Not fatal (a firewalled private network is a valid setup) but worth saying.
-        pass
+def _auth(auth) -> tuple[dict, ...] | None:
+    """[auth] api_keys: each {name, key, role}, no name or key twice; None without any."""
+    if auth is None:
+        return None
+    if not isinstance(auth, dict):
+        raise ConfigError("auth: must be a table")
+    for key in auth:
+        if key != "api_keys":
+            raise ConfigError(f"auth.{key}: unknown key")
+    raw = auth.get("api_keys")
+    if raw is None:
+        return None
+    if not isinstance(raw, list):
+        raise ConfigError("auth.api_keys: must be a list of {name, key, role}")
+    names, secrets, keys = set(), set(), []
+    for i, k in enumerate(raw):
+        key = _api_key(f"auth.api_keys[{i}]", k)
+        if key["name"] in names or key["key"] in secrets:
+            raise ConfigError(f"auth.api_keys[{i}]: duplicate name or key")
+        names.add(key["name"])
+        secrets.add(key["key"])
+        keys.append(key)
+    return tuple(keys)
 
-    schedules = _schedules(doc.get("schedules", []), limits)
 
-    tuning = doc.get("tuning", {})
+def _api_key(where: str, k) -> dict:
+    if not isinstance(k, dict):
+        raise ConfigError(f"{where}: must be a table {{name, key, role}}")
+    for kk in k:
+        if kk not in ("name", "key", "role"):
+            raise ConfigError(f"{where}.{kk}: unknown key")
+    name = _str(f"{where}.name", k.get("name"))
+    if len(name) > 128 or any(ord(c) < 0x20 or 0x7F <= ord(c) <= 0x9F for c in name):
+        raise ConfigError(f"{where}.name: must be 1..128 characters, no control characters")
+    key = _str(f"{where}.key", k.get("key"))
+    if not all(0x21 <= ord(c) <= 0x7E for c in key):
+        raise ConfigError(f"{where}.key: must be visible ASCII characters only")
+    role = k.get("role", "admin")
+    if role not in API_ROLES:
+        raise ConfigError(f"{where}.role: must be one of {', '.join(API_ROLES)}, got {role!r}")
+    return {"name": name, "key": key, "role": role}
+
+
+def _tuning(tuning) -> dict:
+    """[tuning]: known keys only, each in its range; the defaults for the others."""
     if not isinstance(tuning, dict):
         raise ConfigError("tuning: must be a table")
     for key, value in tuning.items():
@@ -293,11 +334,7 @@ def parse(doc: dict, source: str = "", base_dir: Path | None = None) -> Settings
                 raise ConfigError(f"tuning.{key}: must be an integer >= 0, got {value!r}")
         elif isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
             raise ConfigError(f"tuning.{key}: must be a positive number, got {value!r}")
-    tuning = {**TUNING_DEFAULTS, **tuning}
-    return Settings(node_id=node_id, http_host=http_host, http_port=http_port, url=url, raft=raft,
-                    data_dir=data_dir, peers=tuple(peers), secret=secret, durability=durability,
-                    limits=limits, api_keys=api_keys, schedules=schedules, source=source, tuning=tuning,
-                    testing=_testing(doc.get("testing", {})), tls=tls)
+    return {**TUNING_DEFAULTS, **tuning}
 
 
 def _schedules(raw, limits: Limits) -> tuple:
@@ -374,6 +411,8 @@ def _testing(raw) -> TestHooks:
             raise ConfigError(f"testing.{key}: wrong type, got {value!r}")
     if raw.get("workers_window_ms", 1) < 1:
         raise ConfigError(f"testing.workers_window_ms: must be >= 1, got {raw['workers_window_ms']}")
+    if raw.get("check_invariants", 0) < 0:
+        raise ConfigError(f"testing.check_invariants: must be >= 0, got {raw['check_invariants']}")
     dial = raw.get("raft_dial_map", {})
     for k, v in dial.items():
         _hostport(f"testing.raft_dial_map.{k}", v)

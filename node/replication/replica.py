@@ -22,6 +22,7 @@ import time
 import cryptography  # noqa: F401 - a node needs the server extra (the Raft link's AES-GCM), said at import
 
 from . import fault_hooks, sync_shadow
+from ..core.invariants import InvariantViolation
 from ..core.machine import QueueMachine
 from ..raft import _RAFT_STATE, FAIL_REASON, StorageFailure, SyncObj, SyncObjConf, SyncObjConsumer, replicated
 from ..raft.serializer import atomicReplace, detachForkedChild
@@ -34,7 +35,7 @@ log = logging.getLogger("raftq.replica")
 # How far behind the leader's reported commit index a node may be and still be ready (/readyz).
 READY_MAX_LAG = 64
 
-# The membership in force, as this node last saw it change (CLUSTER.md "Membership changes"):
+# The membership in force, as this node last saw it change (docs/cluster.md "Membership changes"):
 # read at start instead of the TOML's peer list once it exists.
 MEMBERS_FILE = "members.json"
 
@@ -99,6 +100,12 @@ class QueueState(SyncObjConsumer):
         self.after_restore = None        # called on the tick thread after a snapshot replaced the state
         self.apply_cpu_s = 0.0           # CPU spent in the state machine (for the benchmark split)
         self.applied_index = 0           # the Raft index of the last entry apply_batch applied
+        # [testing] check_invariants: the checks' budget in entries (0: no checks), the entries
+        # applied since the last check, the violations found, the problems last logged.
+        self.check_invariants = 0
+        self.since_check = 0
+        self.invariant_violations = 0
+        self._problems_said = None
         super().__init__()
         self.machine = QueueMachine(limits)
 
@@ -122,6 +129,8 @@ class QueueState(SyncObjConsumer):
         except Exception:                               # pragma: no cover - defence in depth
             log.exception("apply_batch failed outside the state machine")
             results = [(500, {"error": {"code": "internal", "message": "apply failed"}})] * len(cmds)
+        if self.check_invariants:
+            self._check_invariants()
         hook = self.after_apply
         if hook is not None:
             try:
@@ -129,6 +138,37 @@ class QueueState(SyncObjConsumer):
             except Exception:                           # pragma: no cover
                 log.exception("after_apply hook failed")
         return results
+
+    def _check_invariants(self):
+        """[testing] check_invariants = N: the core's invariant checks (node/core/invariants.py)
+        after an applied entry, on the tick thread (the only one that changes the machine), outside
+        the lock. O(state): after every entry while the state holds at most N entries (jobs, dead
+        letters, request ids), beyond that after every ceil(entries / N)-th, so a check costs about
+        N entries' worth per applied entry. A violation never raises into the apply path: it is
+        counted (`invariant_violations` in GET /v1/cluster) and logged CRITICAL with the problems
+        (once while they stay the same)."""
+        m = self.machine
+        budget = self.check_invariants
+        size = len(m.jobs) + len(m.dlq) + len(m.rids)
+        self.since_check += 1
+        if size > budget and self.since_check * budget < size:
+            return
+        self.since_check = 0
+        failed = False
+        try:
+            m.check_invariants()
+        except InvariantViolation as e:
+            problems = str(e)
+        except Exception as e:                          # noqa: BLE001 - a bug in the checks: said as loudly
+            problems, failed = f"the invariant checks themselves failed: {e!r}", True
+        else:
+            self._problems_said = None
+            return
+        self.invariant_violations += 1
+        if problems != self._problems_said:
+            self._problems_said = problems
+            log.critical("invariant violation after applied entry %d (%d so far): %s", self.applied_index,
+                         self.invariant_violations, problems.replace("\n", "; "), exc_info=failed)
 
     # ---------------------------------------------------------------- snapshots
     def _serialize(self):
@@ -167,9 +207,41 @@ class Replica:
         asked before this node stands for election."""
         self.settings = settings
         self.state = QueueState(settings.limits)
+        self.state.check_invariants = settings.testing.check_invariants
         settings.data_dir.mkdir(parents=True, exist_ok=True)
-        # The membership in force: the data dir's record of the last change, else the TOML's
-        # peers (they only seed a new cluster). A TOML that lists other peers is said once.
+        initial = self._members_at_start(settings)
+        self.members_lock = threading.Lock()
+        self._members = tuple(sorted(initial, key=lambda p: p.id))
+        self.removed = self.removed_at_start
+        self.on_members_changed = None      # called on the tick thread after a change (the service's hook)
+        self.shadow = None
+        observers = []
+        if settings.testing.sync_shadow:    # [testing]: the power-loss test hook (node/replication/sync_shadow.py)
+            self.shadow = sync_shadow.SyncShadow(settings.data_dir, settings.durability,
+                                                 settings.testing.sync_shadow_writeback_s)
+            observers.append(self.shadow)
+        if settings.testing.fsync_eio:      # [testing]: the fsync-EIO test hook (node/replication/fault_hooks.py)
+            observers.append(fault_hooks.FailingSync(settings.data_dir))
+        conf = self._conf(settings, initial, observers, on_state_changed, on_ready, on_storage_failure,
+                          election_eligible, accept_damaged_log)
+        others = [p.raft for p in initial if p.raft != settings.raft]
+        self.syncobj = SyncObj(settings.raft, others, conf=conf, consumers=[self.state])
+        if self.removed_at_start:
+            # Removed from the cluster before this start: Raft is not run at all (the peers
+            # refuse this node; it would only knock at their doors).
+            log.warning("this node (%s) was removed from the cluster (recorded in %s): it does not run Raft "
+                        "and serves nothing; to make it a member again, empty its data dir and add it",
+                        settings.node_id, MEMBERS_FILE)
+            self.syncobj.destroy()
+        if self.shadow is not None:
+            self.syncobj.addOnTickCallback(self.shadow.tick)     # memory mode: the simulated page writeback
+        self._fork_requests: list = []   # (work, keep_fds, Future) for the next tick: fork_at_tick
+        self._fork_lock = threading.Lock()
+        self.syncobj.addOnTickCallback(self._fork_tick)
+
+    def _members_at_start(self, settings: Settings) -> tuple[Peer, ...]:
+        """The membership in force: the data dir's record of the last change, else the TOML's
+        peers (they only seed a new cluster). A TOML that lists other peers is said once."""
         stored = read_members_file(settings.data_dir)
         initial = tuple(settings.peers)
         self.removed_at_start = False
@@ -183,20 +255,13 @@ class Replica:
                             ", ".join(f"{p.id}={p.raft}" for p in stored["members"]))
             if any(p.raft == settings.raft for p in stored["members"]):
                 initial = stored["members"]
-        self.members_lock = threading.Lock()
-        self._members = tuple(sorted(initial, key=lambda p: p.id))
-        self.removed = self.removed_at_start
-        self.on_members_changed = None      # called on the tick thread after a change (the service's hook)
+        return initial
+
+    def _conf(self, settings: Settings, initial, observers, on_state_changed, on_ready, on_storage_failure,
+              election_eligible, accept_damaged_log) -> SyncObjConf:
+        """The Raft fork's configuration from the node's settings (its [tuning] timers and bounds)."""
         t = settings.tuning
-        self.shadow = None
-        observers = []
-        if settings.testing.sync_shadow:    # [testing]: the power-loss test hook (node/replication/sync_shadow.py)
-            self.shadow = sync_shadow.SyncShadow(settings.data_dir, settings.durability,
-                                                 settings.testing.sync_shadow_writeback_s)
-            observers.append(self.shadow)
-        if settings.testing.fsync_eio:      # [testing]: the fsync-EIO test hook (node/replication/fault_hooks.py)
-            observers.append(fault_hooks.FailingSync(settings.data_dir))
-        conf = SyncObjConf(
+        return SyncObjConf(
             journalFile=str(settings.data_dir / "raft.journal"),
             fullDumpFile=str(settings.data_dir / "raft.dump"),
             password=settings.secret,
@@ -235,20 +300,6 @@ class Replica:
             acceptDamagedLog=accept_damaged_log,
             electionEligible=election_eligible,
         )
-        others = [p.raft for p in initial if p.raft != settings.raft]
-        self.syncobj = SyncObj(settings.raft, others, conf=conf, consumers=[self.state])
-        if self.removed_at_start:
-            # Removed from the cluster before this start: Raft is not run at all (the peers
-            # refuse this node; it would only knock at their doors).
-            log.warning("this node (%s) was removed from the cluster (recorded in %s): it does not run Raft "
-                        "and serves nothing; to make it a member again, empty its data dir and add it",
-                        settings.node_id, MEMBERS_FILE)
-            self.syncobj.destroy()
-        if self.shadow is not None:
-            self.syncobj.addOnTickCallback(self.shadow.tick)     # memory mode: the simulated page writeback
-        self._fork_requests: list = []   # (work, keep_fds, Future) for the next tick: fork_at_tick
-        self._fork_lock = threading.Lock()
-        self.syncobj.addOnTickCallback(self._fork_tick)
 
     # ---------------------------------------------------------------- membership
     def _membership_changed(self):
