@@ -784,40 +784,16 @@ class Client:
         while True:
             remaining = deadline - loop.time()
             if remaining <= 0:
-                quiet = self._quiet(started)
-                if quiet is not None and (self._last_contact < started or self._quiet_long(quiet)):
-                    raise self._unreachable(started, quiet, rid)
-                raise Unavailable("unavailable", f"no answer within the call's deadline; last error: {last}",
-                                  None, {"request_id": rid})
+                raise self._out_of_time(started, self._quiet(started), rid, last)
             target = None
             try:
                 target = self.leader if leader_only else (self.leader or self.urls[0])
                 if target is None:
-                    asked = time.monotonic()
-                    target = self.leader = await self._find_leader(remaining)
-                    if target is None:
-                        raise Unavailable("no_leader", "no node knows a leader (election in progress, or nodes down)"
-                                          if self._last_contact >= asked else "no node answered")
+                    target = await self._discover_leader(remaining)
                 if self.transport == "session" and op in SESSION_OPS and leader_only:
-                    try:
-                        session = await self._session_to(target, remaining)
-                    except aiohttp.WSServerHandshakeError as e:
-                        self._contact(target)
-                        refusal = _tls_refusal(e.status, None, e.headers) if e.headers else None
-                        if refusal is not None:
-                            raise _tls_error([(target, refusal)])
-                        if e.status == 307 and e.headers and e.headers.get("Leader-Url"):
-                            self.leader = e.headers["Leader-Url"].rstrip("/")
-                            self.stats["redirects"] += 1
-                            continue
-                        if e.status == 401:
-                            raise Unauthenticated("unauthenticated", "the session was refused: missing or unknown "
-                                                  "API key (give Client(api_key=...))", 401)
-                        if e.status == 403:
-                            raise PermissionDenied("permission_denied", "the session was refused: the API key's "
-                                                   "role is too low", 403)
-                        self.leader = None
-                        raise Unavailable("unavailable", f"session refused: {e.status}")
+                    session = await self._open_session(target, remaining)
+                    if session is None:
+                        continue                # the handshake named the leader: call it now
                     status, out = await session.call(op, body, rid, min(remaining, attempt_timeout))
                 else:
                     status, out = await self._http_call(method, target + path, body, rid,
@@ -851,21 +827,64 @@ class Client:
                 last = err
             attempt += 1
             self.stats["retries"] += 1
-            pause = min(self.backoff_max, self.backoff_base * (2 ** min(attempt, 10))) * random.uniform(0.5, 1.0)
-            quiet = self._quiet(started)
-            if quiet is not None and self.connect_budget is not None:
-                # No node has taken a connection for a while, only refusals: give up at the
-                # budget (the last try lands on it), not at the deadline.
-                left = self.connect_budget - (time.monotonic() - quiet)
-                if left <= 0:
-                    raise self._unreachable(started, quiet, rid)
-                pause = min(pause, left)
-            if loop.time() + pause >= deadline:
-                if quiet is not None and (self._last_contact < started or self._quiet_long(quiet)):
-                    raise self._unreachable(started, quiet, rid)
-                raise Unavailable("unavailable", f"no answer within the call's deadline; last error: {last}",
-                                  None, {"request_id": rid})
-            await asyncio.sleep(pause)
+            await asyncio.sleep(self._retry_pause(attempt, started, deadline, rid, last))
+
+    async def _discover_leader(self, remaining: float) -> str:
+        """Ask the nodes who leads (remembered as self.leader); Unavailable when none knows."""
+        asked = time.monotonic()
+        target = self.leader = await self._find_leader(remaining)
+        if target is None:
+            raise Unavailable("no_leader", "no node knows a leader (election in progress, or nodes down)"
+                              if self._last_contact >= asked else "no node answered")
+        return target
+
+    async def _open_session(self, target: str, remaining: float) -> _Session | None:
+        """The session to `target`, or None when its handshake redirected to the leader (now
+        self.leader); a refused handshake raises what the refusal means."""
+        try:
+            return await self._session_to(target, remaining)
+        except aiohttp.WSServerHandshakeError as e:
+            self._contact(target)
+            refusal = _tls_refusal(e.status, None, e.headers) if e.headers else None
+            if refusal is not None:
+                raise _tls_error([(target, refusal)])
+            if e.status == 307 and e.headers and e.headers.get("Leader-Url"):
+                self.leader = e.headers["Leader-Url"].rstrip("/")
+                self.stats["redirects"] += 1
+                return None
+            if e.status == 401:
+                raise Unauthenticated("unauthenticated", "the session was refused: missing or unknown "
+                                      "API key (give Client(api_key=...))", 401)
+            if e.status == 403:
+                raise PermissionDenied("permission_denied", "the session was refused: the API key's "
+                                       "role is too low", 403)
+            self.leader = None
+            raise Unavailable("unavailable", f"session refused: {e.status}")
+
+    def _retry_pause(self, attempt: int, started: float, deadline: float, rid: str | None,
+                     last: Exception | None) -> float:
+        """Seconds to wait before the next attempt (a jittered exponential back-off); raises what
+        ends the call instead when the wait would pass the deadline or the connect budget."""
+        pause = min(self.backoff_max, self.backoff_base * (2 ** min(attempt, 10))) * random.uniform(0.5, 1.0)
+        quiet = self._quiet(started)
+        if quiet is not None and self.connect_budget is not None:
+            # No node has taken a connection for a while, only refusals: give up at the
+            # budget (the last try lands on it), not at the deadline.
+            left = self.connect_budget - (time.monotonic() - quiet)
+            if left <= 0:
+                raise self._unreachable(started, quiet, rid)
+            pause = min(pause, left)
+        if asyncio.get_running_loop().time() + pause >= deadline:
+            raise self._out_of_time(started, quiet, rid, last)
+        return pause
+
+    def _out_of_time(self, started: float, quiet: float | None, rid: str | None, last: Exception | None) -> Exception:
+        """What a call that ran out of time raises: Unreachable when no node took a connection
+        (quiet since `quiet`), else Unavailable with the last error."""
+        if quiet is not None and (self._last_contact < started or self._quiet_long(quiet)):
+            return self._unreachable(started, quiet, rid)
+        return Unavailable("unavailable", f"no answer within the call's deadline; last error: {last}",
+                           None, {"request_id": rid})
 
     async def _http_call(self, method, url, body, rid, timeout):
         data = None if body is None else orjson.dumps(body)
