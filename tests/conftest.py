@@ -5,6 +5,12 @@ import pytest
 
 from raftq.cluster.local import LocalCluster, http_json
 
+# Every cluster the suite starts runs the core's invariant checks after applied entries
+# (docs/configuration.md `[testing] check_invariants`), and a test fails when one of its
+# clusters' nodes found a violation (no_invariant_violations below).
+INVARIANT_CHECK_BUDGET = 1000
+LocalCluster.default_testing = {"check_invariants": INVARIANT_CHECK_BUDGET}
+
 
 class Api:
     """A tiny synchronous client for tests: follows 307 like any HTTP client would."""
@@ -60,6 +66,17 @@ def pytest_runtest_makereport(item, call):
     outcome = yield
     rep = outcome.get_result()
     setattr(item, "rep_" + rep.when, rep)
+
+
+@pytest.fixture(autouse=True)
+def no_invariant_violations():
+    """After each test: no node of any cluster the suite started found an invariant violation
+    while the test ran (counted by its running process, or logged by any of its processes)."""
+    yield
+    found = {}
+    for c in list(LocalCluster.checked):
+        found.update({f"{c.dir.name}/{node}": said for node, said in c.invariant_violations().items()})
+    assert not found, f"the core's invariant checks failed on {found}"
 
 
 @pytest.fixture
