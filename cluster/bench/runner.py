@@ -410,6 +410,19 @@ def main(argv=None) -> int:
         p.error("--baseline-rounds must be at least 1")
     if args.tls and not args.local:
         p.error("--tls goes with --local (for a running cluster, give its https:// --urls and --ca)")
+    result = _run_bench(args)
+    if result is None:
+        return 1
+    if args.json:
+        print(json.dumps(result))
+    else:
+        _print_table(args, result)
+    return 0
+
+
+def _run_bench(args) -> dict | None:
+    """The benchmark's phases on the cluster (--local: one started here and removed after);
+    None when the cluster refused the requests (said on stderr)."""
     phases = set(args.phases.split(","))
     cluster = None
     tls = {}
@@ -440,52 +453,53 @@ def main(argv=None) -> int:
     except (Unauthenticated, PermissionDenied) as e:
         print(f"raftq bench: the cluster refused the benchmark's requests ({e.message}); give a key with the "
               "worker role or higher: --api-key KEY or $RAFTQ_API_KEY", file=sys.stderr)
-        return 1
+        return None
     finally:
         if cluster is not None:
             cluster.stop_all()
             cluster.close()
             shutil.rmtree(cluster.dir, ignore_errors=True)   # a 200k-job run leaves ≈ 850 MB of journals
-    if args.json:
-        print(json.dumps(result))
-    else:
-        print(f"raftq bench: {args.jobs} jobs, {args.producers} producers, {args.workers} workers, "
-              f"durability {result['durability']}, transport {args.transport}{' over TLS' if result['tls'] else ''}, "
-              f"leader {result['leader']}")
-        print(f"{'phase':<14}{'jobs/s':>10}{'seconds':>9}{'leader cpu':>11}{'http':>7}{'raft':>7}{'apply':>7}")
-        for k in ("enqueue", "drain", "mixed", "batch_enqueue", "batch_drain"):
-            if k in result:
-                r = result[k]
-                if "leader_cpu_s" in r:
-                    print(f"{k:<14}{r['jobs_per_s']:>10,.0f}{r['seconds']:>9}{r['leader_cpu_s']:>10}s"
-                          f"{r['http_share']:>7.0%}{r['raft_share']:>7.0%}{r['apply_share']:>7.0%}")
-                else:
-                    print(f"{k:<14}{r['jobs_per_s']:>10,.0f}{r['seconds']:>9}")
-        if "bare_http_mixed" in result:
-            b = result["bare_http_mixed"]
-            rounds = b["rounds"]
-            if len(rounds) > 1:
-                print(f"{'round':<7}{'raftq mixed':>12}{'bare mixed':>12}{'ratio':>7}")
-                for i, r in enumerate(rounds, 1):
-                    print(f"{i:<7}{r['raftq_jobs_per_s']:>12,.0f}{r['bare_jobs_per_s']:>12,.0f}{r['ratio']:>7.0%}")
-            median = " (median of the rounds)" if len(rounds) > 1 else ""
-            extra = (f"; raftq {args.transport} mixed = {b['ratio']:.0%} of it{median}"
-                     if args.transport == "http" else "")
-            print(f"bare aiohttp server, mixed over http: {b['jobs_per_s']:,.0f} jobs/s{extra}")
-        if "mixed" in result and "op_latency" in result["mixed"]:
-            r = result["mixed"]
-            ops = ", ".join(f"{op} p50 {v['p50_ms']} / p99 {v['p99_ms']} ms" for op, v in r["op_latency"].items())
-            print(f"mixed, per request: {ops}")
-            s = r.get("commit_stages")
-            if s:
-                print(f"leader, per batch ({s['requests_per_batch']} requests, {s['batches']} batches timed): "
-                      f"queue {s['queue_ms']} ms (per request), to raft {s['to_raft_ms']}, leader sync "
-                      f"{s['leader_sync_ms']}, replicate {s['replicate_ms']}, apply {s['apply_ms']}, render "
-                      f"{s['render_ms']}, to loop {s['to_loop_ms']} ms")
-        if "latency" in result:
-            l = result["latency"]
-            print(f"latency (enqueue->reserve->ack): p50 {l['p50_ms']} ms, p99 {l['p99_ms']} ms, p999 {l['p999_ms']} ms")
-    return 0
+    return result
+
+
+def _print_table(args, result: dict) -> None:
+    """The results as the table and lines of text (without --json)."""
+    print(f"raftq bench: {args.jobs} jobs, {args.producers} producers, {args.workers} workers, "
+          f"durability {result['durability']}, transport {args.transport}{' over TLS' if result['tls'] else ''}, "
+          f"leader {result['leader']}")
+    print(f"{'phase':<14}{'jobs/s':>10}{'seconds':>9}{'leader cpu':>11}{'http':>7}{'raft':>7}{'apply':>7}")
+    for k in ("enqueue", "drain", "mixed", "batch_enqueue", "batch_drain"):
+        if k in result:
+            r = result[k]
+            if "leader_cpu_s" in r:
+                print(f"{k:<14}{r['jobs_per_s']:>10,.0f}{r['seconds']:>9}{r['leader_cpu_s']:>10}s"
+                      f"{r['http_share']:>7.0%}{r['raft_share']:>7.0%}{r['apply_share']:>7.0%}")
+            else:
+                print(f"{k:<14}{r['jobs_per_s']:>10,.0f}{r['seconds']:>9}")
+    if "bare_http_mixed" in result:
+        b = result["bare_http_mixed"]
+        rounds = b["rounds"]
+        if len(rounds) > 1:
+            print(f"{'round':<7}{'raftq mixed':>12}{'bare mixed':>12}{'ratio':>7}")
+            for i, r in enumerate(rounds, 1):
+                print(f"{i:<7}{r['raftq_jobs_per_s']:>12,.0f}{r['bare_jobs_per_s']:>12,.0f}{r['ratio']:>7.0%}")
+        median = " (median of the rounds)" if len(rounds) > 1 else ""
+        extra = (f"; raftq {args.transport} mixed = {b['ratio']:.0%} of it{median}"
+                 if args.transport == "http" else "")
+        print(f"bare aiohttp server, mixed over http: {b['jobs_per_s']:,.0f} jobs/s{extra}")
+    if "mixed" in result and "op_latency" in result["mixed"]:
+        r = result["mixed"]
+        ops = ", ".join(f"{op} p50 {v['p50_ms']} / p99 {v['p99_ms']} ms" for op, v in r["op_latency"].items())
+        print(f"mixed, per request: {ops}")
+        s = r.get("commit_stages")
+        if s:
+            print(f"leader, per batch ({s['requests_per_batch']} requests, {s['batches']} batches timed): "
+                  f"queue {s['queue_ms']} ms (per request), to raft {s['to_raft_ms']}, leader sync "
+                  f"{s['leader_sync_ms']}, replicate {s['replicate_ms']}, apply {s['apply_ms']}, render "
+                  f"{s['render_ms']}, to loop {s['to_loop_ms']} ms")
+    if "latency" in result:
+        l = result["latency"]
+        print(f"latency (enqueue->reserve->ack): p50 {l['p50_ms']} ms, p99 {l['p99_ms']} ms, p999 {l['p999_ms']} ms")
 
 
 def _main_backlog(p: argparse.ArgumentParser, args) -> int:
