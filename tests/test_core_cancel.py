@@ -23,7 +23,7 @@ def test_cancel_ready_and_scheduled_jobs():
 
 
 def test_cancel_in_flight_removes_the_job_and_fences_its_worker_unknown_is_not_found():
-    """Issue 17: DELETE /v1/jobs/{id} also removes an in-flight job (before, a 409)."""
+    """DELETE /v1/jobs/{id} also removes an in-flight job (409 before 0.2.0)."""
     c = Core(storage=RETAIN)
     jid = c.enqueue_id()
     c.reserve_one()

@@ -1,5 +1,5 @@
 """Dead-letter forwarding, the expired counter and dead letters by cause, rule by rule in the
-pure core (docs/semantics.md "Dead-letter forwarding"; issue 17 items 8 and 9)."""
+pure core (docs/semantics.md "Dead-letter forwarding", "Dead letters")."""
 from __future__ import annotations
 
 import base64

@@ -145,7 +145,7 @@ def test_dedup_window_ends_then_a_new_job_with_a_fresh_window():
 
 
 def test_a_dedup_record_is_one_tuple_shared_with_its_heap_entry_and_its_batch_bucket():
-    """The memory layout issue 16 chose (node/core/jobs.py DEDUP_*): per queue a dict of records,
+    """The memory layout of dedup records (node/core/jobs.py DEDUP_*; docs/performance.md): per queue a dict of records,
     each record the very object in the expiry heap, a batch's records sharing one (expires,
     queue) bucket; a queue's dict goes with its last record; snapshots keep the older flat form."""
     c = Core(queues=[{"name": "q", "dedup_window_ms": 1_000}])

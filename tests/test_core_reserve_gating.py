@@ -535,7 +535,7 @@ def test_random_gating_histories_keep_the_invariants_and_replay_alike(seed):
 # ---------------------------------------------------------------------------- leaving READY keeps the queue live
 @pytest.mark.parametrize("to", ["ready", "scheduled"])
 def test_a_replaced_held_back_job_is_handed_out_when_a_slot_frees(to):
-    """docs/semantics.md "Throttles": a held-back job stays ready and is reservable when a slot
+    """docs/api.md "Gating" (throttles): a held-back job stays ready and is reservable when a slot
     frees; a replace (docs/api.md duplicate_policy) of it must not leave its held-back mark."""
     c = gated(limits={"resource_limits": {"db": 2}})
     running = [c.enqueue_id("q", resource="db") for _ in range(2)]

@@ -127,7 +127,7 @@ def test_validation_writes_the_0_1_0_shapes_and_the_operator_fields_after_them()
     assert C.drain({}, limits) == ("drain", None, None, 1, None)
     assert C.requeue({"ids": [a]}, who="ops") == ("requeue", None, (a,), "ops")
     assert C.delete_dead_letters({"ids": [a]}) == ("dldel", None, (a,), None)
-    assert C.cancel(a) == ("cancel", None, a, None, True)      # in_flight: issue 17
+    assert C.cancel(a) == ("cancel", None, a, None, True)      # in_flight (absent before 0.2.0: no)
     assert C.pause("q", True, limits) == ("pause", None, "q", True, False, None)
     assert C.pause("q", True, limits, body={"create": True}) == ("pause", None, "q", True, True, None)
     assert C.sweep() == ("sweep", None)
@@ -298,7 +298,7 @@ def test_legacy_18_field_jobs_and_12_field_items_still_load_and_apply():
     c = Core()
     jid = c.enqueue_id()
     data = c.m.to_builtins()
-    data["jobs"] = [tuple(t)[:18] for t in data["jobs"]]            # the snapshot form before issue 17
+    data["jobs"] = [tuple(t)[:18] for t in data["jobs"]]            # the snapshot form before 0.2.0
     m = RawMachine.from_builtins(c.limits, data)
     m.check_invariants()
     assert m.jobs[jid].releases == 0 and m.jobs[jid].timeout_ms is None
