@@ -1,8 +1,8 @@
 """The configuration in force (SEMANTICS.md "Configuration is replicated state").
 
 The machine holds the configuration as state: `m.limits` (a Limits, node/core/limits.py, whose
-`doc` is its canonical document), `m.config_version` and `m.keys` (API key name ->
-(key_sha256, role, added_by, added_at_ms): digests, never keys). Every handler reads
+`doc` is its canonical document), `m.config_version` and `m.keys` (API key name -> KeyRecord:
+digests, never keys). Every handler reads
 `m.limits`, so each entry applies under the configuration in force at that entry, on every
 node and on every replay.
 
@@ -20,12 +20,24 @@ longer declared keeps its jobs. The result's `warnings` say so.
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 from .limits import ConfigError, Limits
 from . import audit, gating, ops
 from . import keys as keyed
 
 API_ROLES = ("viewer", "worker", "operator", "admin")
 _HEX = frozenset("0123456789abcdef")
+
+
+class KeyRecord(NamedTuple):
+    """An API key in force (`m.keys`: name -> KeyRecord): the SHA-256 of the key (never the key),
+    its role, who added it (a key name, None without auth) and when. Snapshots and the digest
+    write it as the plain tuple (name, key_sha256, role, added_by, added_at_ms)."""
+    key_sha256: str
+    role: str
+    added_by: str | None
+    added_at_ms: int
 
 
 def valid_digest(value) -> bool:
@@ -44,7 +56,7 @@ def key_problem(name, role, key_sha256) -> str | None:
 
 
 def _admins(keys: dict) -> int:
-    return sum(1 for rec in keys.values() if rec[1] == "admin")
+    return sum(1 for rec in keys.values() if rec.role == "admin")
 
 
 def configure(m, expect_version, config, keys, who=None):
@@ -65,15 +77,15 @@ def configure(m, expect_version, config, keys, who=None):
                 why = key_problem(name, role, digest)
                 if why is None and name in new_keys:
                     why = "named twice"
-                if why is None and any(rec[0] == digest for rec in new_keys.values()):
+                if why is None and any(rec.key_sha256 == digest for rec in new_keys.values()):
                     why = "the same key as another one"
                 if why is not None:
                     return ops.config_invalid(f"keys[{name!r}]: {why}")
                 old = m.keys.get(name)
-                if old is not None and old[0] == digest and old[1] == role:
+                if old is not None and old.key_sha256 == digest and old.role == role:
                     new_keys[name] = old            # unchanged: who added it and when stay
                 else:
-                    new_keys[name] = (digest, role, who if who is not ops.UNAUDITED else None, m.clock)
+                    new_keys[name] = KeyRecord(digest, role, who if who is not ops.UNAUDITED else None, m.clock)
         except (TypeError, ValueError):
             return ops.config_invalid("keys: must be a list of (name, role, key_sha256)")
         if expect_version != 0 and new_keys and not _admins(new_keys):
@@ -109,12 +121,12 @@ def add_key(m, name, role, key_sha256, who=None):
         return ops.config_invalid(f"key: {why}")
     if name in m.keys:
         return ops.key_refused("exists", name)
-    if any(rec[0] == key_sha256 for rec in m.keys.values()):
+    if any(rec.key_sha256 == key_sha256 for rec in m.keys.values()):
         return ops.key_refused("digest_in_use", name)
     if not m.keys and role != "admin":
         return ops.key_refused("first_not_admin", name)
     version = m.config_version + 1
-    m._put(m.keys, name, (key_sha256, role, who if who is not ops.UNAUDITED else None, m.clock))
+    m._put(m.keys, name, KeyRecord(key_sha256, role, who if who is not ops.UNAUDITED else None, m.clock))
     m._set(m, "config_version", version)
     audit.record(m, who, "key_add", name, {"role": role, "version": version})
     return ops.key_added(name, role, version)
@@ -124,12 +136,12 @@ def remove_key(m, name, who=None):
     rec = m.keys.get(name) if type(name) is str else None
     if rec is None:
         return ops.key_not_found(name)
-    if rec[1] == "admin" and _admins(m.keys) == 1:
+    if rec.role == "admin" and _admins(m.keys) == 1:
         return ops.key_refused("last_admin", name)
     version = m.config_version + 1
     m._pop(m.keys, name)
     m._set(m, "config_version", version)
-    audit.record(m, who, "key_remove", name, {"role": rec[1], "version": version})
+    audit.record(m, who, "key_remove", name, {"role": rec.role, "version": version})
     return ops.key_removed(name, version)
 
 
@@ -171,5 +183,6 @@ def change_warnings(m, old: Limits, new: Limits) -> tuple:
 def keys_view(m) -> list:
     """GET /v1/keys: names, roles, who added them and when, and the first 12 hex digits of the
     key's SHA-256 (enough to tell two keys apart, as `raftq config diff` does; never the key)."""
-    return [{"name": name, "role": rec[1], "added_by": rec[2], "added_at_ms": rec[3], "key_sha256_prefix": rec[0][:12]}
+    return [{"name": name, "role": rec.role, "added_by": rec.added_by, "added_at_ms": rec.added_at_ms,
+             "key_sha256_prefix": rec.key_sha256[:12]}
             for name, rec in sorted(m.keys.items())]

@@ -124,7 +124,7 @@ def block(m, q, r: str, entry) -> None:
         heap = []
         m._put(per, q.name, heap)
     m._push(heap, entry)
-    m._put(m.blocked_ids, entry[3].id, r)
+    m._put(m.blocked_ids, entry.job.id, r)
     m._add(q, "throttled", 1)
     m._add(q, "deferred", 1)
 
@@ -146,8 +146,8 @@ def release_blocked(m, r: str) -> None:
         moved = 0
         while heap and (free is None or moved < free):
             entry = m._heappop(heap)
-            job = entry[3]
-            if job.state == READY and job.seq == entry[2] and jobs.get(job.id) is job and ids.get(job.id) == r:
+            job = entry.job
+            if job.state == READY and job.seq == entry.seq and jobs.get(job.id) is job and ids.get(job.id) == r:
                 m._pop(ids, job.id)
                 m._add(q, "throttled", -1)
                 ready_push(m, q, entry)
@@ -166,21 +166,22 @@ def ready_push(m, q, entry) -> None:
     last entry, else the heap), undo-logged; a keyed job's into its key's heap. Here rather than
     in handlers.py, which imports this module: the gating paths put held-back entries back with
     it too."""
-    if entry[3].spec[S_KEY] is not None:
+    job = entry.job
+    if job.spec[S_KEY] is not None:
         keys.push(m, q, entry)
         return
     if q.keys is not None:
-        keys.plain_pushed(m, q, entry[0])
+        keys.plain_pushed(m, q, entry.neg_priority)
     fifo = q.ready_fifo
     undo = m._undo
     tail = q.fifo_tail
-    if not fifo or (tail[0], tail[1], q.fifo_seqs[-1]) < entry[:3]:
+    if not fifo or (tail[0], tail[1], q.fifo_seqs[-1]) < entry.order():
         # After the last entry: the FIFO (node/core/jobs.py Queue). A held-back entry keeps its
         # seq, which may be older than the last one's.
-        undo += (fifo_unappend, q, entry[3], tail)
-        fifo.append(entry[3])
-        q.fifo_seqs.append(entry[2])
-        q.fifo_tail = entry[:2]
+        undo += (fifo_unappend, q, job, tail)
+        fifo.append(job)
+        q.fifo_seqs.append(entry.seq)
+        q.fifo_tail = (entry.neg_priority, entry.enqueued_at)
     else:
         undo += (heap_remove, q.ready_heap, entry, None)
         heappush(q.ready_heap, entry)

@@ -20,7 +20,7 @@ from .retry import policy_delay_ms
 from . import audit, gating, keys, ops
 from .answers import render_dead_letter
 from .jobs import (DEAD, DEAD_LETTER_RECORD_TYPE, GONE, IN_FLIGHT, READY, SCHEDULED, DeadLetter, Job, Queue,
-                   known_queue, shown_fields)
+                   ReadyEntry, is_live_entry, known_queue, ready_entry, shown_fields)
 from .jobs import (DEDUP_JOB_ID, S_ATTEMPT, S_DEADLINE, S_ENQUEUED_AT, S_KEY, S_PRIORITY, S_QUEUE,
                    S_RESOURCE, dedup_expires, dedup_record, shown_common)
 from .ops import ATOMIC, DEAD_LETTER, DELAY, ENQUEUED, JOB_ID, RESERVED, SINGLE, UNAUDITED
@@ -207,11 +207,11 @@ def _enqueue_one(m, item, now: int, check_depth: bool):
         m._add(q, "scheduled", 1)
     elif key is not None:                   # a keyed job: its key's heap (node/core/keys.py)
         job.state = READY
-        keys.push(m, q, (-priority, now, seq, job))
+        keys.push(m, q, ReadyEntry(-priority, now, seq, job))
         m._add(q, "ready", 1)
     else:
         job.state = READY
-        # ready_push(m, q, (-priority, now, seq, job)), inline: the FIFO keeps no entry tuple
+        # ready_push(m, q, ReadyEntry(-priority, now, seq, job)), inline: the FIFO keeps no entry
         # (node/core/jobs.py Queue), and a batch's jobs share their tail.
         negp = -priority
         if q.keys is not None:              # the jobs without a key take part in the rotation
@@ -227,7 +227,7 @@ def _enqueue_one(m, item, now: int, check_depth: bool):
             q.fifo_seqs.append(seq)
             q.fifo_tail = (negp, now)
         else:
-            entry = (negp, now, seq, job)
+            entry = ReadyEntry(negp, now, seq, job)
             heap = q.ready_heap
             undo += (heap_remove, heap, entry, None)
             heappush(heap, entry)
@@ -305,8 +305,8 @@ def reserve(m, queue_names, lease_ms: int, max_jobs: int):
                 seqs.popleft()
             while heap:
                 entry = heap[0]
-                job = entry[3]
-                if job.state == READY and job.seq == entry[2] and jobs.get(job.id) is job:
+                job = entry.job
+                if job.state == READY and job.seq == entry.seq and jobs.get(job.id) is job:
                     break
                 heappop(heap)
             if fifo and not (heap and heap[0] < (-fifo[0].spec[S_PRIORITY], fifo[0].spec[S_ENQUEUED_AT], seqs[0])):
@@ -319,7 +319,7 @@ def reserve(m, queue_names, lease_ms: int, max_jobs: int):
                 entry = heap[0]
                 undo += (heap_restore, heap, entry, None)
                 heappop(heap)
-                job = entry[3]
+                job = entry.job
             else:
                 break
             spec = job.spec
@@ -333,8 +333,7 @@ def reserve(m, queue_names, lease_ms: int, max_jobs: int):
                 n = in_use.get(r, 0)
                 limit = limits.resource_limits.get(r)
                 if limit is not None and n >= limit:
-                    gating.block(m, q, r, entry if entry is not None
-                                 else (-job.priority, job.enqueued_at, job.seq, job))
+                    gating.block(m, q, r, entry if entry is not None else ready_entry(job))
                     continue
                 m._put(in_use, r, n + 1)
             if probe == 1:
@@ -388,7 +387,7 @@ def take(m, q, cap: int, kept: list, lease_ms: int, probe: int) -> None:
             heappop(heap)
         else:
             _pop_entry(m, q, e)
-        job = e[3]
+        job = e.job
         deadline = job.spec[S_DEADLINE]
         if deadline is not None and deadline <= now:
             gating.leave_ready(m, q, job)
@@ -462,14 +461,14 @@ def _pick(m, q, qk, ql, now: int):
             heap = key.heap         # keys.key_head, inline
             e = heap[0] if heap else None
             if e is not None:
-                job = e[3]
-                if not (job.state == READY and job.seq == e[2] and m.jobs.get(job.id) is job):
+                job = e.job
+                if not (job.state == READY and job.seq == e.seq and m.jobs.get(job.id) is job):
                     e = keys.key_head(m, key)
         if e is None:
             keys.unschedule(m, key)
             continue
-        if e[0] != level:
-            keys.schedule(m, qk, key, e[0])
+        if e.neg_priority != level:
+            keys.schedule(m, qk, key, e.neg_priority)
             continue
         lim = None
         if name is not None:
@@ -499,7 +498,7 @@ def _pop_entry(m, q, e) -> None:
     """Take head entry `e` of a job without a key off the queue's own FIFO or heap (a keyed
     job's entry leaves its key's heap inline, in take)."""
     fifo = q.ready_fifo
-    if fifo and fifo[0] is e[3] and q.fifo_seqs[0] == e[2]:
+    if fifo and fifo[0] is e.job and q.fifo_seqs[0] == e.seq:
         m._undo += (fifo_restore_head, q, fifo[0], q.fifo_seqs[0])
         fifo.popleft()
         q.fifo_seqs.popleft()
@@ -689,7 +688,7 @@ def make_ready(m, job: Job, q: Queue):
     """A job that has left its previous count becomes ready. A retried job keeps its
     enqueued_at and sequence: it goes ahead of newer jobs."""
     m._set(job, "state", READY)
-    ready_push(m, q, (-job.priority, job.enqueued_at, job.seq, job))
+    ready_push(m, q, ready_entry(job))
     m._add(q, "ready", 1)
 
 
@@ -873,8 +872,7 @@ def _live_waiting(m, q: Queue) -> tuple[list, list]:
     blocked = [h for per in m.blocked.values() for n, h in per.items() if n == q.name]
     if q.keys is not None:
         blocked += [k.heap for k in q.keys.by_key.values()]      # keyed jobs: their keys' heaps
-    ready = [e[3] for e in chain(q.ready_heap, q.fifo_entries(), *blocked)
-             if e[3].state == READY and e[3].seq == e[2] and jobs.get(e[3].id) is e[3]]
+    ready = [e.job for e in chain(q.ready_heap, q.fifo_entries(), *blocked) if is_live_entry(e, jobs)]
     name = q.name
     scheduled = list({id(e[2]): e[2] for e in m.sched_heap
                       if e[2].queue == name and e[2].state == SCHEDULED and e[2].run_at == e[0]

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 from heapq import nsmallest
 
-from .jobs import IN_FLIGHT, READY, S_ENQUEUED_AT, S_KEY, S_PRIORITY, S_RESOURCE
+from .jobs import IN_FLIGHT, READY, S_ENQUEUED_AT, S_KEY, S_PRIORITY, S_RESOURCE, ReadyEntry
 from .undo import fifo_restore_head
 
 WEIGHT_SCALE = 1_000_000
@@ -209,8 +209,8 @@ def key_head(m, key: Key):
     heap, jobs = key.heap, m.jobs
     while heap:
         e = heap[0]
-        job = e[3]
-        if job.state == READY and job.seq == e[2] and jobs.get(job.id) is job:
+        job = e.job
+        if job.state == READY and job.seq == e.seq and jobs.get(job.id) is job:
             return e
         m._heappop(heap)
     return None
@@ -229,13 +229,14 @@ def plain_head(m, q):
         fifo.popleft()
         seqs.popleft()
     while heap:
-        job = heap[0][3]
-        if job.state == READY and job.seq == heap[0][2] and jobs.get(job.id) is job:
+        e = heap[0]
+        job = e.job
+        if job.state == READY and job.seq == e.seq and jobs.get(job.id) is job:
             break
         m._heappop(heap)
     if fifo:
         job = fifo[0]
-        e = (-job.spec[S_PRIORITY], job.spec[S_ENQUEUED_AT], seqs[0], job)
+        e = ReadyEntry(-job.spec[S_PRIORITY], job.spec[S_ENQUEUED_AT], seqs[0], job)
         if not heap or e < heap[0]:
             return e
     return heap[0] if heap else None
@@ -252,7 +253,7 @@ def requeue(m, q, qk: Keys, key: Key) -> None:
         return
     e = head(m, q, key)
     if e is not None:
-        schedule(m, qk, key, e[0])
+        schedule(m, qk, key, e.neg_priority)
 
 
 # ---------------------------------------------------------------------------- ready jobs
@@ -263,14 +264,14 @@ def ensure(m, q) -> Keys:
         m._set(q, "keys", qk)
         e = plain_head(m, q)
         if e is not None:                   # the jobs without a key join the rotation
-            schedule(m, qk, qk.plain, e[0])
+            schedule(m, qk, qk.plain, e.neg_priority)
     return qk
 
 
 def push(m, q, entry) -> None:
     """A keyed job's entry into its key's heap (it has become READY, or a resource slot freed);
     the key enters the rotation, or moves up to the entry's level."""
-    job = entry[3]
+    job = entry.job
     qk = ensure(m, q)
     name = job.spec[S_KEY]
     key = qk.by_key.get(name)
@@ -287,8 +288,8 @@ def push(m, q, entry) -> None:
         count_resource(m, key, r, 1)
     if key.held is not None:
         m._add(qk, "held_ready", 1)
-    elif key.level is None or entry[0] < key.level:
-        schedule(m, qk, key, entry[0])
+    elif key.level is None or entry.neg_priority < key.level:
+        schedule(m, qk, key, entry.neg_priority)
 
 
 def plain_pushed(m, q, level: int) -> None:

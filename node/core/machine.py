@@ -47,8 +47,8 @@ from itertools import islice
 from . import audit, config, gating, handlers, invariants, keys, ops, schedules, snapshot
 from . import sweep as sweeping
 from .answers import render_dead_letter, render_job
-from .jobs import IN_FLIGHT, READY, SCHEDULED, STATE_NAMES, Job, Queue, shown_fields
-from .ops import MALFORMED_RESULT, NOT_REMEMBERED, RESERVE
+from .jobs import IN_FLIGHT, READY, SCHEDULED, STATE_NAMES, Job, Queue, ReadyEntry, is_live_entry, shown_fields
+from .ops import MALFORMED_RESULT, NOT_REMEMBERED, RESERVE, RequestRecord, ScopedRequestRecord
 from .undo import UndoLog
 from .limits import Limits
 
@@ -88,8 +88,8 @@ if tuple(HANDLERS) != ops.OPS:
     raise RuntimeError("every op of node/core/ops.py needs a handler here")
 
 
-def _ready_key(entry) -> tuple:
-    return entry[0], entry[1], entry[2]     # (-priority, enqueued_at, seq): delivery order
+def _ready_key(entry: ReadyEntry) -> tuple:
+    return entry.order()                    # (-priority, enqueued_at, seq): delivery order
 
 
 def _is_live(job, seq: int, jobs: dict) -> bool:
@@ -101,7 +101,7 @@ def _is_live(job, seq: int, jobs: dict) -> bool:
 
 def _live_entries(entries, jobs: dict):
     for e in entries:
-        if _is_live(e[3], e[2], jobs):
+        if is_live_entry(e, jobs):
             yield e
 
 
@@ -132,7 +132,7 @@ def _fifo_from(q, jobs: dict, after: tuple | None):
         # live entries behind it (a replace that lowered the priority), and the merge with
         # the heap takes its inputs as sorted.
         if _is_live(job, seq, jobs):
-            yield -job.priority, job.enqueued_at, seq, job
+            yield ReadyEntry(-job.priority, job.enqueued_at, seq, job)
 
 
 def _heap_in_order(heap: list, after: tuple | None):
@@ -155,11 +155,10 @@ class QueueMachine(UndoLog):
     def __init__(self, limits: Limits):
         # The configuration in force (node/core/config.py): `limits` starts as the bootstrap
         # configuration (version 0, the node's TOML) and is replaced by each configuration
-        # command; `keys` holds the API keys in force from version 1 on (name -> (key_sha256,
-        # role, added_by, added_at_ms)).
+        # command; `keys` holds the API keys in force from version 1 on (name -> config.KeyRecord).
         self.limits = limits
         self.config_version = 0
-        self.keys: dict[str, tuple] = {}
+        self.keys: dict[str, config.KeyRecord] = {}
         self.audit: deque = deque()     # (seq, at_ms, who, action, target, details), oldest first
         self.audit_seq = 0
         self.clock = 0                  # replicated time: max of every command's now_ms
@@ -180,8 +179,8 @@ class QueueMachine(UndoLog):
         # The spec (node/core/jobs.py SPEC_FIELDS) of the job made last, which the next shares
         # when equal. Not state either.
         self._spec = None
-        # request key -> (op, result, expires[, route, body_hash]); the key is the request id, or
-        # (caller's key name, request id) for a caller with a name (ops.request_key)
+        # request key -> ops.RequestRecord or ops.ScopedRequestRecord; the key is the request id,
+        # or (caller's key name, request id) for a caller with a name (ops.request_key)
         self.rids: dict = {}
         # (expires, order stored, request key), a heap: a record's expiry is fixed when it is
         # stored, with the window in force then, so after a change to a shorter window a later
@@ -276,17 +275,17 @@ class QueueMachine(UndoLog):
                 # A record of a bare request id (kept from a journal or snapshot of an earlier
                 # release, which knew no callers) still answers its retry.
                 stored = self.rids.get(request_id)
-                if stored is not None and len(stored) != 3:
+                if stored is not None and type(stored) is not RequestRecord:
                     stored = None
-            if stored is not None and stored[2] > self.clock:
-                if route is not None and len(stored) == 5:
-                    if stored[3] != route:
-                        return ops.request_mismatch(request_id, stored[3], "operation")
-                    if stored[4] != body_hash:
+            if stored is not None and stored.expires > self.clock:
+                if route is not None and type(stored) is ScopedRequestRecord:
+                    if stored.route != route:
+                        return ops.request_mismatch(request_id, stored.route, "operation")
+                    if stored.body_hash != body_hash:
                         return ops.request_mismatch(request_id, route, "body")
-                if stored[0] != op:
-                    return ops.request_id_reused(request_id, stored[0])
-                return stored[1]
+                if stored.op != op:
+                    return ops.request_id_reused(request_id, stored.op)
+                return stored.result
         self._undo.clear()
         try:
             result = handler(self, *cmd[2:])
@@ -302,7 +301,8 @@ class QueueMachine(UndoLog):
             # An empty reserve is not remembered: a long poll re-proposes the same request id
             # until it gets jobs, and only that answer must be replayed.
             expires = self.clock + self.limits.request_id_window_ms
-            self.rids[key] = (op, result, expires) if route is None else (op, result, expires, route, body_hash)
+            self.rids[key] = (RequestRecord(op, result, expires) if route is None
+                              else ScopedRequestRecord(op, result, expires, route, body_hash))
             heapq.heappush(self.rid_heap, (expires, self.applied, key))
         return result
 
@@ -376,7 +376,7 @@ class QueueMachine(UndoLog):
                     break
             more = len(page) > limit
             page = page[:limit]
-            return [self.job_view(e[3].id) for e in page], (list(_ready_key(page[-1])) if more else None)
+            return [self.job_view(e.job.id) for e in page], (list(_ready_key(page[-1])) if more else None)
         else:
             key = (lambda j: (j.run_at, j.seq)) if state == SCHEDULED else (lambda j: (j.lease_expires, j.seq))
             cands = [(key(j), j) for j in self.jobs.values() if j.queue == qname and j.state == state]

@@ -16,6 +16,7 @@ changes no replicated state.
 from __future__ import annotations
 
 from operator import itemgetter
+from typing import NamedTuple
 
 # ---------------------------------------------------------------------------- commands
 # Wire codes (journals of release 0.1.0 hold these: never change one).
@@ -290,8 +291,33 @@ def request_key(slot):
     """The request-id store's key for a command's request-id slot (not None)."""
     if type(slot) is str:
         return slot
-    who = slot[0]
-    return slot[1] if who is None else (who, slot[1])
+    who, rid = slot[0], slot[1]
+    return rid if who is None else (who, rid)
+
+
+# The request-id store's records (QueueMachine.rids: request key -> record): what the command
+# was, its result and when the record expires; a scoped request id's record adds the route and
+# the body hash its retries must match. Records live in memory only: snapshots and the digest
+# write their fields as plain tuples (node/core/snapshot.py), as they did before they had names.
+class RequestRecord(NamedTuple):
+    """The record of a bare request id (0.1.0's form, kept from old journals and snapshots)."""
+    op: str
+    result: tuple
+    expires: int
+
+
+class ScopedRequestRecord(NamedTuple):
+    """The record of an ops.request_id slot: the route and body hash its retries must match."""
+    op: str
+    result: tuple
+    expires: int
+    route: str
+    body_hash: str
+
+
+def request_record(op, result, expires, *scope):
+    """A record from its fields as snapshots write them: (op, result, expires[, route, body_hash])."""
+    return ScopedRequestRecord(op, result, expires, *scope) if scope else RequestRecord(op, result, expires)
 
 # ---------------------------------------------------------------------------- results
 # Kinds (the first three are also the forms release 0.1.0 kept under request ids).

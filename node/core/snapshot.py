@@ -26,16 +26,16 @@ from __future__ import annotations
 import hashlib
 import heapq
 from collections import OrderedDict, deque
-from itertools import chain
 
 import orjson
 
 from .limits import Limits
 from .answers import result_of_answer
+from .config import KeyRecord
 from .gating import Circuit
 from .jobs import (DEDUP_BUCKET, DEDUP_JOB_ID, DEDUP_KEY, IN_FLIGHT, READY, SHOWN_FIELDS, DeadLetter,
-                   Job, Queue, dedup_expires, dedup_items, dedup_queue, dedup_record)
-from .ops import DRAINED, ENQUEUED_BATCH, RESERVED, compact_batch, expanded_batch
+                   Job, Queue, ReadyEntry, is_live_entry, ready_entry, dedup_expires, dedup_items, dedup_queue, dedup_record)
+from .ops import DRAINED, ENQUEUED_BATCH, RESERVED, compact_batch, expanded_batch, request_record
 from .schedules import Schedule
 
 VERSION = 3
@@ -49,9 +49,7 @@ def to_builtins(m) -> dict:
     return {
         "v": VERSION, "clock": m.clock, "seq": m.seq, "ctr": m.ctr, "applied": m.applied,
         "jobs": [j.to_tuple() for j in jobs.values()],
-        "queues": [(q.name, [getattr(q, c) for c in Queue.COUNTERS],
-                    [(e[0], e[1], e[2], e[3].id) for e in chain(q.ready_heap, q.fifo_entries())
-                     if e[3].state == READY and e[3].seq == e[2] and jobs.get(e[3].id) is e[3]])
+        "queues": [(q.name, [getattr(q, c) for c in Queue.COUNTERS], _ready_rows(q, jobs))
                    for q in m.queues.values()],
         # Schedule and lease timers of a job that still exists are kept even when stale: the
         # job can get the same time again (re-reserved or re-extended to the same expiry,
@@ -69,12 +67,12 @@ def to_builtins(m) -> dict:
                        if dedup_record(m, dedup_queue(r), r[DEDUP_KEY]) is r],
         # (key, op, result, exp[, route, hash]); a batch's results as tuples, the form every
         # version reads (node/core/ops.py `enqueued_batch`).
-        "rids": [(key, rec[0], _written(rec[1])) + rec[2:] for key, rec in m.rids.items()],
+        "rids": [(key, op, _written(result), *rest) for key, (op, result, *rest) in m.rids.items()],
         # The expiry index as a list in expiry order, oldest record first on ties, without the
         # orders (they are positions in this list once restored): a restored node writes the
         # same snapshot as the node it was restored from.
         "rid_fifo": [(e[0], e[2]) for e in sorted(e for e in m.rid_heap
-                                                  if m.rids.get(e[2], (0, 0, None))[2] == e[0])],
+                                                  if _rid_expires(m, e[2]) == e[0])],
         "dlq": [(rec.job.id,) + rec.fields() for rec in m.dlq.values()],
         # Version 0 keeps no document: a restore applies the bootstrap of the machine it fills.
         "config": {"version": m.config_version, "doc": m.limits.doc if m.config_version else None,
@@ -87,6 +85,16 @@ def to_builtins(m) -> dict:
         **({"schedules_seeded": True} if m.schedules_seeded else {}),
         **_keys(m),
     }
+
+
+def _ready_rows(q, jobs: dict) -> list:
+    """A queue's live ready entries as (-priority, enqueued_at, seq, job id), the heap's, then the
+    FIFO's (an ascending run at the end, which becomes the FIFO again on restore). The FIFO is
+    read from its two deques without making its entries: a deep backlog is most of a snapshot."""
+    rows = [(e.neg_priority, e.enqueued_at, e.seq, e.job.id) for e in q.ready_heap if is_live_entry(e, jobs)]
+    rows += [(-job.priority, job.enqueued_at, seq, job.id) for job, seq in zip(q.ready_fifo, q.fifo_seqs)
+             if job.state == READY and job.seq == seq and jobs.get(job.id) is job]
+    return rows
 
 
 def _keys(m) -> dict:
@@ -123,7 +131,7 @@ def _restore_keys(m, data) -> None:
             continue
         k = m.queues[job.queue].keys.by_key[name]
         if job.state == READY:
-            k.heap.append((-job.priority, job.enqueued_at, job.seq, job))
+            k.heap.append(ready_entry(job))
             k.ready += 1
             if job.resource is not None:
                 k.resources = k.resources or {}
@@ -163,8 +171,7 @@ def _live_blocked(m):
     jobs, ids = m.jobs, m.blocked_ids
     for r, per in m.blocked.items():
         for qname, heap in per.items():
-            live = [e for e in heap if e[3].state == READY and e[3].seq == e[2] and jobs.get(e[3].id) is e[3]
-                    and ids.get(e[3].id) == r]
+            live = [e for e in heap if is_live_entry(e, jobs) and ids.get(e.job.id) == r]
             if live:
                 yield r, qname, live
 
@@ -173,15 +180,11 @@ def _gating(m) -> dict:
     """Issue 17's state, only when there is some (a state without it writes what it did before):
     the blocked entries per (resource, queue) and each queue's deferral count and circuit. The
     in-flight count per resource is rebuilt from the jobs."""
-    blocked = [(r, qname, [(e[0], e[1], e[2], e[3].id) for e in sorted(live, key=_entry_key)])
+    blocked = [(r, qname, [(e.neg_priority, e.enqueued_at, e.seq, e.job.id) for e in sorted(live, key=ReadyEntry.order)])
                for r, qname, live in _live_blocked(m)]
     queues = [(q.name, q.deferred, q.circuit.to_tuple() if q.circuit is not None else None)
               for q in m.queues.values() if q.deferred or q.circuit is not None]
     return {"gating": {"blocked": blocked, "queues": queues}} if blocked or queues else {}
-
-
-def _entry_key(e):
-    return e[0], e[1], e[2]
 
 
 def _written(kept) -> tuple:
@@ -229,11 +232,11 @@ def from_builtins(m, data: dict):
         while k > 0 and tuple(heap[k - 1]) < tuple(heap[k]):
             k -= 1
         k = max(k, 0)
-        q.ready_heap = [(a, b, c, jobs[i]) for a, b, c, i in heap[:k]]
+        q.ready_heap = [ReadyEntry(a, b, c, jobs[i]) for a, b, c, i in heap[:k]]
         heapq.heapify(q.ready_heap)
         tail = heap[k:]
-        q.ready_fifo = deque([jobs[e[3]] for e in tail])
-        q.fifo_seqs = deque([e[2] for e in tail])
+        q.ready_fifo = deque([jobs[job_id] for _, _, _, job_id in tail])
+        q.fifo_seqs = deque([seq for _, _, seq, _ in tail])
         q.fifo_tail = (tail[-1][0], tail[-1][1]) if tail else None
         m.queues[name] = q
     for rec in m.dlq.values():          # derived from the store, not kept in the snapshot
@@ -253,7 +256,8 @@ def from_builtins(m, data: dict):
         m.dedup.setdefault(qname, {})[key] = (bucket, key, job_id)
     m.dedup_heap = [r for keyed in m.dedup.values() for r in keyed.values()]
     heapq.heapify(m.dedup_heap)
-    m.rids = {_key(key): (op, kept_result(op, kept), exp, *rest) for key, op, kept, exp, *rest in data["rids"]}
+    m.rids = {_key(key): request_record(op, kept_result(op, kept), exp, *rest)
+              for key, op, kept, exp, *rest in data["rids"]}
     # (expires, key) in expiry order, oldest first on ties: orders below any later record's
     # (those take `applied`, >= 0) keep that order; a sorted list is a heap.
     fifo = data["rid_fifo"]
@@ -262,7 +266,7 @@ def from_builtins(m, data: dict):
     if cfg is not None and cfg["version"] > 0:
         m.limits = Limits.from_doc(cfg["doc"])
         m.config_version = cfg["version"]
-        m.keys = {k[0]: tuple(k[1:]) for k in cfg["keys"]}
+        m.keys = {name: KeyRecord(*rec) for name, *rec in cfg["keys"]}
     m.audit = deque(tuple(e) for e in data.get("audit", ()))
     m.audit_seq = data.get("audit_seq", 0)
     for job in jobs.values():
@@ -271,11 +275,11 @@ def from_builtins(m, data: dict):
     gating = data.get("gating")
     if gating is not None:
         for r, qname, entries in gating["blocked"]:
-            heap = [(a, b, c, jobs[i]) for a, b, c, i in entries]      # sorted: a heap already
+            heap = [ReadyEntry(a, b, c, jobs[i]) for a, b, c, i in entries]      # sorted: a heap already
             m.blocked.setdefault(r, {})[qname] = heap
             q = m.queues[qname]
             for e in heap:
-                m.blocked_ids[e[3].id] = r
+                m.blocked_ids[e.job.id] = r
             q.throttled += len(heap)
         for qname, deferred, circuit in gating["queues"]:
             q = m.queues[qname]
@@ -290,6 +294,12 @@ def from_builtins(m, data: dict):
     m.schedules_seeded = data.get("schedules_seeded", False)
     _restore_keys(m, data)
     return m
+
+
+def _rid_expires(m, key):
+    """When the record of request key `key` expires, None without one."""
+    rec = m.rids.get(key)
+    return None if rec is None else rec.expires
 
 
 def _key(key):
@@ -327,7 +337,7 @@ def digest(m) -> str:
         h.update(orjson.dumps(["audit", m.audit_seq, list(m.audit)], option=orjson.OPT_SORT_KEYS))
     g = _gating(m).get("gating")
     if g is not None:           # issue 17, only when present; blocked ids per (resource, queue) sorted
-        h.update(orjson.dumps(["gating", sorted((r, qn, sorted(e[3] for e in es)) for r, qn, es in g["blocked"]),
+        h.update(orjson.dumps(["gating", sorted((r, qn, sorted(job_id for *_, job_id in es)) for r, qn, es in g["blocked"]),
                                sorted(g["queues"], key=lambda x: x[0])]))
     if m.schedules or m.schedules_seeded:       # only when present, like the rest
         h.update(repr(["schedules", m.schedules_seeded, sorted(s.to_tuple() for s in m.schedules.values())]).encode())

@@ -97,7 +97,7 @@ def drop_request_ids(m, now: int, budget: int) -> int:
     while heap and heap[0][0] <= now and n < budget:
         expires, _, rid = m._heappop(heap)
         rec = rids.get(rid)
-        if rec is not None and rec[2] == expires:
+        if rec is not None and rec.expires == expires:
             n += 1
             m._pop(rids, rid)
     return n
