@@ -1,9 +1,9 @@
 """The hostile-client attacks on the bounds of docs/limits.md, as helpers the tests import and
 as a rerunnable measurement.
 
-The tests (tests/test_hostile_*.py, tests/test_raft_hostile.py) import the raw-socket clients,
-the probes of a node's state (digest, RSS, CPU, /metrics) and the attacks themselves, each with
-its size as a parameter, and assert on what the attack observed.
+The tests (tests/cluster/test_hostile_*.py, tests/cluster/test_raft_hostile.py) import the
+raw-socket clients, the probes of a node's state (digest, RSS, CPU, /metrics) and the attacks
+themselves, each with its size as a parameter, and assert on what the attack observed.
 
 As a measurement, from the root of a checkout:
 

@@ -1,7 +1,30 @@
 import base64
+import os
+import sys
 import time
+from pathlib import Path
 
 import pytest
+
+# tests/ on sys.path whatever the import mode, so that the tests in tests/cluster/ import
+# conftest (poll, heal, ...), helpers_core, helpers_worker and attacks as the others do.
+TESTS = Path(__file__).resolve().parent
+if str(TESTS) not in sys.path:
+    sys.path.insert(0, str(TESTS))
+
+# How many examples the property tests (hypothesis) try: RAFTQ_TEST_PROFILE=fast, the default,
+# a light run for developers; =full, CI's (.ci/run sets it), each test's own counts, the ones in
+# its file (test_core_model: 300 examples of 100 steps, test_core_gating_model: 150 of 60,
+# test_core_faults: 120, test_cron: 60). A count given by its own variable wins in both.
+# Set here, before the test modules read them at import.
+FAST_EXAMPLES = {"RAFTQ_MODEL_EXAMPLES": "40", "RAFTQ_GATING_EXAMPLES": "25", "RAFTQ_FAULT_EXAMPLES": "30",
+                 "RAFTQ_CRON_EXAMPLES": "20"}
+TEST_PROFILE = os.environ.get("RAFTQ_TEST_PROFILE", "fast")
+if TEST_PROFILE not in ("fast", "full"):
+    raise pytest.UsageError(f"RAFTQ_TEST_PROFILE={TEST_PROFILE!r}: fast or full")
+if TEST_PROFILE == "fast":
+    for name, count in FAST_EXAMPLES.items():
+        os.environ.setdefault(name, count)
 
 from raftq.cluster.local import LocalCluster, http_json
 
@@ -62,10 +85,24 @@ def poll(fn, timeout=10.0, interval=0.05, what="condition"):
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
     # Each phase's report on the test item, so a fixture's teardown can tell that the test
-    # failed (tests/test_admin_ui.py saves a screenshot then).
+    # failed (tests/cluster/test_admin_ui.py saves a screenshot then).
     outcome = yield
     rep = outcome.get_result()
     setattr(item, "rep_" + rep.when, rep)
+
+
+def pytest_report_header(config):
+    counts = ", ".join(f"{n}={os.environ.get(n, 'its default')}" for n in FAST_EXAMPLES)
+    return f"raftq test profile: {TEST_PROFILE} ({counts})"
+
+
+def pytest_collection_modifyitems(config, items):
+    # Every test under tests/cluster/ starts real node processes: marked `cluster`, so that
+    # `pytest -m "not cluster"` is the fast run (README.md).
+    cluster_dir = TESTS / "cluster"
+    for item in items:
+        if cluster_dir in Path(str(item.path)).resolve().parents:
+            item.add_marker(pytest.mark.cluster)
 
 
 @pytest.fixture(autouse=True)

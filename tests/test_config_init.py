@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from raftq.node.base.settings import load
-from tests.test_up import raftq
+from tests.cluster.test_up import raftq
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -3,7 +3,7 @@ node that finds its journal, snapshot or meta file damaged keeps what verifies, 
 nor stands for election until a leader's log matched its own up to the leader's commit index,
 and says so; a damaged snapshot is neither sent nor installed; a failed sync stops the node
 before anything it wrote is acknowledged. SyncObj driven by hand (no sockets) here; the same on
-real clusters in tests/test_disk_faults.py."""
+real clusters in tests/cluster/test_disk_faults.py."""
 from __future__ import annotations
 
 import errno

@@ -5,7 +5,7 @@ Built from the definitions the node itself uses wherever there is one: the error
 their statuses (node/core/errors.py), the roles (node/base/auth.py), the session ops and their roles
 (node/api/session.py), the limits a server advertises and a queue shows (node/core/limits.py), the job
 states (node/core/machine.py). The rest (routes, request bodies, what each answer holds) is written
-here once, and tests/test_openapi.py holds it to the code: every route of the aiohttp app is
+here once, and tests/cluster/test_openapi.py holds it to the code: every route of the aiohttp app is
 described and nothing else; the role each operation states is the one the node enforces; every
 required field is refused when missing; every example is accepted; a schema-driven run
 (schemathesis) against a live cluster finds no 5xx and no answer that breaks the document.

@@ -34,7 +34,7 @@ from raftq.node.base.settings import load
 
 from conftest import poll
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
 ALERTS = DEPLOY / "prometheus" / "raftq-alerts.yaml"
 ALERT_TESTS = DEPLOY / "prometheus" / "raftq-alerts.test.yaml"

@@ -32,7 +32,7 @@ from raftq.cluster.local import LocalCluster, http_json
 from raftq.node.service.node_service.workers_seen import WorkersSeen
 from tests.conftest import Api, poll
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 WINDOW_MS = 2000            # [testing] workers_window_ms of the module's cluster
 LEASE = 1500
 SOURCES = ("vis-dies", "vis-expires", "vis-failover")

@@ -182,7 +182,7 @@ def test_auth_rules_without_a_cluster():
 
 
 def test_command_line_status_and_bench_with_and_without_a_key(cluster):
-    from tests.test_cli import raftq
+    from tests.cluster.test_cli import raftq
     code, out, err = raftq("status", urls=cluster.urls)
     assert code == 1 and "refused" in out and "give an API key with --api-key KEY or $RAFTQ_API_KEY" in err
     code, out, err = raftq("status", "--api-key", KEYS["viewer"], urls=cluster.urls)

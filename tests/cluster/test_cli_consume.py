@@ -18,7 +18,7 @@ from raftq.cluster.client import NotFound, SyncClient
 from raftq.cluster.local import LocalCluster
 from tests.conftest import heal, poll
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")

@@ -20,7 +20,7 @@ from raftq.cluster.worker import Worker
 from conftest import poll
 from helpers_worker import until
 
-FIXTURE = Path(__file__).parent / "fixtures" / "release-0.2.0-node.tar.gz"
+FIXTURE = Path(__file__).parent.parent / "fixtures" / "release-0.2.0-node.tar.gz"
 OLD = "0.2.0"
 
 

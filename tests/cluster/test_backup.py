@@ -16,7 +16,7 @@ from raftq.cluster.local import LocalCluster, http_json
 from raftq.node.replication import backup as fmt
 from tests.attacks import hits
 from tests.conftest import poll
-from tests.test_up import raftq
+from tests.cluster.test_up import raftq
 
 # No sweep falls due during the test (leases of 30 s, request ids kept 60 s, no timer-driven
 # sweep for an hour), so a restored cluster's state stays the backup's until a client acts.

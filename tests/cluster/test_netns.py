@@ -25,7 +25,7 @@ import pytest
 
 from raftq.cluster.client import SyncClient
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _can_make_namespaces() -> str | None:

@@ -31,7 +31,7 @@ from raftq.cluster.client import DeadLetterRecord, NotFound, SyncClient, job_req
 from raftq.cluster.local import LocalCluster
 from tests.conftest import Api, poll
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 LONG = 600_000          # a rate window no test outlives: nothing leaves it meanwhile
 # Each test its own declared queue: their keys and counts do not mix.
 QUEUES = [

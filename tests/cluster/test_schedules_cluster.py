@@ -20,7 +20,7 @@ from raftq.cluster.client import Conflict, NotFound, RaftqError, SyncClient
 from raftq.node.core.schedules import SCHEDULE_FIELD, TICK_FIELD
 from tests.conftest import poll, proxied_cluster
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")

@@ -32,7 +32,7 @@ from raftq.node.core.limits import ConfigError
 from raftq.node.base.settings import TlsFiles, load, parse
 from raftq.node.base.tls import load as load_tls
 from tests.conftest import poll
-from tests.test_up import ROOT, Up, env, raftq
+from tests.cluster.test_up import ROOT, Up, env, raftq
 
 
 @pytest.fixture(scope="module")

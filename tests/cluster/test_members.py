@@ -17,7 +17,7 @@ import pytest
 from raftq.cluster.client import Client
 from raftq.cluster.local import LocalCluster, http_json
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 GAPS: dict[str, float] = {}
 
 

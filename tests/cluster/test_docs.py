@@ -31,7 +31,7 @@ import pytest
 
 from raftq.cluster.local import LocalCluster
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 DOCS = [ROOT / "README.md"] + sorted((ROOT / "docs").glob("*.md"))
 FENCE = re.compile(r"^```([A-Za-z0-9_+-]*)([^\n]*)\n(.*?)^```[ \t]*$", re.M | re.S)
 DIRECTIVE = re.compile(r"<!--\s*doc-test cluster:\s*(\{.*?\})\s*-->", re.S)

@@ -39,7 +39,7 @@ from raftq.node.core import errors
 from raftq.node.api import openapi
 from raftq.node.core.limits import Limits
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.filterwarnings("ignore:It is recommended to use web.AppKey")
 DOC = openapi.document()
 KEYS = {role: f"{role}-key-{uuid.uuid4().hex[:8]}" for role in ("viewer", "worker", "operator", "admin")}

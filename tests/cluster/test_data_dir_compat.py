@@ -26,7 +26,7 @@ from pathlib import Path
 
 from raftq.cluster.local import LocalCluster, free_ports, http_json
 
-FIXTURES = Path(__file__).parent / "fixtures"
+FIXTURES = Path(__file__).parent.parent / "fixtures"
 FIXTURE = FIXTURES / "data-dir-455e164.tar.gz"
 EXPECTED = FIXTURES / "data-dir-455e164.json"
 # A queue's `workers` is the leader's own count of recent reserves, not replicated: a new

@@ -20,7 +20,7 @@ from raftq.node.replication.fault_hooks import RELEASE_SEED
 
 from conftest import Api, poll
 
-FIXTURES = Path(__file__).parent / "fixtures"
+FIXTURES = Path(__file__).parent.parent / "fixtures"
 
 
 def views(c, digest=True):

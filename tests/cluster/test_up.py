@@ -22,7 +22,7 @@ from raftq.cluster.client import Retry, SyncClient
 from raftq.cluster.local import http_json
 from tests.conftest import poll
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def env(extra=None):

@@ -15,7 +15,7 @@ from raftq.cluster.client import Retry, SyncClient
 from raftq.cluster.local import LocalCluster, free_ports
 from tests.conftest import poll
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")

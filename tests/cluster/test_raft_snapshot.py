@@ -25,7 +25,7 @@ from raftq.node.raft import serializer
 from raftq.node.raft.serializer import SNAPSHOT_FORMAT, SNAPSHOT_VERSION, Serializer
 from tests.conftest import Api, poll
 
-FIXTURES = Path(__file__).parent / "fixtures"
+FIXTURES = Path(__file__).parent.parent / "fixtures"
 # Opcodes that name or call a global: a snapshot of builtins has none of them.
 CODE_OPCODES = {"GLOBAL", "STACK_GLOBAL", "INST", "OBJ", "REDUCE", "NEWOBJ", "NEWOBJ_EX", "BUILD",
                 "EXT1", "EXT2", "EXT4", "PERSID", "BINPERSID"}
