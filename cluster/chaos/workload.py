@@ -674,81 +674,10 @@ async def final_drain(urls: list[str], h: History, *, timeout_s: float = 90.0, l
     c = Client(urls, timeout=op_timeout_s, connect_timeout=1.0)
     t0 = time.monotonic()
     queues = list(QUEUES) + [PROBE_QUEUE, LIVE_QUEUE] + list(GATED_QUEUES) + [SCHEDULE_QUEUE] + list(KEY_QUEUES)
-    empty_rounds = 0
-    stats: list = []
-    ok = False
     try:
-        while time.monotonic() - t0 < timeout_s:
-            op = h.invoke("drain", "reserve", c, queues=queues, lease_ms=lease_ms, max_jobs=64)
-            try:
-                jobs = await c.reserve(queues, lease_ms, wait_ms=300, max_jobs=64, worker_id="drain")
-            except Exception as e:
-                h.fail_from(op, e, c)
-                await asyncio.sleep(0.2)
-                continue
-            h.complete(op, "ok", c, jobs=[delivery(j) for j in jobs])
-            acks = [j for j in jobs if j.job_type != "poison"]
-            for j in jobs:
-                if j.job_type == "poison":
-                    reason = f"drain:{j.id[:8]}:a{j.attempt}"
-                    nop = h.invoke("drain", "nack", c, job_id=j.id, attempt=j.attempt, strategy="default",
-                                   delay_ms=None, reason=reason, max_attempts=j.max_attempts,
-                                   releases=getattr(j, "releases", 0) or 0)
-                    try:
-                        dead = await c.nack(j, reason=reason, retry=Retry.default())
-                        h.complete(nop, "ok", c, dead_lettered=dead)
-                    except Exception as e:
-                        h.fail_from(nop, e, c)
-            if acks:
-                aops = [h.invoke("drain", "ack", c, job_id=j.id, attempt=j.attempt, batch=True) for j in acks]
-                try:
-                    results = await c.ack_batch(acks)
-                    for aop, r in zip(aops, results):
-                        h.complete(aop, "ok" if r is None else "fail", c, **({} if r is None else {"error": r.code}))
-                except Exception as e:
-                    for aop in aops:
-                        h.fail_from(aop, e, c)
-            if jobs:
-                empty_rounds = 0
-                continue
-            try:
-                stats = await c.queues()
-            except Exception:
-                await asyncio.sleep(0.2)
-                continue
-            live = sum(q["ready"] + q["scheduled"] + q["in_flight"] for q in stats)
-            if live == 0:
-                empty_rounds += 1
-                if empty_rounds >= 2:
-                    ok = True
-                    break
-            else:
-                empty_rounds = 0
-                await asyncio.sleep(0.1)
-        # The dead letters, all of them (each call with its own request id: a retry returns the
-        # same records, never loses them).
-        records = []
-        while True:
-            op = h.invoke("drain", "dlq_drain", c)
-            try:
-                got = await c.drain(max_records=500)
-            except Exception as e:
-                h.fail_from(op, e, c)
-                ok = False
-                break
-            recs = []
-            for r in got:
-                d = delivery(r.job)
-                recs.append({"job_id": r.job.id, "cause": r.cause, "final_attempt": r.final_attempt,
-                             "last_reason": r.last_reason, "failed_at": r.failed_at_ms, "value": d["value"],
-                             "key": d["key"], "queue": r.job.queue, "job_type": r.job.job_type, "max_attempts": r.job.max_attempts,
-                             "attempt": r.job.attempt, "releases": getattr(r.job, "releases", 0) or 0,
-                             "schedule": d["schedule"], "tick": d["tick"], "enqueued_at": d["enqueued_at"],
-                             "tenant": d["tenant"]})
-            h.complete(op, "ok", c, records=recs)
-            records += recs
-            if not got:
-                break
+        ok, stats = await _drain_jobs(c, h, queues, t0, timeout_s, lease_ms)
+        records, complete = await _drain_dead_letters(c, h)
+        ok = ok and complete
         try:
             stats = await c.queues()
         except Exception:
@@ -758,6 +687,95 @@ async def final_drain(urls: list[str], h: History, *, timeout_s: float = 90.0, l
                 "seconds": time.monotonic() - t0}
     finally:
         await c.close()
+
+
+async def _drain_jobs(c: Client, h: History, queues: list, t0: float, timeout_s: float,
+                      lease_ms: int) -> tuple[bool, list]:
+    """Reserve and settle until every queue was empty twice in a row, or until timeout_s after
+    t0: (whether they emptied, the queues' last stats)."""
+    empty_rounds = 0
+    stats: list = []
+    while time.monotonic() - t0 < timeout_s:
+        op = h.invoke("drain", "reserve", c, queues=queues, lease_ms=lease_ms, max_jobs=64)
+        try:
+            jobs = await c.reserve(queues, lease_ms, wait_ms=300, max_jobs=64, worker_id="drain")
+        except Exception as e:
+            h.fail_from(op, e, c)
+            await asyncio.sleep(0.2)
+            continue
+        h.complete(op, "ok", c, jobs=[delivery(j) for j in jobs])
+        await _settle_drained(c, h, jobs)
+        if jobs:
+            empty_rounds = 0
+            continue
+        try:
+            stats = await c.queues()
+        except Exception:
+            await asyncio.sleep(0.2)
+            continue
+        live = sum(q["ready"] + q["scheduled"] + q["in_flight"] for q in stats)
+        if live == 0:
+            empty_rounds += 1
+            if empty_rounds >= 2:
+                return True, stats
+        else:
+            empty_rounds = 0
+            await asyncio.sleep(0.1)
+    return False, stats
+
+
+async def _settle_drained(c: Client, h: History, jobs: list) -> None:
+    """Nack the poison jobs of a drain's reserve (until they are dead-lettered), ack the rest in one batch."""
+    acks = [j for j in jobs if j.job_type != "poison"]
+    for j in jobs:
+        if j.job_type == "poison":
+            reason = f"drain:{j.id[:8]}:a{j.attempt}"
+            nop = h.invoke("drain", "nack", c, job_id=j.id, attempt=j.attempt, strategy="default",
+                           delay_ms=None, reason=reason, max_attempts=j.max_attempts,
+                           releases=getattr(j, "releases", 0) or 0)
+            try:
+                dead = await c.nack(j, reason=reason, retry=Retry.default())
+                h.complete(nop, "ok", c, dead_lettered=dead)
+            except Exception as e:
+                h.fail_from(nop, e, c)
+    if acks:
+        aops = [h.invoke("drain", "ack", c, job_id=j.id, attempt=j.attempt, batch=True) for j in acks]
+        try:
+            results = await c.ack_batch(acks)
+            for aop, r in zip(aops, results):
+                h.complete(aop, "ok" if r is None else "fail", c, **({} if r is None else {"error": r.code}))
+        except Exception as e:
+            for aop in aops:
+                h.fail_from(aop, e, c)
+
+
+async def _drain_dead_letters(c: Client, h: History) -> tuple[list, bool]:
+    """The dead letters, all of them (each call with its own request id: a retry returns the
+    same records, never loses them): (the records, False when a drain call failed)."""
+    records = []
+    while True:
+        op = h.invoke("drain", "dlq_drain", c)
+        try:
+            got = await c.drain(max_records=500)
+        except Exception as e:
+            h.fail_from(op, e, c)
+            return records, False
+        recs = [_dead_letter_record(r) for r in got]
+        h.complete(op, "ok", c, records=recs)
+        records += recs
+        if not got:
+            return records, True
+
+
+def _dead_letter_record(r) -> dict:
+    """A drained dead letter as the history and the checker keep it."""
+    d = delivery(r.job)
+    return {"job_id": r.job.id, "cause": r.cause, "final_attempt": r.final_attempt,
+            "last_reason": r.last_reason, "failed_at": r.failed_at_ms, "value": d["value"],
+            "key": d["key"], "queue": r.job.queue, "job_type": r.job.job_type, "max_attempts": r.job.max_attempts,
+            "attempt": r.job.attempt, "releases": getattr(r.job, "releases", 0) or 0,
+            "schedule": d["schedule"], "tick": d["tick"], "enqueued_at": d["enqueued_at"],
+            "tenant": d["tenant"]}
 
 
 async def read_schedules(c: Client, h: History, tries: int = 3) -> list | None:
