@@ -21,7 +21,7 @@ import pytest
 from raftq.cluster.chaos import diskfaults
 from raftq.cluster.local import LocalCluster, http_json
 from raftq.node.replication import fault_hooks
-from raftq.node.service.node_service.node_service import EXIT_STORAGE
+from raftq.node.service.disk import EXIT_STORAGE
 from tests.conftest import Api, poll
 
 skip_cluster = pytest.mark.skipif(os.environ.get("RAFTQ_SKIP_CHAOS", "") not in ("", "0"),

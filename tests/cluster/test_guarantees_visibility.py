@@ -29,7 +29,7 @@ from pathlib import Path
 import pytest
 
 from raftq.cluster.local import LocalCluster, http_json
-from raftq.node.service.node_service.workers_seen import WorkersSeen
+from raftq.node.service.workers_seen import WorkersSeen
 from tests.conftest import Api, poll
 
 ROOT = Path(__file__).resolve().parents[2]
