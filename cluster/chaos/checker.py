@@ -1354,18 +1354,28 @@ def _judge_ticks(spec: dict, ticks: dict, max_catchup_ticks: int) -> list:
       at most one late tick per sweep; and when every_ms <= misfire_after_ms + 1, the tick after a
       late one is there and on time (it is within the same sweep's on-time range);
     * `skip`: no late tick."""
-    out: list = []
     every, first = spec.get("every_ms"), spec.get("next_fire_at_ms")
     policy = spec.get("catchup") or "one"
     misfire = spec.get("misfire_after_ms") if spec.get("misfire_after_ms") is not None else 5000
     window = spec.get("catchup_window_ms") if spec.get("catchup_window_ms") is not None else 3_600_000
-    order = sorted(ticks)
 
     def late(t) -> bool:
         e = ticks.get(t)
         return e is not None and e - t > misfire
 
-    for t in order:
+    out = _judge_each_tick(ticks, first, every, policy, misfire, late)
+    if not every or not ticks:
+        return out
+    out += _judge_tick_gaps(ticks, first, every, policy, window, max_catchup_ticks, late)
+    if policy == "one":
+        out += _judge_catchup_one_sweeps(ticks, every, misfire, late)
+    return out
+
+
+def _judge_each_tick(ticks: dict, first, every, policy: str, misfire: int, late) -> list:
+    """Each tick on the grid, not enqueued before its time, and (under `skip`) not late."""
+    out: list = []
+    for t in sorted(ticks):
         e = ticks[t]
         if first is not None and every and (t < first or (t - first) % every):
             out.append(({"tick": t, "first_tick": first, "every_ms": every, "why": "a tick off the schedule's grid"},
@@ -1375,9 +1385,15 @@ def _judge_ticks(spec: dict, ticks: dict, max_catchup_ticks: int) -> list:
         if policy == "skip" and late(t):
             out.append(({"tick": t, "enqueued_at": e, "late_ms": e - t, "misfire_after_ms": misfire,
                          "why": "fired late under catchup skip"}, {t}))
-    if not every or not order:
-        return out
-    # Gaps, from the schedule's first tick on (a virtual tick before it, never late).
+    return out
+
+
+def _judge_tick_gaps(ticks: dict, first, every: int, policy: str, window: int, max_catchup_ticks: int,
+                     late) -> list:
+    """The gaps between the ticks seen, from the schedule's first tick on (a virtual tick before
+    it, never late): under `all` none but what the policy drops, under `one` only before a late tick."""
+    out: list = []
+    order = sorted(ticks)
     start = [first - every] if first is not None and first < order[0] and policy != "skip" else []
     seq = start + order
     for a, b in zip(seq, seq[1:]):
@@ -1398,23 +1414,31 @@ def _judge_ticks(spec: dict, ticks: dict, max_catchup_ticks: int) -> list:
         elif policy == "one" and not late(b):
             out.append((dict(gap, enqueued_at=ticks[b], why="a gap not closed by the latest missed tick, fired late "
                                                             "(catchup one)"), {a, b}))
-    if policy == "one":
-        by_sweep: dict = defaultdict(list)
-        for t in order:
-            if late(t):
-                by_sweep[ticks[t]].append(t)
-        for e, ts in by_sweep.items():
-            if len(ts) > 1:
-                out.append(({"ticks": ts, "enqueued_at": e, "why": "more than one missed tick fired by one sweep "
-                                                                   "(catchup one)"}, set(ts)))
-        if every <= misfire + 1:
-            for t in order:
-                if late(t) and (t + every not in ticks or late(t + every)):
-                    out.append(({"tick": t, "enqueued_at": ticks[t], "next": t + every,
-                                 "next_enqueued_at": ticks.get(t + every),
-                                 "why": "the tick after a late one is missing or late too (catchup one)"},
-                                {t, t + every}))
     return out
+
+
+def _judge_catchup_one_sweeps(ticks: dict, every: int, misfire: int, late) -> list:
+    """Under `one`: at most one late tick per sweep, and the tick after a late one there and on time
+    (when every_ms <= misfire_after_ms + 1 it is in the same sweep's on-time range)."""
+    out: list = []
+    order = sorted(ticks)
+    by_sweep: dict = defaultdict(list)
+    for t in order:
+        if late(t):
+            by_sweep[ticks[t]].append(t)
+    for e, ts in by_sweep.items():
+        if len(ts) > 1:
+            out.append(({"ticks": ts, "enqueued_at": e, "why": "more than one missed tick fired by one sweep "
+                                                               "(catchup one)"}, set(ts)))
+    if every <= misfire + 1:
+        for t in order:
+            if late(t) and (t + every not in ticks or late(t + every)):
+                out.append(({"tick": t, "enqueued_at": ticks[t], "next": t + every,
+                             "next_enqueued_at": ticks.get(t + every),
+                             "why": "the tick after a late one is missing or late too (catchup one)"},
+                            {t, t + every}))
+    return out
+
 
 def _schedules_in_run(ix: Index) -> bool:
     return bool(ix.schedule_puts or ix.tick_jobs)
