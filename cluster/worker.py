@@ -24,7 +24,7 @@ Outcomes of a handler:
 | lease lost (extend or ack/nack answered `LeaseLost`) | nothing: the handler is cancelled if still running |
 
 On the last attempt a `default`/`delay` nack dead-letters the job (`attempts_exhausted`), as the
-server decides (SEMANTICS.md).
+server decides (docs/semantics.md "Dead letters").
 
 Lease extension — against the real expiry. The server clamps leases (to the queue's
 `max_lease_duration_ms`), so the worker never budgets against the lease it asked for: it budgets

@@ -94,7 +94,8 @@ def _ok(op) -> bool:
 class PowerCuts:
     """Which anomalies a memory-mode power cut explains.
 
-    `durability = "memory"` promises nothing across the power loss of a majority (CLUSTER.md):
+    `durability = "memory"` promises nothing across the power loss of a majority (docs/cluster.md
+    "Durability"):
     what every node had not written back to disk is gone. The `power-loss` fault records, per
     cut, the earliest last durable point of any node (`durable_from_wall_ms`, wall ms) and when
     the nodes were restarted (`t_restart`, history time). An ok op is *in the window* of a cut

@@ -934,7 +934,8 @@ class ScheduleConfig:
     stagger_s: tuple = (0.0, 1.5)
     hold_scale: float = 1.0
     recovery_timeout_s: float = 30.0
-    # Leader kills are the scenario that matters most (peers.md (b) #1): drawn more often alone.
+    # Leader kills are the scenario that matters most (docs/cluster.md "What each fault does",
+    # its first row): drawn more often alone.
     weights: dict = field(default_factory=lambda: {"kill-leader": 2.5})
 
 

@@ -18,12 +18,13 @@ end dead-lettered). Workers ack, ack in batches, nack with each directive, exten
 stall past their lease and then ack (a zombie that must be fenced off). A probe writes one small
 job every 100 ms so that the report can say when writes work again after each fault.
 
-Gated queues (issue 17, on unless `gated=False`): `thr` jobs name one of a few resources with a
-small in-flight limit; `cb` has a circuit breaker and its jobs always fail, so after a few
-failures it is open for good and only probes go out; `win` has an execution window that is open
-in every other UTC minute. Workers also release some jobs (handed back, no attempt used). The
-checker holds the history to the limits, the breaker and the window (checker.py `gates`), and
-before the final drain `lift_gates` takes the window and the breaker off so everything drains.
+Gated queues (docs/api.md "Gating: throttles, circuit breakers, execution windows"; on unless
+`gated=False`): `thr` jobs name one of a few resources with a small in-flight limit; `cb` has a
+circuit breaker and its jobs always fail, so after a few failures it is open for good and only
+probes go out; `win` has an execution window that is open in every other UTC minute. Workers also
+release some jobs (handed back, no attempt used). The checker holds the history to the limits, the
+breaker and the window (checker.py `gates`), and before the final drain `lift_gates` takes the
+window and the breaker off so everything drains.
 
 Schedules (on unless `schedules=False`): `create_schedules` makes `SCHEDULES` at the start (one
 tick a second each, into the queue `sched`, one per catch-up policy, `all` twice: with a
@@ -35,16 +36,16 @@ their last jobs and then reads the schedules' views (`schedule_views`: `fired` p
 The checker holds the ticks to one job per tick and to the catch-up policy (checker.py
 `judge_one_job_per_tick`, `judge_no_tick_missed`).
 
-Keyed queues (issue 33, on unless `keys=False`): `KEY_QUEUES` are declared with per-key limits
-(node/core/keys.py): `chaos-keyed` with `key_concurrency = 1` over 20 keys (one of them allowed 2),
-`chaos-rated` with `key_rate = {count = 5, period_ms = 1000}` (one key 2 a second) and a
-queue-wide `rate`. A key producer enqueues jobs with a `key` (a few hot keys get most of them,
-sometimes in bursts of one key), key workers reserve from those queues only, with a fixed lease
-(`KEY_LEASE_MS`, far below the clamp), hold each job a little and ack it, or nack, release, or
-stall past the lease. A delivered job's key is recorded as `tenant` (the history's `key` is the
-idempotency key): the server's when the client's Job carries it, else the copy the workload puts
-in the payload (`g`). The checker holds the hand-outs to the limits on the replicated clock (checker.py
-`judge_key_concurrency_held`, `judge_key_rate_held`, `judge_queue_rate_held`).
+Keyed queues (docs/semantics.md "Keys"; on unless `keys=False`): `KEY_QUEUES` are declared with
+per-key limits (node/core/keys.py): `chaos-keyed` with `key_concurrency = 1` over 20 keys (one of
+them allowed 2), `chaos-rated` with `key_rate = {count = 5, period_ms = 1000}` (one key 2 a second)
+and a queue-wide `rate`. A key producer enqueues jobs with a `key` (a few hot keys get most of
+them, sometimes in bursts of one key), key workers reserve from those queues only, with a fixed
+lease (`KEY_LEASE_MS`, far below the clamp), hold each job a little and ack it, or nack, release,
+or stall past the lease. A delivered job's key is recorded as `tenant` (the history's `key` is the
+idempotency key): the server's when the client's Job carries it, else the copy the workload puts in
+the payload (`g`). The checker holds the hand-outs to the limits on the replicated clock
+(checker.py `judge_key_concurrency_held`, `judge_key_rate_held`, `judge_queue_rate_held`).
 """
 from __future__ import annotations
 
@@ -78,9 +79,9 @@ SCHEDULES = {
     "chaos-one": {"every_ms": 1000, "catchup": "one", "misfire_after_ms": 1000},
     "chaos-skip": {"every_ms": 1000, "catchup": "skip", "misfire_after_ms": 1000},
 }
-# Keyed queues (issue 33): name -> the [[queues]] entry's key settings. `chaos-keyed`: at most one
-# job of a key in flight (t00, the hottest key, two); `chaos-rated`: at most 5 hand-outs of a key
-# in any second (r3 two), at most 12 of the queue.
+# Keyed queues (docs/semantics.md "Keys"): name -> the [[queues]] entry's key settings.
+# `chaos-keyed`: at most one job of a key in flight (t00, the hottest key, two); `chaos-rated`: at
+# most 5 hand-outs of a key in any second (r3 two), at most 12 of the queue.
 KEYED_QUEUE, RATED_QUEUE = "chaos-keyed", "chaos-rated"
 KEY_QUEUES = (KEYED_QUEUE, RATED_QUEUE)
 KEY_QUEUE_SETTINGS = {
