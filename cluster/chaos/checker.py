@@ -1,7 +1,7 @@
 """The chaos checker: pure functions over a recorded history, the final drained state and the
 nodes' own views. No cluster needed, so every invariant is unit-tested on hand-made histories.
 
-An *op* (see chaos_workload.History) is a dict with `f` (enqueue, reserve, ack, nack, extend,
+An *op* (see workload.History) is a dict with `f` (enqueue, reserve, ack, nack, extend,
 dlq_drain), `outcome` (ok / fail / unknown), `t0`/`t1` (monotonic invoke/complete seconds) and
 `w0`/`w1` (wall ms), plus per-kind fields:
 * enqueue: `items` [{value, key, queue, job_type, max_attempts, scheduled_at, delay_ms}] and,
