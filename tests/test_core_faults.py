@@ -15,7 +15,7 @@ point in turn and check that
 Plus: malformed commands (unknown op, wrong arity, wrong types, unhashable request ids) answer
 `internal` and change nothing, and `apply_batch` never raises.
 
-Size: RAFTQ_FAULT_EXAMPLES (default 120).
+Size: RAFTQ_FAULT_EXAMPLES (default 120; 30 unless RAFTQ_TEST_PROFILE=full, tests/conftest.py).
 """
 from __future__ import annotations
 

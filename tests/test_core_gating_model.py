@@ -22,7 +22,8 @@ breakers, execution windows"; docs/semantics.md "Keys"):
   order behind it);
 * a snapshot round trip keeps the digest, and a replay of the whole log ends in the same state.
 
-Run size: RAFTQ_GATING_EXAMPLES (default 150) x RAFTQ_GATING_STEPS (default 60).
+Run size: RAFTQ_GATING_EXAMPLES (default 150; 25 unless RAFTQ_TEST_PROFILE=full, tests/conftest.py)
+x RAFTQ_GATING_STEPS (default 60).
 """
 from __future__ import annotations
 

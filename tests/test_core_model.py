@@ -29,7 +29,8 @@ field by field.
 Where the spec is silent the model follows the code's choice; each such place is marked
 "(code's choice)" below.
 
-Run size: RAFTQ_MODEL_EXAMPLES (default 300) x RAFTQ_MODEL_STEPS (default 100) steps, e.g.
+Run size: RAFTQ_MODEL_EXAMPLES (default 300; 40 unless RAFTQ_TEST_PROFILE=full, tests/conftest.py)
+x RAFTQ_MODEL_STEPS (default 100) steps, e.g.
     RAFTQ_MODEL_EXAMPLES=2000 RAFTQ_MODEL_STEPS=100 .venv/bin/python -m pytest -q tests/test_core_model.py
 """
 from __future__ import annotations

@@ -8,7 +8,8 @@ values it means, and a fire is recognised minute by minute from the zone's own c
 local minute that matches, at its first occurrence, or the first minute after a gap that skipped
 a matching one).
 
-Size: RAFTQ_CRON_EXAMPLES (default 60) scales the property tests.
+Size: RAFTQ_CRON_EXAMPLES (default 60; 20 unless RAFTQ_TEST_PROFILE=full, tests/conftest.py)
+scales the property tests.
 """
 from __future__ import annotations
 
