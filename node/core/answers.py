@@ -97,10 +97,10 @@ def queue_refused_message(why: str, queue: str, jobs: dict) -> str:
 def render_job(id, queue, job_type, payload, encoding, priority, custom, trace, enqueued_at,
                scheduled_at, attempt, max_attempts, lease_expires, deadline, timeout_ms=None,
                releases=0, resource=None, key=None) -> dict:
-    """The Job shape of API.md from SHOWN_FIELDS (node/core/jobs.py). `timeout_ms` and
-    `releases` are shown when set (a job that uses neither renders byte for byte as before
-    issue 17; GET /v1/jobs/{id} always shows both); `resource` when the job has one, like
-    `deadline_at_ms`, and so its `key`."""
+    """The Job shape of docs/api.md "Shapes" from SHOWN_FIELDS (node/core/jobs.py). `timeout_ms`
+    and `releases` are shown when set (a job that uses neither renders byte for byte as in 0.1.0;
+    GET /v1/jobs/{id} always shows both); `resource` when the job has one, like `deadline_at_ms`,
+    and so its `key`."""
     if payload is not None and trace is None:
         # The common shape, built in one go (same keys, same order as below).
         out = {"id": id, "queue": queue, "job_type": job_type,
@@ -157,7 +157,7 @@ def shown_fields_of(shown: dict) -> tuple:
 
 
 def render_dead_letter(fields: tuple, cause: str, failed_at: int, final_attempt: int, reason) -> dict:
-    """The DeadLetterRecord shape of API.md."""
+    """The DeadLetterRecord shape of docs/api.md "Shapes"."""
     return {"job": render_job(*fields), "cause": cause, "failed_at_ms": failed_at,
             "final_attempt": final_attempt, "last_reason": reason}
 

@@ -1,4 +1,4 @@
-"""The audit trail (SEMANTICS.md "Operator moves and the audit trail"): replicated state.
+"""The audit trail (docs/semantics.md "Operator moves and the audit trail"): replicated state.
 
 Every operator action records one entry `(seq, at_ms, who, action, target, details)`: a
 sequence number (the listing's cursor), the replicated time, the caller's key name (None

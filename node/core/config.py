@@ -1,4 +1,4 @@
-"""The configuration in force (SEMANTICS.md "Configuration is replicated state").
+"""The configuration in force (docs/semantics.md "Configuration is replicated state").
 
 The machine holds the configuration as state: `m.limits` (a Limits, node/core/limits.py, whose
 `doc` is its canonical document), `m.config_version` and `m.keys` (API key name -> KeyRecord:

@@ -1,43 +1,19 @@
-"""Gating (issue 17): throttles, circuit breakers and execution windows, decided at reserve.
+"""Gating: throttles, circuit breakers and execution windows, decided at reserve (what each does:
+docs/api.md "Gating: throttles, circuit breakers, execution windows").
 
-Throttles. A job may name a `resource` (its own, or its queue's `resource` key); `[limits]
-resource_limits` caps how many jobs of a resource are in flight at once, across every queue
-(a resource without an entry is unlimited). The machine counts the in-flight jobs of each
-resource (`m.in_use`, resource -> n, only n > 0). When reserve meets a ready job whose
-resource is full it moves that job's ready entry, unchanged, to the blocked heap of (resource,
-queue) (`m.blocked[resource][queue]`, `m.blocked_ids[job id] = resource`), counts it
-(`Queue.throttled` now, `Queue.deferred` in total) and takes the next ready job: no attempt is
-used and the job stays READY. When a slot of the resource frees (`free_slot`: ack, nack, lease
-expiry, release, delete of an in-flight job) or a configuration change raises or removes its
-limit, the best blocked entries of each queue, as many as there are free slots, go back to
-their queue's ready index with their original sort key (`release_blocked`). So each reserve
-costs O(log n) per job it looks at, and a job is blocked at most once per freed slot.
+Throttles: the machine counts the in-flight jobs of each resource (`m.in_use`, n > 0 only).
+Reserve moves the ready entry of a job whose resource is full, unchanged, to the blocked heap of
+(resource, queue) (`m.blocked[resource][queue]`, `m.blocked_ids[job id] = resource`); a freed
+slot or a raised limit moves the best blocked entries back to their queue's ready index
+(`release_blocked`). Every path on which a waiting job leaves its state other than by reserve
+or a due schedule calls `leave_waiting` (reserve's own drop of an expired job `leave_ready`),
+every path out of IN_FLIGHT `leave_in_flight`: the counts, the slots and the breaker follow.
+Blocked entries are lazy like ready entries. Circuit breakers: `Circuit`, the failures counted
+on the replicated clock, half open computed from it (nothing is written when time passes).
+Windows: node/core/windows.py.
 
-Every path on which a ready or scheduled job leaves its state, other than reserve and a due
-schedule, calls `leave_waiting` (the blocked count follows, and a freed claim on a slot passes
-on); reserve's own drop of an expired job calls `leave_ready`;
-every path on which a job leaves IN_FLIGHT calls `leave_in_flight(m, job, q, outcome)` (the
-in-flight count, the resource slot, the circuit breaker follow). Blocked entries are lazy like
-ready entries: one whose job has moved on (cancelled, purged, expired) is dropped when it
-surfaces.
-
-Circuit breakers. `[[queues]] circuit_breaker = {failures, window_ms, open_ms}`. Failures are
-nacks (every strategy, dead_letter included) and lease expiries of the queue's jobs, counted
-on the replicated clock: once `failures` of them fall within `window_ms`, the circuit opens for
-`open_ms` (reserve skips the queue: jobs wait ready, no attempt is used). After that it is
-half open (computed from m.clock, nothing is written when the time passes): reserve hands out
-exactly one probe job; the probe's ack closes the circuit (failures forgotten), its failure
-opens it again for `open_ms`; a probe that leaves otherwise (released, deleted) lets another
-probe go. Failures while the circuit is open, and of jobs other than the probe while it is half
-open (deliveries from before it opened), are not counted. An operator closes it at any time
-(`close_circuit`, audited "circuit_close").
-
-Windows. `[[queues]] windows` (node/core/windows.py): outside them reserve skips the queue; the
-deadline sweep still runs, so a deadline passing outside a window expires the job.
-
-`m.released` is not replicated state: the names of the queues a command made a held-back job
-reservable in (a freed slot, a closed circuit), which node/service/node_service.py reads to wake parked
-reserves after an ack or a configuration change. It never changes what the machine decides.
+`m.released` is not replicated state: the queues a command made a held-back job reservable in,
+which the node (node/service/) reads to wake parked reserves. It never changes a decision.
 """
 from __future__ import annotations
 
@@ -97,7 +73,7 @@ def reserve_cap(m, q, now: int) -> int:
 
 
 def reservable(m, q) -> bool:
-    """Whether a reserve of queue q could take a job now (node/service/node_service.py's long-poll wake)."""
+    """Whether a reserve of queue q could take a job now (the node's long-poll wake, node/service/)."""
     held = q.keys.held_ready if q.keys is not None else 0
     if q.paused or q.ready - q.throttled - held <= 0:
         return False
@@ -215,7 +191,8 @@ def drop_queue_blocked(m, qname: str) -> None:
 def leave_waiting(m, q, job) -> None:
     """A READY or SCHEDULED job leaves its state other than by reserve or by a due schedule
     (replace, cancel, deadline, dead-letter move): the one place that keeps the counts, the
-    held-back marks and the resource's free slots in step (docs/semantics.md "Throttles")."""
+    held-back marks and the resource's free slots in step (docs/api.md "Gating: throttles,
+    circuit breakers, execution windows")."""
     if job.state == SCHEDULED:
         m._add(q, "scheduled", -1)
     else:

@@ -1,4 +1,4 @@
-"""The handlers: one function per command, named with SEMANTICS.md's verbs.
+"""The handlers: one function per command, named with docs/semantics.md's verbs.
 
 Each takes the machine and the command's fields by the names node/core/ops.py gives them
 (`COMMANDS`), mutates the state only through the undo log (node/core/undo.py; the hot paths
@@ -21,14 +21,14 @@ from . import audit, gating, keys, ops
 from .answers import render_dead_letter
 from .jobs import (DEAD, DEAD_LETTER_RECORD_TYPE, GONE, IN_FLIGHT, READY, SCHEDULED, DeadLetter, Job, Queue,
                    ReadyEntry, is_live_entry, known_queue, ready_entry, shown_fields)
-from .jobs import (DEDUP_JOB_ID, S_ATTEMPT, S_DEADLINE, S_ENQUEUED_AT, S_KEY, S_PRIORITY, S_QUEUE,
+from .jobs import (BUCKET_EXPIRES, DEDUP_BUCKET, DEDUP_JOB_ID, S_ATTEMPT, S_DEADLINE, S_ENQUEUED_AT, S_KEY, S_PRIORITY, S_QUEUE,
                    S_RESOURCE, dedup_expires, dedup_record, shown_common)
 from .ops import ATOMIC, DEAD_LETTER, DELAY, ENQUEUED, JOB_ID, RESERVED, SINGLE, UNAUDITED
 from .undo import drop_item, fifo_restore_head, fifo_unappend, heap_remove, heap_restore, restore_item
 
 # ---------------------------------------------------------------------------- enqueue
 def enqueue(m, mode: int, items):
-    """SEMANTICS.md "Enqueue": one job, a best-effort batch or an atomic batch."""
+    """docs/semantics.md "Enqueue": one job, a best-effort batch or an atomic batch."""
     now = m.clock
     if mode == ATOMIC:
         refused = _atomic_duplicates(m, items, now)
@@ -97,7 +97,7 @@ def _atomic_duplicates(m, items, now: int) -> tuple:
 def _atomic_overflow(m, items, now: int) -> dict:
     """The queues an atomic batch would overfill, with their limits. Capacity is checked up
     front for the whole batch, so it either fits entirely or not at all. Dedup hits never count
-    (SEMANTICS.md), neither against a live record nor against an earlier job of this batch
+    (docs/semantics.md "Enqueue"), neither against a live record nor against an earlier job of this batch
     with the same key."""
     wanted: dict[str, int] = {}
     keys: set = set()
@@ -151,7 +151,7 @@ def _enqueue_one(m, item, now: int, check_depth: bool):
     """One job: its id when it was made (a batch's results keep it so, node/core/ops.py
     `enqueued_batch`), an ENQUEUED (deduplicated) or REPLACED result, or a rejection object
     (queue_full, duplicate, duplicate_started)."""
-    if len(item) == 12:                     # ops.ITEM before issue 17 (and every plain job)
+    if len(item) == 12:                     # ops.ITEM before 0.2.0 (and every plain job)
         (job_id, qname, job_type, payload, encoding, priority, max_attempts, custom, trace,
          scheduled_at, deadline, idem_key) = item
         timeout_ms = resource = key = None
@@ -166,21 +166,19 @@ def _enqueue_one(m, item, now: int, check_depth: bool):
     if idem_key is not None:
         keyed = m.dedup.get(qname)
         rec = keyed.get(idem_key) if keyed is not None else None
-        if rec is not None and rec[0][0] > now:           # dedup_expires(rec), inline
+        if rec is not None and rec[DEDUP_BUCKET][BUCKET_EXPIRES] > now:     # dedup_expires(rec), inline
             return _duplicate(m, item, rec[DEDUP_JOB_ID], now)
     q = m.queues.get(qname)
-    if check_depth and ql.max_queue_depth is not None:
-        depth = q.depth() if q is not None else 0
-        if depth >= ql.max_queue_depth:
-            return ops.queue_full(qname, ql.max_queue_depth)
+    limit = ql.max_queue_depth if check_depth else None
+    if limit is not None and (q.depth() if q is not None else 0) >= limit:
+        return ops.queue_full(qname, limit)
     if q is None:
         q = m.ensure_queue(qname)
     job = Job()
     job.id, job.payload, job.lease_expires = job_id, payload, None
     later = scheduled_at is not None and scheduled_at > now
-    # The spec (node/core/jobs.py SPEC_FIELDS), shared with the job made before when equal:
-    # a batch's jobs are usually enqueued alike. Not when it has custom fields, whose dict
-    # would compare equal to one with 1 where this has true or 1.0.
+    # The spec (node/core/jobs.py SPEC_FIELDS), shared with the job made before when equal (a
+    # batch's jobs are alike); not with custom fields (a dict with true or 1.0 equals one with 1).
     spec = (qname, job_type, encoding, priority, custom, trace, now, scheduled_at, max_attempts,
             deadline, timeout_ms if timeout_ms is not None else ql.execution_timeout_ms, resource,
             None, 0, 1, scheduled_at if later else None, key)
@@ -191,12 +189,10 @@ def _enqueue_one(m, item, now: int, check_depth: bool):
         m._spec = spec
     job.spec = spec
     # The hot path: the undo log is written inline (see node/core/undo.py).
-    undo = m._undo
-    seq = m.seq
+    undo, jobs, seq = m._undo, m.jobs, m.seq
     undo += (setattr, m, "seq", seq)
     m.seq = seq = seq + 1
     job.seq = seq
-    jobs = m.jobs
     undo += (drop_item, jobs, job_id, None)
     if jobs.setdefault(job_id, job) is not job:     # one probe of a dict of every job, not two
         del undo[-4:]                   # nothing went in: the job of that id must stay on a revert
@@ -211,157 +207,175 @@ def _enqueue_one(m, item, now: int, check_depth: bool):
         m._add(q, "ready", 1)
     else:
         job.state = READY
-        # ready_push(m, q, ReadyEntry(-priority, now, seq, job)), inline: the FIFO keeps no entry
-        # (node/core/jobs.py Queue), and a batch's jobs share their tail.
-        negp = -priority
-        if q.keys is not None:              # the jobs without a key take part in the rotation
-            keys.plain_pushed(m, q, negp)
-        fifo, tail = q.ready_fifo, q.fifo_tail
-        if fifo and tail[0] == negp and tail[1] == now:
-            undo += (fifo_unappend, q, job, tail)
-            fifo.append(job)
-            q.fifo_seqs.append(seq)
-        elif not fifo or tail[0] < negp or (tail[0] == negp and tail[1] < now):
-            undo += (fifo_unappend, q, job, tail)
-            fifo.append(job)
-            q.fifo_seqs.append(seq)
-            q.fifo_tail = (negp, now)
-        else:
-            entry = ReadyEntry(negp, now, seq, job)
-            heap = q.ready_heap
-            undo += (heap_remove, heap, entry, None)
-            heappush(heap, entry)
-        n = q.ready
-        undo += (setattr, q, "ready", n)
-        q.ready = n + 1
+        _ready_new(m, q, job, -priority, now, seq)
     if deadline is not None:
         m._push(m.deadline_heap, (deadline, seq, job))
     n = q.enqueued
     undo += (setattr, q, "enqueued", n)
     q.enqueued = n + 1
     if idem_key is not None:
-        if keyed is None:
-            keyed = {}
-            m._put(m.dedup, q.name, keyed)
-        # The record is its own expiry-heap entry; its bucket (expires, queue) is shared by
-        # every record of the batch (one `now`, one window, one queue): node/core/jobs.py.
-        # m._put and m._push, inline: `rec` is what the lookup above found for the key (None,
-        # or a record past its window), so the dict is not probed again.
-        old, rec = rec, (m.shared_bucket(now, ql.dedup_window_ms, q.name), idem_key, job_id)
-        undo += (drop_item, keyed, idem_key, None) if old is None else (restore_item, keyed, idem_key, old)
-        keyed[idem_key] = rec
-        heap = m.dedup_heap
-        undo += (heap_remove, heap, rec, None)
-        heappush(heap, rec)
+        _dedup_put(m, q, keyed, rec, idem_key, job_id, now, ql.dedup_window_ms)
     return job_id
+
+
+def _ready_new(m, q, job, negp: int, now: int, seq: int) -> None:
+    """A new job without a key into its queue's ready index and count: ready_push(m, q,
+    ReadyEntry(negp, now, seq, job)) written out, as the FIFO keeps no entry (node/core/jobs.py
+    Queue) and a batch's jobs share their tail; the undo log is written inline."""
+    undo = m._undo
+    if q.keys is not None:              # the jobs without a key take part in the rotation
+        keys.plain_pushed(m, q, negp)
+    fifo, tail = q.ready_fifo, q.fifo_tail
+    if fifo and tail[0] == negp and tail[1] == now:
+        undo += (fifo_unappend, q, job, tail)
+        fifo.append(job)
+        q.fifo_seqs.append(seq)
+    elif not fifo or tail[0] < negp or (tail[0] == negp and tail[1] < now):
+        undo += (fifo_unappend, q, job, tail)
+        fifo.append(job)
+        q.fifo_seqs.append(seq)
+        q.fifo_tail = (negp, now)
+    else:
+        entry = ReadyEntry(negp, now, seq, job)
+        heap = q.ready_heap
+        undo += (heap_remove, heap, entry, None)
+        heappush(heap, entry)
+    n = q.ready
+    undo += (setattr, q, "ready", n)
+    q.ready = n + 1
+
+
+def _dedup_put(m, q, keyed, old, idem_key: str, job_id: str, now: int, window: int) -> None:
+    """The dedup record of a job just made. It is its own expiry-heap entry; its bucket
+    (expires, queue) is shared by every record of the batch (one `now`, one window, one queue):
+    node/core/jobs.py. m._put and m._push, inline: `old` is what the lookup found for the key
+    (None, or a record past its window) in `keyed`, the queue's records (None: none yet), so the
+    dict is not probed again."""
+    undo = m._undo
+    if keyed is None:
+        keyed = {}
+        m._put(m.dedup, q.name, keyed)
+    rec = (m.shared_bucket(now, window, q.name), idem_key, job_id)
+    undo += (drop_item, keyed, idem_key, None) if old is None else (restore_item, keyed, idem_key, old)
+    keyed[idem_key] = rec
+    heap = m.dedup_heap
+    undo += (heap_remove, heap, rec, None)
+    heappush(heap, rec)
 
 
 # ---------------------------------------------------------------------------- reserve
 def reserve(m, queue_names, lease_ms: int, max_jobs: int):
-    """SEMANTICS.md "Reserve": queues in the order listed, the best ready job of each first.
+    """docs/semantics.md "Reserve": queues in the order listed, the best ready job of each first.
     The result carries each job's shown fields (node/core/jobs.py SHOWN_FIELDS)."""
     now = m.clock
     kept = []
-    jobs, lease_heap = m.jobs, m.lease_heap
-    undo = m._undo       # the hot path: the undo log is written inline
-    limits = m.limits
-    gated = limits.gated
-    in_use = m.in_use
+    gated = m.limits.gated
     for qname in queue_names:
         q = m.queues.get(qname)
         if q is None or q.paused:
             continue
-        cap = max_jobs
-        rated = False
         if gated and qname in gated:            # a circuit breaker, windows, a rate (node/core/gating.py)
-            probe = gating.reserve_cap(m, q, now)
-            if probe == 0:
+            cap, probe, rated = _gated_cap(m, q, now, len(kept), max_jobs)
+            if cap is None:
                 continue
-            if probe == 1:
-                cap = len(kept) + 1
-            rate = limits.queue(qname).rate
-            if rate is not None:
-                room = keys.rate_room(q.rate_log, rate, now)
-                if room <= 0:
-                    continue
-                cap = min(cap, len(kept) + room)
-                rated = True
         else:
-            probe = -1
+            cap, probe, rated = max_jobs, -1, False
         if rated or q.keys is not None:         # the rotation of keys (node/core/keys.py)
             take(m, q, cap, kept, lease_ms, probe)
-            if len(kept) >= max_jobs:
-                break
-            continue
-        heap, fifo, seqs = q.ready_heap, q.ready_fifo, q.fifo_seqs
-        while len(kept) < cap:
-            # The next job is the smaller head of the FIFO and the heap. Stale heads are
-            # dropped on the way: that changes nothing logical, so it is not logged.
-            while fifo:
-                job = fifo[0]
-                if job.state == READY and job.seq == seqs[0] and jobs.get(job.id) is job:
-                    break
-                fifo.popleft()
-                seqs.popleft()
-            while heap:
-                entry = heap[0]
-                job = entry.job
-                if job.state == READY and job.seq == entry.seq and jobs.get(job.id) is job:
-                    break
-                heappop(heap)
-            if fifo and not (heap and heap[0] < (-fifo[0].spec[S_PRIORITY], fifo[0].spec[S_ENQUEUED_AT], seqs[0])):
-                job, seq = fifo[0], seqs[0]     # a live head: its entry's key is the job's
-                undo += (fifo_restore_head, q, job, seq)
-                fifo.popleft()
-                seqs.popleft()
-                entry = None                    # made only for a job held back (gating.block)
-            elif heap:
-                entry = heap[0]
-                undo += (heap_restore, heap, entry, None)
-                heappop(heap)
-                job = entry.job
-            else:
-                break
-            spec = job.spec
-            deadline = spec[S_DEADLINE]
-            if deadline is not None and deadline <= now:
-                gating.leave_ready(m, q, job)
-                dead_letter(m, job, q, "expired", None)   # too late to ever run
-                continue
-            r = spec[S_RESOURCE]
-            if r is not None:                    # a throttle: hold it back while r is full
-                n = in_use.get(r, 0)
-                limit = limits.resource_limits.get(r)
-                if limit is not None and n >= limit:
-                    gating.block(m, q, r, entry if entry is not None else ready_entry(job))
-                    continue
-                m._put(in_use, r, n + 1)
-            if probe == 1:
-                gating.set_probe(m, q, job.id)
-            expires = now + lease_ms
-            undo += (setattr, job, "state", job.state)
-            job.state = IN_FLIGHT
-            undo += (setattr, job, "lease_expires", job.lease_expires)
-            job.lease_expires = expires
-            if deadline is not None:
-                m._set(job, "deadline", None)
-            n = q.ready
-            undo += (setattr, q, "ready", n)
-            q.ready = n - 1
-            n = q.in_flight
-            undo += (setattr, q, "in_flight", n)
-            q.in_flight = n + 1
-            # lease(m, job, expires), inline
-            ctr = m.ctr
-            undo += (setattr, m, "ctr", ctr)
-            m.ctr = ctr = ctr + 1
-            lease = (expires, ctr, job.id)
-            undo += (heap_remove, lease_heap, lease, None)
-            heappush(lease_heap, lease)
-            kept.append(shown_common(job) if r is None else shown_common(job) + (r,))   # shown_fields, inline
+        else:
+            _take_in_order(m, q, cap, kept, lease_ms, probe, now)
         if len(kept) >= max_jobs:
             break
     return RESERVED, tuple(kept)
+
+
+def _gated_cap(m, q, now: int, n_kept: int, max_jobs: int) -> tuple:
+    """(cap on the jobs kept after this queue, probe, rated) for a gated queue, cap None to skip
+    it now: a circuit breaker (probe 1: one probe job; -1: no probe), windows, a queue-wide rate
+    (rated: its hand-outs go through `take`, which logs them)."""
+    probe = gating.reserve_cap(m, q, now)
+    if probe == 0:
+        return None, probe, False
+    cap = n_kept + 1 if probe == 1 else max_jobs
+    rate = m.limits.queue(q.name).rate
+    if rate is None:
+        return cap, probe, False
+    room = keys.rate_room(q.rate_log, rate, now)
+    if room <= 0:
+        return None, probe, False
+    return min(cap, n_kept + room), probe, True
+
+
+def _take_in_order(m, q, cap: int, kept: list, lease_ms: int, probe: int, now: int) -> None:
+    """Reserve from a queue without keys or a rate: its best ready jobs, until `kept` holds
+    `cap`. The hot path: the hand-out and the undo log are written inline (hand_out, lease)."""
+    jobs, lease_heap, undo, limits, in_use = m.jobs, m.lease_heap, m._undo, m.limits, m.in_use
+    heap, fifo, seqs = q.ready_heap, q.ready_fifo, q.fifo_seqs
+    while len(kept) < cap:
+        # The next job is the smaller head of the FIFO and the heap. Stale heads are
+        # dropped on the way: that changes nothing logical, so it is not logged.
+        while fifo:
+            job = fifo[0]
+            if job.state == READY and job.seq == seqs[0] and jobs.get(job.id) is job:
+                break
+            fifo.popleft()
+            seqs.popleft()
+        while heap:
+            entry = heap[0]
+            job = entry.job
+            if job.state == READY and job.seq == entry.seq and jobs.get(job.id) is job:
+                break
+            heappop(heap)
+        if fifo and not (heap and heap[0] < (-fifo[0].spec[S_PRIORITY], fifo[0].spec[S_ENQUEUED_AT], seqs[0])):
+            job, seq = fifo[0], seqs[0]     # a live head: its entry's key is the job's
+            undo += (fifo_restore_head, q, job, seq)
+            fifo.popleft()
+            seqs.popleft()
+            entry = None                    # made only for a job held back (gating.block)
+        elif heap:
+            entry = heap[0]
+            undo += (heap_restore, heap, entry, None)
+            heappop(heap)
+            job = entry.job
+        else:
+            break
+        spec = job.spec
+        deadline = spec[S_DEADLINE]
+        if deadline is not None and deadline <= now:
+            gating.leave_ready(m, q, job)
+            dead_letter(m, job, q, "expired", None)   # too late to ever run
+            continue
+        r = spec[S_RESOURCE]
+        if r is not None:                    # a throttle: hold it back while r is full
+            n = in_use.get(r, 0)
+            limit = limits.resource_limits.get(r)
+            if limit is not None and n >= limit:
+                gating.block(m, q, r, entry if entry is not None else ready_entry(job))
+                continue
+            m._put(in_use, r, n + 1)
+        if probe == 1:
+            gating.set_probe(m, q, job.id)
+        expires = now + lease_ms
+        undo += (setattr, job, "state", job.state)
+        job.state = IN_FLIGHT
+        undo += (setattr, job, "lease_expires", job.lease_expires)
+        job.lease_expires = expires
+        if deadline is not None:
+            m._set(job, "deadline", None)
+        n = q.ready
+        undo += (setattr, q, "ready", n)
+        q.ready = n - 1
+        n = q.in_flight
+        undo += (setattr, q, "in_flight", n)
+        q.in_flight = n + 1
+        # lease(m, job, expires), inline
+        ctr = m.ctr
+        undo += (setattr, m, "ctr", ctr)
+        m.ctr = ctr = ctr + 1
+        lease = (expires, ctr, job.id)
+        undo += (heap_remove, lease_heap, lease, None)
+        heappush(lease_heap, lease)
+        kept.append(shown_common(job) if r is None else shown_common(job) + (r,))   # shown_fields, inline
 
 
 def take(m, q, cap: int, kept: list, lease_ms: int, probe: int) -> None:
@@ -388,23 +402,9 @@ def take(m, q, cap: int, kept: list, lease_ms: int, probe: int) -> None:
         else:
             _pop_entry(m, q, e)
         job = e.job
-        deadline = job.spec[S_DEADLINE]
-        if deadline is not None and deadline <= now:
-            gating.leave_ready(m, q, job)
-            dead_letter(m, job, q, "expired", None)   # too late to ever run
-            _back(m, q, key)
+        deadline, r = job.spec[S_DEADLINE], job.spec[S_RESOURCE]
+        if (deadline is not None or r is not None) and _passed_over(m, q, key, lim, e, deadline, r, now):
             continue
-        r = job.spec[S_RESOURCE]
-        if r is not None:                    # a throttle: hold it back while r is full
-            n = m.in_use.get(r, 0)
-            limit = m.limits.resource_limits.get(r)
-            if limit is not None and n >= limit:
-                gating.block(m, q, r, e)
-                if lim is not None:
-                    keys.left_ready(m, q, job)
-                _back(m, q, key)
-                continue
-            m._put(m.in_use, r, n + 1)
         if probe == 1:
             gating.set_probe(m, q, job.id)
         # hand_out(m, q, job, expires), inline
@@ -441,6 +441,29 @@ def take(m, q, cap: int, kept: list, lease_ms: int, probe: int) -> None:
             keys.served(m, key)
             keys.requeue(m, q, qk, key)
             keys.catch_up(m, qk, key.vlevel, vpass)
+
+
+def _passed_over(m, q, key, lim, e, deadline, r, now: int) -> bool:
+    """Whether `take` must pass over the job of entry `e` (of `key`, limits `lim`): past its
+    deadline (dead-lettered), or held back while its resource r is full; the key goes back in
+    the rotation. Else the job takes its slot of r."""
+    job = e.job
+    if deadline is not None and deadline <= now:
+        gating.leave_ready(m, q, job)
+        dead_letter(m, job, q, "expired", None)   # too late to ever run
+        _back(m, q, key)
+        return True
+    if r is not None:                    # a throttle: hold it back while r is full
+        n = m.in_use.get(r, 0)
+        limit = m.limits.resource_limits.get(r)
+        if limit is not None and n >= limit:
+            gating.block(m, q, r, e)
+            if lim is not None:
+                keys.left_ready(m, q, job)
+            _back(m, q, key)
+            return True
+        m._put(m.in_use, r, n + 1)
+    return False
 
 
 def _pick(m, q, qk, ql, now: int):
@@ -650,7 +673,7 @@ def nack(m, job_id: str, attempt: int, reason, strategy: str, delay_ms):
 
 
 def release(m, job_id: str, attempt: int, delay_ms, reason):
-    """The worker hands the job back without using an attempt (SEMANTICS.md "Release"): the
+    """The worker hands the job back without using an attempt (docs/semantics.md "Release"): the
     delivery fence `attempt` grows by one, as on a redelivery (so the releasing worker's later
     ack, nack or extend is refused with attempt_mismatch), and so does `releases`, so the
     attempts used (attempt - releases) stay as they were. delay_ms 0: ready at once, in its
@@ -835,9 +858,10 @@ def delete_dead_letters(m, ids, who=UNAUDITED):
 def cancel(m, job_id: str, who=UNAUDITED, in_flight=False):
     """A ready, scheduled or in-flight job is removed for good. An in-flight job's lease is
     dropped with it (its entry is stale once the job has left): its worker's next extend, ack,
-    nack or release is answered job_not_found, and it is never redelivered (issue 17). A cancel
-    command written before issue 17 has no `in_flight` field: it refuses an in-flight job with
-    failed_precondition, as it did then, so old journals replay unchanged."""
+    nack or release is answered job_not_found, and it is never redelivered (docs/semantics.md
+    "Cancel of a running job"). A cancel command of a 0.1.0 journal has no `in_flight` field: it
+    refuses an in-flight job with failed_precondition, as it did then, so old journals replay
+    unchanged."""
     if type(in_flight) is not bool:
         raise TypeError("in_flight")
     job = m.jobs.get(job_id)

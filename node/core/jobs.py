@@ -1,6 +1,6 @@
 """Jobs, queues and dead-letter records: the state the machine is made of.
 
-A job is in exactly one state (SEMANTICS.md "States"); GONE marks an object that has left the
+A job is in exactly one state (docs/semantics.md "States"); GONE marks an object that has left the
 machine (acked, cancelled, drained, dropped), so that stale index entries that still point at
 it are recognised as stale.
 """
@@ -11,7 +11,7 @@ from typing import NamedTuple
 
 READY, SCHEDULED, IN_FLIGHT, DEAD, GONE = 0, 1, 2, 3, 4
 STATE_NAMES = ("ready", "scheduled", "in_flight", "dead_lettered", "gone")
-# Why a job was dead-lettered (a DeadLetter's `cause`), as SEMANTICS.md names them.
+# Why a job was dead-lettered (a DeadLetter's `cause`), as docs/semantics.md "Dead letters" names them.
 DEAD_LETTER_CAUSES = ("attempts_exhausted", "rejected", "lease_expired", "admin", "expired")
 # The causes the cluster decides (no worker reported them): what a queue's dead_letter_forward
 # forwards unless dead_letter_forward_causes says otherwise.
@@ -52,10 +52,11 @@ class Job:
     ready-index entry). The fields of SPEC_FIELDS live in the (shared) tuple `spec` and read and
     write as attributes; the hot paths index `spec` with the S_* constants instead.
 
-    Issue 17 added `timeout_ms` (the job's execution timeout, ms, None = none: the queue's
-    execution_timeout_ms resolved at enqueue), `releases` (deliveries handed back without using
-    an attempt: attempts used = attempt - releases) and `resource` (the throttle resource the job
-    names, None = none); `key` is its fairness and limits key (node/core/keys.py, None = none)."""
+    `timeout_ms` is the job's execution timeout (ms, None = none: the queue's
+    execution_timeout_ms resolved at enqueue), `releases` the deliveries handed back without
+    using an attempt (attempts used = attempt - releases), `resource` the throttle resource the
+    job names (None = none) and `key` its fairness and limits key (node/core/keys.py, None =
+    none)."""
     __slots__ = ("id", "payload", "lease_expires", "state", "seq", "spec")
 
     # Every field, in the order of the snapshot's job tuples and the digest.
@@ -75,7 +76,7 @@ class Job:
 
     @classmethod
     def from_tuple(cls, t, specs: dict | None = None) -> "Job":
-        """A job from its FIELDS tuple (or the 18 of before issue 17, or the 21 of before keys,
+        """A job from its FIELDS tuple (or the 18 of before 0.2.0, or the 21 of before keys,
         the later ones taking their defaults). `specs`, when given, interns the spec tuples:
         equal ones are shared."""
         if len(t) < 22:
@@ -96,7 +97,7 @@ class Job:
         return job
 
     def legacy_tuple(self) -> tuple:
-        """The fields the digest hashes: the 18 of before issue 17 while the later slots hold
+        """The fields the digest hashes: the 18 of before 0.2.0 while the later slots hold
         their defaults (so a state that uses none of it hashes as it did), the 21 of before keys
         while the key is None, else all of them."""
         t = self.to_tuple()
@@ -105,7 +106,7 @@ class Job:
         return t[:18] if t[18] is None and t[19] == 0 and t[20] is None else t[:21]
 
 
-# The fields the Job shape of API.md shows, in `answers.render_job`'s order. A reserve's or a
+# The fields the Job shape of docs/api.md "Shapes" shows, in `answers.render_job`'s order. A reserve's or a
 # drain's result carries these (a tuple of atomic values, which the cyclic GC does not track,
 # sharing the job's own strings and payload bytes) instead of rendered jobs.
 SHOWN_FIELDS = ("id", "queue", "job_type", "payload", "encoding", "priority", "custom", "trace",
@@ -134,7 +135,7 @@ _check_field_orders()
 
 
 def shown_fields(job) -> tuple:
-    """SHOWN_FIELDS, then the job's `resource` when it has one (issue 17) and its `key` when it
+    """SHOWN_FIELDS, then the job's `resource` when it has one and its `key` when it
     has one (after the resource, None when it has none): a job without either shows the fields
     results always kept, so kept results are unchanged."""
     t = shown_common(job)
@@ -238,7 +239,7 @@ class Queue:
                 "throttled": self.throttled, "throttle_deferred_total": self.deferred}
 
 
-# A dedup record (SEMANTICS.md "Idempotency keys") is one tuple (bucket, key, job id), kept both
+# A dedup record (docs/semantics.md "Enqueue", idempotency) is one tuple (bucket, key, job id), kept both
 # in the machine's `dedup` (queue name -> {idempotency key -> record}) and, as the very same
 # object, in the expiry heap `dedup_heap`: a heap entry is live while its queue's dict holds that
 # object for its key. The bucket is (expires, queue), one tuple shared by the records a batch
@@ -275,7 +276,7 @@ def dedup_items(m):
 
 
 class DeadLetter:
-    """A dead-letter record (SEMANTICS.md "Dead letters"). `order` is its place in the store
+    """A dead-letter record (docs/semantics.md "Dead letters"). `order` is its place in the store
     (a reverted removal puts it back there)."""
     __slots__ = ("job", "cause", "failed_at", "final_attempt", "reason", "order")
 

@@ -37,12 +37,16 @@ from __future__ import annotations
 
 from heapq import nsmallest
 
-from .jobs import IN_FLIGHT, READY, S_ENQUEUED_AT, S_KEY, S_PRIORITY, S_RESOURCE, ReadyEntry
+from .jobs import IN_FLIGHT, READY, S_ENQUEUED_AT, S_KEY, S_PRIORITY, S_RESOURCE, ReadyEntry, is_live_entry
 from .undo import fifo_restore_head
 
 WEIGHT_SCALE = 1_000_000
 MAX_RATE_COUNT = 1000       # a rate's count at most (node/core/limits.py): the times a window log keeps
 CONCURRENCY, RATE = "concurrency", "rate"
+# A rotation entry (`Keys.sched`): (level, vpass, since, turn, key). A plain tuple read through
+# these positions, not a named tuple: one is made on every hand-out of a keyed queue, and a
+# named tuple costs about 0.2 µs more to make (six times a tuple's cost).
+TURN_LEVEL, TURN_VPASS, TURN_SINCE, TURN, TURN_KEY = range(5)
 
 
 class Key:
@@ -192,9 +196,9 @@ def catch_up(m, qk: Keys, level: int, start: int) -> None:
     vt = start
     while sched:
         top = sched[0]
-        if top[4].turn == top[3]:
-            if top[0] == level and top[1] > vt:
-                vt = top[1]
+        if top[TURN_KEY].turn == top[TURN]:
+            if top[TURN_LEVEL] == level and top[TURN_VPASS] > vt:
+                vt = top[TURN_VPASS]
             break
         m._heappop(sched)               # stale (logged: key_head says why)
     vtimes = qk.vtimes
@@ -517,27 +521,18 @@ def view(m, q, limit: int, after) -> tuple[list, object]:
 
 # ---------------------------------------------------------------------------- invariants
 def check(m, live_ready, ready_of) -> list[str]:
-    """Keys' invariants (node/core/invariants.py calls this after every apply in tests): each
-    keyed ready job has one live entry, in its key's heap or a resource's blocked heap (counted
-    into `live_ready`, and into `ready_of` when its key may be served: it can take a slot); counts match the jobs; a key is in the rotation exactly when it has
-    ready jobs and no limit holds it, at a level no worse than its best job's; a held key is at
-    its limit; a key exists only while it has jobs or a window to keep; no job of another
-    queue's key; rate windows within their counts."""
+    """Keys' invariants (docs/semantics.md "Keys"; node/core/invariants.py runs them): each keyed
+    ready job has one live entry, in its key's heap or a resource's blocked heap (counted into
+    `live_ready`, and into `ready_of` when its key may be served: it can take a slot); counts
+    match the jobs; a key is in the rotation exactly when it has ready jobs and no limit holds
+    it, at a level no worse than its best job's; a held key is at its limit; a key exists only
+    while it has jobs or a window to keep; no job of another queue's key; rate windows within
+    their counts."""
     bad = []
     say = bad.append
-    jobs = m.jobs
-    ready, in_flight = {}, {}
-    for job in jobs.values():
-        name = job.spec[S_KEY]
-        if name is None:
-            continue
-        if job.state == READY and job.id not in m.blocked_ids:
-            ready[(job.queue, name)] = ready.get((job.queue, name), 0) + 1
-        elif job.state == IN_FLIGHT:
-            in_flight[(job.queue, name)] = in_flight.get((job.queue, name), 0) + 1
+    ready, in_flight = _keyed_jobs(m)
     seen = set()
     for qname, q in m.queues.items():
-        ql = m.limits.queue(qname)
         if len(q.rate_log) > MAX_RATE_COUNT:
             say(f"queue {qname!r}: keeps {len(q.rate_log)} hand-out times, above {MAX_RATE_COUNT}")
         qk = q.keys
@@ -545,7 +540,7 @@ def check(m, live_ready, ready_of) -> list[str]:
             continue
         if not qk.by_key:
             say(f"queue {qname!r} keeps a keyed index without keys")
-        live_turns = {e[3] for e in qk.sched if e[4].turn == e[3]}
+        live_turns = {e[TURN] for e in qk.sched if e[TURN_KEY].turn == e[TURN]}
         held_keys = held_ready = 0
         for key in [qk.plain, *qk.by_key.values()]:
             where = f"queue {qname!r} key {key.name!r}"
@@ -554,48 +549,72 @@ def check(m, live_ready, ready_of) -> list[str]:
             if key.name is None:
                 continue
             seen.add((qname, key.name))
-            n = 0
-            res: dict = {}
-            for e in key.heap:
-                job = e[3]
-                if job.state == READY and job.seq == e[2] and jobs.get(job.id) is job:
-                    n += 1
-                    live_ready[job.id] += 1
-                    if job.resource is not None:
-                        res[job.resource] = res.get(job.resource, 0) + 1
-                        if key.held is None:        # a job that can take a free slot now
-                            ready_of[(job.resource, qname)] += 1
-                    if job.queue != qname or job.spec[S_KEY] != key.name:
-                        say(f"{where}: holds job {job.id} of queue {job.queue!r} key {job.spec[S_KEY]!r}")
-                    if (e[0], e[1]) != (-job.priority, job.enqueued_at):
-                        say(f"{where}: entry of job {job.id} keyed {e[:3]}, not by its priority and enqueue time")
-            if n != key.ready or key.ready != ready.get((qname, key.name), 0):
-                say(f"{where}: counts {key.ready} ready, holds {n} live entries of "
-                    f"{ready.get((qname, key.name), 0)} ready jobs")
-            if (key.resources or {}) != res:
-                say(f"{where}: counts {key.resources} ready per resource, holds {res}")
-            if key.in_flight != in_flight.get((qname, key.name), 0):
-                say(f"{where}: counts {key.in_flight} in flight, {in_flight.get((qname, key.name), 0)} are")
+            bad.extend(_key_problems(m, qname, key, where, ready.get((qname, key.name), 0),
+                                     in_flight.get((qname, key.name), 0), live_ready, ready_of))
             if key.held is not None:
                 held_keys += 1
                 held_ready += key.ready
-                if over_limit(m, ql, key, m.clock) is None and not (key.held == RATE and key.timer is not None):
-                    say(f"{where}: held ({key.held}) though no limit holds it")
-            elif key.ready > 0:
-                best = min((e for e in key.heap if e[3].state == READY and e[3].seq == e[2]
-                            and m.jobs.get(e[3].id) is e[3]), default=None)     # a read: nothing dropped
-                if key.turn is None or best is None or key.level > best[0]:
-                    say(f"{where}: has ready jobs but is not in the rotation at its best level")
-            elif key.turn is not None:
-                say(f"{where}: in the rotation without a ready job")
-            if key.ready == 0 and key.in_flight == 0 and key.timer is None:
-                say(f"{where}: idle, kept without a timer")
-            if len(key.log) > MAX_RATE_COUNT:
-                say(f"{where}: keeps {len(key.log)} hand-out times, above {MAX_RATE_COUNT}")
         if (held_keys, held_ready) != (qk.held_keys, qk.held_ready):
             say(f"queue {qname!r}: counts {qk.held_keys} held keys with {qk.held_ready} ready jobs, "
                 f"holds {held_keys} with {held_ready}")
-    for qk_name in set(ready) | set(in_flight):
-        if qk_name not in seen:
-            say(f"queue {qk_name[0]!r}: key {qk_name[1]!r} has jobs but no state")
+    for qname, name in set(ready) | set(in_flight):
+        if (qname, name) not in seen:
+            say(f"queue {qname!r}: key {name!r} has jobs but no state")
+    return bad
+
+
+def _keyed_jobs(m) -> tuple[dict, dict]:
+    """The keyed jobs per (queue, key): ready (not held back by a resource), and in flight."""
+    ready, in_flight = {}, {}
+    for job in m.jobs.values():
+        name = job.spec[S_KEY]
+        if name is None:
+            continue
+        if job.state == READY and job.id not in m.blocked_ids:
+            ready[(job.queue, name)] = ready.get((job.queue, name), 0) + 1
+        elif job.state == IN_FLIGHT:
+            in_flight[(job.queue, name)] = in_flight.get((job.queue, name), 0) + 1
+    return ready, in_flight
+
+
+def _key_problems(m, qname: str, key: Key, where: str, ready: int, in_flight: int, live_ready, ready_of) -> list[str]:
+    """One key's invariants, given its queue's `ready` and `in_flight` jobs of the key."""
+    bad = []
+    say = bad.append
+    jobs = m.jobs
+    n = 0
+    res: dict = {}
+    for e in key.heap:
+        if not is_live_entry(e, jobs):
+            continue
+        job = e.job
+        n += 1
+        live_ready[job.id] += 1
+        if job.resource is not None:
+            res[job.resource] = res.get(job.resource, 0) + 1
+            if key.held is None:        # a job that can take a free slot now
+                ready_of[(job.resource, qname)] += 1
+        if job.queue != qname or job.spec[S_KEY] != key.name:
+            say(f"{where}: holds job {job.id} of queue {job.queue!r} key {job.spec[S_KEY]!r}")
+        if (e.neg_priority, e.enqueued_at) != (-job.priority, job.enqueued_at):
+            say(f"{where}: entry of job {job.id} keyed {e.order()}, not by its priority and enqueue time")
+    if n != key.ready or key.ready != ready:
+        say(f"{where}: counts {key.ready} ready, holds {n} live entries of {ready} ready jobs")
+    if (key.resources or {}) != res:
+        say(f"{where}: counts {key.resources} ready per resource, holds {res}")
+    if key.in_flight != in_flight:
+        say(f"{where}: counts {key.in_flight} in flight, {in_flight} are")
+    if key.held is not None:
+        if over_limit(m, m.limits.queue(qname), key, m.clock) is None and not (key.held == RATE and key.timer is not None):
+            say(f"{where}: held ({key.held}) though no limit holds it")
+    elif key.ready > 0:
+        best = min((e for e in key.heap if is_live_entry(e, jobs)), default=None)     # a read: nothing dropped
+        if key.turn is None or best is None or key.level > best.neg_priority:
+            say(f"{where}: has ready jobs but is not in the rotation at its best level")
+    elif key.turn is not None:
+        say(f"{where}: in the rotation without a ready job")
+    if key.ready == 0 and key.in_flight == 0 and key.timer is None:
+        say(f"{where}: idle, kept without a timer")
+    if len(key.log) > MAX_RATE_COUNT:
+        say(f"{where}: keeps {len(key.log)} hand-out times, above {MAX_RATE_COUNT}")
     return bad

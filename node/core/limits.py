@@ -1,4 +1,5 @@
-"""Queue limits: sepp's `[limits]`, `[storage]` and `[[queues]]` keys, defaults and checks.
+"""Queue limits: the `[limits]`, `[storage]` and `[[queues]]` keys (docs/configuration.md; their
+names and defaults are sepp's, docs/glossary.md "sepp"), defaults and checks.
 
 A `Limits` object is immutable once built and identical on every node of a cluster (nodes
 compare `fingerprint()`), because validation and apply both depend on it. Anything wrong in it
@@ -16,7 +17,8 @@ from .keys import MAX_RATE_COUNT
 
 MIB = 1024 * 1024
 
-# Keys a [[queues]] entry may override (sepp notes §2.7), with the global defaults (§2.3).
+# Keys a [[queues]] entry may override (docs/configuration.md "[[queues]]"), with the global
+# defaults (docs/configuration.md "[limits]").
 QUEUE_KEYS: dict[str, object] = {
     "max_lease_duration_ms": 300_000,
     "default_max_attempts": 3,
@@ -32,7 +34,7 @@ QUEUE_KEYS: dict[str, object] = {
     "max_custom_key_bytes": 256,
     "max_schedule_horizon_ms": 2_592_000_000,
     "allowed_encodings": None,        # None = any; [] = no payload at all
-    # issue 17 (lifecycle)
+    # the job's lifecycle (docs/semantics.md "Execution timeout", "Duplicate policy")
     "execution_timeout_ms": None,     # None = no execution timeout (a job's timeout_ms wins)
     "duplicate_policy": "return_existing",   # what an idempotency-key hit does: return_existing | reject | replace
 }
@@ -141,7 +143,7 @@ _MISSING = type("Missing", (), {"__repr__": lambda self: "(not set)"})()
 
 
 def check_queue_name(name, max_bytes: int) -> str | None:
-    """Why `name` is not a usable queue name, or None when it is (API.md EnqueueRequest)."""
+    """Why `name` is not a usable queue name, or None when it is (docs/api.md "Shapes", EnqueueRequest)."""
     if not isinstance(name, str) or not name:
         return "queue name must be a non-empty string"
     if name in (".", "..") or "/" in name:
@@ -180,7 +182,7 @@ class QueueLimits:
     # job per dead letter of these causes; None: no forwarding (and no causes).
     dead_letter_forward: str | None = None
     dead_letter_forward_causes: tuple[str, ...] = ()
-    # Gating (issue 17): the default resource of the queue's jobs, the circuit breaker
+    # Gating (docs/api.md "Gating: throttles, circuit breakers, execution windows"): the default resource of the queue's jobs, the circuit breaker
     # (failures, window_ms, open_ms) and the execution windows (node/core/windows.py), or None.
     resource: str | None = None
     circuit_breaker: tuple | None = None
@@ -561,7 +563,7 @@ class Limits:
         return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:16]
 
     def server_info(self) -> dict:
-        """The limits part of GET /v1/server-info (global values, as sepp advertises them)."""
+        """The limits part of GET /v1/server-info (global values, as sepp advertises them: docs/glossary.md "sepp")."""
         d = self.default_queue
         return {
             "max_payload_bytes": d.max_payload_bytes,

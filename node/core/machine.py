@@ -1,4 +1,4 @@
-"""The replicated queue state machine: every rule of SEMANTICS.md, and nothing else.
+"""The replicated queue state machine: every rule of docs/semantics.md, and nothing else.
 
 Pure and deterministic: no I/O, no clock, no randomness, no threads. Time and job ids arrive in
 commands (built by `node.validate`), so every node that applies the same commands in the same
@@ -190,8 +190,8 @@ class QueueMachine(UndoLog):
         self.rid_heap: list = []
         # Whether anyone reads the answers of the commands being applied: a follower, or a
         # leader applying entries nobody on it waits for. Not replicated state: the node sets
-        # it per entry (node/replication/replica.py). Results are rendered outside the machine now, by the
-        # node that sends them, so nothing here depends on it; it stays for that interface.
+        # it per entry (node/replication/replica.py). Results are rendered by the node that
+        # sends them (node/core/answers.py), so nothing here depends on it.
         self.render = True
         self.dlq: OrderedDict[str, object] = OrderedDict()         # job id -> DeadLetter, oldest first
         self.dlq_by_queue: dict[str, OrderedDict] = {}
@@ -324,7 +324,7 @@ class QueueMachine(UndoLog):
         return gating.queue_view(self, name, q, q.stats(declared))
 
     def gating_view(self, name: str, stats: dict) -> dict:
-        """The gating fields for a queue's stats made outside the machine (node/service/node_service.py)."""
+        """The gating fields for a queue's stats made outside the machine (node/service/)."""
         return gating.queue_view(self, name, self.queues.get(name), stats)
 
     def reservable(self, q) -> bool:

@@ -40,7 +40,7 @@ MOVE_TO_DEAD_LETTERS = "dlmove"
 PURGE = "purge"
 DELETE_QUEUE = "qdel"
 RECORD_ACTION = "record"        # an operator action done outside the machine (a membership change)
-# Issue 17.
+# 0.2.0 (docs/semantics.md "Release"; docs/api.md "Gating: throttles, circuit breakers, execution windows").
 RELEASE = "rel"                 # a worker hands a job back without using an attempt
 CLOSE_CIRCUIT = "cclose"        # an operator closes a queue's circuit breaker
 # Schedules (node/core/schedules.py); their ticks fire in the sweep.
@@ -67,7 +67,7 @@ COMMANDS: dict[str, tuple[str, ...]] = {
     DRAIN: ("queue", "max_records", "who"),     # queue None = every queue
     REQUEUE: ("ids", "who"),
     DELETE_DEAD_LETTERS: ("ids", "who"),
-    CANCEL: ("job_id", "who", "in_flight"),     # in_flight: may remove an in-flight job (issue 17; absent: no)
+    CANCEL: ("job_id", "who", "in_flight"),     # in_flight: may remove an in-flight job (absent before 0.2.0: no)
     PAUSE: ("queue", "paused", "create", "who"),  # create: also for a queue that neither exists nor is declared
     SWEEP: (),
     CONFIGURE: ("expect_version", "config", "keys", "who"),   # config: {limits, storage, queues};
@@ -90,13 +90,13 @@ COMMANDS: dict[str, tuple[str, ...]] = {
 # handlers give the later ones defaults (who = UNAUDITED, create = True, as pause was then).
 LEGACY_FIELDS = {DRAIN: 2, REQUEUE: 1, DELETE_DEAD_LETTERS: 1, CANCEL: 1, PAUSE: 2}
 # Fields added after that, with the default a command without them gets: a cancel written before
-# issue 17 refuses an in-flight job (409) on every replay, as it did then.
+# 0.2.0 refuses an in-flight job (409) on every replay, as it did then.
 LATER_DEFAULTS = {CANCEL: {"in_flight": False}}
 OPS = tuple(COMMANDS)
 
 # Enqueue modes.
 SINGLE, BATCH, ATOMIC = 0, 1, 2
-# Nack strategies (SEMANTICS.md "Ack, nack, extend").
+# Nack strategies (docs/semantics.md "Ack, nack, extend and fencing").
 DEFAULT, DELAY, DEAD_LETTER = "default", "delay", "dead_letter"
 STRATEGIES = (DEFAULT, DELAY, DEAD_LETTER)
 
@@ -105,14 +105,14 @@ STRATEGIES = (DEFAULT, DELAY, DEAD_LETTER)
 ITEM: tuple[str, ...] = ("job_id", "queue", "job_type", "payload", "encoding", "priority",
                          "max_attempts", "custom", "trace", "scheduled_at", "deadline",
                          "idempotency_key",
-                         # issue 17; items of the 12 fields above (journals of before, and every
+                         # 0.2.0; items of the 12 fields above (journals of before, and every
                          # job that uses none of these) apply with None for all three
                          "timeout_ms", "duplicate_policy", "resource",
                          # keys (node/core/keys.py); items of 15 fields apply with no key
                          "key")
 ITEM_LEGACY_LEN = 12
 ITEM_DUPLICATE_POLICY = ITEM.index("duplicate_policy")
-# What an idempotency-key hit does (SEMANTICS.md "Duplicate policy"); None in an item = return_existing.
+# What an idempotency-key hit does (docs/semantics.md "Duplicate policy"); None in an item = return_existing.
 RETURN_EXISTING, REJECT, REPLACE = "return_existing", "reject", "replace"
 DUPLICATE_POLICIES = (RETURN_EXISTING, REJECT, REPLACE)
 ITEM_QUEUE = ITEM.index("queue")
@@ -248,7 +248,7 @@ def item(job_id, queue, job_type, payload, encoding, priority, max_attempts, cus
          scheduled_at, deadline, idempotency_key, timeout_ms=None, duplicate_policy=None,
          resource=None, key=None) -> tuple:
     """One enqueue item, fields in ITEM order. Without a timeout, a duplicate policy or a
-    resource it is the 12-field item of before issue 17 (what journals hold), so nothing changes
+    resource it is the 12-field item of before 0.2.0 (what journals hold), so nothing changes
     for such a job; without a key, the 15-field item of before keys."""
     if key is not None:
         return (job_id, queue, job_type, payload, encoding, priority, max_attempts, custom, trace,
@@ -264,7 +264,7 @@ def item(job_id, queue, job_type, payload, encoding, priority, max_attempts, cus
 reserve_queue_names = reader(RESERVE, "queue_names")
 ack_batch_pairs = reader(ACK_BATCH, "pairs")
 
-# Ops after which a parked reserve may find a job ready (node/service/node_service.py wakes its waiters).
+# Ops after which a parked reserve may find a job ready (the node, node/service/, wakes its waiters).
 # An ack can make a held-back job reservable too (a throttle slot freed, a probe closed the
 # circuit): it wakes only the queues the machine says it released (`QueueMachine.released`,
 # node/core/gating.py), so acks cost nothing more when no job is held back; so does the
@@ -272,7 +272,7 @@ ack_batch_pairs = reader(ACK_BATCH, "pairs")
 # A configuration change wakes them all (it may open a window, remove a breaker, raise a limit).
 WAKING_OPS = frozenset((ENQUEUE, NACK, SWEEP, REQUEUE, PAUSE, RELEASE, CLOSE_CIRCUIT, CONFIGURE, SCHEDULE_TRIGGER))
 RELEASING_OPS = frozenset((ACK, ACK_BATCH, CANCEL))
-# Ops that change the configuration in force (node/service/node_service.py follows it).
+# Ops that change the configuration in force (the node, node/service/, follows it).
 CONFIG_OPS = frozenset((CONFIGURE, ADD_KEY, REMOVE_KEY))
 
 
@@ -281,7 +281,7 @@ CONFIG_OPS = frozenset((CONFIGURE, ADD_KEY, REMOVE_KEY))
 # of release 0.1.0 and of this code until request ids were scoped), or a RequestId tuple
 # (who, request_id, route, body_hash): the caller's key name (None without auth), the id the
 # client sent, the route it came by ("enqueue", "enqueue_batch", "pause", "resume", ...) and a
-# short hash of its request (node/service/node_service.py `request_hash`). The store keys a record by the
+# short hash of its request (made by the node, node/service/). The store keys a record by the
 # request id alone for a caller without a name (and for bare ids), by (who, request id) else.
 def request_id(who, rid: str, route: str, body_hash: str) -> tuple:
     return who, rid, route, body_hash
@@ -354,7 +354,7 @@ REJECTED = "rejected"               # 422 rejected: a single enqueue refused at 
 BATCH_FULL = "batch_full"           # 422 batch_rejected: an atomic batch that does not fit
 CANCEL_NOT_FOUND = "cancel_not_found"   # 404 not_found: no ready or scheduled job
 CANCEL_IN_FLIGHT = "cancel_in_flight"   # 409 failed_precondition (no longer made: cancel removes an
-                                        # in-flight job since issue 17; kept for stored results)
+                                        # in-flight job since 0.2.0; kept for stored results)
 REPLACED = "replaced"               # 200 {"job_id", "deduplicated": true, "replaced": true}
 DUPLICATE_STARTED = "duplicate_started"  # 409 failed_precondition: replace of a job already delivered
 REQUEST_ID_REUSED = "request_id_reused"  # 400 invalid_argument (never stored)
@@ -426,7 +426,8 @@ RESULTS: dict[str, tuple[str, ...]] = {
     SCHEDULE_REFUSED: ("why", "name", "limit"),
     SCHEDULES_SEEDED: ("created",),
 }
-# Results a request id never remembers (SEMANTICS.md / README "Decisions").
+# Results a request id never remembers (docs/semantics.md "Request ids"; docs/api.md "Decisions
+# where the rules above leave room").
 NOT_REMEMBERED = frozenset((REQUEST_ID_REUSED, MALFORMED, FAILED, REQUEST_MISMATCH))
 
 MALFORMED_RESULT = (MALFORMED,)
@@ -457,7 +458,7 @@ def enqueued_batch(results: tuple) -> tuple:
     `enqueued(job_id, False)`: a result a request id keeps for its window, 64 bytes a job less
     than that tuple, docs/performance.md), a deduplicated or replaced job its ENQUEUED or REPLACED
     result, a refused one its rejection dict. Snapshots and the digest see the tuples
-    (`expanded_batch`), as before this form."""
+    (`expanded_batch`): the form every snapshot version reads."""
     return ENQUEUED_BATCH, results
 
 
@@ -609,7 +610,7 @@ def queue_refused(why: str, queue: str, jobs: dict) -> tuple:
 
 
 def queue_full(queue: str, limit: int) -> dict:
-    """The `queue_full` rejection object of API.md (fields only)."""
+    """The `queue_full` rejection object of docs/api.md "Shapes" (fields only)."""
     return {"reason": "queue_full", "queue": queue, "limit": limit}
 
 

@@ -1,4 +1,4 @@
-"""Retry timing for `default` nacks (SEMANTICS.md "Retry policy").
+"""Retry timing for `default` nacks (docs/semantics.md "Retry policy (the timing of `default` nacks)").
 
 The jitter must be the same on every node, in every run and every Python process, so it uses
 BLAKE2b rather than Python's salted `hash()`:

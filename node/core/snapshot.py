@@ -91,6 +91,8 @@ def _ready_rows(q, jobs: dict) -> list:
     """A queue's live ready entries as (-priority, enqueued_at, seq, job id), the heap's, then the
     FIFO's (an ascending run at the end, which becomes the FIFO again on restore). The FIFO is
     read from its two deques without making its entries: a deep backlog is most of a snapshot."""
+    # zip would drop the jobs past the shorter deque: a snapshot must never lose one silently.
+    assert len(q.ready_fifo) == len(q.fifo_seqs), f"queue {q.name!r}: the FIFO's deques are out of step"
     rows = [(e.neg_priority, e.enqueued_at, e.seq, e.job.id) for e in q.ready_heap if is_live_entry(e, jobs)]
     rows += [(-job.priority, job.enqueued_at, seq, job.id) for job, seq in zip(q.ready_fifo, q.fifo_seqs)
              if job.state == READY and job.seq == seq and jobs.get(job.id) is job]
@@ -155,7 +157,7 @@ def _restore_keys(m, data) -> None:
     heapq.heapify(m.key_timers)
 
 
-# The SHOWN_FIELDS issue 17 appended (timeout_ms, releases) and the values a job of before it has.
+# The SHOWN_FIELDS 0.2.0 appended (timeout_ms, releases) and the values a job of before it has.
 _SHOWN_DEFAULTS = (None, 0)
 _SHOWN_LEGACY = len(SHOWN_FIELDS) - len(_SHOWN_DEFAULTS)
 
@@ -177,7 +179,7 @@ def _live_blocked(m):
 
 
 def _gating(m) -> dict:
-    """Issue 17's state, only when there is some (a state without it writes what it did before):
+    """Gating's state, only when there is some (a state without it writes what it did before):
     the blocked entries per (resource, queue) and each queue's deferral count and circuit. The
     in-flight count per resource is rebuilt from the jobs."""
     blocked = [(r, qname, [(e.neg_priority, e.enqueued_at, e.seq, e.job.id) for e in sorted(live, key=ReadyEntry.order)])
@@ -194,7 +196,7 @@ def _written(kept) -> tuple:
 
 def kept_result(op, kept) -> tuple:
     """A request-id entry of a snapshot as this version keeps it. Reserve and drain results kept
-    by code before issue 17 hold shorter job fields: they get the new fields' defaults, and a
+    by code before 0.2.0 hold shorter job fields: they get the new fields' defaults, and a
     batch's jobs made are their bare ids, so the request-id store is the one a node that lived
     through the same history holds."""
     if type(kept[0]) is int:                    # a rendered answer (version 1)
@@ -210,6 +212,7 @@ def kept_result(op, kept) -> tuple:
 
 def from_builtins(m, data: dict):
     """Fill the empty machine `m` from `to_builtins` data of a readable version."""
+    assert not m.jobs and not m.queues and not m.rids, "from_builtins fills a new machine only"
     if data.get("v") not in READABLE:
         raise ValueError(f"unknown snapshot version {data.get('v')!r}")
     m.clock, m.seq, m.ctr, m.applied = data["clock"], data["seq"], data["ctr"], data["applied"]
@@ -222,23 +225,8 @@ def from_builtins(m, data: dict):
         r = DeadLetter(job, *rec[1:])
         m.dlq[job.id] = r
         m.dlq_by_queue.setdefault(job.queue, OrderedDict())[job.id] = r
-    for name, counters, heap in data["queues"]:
-        q = Queue(name)
-        for c, v in zip(Queue.COUNTERS, counters):
-            setattr(q, c, v)
-        # The ascending tail of the list (what was the FIFO) becomes the FIFO again; the rest
-        # is heapified.
-        k = len(heap) - 1
-        while k > 0 and tuple(heap[k - 1]) < tuple(heap[k]):
-            k -= 1
-        k = max(k, 0)
-        q.ready_heap = [ReadyEntry(a, b, c, jobs[i]) for a, b, c, i in heap[:k]]
-        heapq.heapify(q.ready_heap)
-        tail = heap[k:]
-        q.ready_fifo = deque([jobs[job_id] for _, _, _, job_id in tail])
-        q.fifo_seqs = deque([seq for _, _, seq, _ in tail])
-        q.fifo_tail = (tail[-1][0], tail[-1][1]) if tail else None
-        m.queues[name] = q
+    for name, counters, rows in data["queues"]:
+        m.queues[name] = _restored_queue(name, counters, rows, jobs)
     for rec in m.dlq.values():          # derived from the store, not kept in the snapshot
         d = m.queues[rec.job.queue].dead_by_cause
         d[rec.cause] = d.get(rec.cause, 0) + 1
@@ -247,21 +235,8 @@ def from_builtins(m, data: dict):
     m.deadline_heap = [(a, b, jobs[i]) for a, b, i in data["deadlines"]]
     for h in (m.sched_heap, m.lease_heap, m.deadline_heap):
         heapq.heapify(h)
-    # Every record has exactly one live heap entry, so the heap is the records (`dedup_heap`
-    # names the same (expires, queue, key) set; it is written for older readers).
-    m.dedup = {}
-    buckets: dict = {}                  # the records of one (expires, queue) share their bucket again
-    for qname, key, job_id, expires in data["dedup"]:
-        bucket = buckets.setdefault((expires, qname), (expires, qname))
-        m.dedup.setdefault(qname, {})[key] = (bucket, key, job_id)
-    m.dedup_heap = [r for keyed in m.dedup.values() for r in keyed.values()]
-    heapq.heapify(m.dedup_heap)
-    m.rids = {_key(key): request_record(op, kept_result(op, kept), exp, *rest)
-              for key, op, kept, exp, *rest in data["rids"]}
-    # (expires, key) in expiry order, oldest first on ties: orders below any later record's
-    # (those take `applied`, >= 0) keep that order; a sorted list is a heap.
-    fifo = data["rid_fifo"]
-    m.rid_heap = [(e[0], i - len(fifo), _key(e[1])) for i, e in enumerate(fifo)]
+    _restore_dedup(m, data)
+    _restore_request_ids(m, data)
     cfg = data.get("config")
     if cfg is not None and cfg["version"] > 0:
         m.limits = Limits.from_doc(cfg["doc"])
@@ -269,22 +244,7 @@ def from_builtins(m, data: dict):
         m.keys = {name: KeyRecord(*rec) for name, *rec in cfg["keys"]}
     m.audit = deque(tuple(e) for e in data.get("audit", ()))
     m.audit_seq = data.get("audit_seq", 0)
-    for job in jobs.values():
-        if job.resource is not None and job.state == IN_FLIGHT:
-            m.in_use[job.resource] = m.in_use.get(job.resource, 0) + 1
-    gating = data.get("gating")
-    if gating is not None:
-        for r, qname, entries in gating["blocked"]:
-            heap = [ReadyEntry(a, b, c, jobs[i]) for a, b, c, i in entries]      # sorted: a heap already
-            m.blocked.setdefault(r, {})[qname] = heap
-            q = m.queues[qname]
-            for e in heap:
-                m.blocked_ids[e.job.id] = r
-            q.throttled += len(heap)
-        for qname, deferred, circuit in gating["queues"]:
-            q = m.queues[qname]
-            q.deferred = deferred
-            q.circuit = Circuit.from_tuple(circuit) if circuit is not None else None
+    _restore_gating(m, data)
     for t in data.get("schedules", ()):
         s = Schedule.from_tuple(t)
         m.schedules[s.name] = s
@@ -294,6 +254,71 @@ def from_builtins(m, data: dict):
     m.schedules_seeded = data.get("schedules_seeded", False)
     _restore_keys(m, data)
     return m
+
+
+def _restored_queue(name: str, counters: list, rows: list, jobs: dict) -> Queue:
+    """A queue from its snapshot row: its counters, and its ready entries (-priority,
+    enqueued_at, seq, job id), whose ascending tail (what was the FIFO) becomes the FIFO again;
+    the rest is heapified."""
+    q = Queue(name)
+    for c, v in zip(Queue.COUNTERS, counters):
+        setattr(q, c, v)
+    k = len(rows) - 1
+    while k > 0 and tuple(rows[k - 1]) < tuple(rows[k]):
+        k -= 1
+    k = max(k, 0)
+    q.ready_heap = [ReadyEntry(a, b, c, jobs[i]) for a, b, c, i in rows[:k]]
+    heapq.heapify(q.ready_heap)
+    tail = rows[k:]
+    q.ready_fifo = deque([jobs[job_id] for _, _, _, job_id in tail])
+    q.fifo_seqs = deque([seq for _, _, seq, _ in tail])
+    q.fifo_tail = (tail[-1][0], tail[-1][1]) if tail else None
+    return q
+
+
+def _restore_dedup(m, data: dict) -> None:
+    """The dedup records. Every record has exactly one live heap entry, so the heap is the
+    records (`dedup_heap` names the same (expires, queue, key) set; it is written for older
+    readers)."""
+    m.dedup = {}
+    buckets: dict = {}                  # the records of one (expires, queue) share their bucket again
+    for qname, key, job_id, expires in data["dedup"]:
+        bucket = buckets.setdefault((expires, qname), (expires, qname))
+        m.dedup.setdefault(qname, {})[key] = (bucket, key, job_id)
+    m.dedup_heap = [r for keyed in m.dedup.values() for r in keyed.values()]
+    heapq.heapify(m.dedup_heap)
+
+
+def _restore_request_ids(m, data: dict) -> None:
+    """The request-id records, and their expiry heap from `rid_fifo`: (expires, key) in expiry
+    order, oldest first on ties. Orders below any later record's (those take `applied`, >= 0)
+    keep that order; a sorted list is a heap."""
+    m.rids = {_key(key): request_record(op, kept_result(op, kept), exp, *rest)
+              for key, op, kept, exp, *rest in data["rids"]}
+    fifo = data["rid_fifo"]
+    m.rid_heap = [(expires, i - len(fifo), _key(key)) for i, (expires, key) in enumerate(fifo)]
+
+
+def _restore_gating(m, data: dict) -> None:
+    """The slots in use (from the jobs in flight), the blocked heaps, deferrals and circuits."""
+    jobs = m.jobs
+    for job in jobs.values():
+        if job.resource is not None and job.state == IN_FLIGHT:
+            m.in_use[job.resource] = m.in_use.get(job.resource, 0) + 1
+    gating = data.get("gating")
+    if gating is None:
+        return
+    for r, qname, entries in gating["blocked"]:
+        heap = [ReadyEntry(a, b, c, jobs[i]) for a, b, c, i in entries]      # sorted: a heap already
+        m.blocked.setdefault(r, {})[qname] = heap
+        q = m.queues[qname]
+        for e in heap:
+            m.blocked_ids[e.job.id] = r
+        q.throttled += len(heap)
+    for qname, deferred, circuit in gating["queues"]:
+        q = m.queues[qname]
+        q.deferred = deferred
+        q.circuit = Circuit.from_tuple(circuit) if circuit is not None else None
 
 
 def _rid_expires(m, key):
@@ -336,7 +361,7 @@ def digest(m) -> str:
     if m.audit or m.audit_seq:
         h.update(orjson.dumps(["audit", m.audit_seq, list(m.audit)], option=orjson.OPT_SORT_KEYS))
     g = _gating(m).get("gating")
-    if g is not None:           # issue 17, only when present; blocked ids per (resource, queue) sorted
+    if g is not None:           # gating, only when present; blocked ids per (resource, queue) sorted
         h.update(orjson.dumps(["gating", sorted((r, qn, sorted(job_id for *_, job_id in es)) for r, qn, es in g["blocked"]),
                                sorted(g["queues"], key=lambda x: x[0])]))
     if m.schedules or m.schedules_seeded:       # only when present, like the rest

@@ -1,4 +1,4 @@
-"""The sweep (SEMANTICS.md "Lease expiry — the sweep"): one function per step, in order.
+"""The sweep (docs/semantics.md "Lease expiry: the sweep"): one function per step, in order.
 
 Every step handles at most `sweep_limit` due entries per sweep (its own budget, so one backlog
 cannot starve the rest) and leaves the rest to the next sweep. Budgets count live entries only:
