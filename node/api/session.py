@@ -186,7 +186,7 @@ class Session:
     async def read_loop(self):
         """Take frames until the socket closes (or the session is closed for not reading its
         answers); a frame that is not JSON is answered here, the others go to `dispatch`."""
-        ws, state = self.ws, self.state
+        ws, state, dispatch = self.ws, self.state, self.dispatch
         while not ws.closed:
             if not state.room.is_set() and not await self.room():
                 break
@@ -210,9 +210,9 @@ class Session:
                 for f in frame:
                     if not state.room.is_set() and not await self.room():
                         break
-                    self.dispatch(f, binary)
+                    dispatch(f, binary)
             else:
-                self.dispatch(frame, binary)
+                dispatch(frame, binary)
 
     async def room(self) -> bool:
         """Wait until the session may take a frame; False when it is closed for not reading
