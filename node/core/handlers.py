@@ -21,8 +21,9 @@ from . import audit, gating, keys, ops
 from .answers import render_dead_letter
 from .jobs import (DEAD, DEAD_LETTER_RECORD_TYPE, GONE, IN_FLIGHT, READY, SCHEDULED, DeadLetter, Job, Queue,
                    ReadyEntry, is_live_entry, known_queue, ready_entry, shown_fields)
-from .jobs import (BUCKET_EXPIRES, DEDUP_BUCKET, DEDUP_JOB_ID, S_ATTEMPT, S_DEADLINE, S_ENQUEUED_AT, S_KEY, S_PRIORITY, S_QUEUE,
-                   S_RESOURCE, dedup_expires, dedup_record, shown_common)
+from .jobs import (BUCKET_EXPIRES, DEDUP_BUCKET, DEDUP_JOB_ID, TIMER_AT, S_ATTEMPT, S_CUSTOM, S_DEADLINE,
+                   S_ENCODING, S_ENQUEUED_AT, S_JOB_TYPE, S_KEY, S_MAX_ATTEMPTS, S_PRIORITY, S_QUEUE, S_RELEASES,
+                   S_RESOURCE, S_SCHEDULED_AT, S_TIMEOUT_MS, S_TRACE, dedup_expires, dedup_record, shown_common)
 from .ops import ATOMIC, DEAD_LETTER, DELAY, ENQUEUED, JOB_ID, RESERVED, SINGLE, UNAUDITED
 from .undo import drop_item, fifo_restore_head, fifo_unappend, heap_remove, heap_restore, restore_item
 
@@ -265,25 +266,72 @@ def _dedup_put(m, q, keyed, old, idem_key: str, job_id: str, now: int, window: i
 
 # ---------------------------------------------------------------------------- reserve
 def reserve(m, queue_names, lease_ms: int, max_jobs: int):
-    """docs/semantics.md "Reserve": queues in the order listed, the best ready job of each first.
-    The result carries each job's shown fields (node/core/jobs.py SHOWN_FIELDS)."""
+    """docs/semantics.md "Reserve": queues in the order listed, the best ready job of each first; the
+    shown fields of each (jobs.py SHOWN_FIELDS). The hot path: hand_out and lease written inline."""
     now = m.clock
     kept = []
-    gated = m.limits.gated
+    jobs, lease_heap, undo, gated = m.jobs, m.lease_heap, m._undo, m.limits.gated
     for qname in queue_names:
         q = m.queues.get(qname)
         if q is None or q.paused:
             continue
+        cap, probe, rated = max_jobs, -1, False
         if gated and qname in gated:            # a circuit breaker, windows, a rate (node/core/gating.py)
             cap, probe, rated = _gated_cap(m, q, now, len(kept), max_jobs)
             if cap is None:
                 continue
-        else:
-            cap, probe, rated = max_jobs, -1, False
         if rated or q.keys is not None:         # the rotation of keys (node/core/keys.py)
             take(m, q, cap, kept, lease_ms, probe)
-        else:
-            _take_in_order(m, q, cap, kept, lease_ms, probe, now)
+            cap = 0                             # done with this queue: skip the loop below
+        heap, fifo, seqs = q.ready_heap, q.ready_fifo, q.fifo_seqs
+        while len(kept) < cap:
+            # The next job: the smaller head of the FIFO and the heap. Stale heads go (not logged: nothing logical).
+            while fifo:
+                job = fifo[0]
+                if job.state == READY and job.seq == seqs[0] and jobs.get(job.id) is job:
+                    break
+                fifo.popleft()
+                seqs.popleft()
+            while heap:
+                entry = heap[0]
+                job = entry.job
+                if job.state == READY and job.seq == entry.seq and jobs.get(job.id) is job:
+                    break
+                heappop(heap)
+            if fifo and not (heap and heap[0] < (-fifo[0].spec[S_PRIORITY], fifo[0].spec[S_ENQUEUED_AT], seqs[0])):
+                job, seq = fifo[0], seqs[0]     # a live head: its entry's key is the job's
+                undo += (fifo_restore_head, q, job, seq)
+                fifo.popleft()
+                seqs.popleft()
+                entry = None                    # made only for a job held back (gating.block)
+            elif heap:
+                entry = heap[0]
+                undo += (heap_restore, heap, entry, None)
+                heappop(heap)
+                job = entry.job
+            else:
+                break
+            deadline, r = job.spec[S_DEADLINE], job.spec[S_RESOURCE]
+            if (deadline is not None or r is not None) and _held_or_expired(m, q, job, entry, deadline, r, now):
+                continue
+            if probe == 1:
+                gating.set_probe(m, q, job.id)
+            expires = now + lease_ms
+            undo += (setattr, job, "state", job.state, setattr, job, "lease_expires", job.lease_expires)
+            job.state = IN_FLIGHT
+            job.lease_expires = expires
+            if deadline is not None:
+                m._set(job, "deadline", None)
+            undo += (setattr, q, "ready", q.ready, setattr, q, "in_flight", q.in_flight)
+            q.ready -= 1
+            q.in_flight += 1
+            ctr = m.ctr                         # lease(m, job, expires), inline
+            undo += (setattr, m, "ctr", ctr)
+            m.ctr = ctr = ctr + 1
+            lease = (expires, ctr, job.id)
+            undo += (heap_remove, lease_heap, lease, None)
+            heappush(lease_heap, lease)
+            kept.append(shown_common(job) if r is None else shown_common(job) + (r,))   # shown_fields, inline
         if len(kept) >= max_jobs:
             break
     return RESERVED, tuple(kept)
@@ -306,83 +354,29 @@ def _gated_cap(m, q, now: int, n_kept: int, max_jobs: int) -> tuple:
     return min(cap, n_kept + room), probe, True
 
 
-def _take_in_order(m, q, cap: int, kept: list, lease_ms: int, probe: int, now: int) -> None:
-    """Reserve from a queue without keys or a rate: its best ready jobs, until `kept` holds
-    `cap`. The hot path: the hand-out and the undo log are written inline (hand_out, lease)."""
-    jobs, lease_heap, undo, limits, in_use = m.jobs, m.lease_heap, m._undo, m.limits, m.in_use
-    heap, fifo, seqs = q.ready_heap, q.ready_fifo, q.fifo_seqs
-    while len(kept) < cap:
-        # The next job is the smaller head of the FIFO and the heap. Stale heads are
-        # dropped on the way: that changes nothing logical, so it is not logged.
-        while fifo:
-            job = fifo[0]
-            if job.state == READY and job.seq == seqs[0] and jobs.get(job.id) is job:
-                break
-            fifo.popleft()
-            seqs.popleft()
-        while heap:
-            entry = heap[0]
-            job = entry.job
-            if job.state == READY and job.seq == entry.seq and jobs.get(job.id) is job:
-                break
-            heappop(heap)
-        if fifo and not (heap and heap[0] < (-fifo[0].spec[S_PRIORITY], fifo[0].spec[S_ENQUEUED_AT], seqs[0])):
-            job, seq = fifo[0], seqs[0]     # a live head: its entry's key is the job's
-            undo += (fifo_restore_head, q, job, seq)
-            fifo.popleft()
-            seqs.popleft()
-            entry = None                    # made only for a job held back (gating.block)
-        elif heap:
-            entry = heap[0]
-            undo += (heap_restore, heap, entry, None)
-            heappop(heap)
-            job = entry.job
-        else:
-            break
-        spec = job.spec
-        deadline = spec[S_DEADLINE]
-        if deadline is not None and deadline <= now:
-            gating.leave_ready(m, q, job)
-            dead_letter(m, job, q, "expired", None)   # too late to ever run
-            continue
-        r = spec[S_RESOURCE]
-        if r is not None:                    # a throttle: hold it back while r is full
-            n = in_use.get(r, 0)
-            limit = limits.resource_limits.get(r)
-            if limit is not None and n >= limit:
-                gating.block(m, q, r, entry if entry is not None else ready_entry(job))
-                continue
-            m._put(in_use, r, n + 1)
-        if probe == 1:
-            gating.set_probe(m, q, job.id)
-        expires = now + lease_ms
-        undo += (setattr, job, "state", job.state)
-        job.state = IN_FLIGHT
-        undo += (setattr, job, "lease_expires", job.lease_expires)
-        job.lease_expires = expires
-        if deadline is not None:
-            m._set(job, "deadline", None)
-        n = q.ready
-        undo += (setattr, q, "ready", n)
-        q.ready = n - 1
-        n = q.in_flight
-        undo += (setattr, q, "in_flight", n)
-        q.in_flight = n + 1
-        # lease(m, job, expires), inline
-        ctr = m.ctr
-        undo += (setattr, m, "ctr", ctr)
-        m.ctr = ctr = ctr + 1
-        lease = (expires, ctr, job.id)
-        undo += (heap_remove, lease_heap, lease, None)
-        heappush(lease_heap, lease)
-        kept.append(shown_common(job) if r is None else shown_common(job) + (r,))   # shown_fields, inline
+def _held_or_expired(m, q, job, entry, deadline, r, now: int) -> bool:
+    """Whether reserve passes over `job` (taken off the ready index; `entry` its heap entry, None
+    from the FIFO): past its deadline (dead-lettered), or held back while its resource r is
+    full. Else the job takes its slot of r."""
+    if deadline is not None and deadline <= now:
+        gating.leave_ready(m, q, job)
+        dead_letter(m, job, q, "expired", None)   # too late to ever run
+        return True
+    if r is not None:                    # a throttle: hold it back while r is full
+        n = m.in_use.get(r, 0)
+        limit = m.limits.resource_limits.get(r)
+        if limit is not None and n >= limit:
+            gating.block(m, q, r, entry if entry is not None else ready_entry(job))
+            return True
+        m._put(m.in_use, r, n + 1)
+    return False
 
 
 def take(m, q, cap: int, kept: list, lease_ms: int, probe: int) -> None:
     """Reserve from a queue with keyed jobs or a queue-wide rate: the rotation (node/core/keys.py)
     names the key to serve, the rest is reserve's loop (the hand-out written inline, as there)."""
     now = m.clock
-    if m.key_timers and m.key_timers[0][0] <= now:
+    if m.key_timers and m.key_timers[0][TIMER_AT] <= now:
         keys.fire_timers(m, now, m.limits.sweep_limit)
     ql = m.limits.queue(q.name)
     undo, lease_heap = m._undo, m.lease_heap
@@ -431,8 +425,9 @@ def take(m, q, cap: int, kept: list, lease_ms: int, probe: int) -> None:
             m._set(q, "rate_log", keys.logged(q.rate_log, ql.rate, now))
         if lim is not None:
             s = job.spec                     # shown_fields(job), inline (node/core/jobs.py)
-            kept.append((job.id, s[0], s[1], job.payload, s[2], s[3], s[4], s[5], s[6], s[7], s[14],
-                         s[8], expires, s[9], s[10], s[13], r, key.name))
+            kept.append((job.id, s[S_QUEUE], s[S_JOB_TYPE], job.payload, s[S_ENCODING], s[S_PRIORITY], s[S_CUSTOM],
+                         s[S_TRACE], s[S_ENQUEUED_AT], s[S_SCHEDULED_AT], s[S_ATTEMPT], s[S_MAX_ATTEMPTS], expires,
+                         s[S_DEADLINE], s[S_TIMEOUT_MS], s[S_RELEASES], r, key.name))
             _served(m, q, key, job, now, lim, ctr)
             continue
         kept.append(shown_fields(job))
@@ -898,9 +893,9 @@ def _live_waiting(m, q: Queue) -> tuple[list, list]:
         blocked += [k.heap for k in q.keys.by_key.values()]      # keyed jobs: their keys' heaps
     ready = [e.job for e in chain(q.ready_heap, q.fifo_entries(), *blocked) if is_live_entry(e, jobs)]
     name = q.name
-    scheduled = list({id(e[2]): e[2] for e in m.sched_heap
-                      if e[2].queue == name and e[2].state == SCHEDULED and e[2].run_at == e[0]
-                      and jobs.get(e[2].id) is e[2]}.values())
+    scheduled = list({id(job): job for run_at, _, job in m.sched_heap
+                      if job.queue == name and job.state == SCHEDULED and job.run_at == run_at
+                      and jobs.get(job.id) is job}.values())
     return ready, scheduled
 
 

@@ -16,10 +16,11 @@ from __future__ import annotations
 
 from collections import Counter
 
+from .audit import ENTRY_AT, ENTRY_SEQ
 from .limits import Limits
 from .config import key_problem
 from .jobs import (DEAD, DEDUP_BUCKET, DEDUP_KEY, IN_FLIGHT, READY, SCHEDULED, SPEC_FIELDS, STATE_NAMES,
-                   dedup_expires, dedup_queue, is_live_entry)
+                   TIMER_SEQ, dedup_expires, dedup_queue, is_live_entry)
 from .ops import ENQUEUED_BATCH, ScopedRequestRecord, compact_batch
 from .keys import check as key_problems
 from .schedules import check as schedule_problems
@@ -307,14 +308,14 @@ def timers_are_live(m, seen: Seen) -> list[str]:
     bad = []
     say = bad.append
     jobs = m.jobs
-    live_sched = Counter(e[2].id for e in m.sched_heap
-                         if e[2].state == SCHEDULED and e[2].run_at == e[0] and jobs.get(e[2].id) is e[2])
-    live_lease = Counter(e[2] for e in m.lease_heap
-                         if e[2] in jobs and jobs[e[2]].state == IN_FLIGHT and jobs[e[2]].lease_expires == e[0])
-    live_deadline = Counter(e[2].id for e in m.deadline_heap
-                            if e[2].deadline == e[0] and jobs.get(e[2].id) is e[2])
+    live_sched = Counter(job.id for run_at, _, job in m.sched_heap
+                         if job.state == SCHEDULED and job.run_at == run_at and jobs.get(job.id) is job)
+    live_lease = Counter(job_id for expires, _, job_id in m.lease_heap
+                         if job_id in jobs and jobs[job_id].state == IN_FLIGHT and jobs[job_id].lease_expires == expires)
+    live_deadline = Counter(job.id for deadline, _, job in m.deadline_heap
+                            if job.deadline == deadline and jobs.get(job.id) is job)
     for e in m.lease_heap:
-        if e[1] > m.ctr:
+        if e[TIMER_SEQ] > m.ctr:
             say(f"lease entry {e} has a tie-break beyond the machine's counter {m.ctr}")
     for job_id, job in jobs.items():
         if job.state == SCHEDULED and not live_sched[job_id]:
@@ -365,7 +366,7 @@ def request_ids_are_kept(m, seen: Seen) -> list[str]:
     heap property with unique orders (docs/semantics.md "Request ids")."""
     bad = []
     say = bad.append
-    rid_entries = {(e[0], e[2]) for e in m.rid_heap}
+    rid_entries = {(expires, key) for expires, _, key in m.rid_heap}
     for rid, rec in m.rids.items():
         if len(rec) not in (3, 5):
             say(f"request id {rid!r} keeps {len(rec)} fields")
@@ -392,7 +393,7 @@ def request_ids_are_kept(m, seen: Seen) -> list[str]:
     i = _heap_broken_at(m.rid_heap, 2)
     if i is not None:
         say(f"request-id expiry heap property broken at {i}")
-    if len({e[1] for e in m.rid_heap}) != len(m.rid_heap):
+    if len({order for _, order, _ in m.rid_heap}) != len(m.rid_heap):
         say("two request-id expiry entries share an order")
     return bad
 
@@ -479,10 +480,10 @@ def audit_trail_in_order(m, seen: Seen) -> list[str]:
     if len(trail) > m.limits.audit_max_entries:
         bad.append(f"audit trail holds {len(trail)} entries, above audit_max_entries ({m.limits.audit_max_entries})")
     for a, b in zip(trail, trail[1:]):
-        if not (a[0] < b[0] and a[1] <= b[1]):
+        if not (a[ENTRY_SEQ] < b[ENTRY_SEQ] and a[ENTRY_AT] <= b[ENTRY_AT]):
             bad.append(f"audit trail out of order at {a[:2]} then {b[:2]}")
             break
-    if trail and (trail[-1][0] > m.audit_seq or trail[-1][1] > m.clock):
+    if trail and (trail[-1][ENTRY_SEQ] > m.audit_seq or trail[-1][ENTRY_AT] > m.clock):
         bad.append(f"audit entry {trail[-1][:2]} beyond the machine's sequence {m.audit_seq} or clock {m.clock}")
     return bad
 

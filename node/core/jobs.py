@@ -239,6 +239,15 @@ class Queue:
                 "throttled": self.throttled, "throttle_deferred_total": self.deferred}
 
 
+# Timer entries are plain tuples that start with their time, so `heap[0][TIMER_AT]` is a timer
+# heap's earliest: the schedule and deadline heaps hold (time, seq, job), the lease heap
+# (expires, ctr, job id), the request-id heap (expires, order, request key), the tick heap
+# (next_fire, stamp, schedule name), the key timers (time, ctr, Key). Not named tuples: one is
+# made for every scheduled job, every deadline and every lease (each reserve), and a named tuple
+# costs about 0.2 µs more to make (six times a tuple's cost).
+TIMER_AT, TIMER_SEQ, TIMER_JOB = range(3)
+
+
 # A dedup record (docs/semantics.md "Enqueue", idempotency) is one tuple (bucket, key, job id), kept both
 # in the machine's `dedup` (queue name -> {idempotency key -> record}) and, as the very same
 # object, in the expiry heap `dedup_heap`: a heap entry is live while its queue's dict holds that

@@ -1,8 +1,8 @@
 """Keys: per-key concurrency and rates, a queue-wide rate, fair queueing (docs/semantics.md "Keys").
 
 A job may carry a key (a tenant, customer, account). A queue holding keyed jobs keeps a `Keys`
-index beside its ordinary ready index: each key its own ready heap of entries (-priority,
-enqueued_at, seq, job), and a rotation `sched` of the keys that may be served now, a heap of
+index beside its ordinary ready index: each key its own ready heap of entries (node/core/jobs.py
+ReadyEntry), and a rotation `sched` of the keys that may be served now, a heap of
 (level, vpass, since, turn, key) where level is -priority of the key's best ready job. Jobs without a
 key stay in the queue's own index, which takes part in the rotation as one more key (`plain`,
 no key limits).
@@ -37,7 +37,7 @@ from __future__ import annotations
 
 from heapq import nsmallest
 
-from .jobs import IN_FLIGHT, READY, S_ENQUEUED_AT, S_KEY, S_PRIORITY, S_RESOURCE, ReadyEntry, is_live_entry
+from .jobs import IN_FLIGHT, READY, S_ENQUEUED_AT, S_KEY, S_PRIORITY, S_RESOURCE, TIMER_AT, ReadyEntry, is_live_entry
 from .undo import fifo_restore_head
 
 WEIGHT_SCALE = 1_000_000
@@ -398,7 +398,7 @@ def left_in_flight(m, q, job) -> None:
 
 def arm(m, key: Key, at: int) -> None:
     """The key's one timer, at `at` (an earlier one of it goes stale)."""
-    if key.timer is not None and key.timer[0] == at:
+    if key.timer is not None and key.timer[TIMER_AT] == at:
         return
     ctr = m._new_ctr()
     m._set(key, "timer", (at, ctr))
@@ -446,7 +446,7 @@ def fire_timers(m, now: int, budget: int) -> int:
     its window. The sweep calls this, and reserve before it picks (so a window that opened is
     seen at once)."""
     heap, n = m.key_timers, 0
-    while heap and heap[0][0] <= now and n < budget:
+    while heap and heap[0][TIMER_AT] <= now and n < budget:
         at, ctr, key = m._heappop(heap)
         if key.timer != (at, ctr):
             continue

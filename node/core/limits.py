@@ -422,6 +422,78 @@ def _check_queue_values(where: str, v: dict, max_request_bytes: int) -> None:
                           f"got {v['duplicate_policy']!r}")
 
 
+def _global_limits(limits: dict) -> dict:
+    """The `[limits]` keys that only exist globally, with their defaults, checked."""
+    g = {**GLOBAL_KEYS, **{k: v for k, v in limits.items() if k in GLOBAL_KEYS}}
+    for key in ("max_reserve_batch", "max_reserve_queues", "max_wait_timeout_ms",
+                "max_enqueue_batch", "max_job_type_bytes", "max_idempotency_key_bytes",
+                "max_request_bytes", "request_id_window_ms", "max_trace_context_bytes",
+                "max_encoding_bytes", "max_reason_bytes", "max_worker_id_bytes", "max_schedules_per_sweep",
+                "max_catchup_ticks"):
+        _int(f"limits.{key}", g[key])
+    _int("limits.max_schedules", g["max_schedules"], 0)
+    _int("limits.max_key_bytes", g["max_key_bytes"], 1, 65535)
+    _int("limits.max_queue_name_bytes", g["max_queue_name_bytes"], 1, 65535)
+    g["resource_limits"] = _resource_limits("limits.resource_limits", g["resource_limits"])
+    if not isinstance(g["strict_queues"], bool):
+        raise ConfigError(f"limits.strict_queues: must be true or false, got {g['strict_queues']!r}")
+    return g
+
+
+def _storage_limits(storage: dict) -> dict:
+    """The `[storage]` keys with their defaults, checked."""
+    s = {**STORAGE_KEYS, **storage}
+    _int("storage.dead_letter_retention_ms", s["dead_letter_retention_ms"], 0)
+    _int("storage.dedup_window_ms", s["dedup_window_ms"])
+    _int("storage.sweep_interval_ms", s["sweep_interval_ms"])
+    _int("storage.sweep_limit", s["sweep_limit"])
+    _int("storage.audit_retention_ms", s["audit_retention_ms"])
+    _int("storage.audit_max_entries", s["audit_max_entries"])
+    _int("storage.min_free_bytes", s["min_free_bytes"], 0)
+    return s
+
+
+def _declared_queue(where: str, entry, base: dict, g: dict, s: dict, declared: dict) -> "QueueLimits":
+    """One `[[queues]]` entry (`where` names it until its name is known) over the queue
+    defaults `base`, checked against the global limits `g`, the storage `s` and the queues
+    `declared` before it."""
+    if not isinstance(entry, dict):
+        raise ConfigError(f"{where}: must be a table")
+    name = entry.get("name")
+    why = check_queue_name(name, g["max_queue_name_bytes"])
+    if why:
+        raise ConfigError(f"{where}.name: {why}")
+    if len(name.encode()) > g["max_queue_name_bytes"]:
+        raise ConfigError(f"{where}.name: longer than max_queue_name_bytes ({g['max_queue_name_bytes']})")
+    if name in declared:
+        raise ConfigError(f"{where}.name: queue {name!r} is declared twice")
+    where = f"queues[{name}]"
+    for key in entry:
+        if key not in QUEUE_KEYS and key not in QUEUE_ONLY_KEYS:
+            raise ConfigError(f"{where}.{key}: unknown key (or not overridable per queue)")
+    merged = {**base, **{k: v for k, v in entry.items() if k in QUEUE_KEYS}}
+    _check_queue_values(where, merged, g["max_request_bytes"])
+    job_types = entry.get("allowed_job_types")
+    if job_types is not None:
+        job_types = _str_list(f"{where}.allowed_job_types", job_types, allow_empty=False)
+    window = _int(f"{where}.dedup_window_ms", entry.get("dedup_window_ms", s["dedup_window_ms"]))
+    fwd, causes = _forward_of(where, entry, name, g["max_queue_name_bytes"])
+    resource = entry.get("resource")
+    if resource is not None:
+        check_resource_name(f"{where}.resource", resource)
+    breaker = entry.get("circuit_breaker")
+    if breaker is not None:
+        breaker = _circuit_breaker(f"{where}.circuit_breaker", breaker)
+    windows = entry.get("windows")
+    if windows is not None:
+        windows = _windows(f"{where}.windows", windows)
+    return QueueLimits(name=name, declared=True, **merged,
+                       allowed_job_types=job_types, dedup_window_ms=window,
+                       dead_letter_forward=fwd, dead_letter_forward_causes=causes,
+                       resource=resource, circuit_breaker=breaker, windows=windows,
+                       **_key_settings(where, entry, g["max_key_bytes"]))
+
+
 @dataclass(frozen=True)
 class Limits:
     """Everything the state machine and the request validation read from the config."""
@@ -445,70 +517,16 @@ class Limits:
         for key in storage:
             if key not in STORAGE_KEYS:
                 raise ConfigError(f"storage.{key}: unknown key")
-        g = {**GLOBAL_KEYS, **{k: v for k, v in limits.items() if k in GLOBAL_KEYS}}
-        for key in ("max_reserve_batch", "max_reserve_queues", "max_wait_timeout_ms",
-                    "max_enqueue_batch", "max_job_type_bytes", "max_idempotency_key_bytes",
-                    "max_request_bytes", "request_id_window_ms", "max_trace_context_bytes",
-                    "max_encoding_bytes", "max_reason_bytes", "max_worker_id_bytes", "max_schedules_per_sweep",
-                    "max_catchup_ticks"):
-            _int(f"limits.{key}", g[key])
-        _int("limits.max_schedules", g["max_schedules"], 0)
-        _int("limits.max_key_bytes", g["max_key_bytes"], 1, 65535)
-        _int("limits.max_queue_name_bytes", g["max_queue_name_bytes"], 1, 65535)
-        g["resource_limits"] = _resource_limits("limits.resource_limits", g["resource_limits"])
-        if not isinstance(g["strict_queues"], bool):
-            raise ConfigError(f"limits.strict_queues: must be true or false, got {g['strict_queues']!r}")
-        s = {**STORAGE_KEYS, **storage}
-        _int("storage.dead_letter_retention_ms", s["dead_letter_retention_ms"], 0)
-        _int("storage.dedup_window_ms", s["dedup_window_ms"])
-        _int("storage.sweep_interval_ms", s["sweep_interval_ms"])
-        _int("storage.sweep_limit", s["sweep_limit"])
-        _int("storage.audit_retention_ms", s["audit_retention_ms"])
-        _int("storage.audit_max_entries", s["audit_max_entries"])
-        _int("storage.min_free_bytes", s["min_free_bytes"], 0)
-
+        g = _global_limits(limits)
+        s = _storage_limits(storage)
         base = {**QUEUE_KEYS, **{k: v for k, v in limits.items() if k in QUEUE_KEYS}}
         _check_queue_values("limits", base, g["max_request_bytes"])
         default_queue = QueueLimits(name=None, declared=False, **base, allowed_job_types=None,
                                     dedup_window_ms=s["dedup_window_ms"])
         declared: dict[str, QueueLimits] = {}
         for i, entry in enumerate(queues):
-            where = f"queues[{i}]"
-            if not isinstance(entry, dict):
-                raise ConfigError(f"{where}: must be a table")
-            name = entry.get("name")
-            why = check_queue_name(name, g["max_queue_name_bytes"])
-            if why:
-                raise ConfigError(f"{where}.name: {why}")
-            if len(name.encode()) > g["max_queue_name_bytes"]:
-                raise ConfigError(f"{where}.name: longer than max_queue_name_bytes ({g['max_queue_name_bytes']})")
-            if name in declared:
-                raise ConfigError(f"{where}.name: queue {name!r} is declared twice")
-            where = f"queues[{name}]"
-            for key in entry:
-                if key not in QUEUE_KEYS and key not in QUEUE_ONLY_KEYS:
-                    raise ConfigError(f"{where}.{key}: unknown key (or not overridable per queue)")
-            merged = {**base, **{k: v for k, v in entry.items() if k in QUEUE_KEYS}}
-            _check_queue_values(where, merged, g["max_request_bytes"])
-            job_types = entry.get("allowed_job_types")
-            if job_types is not None:
-                job_types = _str_list(f"{where}.allowed_job_types", job_types, allow_empty=False)
-            window = _int(f"{where}.dedup_window_ms", entry.get("dedup_window_ms", s["dedup_window_ms"]))
-            fwd, causes = _forward_of(where, entry, name, g["max_queue_name_bytes"])
-            resource = entry.get("resource")
-            if resource is not None:
-                check_resource_name(f"{where}.resource", resource)
-            breaker = entry.get("circuit_breaker")
-            if breaker is not None:
-                breaker = _circuit_breaker(f"{where}.circuit_breaker", breaker)
-            windows = entry.get("windows")
-            if windows is not None:
-                windows = _windows(f"{where}.windows", windows)
-            declared[name] = QueueLimits(name=name, declared=True, **merged,
-                                         allowed_job_types=job_types, dedup_window_ms=window,
-                                         dead_letter_forward=fwd, dead_letter_forward_causes=causes,
-                                         resource=resource, circuit_breaker=breaker, windows=windows,
-                                         **_key_settings(where, entry, g["max_key_bytes"]))
+            q = _declared_queue(f"queues[{i}]", entry, base, g, s, declared)
+            declared[q.name] = q
         _check_forwards(declared, default_queue, g["strict_queues"])
         doc = {"limits": {**{k: _plain(v) for k, v in g.items()}, **{k: _plain(base[k]) for k in QUEUE_KEYS}},
                "storage": dict(s),

@@ -20,7 +20,7 @@ from . import cron
 from . import audit, gating, ops
 from .answers import render_template
 from .handlers import _enqueue_one, _replaceable, forget
-from .jobs import IN_FLIGHT, READY, SCHEDULED, STATE_NAMES
+from .jobs import IN_FLIGHT, READY, SCHEDULED, STATE_NAMES, TIMER_AT
 
 # The policies (docs/semantics.md "Schedules").
 CATCHUP_POLICIES = ("skip", "one", "all")
@@ -150,7 +150,7 @@ def fire_due(m, now: int, budget: int) -> int:
     """The sweep's step: every schedule whose next tick is due fires its due ticks (at most
     `budget` schedules per sweep, the rest in the next); returns the ticks fired."""
     heap, schedules, handled, fired = m.tick_heap, m.schedules, 0, 0
-    while heap and heap[0][0] <= now and handled < budget:
+    while heap and heap[0][TIMER_AT] <= now and handled < budget:
         due, stamp, name = m._heappop(heap)
         s = schedules.get(name)
         if s is None or s.stamp != stamp or s.paused or s.next_fire != due:
@@ -223,7 +223,7 @@ def plan(m, s, next_fire) -> None:
 
 
 def next_due_ms(m) -> int | None:
-    return m.tick_heap[0][0] if m.tick_heap else None
+    return m.tick_heap[0][TIMER_AT] if m.tick_heap else None
 
 
 # ---------------------------------------------------------------------------- commands
@@ -341,7 +341,7 @@ def view(m, s) -> dict:
 def check(m) -> list[str]:
     """The schedules' invariants (node/core/invariants.py)."""
     problems = []
-    live = {(e[2], e[1]) for e in m.tick_heap}
+    live = {(name, stamp) for _, stamp, name in m.tick_heap}
     for name, s in m.schedules.items():
         d = s.definition
         if s.name != name:

@@ -34,7 +34,8 @@ from .answers import result_of_answer
 from .config import KeyRecord
 from .gating import Circuit
 from .jobs import (DEDUP_BUCKET, DEDUP_JOB_ID, DEDUP_KEY, IN_FLIGHT, READY, SHOWN_FIELDS, DeadLetter,
-                   Job, Queue, ReadyEntry, is_live_entry, ready_entry, dedup_expires, dedup_items, dedup_queue, dedup_record)
+                   TIMER_JOB, Job, Queue, ReadyEntry, is_live_entry, ready_entry, dedup_expires, dedup_items,
+                   dedup_queue, dedup_record)
 from .ops import DRAINED, ENQUEUED_BATCH, RESERVED, compact_batch, expanded_batch, request_record
 from .schedules import Schedule
 
@@ -55,10 +56,10 @@ def to_builtins(m) -> dict:
         # job can get the same time again (re-reserved or re-extended to the same expiry,
         # requeued and nacked to the same run time), which makes the old timer live again
         # and orders it by its older tie-break on every node, so also on a restored one.
-        "sched": [(e[0], e[1], e[2].id) for e in m.sched_heap if jobs.get(e[2].id) is e[2]],
-        "leases": [e for e in m.lease_heap if e[2] in jobs],
-        "deadlines": [(e[0], e[1], e[2].id) for e in m.deadline_heap
-                      if e[2].deadline == e[0] and jobs.get(e[2].id) is e[2]],
+        "sched": [(at, seq, job.id) for at, seq, job in m.sched_heap if jobs.get(job.id) is job],
+        "leases": [e for e in m.lease_heap if e[TIMER_JOB] in jobs],
+        "deadlines": [(at, seq, job.id) for at, seq, job in m.deadline_heap
+                      if job.deadline == at and jobs.get(job.id) is job],
         # The forms of before the records became heap entries (node/core/jobs.py DEDUP_*), so
         # snapshots stay readable both ways across versions.
         "dedup": [(dedup_queue(r), r[DEDUP_KEY], r[DEDUP_JOB_ID], dedup_expires(r))
@@ -71,8 +72,7 @@ def to_builtins(m) -> dict:
         # The expiry index as a list in expiry order, oldest record first on ties, without the
         # orders (they are positions in this list once restored): a restored node writes the
         # same snapshot as the node it was restored from.
-        "rid_fifo": [(e[0], e[2]) for e in sorted(e for e in m.rid_heap
-                                                  if _rid_expires(m, e[2]) == e[0])],
+        "rid_fifo": [(expires, key) for expires, _, key in sorted(m.rid_heap) if _rid_expires(m, key) == expires],
         "dlq": [(rec.job.id,) + rec.fields() for rec in m.dlq.values()],
         # Version 0 keeps no document: a restore applies the bootstrap of the machine it fills.
         "config": {"version": m.config_version, "doc": m.limits.doc if m.config_version else None,

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from . import audit, gating, keys, ops, schedules
 from .handlers import dead_letter, drop_dead_letter, forget, make_ready
-from .jobs import DEDUP_KEY, IN_FLIGHT, READY, SCHEDULED, dedup_expires, dedup_queue
+from .jobs import DEDUP_KEY, IN_FLIGHT, READY, SCHEDULED, TIMER_AT, dedup_expires, dedup_queue
 
 
 def sweep(m):
@@ -30,7 +30,7 @@ def sweep(m):
 def promote_due_schedules(m, now: int, budget: int) -> int:
     """1. Scheduled jobs whose time has come become ready."""
     heap, jobs, n = m.sched_heap, m.jobs, 0
-    while heap and heap[0][0] <= now and n < budget:
+    while heap and heap[0][TIMER_AT] <= now and n < budget:
         run_at, _, job = m._heappop(heap)
         if job.state == SCHEDULED and job.run_at == run_at and jobs.get(job.id) is job:
             n += 1
@@ -45,7 +45,7 @@ def expire_leases(m, now: int, budget: int) -> int:
     """2. Lapsed leases: on the final attempt (attempts used, attempt - releases) the job is dead-lettered (cause lease_expired, no
     reason); otherwise it is ready at once with attempt + 1 (no retry policy for expiries)."""
     heap, jobs, n = m.lease_heap, m.jobs, 0
-    while heap and heap[0][0] <= now and n < budget:
+    while heap and heap[0][TIMER_AT] <= now and n < budget:
         expires, _, job_id = m._heappop(heap)
         job = jobs.get(job_id)
         if job is not None and job.state == IN_FLIGHT and job.lease_expires == expires:
@@ -65,7 +65,7 @@ def expire_deadlines(m, now: int, budget: int) -> int:
     """Jobs whose deadline passed before they were reserved are dead-lettered, cause expired
     (a job in flight is not interrupted: its first delivery cleared the deadline)."""
     heap, jobs, n = m.deadline_heap, m.jobs, 0
-    while heap and heap[0][0] <= now and n < budget:
+    while heap and heap[0][TIMER_AT] <= now and n < budget:
         deadline, _, job = m._heappop(heap)
         if job.deadline == deadline and job.state in (READY, SCHEDULED) and jobs.get(job.id) is job:
             n += 1
@@ -94,7 +94,7 @@ def drop_request_ids(m, now: int, budget: int) -> int:
     """3b. Request-id records past their window, earliest expiry first (a record's expiry is
     fixed when it is stored, with the window in force then)."""
     heap, rids, n = m.rid_heap, m.rids, 0
-    while heap and heap[0][0] <= now and n < budget:
+    while heap and heap[0][TIMER_AT] <= now and n < budget:
         expires, _, rid = m._heappop(heap)
         rec = rids.get(rid)
         if rec is not None and rec.expires == expires:
@@ -123,20 +123,20 @@ def drop_dead_letters_past_retention(m, now: int, budget: int) -> int:
 def next_due_ms(m) -> int | None:
     """The earliest replicated time at which a sweep has work (stale entries may make it
     early, never late)."""
-    due = [h[0][0] for h in (m.sched_heap, m.lease_heap, m.deadline_heap) if h]
+    due = [h[0][TIMER_AT] for h in (m.sched_heap, m.lease_heap, m.deadline_heap) if h]
     if m.dedup_heap:
         due.append(dedup_expires(m.dedup_heap[0]))
     if m.rid_heap:
-        due.append(m.rid_heap[0][0])
+        due.append(m.rid_heap[0][TIMER_AT])
     retention = m.limits.dead_letter_retention_ms
     if retention > 0 and m.dlq:
         due.append(m.dlq[next(iter(m.dlq))].failed_at + retention)
     if m.audit:
-        due.append(m.audit[0][1] + m.limits.audit_retention_ms)
+        due.append(m.audit[0][audit.ENTRY_AT] + m.limits.audit_retention_ms)
     if m.tick_heap:
-        due.append(m.tick_heap[0][0])
+        due.append(m.tick_heap[0][TIMER_AT])
     if m.key_timers:
-        due.append(m.key_timers[0][0])
+        due.append(m.key_timers[0][TIMER_AT])
     if m.limits.gated:
         g = gating.next_due_ms(m)
         if g is not None:
