@@ -322,38 +322,22 @@ def _config_schema() -> dict:
 
 
 def schemas() -> dict:
+    """The component schemas, in the document's order: one helper per group, merged here."""
     queue_name = {"type": "string", "minLength": 1, "pattern": QUEUE_PATTERN, "not": {"enum": [".", ".."]},
                   "description": "1..`max_queue_name_bytes` (512) UTF-8 bytes; not `.` or `..`; no `/`; no control "
                                  "characters"}
     custom_value = {"type": ["string", "integer", "number", "boolean"]}
-    job_props = {
-        "id": string("assigned by the cluster: a UUID v4, lowercase", format="uuid"),
-        "queue": string(), "job_type": string(),
-        "payload": ref("Payload"),
-        "priority": integer(0, 9, "0..9, 9 served first"),
-        "custom": {"type": "object", "additionalProperties": custom_value},
-        "trace_context": ref("TraceContext"),
-        "enqueued_at_ms": ms("when it was enqueued (or requeued); a retry keeps it"),
-        "scheduled_at_ms": ms("the schedule the producer asked for, if any", None, nullable=True),
-        "attempt": integer(1, description="this delivery's attempt, 1 for the first; the fence of ack, nack "
-                           "and extend"),
-        "max_attempts": integer(1),
-        "lease_expires_at_ms": ms("in flight: the real, clamped lease deadline (budget against it, not against "
-                                  "the lease asked for)", None, nullable=True),
-        "deadline_at_ms": ms("present until the first delivery when the producer set one", None),
-        "timeout_ms": {"type": ["integer", "null"], "minimum": 1, "description": "the execution timeout: the "
-                       "job's `timeout_ms`, else its queue's `execution_timeout_ms` at enqueue, else null; in a "
-                       "reserve answer present only when set or when `releases` > 0"},
-        "releases": integer(0, description="deliveries handed back by release; attempts used = attempt - "
-                            "releases (in a reserve answer present only when > 0 or with a timeout)"),
-        "resource": string("the job's throttle resource; present when it has one"),
-        "key": string("the job's key (a tenant, customer, account: docs/semantics.md \"Keys\"); present when it "
-                      "has one"),
-    }
-    job_required = ["id", "queue", "job_type", "priority", "custom", "enqueued_at_ms", "scheduled_at_ms",
-                    "attempt", "max_attempts", "lease_expires_at_ms"]
-    view_states = [s for s in STATE_NAMES if s != "gone"]
-    s = {
+    return {**_enqueue_schemas(queue_name, custom_value), **_batch_schemas(),
+            **_reserve_schemas(queue_name, custom_value), **_ack_schemas(),
+            **_dead_letter_and_queue_op_schemas(queue_name), **_config_and_key_schemas(),
+            **_queue_schemas(), **_page_schemas(), **_membership_schemas(), **_cluster_view_schemas(),
+            **_node_schemas(), **_error_schemas(), **_session_schemas(),
+            **_schedule_schemas(queue_name, custom_value)}
+
+
+def _enqueue_schemas(queue_name: dict, custom_value: dict) -> dict:
+    """Enqueue: the payload, the trace context, a queue's name, the request and its result."""
+    return {
         "Payload": obj({
             "data_b64": string("standard base64 with padding, decoding to at least one byte", minLength=4,
                                pattern=B64_PATTERN, contentEncoding="base64"),
@@ -406,6 +390,12 @@ def schemas() -> dict:
             "replaced": {"type": "boolean", "const": True, "description": "duplicate policy `replace`: the "
                          "existing job's payload, priority and schedule were replaced (present only then)"}},
             ["job_id", "deduplicated"]),
+    }
+
+
+def _batch_schemas() -> dict:
+    """Rejections and batch enqueues."""
+    return {
         "Rejection": obj({"reason": {"type": "string", "enum": list(REJECTION_REASONS)},
                           "message": string(), "queue": string(), "job_type": string(), "encoding": string(),
                           "key": string(), "allowed": {"type": "array", "items": string()},
@@ -425,6 +415,39 @@ def schemas() -> dict:
             "One result per job, in order: accepted jobs committed together, refused ones not."),
         "EnqueueAtomicResponse": obj({"results": {"type": "array", "items": ref("EnqueueResult")}}, ["results"]),
         "BatchRejection": obj({"index": integer(0), "rejection": ref("Rejection")}, ["index", "rejection"]),
+    }
+
+
+def _reserve_schemas(queue_name: dict, custom_value: dict) -> dict:
+    """Reserve and the job as workers and listings see it."""
+    job_props = {
+        "id": string("assigned by the cluster: a UUID v4, lowercase", format="uuid"),
+        "queue": string(), "job_type": string(),
+        "payload": ref("Payload"),
+        "priority": integer(0, 9, "0..9, 9 served first"),
+        "custom": {"type": "object", "additionalProperties": custom_value},
+        "trace_context": ref("TraceContext"),
+        "enqueued_at_ms": ms("when it was enqueued (or requeued); a retry keeps it"),
+        "scheduled_at_ms": ms("the schedule the producer asked for, if any", None, nullable=True),
+        "attempt": integer(1, description="this delivery's attempt, 1 for the first; the fence of ack, nack "
+                           "and extend"),
+        "max_attempts": integer(1),
+        "lease_expires_at_ms": ms("in flight: the real, clamped lease deadline (budget against it, not against "
+                                  "the lease asked for)", None, nullable=True),
+        "deadline_at_ms": ms("present until the first delivery when the producer set one", None),
+        "timeout_ms": {"type": ["integer", "null"], "minimum": 1, "description": "the execution timeout: the "
+                       "job's `timeout_ms`, else its queue's `execution_timeout_ms` at enqueue, else null; in a "
+                       "reserve answer present only when set or when `releases` > 0"},
+        "releases": integer(0, description="deliveries handed back by release; attempts used = attempt - "
+                            "releases (in a reserve answer present only when > 0 or with a timeout)"),
+        "resource": string("the job's throttle resource; present when it has one"),
+        "key": string("the job's key (a tenant, customer, account: docs/semantics.md \"Keys\"); present when it "
+                      "has one"),
+    }
+    job_required = ["id", "queue", "job_type", "priority", "custom", "enqueued_at_ms", "scheduled_at_ms",
+                    "attempt", "max_attempts", "lease_expires_at_ms"]
+    view_states = [s for s in STATE_NAMES if s != "gone"]
+    return {
         "ReserveRequest": obj({
             "queues": {"type": "array", "items": queue_name, "minItems": 1,
                        "description": "polled in this order; 1..`max_reserve_queues` (32)"},
@@ -450,6 +473,12 @@ def schemas() -> dict:
                         "run_at_ms": ms("scheduled: when it becomes ready (a delayed retry included)")},
                        job_required + ["state", "last_reason"],
                        "A job and its state (inspection, listings); `lease_expires_at_ms` is null unless in flight."),
+    }
+
+
+def _ack_schemas() -> dict:
+    """Ack, nack (and its retry strategies), extend, release."""
+    return {
         "AckRequest": obj({"attempt": integer(1, description="the attempt the job was delivered with")}, ["attempt"],
                           example={"attempt": 1}),
         "JobIdResponse": obj({"job_id": string(format="uuid")}, ["job_id"]),
@@ -492,6 +521,12 @@ def schemas() -> dict:
                               ["attempt"], example={"attempt": 1, "delay_ms": 5000, "reason": "shutting down"}),
         "ExtendResponse": obj({"job_id": string(format="uuid"), "lease_expires_at_ms": ms("the new deadline")},
                               ["job_id", "lease_expires_at_ms"]),
+    }
+
+
+def _dead_letter_and_queue_op_schemas(queue_name: dict) -> dict:
+    """Dead letters (drain, requeue, delete, move) and queue operations (pause, purge, circuit, delete)."""
+    return {
         "DrainRequest": obj({"queue": nullable({**queue_name, "description": "only this queue's dead letters"}),
                              "max": nullable(integer(1, description="clamped to `max_reserve_batch` (256)",
                                                      default=1))},
@@ -528,6 +563,12 @@ def schemas() -> dict:
                               "was": {"type": "string", "enum": ["closed", "open", "half_open"]}},
                              ["queue", "circuit", "was"]),
         "QueueDeleted": obj({"queue": string()}, ["queue"]),
+    }
+
+
+def _config_and_key_schemas() -> dict:
+    """The configuration, API keys and the audit log."""
+    return {
         "Config": _config_schema(),
         "ConfigView": obj({"version": integer(0, description="bumped by every change (config or keys); 1 is "
                                               "the first leader's TOML"),
@@ -579,6 +620,12 @@ def schemas() -> dict:
         "AuditPage": obj({"entries": {"type": "array", "items": ref("AuditEntry")},
                           "next_cursor": {"type": ["string", "null"]}}, ["entries", "next_cursor"],
                          "Newest first."),
+    }
+
+
+def _queue_schemas() -> dict:
+    """A queue's stats, limits and detail."""
+    return {
         "QueueStats": obj({
             "name": string(), "declared": {"type": "boolean", "description": "declared in `[[queues]]`"},
             "paused": {"type": "boolean"},
@@ -616,6 +663,12 @@ def schemas() -> dict:
         "QueuesResponse": obj({"queues": {"type": "array", "items": ref("QueueStats")}}, ["queues"]),
         "QueueLimits": _queue_limits_schema(),
         "QueueDetail": {"allOf": [ref("QueueStats"), obj({"limits": ref("QueueLimits")}, ["limits"])]},
+    }
+
+
+def _page_schemas() -> dict:
+    """Pages of jobs, keys and dead letters."""
+    return {
         "JobPage": obj({"jobs": {"type": "array", "items": ref("JobView")},
                         "next_cursor": {"type": ["string", "null"], "description": "pass as `cursor` for the next "
                                         "page; null on the last"}}, ["jobs", "next_cursor"]),
@@ -641,6 +694,12 @@ def schemas() -> dict:
                        "Keys by ready jobs, most first, then by key."),
         "DeadLetterPage": obj({"records": {"type": "array", "items": ref("DeadLetterRecord")},
                                "next_cursor": {"type": ["string", "null"]}}, ["records", "next_cursor"]),
+    }
+
+
+def _membership_schemas() -> dict:
+    """The server's info and the cluster's membership."""
+    return {
         "ServerInfo": _server_info_schema(),
         "Member": obj({"id": string(), "url": string(), "raft": string("the member's Raft address, host:port"),
                        "raft_addr": string("the same as `raft` (the older name)"),
@@ -665,6 +724,12 @@ def schemas() -> dict:
                                "caught_up_s": {"type": "number", "description": "an add: how long the new node took "
                                                "to catch up before it was proposed"}},
                               ["members", "changed"], "The membership in force once the change is committed."),
+    }
+
+
+def _cluster_view_schemas() -> dict:
+    """This node's own view of the cluster."""
+    return {
         "ClusterView": obj({
             "node_id": string(), "role": {"type": "string", "enum": ["leader", "follower", "candidate"]},
             "leader": {"type": ["object", "null"], "properties": {"id": string(), "url": string()},
@@ -710,6 +775,12 @@ def schemas() -> dict:
                                   "under way (e.g. `adding n4 at 10.0.0.14:7001`), else null"},
         }, ["node_id", "role", "leader", "term", "commit_index", "last_applied", "members", "ready", "digest"],
             "This node's own view of the cluster."),
+    }
+
+
+def _node_schemas() -> dict:
+    """Every member's view, liveness and readiness."""
+    return {
         "NodeRow": obj({
             "id": string(), "url": string(),
             "reachable": {"type": "boolean", "description": "the node answered this node's request"},
@@ -733,6 +804,12 @@ def schemas() -> dict:
         "Readiness": obj({"status": {"type": "string", "enum": ["ready", "not_ready"]},
                           "leader": {"type": ["string", "null"], "description": "the leader's URL as this node "
                                      "knows it"}}, ["status", "leader"]),
+    }
+
+
+def _error_schemas() -> dict:
+    """Error codes and the error shape."""
+    return {
         "ErrorCode": {"type": "string", "enum": list(errors.STATUS),
                       "description": "\n".join(f"* `{c}` ({errors.STATUS[c]}): {CODE_MEANINGS[c]}"
                                                for c in errors.STATUS)},
@@ -756,6 +833,12 @@ def schemas() -> dict:
                            "change refused), `applied` (unavailable: false when the request was certainly not "
                            "applied)."),
         "Error": obj({"error": ref("ErrorDetail")}, ["error"], "Every error has this shape."),
+    }
+
+
+def _session_schemas() -> dict:
+    """The frames of a session."""
+    return {
         "SessionRequestFrame": obj({"id": {"type": "integer", "description": "chosen by the client, unique in the "
                                            "session"},
                                     "op": {"type": "string", "enum": sorted(SESSION_HTTP)},
@@ -767,65 +850,14 @@ def schemas() -> dict:
                                      "body": {"type": "object", "description": "what the HTTP endpoint answers, "
                                               "errors included"}}, ["id", "status", "body"]),
     }
-    s.update(_schedule_schemas(queue_name, custom_value))
-    return s
 
 
 def _schedule_schemas(queue_name: dict, custom_value: dict) -> dict:
     """Schedules (docs/api.md "Schedules")."""
-    job = {
-        "queue": queue_name, "job_type": string("as an enqueue's", minLength=1),
-        "payload": nullable(ref("Payload")),
-        "priority": nullable(integer(0, 9, "default: the queue's `default_priority` when the schedule is saved")),
-        "max_attempts": nullable(integer(1, description="default: the queue's `default_max_attempts`")),
-        "custom": nullable({"type": "object", "additionalProperties": custom_value, "propertyNames": {"minLength": 1},
-                            "description": "as an enqueue's, no key starting with `raftq.`; each tick's job also "
-                                           "gets `raftq.schedule` (the name) and `raftq.tick_ms` (the tick)"}),
-        "timeout_ms": nullable(integer(1, description="execution timeout of each job")),
-        "resource": nullable(string("throttle resource of each job", minLength=1)),
-        "deadline_after_ms": nullable(integer(1, description="each job's deadline: its tick + this")),
-    }
-    policies = {
-        "catchup": {"type": "string", "enum": ["skip", "one", "all"], "default": "one",
-                    "description": "ticks missed (late by more than `misfire_after_ms`, the cluster down or "
-                                   "leaderless): `skip` none, `one` the latest, `all` those within "
-                                   "`catchup_window_ms`, oldest first, at most `max_catchup_ticks`"},
-        "overlap": {"type": "string", "enum": ["allow", "skip", "replace"], "default": "allow",
-                    "description": "while the previous tick's job is not finished: `allow` fire anyway, `skip` "
-                                   "fire nothing, `replace` take the place of a job that has not started"},
-    }
-    definition = {
-        "cron": string("5-field cron (minute hour day-of-month month day-of-week; names, ranges, steps, lists; "
-                       "@hourly @daily @weekly @monthly @yearly); give this or `every_ms`. Its syntax is checked "
-                       "by the node (400 naming `cron`)", minLength=1, maxLength=200),
-        "time_zone": string("IANA zone of `cron` (default UTC), from the tzdata the nodes run; an unknown one is "
-                            "400 naming `time_zone`", minLength=1),
-        "every_ms": integer(vs.MIN_EVERY_MS, description="a fixed interval instead of `cron`: ticks at creation + k x "
-                            "every_ms (k >= 1), or start_at_ms + k x every_ms (k >= 0)"),
-        "start_at_ms": nullable(ms("no tick before")), "end_at_ms": nullable(ms("no tick after")),
-        "max_count": nullable(integer(1, description="fire at most this many ticks")),
-        **{k: nullable(v) for k, v in policies.items()},
-        "catchup_window_ms": nullable(integer(1, vs.MAX_CATCHUP_WINDOW_MS, f"default {vs.DEFAULT_CATCHUP_WINDOW_MS}")),
-        "misfire_after_ms": nullable(integer(0, vs.MAX_MISFIRE_AFTER_MS, "a tick fired later than this after its time "
-                                             f"counts as missed; default {vs.DEFAULT_MISFIRE_AFTER_MS}")),
-        "paused": nullable({"type": "boolean", "default": False}),
-    }
-    maybe_int = {"type": ["integer", "null"]}
-    view = {"name": string(), "version": integer(1),
-            "cron": {"type": ["string", "null"]}, "time_zone": {"type": ["string", "null"]},
-            **{k: maybe_int for k in ("every_ms", "start_at_ms", "end_at_ms", "max_count")},
-            "catchup_window_ms": integer(1), "misfire_after_ms": integer(0),
-            **policies, "paused": {"type": "boolean"},
-            "job": ref("ScheduleTemplate"),
-            "next_fire_at_ms": {"type": ["integer", "null"], "description": "null: paused, or no tick left"},
-            "last_tick_at_ms": maybe_int, "last_fired_at_ms": maybe_int,
-            "last_job_id": {"type": ["string", "null"]},
-            "last_job_state": {"type": ["string", "null"], "description": "ready, scheduled, in_flight, "
-                               "dead_lettered, or finished (acked or deleted); null before the first job"},
-            "fired": integer(0), "skipped": integer(0, description="ticks the overlap policy skipped"),
-            "last_error": {"type": ["string", "null"], "description": "why the last tick made no job "
-                           "(queue_full, unknown_queue, ...); null once one did"},
-            "created_at_ms": ms("replicated time"), "updated_at_ms": ms("replicated time")}
+    job = _schedule_job_fields(queue_name, custom_value)
+    policies = _schedule_policies()
+    definition = _schedule_definition(policies)
+    view = _schedule_view(policies)
     return {
         "ScheduleJob": obj(job, ["queue", "job_type"], "The job each tick enqueues (validated as an enqueue of it "
                            "would be; no id, idempotency key, schedule or deadline of its own)."),
@@ -852,6 +884,75 @@ def _schedule_schemas(queue_name: dict, custom_value: dict) -> dict:
                               ["name", "paused", "version"]),
         "ScheduleTriggered": obj({"name": string(), "job_id": string(format="uuid")}, ["name", "job_id"]),
     }
+
+
+def _schedule_job_fields(queue_name: dict, custom_value: dict) -> dict:
+    """The fields of a schedule's job (ScheduleJob, ScheduleTemplate)."""
+    return {
+        "queue": queue_name, "job_type": string("as an enqueue's", minLength=1),
+        "payload": nullable(ref("Payload")),
+        "priority": nullable(integer(0, 9, "default: the queue's `default_priority` when the schedule is saved")),
+        "max_attempts": nullable(integer(1, description="default: the queue's `default_max_attempts`")),
+        "custom": nullable({"type": "object", "additionalProperties": custom_value, "propertyNames": {"minLength": 1},
+                            "description": "as an enqueue's, no key starting with `raftq.`; each tick's job also "
+                                           "gets `raftq.schedule` (the name) and `raftq.tick_ms` (the tick)"}),
+        "timeout_ms": nullable(integer(1, description="execution timeout of each job")),
+        "resource": nullable(string("throttle resource of each job", minLength=1)),
+        "deadline_after_ms": nullable(integer(1, description="each job's deadline: its tick + this")),
+    }
+
+
+def _schedule_policies() -> dict:
+    """The catch-up and overlap policies."""
+    return {
+        "catchup": {"type": "string", "enum": ["skip", "one", "all"], "default": "one",
+                    "description": "ticks missed (late by more than `misfire_after_ms`, the cluster down or "
+                                   "leaderless): `skip` none, `one` the latest, `all` those within "
+                                   "`catchup_window_ms`, oldest first, at most `max_catchup_ticks`"},
+        "overlap": {"type": "string", "enum": ["allow", "skip", "replace"], "default": "allow",
+                    "description": "while the previous tick's job is not finished: `allow` fire anyway, `skip` "
+                                   "fire nothing, `replace` take the place of a job that has not started"},
+    }
+
+
+def _schedule_definition(policies: dict) -> dict:
+    """The fields that define a schedule (ScheduleRequest)."""
+    return {
+        "cron": string("5-field cron (minute hour day-of-month month day-of-week; names, ranges, steps, lists; "
+                       "@hourly @daily @weekly @monthly @yearly); give this or `every_ms`. Its syntax is checked "
+                       "by the node (400 naming `cron`)", minLength=1, maxLength=200),
+        "time_zone": string("IANA zone of `cron` (default UTC), from the tzdata the nodes run; an unknown one is "
+                            "400 naming `time_zone`", minLength=1),
+        "every_ms": integer(vs.MIN_EVERY_MS, description="a fixed interval instead of `cron`: ticks at creation + k x "
+                            "every_ms (k >= 1), or start_at_ms + k x every_ms (k >= 0)"),
+        "start_at_ms": nullable(ms("no tick before")), "end_at_ms": nullable(ms("no tick after")),
+        "max_count": nullable(integer(1, description="fire at most this many ticks")),
+        **{k: nullable(v) for k, v in policies.items()},
+        "catchup_window_ms": nullable(integer(1, vs.MAX_CATCHUP_WINDOW_MS, f"default {vs.DEFAULT_CATCHUP_WINDOW_MS}")),
+        "misfire_after_ms": nullable(integer(0, vs.MAX_MISFIRE_AFTER_MS, "a tick fired later than this after its time "
+                                             f"counts as missed; default {vs.DEFAULT_MISFIRE_AFTER_MS}")),
+        "paused": nullable({"type": "boolean", "default": False}),
+    }
+
+
+def _schedule_view(policies: dict) -> dict:
+    """A schedule as it is read (Schedule)."""
+    maybe_int = {"type": ["integer", "null"]}
+    return {"name": string(), "version": integer(1),
+            "cron": {"type": ["string", "null"]}, "time_zone": {"type": ["string", "null"]},
+            **{k: maybe_int for k in ("every_ms", "start_at_ms", "end_at_ms", "max_count")},
+            "catchup_window_ms": integer(1), "misfire_after_ms": integer(0),
+            **policies, "paused": {"type": "boolean"},
+            "job": ref("ScheduleTemplate"),
+            "next_fire_at_ms": {"type": ["integer", "null"], "description": "null: paused, or no tick left"},
+            "last_tick_at_ms": maybe_int, "last_fired_at_ms": maybe_int,
+            "last_job_id": {"type": ["string", "null"]},
+            "last_job_state": {"type": ["string", "null"], "description": "ready, scheduled, in_flight, "
+                               "dead_lettered, or finished (acked or deleted); null before the first job"},
+            "fired": integer(0), "skipped": integer(0, description="ticks the overlap policy skipped"),
+            "last_error": {"type": ["string", "null"], "description": "why the last tick made no job "
+                           "(queue_full, unknown_queue, ...); null once one did"},
+            "created_at_ms": ms("replicated time"), "updated_at_ms": ms("replicated time")}
 
 
 # ------------------------------------------------------------------------------------------ routes
