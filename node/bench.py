@@ -293,39 +293,9 @@ def bench_throttled_reserve(resources: int, backlog: int, samples: int, workers:
         now = _fill_bodies(m, limits, (body(i, pick()) for i in range(backlog)), now)
         out[f"{label}_fill_s"] = round(time.perf_counter() - t0, 1)
         q = m.queues[QUEUE]
-        rbody = {"queues": [QUEUE], "lease_ms": 10**9, "max_jobs": 1}
-        reserve, ack, apply, enqueue = validate.reserve, validate.ack, m.apply, validate.enqueue
-        perf = time.perf_counter
-        inflight: list = []
-        # Warm-up: the workers fill up (reserve meets, and holds back, the jobs of the full
-        # resources it comes across on the way).
-        t0 = perf()
-        for i in range(workers):
-            inflight.append(_check(apply(now, reserve(rbody, limits)[0]), "reserve")["jobs"][0])
-        out[f"{label}_warmup_s"] = round(perf() - t0, 2)
-        res_t, ack_t = [], []
-        deferred0 = q.deferred
-        gc.collect()
-        for i in range(samples):
-            t = perf()
-            jobs = render(apply(now, reserve(rbody, limits)[0]))[1]["jobs"]
-            res_t.append(perf() - t)
-            inflight.append(jobs[0])
-            done = inflight.pop(0)
-            t = perf()
-            render(apply(now, ack(done["id"], {"attempt": done["attempt"]})))
-            ack_t.append(perf() - t)
-            # Untimed: a fresh job of the same resource, so the backlog stays as it was.
-            apply(now, enqueue(body(i, done.get("resource")), limits, now, new_id))
-            if i % JOBS_PER_MS == 0:
-                now += 1
-        res_t.sort()
-        out[f"{label}_reserve_us_median"] = round(statistics.median(res_t) * 1e6, 2)
-        out[f"{label}_reserve_us_mean"] = round(statistics.fmean(res_t) * 1e6, 2)
-        out[f"{label}_reserve_us_p99"] = round(res_t[int(len(res_t) * 0.99)] * 1e6, 2)
-        out[f"{label}_ack_us_mean"] = round(statistics.fmean(ack_t) * 1e6, 2)
+        deferred = _reserve_ack_samples(m, limits, now, workers, samples, body, out, label)
         if throttled:
-            out["throttle_deferrals_per_reserve"] = round((q.deferred - deferred0) / samples, 3)
+            out["throttle_deferrals_per_reserve"] = round(deferred / samples, 3)
             out["throttle_held_back_at_end"] = q.throttled
             out["throttle_ready_at_end"] = q.ready
             out["throttle_resources_in_use"] = len(m.in_use)
@@ -334,6 +304,44 @@ def bench_throttled_reserve(resources: int, backlog: int, samples: int, workers:
     gc.set_threshold(*old_threshold)
     out["machine"] = machine_info()
     return out
+
+
+def _reserve_ack_samples(m, limits, now: int, workers: int, samples: int, body, out: dict, label: str) -> int:
+    """Times `samples` reserves and acks after `workers` hand-outs fill up; each acked job is
+    replaced by a fresh one of the same resource (untimed), so the backlog stays as it was.
+    Returns the hold-backs (deferrals) while sampling."""
+    rbody = {"queues": [QUEUE], "lease_ms": 10**9, "max_jobs": 1}
+    reserve, ack, apply, enqueue = validate.reserve, validate.ack, m.apply, validate.enqueue
+    perf = time.perf_counter
+    inflight: list = []
+    # Warm-up: the workers fill up (reserve meets, and holds back, the jobs of the full
+    # resources it comes across on the way).
+    t0 = perf()
+    for i in range(workers):
+        inflight.append(_check(apply(now, reserve(rbody, limits)[0]), "reserve")["jobs"][0])
+    out[f"{label}_warmup_s"] = round(perf() - t0, 2)
+    res_t, ack_t = [], []
+    deferred0 = m.queues[QUEUE].deferred
+    gc.collect()
+    for i in range(samples):
+        t = perf()
+        jobs = render(apply(now, reserve(rbody, limits)[0]))[1]["jobs"]
+        res_t.append(perf() - t)
+        inflight.append(jobs[0])
+        done = inflight.pop(0)
+        t = perf()
+        render(apply(now, ack(done["id"], {"attempt": done["attempt"]})))
+        ack_t.append(perf() - t)
+        # Untimed: a fresh job of the same resource, so the backlog stays as it was.
+        apply(now, enqueue(body(i, done.get("resource")), limits, now, new_id))
+        if i % JOBS_PER_MS == 0:
+            now += 1
+    res_t.sort()
+    out[f"{label}_reserve_us_median"] = round(statistics.median(res_t) * 1e6, 2)
+    out[f"{label}_reserve_us_mean"] = round(statistics.fmean(res_t) * 1e6, 2)
+    out[f"{label}_reserve_us_p99"] = round(res_t[int(len(res_t) * 0.99)] * 1e6, 2)
+    out[f"{label}_ack_us_mean"] = round(statistics.fmean(ack_t) * 1e6, 2)
+    return m.queues[QUEUE].deferred - deferred0
 
 
 def bench_memory_and_snapshot(n: int) -> dict:

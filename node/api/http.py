@@ -1,4 +1,4 @@
-"""The HTTP/JSON API of API.md over aiohttp: thin adapters around `NodeService`."""
+"""The HTTP/JSON API of docs/api.md over aiohttp: thin adapters around `NodeService`."""
 from __future__ import annotations
 
 import asyncio
@@ -92,6 +92,72 @@ async def read_json(request: web.Request, optional: bool = False):
         return None, respond(*error("invalid_argument", f"the body is not valid JSON: {e}"))
 
 
+def _name(req: web.Request) -> str:
+    return req.match_info["name"]
+
+
+# (path, the role it needs, handler(service, request, body, request id, caller's key name)):
+# writes the leader answers (a follower redirects), with a body, with an optional one, and PUTs;
+# then reads the leader answers (handler(service, request)).
+LEADER_POST = [
+    ("/v1/jobs", WORKER, lambda s, req, b, rid, who: s.enqueue(b, rid, who)),
+    ("/v1/jobs/batch", WORKER, lambda s, req, b, rid, who: s.enqueue_batch(b, rid, who)),
+    ("/v1/jobs/atomic", WORKER, lambda s, req, b, rid, who: s.enqueue_atomic(b, rid, who)),
+    ("/v1/reserve", WORKER, lambda s, req, b, rid, who: s.reserve(b, rid, alive=_alive(req), who=who)),
+    ("/v1/acks", WORKER, lambda s, req, b, rid, who: s.ack_batch(b, rid, who)),
+    ("/v1/jobs/{id}/ack", WORKER, lambda s, req, b, rid, who: s.ack(req.match_info["id"], b, rid, who)),
+    ("/v1/jobs/{id}/nack", WORKER, lambda s, req, b, rid, who: s.nack(req.match_info["id"], b, rid, who)),
+    ("/v1/jobs/{id}/extend", WORKER, lambda s, req, b, rid, who: s.extend(req.match_info["id"], b, rid, who)),
+    ("/v1/jobs/{id}/release", WORKER, lambda s, req, b, rid, who: s.release(req.match_info["id"], b, rid, who)),
+    ("/v1/dead-letters/requeue", OPERATOR, lambda s, req, b, rid, who: s.requeue(b, rid, who)),
+    ("/v1/dead-letters/delete", OPERATOR, lambda s, req, b, rid, who: s.delete_dead_letters(b, rid, who)),
+    ("/v1/queues/{name}/dead-letter", OPERATOR,
+     lambda s, req, b, rid, who: s.move_to_dead_letters(_name(req), b, rid, who)),
+    ("/v1/keys", ADMIN, lambda s, req, b, rid, who: s.add_key(b, rid, who)),
+    ("/v1/cluster/members", ADMIN, lambda s, req, b, rid, who: s.add_member(b, rid, who)),
+]
+OPTIONAL_BODY = [
+    ("POST", "/v1/dead-letters/drain", OPERATOR, lambda s, req, b, rid, who: s.drain(b, rid, who)),
+    ("POST", "/v1/queues/{name}/pause", OPERATOR, lambda s, req, b, rid, who: s.pause(_name(req), True, rid, b, who)),
+    ("POST", "/v1/queues/{name}/resume", OPERATOR,
+     lambda s, req, b, rid, who: s.pause(_name(req), False, rid, b, who)),
+    ("POST", "/v1/queues/{name}/purge", OPERATOR, lambda s, req, b, rid, who: s.purge(_name(req), b, rid, who)),
+    ("POST", "/v1/queues/{name}/circuit/close", OPERATOR,
+     lambda s, req, b, rid, who: s.close_circuit(_name(req), b, rid, who)),
+    ("DELETE", "/v1/jobs/{id}", OPERATOR, lambda s, req, b, rid, who: s.cancel(req.match_info["id"], rid, who)),
+    ("DELETE", "/v1/queues/{name}", ADMIN, lambda s, req, b, rid, who: s.delete_queue(_name(req), rid, who)),
+    ("DELETE", "/v1/keys/{name}", ADMIN, lambda s, req, b, rid, who: s.remove_key(_name(req), rid, who)),
+    ("POST", "/v1/schedules/{name}/pause", OPERATOR,
+     lambda s, req, b, rid, who: s.pause_schedule(_name(req), True, b, rid, who)),
+    ("POST", "/v1/schedules/{name}/resume", OPERATOR,
+     lambda s, req, b, rid, who: s.pause_schedule(_name(req), False, b, rid, who)),
+    ("POST", "/v1/schedules/{name}/trigger", OPERATOR,
+     lambda s, req, b, rid, who: s.trigger_schedule(_name(req), b, rid, who)),
+    ("DELETE", "/v1/schedules/{name}", OPERATOR,
+     lambda s, req, b, rid, who: s.delete_schedule(_name(req), req.query, rid, who)),
+    ("DELETE", "/v1/cluster/members/{id}", ADMIN,
+     lambda s, req, b, rid, who: s.remove_member(req.match_info["id"], rid, who,
+                                                 req.headers.get("Authorization"))),
+]
+LEADER_PUT = [
+    ("/v1/config", ADMIN, lambda s, req, b, rid, who: s.put_config(b, rid, who)),
+    ("/v1/schedules/{name}", OPERATOR, lambda s, req, b, rid, who: s.put_schedule(_name(req), b, rid, who)),
+]
+LEADER_GET = [
+    ("/v1/queues", VIEWER, lambda s, req: s.queues()),
+    ("/v1/queues/{name}", VIEWER, lambda s, req: s.queue(req.match_info["name"])),
+    ("/v1/queues/{name}/jobs", VIEWER, lambda s, req: s.queue_jobs(req.match_info["name"], req.query)),
+    ("/v1/queues/{name}/keys", VIEWER, lambda s, req: s.queue_keys(req.match_info["name"], req.query)),
+    ("/v1/jobs/{id}", VIEWER, lambda s, req: s.job(req.match_info["id"])),
+    ("/v1/dead-letters", VIEWER, lambda s, req: s.dead_letters(req.query)),
+    ("/v1/config", VIEWER, lambda s, req: s.config()),
+    ("/v1/keys", ADMIN, lambda s, req: s.keys()),
+    ("/v1/audit", OPERATOR, lambda s, req: s.audit(req.query)),
+    ("/v1/schedules", VIEWER, lambda s, req: s.schedules(req.query)),
+    ("/v1/schedules/{name}", VIEWER, lambda s, req: s.schedule(req.match_info["name"])),
+]
+
+
 def build_app(service: NodeService) -> web.Application:
     # No middleware: aiohttp wraps every request in each one (two extra coroutine layers on
     # the hot path). Each handler catches its own errors (inline or `_guarded`), and a catch-all route
@@ -106,69 +172,39 @@ def build_app(service: NodeService) -> web.Application:
     def follow_limits(limits):
         app._client_max_size = limits.max_request_bytes
     service.config_hooks.append(follow_limits)
-    # (path, the role it needs, handler(service, request, body, request id, caller's key name))
-    q = lambda req: req.match_info["name"]          # noqa: E731
-    leader_post = [
-        ("/v1/jobs", WORKER, lambda s, req, b, rid, who: s.enqueue(b, rid, who)),
-        ("/v1/jobs/batch", WORKER, lambda s, req, b, rid, who: s.enqueue_batch(b, rid, who)),
-        ("/v1/jobs/atomic", WORKER, lambda s, req, b, rid, who: s.enqueue_atomic(b, rid, who)),
-        ("/v1/reserve", WORKER, lambda s, req, b, rid, who: s.reserve(b, rid, alive=_alive(req), who=who)),
-        ("/v1/acks", WORKER, lambda s, req, b, rid, who: s.ack_batch(b, rid, who)),
-        ("/v1/jobs/{id}/ack", WORKER, lambda s, req, b, rid, who: s.ack(req.match_info["id"], b, rid, who)),
-        ("/v1/jobs/{id}/nack", WORKER, lambda s, req, b, rid, who: s.nack(req.match_info["id"], b, rid, who)),
-        ("/v1/jobs/{id}/extend", WORKER, lambda s, req, b, rid, who: s.extend(req.match_info["id"], b, rid, who)),
-        ("/v1/jobs/{id}/release", WORKER, lambda s, req, b, rid, who: s.release(req.match_info["id"], b, rid, who)),
-        ("/v1/dead-letters/requeue", OPERATOR, lambda s, req, b, rid, who: s.requeue(b, rid, who)),
-        ("/v1/dead-letters/delete", OPERATOR, lambda s, req, b, rid, who: s.delete_dead_letters(b, rid, who)),
-        ("/v1/queues/{name}/dead-letter", OPERATOR,
-         lambda s, req, b, rid, who: s.move_to_dead_letters(q(req), b, rid, who)),
-        ("/v1/keys", ADMIN, lambda s, req, b, rid, who: s.add_key(b, rid, who)),
-        ("/v1/cluster/members", ADMIN, lambda s, req, b, rid, who: s.add_member(b, rid, who)),
-    ]
-    optional_body = [
-        ("POST", "/v1/dead-letters/drain", OPERATOR, lambda s, req, b, rid, who: s.drain(b, rid, who)),
-        ("POST", "/v1/queues/{name}/pause", OPERATOR, lambda s, req, b, rid, who: s.pause(q(req), True, rid, b, who)),
-        ("POST", "/v1/queues/{name}/resume", OPERATOR,
-         lambda s, req, b, rid, who: s.pause(q(req), False, rid, b, who)),
-        ("POST", "/v1/queues/{name}/purge", OPERATOR, lambda s, req, b, rid, who: s.purge(q(req), b, rid, who)),
-        ("POST", "/v1/queues/{name}/circuit/close", OPERATOR,
-         lambda s, req, b, rid, who: s.close_circuit(q(req), b, rid, who)),
-        ("DELETE", "/v1/jobs/{id}", OPERATOR, lambda s, req, b, rid, who: s.cancel(req.match_info["id"], rid, who)),
-        ("DELETE", "/v1/queues/{name}", ADMIN, lambda s, req, b, rid, who: s.delete_queue(q(req), rid, who)),
-        ("DELETE", "/v1/keys/{name}", ADMIN, lambda s, req, b, rid, who: s.remove_key(q(req), rid, who)),
-        ("POST", "/v1/schedules/{name}/pause", OPERATOR,
-         lambda s, req, b, rid, who: s.pause_schedule(q(req), True, b, rid, who)),
-        ("POST", "/v1/schedules/{name}/resume", OPERATOR,
-         lambda s, req, b, rid, who: s.pause_schedule(q(req), False, b, rid, who)),
-        ("POST", "/v1/schedules/{name}/trigger", OPERATOR,
-         lambda s, req, b, rid, who: s.trigger_schedule(q(req), b, rid, who)),
-        ("DELETE", "/v1/schedules/{name}", OPERATOR,
-         lambda s, req, b, rid, who: s.delete_schedule(q(req), req.query, rid, who)),
-        ("DELETE", "/v1/cluster/members/{id}", ADMIN,
-         lambda s, req, b, rid, who: s.remove_member(req.match_info["id"], rid, who,
-                                                     req.headers.get("Authorization"))),
-    ]
-    leader_put = [
-        ("/v1/config", ADMIN, lambda s, req, b, rid, who: s.put_config(b, rid, who)),
-        ("/v1/schedules/{name}", OPERATOR, lambda s, req, b, rid, who: s.put_schedule(q(req), b, rid, who)),
-    ]
-    leader_get = [
-        ("/v1/queues", VIEWER, lambda s, req: s.queues()),
-        ("/v1/queues/{name}", VIEWER, lambda s, req: s.queue(req.match_info["name"])),
-        ("/v1/queues/{name}/jobs", VIEWER, lambda s, req: s.queue_jobs(req.match_info["name"], req.query)),
-        ("/v1/queues/{name}/keys", VIEWER, lambda s, req: s.queue_keys(req.match_info["name"], req.query)),
-        ("/v1/jobs/{id}", VIEWER, lambda s, req: s.job(req.match_info["id"])),
-        ("/v1/dead-letters", VIEWER, lambda s, req: s.dead_letters(req.query)),
-        ("/v1/config", VIEWER, lambda s, req: s.config()),
-        ("/v1/keys", ADMIN, lambda s, req: s.keys()),
-        ("/v1/audit", OPERATOR, lambda s, req: s.audit(req.query)),
-        ("/v1/schedules", VIEWER, lambda s, req: s.schedules(req.query)),
-        ("/v1/schedules/{name}", VIEWER, lambda s, req: s.schedule(req.match_info["name"])),
-    ]
     auth = service.auth
     sessions = Sessions(service)
     app["sessions"] = sessions
     service.leadership_lost_hooks.append(sessions.close_all)
+    routes = [("POST", path, _leader_write(fn, auth, role)) for path, role, fn in LEADER_POST]
+    routes += [(method, path, _leader_write(fn, auth, role, optional=True))
+               for method, path, role, fn in OPTIONAL_BODY]
+    routes += [("PUT", path, _leader_write(fn, auth, role)) for path, role, fn in LEADER_PUT]
+    routes += [("GET", path, _leader_read(fn, auth, role)) for path, role, fn in LEADER_GET]
+    # The hot handlers above guard themselves inline (one coroutine layer less per request).
+    routes += [("GET", path, _guarded(handler)) for path, handler in (
+        ("/v1/session", _session_route(service, sessions)),
+        ("/v1/server-info", _authorized(auth, VIEWER, _any(lambda s: s.server_info()))),
+        ("/v1/cluster", _authorized(auth, VIEWER, _cluster_route(service))),
+        ("/v1/cluster/nodes", _authorized(auth, VIEWER, _cluster_nodes_route(service))),
+        ("/metrics", _authorized(auth, VIEWER, _metrics_route(app, service, sessions))),
+        ("/v1/openapi.json", _authorized(auth, VIEWER, _openapi)),
+        ("/v1/backup", _authorized(auth, ADMIN, _backup_route(service))),
+        ("/healthz", _healthz), ("/readyz", _readyz), ("/", _admin_page(service)))]
+    r = app.router
+    for method, path, handler in routes:
+        if method == "GET":
+            r.add_get(path, handler, expect_handler=_expect)    # and HEAD, as aiohttp does by default
+        else:
+            r.add_route(method, path, handler, expect_handler=_expect)
+    # Every path, a percent-encoded newline in it included (`.*` stops at one: aiohttp's plain 404).
+    r.add_route("*", r"/{tail:[\s\S]*}", _guarded(_fallback(list(r.resources()), auth)), expect_handler=_expect)
+    return app
+
+
+def _session_route(service: NodeService, sessions: Sessions):
+    """GET /v1/session: the WebSocket upgrade, checked before the session takes it."""
+    auth = service.auth
 
     async def session(request: web.Request) -> web.StreamResponse:
         header = request.headers.get("Authorization")
@@ -187,7 +223,11 @@ def build_app(service: NodeService) -> web.Application:
         if redirect is not None:
             return redirect
         return await sessions.handle(request, header)
+    return session
 
+
+def _metrics_route(app: web.Application, service: NodeService, sessions: Sessions):
+    """GET /metrics: the Prometheus text (node/api/metrics.py)."""
     async def metrics(request: web.Request) -> web.Response:
         _, view = service.cluster(False)
         _, queues = service.queues()
@@ -199,12 +239,19 @@ def build_app(service: NodeService) -> web.Application:
         text = render_metrics(view, queues["queues"], service.proposer.inflight, gauges, bounds.all_hits(refusals),
                               refusals)
         return web.Response(body=text.encode(), headers={"Content-Type": CONTENT_TYPE})
+    return metrics
 
+
+def _cluster_route(service: NodeService):
     async def cluster(request: web.Request) -> web.Response:
         if request.query.get("digest", "true").lower() in ("false", "0", "no"):
             return respond(*service.cluster(False))
         return respond(*await service.cluster_with_digest())
+    return cluster
 
+
+def _backup_route(service: NodeService):
+    """GET /v1/backup: this node's applied state as a backup stream (docs/operations.md)."""
     backups = Backups(service)
 
     async def backup_handler(request: web.Request) -> web.StreamResponse:
@@ -231,34 +278,15 @@ def build_app(service: NodeService) -> web.Application:
             log.error("backup failed: %s", e)
             return respond(*error("unavailable", f"the backup could not be taken on this node: {e}"))
         return resp
+    return backup_handler
+
+
+def _cluster_nodes_route(service: NodeService):
+    auth = service.auth
 
     async def cluster_nodes(request: web.Request) -> web.Response:
         return respond(*await service.cluster_nodes(request.headers.get("Authorization") if auth.enabled else None))
-
-    routes = [("POST", path, _leader_write(fn, auth, role)) for path, role, fn in leader_post]
-    routes += [(method, path, _leader_write(fn, auth, role, optional=True))
-               for method, path, role, fn in optional_body]
-    routes += [("PUT", path, _leader_write(fn, auth, role)) for path, role, fn in leader_put]
-    routes += [("GET", path, _leader_read(fn, auth, role)) for path, role, fn in leader_get]
-    # The hot handlers above guard themselves inline (one coroutine layer less per request).
-    routes += [("GET", path, _guarded(handler)) for path, handler in (
-        ("/v1/session", session),
-        ("/v1/server-info", _authorized(auth, VIEWER, _any(lambda s: s.server_info()))),
-        ("/v1/cluster", _authorized(auth, VIEWER, cluster)),
-        ("/v1/cluster/nodes", _authorized(auth, VIEWER, cluster_nodes)),
-        ("/metrics", _authorized(auth, VIEWER, metrics)),
-        ("/v1/openapi.json", _authorized(auth, VIEWER, _openapi)),
-        ("/v1/backup", _authorized(auth, ADMIN, backup_handler)),
-        ("/healthz", _healthz), ("/readyz", _readyz), ("/", _admin_page(service)))]
-    r = app.router
-    for method, path, handler in routes:
-        if method == "GET":
-            r.add_get(path, handler, expect_handler=_expect)    # and HEAD, as aiohttp does by default
-        else:
-            r.add_route(method, path, handler, expect_handler=_expect)
-    # Every path, a percent-encoded newline in it included (`.*` stops at one: aiohttp's plain 404).
-    r.add_route("*", r"/{tail:[\s\S]*}", _guarded(_fallback(list(r.resources()), auth)), expect_handler=_expect)
-    return app
+    return cluster_nodes
 
 
 async def _expect(request: web.Request) -> None:

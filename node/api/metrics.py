@@ -54,8 +54,18 @@ def render(view: dict, queues: list[dict], inflight: int, gauges: dict | None = 
     `gauges` the node's open connections, sessions, parked long polls and Raft handshakes,
     `hits` the bound hits (node/base/bounds.py), `raft_refusals` the Raft port's refused
     connections by reason (node/raft/transport.py REFUSALS)."""
-    from ..base.bounds import BOUNDS
     t = _Text(view["node_id"])
+    _node(t, view)
+    _proposer(t, view.get("proposer", {}), inflight)
+    _connections(t, gauges or {}, raft_refusals or {}, hits or {})
+    _state(t, view)
+    _queues(t, queues)
+    _queue_limits(t, queues)
+    return t.text()
+
+
+def _node(t: _Text, view: dict) -> None:
+    """Raft role, term and indexes, peers, the disk."""
     t.family("raftq_leader", "gauge", "1 on the node that leads the cluster", [({}, view["role"] == "leader")])
     t.family("raftq_ready", "gauge", "1 when the node knows a leader and has applied what it knows is committed",
              [({}, view["ready"])])
@@ -78,7 +88,10 @@ def render(view: dict, queues: list[dict], inflight: int, gauges: dict | None = 
              [({}, disk.get("free_bytes"))])
     t.family("raftq_disk_low_space", "gauge", "1 while the data disk is below storage.min_free_bytes (writes refused)",
              [({}, disk.get("low_space", False))])
-    p = view.get("proposer", {})
+
+
+def _proposer(t: _Text, p: dict, inflight: int) -> None:
+    """What this node proposed, and the stages of its commits (docs/performance.md)."""
     t.family("raftq_proposals_total", "counter", "Raft entries proposed by this node (each a batch of requests)",
              [({}, p.get("batches", 0))])
     t.family("raftq_proposed_requests_total", "counter", "requests proposed by this node",
@@ -95,7 +108,11 @@ def render(view: dict, queues: list[dict], inflight: int, gauges: dict | None = 
     t.family("raftq_refused_low_space_total", "counter", "requests refused with 503 unavailable because the data "
              "disk was below its reserve", [({}, p.get("refused", 0))])
     t.family("raftq_requests_in_flight", "gauge", "requests proposed and not yet answered", [({}, inflight)])
-    g = gauges or {}
+
+
+def _connections(t: _Text, g: dict, raft_refusals: dict, hits: dict) -> None:
+    """Connections, sessions, long polls, the Raft port's refusals and the bounds hit (docs/limits.md)."""
+    from ..base.bounds import BOUNDS
     t.family("raftq_http_connections", "gauge", "HTTP connections open on this node (sessions included)",
              [({}, g.get("connections"))])
     t.family("raftq_sessions", "gauge", "session WebSockets open on this node", [({}, g.get("sessions"))])
@@ -106,13 +123,16 @@ def render(view: dict, queues: list[dict], inflight: int, gauges: dict | None = 
     t.family("raftq_raft_pending_handshakes", "gauge", "incoming Raft-port connections in their handshake",
              [({}, g.get("raft_pending_handshakes"))])
     # Every reason the transport knows is in raft_refusals (0 until it happens).
-    refused = {r: n for r, n in (raft_refusals or {}).items() if r != "pending"}
+    refused = {r: n for r, n in raft_refusals.items() if r != "pending"}
     t.family("raftq_raft_refused_connections_total", "counter", "Raft-port connections refused or closed before or "
              "outside the protocol, by reason (auth_failed: a wrong secret or not the Raft protocol; see docs/limits.md)",
              [({"reason": r}, n) for r, n in refused.items()])
-    hits = hits or {}
     t.family("raftq_bound_hits_total", "counter", "times a resource bound held a client back, by the bound's "
              "config key (docs/limits.md)", [({"bound": b}, hits.get(b, 0)) for b in BOUNDS])
+
+
+def _state(t: _Text, view: dict) -> None:
+    """CPU by part and the sizes of the replicated state."""
     cpu = view.get("cpu", {})
     t.family("raftq_cpu_seconds_total", "counter", "process CPU time by part (http: event loop, raft: tick "
              "thread outside apply, apply: the state machine)",
@@ -123,6 +143,10 @@ def render(view: dict, queues: list[dict], inflight: int, gauges: dict | None = 
     t.family("raftq_request_id_records", "gauge", "request-id records held", [({}, state.get("request_ids", 0))])
     t.family("raftq_schedules", "gauge", "schedules held (docs/semantics.md \"Schedules\")",
              [({}, state.get("schedules", 0))])
+
+
+def _queues(t: _Text, queues: list[dict]) -> None:
+    """Per queue: its gauges, paused, circuit and window."""
     for suffix, key, help_ in _QUEUE_GAUGES:
         t.family(f"raftq_queue_{suffix}", "gauge", help_, [({"queue": q["name"]}, q[key]) for q in queues])
     t.family("raftq_queue_paused", "gauge", "1 while the queue is paused", [({"queue": q["name"]}, q["paused"])
@@ -134,6 +158,10 @@ def render(view: dict, queues: list[dict], inflight: int, gauges: dict | None = 
              [({"queue": q["name"]}, (q.get("circuit") or {}).get("state", "closed") != "closed") for q in queues])
     t.family("raftq_queue_window_open", "gauge", "1 while the queue is inside one of its execution windows "
              "(always 1 without windows)", [({"queue": q["name"]}, q.get("window_open", True)) for q in queues])
+
+
+def _queue_limits(t: _Text, queues: list[dict]) -> None:
+    """Per queue: throttles, keys, counters, dead letters and workers."""
     t.family("raftq_queue_throttled", "gauge", "ready jobs held back now because their resource is full",
              [({"queue": q["name"]}, q.get("throttled", 0)) for q in queues])
     t.family("raftq_throttle_deferred_total", "counter", "times reserve held a ready job back because its "
@@ -158,4 +186,3 @@ def render(view: dict, queues: list[dict], inflight: int, gauges: dict | None = 
     t.family("raftq_queue_workers", "gauge", "distinct workers that reserved from the queue in the last 30 s "
              "(the leader's count; NaN on a follower and in a new leader's first 30 s)",
              [({"queue": q["name"]}, q.get("workers")) for q in queues])
-    return t.text()

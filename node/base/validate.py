@@ -150,21 +150,7 @@ def _structure(job) -> tuple:
     payload = encoding = None
     p = job.get("payload")
     if p is not None:
-        if not isinstance(p, dict):
-            _bad("payload must be an object {data_b64, encoding}")
-        data = p.get("data_b64")
-        encoding = p.get("encoding")
-        if not isinstance(data, str):
-            _bad("payload.data_b64 must be a base64 string")
-        if not isinstance(encoding, str) or not encoding:
-            _bad("payload.encoding must be a non-empty string")
-        try:
-            payload = binascii.a2b_base64(data, strict_mode=True)
-        except (binascii.Error, ValueError):
-            _bad("payload.data_b64 is not valid base64")
-        if not payload:
-            _bad("payload.data_b64 must decode to at least one byte (omit payload for a job without data)")
-        encoding = sys.intern(encoding)
+        payload, encoding = _payload(p)
     key = job.get("idempotency_key")
     if key is not None and (not isinstance(key, str) or not key):
         _bad("idempotency_key must be a non-empty string")
@@ -176,15 +162,7 @@ def _structure(job) -> tuple:
         _bad(f"max_attempts must be an integer >= 1, got {max_attempts!r}")
     custom = job.get("custom")
     if custom is not None:
-        if not isinstance(custom, dict):
-            _bad("custom must be an object of string, integer, float or boolean values")
-        for k, v in custom.items():
-            if not k:
-                _bad("custom keys must be non-empty")
-            if not (isinstance(v, (str, bool, float)) or is_int(v)):
-                _bad(f"custom[{k!r}] must be a string, integer, float or boolean")
-        if not custom:
-            custom = None
+        custom = _custom(custom)
     scheduled = job.get("scheduled_at_ms")
     if scheduled is not None and not is_int(scheduled):
         _bad(f"scheduled_at_ms must be an integer (ms since the epoch), got {scheduled!r}")
@@ -195,19 +173,55 @@ def _structure(job) -> tuple:
         _bad("give scheduled_at_ms or delay_ms, not both")
     trace = job.get("trace_context")
     if trace is not None:
-        if not isinstance(trace, dict):
-            _bad("trace_context must be an object {traceparent, tracestate}")
-        tp, ts = trace.get("traceparent"), trace.get("tracestate")
-        if not isinstance(tp, str) or not tp:
-            _bad("trace_context.traceparent must be a non-empty string")
-        if ts is not None and not isinstance(ts, str):
-            _bad("trace_context.tracestate must be a string or null")
-        trace = (tp, ts)
+        trace = _trace(trace)
     deadline = job.get("deadline_at_ms")
     if deadline is not None and not is_int(deadline):
         _bad(f"deadline_at_ms must be an integer (ms since the epoch), got {deadline!r}")
     return (queue, job_type, payload, encoding, key, priority, max_attempts, custom,
             scheduled, delay, trace, deadline)
+
+
+def _payload(p) -> tuple[bytes, str]:
+    """A job's `payload` {data_b64, encoding}: its bytes (at least one) and encoding."""
+    if not isinstance(p, dict):
+        _bad("payload must be an object {data_b64, encoding}")
+    data = p.get("data_b64")
+    encoding = p.get("encoding")
+    if not isinstance(data, str):
+        _bad("payload.data_b64 must be a base64 string")
+    if not isinstance(encoding, str) or not encoding:
+        _bad("payload.encoding must be a non-empty string")
+    try:
+        payload = binascii.a2b_base64(data, strict_mode=True)
+    except (binascii.Error, ValueError):
+        _bad("payload.data_b64 is not valid base64")
+    if not payload:
+        _bad("payload.data_b64 must decode to at least one byte (omit payload for a job without data)")
+    return payload, sys.intern(encoding)
+
+
+def _custom(custom) -> dict | None:
+    """A job's `custom` fields: string, integer, float or boolean values (none: None)."""
+    if not isinstance(custom, dict):
+        _bad("custom must be an object of string, integer, float or boolean values")
+    for k, v in custom.items():
+        if not k:
+            _bad("custom keys must be non-empty")
+        if not (isinstance(v, (str, bool, float)) or is_int(v)):
+            _bad(f"custom[{k!r}] must be a string, integer, float or boolean")
+    return custom or None
+
+
+def _trace(trace) -> tuple[str, str | None]:
+    """A job's `trace_context` {traceparent, tracestate} (W3C Trace Context)."""
+    if not isinstance(trace, dict):
+        _bad("trace_context must be an object {traceparent, tracestate}")
+    tp, ts = trace.get("traceparent"), trace.get("tracestate")
+    if not isinstance(tp, str) or not tp:
+        _bad("trace_context.traceparent must be a non-empty string")
+    if ts is not None and not isinstance(ts, str):
+        _bad("trace_context.tracestate must be a string or null")
+    return tp, ts
 
 
 def _lifecycle_fields(job: dict) -> tuple:
