@@ -1,4 +1,4 @@
-"""The disk checks in the Raft fork (FORK.md "Checksums"; CLUSTER.md "Faults of the disk"): a
+"""The disk checks in the Raft fork (FORK.md "Checksums"; docs/chaos.md "Faults of the disk"): a
 node that finds its journal, snapshot or meta file damaged keeps what verifies, neither votes
 nor stands for election until a leader's log matched its own up to the leader's commit index,
 and says so; a damaged snapshot is neither sent nor installed; a failed sync stops the node

@@ -1,6 +1,6 @@
 """The configuration in force is replicated state (docs/semantics.md "Configuration is
 replicated state"), operator moves and the audit trail, keys, request ids scoped to the caller: on real
-node processes. (The pure rules are in test_core_config.py and the model test.)"""
+node processes. (The pure rules are in test_core_configuration.py and the model test.)"""
 from __future__ import annotations
 
 import asyncio
