@@ -24,7 +24,7 @@ from .jobs import (DEAD, DEAD_LETTER_RECORD_TYPE, GONE, IN_FLIGHT, READY, SCHEDU
 from .jobs import (BUCKET_EXPIRES, DEDUP_BUCKET, DEDUP_JOB_ID, TIMER_AT, S_ATTEMPT, S_CUSTOM, S_DEADLINE,
                    S_ENCODING, S_ENQUEUED_AT, S_JOB_TYPE, S_KEY, S_MAX_ATTEMPTS, S_PRIORITY, S_QUEUE, S_RELEASES,
                    S_RESOURCE, S_SCHEDULED_AT, S_TIMEOUT_MS, S_TRACE, dedup_expires, dedup_record, shown_common)
-from .ops import ATOMIC, DEAD_LETTER, DELAY, ENQUEUED, JOB_ID, RESERVED, SINGLE, UNAUDITED
+from .ops import ATOMIC, DEAD_LETTER, DELAY, ENQUEUED, ITEM_LEGACY_LEN, JOB_ID, RESERVED, SINGLE, UNAUDITED
 from .undo import drop_item, fifo_restore_head, fifo_unappend, heap_remove, heap_restore, restore_item
 
 # ---------------------------------------------------------------------------- enqueue
@@ -152,17 +152,10 @@ def _enqueue_one(m, item, now: int, check_depth: bool):
     """One job: its id when it was made (a batch's results keep it so, node/core/ops.py
     `enqueued_batch`), an ENQUEUED (deduplicated) or REPLACED result, or a rejection object
     (queue_full, duplicate, duplicate_started)."""
-    if len(item) == 12:                     # ops.ITEM before 0.2.0 (and every plain job)
-        (job_id, qname, job_type, payload, encoding, priority, max_attempts, custom, trace,
-         scheduled_at, deadline, idem_key) = item
-        timeout_ms = resource = key = None
-    elif len(item) == 15:                   # before keys (and every job without a key)
-        (job_id, qname, job_type, payload, encoding, priority, max_attempts, custom, trace,
-         scheduled_at, deadline, idem_key, timeout_ms, _, resource) = item
-        key = None
-    else:
-        (job_id, qname, job_type, payload, encoding, priority, max_attempts, custom, trace,
-         scheduled_at, deadline, idem_key, timeout_ms, _, resource, key) = item    # ops.ITEM, in order
+    legacy = len(item) == ITEM_LEGACY_LEN   # an item of before 0.2.0 (and of every plain job)
+    (job_id, qname, job_type, payload, encoding, priority, max_attempts, custom, trace, scheduled_at, deadline,
+     idem_key) = item if legacy else item[:ITEM_LEGACY_LEN]
+    timeout_ms, resource, key = _NO_LATER_FIELDS if legacy else _later_fields(item)
     ql = m.limits.queue(qname)
     if idem_key is not None:
         keyed = m.dedup.get(qname)
@@ -178,8 +171,7 @@ def _enqueue_one(m, item, now: int, check_depth: bool):
     job = Job()
     job.id, job.payload, job.lease_expires = job_id, payload, None
     later = scheduled_at is not None and scheduled_at > now
-    # The spec (node/core/jobs.py SPEC_FIELDS), shared with the job made before when equal (a
-    # batch's jobs are alike); not with custom fields (a dict with true or 1.0 equals one with 1).
+    # The spec (jobs.py SPEC_FIELDS), the last job's when equal; not with custom fields (true == 1 == 1.0).
     spec = (qname, job_type, encoding, priority, custom, trace, now, scheduled_at, max_attempts,
             deadline, timeout_ms if timeout_ms is not None else ql.execution_timeout_ms, resource,
             None, 0, 1, scheduled_at if later else None, key)
@@ -189,61 +181,70 @@ def _enqueue_one(m, item, now: int, check_depth: bool):
     else:
         m._spec = spec
     job.spec = spec
-    # The hot path: the undo log is written inline (see node/core/undo.py).
-    undo, jobs, seq = m._undo, m.jobs, m.seq
+    undo, jobs, seq = m._undo, m.jobs, m.seq      # the hot path: the undo log written inline (undo.py)
     undo += (setattr, m, "seq", seq)
-    m.seq = seq = seq + 1
-    job.seq = seq
+    m.seq = job.seq = seq = seq + 1
     undo += (drop_item, jobs, job_id, None)
     if jobs.setdefault(job_id, job) is not job:     # one probe of a dict of every job, not two
         del undo[-4:]                   # nothing went in: the job of that id must stay on a revert
         raise ValueError("job id collision")   # the leader's ids are fresh UUIDs
-    if later:
-        job.state = SCHEDULED
-        m._push(m.sched_heap, (scheduled_at, seq, job))
-        m._add(q, "scheduled", 1)
-    elif key is not None:                   # a keyed job: its key's heap (node/core/keys.py)
-        job.state = READY
-        keys.push(m, q, ReadyEntry(-priority, now, seq, job))
-        m._add(q, "ready", 1)
+    if later or key is not None:
+        _waiting_new(m, q, job, later)
     else:
-        job.state = READY
-        _ready_new(m, q, job, -priority, now, seq)
+        job.state = READY                   # ready_push(m, q, ReadyEntry(...)), inline (jobs.py Queue)
+        negp = -priority
+        if q.keys is not None:              # the jobs without a key take part in the rotation
+            keys.plain_pushed(m, q, negp)
+        fifo, tail = q.ready_fifo, q.fifo_tail
+        if fifo and tail[0] == negp and tail[1] == now:     # the FIFO keeps no entry; a batch shares its tail
+            undo += (fifo_unappend, q, job, tail)
+            fifo.append(job)
+            q.fifo_seqs.append(seq)
+        elif not fifo or tail[0] < negp or (tail[0] == negp and tail[1] < now):
+            undo += (fifo_unappend, q, job, tail)
+            fifo.append(job)
+            q.fifo_seqs.append(seq)
+            q.fifo_tail = (negp, now)
+        else:
+            entry = ReadyEntry(negp, now, seq, job)
+            undo += (heap_remove, q.ready_heap, entry, None)
+            heappush(q.ready_heap, entry)
+        undo += (setattr, q, "ready", q.ready)
+        q.ready += 1
     if deadline is not None:
         m._push(m.deadline_heap, (deadline, seq, job))
-    n = q.enqueued
-    undo += (setattr, q, "enqueued", n)
-    q.enqueued = n + 1
+    undo += (setattr, q, "enqueued", q.enqueued)
+    q.enqueued += 1
     if idem_key is not None:
         _dedup_put(m, q, keyed, rec, idem_key, job_id, now, ql.dedup_window_ms)
     return job_id
 
 
-def _ready_new(m, q, job, negp: int, now: int, seq: int) -> None:
-    """A new job without a key into its queue's ready index and count: ready_push(m, q,
-    ReadyEntry(negp, now, seq, job)) written out, as the FIFO keeps no entry (node/core/jobs.py
-    Queue) and a batch's jobs share their tail; the undo log is written inline."""
-    undo = m._undo
-    if q.keys is not None:              # the jobs without a key take part in the rotation
-        keys.plain_pushed(m, q, negp)
-    fifo, tail = q.ready_fifo, q.fifo_tail
-    if fifo and tail[0] == negp and tail[1] == now:
-        undo += (fifo_unappend, q, job, tail)
-        fifo.append(job)
-        q.fifo_seqs.append(seq)
-    elif not fifo or tail[0] < negp or (tail[0] == negp and tail[1] < now):
-        undo += (fifo_unappend, q, job, tail)
-        fifo.append(job)
-        q.fifo_seqs.append(seq)
-        q.fifo_tail = (negp, now)
+# The fields after ops.ITEM_LEGACY_LEN, (timeout_ms, resource, key), of an item without them.
+_NO_LATER_FIELDS = (None, None, None)
+
+
+def _later_fields(item) -> tuple:
+    """(timeout_ms, resource, key) of an item of 15 fields (before keys, and every job without
+    one) or of 16 (ops.ITEM); any other length is malformed (ValueError)."""
+    if len(item) == 15:
+        timeout_ms, _, resource = item[ITEM_LEGACY_LEN:]
+        return timeout_ms, resource, None
+    timeout_ms, _, resource, key = item[ITEM_LEGACY_LEN:]
+    return timeout_ms, resource, key
+
+
+def _waiting_new(m, q, job, later: bool) -> None:
+    """A new job that waits outside its queue's own ready index: scheduled when it is `later`,
+    else keyed (its key's heap, node/core/keys.py)."""
+    if later:
+        job.state = SCHEDULED
+        m._push(m.sched_heap, (job.run_at, job.seq, job))
+        m._add(q, "scheduled", 1)
     else:
-        entry = ReadyEntry(negp, now, seq, job)
-        heap = q.ready_heap
-        undo += (heap_remove, heap, entry, None)
-        heappush(heap, entry)
-    n = q.ready
-    undo += (setattr, q, "ready", n)
-    q.ready = n + 1
+        job.state = READY
+        keys.push(m, q, ready_entry(job))
+        m._add(q, "ready", 1)
 
 
 def _dedup_put(m, q, keyed, old, idem_key: str, job_id: str, now: int, window: int) -> None:
