@@ -195,26 +195,245 @@ def add_core_invariants(result: dict, views: list, node_logs: dict) -> None:
 
 
 async def run_chaos(opts: ChaosOptions) -> dict:
-    seed = opts.seed if opts.seed is not None else random.randrange(1 << 31)
-    made_dir = opts.dir is None
-    directory = Path(opts.dir) if opts.dir else Path(tempfile.mkdtemp(prefix="raftq-chaos-"))
-    directory.mkdir(parents=True, exist_ok=True)
-    progress = StatusLine(opts.progress)
-    wcfg = opts.workload
-    wcfg.sweep_interval_ms = opts.sweep_interval_ms
-    scfg = opts.schedule
-    scfg.kinds = tuple(opts.faults)
-    gate_limits, gate_queues, gates = {}, [], None
-    if wcfg.gated:
-        # The window spans the whole run and its phases (open every other minute); lift_gates
-        # takes it off before the final drain.
-        minutes = int(opts.duration // 60) + 15
-        gate_limits, gate_queues, gates = gates_config(time.time_ns() // 1_000_000, minutes)
-    key_queues, keys = ([], None) if not wcfg.keys else keys_config()
-    cluster = LocalCluster(directory, nodes=opts.nodes, durability=opts.durability,
-                           limits={**RETRY_LIMITS, **gate_limits}, queues=gate_queues + key_queues,
-                           storage={"dead_letter_retention_ms": 3_600_000, "sweep_interval_ms": opts.sweep_interval_ms},
-                           tuning=dict(opts.tuning))
+    """One run, phase by phase (the _Run methods below, in this order); the report, whose `dir`
+    the tear-down clears when it removed a passing run's temporary directory."""
+    run = _Run(opts)
+    try:
+        await run.start()
+        await run.workload_and_nemesis()
+        liveness = await run.heal()
+        drain, views = await run.final_drain()
+        result, faults, cuts, node_logs = run.checks(liveness, drain, views)
+        await run.fill_report(result, faults, cuts, node_logs, liveness, drain, views)
+        return run.report
+    finally:
+        await run.tear_down()
+
+
+class _Run:
+    """A chaos run's state, from the set-up (the constructor: configs, the proxy, the history's
+    files; nothing started) to the tear-down."""
+
+    def __init__(self, opts: ChaosOptions):
+        self.opts = opts
+        self.seed = opts.seed if opts.seed is not None else random.randrange(1 << 31)
+        self.made_dir = opts.dir is None
+        self.directory = Path(opts.dir) if opts.dir else Path(tempfile.mkdtemp(prefix="raftq-chaos-"))
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.progress = StatusLine(opts.progress)
+        opts.workload.sweep_interval_ms = opts.sweep_interval_ms
+        opts.schedule.kinds = tuple(opts.faults)
+        self.cluster = self._cluster()
+        self.disks = _testing_hooks(self.cluster, opts, self.directory)
+        self._wire()
+
+    def _cluster(self) -> LocalCluster:
+        """The cluster's configuration (gated and keyed queues as the workload asks), not started."""
+        opts = self.opts
+        gate_limits, gate_queues, self.gates = {}, [], None
+        if opts.workload.gated:
+            # The window spans the whole run and its phases (open every other minute); lift_gates
+            # takes it off before the final drain.
+            minutes = int(opts.duration // 60) + 15
+            gate_limits, gate_queues, self.gates = gates_config(time.time_ns() // 1_000_000, minutes)
+        key_queues, self.keys = ([], None) if not opts.workload.keys else keys_config()
+        return LocalCluster(self.directory, nodes=opts.nodes, durability=opts.durability,
+                            limits={**RETRY_LIMITS, **gate_limits}, queues=gate_queues + key_queues,
+                            storage={"dead_letter_retention_ms": 3_600_000,
+                                     "sweep_interval_ms": opts.sweep_interval_ms},
+                            tuning=dict(opts.tuning))
+
+    def _wire(self):
+        """The fault proxy (started), the history and views files, the nemesis and the sampler."""
+        opts, cluster, directory = self.opts, self.cluster, self.directory
+        raft_addrs = [f"127.0.0.1:{p}" for p in cluster.raft_ports]
+        self.net = ProxyNet(raft_addrs, encrypted=bool(cluster.secret), seed=self.seed)
+        self.net.start()
+        for i, m in self.net.dial_maps().items():
+            if m:
+                cluster.node_testing[i] = {"raft_dial_map": m}
+        self.sink = open(directory / "history.jsonl", "wb")
+        self.h = h = History({u: cluster.ids[i] for i, u in enumerate(cluster.urls)}, sink=self.sink)
+        self.env = Env(cluster, self.net, h)
+        self.env.disks, self.env.reserve_bytes = self.disks, int(opts.reserve_bytes)
+        self.env.stash_dir = directory / "stash"
+        self.report: dict = {"seed": self.seed, "nodes": opts.nodes, "durability": opts.durability,
+                             "duration_s": opts.duration, "fault_kinds": list(opts.faults), "dir": str(directory),
+                             "gates": self.gates, "keys": self.keys}
+        self.phase = Phases()
+        progress = self.progress
+        self.nemesis = Nemesis(self.env, self.seed, opts.schedule,
+                               on_event=lambda m: progress.event(f"[{h.now():6.1f}s] {m}"))
+        self.views_sink = open(directory / "views.jsonl", "wb")
+        self.sampler = Sampler(self.env, sink=self.views_sink)
+        self.workload: Workload | None = None
+        self.ptask = None
+        self.t_start = time.monotonic()
+
+    async def start(self):
+        """The nodes (on their small disks for disk-full), a leader, the sampler, the schedules
+        and the workload."""
+        opts, cluster, report = self.opts, self.cluster, self.report
+        self.progress.event(f"raftq chaos: seed {self.seed}, {opts.nodes} nodes, durability {opts.durability}, "
+                            f"{opts.duration:.0f} s of faults ({', '.join(opts.faults)}); "
+                            f"run directory {self.directory}")
+        cluster.write_configs()
+        if self.disks is not None:               # a small filesystem on every node's data dir
+            for i in range(cluster.n):
+                await asyncio.to_thread(self.disks.mount, cluster.ids[i], cluster.data_dir(i))
+            report["disks"] = {"size_bytes": self.disks.size, "reserve_bytes": int(opts.reserve_bytes)}
+        elif "disk-full" in opts.faults:
+            report["disks"] = {"hook": "free_space_file", "reserve_bytes": int(opts.reserve_bytes)}
+        cluster.start_all()
+        await asyncio.to_thread(cluster.wait_leader, 40)
+        status, info = http_json("GET", cluster.urls[0] + "/v1/server-info")
+        self.horizon = info.get("max_schedule_horizon_ms", 2_592_000_000) if status == 200 else 2_592_000_000
+        await self.env.open()
+        self.sampler.start()
+        self.workload = Workload(cluster.urls, self.h, self.seed, opts.workload)
+        self.schedule_names = await self.workload.create_schedules()
+        self.workload.start()
+
+    async def workload_and_nemesis(self):
+        """--duration seconds of faults under the workload, with the progress line."""
+        h, opts = self.h, self.opts
+        self.phase.enter("run")
+        self.ptask = asyncio.get_running_loop().create_task(
+            _progress_loop(h, self.nemesis, self.sampler, self.progress, opts.duration, self.phase))
+        stop_at = h.now() + opts.duration
+        await self.nemesis.run(stop_at)
+        if h.now() < stop_at:
+            await asyncio.sleep(stop_at - h.now())
+
+    async def heal(self) -> dict:
+        """Every fault healed, the workload stopped, then liveness: how soon a leader came, and
+        (the clock caught up) how soon expired leases are redelivered."""
+        opts, h, env = self.opts, self.h, self.env
+        self.phase.enter("heal")
+        await self.nemesis.heal_all()
+        t_heal = h.now()
+        healthy = await env.wait_healthy(timeout=max(opts.leader_bound_s * 3, 30))
+        leader_after = None if healthy is None else round(h.now() - t_heal, 3)
+        self.phase.enter("stop workload")
+        await self.workload.stop()
+        h.close_open()
+        self.phase.enter("clock")
+        clock_wait = await _wait_clock_sane(env, 15 + env.max_forward_skew_ms / 1000)
+        lease_probe = None
+        if opts.lease_probe:
+            self.phase.enter("lease probe")
+            lease_probe = await lease_liveness_probe(self.cluster.urls, h, lease_ms=1000,
+                                                     sweep_interval_ms=opts.sweep_interval_ms)
+        return {"leader_after_heal_s": leader_after, "leader_bound_s": opts.leader_bound_s,
+                "lease_probe": lease_probe, "clock_wait_s": round(clock_wait, 3)}
+
+    async def final_drain(self) -> tuple[dict, list]:
+        """Gates lifted and schedules paused, everything drained; the nodes' final views."""
+        urls, h = self.cluster.urls, self.h
+        if self.gates is not None:
+            self.phase.enter("lift gates")
+            self.report["gates_lifted"] = await lift_gates(urls, h)
+        if self.schedule_names:
+            self.phase.enter("pause schedules")
+            self.report["schedules_paused"] = await pause_schedules(urls, h, self.schedule_names)
+        self.phase.enter("drain")
+        drain = await final_drain(urls, h)
+        self.phase.enter("converge")
+        try:
+            views = await asyncio.to_thread(self.cluster.wait_converged, 30)
+        except TimeoutError:
+            views = await asyncio.to_thread(self.cluster.cluster_views)
+        await self.sampler.sample_once()
+        await self.sampler.stop()
+        return drain, views
+
+    def checks(self, liveness: dict, drain: dict, views: list) -> tuple[dict, list, list, dict]:
+        """The history against the checker's invariants, and the nodes' own checks."""
+        self.phase.enter("check")
+        h, sampler = self.h, self.sampler
+        retry = dict(RETRY_LIMITS, max_schedule_horizon_ms=self.horizon)
+        node_logs = scan_node_logs(self.directory, self.cluster.ids)
+        faults = self.nemesis.records()
+        cuts = [f for f in faults if f["kind"] == "power-loss" and f.get("t_inject") is not None]
+        result = check(h.ops, dead_letters=drain["dead_letters"], drain=drain, views=views,
+                       leader_claims={t: sorted(s) for t, s in sampler.claims.items()}, liveness=liveness,
+                       retry=retry, clock_tolerance_ms=self.env.max_forward_skew_ms + 100,
+                       internal_errors=h.internal_errors, node_logs=node_logs, power_losses=cuts,
+                       disk_faults=[f for f in faults if f["kind"] in DISK_FAULT_KINDS],
+                       untrusted_claims=sampler.untrusted_claims, gates=self.gates, keys=self.keys,
+                       clock_lag_ms=clock_lag_ms(faults))
+        add_core_invariants(result, views, node_logs)
+        return result, faults, cuts, node_logs
+
+    async def fill_report(self, result: dict, faults: list, cuts: list, node_logs: dict, liveness: dict,
+                          drain: dict, views: list):
+        """The report from the checks, the faults, the samples and the final views; its verdict."""
+        report, nemesis, sampler, workload = self.report, self.nemesis, self.sampler, self.workload
+        unav = _unavailability(self.h, faults, sampler)
+        report.update({
+            "valid": result["valid"],
+            "elapsed_s": round(time.monotonic() - self.t_start, 1),
+            "faults": {"total": sum(1 for f in faults if not f.get("skipped")),
+                       "by_kind": dict(Counter(f["kind"] for f in faults if not f.get("skipped"))),
+                       "skipped": sum(1 for f in faults if f.get("skipped")),
+                       "mixed_steps": sum(1 for s in nemesis.steps if len(s["faults"]) > 1),
+                       "list": faults},
+            "steps": nemesis.steps,
+            "ops": result["stats"]["ops"],
+            "stats": result["stats"] | {"worker_stalls": workload.stalls, "leader_samples": sampler.samples,
+                                        "terms_seen": len(sampler.claims),
+                                        "key_samples": workload.key_samples if self.keys else None},
+            "invariants": result["invariants"],
+            "violations": sum(i["count"] for i in result["invariants"]),
+            "failures": result["failures"],
+            "unavailability": {"by_kind": _unavailability_summary(unav, alone=False),
+                               "alone_by_kind": _unavailability_summary(unav, alone=True), "list": unav},
+            "liveness": liveness,
+            "power_loss": _power_loss_summary(cuts, result) if cuts else None,
+            "disk": _disk_summary(faults, result),
+            "node_logs": {"critical": len(node_logs["critical"]), "tracebacks": node_logs["tracebacks"]},
+            "drain": {"ok": drain["ok"], "seconds": round(drain["seconds"], 3),
+                      "dead_letters": len(drain["dead_letters"])},
+            "final_views": [{"node": (v or {}).get("node_id"), "last_applied": (v or {}).get("last_applied"),
+                             "digest": (v or {}).get("digest"),
+                             "digest_index": (v or {}).get("digest_index"), "term": (v or {}).get("term")} for v in views],
+            "proxy": await asyncio.to_thread(self.net.stats),
+        })
+        report["verdict"] = verdict(report)
+        self.phase.enter("report")
+        report["phases_s"] = self.phase.took
+
+    async def tear_down(self):
+        """Everything stopped and closed, report.json written, a passing run's temporary
+        directory removed (then the report's `dir` is None)."""
+        self.progress.done()
+        if self.ptask is not None:
+            self.ptask.cancel()
+        if self.workload is not None and not self.workload.stopping.is_set():
+            try:
+                await self.workload.stop(grace_s=2)
+            except Exception:
+                pass
+        await self.sampler.stop()
+        await self.env.close()
+        self.cluster.close()             # kill -9: the final views are taken, nothing else matters
+        if self.disks is not None:
+            self.disks.close()
+        self.net.close()
+        self.sink.close()
+        self.views_sink.close()
+        try:
+            (self.directory / "report.json").write_text(json.dumps(self.report, indent=1, default=str))
+        except OSError:
+            pass
+        if self.made_dir and not self.opts.keep and self.report.get("valid"):
+            shutil.rmtree(self.directory, ignore_errors=True)
+            self.report["dir"] = None
+
+
+def _testing_hooks(cluster: LocalCluster, opts: ChaosOptions, directory: Path):
+    """The nodes' [testing] settings the run and its fault kinds need; disk-full's small disks
+    (not mounted yet), or None."""
     cluster.testing["check_invariants"] = INVARIANT_CHECK_BUDGET       # the core's own checks (add_core_invariants)
     if "power-loss" in opts.faults or "fsync-eio" in opts.faults:
         # The nodes record what a disk honouring only fsync would hold (power-loss; fsync-eio:
@@ -232,172 +451,31 @@ async def run_chaos(opts: ChaosOptions) -> dict:
             disks = diskfaults.SmallDisks(directory / "disks", size_bytes=int(opts.disk_bytes))
         else:
             cluster.testing["free_space_file"] = True       # the hook instead (node/replication/fault_hooks.py)
-    raft_addrs = [f"127.0.0.1:{p}" for p in cluster.raft_ports]
-    net = ProxyNet(raft_addrs, encrypted=bool(cluster.secret), seed=seed)
-    net.start()
-    for i, m in net.dial_maps().items():
-        if m:
-            cluster.node_testing[i] = {"raft_dial_map": m}
-    sink = open(directory / "history.jsonl", "wb")
-    h = History({u: cluster.ids[i] for i, u in enumerate(cluster.urls)}, sink=sink)
-    env = Env(cluster, net, h)
-    env.disks, env.reserve_bytes, env.stash_dir = disks, int(opts.reserve_bytes), directory / "stash"
-    report: dict = {"seed": seed, "nodes": opts.nodes, "durability": opts.durability, "duration_s": opts.duration,
-                    "fault_kinds": list(opts.faults), "dir": str(directory), "gates": gates, "keys": keys}
-    phase = Phases()
-    nemesis = Nemesis(env, seed, scfg, on_event=lambda m: progress.event(f"[{h.now():6.1f}s] {m}"))
-    views_sink = open(directory / "views.jsonl", "wb")
-    sampler = Sampler(env, sink=views_sink)
-    workload = None
-    ptask = None
-    t_start = time.monotonic()
-    try:
-        progress.event(f"raftq chaos: seed {seed}, {opts.nodes} nodes, durability {opts.durability}, "
-                       f"{opts.duration:.0f} s of faults ({', '.join(opts.faults)}); run directory {directory}")
-        cluster.write_configs()
-        if disks is not None:               # a small filesystem on every node's data dir
-            for i in range(cluster.n):
-                await asyncio.to_thread(disks.mount, cluster.ids[i], cluster.data_dir(i))
-            report["disks"] = {"size_bytes": disks.size, "reserve_bytes": int(opts.reserve_bytes)}
-        elif "disk-full" in opts.faults:
-            report["disks"] = {"hook": "free_space_file", "reserve_bytes": int(opts.reserve_bytes)}
-        cluster.start_all()
-        await asyncio.to_thread(cluster.wait_leader, 40)
-        status, info = http_json("GET", cluster.urls[0] + "/v1/server-info")
-        horizon = info.get("max_schedule_horizon_ms", 2_592_000_000) if status == 200 else 2_592_000_000
-        await env.open()
-        sampler.start()
-        workload = Workload(cluster.urls, h, seed, wcfg)
-        schedule_names = await workload.create_schedules()
-        workload.start()
-        phase.enter("run")
-        ptask = asyncio.get_running_loop().create_task(_progress_loop(h, nemesis, sampler, progress, opts.duration, phase))
-        stop_at = h.now() + opts.duration
-        await nemesis.run(stop_at)
-        if h.now() < stop_at:
-            await asyncio.sleep(stop_at - h.now())
+    return disks
 
-        # ---- heal, then liveness
-        phase.enter("heal")
-        await nemesis.heal_all()
-        t_heal = h.now()
-        healthy = await env.wait_healthy(timeout=max(opts.leader_bound_s * 3, 30))
-        leader_after = None if healthy is None else round(h.now() - t_heal, 3)
-        phase.enter("stop workload")
-        await workload.stop()
-        h.close_open()
-        phase.enter("clock")
-        clock_wait = await _wait_clock_sane(env, 15 + env.max_forward_skew_ms / 1000)
-        lease_probe = None
-        if opts.lease_probe:
-            phase.enter("lease probe")
-            lease_probe = await lease_liveness_probe(cluster.urls, h, lease_ms=1000,
-                                                     sweep_interval_ms=opts.sweep_interval_ms)
-        if gates is not None:
-            phase.enter("lift gates")
-            report["gates_lifted"] = await lift_gates(cluster.urls, h)
-        if schedule_names:
-            phase.enter("pause schedules")
-            report["schedules_paused"] = await pause_schedules(cluster.urls, h, schedule_names)
-        phase.enter("drain")
-        drain = await final_drain(cluster.urls, h)
-        phase.enter("converge")
-        try:
-            views = await asyncio.to_thread(cluster.wait_converged, 30)
-        except TimeoutError:
-            views = await asyncio.to_thread(cluster.cluster_views)
-        await sampler.sample_once()
-        await sampler.stop()
-        phase.enter("check")
-        liveness = {"leader_after_heal_s": leader_after, "leader_bound_s": opts.leader_bound_s,
-                    "lease_probe": lease_probe, "clock_wait_s": round(clock_wait, 3)}
-        retry = dict(RETRY_LIMITS, max_schedule_horizon_ms=horizon)
-        node_logs = scan_node_logs(directory, cluster.ids)
-        faults = nemesis.records()
-        cuts = [f for f in faults if f["kind"] == "power-loss" and f.get("t_inject") is not None]
-        result = check(h.ops, dead_letters=drain["dead_letters"], drain=drain, views=views,
-                       leader_claims={t: sorted(s) for t, s in sampler.claims.items()}, liveness=liveness,
-                       retry=retry, clock_tolerance_ms=env.max_forward_skew_ms + 100,
-                       internal_errors=h.internal_errors, node_logs=node_logs, power_losses=cuts,
-                       disk_faults=[f for f in faults if f["kind"] in DISK_FAULT_KINDS],
-                       untrusted_claims=sampler.untrusted_claims, gates=gates, keys=keys,
-                       clock_lag_ms=clock_lag_ms(faults))
-        add_core_invariants(result, views, node_logs)
-        unav = unavailability(h.ops, [f for f in faults if not f.get("skipped")])
-        for u in unav:          # when a leader of a newer term was first seen after the fault
-            later = [(t, s) for t, s in sampler.first_seen.items() if s[1] >= u["t_inject"]]
-            if later:
-                term, (node, t) = min(later, key=lambda x: x[1][1])
-                u["next_leader"] = {"node": node, "term": term, "after_s": round(t - u["t_inject"], 3)}
-        by_kind: dict = {}
-        alone: dict = {}
-        for u in unav:
-            by_kind.setdefault(u["kind"], []).append(u["unavailable_s"])
-            if not u["mixed"]:
-                alone.setdefault(u["kind"], []).append(u["unavailable_s"])
 
-        def summary(groups):
-            return {k: {"n": len(v), "p50": percentile(v, 50), "p99": percentile(v, 99),
-                        "max": max((x for x in v if x is not None), default=None),
-                        "never": sum(1 for x in v if x is None)}
-                    for k, v in sorted(groups.items())}
+def _unavailability(h: History, faults: list, sampler: Sampler) -> list:
+    """Each injected fault's unavailability, with the first leader of a newer term seen after it."""
+    unav = unavailability(h.ops, [f for f in faults if not f.get("skipped")])
+    for u in unav:          # when a leader of a newer term was first seen after the fault
+        later = [(t, s) for t, s in sampler.first_seen.items() if s[1] >= u["t_inject"]]
+        if later:
+            term, (node, t) = min(later, key=lambda x: x[1][1])
+            u["next_leader"] = {"node": node, "term": term, "after_s": round(t - u["t_inject"], 3)}
+    return unav
 
-        report.update({
-            "valid": result["valid"],
-            "elapsed_s": round(time.monotonic() - t_start, 1),
-            "faults": {"total": sum(1 for f in faults if not f.get("skipped")),
-                       "by_kind": dict(Counter(f["kind"] for f in faults if not f.get("skipped"))),
-                       "skipped": sum(1 for f in faults if f.get("skipped")),
-                       "mixed_steps": sum(1 for s in nemesis.steps if len(s["faults"]) > 1),
-                       "list": faults},
-            "steps": nemesis.steps,
-            "ops": result["stats"]["ops"],
-            "stats": result["stats"] | {"worker_stalls": workload.stalls, "leader_samples": sampler.samples,
-                                        "terms_seen": len(sampler.claims),
-                                        "key_samples": workload.key_samples if keys else None},
-            "invariants": result["invariants"],
-            "violations": sum(i["count"] for i in result["invariants"]),
-            "failures": result["failures"],
-            "unavailability": {"by_kind": summary(by_kind), "alone_by_kind": summary(alone), "list": unav},
-            "liveness": liveness,
-            "power_loss": _power_loss_summary(cuts, result) if cuts else None,
-            "disk": _disk_summary(faults, result),
-            "node_logs": {"critical": len(node_logs["critical"]), "tracebacks": node_logs["tracebacks"]},
-            "drain": {"ok": drain["ok"], "seconds": round(drain["seconds"], 3),
-                      "dead_letters": len(drain["dead_letters"])},
-            "final_views": [{"node": (v or {}).get("node_id"), "last_applied": (v or {}).get("last_applied"),
-                             "digest": (v or {}).get("digest"),
-                             "digest_index": (v or {}).get("digest_index"), "term": (v or {}).get("term")} for v in views],
-            "proxy": await asyncio.to_thread(net.stats),
-        })
-        report["verdict"] = verdict(report)
-        phase.enter("report")
-        report["phases_s"] = phase.took
-        return report
-    finally:
-        progress.done()
-        if ptask is not None:
-            ptask.cancel()
-        if workload is not None and not workload.stopping.is_set():
-            try:
-                await workload.stop(grace_s=2)
-            except Exception:
-                pass
-        await sampler.stop()
-        await env.close()
-        cluster.close()             # kill -9: the final views are taken, nothing else matters
-        if disks is not None:
-            disks.close()
-        net.close()
-        sink.close()
-        views_sink.close()
-        try:
-            (directory / "report.json").write_text(json.dumps(report, indent=1, default=str))
-        except OSError:
-            pass
-        if made_dir and not opts.keep and report.get("valid"):
-            shutil.rmtree(directory, ignore_errors=True)
-            report["dir"] = None
+
+def _unavailability_summary(unav: list, alone: bool) -> dict:
+    """Per fault kind (with alone, only the faults that were the one of their step): how many,
+    p50, p99, max, and how many saw no write again."""
+    groups: dict = {}
+    for u in unav:
+        if not alone or not u["mixed"]:
+            groups.setdefault(u["kind"], []).append(u["unavailable_s"])
+    return {k: {"n": len(v), "p50": percentile(v, 50), "p99": percentile(v, 99),
+                "max": max((x for x in v if x is not None), default=None),
+                "never": sum(1 for x in v if x is None)}
+            for k, v in sorted(groups.items())}
 
 
 # ---------------------------------------------------------------------------- the report
