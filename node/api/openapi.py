@@ -753,6 +753,8 @@ def _cluster_view_schemas() -> dict:
             "cpu": {"type": "object", "additionalProperties": {"type": ["number", "null"]}},
             "proposer": {"type": "object", "additionalProperties": {"type": "integer"}},
             "journal_syncs": integer(0),
+            "invariant_violations": {"type": ["integer", "null"], "description": "applies after which the core's "
+                                     "invariant checks found a problem ([testing] check_invariants; null when off)"},
             "disk": obj({
                 "log_verified": {"type": "boolean", "description": "false while the node's log is untrusted: it "
                                  "found damage and no leader has repaired it yet; it neither votes nor leads"},
