@@ -30,6 +30,7 @@ class DataDisk:
         self.free_bytes: int | None = None
         self.low_space = False
         self.disk_task: asyncio.Task | None = None
+        self._check_space()     # before Raft, which asks _may_lead, starts (the proposer comes later)
 
     def _storage_failed(self, failure):
         """A write or sync of the data dir failed (node/raft/journal.py StorageFailure), on the
@@ -74,6 +75,8 @@ class DataDisk:
                 log.warning("the data disk of %s has %d bytes free again (storage.min_free_bytes %d): writes resume",
                             self.settings.data_dir, free, self.min_free_bytes)
         self.low_space = low
+        if getattr(self, "proposer", None) is None:
+            return
         self.proposer.refusal = None if not low else error(
             "unavailable", f"node {self.settings.node_id}'s data disk has {free} bytes free, below its reserve "
             f"storage.min_free_bytes ({self.min_free_bytes}): writes are refused until space is freed (leadership "

@@ -85,6 +85,7 @@ class NodeService(JobOps, Wakeups, OperatorOps, Schedules, Reads, ClusterView, D
         self.seeder = self.loop.create_task(self._seed())
         self.schedule_seeder = self.loop.create_task(self._seed_schedules())
         self.config_watch = self.loop.create_task(self._watch_config())
+        self._check_space()     # the proposer's refusal while the disk is below its reserve
         self.disk_task = self.loop.create_task(self.disk_loop())
         if self.settings.testing.clock_strobe:
             self.strober = self.loop.create_task(self.strobe_loop())
