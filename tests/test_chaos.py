@@ -1121,18 +1121,24 @@ def _report(r: dict, faults=(), durability="fsync", power_loss=None) -> dict:
 
 
 def test_docs_name_and_count_every_invariant():
-    """docs/chaos.md states the checker's number of invariants wherever it gives one, and its
-    Invariants table names each one, in the checker's order; check() reports exactly those."""
+    """docs/chaos.md states the run's number of invariants wherever it gives one (the checker's,
+    and last the nodes' own checks that the runner adds), and its Invariants table names each one,
+    in that order; check() reports exactly the checker's."""
     import re
     from pathlib import Path
     from raftq.cluster.chaos.checker import INVARIANTS
+    from raftq.cluster.chaos.runner import add_core_invariants
 
     names = [n for n, _ in INVARIANTS]
     assert len(set(names)) == len(names)
-    assert [i["name"] for i in run(H())["invariants"]] == names
+    result = run(H())
+    assert [i["name"] for i in result["invariants"]] == names
+    add_core_invariants(result, [], {"critical": []})
+    names = [i["name"] for i in result["invariants"]]
+    assert names[-1] == "core_invariants_on_every_node"
     text = (Path(__file__).resolve().parent.parent / "docs" / "chaos.md").read_text()
     stated = [int(n) for n in re.findall(r"\b(\d+) invariants\b", text)]
-    assert stated and set(stated) == {len(INVARIANTS)}, stated
+    assert stated and set(stated) == {len(names)}, stated
     section = text.split("\n## Invariants\n", 1)[1].split("\n## ", 1)[0]
     assert re.findall(r"^\| `([a-z_]+)` \|", section, re.M) == names
 
