@@ -22,7 +22,7 @@ from .ops import UNAUDITED
 IDS_SHOWN = 10
 # An entry's first two places. Entries stay plain tuples: snapshots pickle the trail as it is
 # and the digest hashes it with orjson, which writes a tuple but refuses a named tuple.
-ENTRY_SEQ, ENTRY_AT = 0, 1
+AUDIT_SEQ, AUDIT_AT = 0, 1
 
 
 def record(m, who, action: str, target, details: dict) -> None:
@@ -52,10 +52,10 @@ def page(m, limit: int, before: int | None):
     cursor); and the next cursor (None at the end)."""
     out = []
     for entry in reversed(m.audit):
-        if before is not None and entry[ENTRY_SEQ] >= before:
+        if before is not None and entry[AUDIT_SEQ] >= before:
             continue
         if len(out) == limit:
-            return [render_entry(e) for e in out], out[-1][ENTRY_SEQ]
+            return [render_entry(e) for e in out], out[-1][AUDIT_SEQ]
         out.append(entry)
     return [render_entry(e) for e in out], None
 
@@ -64,7 +64,7 @@ def drop_past_retention(m, now: int, budget: int) -> int:
     """Sweep step: entries older than audit_retention_ms, oldest first."""
     trail, n = m.audit, 0
     horizon = now - m.limits.audit_retention_ms
-    while trail and trail[0][ENTRY_AT] <= horizon and n < budget:
+    while trail and trail[0][AUDIT_AT] <= horizon and n < budget:
         m._popleft(trail)
         n += 1
     return n

@@ -20,7 +20,7 @@ from __future__ import annotations
 from heapq import heappush
 
 from . import audit, keys, ops
-from .jobs import READY, S_KEY, SCHEDULED, known_queue
+from .jobs import ENTRY_ENQUEUED_AT, ENTRY_JOB, ENTRY_NEG_PRIORITY, ENTRY_SEQ, READY, S_KEY, SCHEDULED, entry_order, known_queue
 from .undo import fifo_unappend, heap_remove
 
 NEUTRAL, OK, FAILED = 0, 1, 2       # how a job left IN_FLIGHT, for the circuit breaker
@@ -100,7 +100,7 @@ def block(m, q, r: str, entry) -> None:
         heap = []
         m._put(per, q.name, heap)
     m._push(heap, entry)
-    m._put(m.blocked_ids, entry.job.id, r)
+    m._put(m.blocked_ids, entry[ENTRY_JOB].id, r)
     m._add(q, "throttled", 1)
     m._add(q, "deferred", 1)
 
@@ -122,8 +122,8 @@ def release_blocked(m, r: str) -> None:
         moved = 0
         while heap and (free is None or moved < free):
             entry = m._heappop(heap)
-            job = entry.job
-            if job.state == READY and job.seq == entry.seq and jobs.get(job.id) is job and ids.get(job.id) == r:
+            job = entry[ENTRY_JOB]
+            if job.state == READY and job.seq == entry[ENTRY_SEQ] and jobs.get(job.id) is job and ids.get(job.id) == r:
                 m._pop(ids, job.id)
                 m._add(q, "throttled", -1)
                 ready_push(m, q, entry)
@@ -142,22 +142,22 @@ def ready_push(m, q, entry) -> None:
     last entry, else the heap), undo-logged; a keyed job's into its key's heap. Here rather than
     in handlers.py, which imports this module: the gating paths put held-back entries back with
     it too."""
-    job = entry.job
+    job = entry[ENTRY_JOB]
     if job.spec[S_KEY] is not None:
         keys.push(m, q, entry)
         return
     if q.keys is not None:
-        keys.plain_pushed(m, q, entry.neg_priority)
+        keys.plain_pushed(m, q, entry[ENTRY_NEG_PRIORITY])
     fifo = q.ready_fifo
     undo = m._undo
     tail = q.fifo_tail
-    if not fifo or (tail[0], tail[1], q.fifo_seqs[-1]) < entry.order():
+    if not fifo or (tail[0], tail[1], q.fifo_seqs[-1]) < entry_order(entry):
         # After the last entry: the FIFO (node/core/jobs.py Queue). A held-back entry keeps its
         # seq, which may be older than the last one's.
         undo += (fifo_unappend, q, job, tail)
         fifo.append(job)
-        q.fifo_seqs.append(entry.seq)
-        q.fifo_tail = (entry.neg_priority, entry.enqueued_at)
+        q.fifo_seqs.append(entry[ENTRY_SEQ])
+        q.fifo_tail = (entry[ENTRY_NEG_PRIORITY], entry[ENTRY_ENQUEUED_AT])
     else:
         undo += (heap_remove, q.ready_heap, entry, None)
         heappush(q.ready_heap, entry)

@@ -20,7 +20,7 @@ from .retry import policy_delay_ms
 from . import audit, gating, keys, ops
 from .answers import render_dead_letter
 from .jobs import (DEAD, DEAD_LETTER_RECORD_TYPE, GONE, IN_FLIGHT, READY, SCHEDULED, DeadLetter, Job, Queue,
-                   ReadyEntry, is_live_entry, known_queue, ready_entry, shown_fields)
+                   ENTRY_JOB, ENTRY_NEG_PRIORITY, ENTRY_SEQ, is_live_entry, known_queue, ready_entry, shown_fields)
 from .jobs import (BUCKET_EXPIRES, DEDUP_BUCKET, DEDUP_JOB_ID, TIMER_AT, S_ATTEMPT, S_CUSTOM, S_DEADLINE,
                    S_ENCODING, S_ENQUEUED_AT, S_JOB_TYPE, S_KEY, S_MAX_ATTEMPTS, S_PRIORITY, S_QUEUE, S_RELEASES,
                    S_RESOURCE, S_SCHEDULED_AT, S_TIMEOUT_MS, S_TRACE, dedup_expires, dedup_record, shown_common)
@@ -191,7 +191,7 @@ def _enqueue_one(m, item, now: int, check_depth: bool):
     if later or key is not None:
         _waiting_new(m, q, job, later)
     else:
-        job.state = READY                   # ready_push(m, q, ReadyEntry(...)), inline (jobs.py Queue)
+        job.state = READY                   # ready_push(m, q, (-priority, now, seq, job)), inline
         negp = -priority
         if q.keys is not None:              # the jobs without a key take part in the rotation
             keys.plain_pushed(m, q, negp)
@@ -206,7 +206,7 @@ def _enqueue_one(m, item, now: int, check_depth: bool):
             q.fifo_seqs.append(seq)
             q.fifo_tail = (negp, now)
         else:
-            entry = ReadyEntry(negp, now, seq, job)
+            entry = (negp, now, seq, job)
             undo += (heap_remove, q.ready_heap, entry, None)
             heappush(q.ready_heap, entry)
         undo += (setattr, q, "ready", q.ready)
@@ -295,8 +295,8 @@ def reserve(m, queue_names, lease_ms: int, max_jobs: int):
                 seqs.popleft()
             while heap:
                 entry = heap[0]
-                job = entry.job
-                if job.state == READY and job.seq == entry.seq and jobs.get(job.id) is job:
+                job = entry[ENTRY_JOB]
+                if job.state == READY and job.seq == entry[ENTRY_SEQ] and jobs.get(job.id) is job:
                     break
                 heappop(heap)
             if fifo and not (heap and heap[0] < (-fifo[0].spec[S_PRIORITY], fifo[0].spec[S_ENQUEUED_AT], seqs[0])):
@@ -309,7 +309,7 @@ def reserve(m, queue_names, lease_ms: int, max_jobs: int):
                 entry = heap[0]
                 undo += (heap_restore, heap, entry, None)
                 heappop(heap)
-                job = entry.job
+                job = entry[ENTRY_JOB]
             else:
                 break
             deadline, r = job.spec[S_DEADLINE], job.spec[S_RESOURCE]
@@ -396,7 +396,7 @@ def take(m, q, cap: int, kept: list, lease_ms: int, probe: int) -> None:
             heappop(heap)
         else:
             _pop_entry(m, q, e)
-        job = e.job
+        job = e[ENTRY_JOB]
         deadline, r = job.spec[S_DEADLINE], job.spec[S_RESOURCE]
         if (deadline is not None or r is not None) and _passed_over(m, q, key, lim, e, deadline, r, now):
             continue
@@ -443,7 +443,7 @@ def _passed_over(m, q, key, lim, e, deadline, r, now: int) -> bool:
     """Whether `take` must pass over the job of entry `e` (of `key`, limits `lim`): past its
     deadline (dead-lettered), or held back while its resource r is full; the key goes back in
     the rotation. Else the job takes its slot of r."""
-    job = e.job
+    job = e[ENTRY_JOB]
     if deadline is not None and deadline <= now:
         gating.leave_ready(m, q, job)
         dead_letter(m, job, q, "expired", None)   # too late to ever run
@@ -480,14 +480,14 @@ def _pick(m, q, qk, ql, now: int):
             heap = key.heap         # keys.key_head, inline
             e = heap[0] if heap else None
             if e is not None:
-                job = e.job
-                if not (job.state == READY and job.seq == e.seq and m.jobs.get(job.id) is job):
+                job = e[ENTRY_JOB]
+                if not (job.state == READY and job.seq == e[ENTRY_SEQ] and m.jobs.get(job.id) is job):
                     e = keys.key_head(m, key)
         if e is None:
             keys.unschedule(m, key)
             continue
-        if e.neg_priority != level:
-            keys.schedule(m, qk, key, e.neg_priority)
+        if e[ENTRY_NEG_PRIORITY] != level:
+            keys.schedule(m, qk, key, e[ENTRY_NEG_PRIORITY])
             continue
         lim = None
         if name is not None:
@@ -517,7 +517,7 @@ def _pop_entry(m, q, e) -> None:
     """Take head entry `e` of a job without a key off the queue's own FIFO or heap (a keyed
     job's entry leaves its key's heap inline, in take)."""
     fifo = q.ready_fifo
-    if fifo and fifo[0] is e.job and q.fifo_seqs[0] == e.seq:
+    if fifo and fifo[0] is e[ENTRY_JOB] and q.fifo_seqs[0] == e[ENTRY_SEQ]:
         m._undo += (fifo_restore_head, q, fifo[0], q.fifo_seqs[0])
         fifo.popleft()
         q.fifo_seqs.popleft()
@@ -892,7 +892,7 @@ def _live_waiting(m, q: Queue) -> tuple[list, list]:
     blocked = [h for per in m.blocked.values() for n, h in per.items() if n == q.name]
     if q.keys is not None:
         blocked += [k.heap for k in q.keys.by_key.values()]      # keyed jobs: their keys' heaps
-    ready = [e.job for e in chain(q.ready_heap, q.fifo_entries(), *blocked) if is_live_entry(e, jobs)]
+    ready = [e[ENTRY_JOB] for e in chain(q.ready_heap, q.fifo_entries(), *blocked) if is_live_entry(e, jobs)]
     name = q.name
     scheduled = list({id(job): job for run_at, _, job in m.sched_heap
                       if job.queue == name and job.state == SCHEDULED and job.run_at == run_at

@@ -16,11 +16,11 @@ from __future__ import annotations
 
 from collections import Counter
 
-from .audit import ENTRY_AT, ENTRY_SEQ
+from .audit import AUDIT_AT, AUDIT_SEQ
 from .limits import Limits
 from .config import key_problem
 from .jobs import (DEAD, DEDUP_BUCKET, DEDUP_KEY, IN_FLIGHT, READY, SCHEDULED, SPEC_FIELDS, STATE_NAMES,
-                   TIMER_SEQ, dedup_expires, dedup_queue, is_live_entry)
+                   ENTRY_JOB, ENTRY_SEQ, TIMER_SEQ, dedup_expires, dedup_queue, entry_order, is_live_entry)
 from .ops import ENQUEUED_BATCH, ScopedRequestRecord, compact_batch
 from .keys import check as key_problems
 from .schedules import check as schedule_problems
@@ -153,24 +153,24 @@ def ready_index_in_order(m, seen: Seen) -> list[str]:
         # time are its job's now, not its entry's).
         live = [e for e in fifo if is_live_entry(e, jobs)]
         for a, b in zip(live, live[1:]):
-            if not a.order() < b.order():
-                say(f"queue {name!r}: ready FIFO out of order at {a.order()} then {b.order()}")
-        if live and (q.fifo_tail is None or tuple(q.fifo_tail) < (live[-1].neg_priority, live[-1].enqueued_at)):
+            if not entry_order(a) < entry_order(b):
+                say(f"queue {name!r}: ready FIFO out of order at {entry_order(a)} then {entry_order(b)}")
+        if live and (q.fifo_tail is None or tuple(q.fifo_tail) < live[-1][:ENTRY_SEQ]):
             say(f"queue {name!r}: the ready FIFO's tail {q.fifo_tail} sorts before its last live entry "
-                f"{live[-1].order()}")
+                f"{entry_order(live[-1])}")
         heap = q.ready_heap
         for i in range(1, len(heap)):
-            if heap[(i - 1) // 2].order() > heap[i].order():
+            if entry_order(heap[(i - 1) // 2]) > entry_order(heap[i]):
                 say(f"queue {name!r}: ready heap property broken at {i}")
         for e in fifo + heap:
             if is_live_entry(e, jobs):
-                job = e.job
+                job = e[ENTRY_JOB]
                 seen.live_ready[job.id] += 1
                 seen.ready_of[(job.resource, name)] += 1
                 if job.queue != name:
                     say(f"ready entry of job {job.id} (queue {job.queue!r}) in queue {name!r}")
-                if (e.neg_priority, e.enqueued_at) != (-job.priority, job.enqueued_at):
-                    say(f"ready entry of job {job.id} keyed {e.order()}, not by its priority and enqueue time")
+                if e[:ENTRY_SEQ] != (-job.priority, job.enqueued_at):
+                    say(f"ready entry of job {job.id} keyed {entry_order(e)}, not by its priority and enqueue time")
     return bad
 
 
@@ -193,7 +193,7 @@ def blocked_jobs_are_counted(m, seen: Seen) -> list[str]:
             if i is not None:
                 say(f"blocked heap ({r!r}, {qname!r}) property broken at {i}")
             for e in heap:
-                job = e.job
+                job = e[ENTRY_JOB]
                 if is_live_entry(e, jobs) and m.blocked_ids.get(job.id) == r:
                     seen.live_ready[job.id] += 1
                     live_blocked[job.id] += 1
@@ -480,10 +480,10 @@ def audit_trail_in_order(m, seen: Seen) -> list[str]:
     if len(trail) > m.limits.audit_max_entries:
         bad.append(f"audit trail holds {len(trail)} entries, above audit_max_entries ({m.limits.audit_max_entries})")
     for a, b in zip(trail, trail[1:]):
-        if not (a[ENTRY_SEQ] < b[ENTRY_SEQ] and a[ENTRY_AT] <= b[ENTRY_AT]):
+        if not (a[AUDIT_SEQ] < b[AUDIT_SEQ] and a[AUDIT_AT] <= b[AUDIT_AT]):
             bad.append(f"audit trail out of order at {a[:2]} then {b[:2]}")
             break
-    if trail and (trail[-1][ENTRY_SEQ] > m.audit_seq or trail[-1][ENTRY_AT] > m.clock):
+    if trail and (trail[-1][AUDIT_SEQ] > m.audit_seq or trail[-1][AUDIT_AT] > m.clock):
         bad.append(f"audit entry {trail[-1][:2]} beyond the machine's sequence {m.audit_seq} or clock {m.clock}")
     return bad
 

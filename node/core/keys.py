@@ -2,7 +2,7 @@
 
 A job may carry a key (a tenant, customer, account). A queue holding keyed jobs keeps a `Keys`
 index beside its ordinary ready index: each key its own ready heap of entries (node/core/jobs.py
-ReadyEntry), and a rotation `sched` of the keys that may be served now, a heap of
+ENTRY_*), and a rotation `sched` of the keys that may be served now, a heap of
 (level, vpass, since, turn, key) where level is -priority of the key's best ready job. Jobs without a
 key stay in the queue's own index, which takes part in the rotation as one more key (`plain`,
 no key limits).
@@ -37,7 +37,8 @@ from __future__ import annotations
 
 from heapq import nsmallest
 
-from .jobs import IN_FLIGHT, READY, S_ENQUEUED_AT, S_KEY, S_PRIORITY, S_RESOURCE, TIMER_AT, ReadyEntry, is_live_entry
+from .jobs import (ENTRY_JOB, ENTRY_NEG_PRIORITY, ENTRY_SEQ, IN_FLIGHT, READY, S_ENQUEUED_AT, S_KEY, S_PRIORITY,
+                   S_RESOURCE, TIMER_AT, entry_order, is_live_entry)
 from .undo import fifo_restore_head
 
 WEIGHT_SCALE = 1_000_000
@@ -213,8 +214,8 @@ def key_head(m, key: Key):
     heap, jobs = key.heap, m.jobs
     while heap:
         e = heap[0]
-        job = e.job
-        if job.state == READY and job.seq == e.seq and jobs.get(job.id) is job:
+        job = e[ENTRY_JOB]
+        if job.state == READY and job.seq == e[ENTRY_SEQ] and jobs.get(job.id) is job:
             return e
         m._heappop(heap)
     return None
@@ -234,13 +235,13 @@ def plain_head(m, q):
         seqs.popleft()
     while heap:
         e = heap[0]
-        job = e.job
-        if job.state == READY and job.seq == e.seq and jobs.get(job.id) is job:
+        job = e[ENTRY_JOB]
+        if job.state == READY and job.seq == e[ENTRY_SEQ] and jobs.get(job.id) is job:
             break
         m._heappop(heap)
     if fifo:
         job = fifo[0]
-        e = ReadyEntry(-job.spec[S_PRIORITY], job.spec[S_ENQUEUED_AT], seqs[0], job)
+        e = (-job.spec[S_PRIORITY], job.spec[S_ENQUEUED_AT], seqs[0], job)
         if not heap or e < heap[0]:
             return e
     return heap[0] if heap else None
@@ -257,7 +258,7 @@ def requeue(m, q, qk: Keys, key: Key) -> None:
         return
     e = head(m, q, key)
     if e is not None:
-        schedule(m, qk, key, e.neg_priority)
+        schedule(m, qk, key, e[ENTRY_NEG_PRIORITY])
 
 
 # ---------------------------------------------------------------------------- ready jobs
@@ -268,14 +269,14 @@ def ensure(m, q) -> Keys:
         m._set(q, "keys", qk)
         e = plain_head(m, q)
         if e is not None:                   # the jobs without a key join the rotation
-            schedule(m, qk, qk.plain, e.neg_priority)
+            schedule(m, qk, qk.plain, e[ENTRY_NEG_PRIORITY])
     return qk
 
 
 def push(m, q, entry) -> None:
     """A keyed job's entry into its key's heap (it has become READY, or a resource slot freed);
     the key enters the rotation, or moves up to the entry's level."""
-    job = entry.job
+    job = entry[ENTRY_JOB]
     qk = ensure(m, q)
     name = job.spec[S_KEY]
     key = qk.by_key.get(name)
@@ -292,8 +293,8 @@ def push(m, q, entry) -> None:
         count_resource(m, key, r, 1)
     if key.held is not None:
         m._add(qk, "held_ready", 1)
-    elif key.level is None or entry.neg_priority < key.level:
-        schedule(m, qk, key, entry.neg_priority)
+    elif key.level is None or entry[ENTRY_NEG_PRIORITY] < key.level:
+        schedule(m, qk, key, entry[ENTRY_NEG_PRIORITY])
 
 
 def plain_pushed(m, q, level: int) -> None:
@@ -587,7 +588,7 @@ def _key_problems(m, qname: str, key: Key, where: str, ready: int, in_flight: in
     for e in key.heap:
         if not is_live_entry(e, jobs):
             continue
-        job = e.job
+        job = e[ENTRY_JOB]
         n += 1
         live_ready[job.id] += 1
         if job.resource is not None:
@@ -596,8 +597,8 @@ def _key_problems(m, qname: str, key: Key, where: str, ready: int, in_flight: in
                 ready_of[(job.resource, qname)] += 1
         if job.queue != qname or job.spec[S_KEY] != key.name:
             say(f"{where}: holds job {job.id} of queue {job.queue!r} key {job.spec[S_KEY]!r}")
-        if (e.neg_priority, e.enqueued_at) != (-job.priority, job.enqueued_at):
-            say(f"{where}: entry of job {job.id} keyed {e.order()}, not by its priority and enqueue time")
+        if e[:ENTRY_SEQ] != (-job.priority, job.enqueued_at):
+            say(f"{where}: entry of job {job.id} keyed {entry_order(e)}, not by its priority and enqueue time")
     if n != key.ready or key.ready != ready:
         say(f"{where}: counts {key.ready} ready, holds {n} live entries of {ready} ready jobs")
     if (key.resources or {}) != res:
@@ -609,7 +610,7 @@ def _key_problems(m, qname: str, key: Key, where: str, ready: int, in_flight: in
             say(f"{where}: held ({key.held}) though no limit holds it")
     elif key.ready > 0:
         best = min((e for e in key.heap if is_live_entry(e, jobs)), default=None)     # a read: nothing dropped
-        if key.turn is None or best is None or key.level > best.neg_priority:
+        if key.turn is None or best is None or key.level > best[ENTRY_NEG_PRIORITY]:
             say(f"{where}: has ready jobs but is not in the rotation at its best level")
     elif key.turn is not None:
         say(f"{where}: in the rotation without a ready job")

@@ -47,7 +47,7 @@ from itertools import islice
 from . import audit, config, gating, handlers, invariants, keys, ops, schedules, snapshot
 from . import sweep as sweeping
 from .answers import render_dead_letter, render_job
-from .jobs import IN_FLIGHT, READY, SCHEDULED, STATE_NAMES, Job, Queue, ReadyEntry, is_live_entry, shown_fields
+from .jobs import ENTRY_JOB, IN_FLIGHT, READY, SCHEDULED, STATE_NAMES, Job, Queue, entry_order, is_live_entry, shown_fields
 from .ops import MALFORMED_RESULT, NOT_REMEMBERED, RESERVE, RequestRecord, ScopedRequestRecord
 from .undo import UndoLog
 from .limits import Limits
@@ -88,8 +88,8 @@ if tuple(HANDLERS) != ops.OPS:
     raise RuntimeError("every op of node/core/ops.py needs a handler here")
 
 
-def _ready_key(entry: ReadyEntry) -> tuple:
-    return entry.order()                    # (-priority, enqueued_at, seq): delivery order
+def _ready_key(entry: tuple) -> tuple:
+    return entry_order(entry)               # (-priority, enqueued_at, seq): delivery order
 
 
 def _is_live(job, seq: int, jobs: dict) -> bool:
@@ -132,7 +132,7 @@ def _fifo_from(q, jobs: dict, after: tuple | None):
         # live entries behind it (a replace that lowered the priority), and the merge with
         # the heap takes its inputs as sorted.
         if _is_live(job, seq, jobs):
-            yield ReadyEntry(-job.priority, job.enqueued_at, seq, job)
+            yield -job.priority, job.enqueued_at, seq, job
 
 
 def _heap_in_order(heap: list, after: tuple | None):
@@ -376,7 +376,7 @@ class QueueMachine(UndoLog):
                     break
             more = len(page) > limit
             page = page[:limit]
-            return [self.job_view(e.job.id) for e in page], (list(_ready_key(page[-1])) if more else None)
+            return [self.job_view(e[ENTRY_JOB].id) for e in page], (list(_ready_key(page[-1])) if more else None)
         else:
             key = (lambda j: (j.run_at, j.seq)) if state == SCHEDULED else (lambda j: (j.lease_expires, j.seq))
             cands = [(key(j), j) for j in self.jobs.values() if j.queue == qname and j.state == state]

@@ -34,7 +34,7 @@ from .answers import result_of_answer
 from .config import KeyRecord
 from .gating import Circuit
 from .jobs import (DEDUP_BUCKET, DEDUP_JOB_ID, DEDUP_KEY, IN_FLIGHT, READY, SHOWN_FIELDS, DeadLetter,
-                   TIMER_JOB, Job, Queue, ReadyEntry, is_live_entry, ready_entry, dedup_expires, dedup_items,
+                   ENTRY_JOB, TIMER_JOB, Job, Queue, entry_order, is_live_entry, ready_entry, dedup_expires, dedup_items,
                    dedup_queue, dedup_record)
 from .ops import DRAINED, ENQUEUED_BATCH, RESERVED, compact_batch, expanded_batch, request_record
 from .schedules import Schedule
@@ -93,7 +93,7 @@ def _ready_rows(q, jobs: dict) -> list:
     read from its two deques without making its entries: a deep backlog is most of a snapshot."""
     # zip would drop the jobs past the shorter deque: a snapshot must never lose one silently.
     assert len(q.ready_fifo) == len(q.fifo_seqs), f"queue {q.name!r}: the FIFO's deques are out of step"
-    rows = [(e.neg_priority, e.enqueued_at, e.seq, e.job.id) for e in q.ready_heap if is_live_entry(e, jobs)]
+    rows = [e[:ENTRY_JOB] + (e[ENTRY_JOB].id,) for e in q.ready_heap if is_live_entry(e, jobs)]
     rows += [(-job.priority, job.enqueued_at, seq, job.id) for job, seq in zip(q.ready_fifo, q.fifo_seqs)
              if job.state == READY and job.seq == seq and jobs.get(job.id) is job]
     return rows
@@ -173,7 +173,7 @@ def _live_blocked(m):
     jobs, ids = m.jobs, m.blocked_ids
     for r, per in m.blocked.items():
         for qname, heap in per.items():
-            live = [e for e in heap if is_live_entry(e, jobs) and ids.get(e.job.id) == r]
+            live = [e for e in heap if is_live_entry(e, jobs) and ids.get(e[ENTRY_JOB].id) == r]
             if live:
                 yield r, qname, live
 
@@ -182,7 +182,7 @@ def _gating(m) -> dict:
     """Gating's state, only when there is some (a state without it writes what it did before):
     the blocked entries per (resource, queue) and each queue's deferral count and circuit. The
     in-flight count per resource is rebuilt from the jobs."""
-    blocked = [(r, qname, [(e.neg_priority, e.enqueued_at, e.seq, e.job.id) for e in sorted(live, key=ReadyEntry.order)])
+    blocked = [(r, qname, [e[:ENTRY_JOB] + (e[ENTRY_JOB].id,) for e in sorted(live, key=entry_order)])
                for r, qname, live in _live_blocked(m)]
     queues = [(q.name, q.deferred, q.circuit.to_tuple() if q.circuit is not None else None)
               for q in m.queues.values() if q.deferred or q.circuit is not None]
@@ -267,7 +267,7 @@ def _restored_queue(name: str, counters: list, rows: list, jobs: dict) -> Queue:
     while k > 0 and tuple(rows[k - 1]) < tuple(rows[k]):
         k -= 1
     k = max(k, 0)
-    q.ready_heap = [ReadyEntry(a, b, c, jobs[i]) for a, b, c, i in rows[:k]]
+    q.ready_heap = [(a, b, c, jobs[i]) for a, b, c, i in rows[:k]]
     heapq.heapify(q.ready_heap)
     tail = rows[k:]
     q.ready_fifo = deque([jobs[job_id] for _, _, _, job_id in tail])
@@ -309,11 +309,11 @@ def _restore_gating(m, data: dict) -> None:
     if gating is None:
         return
     for r, qname, entries in gating["blocked"]:
-        heap = [ReadyEntry(a, b, c, jobs[i]) for a, b, c, i in entries]      # sorted: a heap already
+        heap = [(a, b, c, jobs[i]) for a, b, c, i in entries]      # sorted: a heap already
         m.blocked.setdefault(r, {})[qname] = heap
         q = m.queues[qname]
         for e in heap:
-            m.blocked_ids[e.job.id] = r
+            m.blocked_ids[e[ENTRY_JOB].id] = r
         q.throttled += len(heap)
     for qname, deferred, circuit in gating["queues"]:
         q = m.queues[qname]

@@ -132,7 +132,7 @@ def next_due_ms(m) -> int | None:
     if retention > 0 and m.dlq:
         due.append(m.dlq[next(iter(m.dlq))].failed_at + retention)
     if m.audit:
-        due.append(m.audit[0][audit.ENTRY_AT] + m.limits.audit_retention_ms)
+        due.append(m.audit[0][audit.AUDIT_AT] + m.limits.audit_retention_ms)
     if m.tick_heap:
         due.append(m.tick_heap[0][TIMER_AT])
     if m.key_timers:
