@@ -114,7 +114,8 @@ class LocalCluster:
                  secret: str | None = "random", base_port: int | None = None,
                  python: str | None = None, env: dict | None = None, api_keys: list | None = None,
                  testing: dict | None = None, http_ports: list[int] | None = None,
-                 raft_ports: list[int] | None = None, tls: bool | str = False, schedules: list | None = None):
+                 raft_ports: list[int] | None = None, tls: bool | str = False, schedules: list | None = None,
+                 grpc: bool = False):
         """Ports: `http_ports` and `raft_ports` as given, else from `base_port` (HTTP base..,
         Raft base+100..), else free ones. Every file it writes is 0600, its directories 0700,
         and the nodes run with umask 077 (their journals, snapshots and logs are private too:
@@ -123,7 +124,9 @@ class LocalCluster:
         `tls`: True makes every node serve https:// with a certificate from a CA of the
         directory's own (ca.pem, n1-cert.pem, n1-key.pem...; kept and reused while valid),
         "mtls" also requires client certificates signed by it (client-cert.pem,
-        client-key.pem). `client_options()` gives a Client what it needs to call them."""
+        client-key.pem). `client_options()` gives a Client what it needs to call them.
+        `grpc`: every node also serves sepp's gRPC API ([grpc] listen) on a free port of its own
+        (`grpc_addr(i)`)."""
         if tls not in (False, True, "mtls"):
             raise ValueError("tls must be False, True or 'mtls'")
         self.tls = tls
@@ -163,6 +166,7 @@ class LocalCluster:
         self.ids = [f"n{i + 1}" for i in range(nodes)]
         self.http_ports, self.raft_ports = http, raft
         self.urls = [f"{'https' if tls else 'http'}://127.0.0.1:{p}" for p in http]
+        self.grpc_ports: list[int] | None = free_ports(nodes) if grpc else None
         self._client_ssl = None
         self.procs: dict[int, subprocess.Popen] = {}
         self.logs: dict[int, object] = {}
@@ -174,6 +178,12 @@ class LocalCluster:
         self.members_count: int | None = None
 
     # ------------------------------------------------------------ configs
+    def grpc_addr(self, i: int) -> str:
+        """Node i's sepp gRPC address, host:port (a cluster made with grpc=True)."""
+        if self.grpc_ports is None:
+            raise ValueError("this cluster has no gRPC ports: LocalCluster(..., grpc=True)")
+        return f"127.0.0.1:{self.grpc_ports[i]}"
+
     def config_path(self, i: int) -> Path:
         return self.dir / f"{self.ids[i]}.toml"
 
@@ -288,6 +298,8 @@ class LocalCluster:
         self.http_ports.append(http)
         self.raft_ports.append(raft)
         self.urls.append(f"{'https' if self.tls else 'http'}://127.0.0.1:{http}")
+        if self.grpc_ports is not None:
+            self.grpc_ports += free_ports(1)
         self.n += 1
         self.peers_of[i] = members + [i]
         if self.tls:
@@ -314,6 +326,8 @@ class LocalCluster:
             text += "\n" + toml_table("storage", self.storage)
         if self.tuning:
             text += "\n" + toml_table("tuning", self.tuning)
+        if self.grpc_ports is not None:
+            text += "\n" + toml_table("grpc", {"listen": self.grpc_addr(i)})
         if self.api_keys:
             text += "\n[auth]\napi_keys = [\n" + "".join(f"  {toml_value(k)},\n" for k in self.api_keys) + "]\n"
         testing = self._testing_of(i)

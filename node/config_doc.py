@@ -359,6 +359,14 @@ TUNING = {
                                        "frames are at most 4096 bytes (a longer length prefix closes it before "
                                        "anything of the frame is buffered).", positive=True),
 }
+GRPC = {
+    "listen": Key("string", "`host:port` sepp's gRPC API (`sepp.v1.QueueService` and `grpc.health.v1.Health`) "
+                  "listens on, a port of its own: sepp's clients (sepp-py and the others) work against the node "
+                  "unchanged (docs/sepp.md). With `node.tls_cert` it serves TLS with the same files (and "
+                  "`tls_client_ca` requires client certificates), reloaded on SIGHUP. Needs the `grpc` extra "
+                  "(`pip install 'raftq[server,grpc]'`).", default="unset: no gRPC"),
+}
+
 TESTING = {
     "clock_offset_ms": Key("integer", "Shifts this node's idea of now (never the system clock): the chaos "
                            "tool's clock-skew fault."),
@@ -428,6 +436,8 @@ SECTIONS = [
     ("[tuning]", TUNING, S.TUNING_DEFAULTS, "Timers and bounds of the node process; the defaults were measured "
      "on a 2-core machine and rarely need changing. Every value must be a positive number (the exceptions are "
      "noted)."),
+    ("[grpc]", GRPC, None, "Optional: sepp's gRPC API on this node (docs/sepp.md), off without it. Each node has "
+     "its own `listen`; API keys and roles are the HTTP API's, sent as `authorization: Bearer <key>` metadata."),
     ("[testing]", TESTING, {f.name: (f.default if f.default is not dataclasses.MISSING else f.default_factory())
                             for f in dataclasses.fields(S.TestHooks)},
      "Hooks for the chaos tool and the tests, all off by default. They change what one node believes, never the "
@@ -448,6 +458,7 @@ def _code_keys() -> dict[str, set]:
         "[[schedules]]": {"name"} | set(BODY_KEYS - {"expect_version"}),
         "[tuning]": set(S.TUNING_DEFAULTS),
         "[testing]": set(S.TESTING_KEYS),
+        "[grpc]": set(S.GRPC_KEYS),
     }
 
 

@@ -52,11 +52,16 @@ async def serve(settings: Settings, tls_loaded=None, accept_damaged_log: bool = 
               f"{e.strerror}; is another node using that port?", file=sys.stderr, flush=True)
         service.replica.destroy()
         return 1
+    grpc_server = await start_grpc(service)
+    if isinstance(grpc_server, int):
+        await runner.cleanup()
+        service.replica.destroy()
+        return grpc_server
     stop = asyncio.Event()
     service.start(on_fatal=stop.set)
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    loop.add_signal_handler(signal.SIGHUP, lambda: reload_tls(site, settings))
+    loop.add_signal_handler(signal.SIGHUP, lambda: reload_tls(site, settings, grpc_server))
     log.info("node %s serving %s (raft %s, data %s, durability %s)", settings.node_id, settings.url,
              settings.raft, settings.data_dir, settings.durability)
     if tls_loaded is not None:
@@ -64,12 +69,39 @@ async def serve(settings: Settings, tls_loaded=None, accept_damaged_log: bool = 
     await stop.wait()
     log.info("node %s stopping", settings.node_id)
     await service.stop()
+    if grpc_server is not None:
+        await grpc_server.stop()
     await runner.cleanup()
     if service.fatal:
         print(f"raftq node {settings.node_id}: {service.fatal}", file=sys.stderr, flush=True)
         return 2
     log.info("node %s stopped", settings.node_id)
     return 0
+
+
+async def start_grpc(service: NodeService):
+    """[grpc] listen: sepp's gRPC API (node/api/sepp_grpc.py) on this loop, started; None when
+    off; an exit code when it cannot start (2: the grpc extra is missing, 1: cannot listen)."""
+    settings = service.settings
+    if settings.grpc_listen is None:
+        return None
+    try:
+        from .api.sepp_grpc import GrpcServer
+    except ImportError as e:
+        print(f"raftq node {settings.node_id}: [grpc] listen is set but the gRPC API cannot be loaded ({e}): "
+              "install the grpc extra (pip install 'raftq[server,grpc]')", file=sys.stderr, flush=True)
+        return 2
+    server = GrpcServer(service)
+    try:
+        await server.start()
+    except OSError as e:
+        print(f"raftq node {settings.node_id}: gRPC: {e}; is another process using that port?",
+              file=sys.stderr, flush=True)
+        await server.stop(0)
+        return 1
+    log.info("node %s serving sepp's gRPC API on %s%s", settings.node_id, server.address,
+             " (TLS)" if server.certificates else "")
+    return server
 
 
 def log_tls(loaded, settings: Settings, what: str) -> None:
@@ -79,9 +111,10 @@ def log_tls(loaded, settings: Settings, what: str) -> None:
         log.warning("TLS: %s", text)
 
 
-def reload_tls(site, settings: Settings) -> None:
+def reload_tls(site, settings: Settings, grpc_server=None) -> None:
     """SIGHUP: load the TLS files again. New connections get the new certificate (and client
-    CA), established ones keep theirs; files that do not load leave everything as it was."""
+    CA), established ones keep theirs; files that do not load leave everything as it was. The
+    gRPC port (when on) takes the same files, once the HTTP site has loaded them."""
     from .base.tls import TlsSite
     if not isinstance(site, TlsSite):
         log.info("SIGHUP: this node has no TLS (node.tls_cert): nothing to reload")
@@ -96,6 +129,11 @@ def reload_tls(site, settings: Settings) -> None:
         log.exception("TLS: reload failed, still serving the certificate loaded before: %s", e)
         return
     log_tls(loaded, settings, "reloaded: new connections get")
+    if grpc_server is not None:
+        try:
+            grpc_server.reload_tls()
+        except Exception as e:              # never let a reload take the node down
+            log.error("TLS: gRPC reload failed, its port still serves the files loaded before: %s", e)
 
 
 def main(argv=None) -> int:

@@ -86,6 +86,8 @@ class Settings:
     tuning: dict = field(default_factory=dict)
     testing: TestHooks = field(default_factory=TestHooks)
     tls: TlsFiles | None = None
+    # [grpc] listen: (host, port) of sepp's gRPC API (node/api/sepp_grpc.py), or None: off
+    grpc_listen: tuple[str, int] | None = None
 
     @property
     def others(self) -> tuple[Peer, ...]:
@@ -153,7 +155,8 @@ def _str(where: str, value) -> str:
     return value
 
 
-SECTIONS = ("node", "cluster", "limits", "storage", "auth", "queues", "schedules", "tuning", "testing")
+SECTIONS = ("node", "cluster", "limits", "storage", "auth", "queues", "schedules", "tuning", "testing", "grpc")
+GRPC_KEYS = {"listen"}
 
 
 def parse(doc: dict, source: str = "", base_dir: Path | None = None) -> Settings:
@@ -177,7 +180,25 @@ def parse(doc: dict, source: str = "", base_dir: Path | None = None) -> Settings
     return Settings(node_id=node["id"], http_host=node["http_host"], http_port=node["http_port"], url=node["url"],
                     raft=node["raft"], data_dir=node["data_dir"], peers=peers, secret=secret, durability=durability,
                     limits=limits, api_keys=api_keys, schedules=schedules, source=source, tuning=tuning,
-                    testing=_testing(doc.get("testing", {})), tls=node["tls"])
+                    testing=_testing(doc.get("testing", {})), tls=node["tls"], grpc_listen=_grpc(doc.get("grpc"), node))
+
+
+def _grpc(raw, node: dict) -> tuple[str, int] | None:
+    """[grpc]: `listen = "host:port"` serves sepp's gRPC API there (TLS as the HTTP API: the
+    node's tls_* files); no section, or no `listen`, leaves it off."""
+    if raw is None:
+        return None
+    if not isinstance(raw, dict):
+        raise ConfigError("grpc: must be a table [grpc]")
+    for key in raw:
+        if key not in GRPC_KEYS:
+            raise ConfigError(f"grpc.{key}: unknown key (one of: {', '.join(sorted(GRPC_KEYS))})")
+    if "listen" not in raw:
+        return None
+    listen = _hostport("grpc.listen", raw["listen"])
+    if listen == (node["http_host"], node["http_port"]):
+        raise ConfigError(f"grpc.listen: {raw['listen']!r} is node.http's address; gRPC needs a port of its own")
+    return listen
 
 
 def _node(node, base_dir: Path | None) -> dict:
