@@ -376,14 +376,21 @@ async def test_a_follower_serves_or_says_unavailable(shared):
 
 
 async def sepp_loop(addr: str, name: str, n: int, **kw) -> int:
-    """sepp-py's enqueue → reserve → ack, n times on `addr`; the jobs done."""
+    """sepp-py's enqueue → reserve → ack, n times on `addr`, as a worker does it: a reserve that
+    comes back empty (a leader change ends a parked reserve) is sent again, and a job whose
+    reserve answer was lost with a dying leader comes back when its short lease lapses. The jobs
+    done."""
     client = await connect(addr, "worker", **kw)
     done = 0
     try:
         for i in range(n):
             await client.enqueue(EnqueueRequest(name, "t", idempotency_key=f"{name}-{i}"))
-            jobs = await client.reserve(ReserveOptions([name], timedelta(seconds=30), wait_timeout=timedelta(seconds=5)))
-            assert jobs, f"job {i}: nothing to reserve"
+            deadline = time.monotonic() + 20
+            jobs = None
+            while not jobs and time.monotonic() < deadline:
+                jobs = await client.reserve(ReserveOptions([name], timedelta(seconds=3),
+                                                           wait_timeout=timedelta(seconds=5)))
+            assert jobs, f"job {i}: nothing to reserve for 20 s"
             await client.ack(jobs[0].ctx)
             done += 1
     finally:
@@ -398,19 +405,51 @@ async def test_sepp_py_loop_at_a_follower(shared):
     assert await sepp_loop(cluster.grpc_addr(follower), q("at-follower"), 20) == 20
 
 
+def status_of(e: BaseException):
+    """The gRPC status behind an error sepp-py raised (its own errors wrap the AioRpcError)."""
+    while e is not None and not isinstance(e, grpc.aio.AioRpcError):
+        e = e.__cause__
+    return e.code() if e is not None else None
+
+
+async def worker_through_failures(addr: str, name: str, n: int, seen: list, give_up_s: float = 60, **kw) -> int:
+    """sepp_loop's jobs as a worker that keeps going: a failure sepp-py raises is noted in `seen`
+    (its status) and the job tried again (its enqueue has an idempotency key: no duplicate)."""
+    from sepp.errors import SeppError
+    done, end = 0, time.monotonic() + give_up_s
+    while done < n:
+        try:
+            done += await sepp_loop(addr, f"{name}-{done}", 1, **kw)
+        except (SeppError, grpc.aio.AioRpcError) as e:
+            seen.append(status_of(e))
+            if time.monotonic() > end:
+                raise
+            await asyncio.sleep(0.2)
+    return done
+
+
 @pytest.mark.xfail(strict=False, reason=FOLLOWERS_FORWARD)
 async def test_sepp_py_loop_at_a_follower_across_a_leader_kill(shared):
     """A client of a follower keeps working while the leader is killed: what it sees in between
-    is only what its retry policy retries (UNAVAILABLE, RESOURCE_EXHAUSTED, ABORTED)."""
+    is only what sepp-py's retry policy treats as transient (never a NOT_FOUND for its own ack
+    that a dying leader applied without answering)."""
+    from sepp.errors import RETRYABLE_CODES
     cluster, leader = shared
     follower = next(i for i in range(cluster.n) if i != leader)
     policy = RetryPolicy(max_attempts=20, initial_backoff=timedelta(milliseconds=100),
                          max_backoff=timedelta(seconds=1))
-    task = asyncio.create_task(sepp_loop(cluster.grpc_addr(follower), q("kill"), 60, retry_policy=policy))
+    try:
+        await sepp_loop(cluster.grpc_addr(follower), q("before-kill"), 1)
+    except Exception as e:                  # a follower that does not serve yet: no run to kill under
+        pytest.xfail(f"{FOLLOWERS_FORWARD} (the follower answered {status_of(e)})")
+    seen: list = []
+    task = asyncio.create_task(worker_through_failures(cluster.grpc_addr(follower), q("kill"), 60, seen,
+                                                       retry_policy=policy))
     await asyncio.sleep(0.5)
     cluster.kill(leader)
     try:
-        assert await asyncio.wait_for(task, 60) == 60
+        assert await asyncio.wait_for(task, 120) == 60
+        assert set(seen) <= RETRYABLE_CODES, seen
     finally:
         heal(cluster)
 
