@@ -500,3 +500,30 @@ def test_tls_with_the_nodes_files(tmp_path):
         asyncio.run(run())
     finally:
         c.close()
+
+
+def test_mtls_requires_a_client_certificate(tmp_path):
+    """tls_client_ca: the gRPC port takes only clients with a certificate its CA signed (sepp has
+    no client certificates; docs/sepp.md "What differs")."""
+    c = LocalCluster(tmp_path / "mtls", nodes=1, tls="mtls", grpc=True).launch()
+    try:
+        ca = c.ca_file.read_bytes()
+        cert, key = (open(p, "rb").read() for p in c.client_cert)
+        options = (("grpc.ssl_target_name_override", "localhost"),)
+
+        async def info(credentials):
+            channel = grpc.aio.secure_channel(c.grpc_addr(0), credentials, options=options)
+            try:
+                return await pb_grpc.QueueServiceStub(channel).GetServerInfo(pb.GetServerInfoRequest(), timeout=5)
+            finally:
+                await channel.close()
+
+        async def run():
+            got = await info(grpc.ssl_channel_credentials(root_certificates=ca, private_key=key, certificate_chain=cert))
+            assert got.supported_protocol_versions == ["v1"]
+            with pytest.raises(grpc.aio.AioRpcError) as e:
+                await info(grpc.ssl_channel_credentials(root_certificates=ca))
+            assert e.value.code() == Code.UNAVAILABLE
+        asyncio.run(run())
+    finally:
+        c.close()
