@@ -527,3 +527,25 @@ def test_mtls_requires_a_client_certificate(tmp_path):
         asyncio.run(run())
     finally:
         c.close()
+
+
+def test_sighup_gives_new_grpc_connections_the_new_certificate(tmp_path):
+    """The gRPC port takes the node's TLS files again on SIGHUP, as the HTTP API does."""
+    import ssl
+    c = LocalCluster(tmp_path / "reload", nodes=1, tls=True, grpc=True).launch()
+    try:
+        host, port = c.grpc_addr(0).rsplit(":", 1)
+
+        def served() -> str:
+            return ssl.get_server_certificate((host, int(port)), ca_certs=str(c.ca_file), timeout=5)
+        before = served()
+        c.cert_path(0).unlink()
+        c.key_path(0).unlink()
+        assert c.ensure_certs() and c.cert_path(0).exists()      # a new certificate from the same CA
+        c.reload_tls(0)
+        deadline = time.monotonic() + 10
+        while served() == before and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert served() != before
+    finally:
+        c.close()
