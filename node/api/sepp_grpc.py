@@ -308,7 +308,7 @@ def follower_refusal(service: NodeService):
     whose NodeService does not forward (UNAVAILABLE, as a session's follower answers), the
     configuration not seeded yet."""
     if service.stopping:
-        return error("unavailable", "this node is shutting down; retry on another node")
+        return error("unavailable", "this node is shutting down; retry on another node", applied=False)
     if service.replica.removed:
         return error("unavailable", service.removed_reason())
     if not service.is_leader() and not forwards(service):
