@@ -9,8 +9,10 @@ duplicating work.
 * Transport: `"session"` (default) multiplexes every call over one WebSocket to the leader
   (`GET /v1/session`); `"http"` sends plain requests. Calls the session does not carry go over
   HTTP either way.
-* Leader discovery: asks any node `GET /v1/cluster`, sends to the leader, follows 307s and
-  remembers the new leader; on connection errors, `no_leader`, `unavailable` and `overloaded`
+* Leader discovery: asks any node `GET /v1/cluster`, sends to the leader (with `Raftq-Redirect: 1`,
+  so a follower answers 307 instead of forwarding), follows 307s and remembers the new leader;
+  with `spread=True` it sends every call to one node of its own instead (picked at random, the
+  next one when it fails), which forwards to the leader (docs/client.md); on connection errors, `no_leader`, `unavailable` and `overloaded`
   it retries across nodes with capped, jittered backoff until the call's deadline.
 * A cluster that is not there: when, during a call, no node accepts a connection for
   `connect_budget` seconds (3 by default), the call raises `Unreachable` (an `Unavailable`)
@@ -550,7 +552,7 @@ class Client:
                  timeout: float = 30.0, connect_timeout: float = 5.0, backoff_base: float = 0.05,
                  backoff_max: float = 1.0, auto_idempotency: bool = True, connections: int = 100,
                  attempt_timeout: float = 8.0, connect_budget: float | None = 3.0,
-                 ca: str | None = None, verify: bool = True, cert=None):
+                 ca: str | None = None, verify: bool = True, cert=None, spread: bool = False):
         """`timeout`: each call's deadline (s). `connect_timeout`: bound of one leader lookup
         or session handshake. `attempt_timeout`: bound of one attempt. `connect_budget`: a call
         during which no node accepts a connection for this long raises `Unreachable` (None:
@@ -558,7 +560,10 @@ class Client:
         TLS (https:// URLs): `ca` a PEM file of the CAs to trust instead of the system's,
         `cert` a client certificate `(certfile, keyfile)` for nodes that require one (mTLS),
         `verify=False` checks no certificate at all: for tests only, never in production
-        (anyone on the path could read the API keys and change the traffic)."""
+        (anyone on the path could read the API keys and change the traffic).
+        `spread`: send every call to one node picked for this client (at random; the next one
+        when it fails) and let it forward to the leader, instead of to the leader itself: many
+        clients spread the parsing and answering over every node (docs/client.md)."""
         if isinstance(urls, str):
             urls = [u for u in urls.split(",") if u]
         if not urls:
@@ -579,6 +584,8 @@ class Client:
         self.ssl = tls_context(ca, verify, cert)
         self.has_cert = cert is not None
         self.leader: str | None = None
+        self.spread = spread
+        self._home: str | None = None                     # spread: the node this client calls
         self._refused: dict[str, tuple[float, str]] = {}   # url -> (refusing since, why), monotonic
         self._last_contact = float("-inf")                # when a node last accepted a connection
         self._last_refusal = float("-inf")                # when one last refused (or never took) one
@@ -605,6 +612,8 @@ class Client:
 
     def _headers(self, rid: str | None) -> dict:
         h = {"Content-Type": "application/json"}
+        if not self.spread:
+            h["Raftq-Redirect"] = "1"       # to the leader itself: a follower answers 307
         if self.api_key:
             h["Authorization"] = f"Bearer {self.api_key}"
         if rid is not None:
@@ -787,7 +796,8 @@ class Client:
                 raise self._out_of_time(started, self._quiet(started), rid, last)
             target = None
             try:
-                target = self.leader if leader_only else (self.leader or self.urls[0])
+                target = self._home_node() if self.spread else self.leader if leader_only else (
+                    self.leader or self.urls[0])
                 if target is None:
                     target = await self._discover_leader(remaining)
                 if self.transport == "session" and op in SESSION_OPS and leader_only:
@@ -809,6 +819,7 @@ class Client:
                     raise _tls_error([(target, tls)]) from e
                 if not isinstance(e, Unavailable):
                     self._note_failure(target, e)
+                    self._move_home(target)
                 self.leader = None
                 last = e
             else:
@@ -828,6 +839,18 @@ class Client:
             attempt += 1
             self.stats["retries"] += 1
             await asyncio.sleep(self._retry_pause(attempt, started, deadline, rid, last))
+
+    def _home_node(self) -> str:
+        """spread: the node this client sends to."""
+        if self._home is None or self._home not in self.urls:
+            self._home = random.choice(self.urls)
+        return self._home
+
+    def _move_home(self, failed: str | None) -> None:
+        """spread: a node that failed a call is left for the next one."""
+        if self.spread and failed is not None and failed == self._home and len(self.urls) > 1:
+            i = self.urls.index(failed) if failed in self.urls else -1
+            self._home = self.urls[(i + 1) % len(self.urls)]
 
     async def _discover_leader(self, remaining: float) -> str:
         """Ask the nodes who leads (remembered as self.leader); Unavailable when none knows."""

@@ -351,6 +351,11 @@ TUNING = {
                                    positive=True),
     "session_stall_timeout_s": Key("number", "A session held back with answers waiting that sends none for this long "
                                    "(its client does not read) is closed with code 4008.", positive=True),
+    "forward_wait_s": Key("number", "A call a follower forwards waits this long for a reachable leader (an "
+                          "election), then answers 503 `unavailable` (not applied).", positive=True),
+    "max_forward_inflight": Key("integer", "Most calls a follower's link to the leader carries unanswered; one more is "
+                                "answered 429 `overloaded`. The leader bounds the link's session by it too.",
+                                positive=True),
     "raft_handshake_timeout_s": Key("number", "A Raft-port connection (incoming or outgoing) must finish its "
                                     "handshake (key exchange and address) this long after it started; else it is "
                                     "closed (and an outgoing one dialled again).", positive=True),

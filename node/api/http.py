@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hmac
 import logging
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -17,6 +18,7 @@ from ..replication.backup import Backups, Busy
 from ..core.errors import error
 from .metrics import CONTENT_TYPE, render as render_metrics
 from ..replication.proposer import wall_ms
+from ..service.forwarding import FORWARD_HEADER, REDIRECT_HEADER
 from ..service.node_service import NodeService
 from .session import Sessions
 from ..base.settings import TUNING_DEFAULTS
@@ -96,19 +98,26 @@ def _name(req: web.Request) -> str:
     return req.match_info["name"]
 
 
+def _auth(req: web.Request):
+    return req.headers.get("Authorization")
+
+
 # (path, the role it needs, handler(service, request, body, request id, caller's key name)):
-# writes the leader answers (a follower redirects), with a body, with an optional one, and PUTs;
-# then reads the leader answers (handler(service, request)).
+# writes the leader answers, with a body, with an optional one, and PUTs; then reads the leader
+# answers (handler(service, request)). A follower forwards them (node/service/forwarding.py):
+# the job operations of SERVICE_FORWARDS through NodeService's link, the others as HTTP; with
+# `Raftq-Redirect: 1` it answers 307 to the leader instead.
 LEADER_POST = [
-    ("/v1/jobs", WORKER, lambda s, req, b, rid, who: s.enqueue(b, rid, who)),
-    ("/v1/jobs/batch", WORKER, lambda s, req, b, rid, who: s.enqueue_batch(b, rid, who)),
-    ("/v1/jobs/atomic", WORKER, lambda s, req, b, rid, who: s.enqueue_atomic(b, rid, who)),
-    ("/v1/reserve", WORKER, lambda s, req, b, rid, who: s.reserve(b, rid, alive=_alive(req), who=who)),
-    ("/v1/acks", WORKER, lambda s, req, b, rid, who: s.ack_batch(b, rid, who)),
-    ("/v1/jobs/{id}/ack", WORKER, lambda s, req, b, rid, who: s.ack(req.match_info["id"], b, rid, who)),
-    ("/v1/jobs/{id}/nack", WORKER, lambda s, req, b, rid, who: s.nack(req.match_info["id"], b, rid, who)),
-    ("/v1/jobs/{id}/extend", WORKER, lambda s, req, b, rid, who: s.extend(req.match_info["id"], b, rid, who)),
-    ("/v1/jobs/{id}/release", WORKER, lambda s, req, b, rid, who: s.release(req.match_info["id"], b, rid, who)),
+    ("/v1/jobs", WORKER, lambda s, req, b, rid, who: s.enqueue(b, rid, who, _auth(req))),
+    ("/v1/jobs/batch", WORKER, lambda s, req, b, rid, who: s.enqueue_batch(b, rid, who, _auth(req))),
+    ("/v1/jobs/atomic", WORKER, lambda s, req, b, rid, who: s.enqueue_atomic(b, rid, who, _auth(req))),
+    ("/v1/reserve", WORKER, lambda s, req, b, rid, who: s.reserve(b, rid, alive=_alive(req), who=who,
+                                                                      auth=_auth(req))),
+    ("/v1/acks", WORKER, lambda s, req, b, rid, who: s.ack_batch(b, rid, who, _auth(req))),
+    ("/v1/jobs/{id}/ack", WORKER, lambda s, req, b, rid, who: s.ack(req.match_info["id"], b, rid, who, _auth(req))),
+    ("/v1/jobs/{id}/nack", WORKER, lambda s, req, b, rid, who: s.nack(req.match_info["id"], b, rid, who, _auth(req))),
+    ("/v1/jobs/{id}/extend", WORKER, lambda s, req, b, rid, who: s.extend(req.match_info["id"], b, rid, who, _auth(req))),
+    ("/v1/jobs/{id}/release", WORKER, lambda s, req, b, rid, who: s.release(req.match_info["id"], b, rid, who, _auth(req))),
     ("/v1/dead-letters/requeue", OPERATOR, lambda s, req, b, rid, who: s.requeue(b, rid, who)),
     ("/v1/dead-letters/delete", OPERATOR, lambda s, req, b, rid, who: s.delete_dead_letters(b, rid, who)),
     ("/v1/queues/{name}/dead-letter", OPERATOR,
@@ -117,7 +126,7 @@ LEADER_POST = [
     ("/v1/cluster/members", ADMIN, lambda s, req, b, rid, who: s.add_member(b, rid, who)),
 ]
 OPTIONAL_BODY = [
-    ("POST", "/v1/dead-letters/drain", OPERATOR, lambda s, req, b, rid, who: s.drain(b, rid, who)),
+    ("POST", "/v1/dead-letters/drain", OPERATOR, lambda s, req, b, rid, who: s.drain(b, rid, who, _auth(req))),
     ("POST", "/v1/queues/{name}/pause", OPERATOR, lambda s, req, b, rid, who: s.pause(_name(req), True, rid, b, who)),
     ("POST", "/v1/queues/{name}/resume", OPERATOR,
      lambda s, req, b, rid, who: s.pause(_name(req), False, rid, b, who)),
@@ -158,6 +167,13 @@ LEADER_GET = [
 ]
 
 
+# The routes whose NodeService method forwards itself on a follower (over the forward link).
+SERVICE_FORWARDS = frozenset(("/v1/jobs", "/v1/jobs/batch", "/v1/jobs/atomic", "/v1/reserve", "/v1/acks",
+                              "/v1/jobs/{id}/ack", "/v1/jobs/{id}/nack", "/v1/jobs/{id}/extend",
+                              "/v1/jobs/{id}/release", "/v1/dead-letters/drain"))
+FORWARD = web.Response(status=599)      # a marker: this follower forwards the request
+
+
 def build_app(service: NodeService) -> web.Application:
     # No middleware: aiohttp wraps every request in each one (two extra coroutine layers on
     # the hot path). Each handler catches its own errors (inline or `_guarded`), and a catch-all route
@@ -176,10 +192,10 @@ def build_app(service: NodeService) -> web.Application:
     sessions = Sessions(service)
     app["sessions"] = sessions
     service.leadership_lost_hooks.append(sessions.close_all)
-    routes = [("POST", path, _leader_write(fn, auth, role)) for path, role, fn in LEADER_POST]
-    routes += [(method, path, _leader_write(fn, auth, role, optional=True))
+    routes = [("POST", path, _leader_write(fn, auth, role, path=path)) for path, role, fn in LEADER_POST]
+    routes += [(method, path, _leader_write(fn, auth, role, optional=True, path=path))
                for method, path, role, fn in OPTIONAL_BODY]
-    routes += [("PUT", path, _leader_write(fn, auth, role)) for path, role, fn in LEADER_PUT]
+    routes += [("PUT", path, _leader_write(fn, auth, role, path=path)) for path, role, fn in LEADER_PUT]
     routes += [("GET", path, _leader_read(fn, auth, role)) for path, role, fn in LEADER_GET]
     # The hot handlers above guard themselves inline (one coroutine layer less per request).
     routes += [("GET", path, _guarded(handler)) for path, handler in (
@@ -208,6 +224,13 @@ def _session_route(service: NodeService, sessions: Sessions):
 
     async def session(request: web.Request) -> web.StreamResponse:
         header = request.headers.get("Authorization")
+        link = request.headers.get(FORWARD_HEADER)
+        if link is not None:            # a follower's forward link: to the leader only
+            if not hmac.compare_digest(link, service.forwarder.token):
+                return respond(*error("unauthenticated", "the forward token is not this cluster's"))
+            if not service.is_leader():
+                return respond(*error("unavailable", "this node is not the leader", applied=False))
+            return await sessions.handle(request, None, forwarder=True)
         if auth.enabled:                # at the upgrade; then each frame against the set in force
             _, refused = auth.who(header)
             if refused is not None:
@@ -220,7 +243,7 @@ def _session_route(service: NodeService, sessions: Sessions):
             # A web page may open a WebSocket to any site (no CORS): only this node's own may.
             return respond(*error("permission_denied", f"a session from another origin ({origin[:100]}) is refused"))
         redirect = _not_leader(service, request)
-        if redirect is not None:
+        if redirect is not None and redirect is not FORWARD:
             return redirect
         return await sessions.handle(request, header)
     return session
@@ -335,13 +358,16 @@ def _alive(request: web.Request):
 
 
 def _not_leader(service: NodeService, request: web.Request) -> web.Response | None:
-    """None when this node should serve a leader-only request, else the redirect or 503."""
+    """None when this node should serve a leader-only request, FORWARD when it forwards it (a
+    follower), else the redirect (asked for with `Raftq-Redirect: 1`) or 503."""
     if service.stopping:
         return respond(*error("no_leader", "this node is shutting down; retry on another node"))
     if service.replica.removed:
         return respond(*error("unavailable", service.removed_reason(), removed=True))
     if service.is_leader():
         return None
+    if request.headers.get(REDIRECT_HEADER) != "1":
+        return FORWARD
     url = service.leader_url()
     if url is None or url == service.settings.url:
         return respond(*error("no_leader", "no leader is known right now (election in progress?); retry shortly"))
@@ -351,7 +377,23 @@ def _not_leader(service: NodeService, request: web.Request) -> web.Response | No
                         headers={"Location": url + request.path_qs, "Leader-Url": url})
 
 
-def _leader_write(fn, auth: Auth, need: int, optional: bool = False):
+async def _forward_http(service: NodeService, request: web.Request) -> web.Response:
+    """A follower sends the request to the leader as it came and answers with the leader's
+    answer (node/service/forwarding.py forward_http)."""
+    try:
+        raw = await request.read() if request.body_exists else None
+    except web.HTTPRequestEntityTooLarge:
+        return _too_large(request)
+    headers = {k: v for k in ("Authorization", "Request-Id", "Content-Type") if (v := request.headers.get(k))}
+    headers[REDIRECT_HEADER] = "1"      # a node that no longer leads answers 307: sent again, no chain
+    status, body, ctype = await service.forward_http(request.method, request.path_qs, raw, headers)
+    extra = {"Retry-After": "1"} if status in (429, 503) else None
+    return web.Response(body=body, status=status, headers={"Content-Type": ctype, **(extra or {})})
+
+
+def _leader_write(fn, auth: Auth, need: int, optional: bool = False, path: str = ""):
+    forwards_itself = path in SERVICE_FORWARDS
+
     async def handler(request: web.Request) -> web.Response:
         who = None
         if auth.enabled:
@@ -365,7 +407,10 @@ def _leader_write(fn, auth: Auth, need: int, optional: bool = False):
         service: NodeService = request.app["service"]
         redirect = _not_leader(service, request)
         if redirect is not None:
-            return redirect
+            if redirect is not FORWARD:
+                return redirect
+            if not forwards_itself:
+                return await _forward_http(service, request)
         if not service.seeded and not service.is_seeded():
             return respond(*service.not_seeded())
         try:
@@ -393,7 +438,7 @@ def _leader_read(fn, auth: Auth, need: int):
         service: NodeService = request.app["service"]
         redirect = _not_leader(service, request)
         if redirect is not None:
-            return redirect
+            return redirect if redirect is not FORWARD else await _forward_http(service, request)
         try:
             return respond(*fn(service, request))
         except Exception as exc:

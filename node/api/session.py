@@ -3,8 +3,11 @@
 An HTTP request costs far more CPU than the work behind it; one WebSocket carrying many small
 frames is where per-operation speed comes from (docs/api.md "Session transport (WebSocket)").
 Each frame is answered by the same `NodeService` method as the matching endpoint, with the same
-status and body. When this node stops leading, every session is closed with code 4001 and the new
-leader's URL as the reason, and the client re-sends its unanswered requests there.
+status and body. A follower serves sessions too: its job operations are forwarded to the leader
+(node/service/forwarding.py). When this node stops leading, every session it has is closed with
+code 4001 and the new leader's URL as the reason, and the client re-sends its unanswered
+requests there (or to any node). A follower's forward link is a session too (`forwarder`):
+opened with the cluster's forward token, each frame carrying its caller's Authorization.
 """
 from __future__ import annotations
 
@@ -17,6 +20,7 @@ from aiohttp import WSMsgType, web
 from ..base import bounds
 from ..base.auth import VIEWER
 from ..core.errors import error
+from ..service.forwarding import MAX_FORWARD_INFLIGHT
 from ..service.node_service import NodeService
 from ..base.settings import TUNING_DEFAULTS
 from ..base.validate import valid_request_id
@@ -37,11 +41,13 @@ class SessionState:
     __slots__ = ("parked", "max_parked", "inflight", "max_inflight", "queued", "max_queued", "room", "shared",
                  "sent", "closed")
 
-    def __init__(self, tuning: dict, shared: "Sessions"):
+    def __init__(self, tuning: dict, shared: "Sessions", forwarder: bool = False):
         self.parked = 0
         self.max_parked = int(tuning["max_session_parked_reserves"])
         self.inflight = 0
-        self.max_inflight = int(tuning["max_session_inflight"])
+        # A follower's link carries all its clients' calls: bounded as the follower bounds them.
+        self.max_inflight = int(tuning.get("max_forward_inflight", MAX_FORWARD_INFLIGHT) if forwarder
+                                else tuning["max_session_inflight"])
         self.queued = 0
         self.max_queued = int(tuning["max_session_queued_bytes"])
         self.shared = shared
@@ -86,26 +92,28 @@ class Sessions:
     def __init__(self, service: NodeService):
         self.service = service
         self.open: set[web.WebSocketResponse] = set()
+        self.links: set[web.WebSocketResponse] = set()     # followers' forward links (not in the gauge)
         self.queued = 0             # answer bytes waiting in every session's outbox
         tuning = getattr(service.settings, "tuning", None) or TUNING_DEFAULTS
         self.max_queued = int(tuning["max_queued_answer_bytes"])
 
     async def close_all(self, reason: str = ""):
-        for ws in list(self.open):
+        for ws in list(self.open) + list(self.links):
             try:
                 await ws.close(code=CLOSE_NOT_LEADER, message=reason.encode()[:120])
             except Exception:
                 pass
 
-    async def handle(self, request: web.Request, header=None) -> web.StreamResponse:
+    async def handle(self, request: web.Request, header=None, forwarder: bool = False) -> web.StreamResponse:
         """`header`: the upgrade's Authorization header; each frame is checked with it against
-        the key set in force when the frame arrives (a removed key stops working at once)."""
+        the key set in force when the frame arrives (a removed key stops working at once).
+        `forwarder`: a follower's forward link (each frame checked with its own Authorization)."""
         service = self.service
         ws = web.WebSocketResponse(max_msg_size=service.limits.max_request_bytes + 4096, heartbeat=20.0,
                                    autoping=True)
         await ws.prepare(request)
-        self.open.add(ws)
-        session = Session(self, request, ws, header)
+        (self.links if forwarder else self.open).add(ws)
+        session = Session(self, request, ws, header, forwarder)
         writer_task = asyncio.create_task(session.writer())
         try:
             await session.read_loop()
@@ -120,9 +128,10 @@ class Session:
     the bounds leave room, `dispatch` checks each and answers or proposes it (`serve` runs a
     reserve or a read in a task), `reply` queues an answer, `writer` sends, `close` ends it."""
     __slots__ = ("sessions", "service", "auth", "header", "request", "ws", "batching", "state", "stall_s",
-                 "outbox", "wake", "tasks")
+                 "outbox", "wake", "tasks", "forwarder")
 
-    def __init__(self, sessions: Sessions, request: web.Request, ws: web.WebSocketResponse, header):
+    def __init__(self, sessions: Sessions, request: web.Request, ws: web.WebSocketResponse, header,
+                 forwarder: bool = False):
         service = sessions.service
         tuning = service.settings.tuning
         self.sessions = sessions
@@ -135,7 +144,8 @@ class Session:
         # its answers batched the same way: every response ready at one moment goes out as one
         # WebSocket message, one syscall instead of one per response.
         self.batching = request.query.get("batch") == "1"
-        self.state = SessionState(tuning, sessions)
+        self.state = SessionState(tuning, sessions, forwarder)
+        self.forwarder = forwarder
         self.stall_s = float(tuning["session_stall_timeout_s"])
         self.outbox: list = []                # (answer frame as bytes, binary)
         self.wake = asyncio.Event()
@@ -261,7 +271,8 @@ class Session:
             return
         who = None
         if self.auth.enabled:
-            found, denied = self.auth.frame_check(self.header, OP_ROLES.get(op, VIEWER))
+            header = frame.get("authorization") if self.forwarder else self.header
+            found, denied = self.auth.frame_check(header, OP_ROLES.get(op, VIEWER))
             if denied is not None:
                 self.reply(frame_id, *denied, binary)
                 return
@@ -272,7 +283,8 @@ class Session:
             self.reply(frame_id, *error("invalid_argument", f"unknown op {op[:64]!r}; one of {', '.join(ALL_OPS)}"),
                        binary)
         else:
-            t = asyncio.create_task(self.serve(frame_id, op, frame.get("body"), rid, binary, who))
+            t = asyncio.create_task(self.serve(frame_id, op, frame.get("body"), rid, binary, who,
+                                               self.forwarder and frame.get("no_wait") is True))
             self.tasks.add(t)
             t.add_done_callback(self.tasks.discard)
 
@@ -281,8 +293,13 @@ class Session:
         its entry is applied, without a task of its own."""
         service = self.service
         if not service.is_leader():
-            self.reply(frame_id, *error("unavailable", "this node is no longer the leader; reconnect",
-                                        applied=False), binary)
+            if self.forwarder or not service.must_forward():
+                self.reply(frame_id, *error("unavailable", "this node is no longer the leader; reconnect",
+                                            applied=False), binary)
+                return
+            fut = service.forward(op, body, rid, None, self.header)       # a follower's session
+            reply = self.reply
+            fut.add_done_callback(lambda f, i=frame_id, b=binary: reply(i, *f.result(), b))
             return
         if not service.seeded and not service.is_seeded():
             self.reply(frame_id, *service.not_seeded(), binary)
@@ -295,17 +312,19 @@ class Session:
         reply = self.reply
         fut.add_done_callback(lambda f, i=frame_id, b=binary: reply(i, *f.result(), b))
 
-    async def serve(self, frame_id, op, body, rid, binary, who):
-        """A reserve (a long poll maybe) or a read, in a task of its own."""
+    async def serve(self, frame_id, op, body, rid, binary, who, no_wait=False):
+        """A reserve (a long poll maybe) or a read, in a task of its own. On a follower a
+        reserve parks here and its tries are forwarded (node/service/forwarding.py)."""
         service = self.service
         try:
-            if not service.is_leader():
+            if not service.is_leader() and (self.forwarder or not service.must_forward()):
                 status, out = error("unavailable", "this node is no longer the leader; reconnect",
                                     applied=False)
             elif op == "reserve" and not service.is_seeded():
                 status, out = service.not_seeded()
             elif op == "reserve":          # a long poll: needs its own task
-                status, out = await service.reserve(body, rid, alive=self.alive, owner=self.state, who=who)
+                status, out = await service.reserve(body, rid, alive=self.alive, owner=self.state, who=who,
+                                                    auth=self.header, no_wait=no_wait)
             else:
                 answer = READ_OPS[op](service)
                 status, out = await answer if asyncio.iscoroutine(answer) else answer
@@ -320,6 +339,7 @@ class Session:
         the stored answer); a parked reserve takes nothing."""
         sessions, state, ws = self.sessions, self.state, self.ws
         sessions.open.discard(ws)
+        sessions.links.discard(ws)
         state.closed = True
         sessions.queued -= state.queued
         state.queued = 0

@@ -472,6 +472,9 @@ TUNING_DEFAULTS = {
     "max_session_queued_bytes": 1024 * 1024,
     "max_queued_answer_bytes": 32 * 1024 * 1024,
     "session_stall_timeout_s": 20.0,
+    # A follower's forward link to the leader (node/service/forwarding.py).
+    "forward_wait_s": 5.0,
+    "max_forward_inflight": 4096,
     # The Raft port before authentication (node/raft/transport.py): a connection's handshake
     # must be done within the timeout; at most this many handshakes at once.
     "raft_handshake_timeout_s": 5.0,

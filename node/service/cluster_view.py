@@ -67,11 +67,13 @@ class ClusterView:
 
     def ready(self) -> bool:
         """/readyz, `ready` in /v1/cluster, `raftq up`: this node can take writes now (docs/api.md
-        "Cluster and node", `GET /readyz`): a member, a leader known, caught up with it, and the
-        cluster's configuration seeded (before that every write answers 503)."""
+        "Cluster and node", `GET /readyz`): a member, a leader known (a follower: its forward link
+        to it open, or not needed), caught up with it, and the cluster's configuration seeded (before that every
+        write answers 503)."""
         r = self.replica
         return not r.removed and r.leader_raft() is not None and r.caught_up() \
-            and r.syncobj.logUnverified is None and self.is_seeded()
+            and r.syncobj.logUnverified is None and self.is_seeded() \
+            and (r.is_leader() or self.forwarder.reachable())
 
     async def cluster_nodes(self, authorization: str | None):
         """Every member's own view (`GET /v1/cluster?digest=false` on each), asked by this node

@@ -30,6 +30,7 @@ def _new_id() -> str:
 
 # The routes a request id is bound to (node/base/validate.py request_slot): one per endpoint.
 JOB_ID_OPS = frozenset(("ack", "nack", "extend", "release"))
+_NO_WAIT = {"no_wait": True}        # a forwarded reserve's try: the follower waits, not the leader
 
 
 class JobOps:
@@ -76,31 +77,47 @@ class JobOps:
     # The job operations below are plain functions that return a future to await, not
     # coroutines: each `async def` layer costs a frame and a send() per request on the path
     # every enqueue, reserve and ack takes.
-    def run(self, op: str, body, rid=None, job_id=None, who=None) -> asyncio.Future:
-        """Prepare and propose one operation: a future of its committed result or the error."""
+    def run(self, op: str, body, rid=None, job_id=None, who=None, auth=None) -> asyncio.Future:
+        """Prepare and propose one operation: a future of its committed result or the error. On
+        a follower: forwarded to the leader with the caller's Authorization `auth`."""
+        if not self.replica.is_leader() and self.must_forward():
+            return self.forward(op, body, rid, job_id, auth)
         cmd, extra = self.prepare(op, body, rid, job_id, who)
         if cmd is None:
             return self.proposer.answered(extra)
         return self.proposer.submit(cmd, extra)
 
-    def enqueue(self, body, rid=None, who=None) -> asyncio.Future:
-        return self.run("enqueue", body, rid, None, who)
+    def enqueue(self, body, rid=None, who=None, auth=None) -> asyncio.Future:
+        return self.run("enqueue", body, rid, None, who, auth)
 
-    def enqueue_batch(self, body, rid=None, who=None) -> asyncio.Future:
-        return self.run("enqueue_batch", body, rid, None, who)
+    def enqueue_batch(self, body, rid=None, who=None, auth=None) -> asyncio.Future:
+        return self.run("enqueue_batch", body, rid, None, who, auth)
 
-    def enqueue_atomic(self, body, rid=None, who=None) -> asyncio.Future:
-        return self.run("enqueue_atomic", body, rid, None, who)
+    def enqueue_atomic(self, body, rid=None, who=None, auth=None) -> asyncio.Future:
+        return self.run("enqueue_atomic", body, rid, None, who, auth)
 
-    async def reserve(self, body, rid=None, alive=None, owner=None, who=None):
+    async def reserve(self, body, rid=None, alive=None, owner=None, who=None, auth=None, no_wait=False):
         """A reserve; with `wait_ms`, a long poll that parks until a job may be ready in one of
         its queues. `alive()` says whether the client is still there; `owner` (a session) has
         `parked` and `max_parked`, its own bound on parked reserves; `who` is the caller's key
-        name (the request id's scope)."""
+        name (the request id's scope). On a follower the reserve parks here and each try is
+        forwarded to the leader without a wait, with the caller's Authorization `auth`
+        (forwarding.py); `no_wait`: such a try (the wait is the follower's)."""
         try:
             cmd, wait_ms = validate.reserve(body, self.limits, validate.request_slot(who, rid, "reserve", body))
         except ApiError as e:
             return e.result
+        if no_wait:
+            wait_ms = 0
+        if self.must_forward():
+            def submit(_cmd):
+                return self.forward("reserve", body, rid, None, auth, _NO_WAIT)
+        else:
+            submit = self.proposer.submit
+        return await self._reserve_loop(cmd, wait_ms, body, alive, owner, submit)
+
+    async def _reserve_loop(self, cmd, wait_ms, body, alive, owner, submit):
+        """reserve's tries and parking: `submit(cmd)` proposes (or forwards) one try."""
         slot = cmd[1]
         queue_names = ops.reserve_queue_names(cmd)
         worker = body.get("worker_id")
@@ -117,7 +134,7 @@ class JobOps:
                 if self.stopping or epoch != self.leader_epoch:
                     return 200, {"jobs": []}        # leadership moved while parked
                 if slot is not None and self.state.machine.has_request(slot) or self._has_ready(queue_names):
-                    result = await self.proposer.submit(cmd)
+                    result = await submit(cmd)
                     if result[0] != 200:
                         return result
                     wake_owed = False
@@ -158,20 +175,20 @@ class JobOps:
             if wake_owed:
                 self._schedule_wake(queue_names)
 
-    def ack(self, job_id, body, rid=None, who=None) -> asyncio.Future:
-        return self.run("ack", body, rid, job_id, who)
+    def ack(self, job_id, body, rid=None, who=None, auth=None) -> asyncio.Future:
+        return self.run("ack", body, rid, job_id, who, auth)
 
-    def ack_batch(self, body, rid=None, who=None) -> asyncio.Future:
-        return self.run("ack_batch", body, rid, None, who)
+    def ack_batch(self, body, rid=None, who=None, auth=None) -> asyncio.Future:
+        return self.run("ack_batch", body, rid, None, who, auth)
 
-    def nack(self, job_id, body, rid=None, who=None) -> asyncio.Future:
-        return self.run("nack", body, rid, job_id, who)
+    def nack(self, job_id, body, rid=None, who=None, auth=None) -> asyncio.Future:
+        return self.run("nack", body, rid, job_id, who, auth)
 
-    def extend(self, job_id, body, rid=None, who=None) -> asyncio.Future:
-        return self.run("extend", body, rid, job_id, who)
+    def extend(self, job_id, body, rid=None, who=None, auth=None) -> asyncio.Future:
+        return self.run("extend", body, rid, job_id, who, auth)
 
-    def release(self, job_id, body, rid=None, who=None) -> asyncio.Future:
-        return self.run("release", body, rid, job_id, who)
+    def release(self, job_id, body, rid=None, who=None, auth=None) -> asyncio.Future:
+        return self.run("release", body, rid, job_id, who, auth)
 
-    def drain(self, body, rid=None, who=None) -> asyncio.Future:
-        return self.run("drain", body, rid, None, who)
+    def drain(self, body, rid=None, who=None, auth=None) -> asyncio.Future:
+        return self.run("drain", body, rid, None, who, auth)

@@ -1,8 +1,10 @@
 """One node's operations: each API operation once, shared by HTTP (and the session transport).
 
-Every method returns `(status, body)`. Leader-only operations assume the caller checked
-leadership (the HTTP layer redirects otherwise); if leadership is lost in between, the proposal
-fails and maps to 503, never to a false success.
+Every method returns `(status, body)`. On a follower the job operations forward themselves to
+the leader (forwarding.py: pass the caller's Authorization as `auth`); the other leader-only
+operations assume the caller checked leadership (the HTTP layer forwards or redirects
+otherwise); if leadership is lost in between, the proposal fails and maps to 503, never to a
+false success.
 
 NodeService is made of one part per job, each a mixin in a module of this folder, all working on
 the one object's attributes (no call in between on the hot path):
@@ -11,6 +13,7 @@ the one object's attributes (no call in between on the hot path):
 * roles.py: the leader's stamp, roles and leader, what a change of role does;
 * disk.py: failed writes (exit 74), the free-space reserve, the `disk` view;
 * wakeups.py: parked long-poll reserves and their wake-ups after an apply;
+* forwarding.py: a follower's link to the leader: what a follower serves by forwarding;
 * job_ops.py: enqueue, reserve, ack, nack, extend, release, drain (the hot path);
 * operator_ops.py, schedules.py: operator moves and configuration writes; schedules;
 * sweeps.py: the leader's sweep loop;
@@ -30,6 +33,7 @@ from .cluster_view import ClusterView
 from .config_follow import ConfigFollow
 from .digests import Digests
 from .disk import EXIT_STORAGE, DataDisk
+from .forwarding import Forwarding
 from .job_ops import JobOps
 from .members import Members
 from .operator_ops import OperatorOps
@@ -44,7 +48,7 @@ __all__ = ["EXIT_STORAGE", "NodeService"]
 
 
 class NodeService(JobOps, Wakeups, OperatorOps, Schedules, Reads, ClusterView, Digests, Sweeps, ConfigFollow,
-                  TimeAndRoles, DataDisk, Members):
+                  TimeAndRoles, DataDisk, Members, Forwarding):
     def __init__(self, settings: Settings, loop: asyncio.AbstractEventLoop, accept_damaged_log: bool = False):
         self.settings = settings
         self.loop = loop
@@ -77,6 +81,7 @@ class NodeService(JobOps, Wakeups, OperatorOps, Schedules, Reads, ClusterView, D
         # The configuration in force as this node applied it (config_follow.py).
         self._init_config()
         self._init_members()
+        self._init_forwarding()
 
     # ---------------------------------------------------------------- lifecycle
     def start(self, on_fatal=None):
@@ -111,6 +116,7 @@ class NodeService(JobOps, Wakeups, OperatorOps, Schedules, Reads, ClusterView, D
                 task.cancel()
         if self._peer_session is not None:
             await self._peer_session.close()
+        await self.forwarder.close()
         if self.disk_task:
             self.disk_task.cancel()
         if self.strober:

@@ -195,7 +195,7 @@ def test_a_waiting_job_shows_no_workers_until_a_worker_reserves_and_again_a_wind
              what="no_workers on the leader")
     assert v["workers"] == 0 and v["ready"] == 1
     # a follower redirects the queue reads; its metrics do not see reserves, and do not say
-    assert http_json("GET", cluster.urls[follower] + f"/v1/queues/{q}")[0] == 307
+    assert http_json("GET", cluster.urls[follower] + f"/v1/queues/{q}", headers={"Raftq-Redirect": "1"})[0] == 307
     assert math.isnan(metric(cluster, follower, f'raftq_queue_workers{{node="{cluster.ids[follower]}",queue="{q}"}}'))
     assert metric(cluster, lead, f'raftq_queue_workers{{node="{cluster.ids[lead]}",queue="{q}"}}') == 0
     # a worker reserves (it takes the job): the badge goes

@@ -350,9 +350,10 @@ def test_refusals_one_change_at_a_time_and_the_cli(tmp_path):
         assert status == 403
         status, out = call(c, "POST", "/v1/cluster/members", {"id": "n5", "raft": "nope"}, headers=admin)
         assert status == 400
-        # A follower redirects like every write.
+        # A follower redirects like every write, when asked to (else it forwards).
         follower = next(i for i in range(4) if i != c.wait_leader())
-        status, out = http_json("DELETE", c.urls[follower] + "/v1/cluster/members/n4", headers=admin)
+        status, out = http_json("DELETE", c.urls[follower] + "/v1/cluster/members/n4",
+                                headers={**admin, "Raftq-Redirect": "1"})
         assert status == 307 and out["error"]["leader_url"]
         # The CLI: list, remove, add.
         code, text, err = raftq("members", "list", urls=c.urls[:1], env=env)

@@ -39,13 +39,16 @@ def test_follower_redirects_with_307_and_location(cluster, api):
         view = cluster.cluster_view(follower, digest=False) or {}
         return (view.get("leader") or {}).get("id") == cluster.ids[leader] and view.get("config_version", 0) >= 1
     poll(knows_the_leader, timeout=20, what="the follower to know the leader")
-    status, body = http_json("POST", cluster.urls[follower] + "/v1/jobs?x=1", {"queue": "a", "job_type": "t"})
+    # The redirect is opt-in (Raftq-Redirect: 1); without it a follower forwards (test_forwarding.py).
+    redirect = {"Raftq-Redirect": "1"}
+    status, body = http_json("POST", cluster.urls[follower] + "/v1/jobs?x=1", {"queue": "a", "job_type": "t"},
+                             headers=redirect)
     assert status == 307
     assert body["error"]["code"] == "not_leader"
     assert body["error"]["leader_url"] == cluster.urls[leader]
     # The Location header carries the same path and query.
     import urllib.request
-    req = urllib.request.Request(cluster.urls[follower] + "/v1/queues?x=1", method="GET")
+    req = urllib.request.Request(cluster.urls[follower] + "/v1/queues?x=1", method="GET", headers=redirect)
 
     class NoRedirect(urllib.request.HTTPRedirectHandler):
         def redirect_request(self, *a, **k):

@@ -105,7 +105,7 @@ async def test_a_follower_redirects_to_the_https_leader_over_http_and_the_sessio
     ctx = ssl.create_default_context(cafile=str(c.ca_file))
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=ctx)) as http:
         async with http.post(c.urls[follower] + "/v1/jobs", json={"queue": "redir", "job_type": "t"},
-                             allow_redirects=False) as r:
+                             allow_redirects=False, headers={"Raftq-Redirect": "1"}) as r:
             assert r.status == 307
             assert r.headers["Location"] == c.urls[leader] + "/v1/jobs"
     for transport in ("http", "session"):
