@@ -12,8 +12,9 @@ duplicating work.
 * Leader discovery: asks any node `GET /v1/cluster`, sends to the leader (with `Raftq-Redirect: 1`,
   so a follower answers 307 instead of forwarding), follows 307s and remembers the new leader;
   with `spread=True` it sends every call to one node of its own instead (picked at random, the
-  next one when it fails), which forwards to the leader (docs/client.md); on connection errors, `no_leader`, `unavailable` and `overloaded`
-  it retries across nodes with capped, jittered backoff until the call's deadline.
+  next one when it fails), which forwards to the leader (docs/client.md). On connection errors,
+  `no_leader`, `unavailable` and `overloaded` it retries across nodes with capped, jittered
+  backoff until the call's deadline.
 * A cluster that is not there: when, during a call, no node accepts a connection for
   `connect_budget` seconds (3 by default), the call raises `Unreachable` (an `Unavailable`)
   naming every URL and how long it has refused, instead of retrying until its deadline. A node

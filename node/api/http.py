@@ -102,6 +102,10 @@ def _auth(req: web.Request):
     return req.headers.get("Authorization")
 
 
+def _id(req: web.Request) -> str:
+    return req.match_info["id"]
+
+
 # (path, the role it needs, handler(service, request, body, request id, caller's key name)):
 # writes the leader answers, with a body, with an optional one, and PUTs; then reads the leader
 # answers (handler(service, request)). A follower forwards them (node/service/forwarding.py):
@@ -114,10 +118,10 @@ LEADER_POST = [
     ("/v1/reserve", WORKER, lambda s, req, b, rid, who: s.reserve(b, rid, alive=_alive(req), who=who,
                                                                       auth=_auth(req))),
     ("/v1/acks", WORKER, lambda s, req, b, rid, who: s.ack_batch(b, rid, who, _auth(req))),
-    ("/v1/jobs/{id}/ack", WORKER, lambda s, req, b, rid, who: s.ack(req.match_info["id"], b, rid, who, _auth(req))),
-    ("/v1/jobs/{id}/nack", WORKER, lambda s, req, b, rid, who: s.nack(req.match_info["id"], b, rid, who, _auth(req))),
-    ("/v1/jobs/{id}/extend", WORKER, lambda s, req, b, rid, who: s.extend(req.match_info["id"], b, rid, who, _auth(req))),
-    ("/v1/jobs/{id}/release", WORKER, lambda s, req, b, rid, who: s.release(req.match_info["id"], b, rid, who, _auth(req))),
+    ("/v1/jobs/{id}/ack", WORKER, lambda s, req, b, rid, who: s.ack(_id(req), b, rid, who, _auth(req))),
+    ("/v1/jobs/{id}/nack", WORKER, lambda s, req, b, rid, who: s.nack(_id(req), b, rid, who, _auth(req))),
+    ("/v1/jobs/{id}/extend", WORKER, lambda s, req, b, rid, who: s.extend(_id(req), b, rid, who, _auth(req))),
+    ("/v1/jobs/{id}/release", WORKER, lambda s, req, b, rid, who: s.release(_id(req), b, rid, who, _auth(req))),
     ("/v1/dead-letters/requeue", OPERATOR, lambda s, req, b, rid, who: s.requeue(b, rid, who)),
     ("/v1/dead-letters/delete", OPERATOR, lambda s, req, b, rid, who: s.delete_dead_letters(b, rid, who)),
     ("/v1/queues/{name}/dead-letter", OPERATOR,

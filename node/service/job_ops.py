@@ -114,10 +114,12 @@ class JobOps:
                 return self.forward("reserve", body, rid, None, auth, _NO_WAIT)
         else:
             submit = self.proposer.submit
-        return await self._reserve_loop(cmd, wait_ms, body, alive, owner, submit)
+        return await self._reserve_loop(cmd, wait_ms, body, alive, owner, submit, submit is not self.proposer.submit)
 
-    async def _reserve_loop(self, cmd, wait_ms, body, alive, owner, submit):
-        """reserve's tries and parking: `submit(cmd)` proposes (or forwards) one try."""
+    async def _reserve_loop(self, cmd, wait_ms, body, alive, owner, submit, force=False):
+        """reserve's tries and parking: `submit(cmd)` proposes (or forwards) one try. `force`: the
+        first try goes whatever this node's state says (a follower's may lag the leader's by the
+        entry the client has just had committed: read your writes)."""
         slot = cmd[1]
         queue_names = ops.reserve_queue_names(cmd)
         worker = body.get("worker_id")
@@ -133,7 +135,8 @@ class JobOps:
                     return 200, {"jobs": []}        # the client has gone: take nothing for it
                 if self.stopping or epoch != self.leader_epoch:
                     return 200, {"jobs": []}        # leadership moved while parked
-                if slot is not None and self.state.machine.has_request(slot) or self._has_ready(queue_names):
+                if force or slot is not None and self.state.machine.has_request(slot) or self._has_ready(queue_names):
+                    force = False
                     result = await submit(cmd)
                     if result[0] != 200:
                         return result

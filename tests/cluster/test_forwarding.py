@@ -122,6 +122,12 @@ def test_a_long_poll_at_a_follower_wakes_when_a_job_arrives(cluster):
     assert s == 200 and len(out["jobs"]) == 1 and 0.4 < took < 3, (took, out)
     s, out = call(c, f, "POST", "/v1/reserve", {"queues": [name], "lease_ms": 30000, "wait_ms": 300}, "worker")
     assert s == 200 and out["jobs"] == [], out
+    # Read your writes: a reserve without a wait right after an enqueue, both at the follower
+    # (whose own state may not have the job yet), takes it.
+    for _ in range(20):
+        assert call(c, f, "POST", "/v1/jobs", {"queue": name, "job_type": "t"}, "worker")[0] == 200
+        s, out = call(c, f, "POST", "/v1/reserve", {"queues": [name], "lease_ms": 30000}, "worker")
+        assert s == 200 and len(out["jobs"]) == 1, out
 
 
 def test_a_request_id_replayed_through_a_follower(cluster):
