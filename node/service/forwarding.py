@@ -291,8 +291,13 @@ class ForwardLink:
         return self.http
 
     async def close(self):
+        """The node stops: every call still waiting is answered (503, or "retry with the same
+        Request-Id" for one the leader may have applied)."""
         for t in self.tasks:
             t.cancel()
+        for i, p in list(self.pending.items()):
+            self._answer(i, _lost(p[1].get("request_id")) if p[2] is not None or len(p) > 4 else error(
+                "no_leader", "this node is shutting down; retry on another node"))
         if self.ws is not None:
             await self.ws.close()
         if self.http is not None:
