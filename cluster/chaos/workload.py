@@ -148,6 +148,8 @@ class History:
         return time.monotonic() - self.start
 
     def _node(self, client: Client | None):
+        if client is not None and client.spread and client._home is not None:
+            return self.url_to_node.get(client._home, client._home)       # the node it called
         if client is None or client.leader is None:
             return None
         return self.url_to_node.get(client.leader, client.leader)
@@ -250,6 +252,8 @@ class WorkloadConfig:
     key_workers: int = 3
     key_think_s: tuple = (0.05, 0.15)  # key producer pause between enqueues
     key_hold_s: tuple = (0.05, 0.3)    # how long a key worker holds a job before it settles it
+    spread: bool = True                # every other client calls one node of its own, which forwards
+                                       # to the leader (Client(spread=True), docs/api.md "Followers")
 
 
 class Workload:
@@ -271,6 +275,8 @@ class Workload:
         kw.setdefault("timeout", self.cfg.op_timeout_s)
         kw.setdefault("connect_timeout", 1.0)
         kw.setdefault("attempt_timeout", self.cfg.attempt_timeout_s)
+        if self.cfg.spread and len(self.clients) % 2:
+            kw.setdefault("spread", True)
         c = Client(self.urls, **kw)
         self.clients.append(c)
         return c
