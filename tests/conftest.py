@@ -149,7 +149,7 @@ def proxied_cluster(directory, **kw):
     from raftq.cluster.chaos.proxy import ProxyNet
     from raftq.cluster.local import LocalCluster
     c = LocalCluster(directory, nodes=3, **kw)
-    net = ProxyNet([f"127.0.0.1:{p}" for p in c.raft_ports])
+    net = ProxyNet([f"127.0.0.1:{p}" for p in c.raft_ports], avoid=c.http_ports)
     net.start()
     for i, m in net.dial_maps().items():
         if m:

@@ -194,9 +194,19 @@ class Link:
     def blocked(self, direction: str) -> bool:
         return self.block_fwd if direction == "fwd" else self.block_back
 
-    async def start(self, host: str = "127.0.0.1", port: int = 0):
-        self.server = await asyncio.start_server(self._accept, host, port)
-        self.port = self.server.sockets[0].getsockname()[1]
+    async def start(self, host: str = "127.0.0.1", avoid: frozenset = frozenset()):
+        """Listen on a port the kernel picks, but none of `avoid`: the cluster's own ports, chosen
+        and released before its nodes bind them, which the kernel may hand out again meanwhile (a
+        node would then dial itself for a peer and never join)."""
+        for _ in range(100):
+            server = await asyncio.start_server(self._accept, host, 0)
+            port = server.sockets[0].getsockname()[1]
+            if port not in avoid:
+                self.server, self.port = server, port
+                return
+            server.close()
+            await server.wait_closed()
+        raise OSError(f"no free port outside the cluster's own for the proxy of {self.name}")
 
     async def _accept(self, reader, writer):
         if self.block_fwd and self.block_back:
@@ -261,8 +271,11 @@ class NetState:
 class ProxyNet:
     """One Link per pair of nodes, on a private event loop thread."""
 
-    def __init__(self, raft_addrs: list[str], encrypted: bool = True, seed: int = 0):
+    def __init__(self, raft_addrs: list[str], encrypted: bool = True, seed: int = 0, avoid=()):
+        """`avoid`: ports the links must not listen on (the cluster's HTTP and gRPC ports; its
+        Raft ports, in `raft_addrs`, are avoided anyway)."""
         self.addrs = list(raft_addrs)
+        self.avoid = frozenset(avoid) | {int(a.rsplit(":", 1)[1]) for a in raft_addrs}
         self.n = len(raft_addrs)
         self.encrypted = encrypted
         self.rng = random.Random(seed)
@@ -308,7 +321,7 @@ class ProxyNet:
                 d, t = self.dialer_of(a, b)
                 port = int(self.addrs[t].rsplit(":", 1)[1])
                 link = Link(self, d, t, port, hs_fwd, hs_back, random.Random(self.rng.random()))
-                await link.start()
+                await link.start(avoid=self.avoid)
                 self.links[(d, t)] = link
 
     def _call(self, coro, timeout: float = 10.0):

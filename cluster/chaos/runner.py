@@ -247,7 +247,8 @@ class _Run:
         """The fault proxy (started), the history and views files, the nemesis and the sampler."""
         opts, cluster, directory = self.opts, self.cluster, self.directory
         raft_addrs = [f"127.0.0.1:{p}" for p in cluster.raft_ports]
-        self.net = ProxyNet(raft_addrs, encrypted=bool(cluster.secret), seed=self.seed)
+        self.net = ProxyNet(raft_addrs, encrypted=bool(cluster.secret), seed=self.seed,
+                            avoid=list(cluster.http_ports) + list(cluster.grpc_ports or ()))
         self.net.start()
         for i, m in self.net.dial_maps().items():
             if m:

@@ -56,7 +56,7 @@ def test_cluster_view_never_pairs_a_new_term_with_the_old_role(tmp_path):
     from raftq.cluster.local import LocalCluster, http_json
 
     c = LocalCluster(tmp_path / "c", nodes=3)
-    net = ProxyNet([f"127.0.0.1:{p}" for p in c.raft_ports])
+    net = ProxyNet([f"127.0.0.1:{p}" for p in c.raft_ports], avoid=c.http_ports)
     net.start()
     for i, m in net.dial_maps().items():
         if m:
