@@ -11,7 +11,6 @@ as `authorization: Bearer <key>` metadata. The message classes are sepp-py's gen
 from __future__ import annotations
 
 import asyncio
-import inspect
 import logging
 from binascii import a2b_base64, b2a_base64
 
@@ -296,27 +295,14 @@ def server_info_message(info: dict):
 
 
 # ------------------------------------------------------------------ the calls
-def forwards(service: NodeService) -> bool:
-    """Whether NodeService serves a follower's job operations itself, forwarding them to the
-    leader (issue 31 item 1, `must_forward`); until it does, a follower refuses them here."""
-    must = getattr(service, "must_forward", None)
-    return must is not None and must()
-
-
 def follower_refusal(service: NodeService):
-    """The error for a call this node cannot serve now, or None: stopping or removed, a follower
-    whose NodeService does not forward (UNAVAILABLE, as a session's follower answers), the
-    configuration not seeded yet."""
+    """The error for a call this node cannot serve now, or None: stopping or removed, the
+    configuration not seeded yet. A follower serves every call (NodeService forwards what needs
+    the leader to it, node/service/forwarding.py)."""
     if service.stopping:
         return error("unavailable", "this node is shutting down; retry on another node", applied=False)
     if service.replica.removed:
         return error("unavailable", service.removed_reason())
-    if not service.is_leader() and not forwards(service):
-        url = service.leader_url()
-        if url is None or url == service.settings.url:
-            return error("no_leader", "no leader is known right now (election in progress?); retry shortly")
-        return error("not_leader", f"this node is a follower (the leader is {url}); until followers forward, "
-                     "send sepp's calls to the leader's [grpc] listen port", leader_url=url)
     if not service.seeded and not service.is_seeded():
         return service.not_seeded()
     return None
@@ -327,13 +313,11 @@ class QueueService(pb_grpc.QueueServiceServicer):
 
     def __init__(self, service: NodeService):
         self.service = service
-        # A follower's NodeService that forwards takes the caller's Authorization (`auth`) for
-        # the leader to check; one that does not has no such parameter.
-        self.pass_auth = "auth" in inspect.signature(service.enqueue_batch).parameters
 
     def caller(self, context, need: int, leader: bool = True):
         """(key name or None, request id or None, the keyword arguments that carry the caller's
-        Authorization on) for a call that needs role level `need`, or Refused: the key
+        Authorization on, for the leader to check when a follower forwards the call) for a call
+        that needs role level `need`, or Refused: the key
         (`authorization` metadata), then this node's readiness to serve."""
         header = rid = None
         for key, value in context.invocation_metadata() or ():
@@ -349,7 +333,7 @@ class QueueService(pb_grpc.QueueServiceServicer):
             raise invalid("request-id metadata must be 1..128 visible ASCII characters")
         if leader and (not_now := follower_refusal(service)) is not None:
             raise refused(*not_now)
-        return (found[0] if found else None), rid, ({"auth": header} if self.pass_auth else {})
+        return (found[0] if found else None), rid, {"auth": header}
 
     async def _call(self, context, fn):
         """Run one RPC body: a Refused (or an unexpected failure) becomes its status."""
@@ -438,8 +422,8 @@ class QueueService(pb_grpc.QueueServiceServicer):
 
 
 class Health(health_pb2_grpc.HealthServicer):
-    """grpc.health.v1.Health, no key needed: SERVING while this node can serve sepp's calls
-    (ready, and serving them: see follower_refusal), for "" and sepp.v1.QueueService."""
+    """grpc.health.v1.Health, no key needed: SERVING while this node can serve sepp's calls (ready,
+    as /readyz says, and not stopping: see follower_refusal), for "" and sepp.v1.QueueService."""
     WATCH_POLL_S = 0.5
 
     def __init__(self, service: NodeService):

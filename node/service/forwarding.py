@@ -46,11 +46,13 @@ def forward_token(secret: str | None) -> str:
 
 
 def _lost(rid) -> tuple[int, dict]:
+    """A call the leader may have applied: the outcome is unknown (`applied: null`, docs/api.md;
+    gRPC ABORTED, not UNAVAILABLE, which sepp-py retries even where a repeat is not harmless)."""
     if rid is None:
         return error("unavailable", "the leader was lost while this call was forwarded to it; it may have been "
-                     "applied: send it again with a Request-Id to make a retry safe")
+                     "applied: send it again with a Request-Id to make a retry safe", applied=None)
     return error("unavailable", "the leader was lost while this call was forwarded to it; it may have been "
-                 "applied: retry with the same Request-Id")
+                 "applied: retry with the same Request-Id", applied=None)
 
 
 def _no_leader(wait_s: float) -> tuple[int, dict]:
@@ -104,16 +106,18 @@ class ForwardLink:
         self.pending[i] = [fut, frame, None, self.loop.time()]
         self.unsent.append(i)
         self.forwarded += 1
-        if not self.tasks:
-            self.start()
+        self.start()
         if self.ws is not None:
             self.wake.set()
         return fut
 
     def start(self):
         """The link's tasks, from the first forwarded call on (a cluster whose clients all call
-        the leader has no link)."""
-        if not self.tasks:
+        the leader has no link); again should one have ended (a failure that is a bug: calls would
+        otherwise wait for a link that nothing opens)."""
+        if not self.tasks or any(t.done() for t in self.tasks):
+            for t in self.tasks:
+                t.cancel()
             self.tasks = [self.loop.create_task(self._run()), self.loop.create_task(self._expire_loop())]
 
     def _answer(self, i: int, result) -> None:
@@ -135,6 +139,11 @@ class ForwardLink:
         while not self.service.stopping:
             try:
                 await self._link_once()
+            except asyncio.CancelledError:
+                if asyncio.current_task().cancelling():
+                    raise                       # close(): the node stops
+                log.warning("forward link: a connection attempt was cancelled; trying again")
+                await asyncio.sleep(_RETRY_S)
             except Exception:                   # pragma: no cover: a bug; the link must live on
                 log.exception("forward link failed")
                 await asyncio.sleep(_RETRY_S)
@@ -161,8 +170,8 @@ class ForwardLink:
         writer = self.loop.create_task(self._writer(ws))
         self.reader = self.loop.create_task(self._reader(ws))
         self.wake.set()
-        try:
-            await asyncio.wait((self.reader,))      # ends when the link closes, or _check_leader cancels it
+        try:    # ends when the link closes, or _check_leader or a failed writer cancels the reader
+            await asyncio.wait((self.reader,))
         finally:
             writer.cancel()
             self.ws = None
@@ -203,7 +212,11 @@ class ForwardLink:
                 if parts:
                     await self._send(ws, parts)
         except (ConnectionError, RuntimeError):
-            return
+            return                              # the link is closing: the reader ends with it
+        except Exception:                       # a bug: end this link (calls left unsent would wait on it)
+            log.exception("forward link to %s: writing failed", self.url)
+            if self.reader is not None:
+                self.reader.cancel()
 
     async def _send(self, ws, parts: list):
         await ws.send_bytes(b"[" + b",".join(parts) + b"]")
@@ -229,7 +242,7 @@ class ForwardLink:
                 if isinstance(a, dict) and a.get("id") is not None:
                     answer(a["id"], (a["status"], a["body"]))
         if ws.close_code not in (None, 1000):
-            log.info("forward link to %s closed (%s %s)", self.url, ws.close_code, ws.extra or "")
+            log.info("forward link to %s closed (%s %s)", self.url, ws.close_code, ws.exception() or "")
 
     def _link_lost(self):
         """The link closed: a call sent and not answered goes again with its request id (safe),
@@ -269,7 +282,8 @@ class ForwardLink:
 
     def _check_leader(self):
         """The link goes to the leader this node knows: another one known (or this node leading)
-        closes it (its calls go again or are answered as _link_lost says)."""
+        closes it (its calls go again or are answered as _link_lost says). Calls still unsent on
+        an open link wake the writer (a missed wake-up must not leave them until forward_wait_s)."""
         ws = self.ws
         if ws is None or ws.closed:
             return
@@ -278,6 +292,8 @@ class ForwardLink:
             log.info("forward link to %s closed: the leader is now %s", self.url, url)
             if self.reader is not None:
                 self.reader.cancel()
+        elif self.unsent:
+            self.wake.set()
 
     def _client(self):
         """A pooled HTTP client to the leader (the link's WebSocket and forwarded HTTP)."""
