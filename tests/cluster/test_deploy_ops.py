@@ -569,10 +569,12 @@ def _containers_report(engine, names) -> str:
 
 
 def _http(method, url, body=None, follow=True):
-    """One call from the host, following a 307 as a client does; returns (status, body, urls)."""
+    """One call from the host, asking for and following a 307 as raftq's client does (a follower
+    here cannot forward: the leader's URL is a host address, deploy/README.md); returns (status,
+    body, urls)."""
     seen = [url]
     for _ in range(3):
-        status, out = http_json(method, url, body, timeout=10)
+        status, out = http_json(method, url, body, timeout=10, headers={"Raftq-Redirect": "1"} if follow else None)
         if status == 307 and follow:
             url = out["error"]["leader_url"] + "/" + url.split("/", 3)[3]
             seen.append(url)
