@@ -12,7 +12,7 @@ duplicating work.
 * Leader discovery: asks any node `GET /v1/cluster`, sends to the leader (with `Raftq-Redirect: 1`,
   so a follower answers 307 instead of forwarding), follows 307s and remembers the new leader;
   with `spread=True` it sends every call to one node of its own instead (picked at random, the
-  next one when it fails), which forwards to the leader (docs/client.md). On connection errors,
+  next one when it fails), which forwards to the leader (`Raftq-Redirect: 0`, docs/client.md). On connection errors,
   `no_leader`, `unavailable` and `overloaded` it retries across nodes with capped, jittered
   backoff until the call's deadline.
 * A cluster that is not there: when, during a call, no node accepts a connection for
@@ -613,8 +613,9 @@ class Client:
 
     def _headers(self, rid: str | None) -> dict:
         h = {"Content-Type": "application/json"}
-        if not self.spread:
-            h["Raftq-Redirect"] = "1"       # to the leader itself: a follower answers 307
+        # To the leader itself: a follower answers 307. Spread: the node called serves the call
+        # and forwards it, also where the node's [api] followers is "redirect".
+        h["Raftq-Redirect"] = "0" if self.spread else "1"
         if self.api_key:
             h["Authorization"] = f"Bearer {self.api_key}"
         if rid is not None:

@@ -36,10 +36,21 @@ class Key:
 NODE = {
     "id": Key("string", "This node's id, unique in the cluster; it must appear in `cluster.peers`.", required=True),
     "http": Key("string", "`host:port` the HTTP API listens on.", required=True),
-    "url": Key("string", "The URL clients and the other nodes reach this node at (redirects point there). "
-               "Set it when a proxy or NAT sits in front of the node. `https://` exactly when the node serves "
-               "TLS (`tls_cert`), else `http://`; so must this node's entry in `cluster.peers` be.",
+    "url": Key("string", "The URL clients reach this node at (redirects point there, `GET /v1/cluster` lists "
+               "it), and where the other nodes call it unless their `peer_urls` say otherwise. Set it when a "
+               "proxy or NAT sits in front of the node. `https://` exactly when the node serves TLS (`tls_cert`), "
+               "else `http://`; so must this node's entry in `cluster.peers` be.",
                default="`http://<http>` (with TLS `https://<http>`)"),
+    "peer_urls": Key("table", "Member id → the URL this node calls that member's HTTP API at, where the URL the "
+                     "member advertises (its `url`) is not reachable from this node: under compose the advertised "
+                     "URLs are the host's published ports, which the containers cannot reach "
+                     "(deploy/container/config). Used for every HTTP call between nodes: a follower's forwarding "
+                     "to the leader, `GET /v1/cluster/nodes` (the admin page's node table) and a leader's "
+                     "questions to the others before it hands leadership over (below its disk reserve, or when it "
+                     "is removed); clients keep seeing the advertised URLs (307s, `/v1/cluster`). "
+                     "`http(s)://host[:port]`, no path; with TLS the member's certificate must name that host. A member not listed is called at its `url`; this node's own entry is never "
+                     "used (nothing calls it), so one table can serve every node's file. Node-local: not "
+                     "replicated, and a member added online can be listed ahead of time.", default="{}"),
     "raft": Key("string", "`host:port` the Raft transport listens on, bound to exactly this address; must equal "
                 "this node's entry in `cluster.peers`.", required=True),
     "data_dir": Key("string", "Where the journal, snapshot, term and vote live. A relative path is relative to "
@@ -371,6 +382,14 @@ GRPC = {
                   "`tls_client_ca` requires client certificates), reloaded on SIGHUP. Needs the `grpc` extra "
                   "(`pip install 'raftq[server,grpc]'`).", default="unset: no gRPC"),
 }
+API = {
+    "followers": Key("string", "What this node does, while a follower, with an HTTP call that needs the leader and "
+                     "does not say (`Raftq-Redirect: 1` asks for the 307, `0` for forwarding; docs/api.md "
+                     "\"Leader redirect\"): `forward` serves it through the leader, `redirect` answers `307` to "
+                     "the leader's URL (the session's upgrade likewise), for clients or load balancers that "
+                     "expect the redirect. sepp's gRPC calls are forwarded either way (gRPC has no redirect).",
+                     choices=S.FOLLOWERS),
+}
 
 TESTING = {
     "clock_offset_ms": Key("integer", "Shifts this node's idea of now (never the system clock): the chaos "
@@ -443,6 +462,8 @@ SECTIONS = [
      "noted)."),
     ("[grpc]", GRPC, None, "Optional: sepp's gRPC API on this node (docs/sepp.md), off without it. Each node has "
      "its own `listen`; API keys and roles are the HTTP API's, sent as `authorization: Bearer <key>` metadata."),
+    ("[api]", API, None, "Optional: how this node's HTTP API answers, while it is a follower, the calls that need "
+     "the leader. Node-local; set it the same on every node (any node may be a follower)."),
     ("[testing]", TESTING, {f.name: (f.default if f.default is not dataclasses.MISSING else f.default_factory())
                             for f in dataclasses.fields(S.TestHooks)},
      "Hooks for the chaos tool and the tests, all off by default. They change what one node believes, never the "
@@ -464,6 +485,7 @@ def _code_keys() -> dict[str, set]:
         "[tuning]": set(S.TUNING_DEFAULTS),
         "[testing]": set(S.TESTING_KEYS),
         "[grpc]": set(S.GRPC_KEYS),
+        "[api]": set(S.API_KEYS),
     }
 
 

@@ -110,7 +110,8 @@ def _id(req: web.Request) -> str:
 # writes the leader answers, with a body, with an optional one, and PUTs; then reads the leader
 # answers (handler(service, request)). A follower forwards them (node/service/forwarding.py):
 # the job operations of SERVICE_FORWARDS through NodeService's link, the others as HTTP; with
-# `Raftq-Redirect: 1` it answers 307 to the leader instead.
+# `Raftq-Redirect: 1` it answers 307 to the leader instead (so does a node whose `[api] followers`
+# is "redirect", unless the call says `Raftq-Redirect: 0`).
 LEADER_POST = [
     ("/v1/jobs", WORKER, lambda s, req, b, rid, who: s.enqueue(b, rid, who, _auth(req))),
     ("/v1/jobs/batch", WORKER, lambda s, req, b, rid, who: s.enqueue_batch(b, rid, who, _auth(req))),
@@ -188,6 +189,8 @@ def build_app(service: NodeService) -> web.Application:
     app["service"] = service
     tuning = getattr(service.settings, "tuning", None) or TUNING_DEFAULTS
     app["body_timeout_s"] = float(tuning["http_body_timeout_s"])
+    # [api] followers = "redirect": a follower answers 307 unless the caller asks to be forwarded
+    app["followers_redirect"] = getattr(service.settings, "followers", "forward") == "redirect"
 
     def follow_limits(limits):
         app._client_max_size = limits.max_request_bytes
@@ -363,14 +366,16 @@ def _alive(request: web.Request):
 
 def _not_leader(service: NodeService, request: web.Request) -> web.Response | None:
     """None when this node should serve a leader-only request, FORWARD when it forwards it (a
-    follower), else the redirect (asked for with `Raftq-Redirect: 1`) or 503."""
+    follower), else the redirect or 503. The redirect is asked for with `Raftq-Redirect: 1`,
+    forwarding with `0`; without either (or another value) `[api] followers` decides."""
     if service.stopping:
         return respond(*error("no_leader", "this node is shutting down; retry on another node"))
     if service.replica.removed:
         return respond(*error("unavailable", service.removed_reason(), removed=True))
     if service.is_leader():
         return None
-    if request.headers.get(REDIRECT_HEADER) != "1":
+    ask = request.headers.get(REDIRECT_HEADER)
+    if ask == "0" or (ask != "1" and not request.app["followers_redirect"]):
         return FORWARD
     url = service.leader_url()
     if url is None or url == service.settings.url:

@@ -9,11 +9,13 @@ import ipaddress
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from ..core.config import API_ROLES
 from ..core.limits import ConfigError, Limits
 
-NODE_KEYS = {"id", "http", "url", "raft", "data_dir", "tls_cert", "tls_key", "tls_client_ca", "tls_peer_ca"}
+NODE_KEYS = {"id", "http", "url", "raft", "data_dir", "tls_cert", "tls_key", "tls_client_ca", "tls_peer_ca",
+             "peer_urls"}
 CLUSTER_KEYS = {"peers", "secret", "durability"}
 PEER_KEYS = {"id", "raft", "url"}
 
@@ -88,6 +90,12 @@ class Settings:
     tls: TlsFiles | None = None
     # [grpc] listen: (host, port) of sepp's gRPC API (node/api/sepp_grpc.py), or None: off
     grpc_listen: tuple[str, int] | None = None
+    # [api] followers: what a follower does with an HTTP call that needs the leader when the
+    # caller does not say (Raftq-Redirect): "forward" it, or "redirect" (307) the caller there
+    followers: str = "forward"
+    # [node] peer_urls: member id -> the URL this node calls that member's HTTP API at, where it
+    # is not the URL the member advertises (compose: the advertised ones are the host's ports)
+    peer_urls: dict = field(default_factory=dict)
 
     @property
     def others(self) -> tuple[Peer, ...]:
@@ -155,8 +163,11 @@ def _str(where: str, value) -> str:
     return value
 
 
-SECTIONS = ("node", "cluster", "limits", "storage", "auth", "queues", "schedules", "tuning", "testing", "grpc")
+SECTIONS = ("node", "cluster", "limits", "storage", "auth", "queues", "schedules", "tuning", "testing", "grpc",
+            "api")
 GRPC_KEYS = {"listen"}
+API_KEYS = {"followers"}
+FOLLOWERS = ("forward", "redirect")
 
 
 def parse(doc: dict, source: str = "", base_dir: Path | None = None) -> Settings:
@@ -180,7 +191,24 @@ def parse(doc: dict, source: str = "", base_dir: Path | None = None) -> Settings
     return Settings(node_id=node["id"], http_host=node["http_host"], http_port=node["http_port"], url=node["url"],
                     raft=node["raft"], data_dir=node["data_dir"], peers=peers, secret=secret, durability=durability,
                     limits=limits, api_keys=api_keys, schedules=schedules, source=source, tuning=tuning,
-                    testing=_testing(doc.get("testing", {})), tls=node["tls"], grpc_listen=_grpc(doc.get("grpc"), node))
+                    testing=_testing(doc.get("testing", {})), tls=node["tls"], grpc_listen=_grpc(doc.get("grpc"), node),
+                    followers=_api(doc.get("api")), peer_urls=node["peer_urls"])
+
+
+def _api(raw) -> str:
+    """[api]: `followers`, what a follower does with an HTTP call that needs the leader when
+    the call does not say (`Raftq-Redirect: 1` asks for the 307, `0` for forwarding)."""
+    if raw is None:
+        return "forward"
+    if not isinstance(raw, dict):
+        raise ConfigError("api: must be a table [api]")
+    for key in raw:
+        if key not in API_KEYS:
+            raise ConfigError(f"api.{key}: unknown key (one of: {', '.join(sorted(API_KEYS))})")
+    followers = raw.get("followers", "forward")
+    if followers not in FOLLOWERS:
+        raise ConfigError(f"api.followers: must be one of {', '.join(FOLLOWERS)}, got {followers!r}")
+    return followers
 
 
 def _grpc(raw, node: dict) -> tuple[str, int] | None:
@@ -220,7 +248,29 @@ def _node(node, base_dir: Path | None) -> dict:
     url = _str("node.url", node.get("url", f"{'https' if tls else 'http'}://{node['http']}")).rstrip("/")
     _check_scheme("node.url", url, tls)
     return {"id": node_id, "http_host": http_host, "http_port": http_port, "raft": raft, "data_dir": data_dir,
-            "tls": tls, "url": url}
+            "tls": tls, "url": url, "peer_urls": _peer_urls(node.get("peer_urls", {}))}
+
+
+def _peer_urls(raw) -> dict:
+    """node.peer_urls: `{ member id = "http(s)://host:port" }`, where this node calls those
+    members' HTTP API. Any id may be listed (a member added online later too); this node's own
+    entry is never used (nothing calls it), so one table can serve every node's file."""
+    if not isinstance(raw, dict):
+        raise ConfigError(f"node.peer_urls: must be a table {{ id = \"http://host:port\" }}, got {raw!r}")
+    out = {}
+    for pid, url in raw.items():
+        where = f"node.peer_urls.{pid}"
+        given = _str(where, url)
+        url = given.rstrip("/")
+        u = urlsplit(url)
+        try:
+            u.port
+        except ValueError:
+            u = None
+        if u is None or u.scheme not in ("http", "https") or not u.hostname or u.path or u.query or u.fragment:
+            raise ConfigError(f"{where}: {given!r} must be http(s)://host[:port], with no path")
+        out[pid] = url
+    return out
 
 
 def _cluster(cluster, node: dict) -> tuple[tuple[Peer, ...], str | None, str]:

@@ -233,7 +233,7 @@ class Membership:
 
         async def view(p):
             try:
-                async with s._peer_http().get(p.url + "/v1/cluster?digest=false", headers=headers,
+                async with s._peer_http().get(s.peer_url(p) + "/v1/cluster?digest=false", headers=headers,
                                               allow_redirects=False, timeout=aiohttp.ClientTimeout(total=1.0)) as resp:
                     return await resp.json(content_type=None) if resp.status == 200 else None
             except Exception:

@@ -91,7 +91,7 @@ class ClusterView:
                 return mine, None
             try:
                 http = self._peer_http()
-                async with http.get(peer.url + "/v1/cluster?digest=false", headers=headers,
+                async with http.get(self.peer_url(peer) + "/v1/cluster?digest=false", headers=headers,
                                     allow_redirects=False, timeout=timeout) as r:
                     body = await r.json(content_type=None)
                     if r.status != 200 or not isinstance(body, dict):

@@ -110,7 +110,8 @@ class DataDisk:
                 if not self.replica.connected(p.raft):
                     continue
                 try:
-                    async with http.get(p.url + "/v1/cluster?digest=false", timeout=aiohttp.ClientTimeout(total=1)) as r:
+                    async with http.get(self.peer_url(p) + "/v1/cluster?digest=false",
+                                        timeout=aiohttp.ClientTimeout(total=1)) as r:
                         view = await r.json()
                 except Exception:
                     continue

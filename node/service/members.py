@@ -18,6 +18,22 @@ class Members:
         if self.replica.removed:
             self._removed_said = True
 
+    def peer_url(self, peer) -> str:
+        """Where this node calls member `peer`'s HTTP API (forwarding, the admin page's node
+        table, a leader's take-over request): its `[node] peer_urls` entry, else the URL the
+        member advertises. Clients keep seeing the advertised one (307s, /v1/cluster): under
+        compose that is the host's port, which the containers cannot reach."""
+        return self.settings.peer_urls.get(peer.id, peer.url)
+
+    def leader_peer_url(self) -> str | None:
+        """Where this node calls the leader: peer_url() of the leader; the leader's advertised
+        URL (this node's own) when this node leads, since nothing dials it then and the callers
+        tell "the leader is me" by comparing with settings.url; None when no leader is known."""
+        peer = self.leader_member()
+        if peer is None:
+            return None
+        return peer.url if peer.raft == self.settings.raft else self.peer_url(peer)
+
     @property
     def member_change_doing(self) -> str | None:
         return self.membership.doing

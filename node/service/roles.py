@@ -30,13 +30,19 @@ class TimeAndRoles:
     def is_leader(self) -> bool:
         return self.replica.is_leader() and not self.stopping and not self.replica.removed
 
-    def leader_url(self) -> str | None:
+    def leader_member(self):
+        """The leader as a member (Peer: id, raft, url), or None (none known, or this node removed)."""
         if self.replica.removed:
             return None
         raft = self.replica.leader_raft()
         if raft is None:
             return None
-        peer = self.replica.member_by_raft(raft) or self.settings.peer_by_raft(raft)
+        return self.replica.member_by_raft(raft) or self.settings.peer_by_raft(raft)
+
+    def leader_url(self) -> str | None:
+        """The URL the leader advertises (what clients are sent to); the nodes call it at
+        leader_peer_url() (node/service/members.py)."""
+        peer = self.leader_member()
         return peer.url if peer else None
 
     def others(self):

@@ -161,6 +161,40 @@ def test_good_config_defaults():
         [("nightly", "0 3 * * *", "UTC", "one")]
 
 
+def test_api_followers_is_forward_unless_set_and_only_its_two_values():
+    import tomllib
+    assert parse(tomllib.loads(GOOD)).followers == "forward"
+    for value in ("forward", "redirect"):
+        assert parse(tomllib.loads(GOOD + f'\n[api]\nfollowers = "{value}"\n')).followers == value
+    assert parse(tomllib.loads(GOOD + "\n[api]\n")).followers == "forward"
+    for text, key in (('followers = "307"', "api.followers"), ("followers = true", "api.followers"),
+                      ('follower = "redirect"', "api.follower: unknown key")):
+        with pytest.raises(ConfigError) as e:
+            parse(tomllib.loads(GOOD + f"\n[api]\n{text}\n"))
+        assert key in str(e.value), str(e.value)
+    with pytest.raises(ConfigError, match="api: must be a table"):
+        parse({**tomllib.loads(GOOD), "api": "redirect"})
+
+
+def test_node_peer_urls_are_taken_per_member_and_checked():
+    import tomllib
+    assert parse(tomllib.loads(GOOD)).peer_urls == {}
+    text = GOOD.replace('data_dir = "data/n1"', 'data_dir = "data/n1"\npeer_urls = { n1 = "http://n1:7001", '
+                        'n2 = "http://n2:7002/", n4 = "https://10.1.0.4" }')
+    s = parse(tomllib.loads(text))
+    # The trailing slash goes (a path is appended to it); ids not in the peer list are kept
+    # (a member added online later).
+    assert s.peer_urls == {"n1": "http://n1:7001", "n2": "http://n2:7002", "n4": "https://10.1.0.4"}
+    assert [p.url for p in s.peers] == ["http://127.0.0.1:7001", "http://127.0.0.1:7002", "http://127.0.0.1:7003"]
+    for bad in ('"n2:7002"', '"http://n2:7002/v1"', '"http://"', '"ftp://n2"', '"http://n2:99999"', '""', "7002"):
+        line = f'data_dir = "data/n1"\npeer_urls = {{ n2 = {bad} }}'
+        with pytest.raises(ConfigError) as e:
+            parse(tomllib.loads(GOOD.replace('data_dir = "data/n1"', line)))
+        assert "node.peer_urls.n2" in str(e.value), (bad, str(e.value))
+    with pytest.raises(ConfigError, match="node.peer_urls: must be a table"):
+        parse(tomllib.loads(GOOD.replace('data_dir = "data/n1"', 'data_dir = "data/n1"\npeer_urls = "http://n2"')))
+
+
 def test_a_node_with_a_different_toml_follows_the_log_and_says_so(make_cluster):
     """The start-up refusal ("limits differ from the majority") is gone: a node restarted with
     other limits in its TOML serves the configuration in force and reports the difference."""
