@@ -151,7 +151,7 @@ class ForwardLink:
     async def _link_once(self):
         """One link's life: wait for a leader, connect, send and read until it closes."""
         service = self.service
-        url = service.leader_url()
+        url = service.leader_peer_url()
         if url is None or url == service.settings.url or service.is_leader():
             self._leading_or_none(url)
             await asyncio.sleep(_RETRY_S)
@@ -287,7 +287,7 @@ class ForwardLink:
         ws = self.ws
         if ws is None or ws.closed:
             return
-        url = self.service.leader_url()
+        url = self.service.leader_peer_url()
         if url is not None and url != self.url or self.service.is_leader():
             log.info("forward link to %s closed: the leader is now %s", self.url, url)
             if self.reader is not None:
@@ -344,7 +344,7 @@ class Forwarding:
         deadline = self.loop.time() + link.wait_s
         safe = method in ("GET", "HEAD") or "Request-Id" in headers
         while True:
-            url = self.leader_url()
+            url = self.leader_peer_url()
             if self.stopping:
                 return _json(error("no_leader", "this node is shutting down; retry on another node"))
             if url is None or url == self.settings.url:
