@@ -70,7 +70,8 @@ CODE_MEANINGS = {
     "batch_rejected": "the atomic batch was refused; `errors` lists every failing job",
     "overloaded": "the node sheds load: too many requests waiting for commit, or too many long polls waiting "
                   "(on the node or in the session); retry after `Retry-After` seconds",
-    "not_leader": "this node is a follower: the request is redirected to the leader",
+    "not_leader": "this node is a follower and redirects the request to the leader (asked for with "
+                  "`Raftq-Redirect: 1`, or the node's `[api] followers` is `redirect`)",
     "no_leader": "no leader is known (election in progress, or this node is cut off); retry after "
                  "`Retry-After` seconds",
     "unavailable": "the change could not be committed in time (lost quorum, leadership lost mid-request; "
@@ -997,7 +998,7 @@ ROUTES = [
            body="EnqueueBatchRequest", ok="EnqueueAtomicResponse", write=True, errors_=[(422, ["batch_rejected"])]),
     _route("post", "/v1/reserve", "reserve", "Reserve jobs under a lease",
            "Queues are polled in the order given; within a queue highest priority first, then oldest, then "
-           "enqueue order. Paused queues are skipped. With `wait_ms` the request waits on the leader until a job "
+           "enqueue order. Paused queues are skipped. With `wait_ms` the request waits on the node it was sent to until a job "
            "is ready or the time is up (then `jobs` is empty).", WORKER, body="ReserveRequest",
            ok="ReserveResponse", write=True, errors_=[(409, ["unknown_queues"])]),
     _route("post", "/v1/acks", "ack_batch", "Ack many jobs",
@@ -1322,12 +1323,15 @@ def _operation(route) -> dict:
     if role is not None:
         desc += f"\n\nRole: `{role}` or higher (when API keys are on)."
     if route["leader"]:
-        desc += " Leader only: a follower redirects (307)."
+        desc += (" Needs the leader: a follower forwards it, or answers 307 to the leader when the call sends "
+                 "`Raftq-Redirect: 1` or the node's `[api] followers` is `redirect` (without `Raftq-Redirect: 0`).")
     op = {"operationId": route["op_id"], "summary": route["summary"], "description": desc,
           "tags": list(route["tags"]), "x-raftq-role": role, "x-raftq-leader-only": route["leader"]}
     params = list(route["params"])
     if route["method"] in ("post", "delete", "put"):
         params.append({"$ref": "#/components/parameters/RequestId"})
+    if route["leader"]:                 # the routes that may answer 307 (responses: NotLeader)
+        params.append({"$ref": "#/components/parameters/RaftqRedirect"})
     if params:
         op["parameters"] = params
     if route["body"] is not None:
@@ -1348,6 +1352,27 @@ def _operation(route) -> dict:
     return op
 
 
+# Request headers many operations take, kept once in components/parameters.
+PARAMETERS = {
+    "RequestId": {
+        "name": "Request-Id", "in": "header", "required": False,
+        "description": "1..128 visible ASCII characters, scoped to the caller (the API key's name). A "
+                       "repeat of the same request within `request_id_window_ms` returns the stored answer "
+                       "and applies nothing; reused for another route or another body it is 400 and "
+                       "changes nothing.",
+        "schema": {"type": "string", "pattern": REQUEST_ID_PATTERN}},
+    # Any string: a value other than 1 and 0 is taken as none (docs/api.md "Leader redirect"), so
+    # no value is invalid.
+    "RaftqRedirect": {
+        "name": "Raftq-Redirect", "in": "header", "required": False,
+        "description": "What a follower does with this call, which needs the leader: `1` asks for `307` to "
+                       "the leader (`Location`, `Leader-Url`), `0` for the call to be forwarded and answered "
+                       "with the leader's answer. Without it (or with another value) the node's `[api] "
+                       "followers` decides (`forward` by default). The leader ignores it.",
+        "schema": {"type": "string"}, "examples": {"redirect": {"value": "1"}, "forward": {"value": "0"}}},
+}
+
+
 @lru_cache(maxsize=1)
 def document() -> dict:
     paths: dict[str, dict] = {}
@@ -1358,8 +1383,9 @@ def document() -> dict:
         "info": {
             "title": "raftq HTTP API", "version": __version__,
             "summary": "A durable job queue replicated by Raft",
-            "description": "Every node serves the whole API. Leader-only operations sent to a follower are "
-                           "answered 307 to the leader (follow redirects, keeping method and body). JSON bodies, "
+            "description": "Every node serves the whole API: a follower forwards what needs the leader, or "
+                           "answers it 307 to the leader when asked (`Raftq-Redirect: 1`, or the node's "
+                           "`[api] followers` is `redirect`; follow redirects keeping method and body). JSON bodies, "
                            "snake_case fields, unknown request fields ignored, an optional field given as null "
                            "taken as left out; a request body must be sent as `Content-Type: application/json` "
                            "(415 otherwise); a method a path does not take is 405 `method_not_allowed` with "
@@ -1379,13 +1405,7 @@ def document() -> dict:
             "schemas": schemas(),
             "responses": {name: _error_response(status, list(codes))
                           for (status, codes), name in SHARED_RESPONSES.items()},
-            "parameters": {"RequestId": {
-                "name": "Request-Id", "in": "header", "required": False,
-                "description": "1..128 visible ASCII characters, scoped to the caller (the API key's name). A "
-                               "repeat of the same request within `request_id_window_ms` returns the stored answer "
-                               "and applies nothing; reused for another route or another body it is 400 and "
-                               "changes nothing.",
-                "schema": {"type": "string", "pattern": REQUEST_ID_PATTERN}}},
+            "parameters": PARAMETERS,
             "headers": {"RetryAfter": {"required": True, "description": "seconds to wait before retrying",
                                        "schema": {"type": "string", "pattern": "^[0-9]+$"}}},
             "securitySchemes": {"bearer": {

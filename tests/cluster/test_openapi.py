@@ -129,6 +129,28 @@ def test_every_route_of_the_app_is_described_and_no_other():
     assert described - routes == set(), "node/api/openapi.py describes routes the app does not have"
 
 
+def test_every_route_a_follower_may_redirect_says_so():
+    """The routes a follower may answer 307 (node/api/http.py's leader routes and the session's
+    upgrade, with `Raftq-Redirect: 1` or `[api] followers = "redirect"`) take the Raftq-Redirect
+    header and document the 307 with Location; the others do neither."""
+    from raftq.node.api import http
+    may = ({("post", p) for p, _, _ in http.LEADER_POST} | {(m.lower(), p) for m, p, _, _ in http.OPTIONAL_BODY}
+           | {("put", p) for p, _, _ in http.LEADER_PUT} | {("get", p) for p, _, _ in http.LEADER_GET}
+           | {("get", "/v1/session")})
+    assert may <= {(m, p) for p, m, _ in OPERATIONS}
+    for path, method, op in OPERATIONS:
+        headers = [resolve(p)["name"] for p in op.get("parameters", []) if resolve(p)["in"] == "header"]
+        redirect = resolve(op["responses"]["307"]) if "307" in op["responses"] else None
+        if (method, path) in may:
+            assert "Raftq-Redirect" in headers, (method, path)
+            assert redirect is not None and redirect["headers"]["Location"]["required"], (method, path)
+            assert "Leader-Url" in redirect["headers"] and "not_leader" in redirect["x-raftq-error-codes"]
+        else:
+            assert "Raftq-Redirect" not in headers and redirect is None, (method, path)
+    param = DOC["components"]["parameters"]["RaftqRedirect"]
+    assert param["in"] == "header" and not param["required"] and param["schema"] == {"type": "string"}
+
+
 def test_error_codes_reasons_and_causes_are_the_codes():
     assert resolve({"$ref": "#/components/schemas/ErrorCode"})["enum"] == list(errors.STATUS)
     source = "\n".join(p.read_text() for p in (ROOT / "node").rglob("*.py") if p.name != "openapi.py")
