@@ -481,6 +481,10 @@ def test_compose_nodes_advertise_their_published_host_ports(tmp_path):
         assert s.raft == f"{n['name']}:7101"
         assert all(p[2] != 7101 for p in n["ports"])
         peer_urls.add(tuple((p.id, p.raft, p.url) for p in s.peers))
+        # The nodes call each other on the compose network, at each one's container name and the
+        # port it listens on there (the advertised URLs are the host's, out of the containers' reach).
+        assert s.peer_urls == {m["name"]: f"http://{m['svc']['hostname']}:{m['ports'][0][2]}" for m in nodes}, \
+            f"{n['name']}: node.peer_urls {s.peer_urls}"
     assert len(peer_urls) == 1, "the peer lists differ between the three configs"
     assert {(p[0], p[2]) for p in next(iter(peer_urls))} == \
         {(n["name"], f"http://127.0.0.1:{n['ports'][0][1]}") for n in nodes}
@@ -568,10 +572,9 @@ def _containers_report(engine, names) -> str:
     return "\n".join(out)
 
 
-def _http(method, url, body=None, follow=True):
-    """One call from the host, asking for and following a 307 as raftq's client does (a follower
-    here cannot forward: the leader's URL is a host address, deploy/README.md); returns (status,
-    body, urls)."""
+def _http(method, url, body=None, follow=False):
+    """One call from the host; with `follow`, asking for and following a 307 as raftq's client
+    does (the leader's URL is a host address); returns (status, body, urls)."""
     seen = [url]
     for _ in range(3):
         status, out = http_json(method, url, body, timeout=10, headers={"Raftq-Redirect": "1"} if follow else None)
@@ -629,6 +632,9 @@ def test_the_image_runs_the_compose_cluster(tmp_path):
             text = n["config"].read_text().replace(PLACEHOLDER, secret)
             for m, p in zip(nodes, ports):
                 text = text.replace(f"127.0.0.1:{m['ports'][0][1]}", f"127.0.0.1:{p}")
+                # node.peer_urls: the other containers' port, which here is the free one too
+                text = text.replace(f"http://{m['svc']['hostname']}:{m['ports'][0][2]}\"",
+                                    f"http://{m['svc']['hostname']}:{p}\"")
             text = text.replace(f'http = "0.0.0.0:{host_port}"', f'http = "0.0.0.0:{port}"')
             config = tmp_path / f"{n['name']}.toml"
             config.write_text(text)
@@ -681,18 +687,29 @@ def test_the_image_runs_the_compose_cluster(tmp_path):
         leader_url = view["leader"]["url"]
         assert leader_url in urls, f"the leader advertises {leader_url}, not a published host port {urls}"
         follower = next(u for u in urls if u != leader_url)
+        # A follower forwards to the leader at its peer_urls entry (the container name): the call is
+        # answered by the follower itself, no redirect.
         payload = {"data_b64": base64.b64encode(b"from the host").decode(), "encoding": "application/octet-stream"}
         status, out, hops = _http("POST", follower + "/v1/jobs", {"queue": "emails", "job_type": "welcome",
                                                                   "payload": payload})
-        assert status == 200, out
-        assert hops == [follower + "/v1/jobs", leader_url + "/v1/jobs"]     # the 307 led to a host address
-        status, got, _ = _http("POST", follower + "/v1/reserve", {"queues": ["emails"], "lease_ms": 30000,
-                                                                  "max_jobs": 1, "wait_ms": 0})
+        assert status == 200 and hops == [follower + "/v1/jobs"], (status, out, hops)
+        status, got, hops = _http("POST", follower + "/v1/reserve", {"queues": ["emails"], "lease_ms": 30000,
+                                                                     "max_jobs": 1, "wait_ms": 0})
         assert status == 200 and [j["id"] for j in got["jobs"]] == [out["job_id"]], got
         job = got["jobs"][0]
         assert base64.b64decode(job["payload"]["data_b64"]) == b"from the host"
-        status, acked, _ = _http("POST", follower + f"/v1/jobs/{job['id']}/ack", {"attempt": job["attempt"]})
-        assert status == 200, acked
+        status, queue, hops = _http("GET", follower + "/v1/queues/emails")        # a read, forwarded as HTTP
+        assert status == 200 and queue["in_flight"] == 1 and len(hops) == 1, (status, queue)
+        status, acked, hops = _http("POST", follower + f"/v1/jobs/{job['id']}/ack", {"attempt": job["attempt"]})
+        assert status == 200 and len(hops) == 1, acked
+        # Asked for, the 307 still names the leader's host address, which the host follows.
+        status, out, hops = _http("POST", follower + "/v1/jobs", {"queue": "emails", "job_type": "welcome"},
+                                  follow=True)
+        assert status == 200 and hops == [follower + "/v1/jobs", leader_url + "/v1/jobs"], (status, out, hops)
+        # One node gathers every node's view at its peer_urls: all reachable, listed at the host URLs.
+        status, nodes_view, _ = _http("GET", follower + "/v1/cluster/nodes")
+        assert status == 200 and [(r["url"], r["reachable"]) for r in nodes_view["nodes"]] == \
+            [(u, True) for u in urls], nodes_view
         # Graceful stop: SIGTERM, leadership handed over, exit 0.
         for name in names:
             _run([*engine, "stop", "-t", "30", name], timeout=90)
