@@ -115,7 +115,7 @@ class LocalCluster:
                  python: str | None = None, env: dict | None = None, api_keys: list | None = None,
                  testing: dict | None = None, http_ports: list[int] | None = None,
                  raft_ports: list[int] | None = None, tls: bool | str = False, schedules: list | None = None,
-                 grpc: bool = False):
+                 grpc: bool = False, api: dict | None = None, advertise: list[str] | None = None):
         """Ports: `http_ports` and `raft_ports` as given, else from `base_port` (HTTP base..,
         Raft base+100..), else free ones. Every file it writes is 0600, its directories 0700,
         and the nodes run with umask 077 (their journals, snapshots and logs are private too:
@@ -126,7 +126,10 @@ class LocalCluster:
         "mtls" also requires client certificates signed by it (client-cert.pem,
         client-key.pem). `client_options()` gives a Client what it needs to call them.
         `grpc`: every node also serves sepp's gRPC API ([grpc] listen) on a free port of its own
-        (`grpc_addr(i)`)."""
+        (`grpc_addr(i)`). `api`: every node's `[api]` table. `advertise`: the URL each node
+        advertises (its `url`, its peer entry), where that is not where it listens (`urls`, which
+        the harness calls): every node then calls the others at `urls` (`[node] peer_urls`), as
+        under compose, where the advertised URLs are out of the nodes' reach."""
         if tls not in (False, True, "mtls"):
             raise ValueError("tls must be False, True or 'mtls'")
         self.tls = tls
@@ -153,20 +156,15 @@ class LocalCluster:
         self._log_seen: dict[int, int] = {}
         self.node_testing: dict[int, dict] = {}
         self._written_testing: dict[int, dict] = {}
-        if http_ports or raft_ports:
-            if len(http_ports or ()) != nodes or len(raft_ports or ()) != nodes:
-                raise ValueError(f"give {nodes} HTTP ports and {nodes} Raft ports")
-            http, raft = list(http_ports), list(raft_ports)
-        elif base_port:
-            http = [base_port + i for i in range(nodes)]
-            raft = [base_port + 100 + i for i in range(nodes)]
-        else:
-            ports = free_ports(2 * nodes)
-            http, raft = ports[:nodes], ports[nodes:]
+        http, raft = self._ports(nodes, http_ports, raft_ports, base_port)
         self.ids = [f"n{i + 1}" for i in range(nodes)]
         self.http_ports, self.raft_ports = http, raft
         self.urls = [f"{'https' if tls else 'http'}://127.0.0.1:{p}" for p in http]
         self.grpc_ports: list[int] | None = free_ports(nodes) if grpc else None
+        self.api = dict(api or {})
+        if advertise is not None and len(advertise) != nodes:
+            raise ValueError(f"give {nodes} advertised URLs")
+        self.advertise = list(advertise) if advertise is not None else None
         self._client_ssl = None
         self.procs: dict[int, subprocess.Popen] = {}
         self.logs: dict[int, object] = {}
@@ -176,6 +174,18 @@ class LocalCluster:
         self.initial_n = nodes
         self.peers_of: dict[int, list[int]] = {}
         self.members_count: int | None = None
+
+    @staticmethod
+    def _ports(nodes: int, http_ports, raft_ports, base_port) -> tuple[list[int], list[int]]:
+        """(HTTP ports, Raft ports): as given, else from `base_port`, else free ones."""
+        if http_ports or raft_ports:
+            if len(http_ports or ()) != nodes or len(raft_ports or ()) != nodes:
+                raise ValueError(f"give {nodes} HTTP ports and {nodes} Raft ports")
+            return list(http_ports), list(raft_ports)
+        if base_port:
+            return [base_port + i for i in range(nodes)], [base_port + 100 + i for i in range(nodes)]
+        ports = free_ports(2 * nodes)
+        return ports[:nodes], ports[nodes:]
 
     # ------------------------------------------------------------ configs
     def grpc_addr(self, i: int) -> str:
@@ -285,7 +295,11 @@ class LocalCluster:
 
     def member(self, i: int) -> dict:
         """Node i as a member: {"id", "raft", "url"} (the body of POST /v1/cluster/members)."""
-        return {"id": self.ids[i], "raft": f"127.0.0.1:{self.raft_ports[i]}", "url": self.urls[i]}
+        return {"id": self.ids[i], "raft": f"127.0.0.1:{self.raft_ports[i]}", "url": self.advertised(i)}
+
+    def advertised(self, i: int) -> str:
+        """The URL node i advertises: `urls[i]` unless the cluster was made with `advertise`."""
+        return self.advertise[i] if self.advertise is not None and i < len(self.advertise) else self.urls[i]
 
     def add_node(self, members: list[int] | None = None, node_id: str | None = None) -> int:
         """A node for an online membership change: new ports and id, and a config naming
@@ -309,8 +323,10 @@ class LocalCluster:
 
     def write_config(self, i: int):
         peers = [self.member(j) for j in self.peers_of.get(i, range(self.initial_n))]
-        node = {"id": self.ids[i], "http": f"127.0.0.1:{self.http_ports[i]}", "url": self.urls[i],
+        node = {"id": self.ids[i], "http": f"127.0.0.1:{self.http_ports[i]}", "url": self.advertised(i),
                 "raft": f"127.0.0.1:{self.raft_ports[i]}", "data_dir": str(self.data_dir(i))}
+        if self.advertise is not None:
+            node["peer_urls"] = {self.ids[j]: self.urls[j] for j in range(self.n)}
         if self.tls:        # paths relative to the config file, which is in the same directory
             node.update(tls_cert=self.cert_path(i).name, tls_key=self.key_path(i).name, tls_peer_ca="ca.pem")
             if self.tls == "mtls":
@@ -328,6 +344,8 @@ class LocalCluster:
             text += "\n" + toml_table("tuning", self.tuning)
         if self.grpc_ports is not None:
             text += "\n" + toml_table("grpc", {"listen": self.grpc_addr(i)})
+        if self.api:
+            text += "\n" + toml_table("api", self.api)
         if self.api_keys:
             text += "\n[auth]\napi_keys = [\n" + "".join(f"  {toml_value(k)},\n" for k in self.api_keys) + "]\n"
         testing = self._testing_of(i)
