@@ -18,7 +18,7 @@ from ..replication.backup import Backups, Busy
 from ..core.errors import error
 from .metrics import CONTENT_TYPE, render as render_metrics
 from ..replication.proposer import wall_ms
-from ..service.forwarding import FORWARD_HEADER, REDIRECT_HEADER
+from ..service.forwarding import FORWARD_HEADER, REDIRECT_HEADER, auto_request_id
 from ..service.node_service import NodeService
 from .session import Sessions
 from ..base.settings import TUNING_DEFAULTS
@@ -39,9 +39,16 @@ def request_id(request: web.Request):
     rid = request.headers.get("Request-Id")
     if rid is None:
         return None
-    if not validate.valid_request_id(rid):
+    if not validate.valid_request_id(rid) and not (auto_request_id(rid) and _from_a_follower(request)):
         raise ValueError("Request-Id must be 1..128 visible ASCII characters")
     return rid
+
+
+def _from_a_follower(request: web.Request) -> bool:
+    """A call a follower forwarded (its forward token shown): it may carry a request id the
+    follower made (node/service/forwarding.py)."""
+    token = request.headers.get(FORWARD_HEADER)
+    return token is not None and hmac.compare_digest(token, request.app["service"].forwarder.token)
 
 
 def _too_large(request: web.Request) -> web.Response:
@@ -267,7 +274,7 @@ def _metrics_route(app: web.Application, service: NodeService, sessions: Session
         refusals = service.replica.raft_refusals
         gauges["raft_pending_handshakes"] = refusals.get("pending", 0)
         text = render_metrics(view, queues["queues"], service.proposer.inflight, gauges, bounds.all_hits(refusals),
-                              refusals)
+                              refusals, service.forwarder.figures())
         return web.Response(body=text.encode(), headers={"Content-Type": CONTENT_TYPE})
     return metrics
 

@@ -49,15 +49,17 @@ def _number(v) -> str:
 
 
 def render(view: dict, queues: list[dict], inflight: int, gauges: dict | None = None, hits=None,
-           raft_refusals: dict | None = None) -> str:
+           raft_refusals: dict | None = None, forwarding: dict | None = None) -> str:
     """`view` is NodeService.cluster()'s body (without digest), `queues` the queue stats;
     `gauges` the node's open connections, sessions, parked long polls and Raft handshakes,
     `hits` the bound hits (node/base/bounds.py), `raft_refusals` the Raft port's refused
-    connections by reason (node/raft/transport.py REFUSALS)."""
+    connections by reason (node/raft/transport.py REFUSALS), `forwarding` the follower's link
+    to the leader (node/service/forwarding.py ForwardLink.figures)."""
     t = _Text(view["node_id"])
     _node(t, view)
     _proposer(t, view.get("proposer", {}), inflight)
     _connections(t, gauges or {}, raft_refusals or {}, hits or {})
+    _forwarding(t, forwarding or {})
     _state(t, view)
     _queues(t, queues)
     _queue_limits(t, queues)
@@ -129,6 +131,29 @@ def _connections(t: _Text, g: dict, raft_refusals: dict, hits: dict) -> None:
              [({"reason": r}, n) for r, n in refused.items()])
     t.family("raftq_bound_hits_total", "counter", "times a resource bound held a client back, by the bound's "
              "config key (docs/limits.md)", [({"bound": b}, hits.get(b, 0)) for b in BOUNDS])
+
+
+def _forwarding(t: _Text, f: dict) -> None:
+    """A follower's calls forwarded to the leader (docs/api.md "Followers"); 0 on a node whose
+    clients all call it while it leads."""
+    t.family("raftq_forwarded_calls_total", "counter", "calls this node forwarded to the leader, by way (link: the "
+             "job operations over the forward link; http: the other calls)",
+             [({"via": "link"}, f.get("forwarded", 0)), ({"via": "http"}, f.get("forwarded_http", 0))])
+    t.family("raftq_forward_calls_in_flight", "gauge", "calls waiting on the forward link (sent and not answered, "
+             "or waiting for a leader); at most tuning.max_forward_inflight", [({}, f.get("in_flight", 0))])
+    t.family("raftq_forward_link_connected", "gauge", "1 while the forward link to the leader is open",
+             [({}, f.get("connected", False))])
+    t.family("raftq_forward_link_connects_total", "counter", "times the forward link was opened (once, then once "
+             "per new leader or lost connection)", [({}, f.get("connects", 0))])
+    t.family("raftq_forward_resent_total", "counter", "calls sent again, with their request ids, because the "
+             "leader was lost while they were forwarded to it", [({}, f.get("resent", 0))])
+    t.family("raftq_forward_run_here_total", "counter", "calls that waited on the forward link and ran on this "
+             "node because it was elected", [({}, f.get("run_here", 0))])
+    refused = f.get("refused") or {}
+    t.family("raftq_forward_refused_total", "counter", "forwarded calls this node answered itself, by reason "
+             "(max_forward_inflight: 429; forward_wait_s: 503, no leader within the wait; lost: 503 applied null, "
+             "the leader lost and no other took the call within the wait)",
+             [({"reason": r}, refused.get(r, 0)) for r in ("max_forward_inflight", "forward_wait_s", "lost")])
 
 
 def _state(t: _Text, view: dict) -> None:

@@ -20,7 +20,7 @@ from aiohttp import WSMsgType, web
 from ..base import bounds
 from ..base.auth import VIEWER
 from ..core.errors import error
-from ..service.forwarding import MAX_FORWARD_INFLIGHT
+from ..service.forwarding import MAX_FORWARD_INFLIGHT, auto_request_id
 from ..service.node_service import NodeService
 from ..base.settings import TUNING_DEFAULTS
 from ..base.validate import valid_request_id
@@ -84,6 +84,14 @@ def _frame_bytes(frame_id, status, body) -> bytes:
         data = orjson.dumps({"id": None, "status": 400, "body": error(
             "invalid_argument", "the frame's id cannot be written back: use an integer")[1]})
     return bytes(memoryview(data))
+
+
+def _not_leading(forwarder: bool) -> tuple[int, dict]:
+    """A frame this node takes after it stopped leading (not applied). A follower's link sends
+    a call answered `no_leader` again, to the next leader (node/service/forwarding.py)."""
+    if forwarder:
+        return error("no_leader", "this node is no longer the leader")
+    return error("unavailable", "this node is no longer the leader; reconnect", applied=False)
 
 
 class Sessions:
@@ -265,7 +273,8 @@ class Session:
                        binary)
             return
         rid = frame.get("request_id")
-        if rid is not None and not valid_request_id(rid):
+        # (a follower's link also carries the request ids the follower made: forwarding.py)
+        if rid is not None and not valid_request_id(rid) and not (self.forwarder and auto_request_id(rid)):
             self.reply(frame_id, *error("invalid_argument", "request_id must be 1..128 visible ASCII characters"),
                        binary)
             return
@@ -294,10 +303,9 @@ class Session:
         service = self.service
         if not service.is_leader():
             if self.forwarder or not service.must_forward():
-                self.reply(frame_id, *error("unavailable", "this node is no longer the leader; reconnect",
-                                            applied=False), binary)
+                self.reply(frame_id, *_not_leading(self.forwarder), binary)
                 return
-            fut = service.forward(op, body, rid, None, self.header)       # a follower's session
+            fut = service.forward(op, body, rid, None, self.header, who=who)       # a follower's session
             reply = self.reply
             fut.add_done_callback(lambda f, i=frame_id, b=binary: reply(i, *f.result(), b))
             return
@@ -318,8 +326,7 @@ class Session:
         service = self.service
         try:
             if not service.is_leader() and (self.forwarder or not service.must_forward()):
-                status, out = error("unavailable", "this node is no longer the leader; reconnect",
-                                    applied=False)
+                status, out = _not_leading(self.forwarder)
             elif op == "reserve" and not service.is_seeded():
                 status, out = service.not_seeded()
             elif op == "reserve":          # a long poll: needs its own task

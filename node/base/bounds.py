@@ -25,6 +25,7 @@ BOUNDS = (
     "max_session_queued_bytes",         # a session's unsent answers: it is not read meanwhile
     "max_queued_answer_bytes",          # all sessions' unsent answers: those with some wait
     "session_stall_timeout_s",          # a session that read no answer for that long: closed 4008
+    "max_forward_inflight",             # calls waiting on a follower's link to the leader: 429
     "max_trace_context_bytes",          # field lengths: invalid_request / 400 naming the field
     "max_encoding_bytes",
     "max_reason_bytes",

@@ -81,7 +81,7 @@ class JobOps:
         """Prepare and propose one operation: a future of its committed result or the error. On
         a follower: forwarded to the leader with the caller's Authorization `auth`."""
         if not self.replica.is_leader() and self.must_forward():
-            return self.forward(op, body, rid, job_id, auth)
+            return self.forward(op, body, rid, job_id, auth, who=who)
         cmd, extra = self.prepare(op, body, rid, job_id, who)
         if cmd is None:
             return self.proposer.answered(extra)
@@ -111,7 +111,7 @@ class JobOps:
             wait_ms = 0
         if self.must_forward():
             def submit(_cmd):
-                return self.forward("reserve", body, rid, None, auth, _NO_WAIT)
+                return self.forward("reserve", body, rid, None, auth, _NO_WAIT, who)
         else:
             submit = self.proposer.submit
         return await self._reserve_loop(cmd, wait_ms, body, alive, owner, submit, submit is not self.proposer.submit)

@@ -14,8 +14,11 @@ import pytest
 
 from raftq.cluster.client import Client
 from raftq.cluster.local import LocalCluster, http_json
+from raftq.cluster.chaos.proxy import NetState
 from raftq.node.replication.fault_hooks import RELEASE_SEED
-from tests.conftest import Api, poll
+from raftq.node.service.forwarding import forward_token
+from tests.attacks import metrics
+from tests.conftest import Api, poll, proxied_cluster
 
 pytestmark = pytest.mark.cluster
 
@@ -28,7 +31,9 @@ def bearer(role):
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
+    # request_id_window_ms of an hour: no record expires while the module runs (a test counts them).
     c = LocalCluster(tmp_path_factory.mktemp("fwd"), storage={"dead_letter_retention_ms": 3_600_000},
+                     limits={"request_id_window_ms": 3_600_000},
                      api_keys=[{"name": f"{r}-app", "key": k, "role": r} for r, k in KEYS.items()]).launch()
     yield c
     c.close()
@@ -205,20 +210,26 @@ def test_the_forward_link_is_bounded(cluster):
                                         "body": {"queue": name, "job_type": "t"}} for i in range(500)],
             timeout=30) for s in range(sessions)))
 
+    refused = 'raftq_forward_refused_total{reason="max_forward_inflight"}'
+    before = metrics(c, f)[refused]
     c.pause(leader)
     try:
         result = {}
         t = threading.Thread(target=lambda: result.update(a=asyncio.run(flood())))
         t.start()
-        time.sleep(1.0)
+        full = poll(lambda: (m := metrics(c, f))["raftq_forward_calls_in_flight"] == 4096 and m, timeout=20,
+                    what="the follower's link full")
+        poll(lambda: metrics(c, f)[refused] - before == 5000 - 4096, timeout=20, what="the rest refused")
     finally:
         c.resume(leader)
     t.join(60)
     answers = [a for s in result["a"] for a in s.values()]
     over = [b for s, b in answers if s == 429]
-    assert len(over) >= 5000 - 4096 and all(b["error"]["code"] == "overloaded" for b in over), len(over)
+    assert len(over) == 5000 - 4096 and all(b["error"]["code"] == "overloaded" for b in over), len(over)
     assert all(s in (200, 429, 503) for s, _ in answers), {s for s, _ in answers}
+    assert full['raftq_bound_hits_total{bound="max_forward_inflight"}'] >= 1
     c.wait_leader()
+    poll(lambda: metrics(c, f)["raftq_forward_calls_in_flight"] == 0, timeout=20, what="the link drained")
 
 
 def test_307_when_asked_for(cluster):
@@ -241,42 +252,56 @@ def test_307_when_asked_for(cluster):
 
 
 def test_a_leader_kill_while_calls_go_through_a_follower(tmp_path):
-    """Answers are right or 503, never wrong; retried with their request ids, every enqueue is
-    applied exactly once."""
+    """Answers are right or 503, never wrong. Producers with request ids retry until each enqueue
+    is applied, exactly once; producers without get the follower's ids: a 200 is applied once
+    (the re-send to the next leader replays it, never a second job), a 503 at most once. The
+    leader is paused first, so calls are in flight on the link when it dies."""
     c = LocalCluster(tmp_path / "c", tuning={"forward_wait_s": 4.0, "request_timeout_s": 3.0}).launch()
     try:
         leader, f = follower_of(c)
         name = q()
-        stop = time.monotonic() + 8
-        outcomes = []
+        stop = threading.Event()
+        outcomes: list = []
+        unknown: list = []
 
         def producer(p):
-            n = 0
-            while time.monotonic() < stop:
+            n = ok = 0
+            while not stop.is_set():
                 rid = f"k-{p}-{n}"
                 body = {"queue": name, "job_type": "t",
                         "payload": {"data_b64": base64.b64encode(rid.encode()).decode(), "encoding": "text/plain"}}
                 for _ in range(40):
-                    s, out = http_json("POST", c.urls[f] + "/v1/jobs", body, timeout=15, headers={"Request-Id": rid})
+                    s, out = http_json("POST", c.urls[f] + "/v1/jobs", body, timeout=15,
+                                       headers={"Request-Id": rid} if p % 2 else None)
                     outcomes.append(s)
-                    if s == 200:
+                    assert s in (200, 503, 429, None), (s, out)
+                    if s == 200 or p % 2 == 0:
+                        ok += s == 200
+                        if s != 200:
+                            unknown.append(out)
                         break
-                    assert s in (503, 429, None), (s, out)
                     time.sleep(0.2)
                 else:
                     raise AssertionError(f"{rid} never applied")
                 n += 1
-            return n
+            return ok
 
         with concurrent.futures.ThreadPoolExecutor(4) as ex:
             futs = [ex.submit(producer, p) for p in range(4)]
-            time.sleep(2)
+            poll(lambda: len(outcomes) >= 20, timeout=20, what="calls flowing")
+            c.pause(leader)
+            poll(lambda: metrics(c, f)["raftq_forward_calls_in_flight"] >= 1, timeout=10, what="calls in flight")
             c.kill(leader)
-            sent = sum(fu.result(timeout=120) for fu in futs)
-        new = c.wait_leader(30, among=[i for i in range(3) if i != leader])
+            new = c.wait_leader(30, among=[i for i in range(3) if i != leader])
+            poll(lambda: outcomes.count(200) >= 40, timeout=30, what="calls answered by the new leader")
+            stop.set()
+            applied = sum(fu.result(timeout=120) for fu in futs)
+        m = metrics(c, f)
+        assert m["raftq_forward_resent_total"] >= 1          # in flight when the leader died: sent again
         s, view = http_json("GET", c.urls[new] + f"/v1/queues/{name}")
-        assert s == 200 and view["ready"] == sent, (view, sent)
-        assert 503 in outcomes or True          # (the kill may fall between two calls)
+        assert s == 200 and applied <= view["ready"] <= applied + len(unknown), (view, applied, unknown)
+        assert all(isinstance(u, str) or u["error"]["code"] in ("unavailable", "no_leader", "overloaded")
+                   for u in unknown), unknown
     finally:
         c.close()
 
@@ -301,3 +326,130 @@ def test_readyz_and_writes_at_a_follower_while_the_configuration_is_seeded(tmp_p
         assert http_json("POST", c.urls[f] + "/v1/jobs", {"queue": "a", "job_type": "t"}, timeout=10)[0] == 200
     finally:
         c.close()
+
+
+def request_id_records(c, node) -> int:
+    return c.cluster_view(node, digest=False)["state"]["request_ids"]
+
+
+async def _link(c, node, frames, key=None, token=True):
+    """Frames sent as a follower's forward link sends them (with the cluster's forward token),
+    or as a client's session (token=False): their answers by frame id."""
+    headers = {"Raftq-Forward": forward_token(c.secret)} if token else {"Authorization": f"Bearer {key}"}
+    async with aiohttp.ClientSession() as http:
+        async with http.ws_connect(c.urls[node] + "/v1/session?batch=1", headers=headers) as ws:
+            await ws.send_bytes(orjson.dumps(frames))
+            answers = {}
+            async with asyncio.timeout(10):
+                while len(answers) < len(frames):
+                    data = orjson.loads((await ws.receive()).data)
+                    for a in data if isinstance(data, list) else [data]:
+                        answers[a["id"]] = (a["status"], a["body"])
+            return answers
+
+
+def test_a_follower_gives_each_forwarded_write_a_request_id_of_its_own(cluster):
+    """A forwarded write without a Request-Id is stored under one the follower made (so a call
+    lost with its leader is sent again safely); a client cannot send such an id; a second ack
+    under the same one gets the first answer, not 404."""
+    c = cluster
+    leader, f = follower_of(c)
+    name = q()
+    before = request_id_records(c, leader)
+    for _ in range(10):
+        assert call(c, f, "POST", "/v1/jobs", {"queue": name, "job_type": "t"}, "worker")[0] == 200
+    assert call(c, f, "POST", f"/v1/queues/{name}/pause", None, "operator")[0] == 200      # forwarded as HTTP
+    assert request_id_records(c, leader) - before >= 11
+    at_leader = request_id_records(c, leader)
+    for _ in range(10):
+        assert call(c, leader, "POST", "/v1/jobs", {"queue": name, "job_type": "t"}, "worker")[0] == 200
+    assert request_id_records(c, leader) == at_leader     # a call sent to the leader itself keeps none
+    # The leader replays an ack sent again under a follower's id: the first answer.
+    assert call(c, leader, "POST", f"/v1/queues/{name}/resume", None, "operator")[0] == 200
+    s, out = call(c, leader, "POST", "/v1/reserve", {"queues": [name], "lease_ms": 30000}, "worker")
+    job = out["jobs"][0]
+    ack = {"op": "ack", "request_id": f"fwd test {uuid.uuid4().hex[:12]} 1", "authorization": bearer("worker")[
+        "Authorization"], "body": {"job_id": job["id"], "attempt": job["attempt"]}}
+    a = asyncio.run(_link(c, leader, [{**ack, "id": 1}]))
+    assert a[1] == (200, {"job_id": job["id"]}), a
+    again = asyncio.run(_link(c, leader, [{**ack, "id": 2}]))
+    assert again[2] == a[1]
+    assert call(c, leader, "POST", f"/v1/jobs/{job['id']}/ack", {"attempt": job["attempt"]}, "worker")[0] == 404
+    # A client's id is 1..128 visible ASCII characters: a follower's (with spaces) is refused.
+    a = asyncio.run(_link(c, leader, [{**ack, "id": 3}], key=KEYS["worker"], token=False))
+    assert a[3][0] == 400 and "request_id" in a[3][1]["error"]["message"], a
+    s, out = call(c, leader, "POST", "/v1/jobs", {"queue": name, "job_type": "t"}, "worker",
+                  {"Request-Id": "fwd test 0 1"})
+    assert s == 400 and "Request-Id" in out["error"]["message"], out
+
+
+def _calls_at(c, node, name, n, results):
+    """n enqueues at `node`, each in a thread of its own (without a Request-Id): their (status, body)."""
+    def one(k):
+        results.append(call(c, node, "POST", "/v1/jobs", {"queue": name, "job_type": "t", "priority": k},
+                            "worker", timeout=30))
+    threads = [threading.Thread(target=one, args=(k,)) for k in range(n)]
+    for t in threads:
+        t.start()
+    return threads
+
+
+def test_calls_waiting_on_the_link_run_on_their_follower_once_it_is_elected(tmp_path):
+    """The leader stops answering while calls wait on a follower's link, and that follower is
+    elected (the third node's log is kept behind, so it cannot be): the calls run on it, each once,
+    instead of 503. Then a node whose leader and link are gone answers 503 after forward_wait_s."""
+    c, net = proxied_cluster(tmp_path / "c", api_keys=[{"name": f"{r}-app", "key": k, "role": r}
+                                                      for r, k in KEYS.items()], tuning={"forward_wait_s": 2.0})
+    try:
+        leader, f = follower_of(c)
+        t = 3 - leader - f
+        net.apply(NetState(blocked={(leader, t), (t, leader)}))
+        name = q()
+        assert call(c, f, "POST", "/v1/jobs", {"queue": name, "job_type": "t"}, "worker")[0] == 200    # t lacks it
+        before = metrics(c, f)
+        c.pause(leader)
+        results: list = []
+        threads = _calls_at(c, f, name, 8, results)
+        poll(lambda: metrics(c, f)["raftq_forward_calls_in_flight"] == 8, timeout=10, what="8 calls on the link")
+        for th in threads:
+            th.join(30)
+        assert [s for s, _ in results] == [200] * 8, results
+        after = metrics(c, f)
+        assert c.cluster_view(f, digest=False)["role"] == "leader"
+        assert after["raftq_forward_run_here_total"] - before["raftq_forward_run_here_total"] == 8
+        assert after["raftq_forward_resent_total"] - before["raftq_forward_resent_total"] >= 8
+        s, view = call(c, f, "GET", f"/v1/queues/{name}")
+        assert s == 200 and view["ready"] == 9, view           # each call applied once
+        # t follows f; with f and the old leader gone it has neither leader nor link: 503 after the wait.
+        net.apply(NetState())
+        c.resume(leader)
+        poll(lambda: call(c, t, "GET", f"/v1/queues/{name}")[0] == 200, timeout=20, what="t forwarding to f")
+        c.kill(f)
+        c.kill(leader)
+        t0 = time.monotonic()
+        s, out = call(c, t, "POST", "/v1/jobs", {"queue": name, "job_type": "t"}, "worker", timeout=30)
+        assert s == 503 and out["error"]["applied"] is False and "forward_wait_s" in out["error"]["message"], out
+        assert 1.9 < time.monotonic() - t0 < 10
+        m = metrics(c, t)
+        assert m['raftq_forward_refused_total{reason="forward_wait_s"}'] >= 1
+        assert m["raftq_forward_link_connected"] == 0 and m["raftq_forward_link_connects_total"] >= 1
+    finally:
+        c.close()
+        net.close()
+
+
+def test_forwarding_metrics(cluster):
+    c = cluster
+    leader, f = follower_of(c)
+    before = metrics(c, f)
+    name = q()
+    for _ in range(5):
+        assert call(c, f, "POST", "/v1/jobs", {"queue": name, "job_type": "t"}, "worker")[0] == 200
+    assert call(c, f, "GET", f"/v1/queues/{name}")[0] == 200
+    m = metrics(c, f)
+    assert m['raftq_forwarded_calls_total{via="link"}'] - before['raftq_forwarded_calls_total{via="link"}'] == 5
+    assert m['raftq_forwarded_calls_total{via="http"}'] - before['raftq_forwarded_calls_total{via="http"}'] == 1
+    assert m["raftq_forward_link_connected"] == 1 and m["raftq_forward_link_connects_total"] >= 1
+    assert m["raftq_forward_calls_in_flight"] == 0
+    at_leader = metrics(c, leader)
+    assert at_leader["raftq_forward_link_connected"] == 0 and at_leader["raftq_forward_calls_in_flight"] == 0
