@@ -269,8 +269,7 @@ def _dedup_put(m, q, keyed, old, idem_key: str, job_id: str, now: int, window: i
 def reserve(m, queue_names, lease_ms: int, max_jobs: int):
     """docs/semantics.md "Reserve": queues in the order listed, the best ready job of each first; the
     shown fields of each (jobs.py SHOWN_FIELDS). The hot path: hand_out and lease written inline."""
-    now = m.clock
-    kept = []
+    now, kept = m.clock, []
     jobs, lease_heap, undo, gated = m.jobs, m.lease_heap, m._undo, m.limits.gated
     for qname in queue_names:
         q = m.queues.get(qname)
@@ -283,7 +282,9 @@ def reserve(m, queue_names, lease_ms: int, max_jobs: int):
                 continue
         if rated or q.keys is not None:         # the rotation of keys (node/core/keys.py)
             take(m, q, cap, kept, lease_ms, probe)
-            cap = 0                             # done with this queue: skip the loop below
+            if len(kept) < max_jobs:            # straight on: part of the keys figure's cost
+                continue
+            break
         heap, fifo, seqs = q.ready_heap, q.ready_fifo, q.fifo_seqs
         while len(kept) < cap:
             # The next job: the smaller head of the FIFO and the heap. Stale heads go (not logged: nothing logical).
@@ -319,8 +320,7 @@ def reserve(m, queue_names, lease_ms: int, max_jobs: int):
                 gating.set_probe(m, q, job.id)
             expires = now + lease_ms
             undo += (setattr, job, "state", job.state, setattr, job, "lease_expires", job.lease_expires)
-            job.state = IN_FLIGHT
-            job.lease_expires = expires
+            job.state, job.lease_expires = IN_FLIGHT, expires
             if deadline is not None:
                 m._set(job, "deadline", None)
             undo += (setattr, q, "ready", q.ready, setattr, q, "in_flight", q.in_flight)
@@ -425,10 +425,11 @@ def take(m, q, cap: int, kept: list, lease_ms: int, probe: int) -> None:
         if ql.rate is not None:
             m._set(q, "rate_log", keys.logged(q.rate_log, ql.rate, now))
         if lim is not None:
-            s = job.spec                     # shown_fields(job), inline (node/core/jobs.py)
-            kept.append((job.id, s[S_QUEUE], s[S_JOB_TYPE], job.payload, s[S_ENCODING], s[S_PRIORITY], s[S_CUSTOM],
-                         s[S_TRACE], s[S_ENQUEUED_AT], s[S_SCHEDULED_AT], s[S_ATTEMPT], s[S_MAX_ATTEMPTS], expires,
-                         s[S_DEADLINE], s[S_TIMEOUT_MS], s[S_RELEASES], r, key.name))
+            # shown_fields(job), inline, with literal positions (checked against jobs.S_* below
+            # take): the keyed hand-out is the hot path of docs/performance.md's keys figure.
+            s = job.spec
+            kept.append((job.id, s[0], s[1], job.payload, s[2], s[3], s[4], s[5], s[6], s[7], s[14],
+                         s[8], expires, s[9], s[10], s[13], r, key.name))
             _served(m, q, key, job, now, lim, ctr)
             continue
         kept.append(shown_fields(job))
@@ -437,6 +438,11 @@ def take(m, q, cap: int, kept: list, lease_ms: int, probe: int) -> None:
             keys.served(m, key)
             keys.requeue(m, q, qk, key)
             keys.catch_up(m, qk, key.vlevel, vpass)
+
+
+# The literal spec positions of take's inline shown_fields.
+assert (S_QUEUE, S_JOB_TYPE, S_ENCODING, S_PRIORITY, S_CUSTOM, S_TRACE, S_ENQUEUED_AT, S_SCHEDULED_AT, S_ATTEMPT,
+        S_MAX_ATTEMPTS, S_DEADLINE, S_TIMEOUT_MS, S_RELEASES) == (0, 1, 2, 3, 4, 5, 6, 7, 14, 8, 9, 10, 13)
 
 
 def _passed_over(m, q, key, lim, e, deadline, r, now: int) -> bool:
