@@ -32,22 +32,31 @@ PAYLOAD = os.urandom(256)
 
 class Clients:
     """Session transport: one client shared by every producer and worker of the process (as
-    users would). HTTP: one client and one connection per producer/worker."""
+    users would). HTTP: one client and one connection per producer/worker. `spread`: the
+    producers and workers take the nodes in turn, each calling its node (a follower serves the
+    call, forwarding to the leader what needs it: docs/api.md "Followers"); with the session
+    transport one shared client per node."""
 
-    def __init__(self, urls, transport: str, api_key: str | None = None, tls: dict | None = None):
+    def __init__(self, urls, transport: str, api_key: str | None = None, tls: dict | None = None,
+                 spread: bool = False):
         self.urls, self.transport, self.api_key, self.tls = urls, transport, api_key, tls or {}
-        self.shared = Client(urls, api_key=api_key, transport="session", **self.tls) if transport == "session" else None
+        self.spread, self.turn = spread, 0
+        homes = [[u] for u in urls] if spread else [urls]
+        self.shared = [Client(h, api_key=api_key, transport="session", spread=spread, **self.tls) for h in homes] \
+            if transport == "session" else None
         self.made: list[Client] = []
 
     def get(self) -> Client:
+        self.turn += 1
         if self.shared is not None:
-            return self.shared
-        c = Client(self.urls, api_key=self.api_key, transport="http", connections=1, **self.tls)
+            return self.shared[self.turn % len(self.shared)]
+        urls = [self.urls[self.turn % len(self.urls)]] if self.spread else self.urls
+        c = Client(urls, api_key=self.api_key, transport="http", connections=1, spread=self.spread, **self.tls)
         self.made.append(c)
         return c
 
     async def close(self):
-        for c in self.made + ([self.shared] if self.shared else []):
+        for c in self.made + (self.shared or []):
             await c.close()
 
 
@@ -195,6 +204,16 @@ async def _view(url, api_key=None, tls: dict | None = None) -> dict:
             return {}
 
 
+def cpu_per_job(before: dict, after: dict, jobs: int) -> dict:
+    """Each node's CPU (µs of its process) per job moved in a phase, from its /v1/cluster views
+    before and after: {url: µs}, None where a view was missing."""
+    out = {}
+    for url, v0 in before.items():
+        a, b = (v0.get("cpu") or {}).get("process_s"), ((after.get(url) or {}).get("cpu") or {}).get("process_s")
+        out[url] = None if a is None or b is None else round((b - a) * 1e6 / max(jobs, 1), 1)
+    return out
+
+
 def cpu_split(before: dict, after: dict) -> dict:
     keys = ("process_s", "http_s", "raft_s", "apply_s")
     if not all(before.get(k) is not None and after.get(k) is not None for k in keys):
@@ -207,7 +226,7 @@ def cpu_split(before: dict, after: dict) -> dict:
 
 
 async def run(urls, jobs, producers, workers, phases, latency_rounds, transport, progress, api_key=None,
-              tls: dict | None = None) -> dict:
+              tls: dict | None = None, spread: bool = False) -> dict:
     probe = Client(urls, api_key=api_key, transport="http", **(tls or {}))
     try:
         view = await probe.cluster()
@@ -216,16 +235,21 @@ async def run(urls, jobs, producers, workers, phases, latency_rounds, transport,
     leader = (view.get("leader") or {}).get("url") or urls[0]
     out = {"leader": leader}
     tag = f"{int(time.time())}-{os.getpid()}"
-    clients = Clients(urls, transport, api_key, tls)
+    clients = Clients(urls, transport, api_key, tls, spread)
+
+    async def views():
+        return dict(zip(urls, await asyncio.gather(*(_view(u, api_key, tls) for u in urls))))
 
     async def measured(name, coro_fn, n):
-        v0 = await _view(leader, api_key, tls)
+        all0 = await views()
         p = Progress(n, name, unit="jobs", enabled=progress)
         lat: dict = {}
         secs = await coro_fn(p, lat)
         p.close()
-        v1 = await _view(leader, api_key, tls)
-        out[name] = {**figure(n, secs), **cpu_split(v0.get("cpu") or {}, v1.get("cpu") or {})}
+        all1 = await views()
+        v0, v1 = all0.get(leader) or {}, all1.get(leader) or {}
+        out[name] = {**figure(n, secs), **cpu_split(v0.get("cpu") or {}, v1.get("cpu") or {}),
+                     "cpu_us_per_job": cpu_per_job(all0, all1, n)}
         if lat:
             out[name]["op_latency"] = percentiles(lat)
         stages = stage_means(v0.get("proposer") or {}, v1.get("proposer") or {})
@@ -362,6 +386,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="session: every producer and worker shares one client, its calls multiplexed over one "
                         "WebSocket to the leader, as users' clients do; http: one plain HTTP connection per "
                         "producer and worker (default %(default)s).")
+    p.add_argument("--spread", action="store_true",
+                   help="the producers and workers take the nodes in turn, each sending its calls to its own "
+                        "node (followers forward to the leader what needs it), instead of all to the leader; "
+                        "with the session transport one shared client per node.")
     p.add_argument("--baseline", action="store_true",
                    help="also run the mixed phase over HTTP against a bare aiohttp server that does nothing, and "
                         "report raftq's share of its rate (with --transport http).")
@@ -439,7 +467,8 @@ def _run_bench(args) -> dict | None:
             if args.cert:
                 tls["cert"] = (args.cert, args.key)
         result = asyncio.run(run(urls, args.jobs, args.producers, args.workers, phases, args.latency_rounds,
-                                 args.transport, progress=not args.json, api_key=args.api_key, tls=tls))
+                                 args.transport, progress=not args.json, api_key=args.api_key, tls=tls,
+                                 spread=args.spread))
         if args.baseline:
             base = asyncio.run(run_baseline(urls, args.jobs, args.producers, args.workers, args.baseline_rounds,
                                             args.transport, not args.json, first_mixed=result.get("mixed"),
@@ -448,6 +477,7 @@ def _run_bench(args) -> dict | None:
             if args.transport == "http":
                 result["mixed_vs_bare"] = base["ratio"]
         result.update({"durability": args.durability if args.local else None, "transport": args.transport,
+                       "spread": args.spread,
                        "tls": bool(args.tls or any(u.startswith("https://") for u in urls)),
                        "producers": args.producers, "workers": args.workers, "cores": os.cpu_count()})
     except (Unauthenticated, PermissionDenied) as e:
@@ -466,7 +496,7 @@ def _print_table(args, result: dict) -> None:
     """The results as the table and lines of text (without --json)."""
     print(f"raftq bench: {args.jobs} jobs, {args.producers} producers, {args.workers} workers, "
           f"durability {result['durability']}, transport {args.transport}{' over TLS' if result['tls'] else ''}, "
-          f"leader {result['leader']}")
+          f"leader {result['leader']}{', clients spread over the nodes' if result.get('spread') else ''}")
     print(f"{'phase':<14}{'jobs/s':>10}{'seconds':>9}{'leader cpu':>11}{'http':>7}{'raft':>7}{'apply':>7}")
     for k in ("enqueue", "drain", "mixed", "batch_enqueue", "batch_drain"):
         if k in result:
@@ -476,6 +506,7 @@ def _print_table(args, result: dict) -> None:
                       f"{r['http_share']:>7.0%}{r['raft_share']:>7.0%}{r['apply_share']:>7.0%}")
             else:
                 print(f"{k:<14}{r['jobs_per_s']:>10,.0f}{r['seconds']:>9}")
+    _print_cpu_per_job(result)
     if "bare_http_mixed" in result:
         b = result["bare_http_mixed"]
         rounds = b["rounds"]
@@ -500,6 +531,16 @@ def _print_table(args, result: dict) -> None:
     if "latency" in result:
         l = result["latency"]
         print(f"latency (enqueue->reserve->ack): p50 {l['p50_ms']} ms, p99 {l['p99_ms']} ms, p999 {l['p999_ms']} ms")
+
+
+def _print_cpu_per_job(result: dict) -> None:
+    """Each node's CPU per job in each phase, the leader's first."""
+    for k in ("enqueue", "drain", "mixed", "batch_enqueue", "batch_drain"):
+        per = (result.get(k) or {}).get("cpu_us_per_job")
+        if per:
+            lead = per.get(result["leader"])
+            rest = [f"{v} ({u})" for u, v in per.items() if u != result["leader"]]
+            print(f"{k}: CPU per job, µs: leader {lead}; followers {', '.join(rest)}")
 
 
 def _main_backlog(p: argparse.ArgumentParser, args) -> int:

@@ -362,6 +362,18 @@ def test_bench_local_runs_every_phase_and_leaves_no_data_behind(tmp_path):
     assert not list(tmp_path.glob("raftq-bench-*")), "the local cluster's data dir was left behind"
 
 
+def test_bench_spread_sends_each_client_to_a_node_of_its_own(tmp_path):
+    """--spread: the clients call every node (followers forward), and each node's CPU per job is
+    reported."""
+    code, out, err = raftq("bench", "--local", "--jobs", "300", "--producers", "6", "--workers", "6",
+                           "--phases", "mixed", "--spread", "--json", env={"TMPDIR": str(tmp_path)}, timeout=120)
+    assert code == 0, err
+    result = json.loads(out)
+    assert result["spread"] is True and result["mixed"]["jobs"] == 300
+    per = result["mixed"]["cpu_us_per_job"]
+    assert len(per) == 3 and result["leader"] in per and all(v is not None and v > 0 for v in per.values()), per
+
+
 def test_bench_baseline_rounds_interleave_raftq_and_the_bare_server(tmp_path):
     code, out, err = raftq("bench", "--local", "--jobs", "200", "--producers", "4", "--workers", "4",
                            "--phases", "mixed", "--transport", "http", "--baseline", "--baseline-rounds", "3",
