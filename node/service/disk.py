@@ -30,7 +30,7 @@ class DataDisk:
         self.free_bytes: int | None = None
         self.low_space = False
         self.disk_task: asyncio.Task | None = None
-        self._check_space()     # before Raft, which asks _may_lead, starts (the proposer comes later)
+        self._measure_space()   # before Raft, which asks _may_lead, starts (the refusal: start())
 
     def _storage_failed(self, failure):
         """A write or sync of the data dir failed (node/raft/journal.py StorageFailure), on the
@@ -55,6 +55,12 @@ class DataDisk:
         return not self.low_space
 
     def _check_space(self):
+        """Measure the free space, and refuse writes while it is below the reserve."""
+        self._measure_space()
+        self._refuse_writes_if_low()
+
+    def _measure_space(self):
+        """`free_bytes` and `low_space` (below storage.min_free_bytes), said in the log when it changes."""
         if self.min_free_bytes <= 0:
             return
         try:
@@ -75,9 +81,11 @@ class DataDisk:
                 log.warning("the data disk of %s has %d bytes free again (storage.min_free_bytes %d): writes resume",
                             self.settings.data_dir, free, self.min_free_bytes)
         self.low_space = low
-        if getattr(self, "proposer", None) is None:
-            return
-        self.proposer.refusal = None if not low else error(
+
+    def _refuse_writes_if_low(self):
+        """The proposer's answer to every write while the disk is below its reserve (None: none)."""
+        free = self.free_bytes
+        self.proposer.refusal = None if not self.low_space else error(
             "unavailable", f"node {self.settings.node_id}'s data disk has {free} bytes free, below its reserve "
             f"storage.min_free_bytes ({self.min_free_bytes}): writes are refused until space is freed (leadership "
             "moves to a node with space); retry later", applied=False)
