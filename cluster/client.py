@@ -316,6 +316,52 @@ class Job:
 
 
 @dataclass
+class JobResult:
+    """A finished job's outcome (GET /v1/jobs/{id}/result, docs/semantics.md "Job results"):
+    `state` is "succeeded" (acked; `result` is the bytes its ack carried, None without one or
+    once dropped at its queue's bound: `result_dropped`) or "dead_lettered" (`job.last_reason`
+    says why). `job` is the job as `Client.job` shows it."""
+    job_id: str
+    state: str
+    job: Job
+    result: bytes | None = None
+    encoding: str | None = None
+    result_dropped: bool = False
+    finished_at_ms: int | None = None
+    retained_until_ms: int | None = None
+    wire: dict = field(default_factory=dict, repr=False)     # the answer as it came (JobResult shape)
+
+    @property
+    def succeeded(self) -> bool:
+        return self.state == "succeeded"
+
+    @classmethod
+    def from_wire(cls, d: dict) -> "JobResult":
+        r = d.get("result")
+        return cls(job_id=d["job_id"], state=d["state"], job=Job.from_wire(d["job"]),
+                   result=base64.b64decode(r["data_b64"]) if r else None, encoding=r["encoding"] if r else None,
+                   result_dropped=bool(d.get("result_dropped")), finished_at_ms=d.get("finished_at_ms"),
+                   retained_until_ms=d.get("retained_until_ms"), wire=d)
+
+
+@dataclass
+class Result:
+    """What a Worker handler returns to ack its job with a result (docs/semantics.md "Job
+    results"): `data` bytes (or str, sent as UTF-8) and its `encoding` (None: text/plain for a
+    str, application/octet-stream for bytes)."""
+    data: bytes | str
+    encoding: str | None = None
+
+
+def result_field(result: bytes | str, encoding: str | None = None) -> dict:
+    """An ack's `result` object: str is sent as UTF-8 (text/plain unless `encoding` says), bytes
+    as application/octet-stream unless `encoding` says."""
+    if isinstance(result, str):
+        return {"data_b64": base64.b64encode(result.encode()).decode(), "encoding": encoding or "text/plain"}
+    return {"data_b64": base64.b64encode(result).decode(), "encoding": encoding or "application/octet-stream"}
+
+
+@dataclass
 class DeadLetterRecord:
     job: Job
     cause: str
@@ -975,15 +1021,29 @@ class Client:
             raise ValueError("give a Job, or a job id and its attempt")
         return job, attempt
 
-    async def ack(self, job, attempt: int | None = None, *, request_id: str | None = None) -> None:
+    async def ack(self, job, attempt: int | None = None, *, result: bytes | str | None = None,
+                  encoding: str | None = None, request_id: str | None = None) -> None:
+        """Ack; with `result` (bytes, or str sent as UTF-8), kept with the finished job when its
+        queue retains results (`result_retention_ms`; docs/semantics.md "Job results")."""
         job_id, attempt = self._fence(job, attempt)
-        await self.call("ack", "POST", f"/v1/jobs/{job_id}/ack", {"job_id": job_id, "attempt": attempt},
-                        mutating=True, request_id=request_id)
+        body: dict[str, Any] = {"job_id": job_id, "attempt": attempt}
+        if result is not None:
+            body["result"] = result_field(result, encoding)
+        await self.call("ack", "POST", f"/v1/jobs/{job_id}/ack", body, mutating=True, request_id=request_id)
 
     async def ack_batch(self, jobs, *, request_id: str | None = None) -> list[LeaseLost | None]:
-        """Ack many jobs in one replicated command: None per success, LeaseLost per failure."""
-        acks = [{"job_id": j.id, "attempt": j.attempt} if isinstance(j, Job) else {"job_id": j[0], "attempt": j[1]}
-                for j in jobs]
+        """Ack many jobs in one replicated command: None per success, LeaseLost per failure. Each
+        item is a Job, (job_id, attempt), or (job or job_id, attempt or None, result[, encoding])."""
+        acks = []
+        for j in jobs:
+            if isinstance(j, Job):
+                acks.append({"job_id": j.id, "attempt": j.attempt})
+                continue
+            job_id, attempt = self._fence(j[0], j[1])
+            ack = {"job_id": job_id, "attempt": attempt}
+            if len(j) > 2 and j[2] is not None:
+                ack["result"] = result_field(j[2], j[3] if len(j) > 3 else None)
+            acks.append(ack)
         out = await self.call("ack_batch", "POST", "/v1/acks", {"acks": acks}, mutating=True, request_id=request_id)
         return [None if "error" not in r else LeaseLost(r["error"]["code"], r["error"].get("message", ""), None,
                                                          {"job_id": r["error"].get("job_id")})
@@ -1076,6 +1136,24 @@ class Client:
 
     async def job(self, job_id: str) -> Job:
         return Job.from_wire(await self.call("job", "GET", f"/v1/jobs/{job_id}", mutating=False))
+
+    async def result(self, job_id: str, timeout: float = 30.0, *, poll_s: float = 20.0) -> JobResult:
+        """Wait up to `timeout` seconds for the job to finish: its JobResult once it succeeded
+        (while its queue retains it) or was dead-lettered. Long polls of up to `poll_s` each
+        (GET /v1/jobs/{id}/result?wait_ms=) on the node this client calls, again on another
+        after a failover. Raises TimeoutError when the job has not finished in time, NotFound
+        for a job the cluster knows nothing of (never enqueued, acked in a queue that keeps no
+        results, cancelled, past its retention)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while True:
+            wait_s = max(0.0, min(poll_s, deadline - loop.time()))
+            out = await self.call("job_result", "GET", f"/v1/jobs/{job_id}/result?wait_ms={int(wait_s * 1000)}",
+                                  mutating=False, timeout=wait_s + self.timeout, extra_wait=wait_s)
+            if out["state"] != "pending":
+                return JobResult.from_wire(out)
+            if loop.time() >= deadline:
+                raise TimeoutError(f"job {job_id} has not finished within {timeout} s")
 
     async def cancel(self, job_id: str, *, request_id: str | None = None) -> None:
         await self.call("cancel", "DELETE", f"/v1/jobs/{job_id}", None, mutating=True, request_id=request_id)

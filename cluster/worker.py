@@ -14,6 +14,7 @@ Outcomes of a handler:
 | handler                         | the worker sends                                   |
 |---------------------------------|----------------------------------------------------|
 | returns (any value)             | ack                                                |
+| returns `Result(data, encoding)` | ack with that result (kept if its queue retains results) |
 | raises `Retry(reason)`          | nack, strategy `default` (the queue retry policy)  |
 | raises `RetryAfter(ms, reason)` | nack, strategy `delay` with `delay_ms = ms`        |
 | raises `Permanent(reason)`      | nack, strategy `dead_letter` (cause `rejected`)    |
@@ -80,7 +81,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Awaitable, Callable
 
 from .client import (Client, Conflict, HandlerOutcome, InvalidArgument, Job, LeaseLost, Permanent,
-                     PermissionDenied, Retry, RetryAfter, Unauthenticated)
+                     PermissionDenied, Result, Retry, RetryAfter, Unauthenticated)
 
 log = logging.getLogger("raftq.worker")
 
@@ -467,7 +468,8 @@ class Worker:
             return
         exc = task.exception()
         if exc is None:
-            await self._ack(job)
+            ret = task.result()
+            await self._ack(job, ret if isinstance(ret, Result) else None)
         elif isinstance(exc, Permanent):
             await self._nack(job, Retry.dead_letter(), exc.reason, exc)
         elif isinstance(exc, RetryAfter):
@@ -556,10 +558,22 @@ class Worker:
             self.stats.extended += 1
             self._set_lease(rec, expires)
 
-    async def _ack(self, job: Job):
-        if await self._settle(job, "ack", self.client.ack(job)) is not None:
+    async def _ack(self, job: Job, result: Result | None = None):
+        if await self._settle(job, "ack", self._ack_call(job, result)) is not None:
             self.stats.acked += 1
             self._report(job, "acked", None)
+
+    async def _ack_call(self, job: Job, result: Result | None):
+        """The ack; a handler that returned a Result acks with it (docs/semantics.md "Job
+        results"). A result the cluster refuses (larger than max_result_bytes) is logged and the
+        job acked without it: the work is done, and running it again would not make it smaller."""
+        if result is not None:
+            try:
+                return await self.client.ack(job, result=result.data, encoding=result.encoding)
+            except InvalidArgument as e:
+                log.warning("worker %s: the result of job %s was refused (%s); acking without it",
+                            self.worker_id, job.id, e)
+        return await self.client.ack(job)
 
     async def _nack(self, job: Job, retry: dict, reason: str | None, error: BaseException | None = None):
         if reason is not None:

@@ -172,6 +172,9 @@ LIMITS = {
                                    "in the next sweep, at once after it.", minimum=1),
     "max_catchup_ticks": Key("integer", "Most missed ticks a schedule with catchup `all` fires in one go, the "
                              "oldest first (docs/semantics.md \"Schedules\").", minimum=1),
+    "max_result_bytes": Key("integer", "Largest result an ack may carry (`result.data_b64`, decoded), in bytes; "
+                            "larger is 400 `invalid_argument` naming `result` (docs/semantics.md \"Job results\").",
+                            minimum=1, rule="at most `max_request_bytes` when set"),
     "resource_limits": Key("table", "Throttles: `{resource = max}`, the most jobs naming that `resource` (theirs or "
                            "their queue's) in flight at once, across every queue and worker. A resource without "
                            "an entry is unlimited; 0 holds all its jobs back. Reserve skips a job whose resource "
@@ -287,6 +290,16 @@ QUEUE_ONLY = {
     "key_limits": Key("table", "`{key = {concurrency = C, rate = {count, period_ms}}}` (either or both): one key's "
                       "own limits in place of `key_concurrency` and `key_rate`; 0 holds that key's jobs.",
                       default="unset", rule="as `key_concurrency` and `key_rate`; at most 10000 keys"),
+    # job results (docs/semantics.md "Job results"): node/core/limits.py _result_settings
+    "result_retention_ms": Key("integer", "How long a job acked in this queue is kept, `succeeded`, with the "
+                               "result its ack carried (`GET /v1/jobs/{id}`, `GET /v1/jobs/{id}/result`), from its "
+                               "ack on the replicated clock; the retention in force at the ack fixes its end. 0 "
+                               "keeps none (a result sent is dropped). Per queue only.", default="`0`", minimum=0),
+    "max_retained_result_bytes": Key("integer", "Most bytes of results this queue keeps at once. A result that does "
+                                     "not fit drops the results of the queue's oldest retained jobs (they stay "
+                                     "`succeeded`, `result_dropped`); the ack never fails for it. A lowered bound "
+                                     "drops the oldest at once. Per queue only.", default="`67108864` (64 MiB)",
+                                     minimum=1),
     "rate": Key("table", "`{count = N, period_ms = P}`: at most N jobs of this queue handed out in any P ms, keyed "
                 "or not, all keys together (the same sliding window as `key_rate`); at the limit reserve skips "
                 "the queue. Per queue only. Unset: no rate.", default="unset",

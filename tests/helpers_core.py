@@ -132,11 +132,15 @@ class Core:
         assert len(jobs) == 1, jobs
         return jobs[0]
 
-    def ack(self, job_id, attempt, rid=None):
-        return self.run(lambda: C.ack(job_id, {"attempt": attempt}, rid=rid))
+    def ack(self, job_id, attempt, rid=None, result=None):
+        """An ack; `result`: the ack's result object ({data_b64, encoding}, see `payload`)."""
+        body = {"attempt": attempt} if result is None else {"attempt": attempt, "result": result}
+        return self.run(lambda: C.ack(job_id, body, rid=rid, limits=self.limits))
 
     def acks(self, pairs, rid=None):
-        body = {"acks": [{"job_id": j, "attempt": a} for j, a in pairs]}
+        """pairs: (job_id, attempt) or (job_id, attempt, result object)."""
+        body = {"acks": [{"job_id": p[0], "attempt": p[1], **({"result": p[2]} if len(p) > 2 else {})}
+                         for p in pairs]}
         return self.run(lambda: C.ack_batch(body, self.limits, rid=rid))
 
     def nack(self, job_id, attempt, reason=None, retry=None, rid=None):

@@ -34,7 +34,7 @@ from raftq.node.core.ops import OPS
 from raftq.node.core.errors import ApiError
 from raftq.node.core.limits import Limits
 
-from helpers_core import QueueMachine
+from helpers_core import QueueMachine, b64
 
 T0 = 1_764_500_000_000
 NAMES = ("a", "b", "c")
@@ -46,7 +46,8 @@ SETTINGS = settings(max_examples=EXAMPLES, deadline=None,
 CONFIGS = [
     ({"max_reserve_batch": 3, "request_id_window_ms": 4000},
      {"dead_letter_retention_ms": 0, "dedup_window_ms": 5000},
-     [{"name": "a", "max_queue_depth": 3, "max_lease_duration_ms": 2000},
+     [{"name": "a", "max_queue_depth": 3, "max_lease_duration_ms": 2000, "result_retention_ms": 3000,
+       "max_retained_result_bytes": 4},
       {"name": "b", "max_attempts_ceiling": 2, "default_max_attempts": 2}]),
     ({"request_id_window_ms": 4000, "retry_delay_ms": 1000, "retry_backoff": "exponential",
       "retry_delay_max_ms": 3000},
@@ -142,6 +143,12 @@ def schedule_command(data, kind: str, limits: Limits, now: int, new_id, rid):
     return VS.trigger(name, new_id, rid=rid)
 
 
+def draw_result(data) -> dict:
+    """An ack's optional result field (1 or 3 bytes against queue a's bound of 4)."""
+    n = data.draw(st.sampled_from((0, 0, 1, 3)), label="result bytes")
+    return {} if n == 0 else {"result": {"data_b64": b64(b"x" * n), "encoding": "text/plain"}}
+
+
 def draw_command(data, m: QueueMachine, limits: Limits, now: int, new_id, kinds=ALL_KINDS, bodies=None):
     """A plausible next command for the machine as it is (built by node.validate, as the
     leader does), or None when validation refused the request."""
@@ -170,10 +177,11 @@ def draw_command(data, m: QueueMachine, limits: Limits, now: int, new_id, kinds=
             return C.reserve(body, limits, rid=rid)[0]
         if kind == "ack":
             jid, attempt = pick(inflight)
-            return C.ack(jid, {"attempt": attempt}, rid=rid)
+            return C.ack(jid, {"attempt": attempt, **draw_result(data)}, rid=rid, limits=limits)
         if kind == "acks":
             pairs = [pick(inflight) for _ in range(data.draw(st.integers(1, 4)))]
-            return C.ack_batch({"acks": [{"job_id": j, "attempt": a} for j, a in pairs]}, limits, rid=rid)
+            return C.ack_batch({"acks": [{"job_id": j, "attempt": a, **draw_result(data)} for j, a in pairs]},
+                               limits, rid=rid)
         if kind == "nack":
             jid, attempt = pick(inflight)
             body = {"attempt": attempt, "reason": "r",
@@ -435,6 +443,46 @@ class Pair:
             restored.check_invariants()
         assert snapshot(restored) == snapshot(m) == snapshot(twin)
         m.check_invariants()
+
+
+def test_job_results_fault_at_every_point():
+    """Job results (node/core/results.py): an ack kept without and with a result, one that drops
+    the oldest results at the bound, one too large for the bound on its own, a batch of acks, a
+    lowered bound in a configuration change, the sweep expiring records; then a snapshot round trip."""
+    queue = {"name": "q", "result_retention_ms": 5000, "max_retained_result_bytes": 6}
+    p = Pair([queue])
+
+    def result(data: bytes) -> dict:
+        return {"result": {"data_b64": b64(data), "encoding": "text/plain"}}
+
+    def done(n=1, data=None):
+        for _ in range(n):
+            p.enq()
+        jobs = p.take(n=n)
+        for job in jobs:
+            p.ok(C.ack(job["id"], {"attempt": job["attempt"], **(result(data) if data else {})}, limits=p.m.limits))
+        return [j["id"] for j in jobs]
+    done()                                      # kept without a result
+    first, = done(data=b"aaa")
+    done(data=b"bbb")                           # 6 bytes: the bound
+    done(data=b"cc")                            # the oldest result dropped
+    assert p.m.job_view(first)["result_dropped"]
+    done(data=b"x" * 7)                         # larger than the bound: not kept, nothing dropped
+    for _ in range(2):
+        p.enq()
+    jobs = p.take()
+    p.ok(C.ack_batch({"acks": [{"job_id": j["id"], "attempt": j["attempt"], **result(b"d")} for j in jobs]},
+                     p.m.limits))
+    assert p.m.result_bytes == {"q": 4}         # cc, d, d: bbb's result dropped
+    p.configure([{**queue, "max_retained_result_bytes": 2}])        # the oldest over it dropped
+    assert p.m.result_bytes == {"q": 2}
+    p.at(2000)
+    done(data=b"e")
+    p.at(3500)
+    assert p.sweep()["results_expired"] == 7    # the first ones, the later one stays
+    assert len(p.m.results) == 1
+    assert max(p.points) > 5
+    p.roundtrip()
 
 
 def test_keyed_enqueues_fault_at_every_point():

@@ -80,7 +80,8 @@ CONFIGS = [
       "retry_backoff": "exponential", "retry_delay_max_ms": 3000, "max_schedules_per_sweep": 1,
       "max_catchup_ticks": 2},
      {"dead_letter_retention_ms": 8000, "dedup_window_ms": 6000, "sweep_limit": 2},
-     [{"name": "a", "max_queue_depth": 2, "dedup_window_ms": 2500, "max_lease_duration_ms": 3000},
+     [{"name": "a", "max_queue_depth": 2, "dedup_window_ms": 2500, "max_lease_duration_ms": 3000,
+       "result_retention_ms": 3000, "max_retained_result_bytes": 6},
       {"name": "b", "retry_backoff": "none", "retry_delay_ms": 400, "retry_delay_max_ms": 400,
        "max_attempts_ceiling": 2, "default_max_attempts": 2}]),
     ("short retention, policy capped by the schedule horizon, at most 2 schedules",
@@ -92,8 +93,9 @@ CONFIGS = [
      {"max_reserve_batch": 4, "request_id_window_ms": 5000, "max_lease_duration_ms": 3000,
       "max_schedules_per_sweep": 2, "max_catchup_ticks": 3},
      {"dead_letter_retention_ms": 60_000, "dedup_window_ms": 3000},
-     [{"name": "a", "max_queue_depth": 5, "default_max_attempts": 2},
-      {"name": "c", "max_schedule_horizon_ms": 10_000, "retry_delay_ms": 100}]),
+     [{"name": "a", "max_queue_depth": 5, "default_max_attempts": 2, "result_retention_ms": 20_000},
+      {"name": "c", "max_schedule_horizon_ms": 10_000, "retry_delay_ms": 100, "result_retention_ms": 6000,
+       "max_retained_result_bytes": 8}]),
 ]
 
 
@@ -105,11 +107,12 @@ CHANGES = [(None, c[1], c[2], c[3]) for c in CONFIGS] + [
                "default_max_attempts": 1, "max_lease_duration_ms": 1000, "max_schedules": 1,
                "max_schedules_per_sweep": 1, "max_catchup_ticks": 1},
      {"dead_letter_retention_ms": 0, "dedup_window_ms": 1500, "audit_max_entries": 3, "audit_retention_ms": 4000},
-     [{"name": "c", "max_queue_depth": 0}]),
+     [{"name": "c", "max_queue_depth": 0, "result_retention_ms": 1000, "max_retained_result_bytes": 3}]),
     ("audit kept briefly", {"request_id_window_ms": 6000}, {"dead_letter_retention_ms": 2000, "audit_retention_ms": 1500,
                                                           "sweep_limit": 1}, []),
     ("invalid", {"default_max_attempts": 5, "max_attempts_ceiling": 2}, {}, []),
     ("invalid", {}, {"dedup_window_ms": 0}, []),
+    ("invalid", {}, {}, [{"name": "a", "result_retention_ms": -1}]),
 ]
 KEY_NAMES = ("k1", "k2", "k3")
 DIGESTS = tuple(hashlib.sha256(n.encode()).hexdigest() for n in ("d1", "d2", "d3"))
@@ -141,6 +144,7 @@ DEFAULTS = {
     "request_id_window_ms": 60_000, "dead_letter_retention_ms": 0, "dedup_window_ms": 86_400_000,
     "audit_retention_ms": 2_592_000_000, "audit_max_entries": 10_000,
     "max_schedules": 10_000, "max_schedules_per_sweep": 1_000, "max_catchup_ticks": 100,
+    "result_retention_ms": 0, "max_retained_result_bytes": 64 * 1024 * 1024,
 }
 # docs/api.md "Errors".
 STATUS = {"invalid_argument": 400, "job_not_found": 404, "not_found": 404, "attempt_mismatch": 409,
@@ -255,6 +259,19 @@ class MSched:
     last_error: str | None = None
 
 
+@dataclass
+class MKept:
+    """A finished job kept for its queue's result_retention_ms: its view at the ack, its result
+    ({data_b64, encoding} as sent, or None) and the result's size in bytes."""
+    view: dict
+    result: dict | None
+    size: int
+    finished_at: int
+    expires: int
+    order: int
+    dropped: bool = False
+
+
 class Model:
     def __init__(self, limits: dict, storage: dict, queues: list):
         self.glob, self.storage = limits, storage
@@ -283,6 +300,9 @@ class Model:
         self.made_ids: list[str] = []          # ids of jobs made by schedules, for the harness's views
         self.tick_budget_used = False          # the last sweep stopped at max_schedules_per_sweep
         self.born_late = False                 # the last sweep made a job whose deadline had passed
+        # Job results (docs/semantics.md "Job results"): job id -> MKept, in the order kept.
+        self.kept: dict[str, MKept] = {}
+        self.kept_order = 0
 
     # ---------------------------------------------------------------- config
     def qv(self, queue: str, key: str, conf=None):
@@ -412,7 +432,7 @@ class Model:
         elif kind in ("ack", "nack", "extend"):
             jid, b = args["job_id"].lower(), args["body"]
             if kind == "ack":
-                run = lambda: self.ack(jid, b["attempt"])                        # noqa: E731
+                run = lambda: self.ack(jid, b["attempt"], b.get("result"))       # noqa: E731
             elif kind == "extend":
                 run = lambda: self.extend(jid, b["attempt"], b["lease_ms"])      # noqa: E731
             else:
@@ -423,8 +443,8 @@ class Model:
         elif kind == "acks":
             if len(args["body"]["acks"]) > self.gv("max_reserve_batch"):
                 return err("invalid_argument")                    # validation, before proposing
-            pairs = [(a["job_id"].lower(), a["attempt"]) for a in args["body"]["acks"]]
-            run = lambda: (200, {"results": [self.ack(j, a)[1] for j, a in pairs]})  # noqa: E731
+            pairs = [(a["job_id"].lower(), a["attempt"], a.get("result")) for a in args["body"]["acks"]]
+            run = lambda: (200, {"results": [self.ack(j, a, r)[1] for j, a, r in pairs]})  # noqa: E731
         elif kind == "drain":
             b = args["body"]
             # `max` is clamped to max_reserve_batch (docs/api.md "Decisions where the rules above
@@ -592,13 +612,46 @@ class Model:
             return None, err("attempt_mismatch", job_id=jid, attempt=j.attempt)
         return j, None
 
-    def ack(self, jid: str, attempt: int):
+    def ack(self, jid: str, attempt: int, result=None):
         j, e = self.fenced(jid, attempt)
         if e:
             return e
+        view = self.view(jid)
         del self.jobs[jid]
         self.total(j.queue)["acked"] += 1
+        retention = self.qv(j.queue, "result_retention_ms")
+        if retention > 0:
+            self.keep(j.queue, view, result, retention)
         return 200, {"job_id": jid}
+
+    def keep(self, q: str, view: dict, result, retention: int):
+        """The acked job kept with its result; at the queue's bound the oldest results are
+        dropped first, and a result above the bound on its own is not kept."""
+        size = len(base64.b64decode(result["data_b64"])) if result is not None else 0
+        view = {**view, "state": "succeeded", "lease_expires_at_ms": None}
+        self.kept_order += 1
+        k = MKept(view, result, size, self.clock, self.clock + retention, self.kept_order)
+        bound = self.qv(q, "max_retained_result_bytes")
+        if size > bound:
+            k.result, k.size, k.dropped = None, 0, True
+            event("model: a result larger than its queue's bound")
+        else:
+            self.fit(q, bound - size)
+        self.kept[view["id"]] = k
+        event(f"model: jobs kept at once: {min(len(self.kept), 3)}{'+' if len(self.kept) > 3 else ''}")
+
+    def fit(self, q: str, room: int):
+        """Drop the oldest results of queue q until its kept results take at most `room` bytes."""
+        for k in sorted((k for k in self.kept.values() if k.view["queue"] == q and k.size), key=lambda k: k.order):
+            if sum(k.size for k in self.kept.values() if k.view["queue"] == q) <= room:
+                break
+            k.result, k.size, k.dropped = None, 0, True
+            event("model: a kept result dropped at the bound")
+
+    def kept_view(self, jid: str):
+        k = self.kept[jid]
+        return {**k.view, "result": k.result, "result_dropped": k.dropped, "finished_at_ms": k.finished_at,
+                "retained_until_ms": k.expires}
 
     def nack(self, jid: str, attempt: int, reason, strategy: str, delay_ms):
         j, e = self.fenced(jid, attempt)
@@ -767,6 +820,8 @@ class Model:
         if warnings:
             event("model: a configuration change with warnings")
         self.glob, self.storage, self.qconf = new
+        for q in sorted({k.view["queue"] for k in self.kept.values() if k.size}):
+            self.fit(q, self.qv(q, "max_retained_result_bytes"))
         self.version += 1
         self.record(who, "config_seed" if expect == 0 else "config_change", None)
         return 200, {"version": self.version, "warnings": warnings}
@@ -845,7 +900,14 @@ class Model:
         keys = ("promoted", "leases_expired", "deadlines_expired", "dedup_expired",
                 "request_ids_expired", "dead_letters_expired", "audit_expired")
         fired = self.fire_ticks(now)              # last: a tick's job waits for the next sweep's phases
-        return 200, {**{k: n[k] for k in keys}, "ticks_fired": fired, "key_timers_fired": 0}
+        # kept results past their retention, earliest first (ties: the order kept)
+        gone = sorted((k for k in self.kept.values() if k.expires <= now), key=lambda k: (k.expires, k.order))[:budget]
+        for k in gone:
+            del self.kept[k.view["id"]]
+        if gone:
+            event("model: kept results expired")
+        return 200, {**{k: n[k] for k in keys}, "ticks_fired": fired, "key_timers_fired": 0,
+                     "results_expired": len(gone)}
 
     # ---------------------------------------------------------------- schedules
     def prepare_schedule(self, body: dict):
@@ -1104,7 +1166,7 @@ class Model:
     def view(self, jid: str):
         j = self.jobs.get(jid)
         if j is None:
-            return None
+            return self.kept_view(jid) if jid in self.kept else None
         out = self.render(j)
         out["timeout_ms"] = None            # the model uses no timeouts and no releases
         out["releases"] = 0
@@ -1126,7 +1188,9 @@ class Model:
         return [self.render_dead(d) for d in self.dead if q is None or self.jobs[d.id].queue == q]
 
     def counts(self) -> dict:
-        return {"jobs": len(self.jobs), "dead_letters": len(self.dead), "dedup_records": len(self.dedup),
+        kept = ({"retained_jobs": len(self.kept), "retained_result_bytes": sum(k.size for k in self.kept.values())}
+                if self.kept else {})
+        return {"jobs": len(self.jobs), "dead_letters": len(self.dead), "dedup_records": len(self.dedup), **kept,
                 "request_ids": len(self.rids), "audit_entries": len(self.audit), "schedules": len(self.scheds),
                 "clock_ms": self.clock}
 
@@ -1143,6 +1207,7 @@ class Model:
             "retention": [d.failed_at + self.retention for d in self.dead] if self.retention > 0 else [],
             "audit": [e["at"] + self.audit_retention for e in self.audit],
             "tick": [s.next_fire for s in self.scheds.values() if not s.paused and s.next_fire is not None],
+            "result": [k.expires for k in self.kept.values()],
         }
 
     def next_due(self):
@@ -1213,7 +1278,7 @@ def build_command(kind: str, args: dict, rid, limits: Limits, now: int, new_id, 
         assert wait == 0
         return cmd
     if kind == "ack":
-        return C.ack(args["job_id"], args["body"], rid=rid)
+        return C.ack(args["job_id"], args["body"], rid=rid, limits=limits)
     if kind == "acks":
         return C.ack_batch(args["body"], limits, rid=rid)
     if kind == "nack":
@@ -1449,15 +1514,22 @@ class CoreModel(RuleBasedStateMachine):
             body["max_jobs"] = data.draw(st.integers(1, 4))
         return "reserve", {"body": body}, self.rid(data, "reserve")
 
+    def ack_body(self, data, attempt: int) -> dict:
+        """An ack's body: mostly without a result, else one of 1 to 5 bytes (the configs' bounds
+        are 3, 6 and 8 bytes)."""
+        n = data.draw(st.sampled_from((0, 0, 1, 2, 3, 5)), label="result bytes")
+        return {"attempt": attempt} if n == 0 else \
+            {"attempt": attempt, "result": {"data_b64": b64(b"r" * n), "encoding": "text/plain"}}
+
     def mk_ack(self, data):
         jid = self.pick_id(data)
-        return "ack", {"job_id": jid, "body": {"attempt": self.pick_attempt(data, jid)}}, self.rid(data, "ack")
+        return "ack", {"job_id": jid, "body": self.ack_body(data, self.pick_attempt(data, jid))}, self.rid(data, "ack")
 
     def mk_acks(self, data):
         acks = []
         for _ in range(data.draw(st.integers(1, 3))):
             jid = self.pick_id(data)
-            acks.append({"job_id": jid, "attempt": self.pick_attempt(data, jid)})
+            acks.append({"job_id": jid, **self.ack_body(data, self.pick_attempt(data, jid))})
         return "acks", {"body": {"acks": acks}}, self.rid(data, "acks")
 
     def mk_nack(self, data, jid=None, attempt=None):
@@ -1541,11 +1613,28 @@ class CoreModel(RuleBasedStateMachine):
             what = data.draw(st.sampled_from(("nack", "nack", "abandon") if failing else
                                              ("ack", "nack", "extend", "abandon")), label="outcome")
             if what == "ack":
-                self.run([("ack", {"job_id": jid, "body": {"attempt": attempt}}, self.rid(data, "ack"))], data)
+                self.run([("ack", {"job_id": jid, "body": self.ack_body(data, attempt)}, self.rid(data, "ack"))], data)
             elif what == "nack":
                 self.run([self.mk_nack(data, jid, attempt)], data)
             elif what == "extend":
                 self.run([self.mk_extend(data, jid, attempt)], data)
+
+    @rule(data=st.data())
+    def finish_with_results(self, data):
+        """Jobs of one queue run to their ack, each with a result or not, mostly as one batch of
+        acks: what fills a queue's kept results up to its bound (docs/semantics.md "Job results")."""
+        q = data.draw(st.sampled_from(NAMES), label="queue")
+        self.run([("batch", {"body": {"jobs": [{"queue": q, "job_type": "t1"}] * data.draw(st.integers(1, 3))}},
+                   None)], data)
+        (status, body), = self.run([("reserve", {"body": {"queues": [q], "lease_ms": 5000, "max_jobs": 3}}, None)],
+                                   data)
+        if status != 200 or not body["jobs"]:
+            return
+        acks = [{"job_id": j["id"], **self.ack_body(data, j["attempt"])} for j in body["jobs"]]
+        if data.draw(st.booleans(), label="one batch?"):
+            self.run([("acks", {"body": {"acks": acks}}, self.rid(data, "acks"))], data)
+        else:
+            self.run([("ack", {"job_id": a.pop("job_id"), "body": a}, self.rid(data, "ack")) for a in acks], data)
 
     @rule(data=st.data())
     def fenced(self, data):

@@ -1012,8 +1012,50 @@ async def cmd_job(ctx: Ctx) -> int:
         size, text = preview
         pairs.append(("payload", f"{size} bytes, {job['payload'].get('encoding')}"))
         pairs.append(("data", text))
+    if job.get("state") == "succeeded":
+        pairs += result_pairs(job, now)
     ctx.out(format_pairs(pairs))
     return EXIT_OK
+
+
+def result_pairs(job: dict, now: int) -> list:
+    """A succeeded (retained) job's lines: when it finished, its retention, its result."""
+    pairs = [("finished at", fmt_ms(job.get("finished_at_ms"), now)),
+             ("retained until", fmt_ms(job.get("retained_until_ms"), now))]
+    preview = payload_preview(job.get("result"))
+    if preview is None:
+        pairs.append(("result", "dropped (the queue's max_retained_result_bytes)" if job.get("result_dropped")
+                      else "none"))
+    else:
+        size, text = preview
+        pairs.append(("result", f"{size} bytes, {job['result'].get('encoding')}"))
+        pairs.append(("result data", text))
+    return pairs
+
+
+async def cmd_result(ctx: Ctx) -> int:
+    """`raftq result ID [--wait S]`: the job's outcome once it finished (exit 0 succeeded, 1 dead-lettered,
+    and 1 with a message when it has not finished within --wait)."""
+    a = ctx.args
+    try:
+        res = await ctx.client.result(_path(a.id), timeout=a.wait)
+    except TimeoutError:
+        raise CliError(f"job {a.id} has not finished within {a.wait} s", EXIT_FAILED) from None
+    if a.raw:
+        if res.result is None:
+            raise CliError(f"job {res.job_id} has no result ({res.state})", EXIT_FAILED)
+        sys.stdout.buffer.write(res.result)
+        sys.stdout.flush()
+    elif ctx.json:
+        ctx.dump(res.wire)
+    else:
+        pairs = [("id", res.job_id), ("queue", res.job.queue), ("job type", res.job.job_type), ("state", res.state)]
+        if res.succeeded:
+            pairs += result_pairs(res.wire, int(time.time() * 1000))
+        elif res.wire["job"].get("last_reason") is not None:
+            pairs.append(("last reason", res.wire["job"]["last_reason"].replace("\n", "\\n")))
+        ctx.out(format_pairs(pairs))
+    return EXIT_OK if res.succeeded else EXIT_FAILED
 
 
 def read_ids(ids: list[str]) -> list[str]:

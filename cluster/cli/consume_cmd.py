@@ -95,7 +95,11 @@ async def _settle(ctx: Ctx, call, jid: str, attempt: int):
 async def cmd_ack(ctx: Ctx) -> int:
     a = ctx.args
     jid = job_id(a.id)
-    await _settle(ctx, ctx.client.ack(jid, a.attempt), jid, a.attempt)
+    result = a.result
+    if a.result_file is not None:
+        with open(a.result_file, "rb") as f:
+            result = f.read()
+    await _settle(ctx, ctx.client.ack(jid, a.attempt, result=result, encoding=a.result_encoding), jid, a.attempt)
     line({"job_id": jid, "attempt": a.attempt, "acked": True})
     return EXIT_OK
 
@@ -251,6 +255,12 @@ def add_parsers(sub, add_common, run) -> None:
 
     k = client("ack", cmd_ack, "the job is done: remove it (fenced by --attempt)")
     _fence_args(k)
+    res = k.add_mutually_exclusive_group()
+    res.add_argument("--result", metavar="TEXT", help="the job's result (kept when its queue retains results: "
+                     "`raftq result ID`)")
+    res.add_argument("--result-file", metavar="FILE", help="the job's result, the bytes of FILE")
+    k.add_argument("--result-encoding", metavar="TYPE", help="the result's encoding (default text/plain for "
+                   "--result, application/octet-stream for --result-file)")
     n = client("nack", cmd_nack, "the job failed: retry it by the queue's policy, later, or dead-letter it "
                "(fenced by --attempt)")
     _fence_args(n)

@@ -173,6 +173,13 @@ def _add_queue_and_job_commands(client_cmd) -> None:
     j.add_argument("id", metavar="ID")
     j.add_argument("--payload", action="store_true", help="write only the raw payload bytes to stdout")
 
+    r = client_cmd("result", C.cmd_result, "wait for a job to finish: its result (exit 0) or its dead letter (1)")
+    r.add_argument("id", metavar="ID")
+    r.add_argument("--wait", type=float, default=30.0, metavar="S",
+                   help="wait up to S seconds for the job to finish (default 30; 0: answer at once); exit 1 "
+                        "when it has not")
+    r.add_argument("--raw", action="store_true", help="write only the raw result bytes to stdout")
+
     c = client_cmd("cancel", C.cmd_cancel, "delete jobs: ready, scheduled or in flight (an in-flight job's worker is fenced off; it never comes back)")
     c.add_argument("ids", nargs="+", metavar="ID", help="job ids; `-` reads them from stdin")
 

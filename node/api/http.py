@@ -220,6 +220,7 @@ def build_app(service: NodeService) -> web.Application:
         ("/metrics", _authorized(auth, VIEWER, _metrics_route(app, service, sessions))),
         ("/v1/openapi.json", _authorized(auth, VIEWER, _openapi)),
         ("/v1/backup", _authorized(auth, ADMIN, _backup_route(service))),
+        ("/v1/jobs/{id}/result", _authorized(auth, VIEWER, _job_result_route(service))),
         ("/healthz", _healthz), ("/readyz", _readyz), ("/", _admin_page(service)))]
     r = app.router
     for method, path, handler in routes:
@@ -316,6 +317,19 @@ def _backup_route(service: NodeService):
             return respond(*error("unavailable", f"the backup could not be taken on this node: {e}"))
         return resp
     return backup_handler
+
+
+def _job_result_route(service: NodeService):
+    """GET /v1/jobs/{id}/result?wait_ms=: served by any node, waiting on its own applied state
+    (node/service/results.py); never a 307."""
+    async def job_result(request: web.Request) -> web.Response:
+        if service.stopping:
+            return respond(*error("no_leader", "this node is shutting down; retry on another node"))
+        if service.replica.removed:
+            return respond(*error("unavailable", service.removed_reason(), removed=True))
+        return respond(*await service.job_result(request.match_info["id"], request.query, _auth(request),
+                                                 _alive(request)))
+    return job_result
 
 
 def _cluster_nodes_route(service: NodeService):

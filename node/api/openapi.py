@@ -303,7 +303,11 @@ def _config_schema() -> dict:
                    "type": "object", "additionalProperties": False, "required": ["start", "end"],
                    "properties": {"days": {"type": "array", "minItems": 1, "items": {
                        "enum": ["mon", "tue", "wed", "thu", "fri", "sat", "sun"]}},
-                       "start": string(), "end": string(), "time_zone": string()}}}}
+                       "start": string(), "end": string(), "time_zone": string()}}},
+               "result_retention_ms": integer(0, description="how long a job acked in this queue is kept, "
+                                              "`succeeded`, with its result; 0 (default): none"),
+               "max_retained_result_bytes": integer(1, description="most bytes of results the queue keeps "
+                                                    "(default 64 MiB); beyond, the oldest results are dropped")}
 
     def props(defaults: dict) -> dict:
         return {k: special.get(k) or _json_type(v) for k, v in defaults.items()}
@@ -469,21 +473,51 @@ def _reserve_schemas(queue_name: dict, custom_value: dict) -> dict:
                             "scheduled_at_ms": None, "attempt": 1, "max_attempts": 3,
                             "lease_expires_at_ms": 1764500030000}),
         "JobView": obj({**job_props,
-                        "state": {"type": "string", "enum": view_states},
+                        "state": {"type": "string", "enum": view_states + ["succeeded"],
+                                  "description": "`succeeded`: acked in a queue that retains finished jobs "
+                                                 "(`result_retention_ms`), while it is retained"},
                         "last_reason": {"type": ["string", "null"], "description": "the last nack's reason"},
-                        "run_at_ms": ms("scheduled: when it becomes ready (a delayed retry included)")},
+                        "run_at_ms": ms("scheduled: when it becomes ready (a delayed retry included)"),
+                        **_result_props()},
                        job_required + ["state", "last_reason"],
                        "A job and its state (inspection, listings); `lease_expires_at_ms` is null unless in flight."),
+        "JobResult": obj({"job_id": string(format="uuid"),
+                          "state": {"type": "string", "enum": ["succeeded", "dead_lettered", "pending"],
+                                    "description": "`pending`: the job has not finished within `wait_ms`"},
+                          "job": {"oneOf": [ref("JobView"), {"type": "null"}],
+                                  "description": "the job as `GET /v1/jobs/{id}` shows it; null while pending"},
+                          **_result_props()},
+                         ["job_id", "state", "job"],
+                         "A job's outcome: its result once it succeeded (while retained), its dead letter, or "
+                         "`pending`."),
+    }
+
+
+def _result_props() -> dict:
+    """The fields of a retained (succeeded) job: docs/semantics.md "Job results"."""
+    return {
+        "result": {"oneOf": [ref("Payload"), {"type": "null"}],
+                   "description": "succeeded: the result its ack carried; null without one or once dropped"},
+        "result_dropped": {"type": "boolean", "description": "succeeded: its result was dropped at the queue's "
+                           "`max_retained_result_bytes`"},
+        "finished_at_ms": ms("succeeded: when it was acked (the replicated clock)"),
+        "retained_until_ms": ms("succeeded: when its retention ends"),
     }
 
 
 def _ack_schemas() -> dict:
     """Ack, nack (and its retry strategies), extend, release."""
     return {
-        "AckRequest": obj({"attempt": integer(1, description="the attempt the job was delivered with")}, ["attempt"],
-                          example={"attempt": 1}),
+        "AckRequest": obj({"attempt": integer(1, description="the attempt the job was delivered with"),
+                           "result": nullable(ref("Result"))}, ["attempt"],
+                          example={"attempt": 1, "result": {"data_b64": "eyJvayI6dHJ1ZX0=",
+                                                            "encoding": "application/json"}}),
+        "Result": {**ref("Payload"), "description": "the job's result (docs/semantics.md \"Job results\"): kept "
+                   "with the finished job when its queue retains them (`result_retention_ms`), else dropped; "
+                   "1..`max_result_bytes` (1 MiB) bytes"},
         "JobIdResponse": obj({"job_id": string(format="uuid")}, ["job_id"]),
-        "AckItem": obj({"job_id": string(format="uuid", pattern=UUID_PATTERN), "attempt": integer(1)},
+        "AckItem": obj({"job_id": string(format="uuid", pattern=UUID_PATTERN), "attempt": integer(1),
+                        "result": nullable(ref("Result"))},
                        ["job_id", "attempt"]),
         "AcksRequest": obj({"acks": {"type": "array", "items": ref("AckItem"), "minItems": 1,
                                      "description": "1..`max_reserve_batch` (256) acks"}}, ["acks"],
@@ -1005,7 +1039,8 @@ ROUTES = [
            "Each ack is fenced like a single one; the outcome of each is in `results`.", WORKER,
            body="AcksRequest", ok="AcksResponse", write=True),
     _route("post", "/v1/jobs/{id}/ack", "ack", "Ack a job", "The job is removed for good (its idempotency "
-           "record stays until its window ends).", WORKER, body="AckRequest", ok="JobIdResponse", write=True,
+           "record stays until its window ends); in a queue with `result_retention_ms` it is kept, `succeeded`, "
+           "with the `result` the ack carries, for that long.", WORKER, body="AckRequest", ok="JobIdResponse", write=True,
            params=[ID_PARAM], errors_=[(404, ["job_not_found"]), (409, ["attempt_mismatch"])]),
     _route("post", "/v1/jobs/{id}/nack", "nack", "Nack a job",
            "`dead_letter` dead-letters it (cause `rejected`). Otherwise on its last attempt it is dead-lettered "
@@ -1147,8 +1182,21 @@ ROUTES = [
            errors_=[(400, ["invalid_argument"]), (404, ["not_found"])],
            params=[NAME_PARAM, LIMIT_PARAM, CURSOR_PARAM]),
     _route("get", "/v1/jobs/{id}", "get_job", "Inspect a job",
-           "404 `not_found` once it is acked, cancelled, drained or dropped.", VIEWER, ok="JobView",
-           params=[ID_PARAM], errors_=[(400, ["invalid_argument"]), (404, ["not_found"])]),
+           "A job acked in a queue that retains finished jobs shows `succeeded` with its result while retained; "
+           "404 `not_found` once it is acked elsewhere, cancelled, drained, dropped or past its retention.", VIEWER,
+           ok="JobView", params=[ID_PARAM], errors_=[(400, ["invalid_argument"]), (404, ["not_found"])]),
+    _route("get", "/v1/jobs/{id}/result", "get_job_result", "Wait for a job's result",
+           "The job's outcome: `succeeded` with its result (while retained), `dead_lettered`, or, while it has "
+           "not finished, a long poll of up to `wait_ms` on the node the call was sent to (a follower waits on its "
+           "own applied state, and asks the leader when that shows the job unfinished or unknown), then "
+           "`pending`. 404 `not_found` for a job the cluster knows nothing of (never enqueued, acked in a queue "
+           "that keeps none, cancelled, past its retention). Any node answers it (never a 307).", VIEWER,
+           ok="JobResult", leader=False,
+           params=[ID_PARAM, {"name": "wait_ms", "in": "query", "description": "wait up to this long for the job "
+                              "to finish (clamped to `max_wait_timeout_ms`); 0 (default): answer at once",
+                              "schema": {"type": "integer", "minimum": 0, "default": 0}}],
+           errors_=[(400, ["invalid_argument"]), (404, ["not_found"]), (429, ["overloaded"]),
+                    (503, ["no_leader", "unavailable"])]),
     _route("get", "/v1/dead-letters", "list_dead_letters", "List dead letters",
            "Oldest first, without removing them.", VIEWER, ok="DeadLetterPage", tags=("dead letters",),
            errors_=[(400, ["invalid_argument"])],

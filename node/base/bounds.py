@@ -30,6 +30,7 @@ BOUNDS = (
     "max_encoding_bytes",
     "max_reason_bytes",
     "max_worker_id_bytes",
+    "max_result_bytes",                 # an ack's result: 400 naming `result`
     # The Raft port, counted by the transport on the tick thread (raft_hits below).
     "raft_handshake_timeout_s",         # a handshake not done in time: connection closed
     "raft_max_pending_handshakes",      # the oldest handshake closed to make room for a new one

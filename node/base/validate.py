@@ -420,9 +420,31 @@ def _attempt(body: dict) -> int:
     return a
 
 
-def ack(job_id, body, rid=None) -> tuple:
+def _result(body: dict, limits: Limits | None, where: str = "result"):
+    """An ack's `result` {data_b64, encoding} (docs/semantics.md "Job results"): None when absent
+    or null, else (data, encoding), its data 1..max_result_bytes bytes and its encoding at most
+    max_encoding_bytes; 400 invalid_argument naming the field otherwise."""
+    r = body.get("result")
+    if r is None:
+        return None
+    try:
+        data, encoding = _payload(r)
+    except _Reject as e:
+        raise invalid(e.rejection["message"].replace("payload", where)) from None
+    limits = limits if limits is not None else Limits.build()
+    n = _utf8_len(encoding)
+    if n > limits.max_encoding_bytes:
+        raise ApiError("invalid_argument", **_too_long(f"{where}.encoding", "max_encoding_bytes",
+                                                       limits.max_encoding_bytes, n))
+    if len(data) > limits.max_result_bytes:
+        raise ApiError("invalid_argument", **_too_long(where, "max_result_bytes", limits.max_result_bytes, len(data)))
+    return data, encoding
+
+
+def ack(job_id, body, rid=None, limits: Limits | None = None) -> tuple:
     body = require_object(body)
-    return ops.ack(rid, job_id_arg(job_id), _attempt(body))
+    jid, attempt = job_id_arg(job_id), _attempt(body)
+    return ops.ack(rid, jid, attempt, _result(body, limits) if "result" in body else None)
 
 
 def ack_batch(body, limits: Limits, rid=None) -> tuple:
@@ -432,10 +454,12 @@ def ack_batch(body, limits: Limits, rid=None) -> tuple:
     if len(acks) > limits.max_reserve_batch:
         raise invalid(f"too many acks: {len(acks)} > max_reserve_batch ({limits.max_reserve_batch})")
     pairs = []
-    for a in acks:
+    for i, a in enumerate(acks):
         if not isinstance(a, dict):
             raise invalid("each ack must be an object {job_id, attempt}")
-        pairs.append((job_id_arg(a.get("job_id")), _attempt(a)))
+        result = _result(a, limits, f"acks[{i}].result") if "result" in a else None
+        pair = (job_id_arg(a.get("job_id")), _attempt(a))
+        pairs.append(pair if result is None else pair + (result,))
     return ops.ack_batch(rid, tuple(pairs))
 
 

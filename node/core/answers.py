@@ -196,10 +196,10 @@ def _acked_batch(results):
 
 
 def _swept(promoted, leases_expired, deadlines_expired, dedup_expired, request_ids_expired,
-           dead_letters_expired, audit_expired, ticks_fired, key_timers_fired):
+           dead_letters_expired, audit_expired, ticks_fired, key_timers_fired, results_expired=0):
     return 200, dict(zip(SWEEP_STEPS, (promoted, leases_expired, deadlines_expired, dedup_expired,
                                        request_ids_expired, dead_letters_expired, audit_expired, ticks_fired,
-                                       key_timers_fired)))
+                                       key_timers_fired, results_expired)))
 
 
 def _schedule_refused(why, name, limit):

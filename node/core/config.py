@@ -23,7 +23,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from .limits import ConfigError, Limits
-from . import audit, gating, ops
+from . import audit, gating, ops, results
 from . import keys as keyed
 
 API_ROLES = ("viewer", "worker", "operator", "admin")
@@ -98,6 +98,8 @@ def configure(m, expect_version, config, keys, who=None):
     if m.blocked:
         gating.release_all(m)                   # a raised or removed resource limit frees slots
     keyed.reconfigured(m)                       # and a raised or removed key limit frees keys
+    if m.result_bytes:
+        results.fit_bounds(m)                   # a lowered bound drops the oldest results over it
     details = {"version": version, "changed": changed}
     if new_keys is not None and new_keys != m.keys:
         details["keys"] = sorted(n for n in set(new_keys) | set(m.keys) if new_keys.get(n) != m.keys.get(n))

@@ -17,7 +17,7 @@ import uuid
 import orjson
 
 from .retry import policy_delay_ms
-from . import audit, gating, keys, ops
+from . import audit, gating, keys, ops, results
 from .answers import render_dead_letter
 from .jobs import (DEAD, DEAD_LETTER_RECORD_TYPE, GONE, IN_FLIGHT, READY, SCHEDULED, DeadLetter, Job, Queue,
                    ENTRY_JOB, ENTRY_NEG_PRIORITY, ENTRY_SEQ, is_live_entry, known_queue, ready_entry, shown_fields)
@@ -613,8 +613,12 @@ def fenced(m, job_id: str, attempt: int):
     return job, None
 
 
-def ack(m, job_id: str, attempt: int):
-    """The job is removed for good (its dedup record stays until the window ends)."""
+def ack(m, job_id: str, attempt: int, result=None):
+    """The job is removed for good (its dedup record stays until the window ends); in a queue
+    that retains finished jobs it is kept, with the ack's result, for the queue's
+    result_retention_ms (node/core/results.py; elsewhere a result is dropped)."""
+    if result is not None and not results.well_formed(result):
+        raise TypeError("result")               # not a command validation makes: internal, nothing changed
     job = m.jobs.get(job_id)
     if job is None or job.state != IN_FLIGHT or job.spec[S_ATTEMPT] != attempt:
         return fenced(m, job_id, attempt)[1]
@@ -635,11 +639,14 @@ def ack(m, job_id: str, attempt: int):
     n = q.acked
     undo += (setattr, q, "acked", n)
     q.acked = n + 1
+    retaining = m.limits.retaining
+    if retaining and spec[S_QUEUE] in retaining:
+        results.retain(m, job, spec[S_QUEUE], result)
     return JOB_ID, job_id
 
 
 def ack_batch(m, pairs):
-    return ops.acked_batch(tuple([ack(m, job_id, attempt) for job_id, attempt in pairs]))
+    return ops.acked_batch(tuple([ack(m, *pair) for pair in pairs]))
 
 
 def nack(m, job_id: str, attempt: int, reason, strategy: str, delay_ms):

@@ -24,6 +24,7 @@ from .jobs import (DEAD, DEDUP_BUCKET, DEDUP_KEY, IN_FLIGHT, READY, SCHEDULED, S
 from .ops import ENQUEUED_BATCH, ScopedRequestRecord, compact_batch
 from .keys import check as key_problems
 from .schedules import check as schedule_problems
+from .results import check as results_problems
 
 
 class InvariantViolation(AssertionError):
@@ -494,6 +495,13 @@ def schedules_are_consistent(m, seen: Seen) -> list[str]:
     return schedule_problems(m)
 
 
+def retained_results_are_consistent(m, seen: Seen) -> list[str]:
+    """Retained finished jobs (node/core/results.py): no retained job is live, each has its
+    expiry timer, the bytes per queue are the sum of its results and never over its bound, the
+    order to drop them in is theirs."""
+    return results_problems(m)
+
+
 # Every check, in the order `check` runs them: a check that reads what `Seen` counts runs after
 # the checks that count it.
 CHECKS = (
@@ -516,4 +524,5 @@ CHECKS = (
     configuration_is_valid,
     audit_trail_in_order,
     schedules_are_consistent,
+    retained_results_are_consistent,
 )

@@ -62,7 +62,13 @@ GLOBAL_KEYS: dict[str, object] = {
     "max_catchup_ticks": 100,         # missed ticks one schedule fires at once under catchup "all"
     # keys (docs/semantics.md "Keys")
     "max_key_bytes": 256,             # a job's key, in UTF-8 bytes
+    # job results (docs/semantics.md "Job results")
+    "max_result_bytes": MIB,          # an ack's result, in bytes (like a payload)
 }
+# [limits] keys the canonical document names only when they differ from their default: keys added
+# after a data directory could have been written, so that a configuration document (and the state
+# digest, which covers it) of before them is the one this code makes from the same TOML.
+DOC_WHEN_SET = ("max_result_bytes",)
 STORAGE_KEYS: dict[str, object] = {
     "dead_letter_retention_ms": 0,    # 0 = no dead-letter store
     "dedup_window_ms": 86_400_000,
@@ -77,7 +83,12 @@ STORAGE_KEYS: dict[str, object] = {
 NODE_LOCAL_STORAGE_KEYS = ("min_free_bytes",)
 QUEUE_ONLY_KEYS = ("name", "allowed_job_types", "dedup_window_ms", "dead_letter_forward",
                    "dead_letter_forward_causes", "resource", "circuit_breaker", "windows",
-                   "key_field", "key_concurrency", "key_rate", "key_weights", "key_limits", "rate")
+                   "key_field", "key_concurrency", "key_rate", "key_weights", "key_limits", "rate",
+                   "result_retention_ms", "max_retained_result_bytes")
+# Job results (docs/semantics.md "Job results"): how long a queue keeps a finished job and its
+# result (0: none), and the most bytes of results it keeps at once (the oldest results beyond it
+# are dropped, never an ack refused).
+DEFAULT_MAX_RETAINED_RESULT_BYTES = 64 * MIB
 # Bounds of the gating keys (docs/configuration.md).
 MAX_BREAKER_FAILURES = 10_000
 MAX_RESOURCE_BYTES = 256
@@ -196,6 +207,9 @@ class QueueLimits:
     key_weights: dict = field(default_factory=dict)
     key_limits: dict = field(default_factory=dict)
     rate: tuple | None = None
+    # Job results (node/core/results.py): retention (0 = none) and the bound on retained bytes.
+    result_retention_ms: int = 0
+    max_retained_result_bytes: int = DEFAULT_MAX_RETAINED_RESULT_BYTES
 
     def describe(self) -> dict:
         """The effective limits and retry policy as shown by GET /v1/queues/{name}."""
@@ -215,6 +229,8 @@ class QueueLimits:
         out["key_weights"] = dict(self.key_weights)
         out["key_limits"] = {k: {"concurrency": c, "rate": _rate_doc(r)} for k, (c, r) in self.key_limits.items()}
         out["rate"] = _rate_doc(self.rate)
+        out["result_retention_ms"] = self.result_retention_ms
+        out["max_retained_result_bytes"] = self.max_retained_result_bytes
         return out
 
 
@@ -434,6 +450,10 @@ def _global_limits(limits: dict) -> dict:
     _int("limits.max_schedules", g["max_schedules"], 0)
     _int("limits.max_key_bytes", g["max_key_bytes"], 1, 65535)
     _int("limits.max_queue_name_bytes", g["max_queue_name_bytes"], 1, 65535)
+    _int("limits.max_result_bytes", g["max_result_bytes"])
+    if "max_result_bytes" in limits and g["max_result_bytes"] > g["max_request_bytes"]:     # (its default may be)
+        raise ConfigError(f"limits.max_result_bytes: {g['max_result_bytes']} is above max_request_bytes "
+                          f"({g['max_request_bytes']}); such a result could never be sent")
     g["resource_limits"] = _resource_limits("limits.resource_limits", g["resource_limits"])
     if not isinstance(g["strict_queues"], bool):
         raise ConfigError(f"limits.strict_queues: must be true or false, got {g['strict_queues']!r}")
@@ -487,11 +507,22 @@ def _declared_queue(where: str, entry, base: dict, g: dict, s: dict, declared: d
     windows = entry.get("windows")
     if windows is not None:
         windows = _windows(f"{where}.windows", windows)
-    return QueueLimits(name=name, declared=True, **merged,
+    return QueueLimits(name=name, declared=True, **merged, **_result_settings(where, entry),
                        allowed_job_types=job_types, dedup_window_ms=window,
                        dead_letter_forward=fwd, dead_letter_forward_causes=causes,
                        resource=resource, circuit_breaker=breaker, windows=windows,
                        **_key_settings(where, entry, g["max_key_bytes"]))
+
+
+def _result_settings(where: str, entry: dict) -> dict:
+    """A [[queues]] entry's result retention and bound, checked (QueueLimits' result fields)."""
+    out = {}
+    if entry.get("result_retention_ms") is not None:
+        out["result_retention_ms"] = _int(f"{where}.result_retention_ms", entry["result_retention_ms"], 0)
+    if entry.get("max_retained_result_bytes") is not None:
+        out["max_retained_result_bytes"] = _int(f"{where}.max_retained_result_bytes",
+                                                entry["max_retained_result_bytes"], 1)
+    return out
 
 
 @dataclass(frozen=True)
@@ -528,7 +559,9 @@ class Limits:
             q = _declared_queue(f"queues[{i}]", entry, base, g, s, declared)
             declared[q.name] = q
         _check_forwards(declared, default_queue, g["strict_queues"])
-        doc = {"limits": {**{k: _plain(v) for k, v in g.items()}, **{k: _plain(base[k]) for k in QUEUE_KEYS}},
+        doc = {"limits": {**{k: _plain(v) for k, v in g.items()
+                             if k not in DOC_WHEN_SET or v != GLOBAL_KEYS[k]},
+                          **{k: _plain(base[k]) for k in QUEUE_KEYS}},
                "storage": dict(s),
                "queues": [{k: _plain(v) for k, v in entry.items()} for entry in queues]}
         return cls(globals=g, storage=s, queues=declared, default_queue=default_queue, doc=doc)
@@ -562,6 +595,9 @@ class Limits:
         object.__setattr__(self, "gated", frozenset(
             n for n, ql in (self.queues or {}).items()
             if ql.circuit_breaker is not None or ql.windows is not None or ql.rate is not None))
+        # The queues that keep finished jobs (result_retention_ms > 0): one set test per ack.
+        object.__setattr__(self, "retaining", frozenset(
+            n for n, ql in (self.queues or {}).items() if ql.result_retention_ms > 0))
         taken = {f.name for f in fields(self)} | set(dir(type(self)))
         for source in (self.storage, self.globals):
             if isinstance(source, dict):

@@ -17,6 +17,7 @@ parts are in node/core/:
 | `answers.py` | results rendered into answers (status, body, messages), and back for old snapshots |
 | `config.py` | the configuration in force: configure, add_key, remove_key, change warnings |
 | `audit.py` | the audit trail: record, page, its sweep step |
+| `results.py` | job results: finished jobs kept with their results, their bound and expiry |
 | `snapshot.py` | `to_builtins` / `from_builtins` and `digest` |
 | `invariants.py` | `check_invariants()` |
 
@@ -44,10 +45,10 @@ import inspect
 from collections import OrderedDict, deque
 from itertools import islice
 
-from . import audit, config, gating, handlers, invariants, keys, ops, schedules, snapshot
+from . import audit, config, gating, handlers, invariants, keys, ops, results, schedules, snapshot
 from . import sweep as sweeping
 from .answers import render_dead_letter, render_job
-from .jobs import ENTRY_JOB, IN_FLIGHT, READY, SCHEDULED, STATE_NAMES, Job, Queue, entry_order, is_live_entry, shown_fields
+from .jobs import DEAD, ENTRY_JOB, IN_FLIGHT, READY, SCHEDULED, STATE_NAMES, Job, Queue, entry_order, is_live_entry, shown_fields
 from .ops import MALFORMED_RESULT, NOT_REMEMBERED, RESERVE, RequestRecord, ScopedRequestRecord
 from .undo import UndoLog
 from .limits import Limits
@@ -212,6 +213,10 @@ class QueueMachine(UndoLog):
         # Keys (node/core/keys.py): the timers of keys, a heap of (time, ctr, Key), lazy (an
         # entry is live while its key's `timer` is (time, ctr)).
         self.key_timers: list = []
+        # Job results (node/core/results.py): retained finished jobs by id, their expiry heap of
+        # (expires, order, job id), and, derived, per queue the records holding a result (oldest
+        # first) and those results' bytes.
+        self.results, self.result_heap, self.results_by_queue, self.result_bytes = {}, [], {}, {}
         # The keys a command left without a job, settled when it ends (keys.settle_unsettled):
         # empty between commands, not state.
         self.unsettled: list = []
@@ -342,7 +347,7 @@ class QueueMachine(UndoLog):
     def job_view(self, job_id: str) -> dict | None:
         job = self.jobs.get(job_id)
         if job is None:
-            return None
+            return results.view(self, job_id) if self.results else None
         out = render_job(*shown_fields(job))
         out["timeout_ms"] = job.timeout_ms          # always shown here (null: none)
         out["releases"] = job.releases
@@ -423,8 +428,25 @@ class QueueMachine(UndoLog):
         return [render_dead_letter(shown_fields(r.job), r.cause, r.failed_at, r.final_attempt, r.reason)
                 for r in records]
 
+    def job_outcome(self, job_id: str):
+        """Where a job stands for GET /v1/jobs/{id}/result: ("live", None) while it may still
+        run, ("succeeded", view) while retained, ("dead_lettered", view) while a dead letter,
+        (None, None) when the machine knows nothing of it (never, or no longer)."""
+        job = self.jobs.get(job_id)
+        if job is not None:
+            if job.state == DEAD:
+                return "dead_lettered", self.job_view(job_id)
+            return "live", None
+        if job_id in self.results:
+            return "succeeded", results.view(self, job_id)
+        return None, None
+
     def counts(self) -> dict:
+        # Retained jobs only when there are some (the view of a state without them is unchanged).
+        retained = ({"retained_jobs": len(self.results), "retained_result_bytes": sum(self.result_bytes.values())}
+                    if self.results else {})
         return {"jobs": len(self.jobs), "dead_letters": len(self.dlq), "dedup_records": sum(map(len, self.dedup.values())),
+                **retained,
                 "request_ids": len(self.rids), "audit_entries": len(self.audit), "schedules": len(self.schedules),
                 "clock_ms": self.clock}
 

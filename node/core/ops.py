@@ -60,8 +60,8 @@ COMMANDS: dict[str, tuple[str, ...]] = {
     ENQUEUE: ("mode", "items"),                 # mode: SINGLE | BATCH | ATOMIC; items: ITEM tuples
                                                 # (or, in a best-effort batch, a rejection dict)
     RESERVE: ("queue_names", "lease_ms", "max_jobs"),
-    ACK: ("job_id", "attempt"),
-    ACK_BATCH: ("pairs",),                      # ((job_id, attempt), ...)
+    ACK: ("job_id", "attempt", "result"),      # result: None or (data bytes, encoding); absent before results
+    ACK_BATCH: ("pairs",),                      # ((job_id, attempt[, result]), ...)
     NACK: ("job_id", "attempt", "reason", "strategy", "delay_ms"),
     EXTEND: ("job_id", "attempt", "lease_ms"),
     DRAIN: ("queue", "max_records", "who"),     # queue None = every queue
@@ -91,7 +91,7 @@ COMMANDS: dict[str, tuple[str, ...]] = {
 LEGACY_FIELDS = {DRAIN: 2, REQUEUE: 1, DELETE_DEAD_LETTERS: 1, CANCEL: 1, PAUSE: 2}
 # Fields added after that, with the default a command without them gets: a cancel written before
 # 0.2.0 refuses an in-flight job (409) on every replay, as it did then.
-LATER_DEFAULTS = {CANCEL: {"in_flight": False}}
+LATER_DEFAULTS = {CANCEL: {"in_flight": False}, ACK: {"result": None}}
 OPS = tuple(COMMANDS)
 
 # Enqueue modes.
@@ -142,11 +142,16 @@ def reserve(rid, queue_names: tuple, lease_ms: int, max_jobs: int) -> tuple:
     return RESERVE, rid, queue_names, lease_ms, max_jobs
 
 
-def ack(rid, job_id: str, attempt: int) -> tuple:
-    return ACK, rid, job_id, attempt
+def ack(rid, job_id: str, attempt: int, result: tuple | None = None) -> tuple:
+    """An ack; with a result (data bytes, encoding) a field longer (an ack without one is the
+    command of before results, what journals hold)."""
+    if result is None:
+        return ACK, rid, job_id, attempt
+    return ACK, rid, job_id, attempt, result
 
 
 def ack_batch(rid, pairs: tuple) -> tuple:
+    """pairs: (job_id, attempt) per ack, or (job_id, attempt, result) for one with a result."""
     return ACK_BATCH, rid, pairs
 
 
@@ -374,7 +379,7 @@ ANSWER = "answer"                   # an answer kept verbatim (only from snapsho
 
 SWEEP_STEPS = ("promoted", "leases_expired", "deadlines_expired", "dedup_expired",
                "request_ids_expired", "dead_letters_expired", "audit_expired", "ticks_fired",
-               "key_timers_fired")
+               "key_timers_fired", "results_expired")
 
 RESULTS: dict[str, tuple[str, ...]] = {
     ENQUEUED: ("job_id", "deduplicated"),
@@ -494,9 +499,9 @@ def paused_result(queue: str, paused: bool) -> tuple:
 
 def swept(promoted: int, leases_expired: int, deadlines_expired: int, dedup_expired: int,
           request_ids_expired: int, dead_letters_expired: int, audit_expired: int = 0,
-          ticks_fired: int = 0, key_timers_fired: int = 0) -> tuple:
+          ticks_fired: int = 0, key_timers_fired: int = 0, results_expired: int = 0) -> tuple:
     return (SWEPT, promoted, leases_expired, deadlines_expired, dedup_expired, request_ids_expired,
-            dead_letters_expired, audit_expired, ticks_fired, key_timers_fired)
+            dead_letters_expired, audit_expired, ticks_fired, key_timers_fired, results_expired)
 
 
 def job_not_found(job_id: str) -> tuple:

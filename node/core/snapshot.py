@@ -29,6 +29,7 @@ from collections import OrderedDict, deque
 
 import orjson
 
+from . import results
 from .limits import Limits
 from .answers import result_of_answer
 from .config import KeyRecord
@@ -84,6 +85,8 @@ def to_builtins(m) -> dict:
         **({"schedules": [s.to_tuple() for s in m.schedules.values()]} if m.schedules else {}),
         **({"schedules_seeded": True} if m.schedules_seeded else {}),
         **_keys(m),
+        # Retained finished jobs (node/core/results.py), only when there are some.
+        **({"results": results.to_rows(m)} if m.results else {}),
     }
 
 
@@ -253,6 +256,7 @@ def from_builtins(m, data: dict):
     heapq.heapify(m.tick_heap)
     m.schedules_seeded = data.get("schedules_seeded", False)
     _restore_keys(m, data)
+    results.restore(m, data.get("results", ()))
     return m
 
 
@@ -370,6 +374,8 @@ def digest(m) -> str:
     if k is not None:           # only when present, like the rest
         h.update(repr(["keys", sorted((n, v, p, sorted(rows, key=repr)) for n, v, p, rows in k["queues"]),
                        sorted(k["rates"])]).encode())
+    if m.results:               # only when present, like the rest
+        h.update(repr(["results", results.to_rows(m)]).encode())
     return h.hexdigest()[:32]
 
 

@@ -8,7 +8,7 @@ the undo log, like everything a command changes).
 """
 from __future__ import annotations
 
-from . import audit, gating, keys, ops, schedules
+from . import audit, gating, keys, ops, results, schedules
 from .handlers import dead_letter, drop_dead_letter, forget, make_ready
 from .jobs import DEDUP_KEY, IN_FLIGHT, READY, SCHEDULED, TIMER_AT, dedup_expires, dedup_queue
 
@@ -24,7 +24,8 @@ def sweep(m):
                      drop_dead_letters_past_retention(m, now, budget),
                      audit.drop_past_retention(m, now, budget),
                      schedules.fire_due(m, now, m.limits.max_schedules_per_sweep),
-                     keys.fire_timers(m, now, budget))
+                     keys.fire_timers(m, now, budget),
+                     results.expire(m, now, budget))
 
 
 def promote_due_schedules(m, now: int, budget: int) -> int:
@@ -137,6 +138,8 @@ def next_due_ms(m) -> int | None:
         due.append(m.tick_heap[0][TIMER_AT])
     if m.key_timers:
         due.append(m.key_timers[0][TIMER_AT])
+    if m.result_heap:
+        due.append(m.result_heap[0][TIMER_AT])
     if m.limits.gated:
         g = gating.next_due_ms(m)
         if g is not None:

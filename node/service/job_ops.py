@@ -55,8 +55,10 @@ class JobOps:
                     return validate.nack(job_id, body, rid, limits), 64
                 if op == "release":
                     return validate.release(job_id, body, rid, limits), 64
-                build = validate.ack if op == "ack" else validate.extend
-                return build(job_id, body, rid), 64
+                if op == "ack":
+                    cmd = validate.ack(job_id, body, rid, limits)
+                    return cmd, 64 if len(cmd) == 4 else 64 + len(cmd[4][0])     # a result's bytes
+                return validate.extend(job_id, body, rid), 64
             if rid is not None:
                 rid = validate.request_slot(who, rid, op, body)
             if op == "enqueue":
@@ -67,7 +69,8 @@ class JobOps:
                 return validate.enqueue_atomic(body, limits, self.stamp(), _new_id, rid), 4096
             if op == "ack_batch":
                 cmd = validate.ack_batch(body, limits, rid)
-                return cmd, 64 * len(ops.ack_batch_pairs(cmd))
+                pairs = ops.ack_batch_pairs(cmd)
+                return cmd, 64 * len(pairs) + sum(len(p[2][0]) for p in pairs if len(p) == 3)
             if op == "drain":
                 return validate.drain(body, limits, rid, who), 64
         except ApiError as e:

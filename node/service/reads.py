@@ -10,6 +10,7 @@ import orjson
 from ..base import validate
 from ..core.errors import error
 from ..core.jobs import DEAD_LETTER_CAUSES, IN_FLIGHT, READY, SCHEDULED, Queue
+from .results import JobResults
 
 
 def _page_limit(query) -> int | None:
@@ -59,8 +60,8 @@ def _key_cursor_decode(cursor: str):
     return after
 
 
-class Reads:
-    """Mixin of NodeService: reads."""
+class Reads(JobResults):
+    """Mixin of NodeService: reads (and a job's result, results.py)."""
 
     def _with_workers(self, stats: dict) -> dict:
         """The leader's soft state next to the replicated stats: `workers`, `no_workers` (null

@@ -6,6 +6,7 @@ from __future__ import annotations
 import threading
 
 from ..core import ops
+from .results import ResultWaits
 
 WAKING_OPS = ops.WAKING_OPS
 RELEASING_OPS = ops.RELEASING_OPS
@@ -43,6 +44,8 @@ class Wakeups:
         self.wake_scheduled = False
         self._wake_names: set | None = set()    # what the next wake looks at; None: every name
         self._wake_lock = threading.Lock()
+        # Parked GET /v1/jobs/{id}/result calls (results.py), looked at after every apply.
+        self.result_waits = ResultWaits(self.loop, self._outcome)
 
     def _after_apply_thread(self, cmds, results):
         """On the Raft thread after an apply: schedule a wake-up of the parked reserves when a
@@ -55,6 +58,8 @@ class Wakeups:
         if released:                        # gating: held-back jobs became reservable
             released = set(released)
             m.released.clear()
+        if self.result_waits:
+            self.result_waits.after_apply_thread()
         waiters = self.waiters
         if not waiters:
             return
@@ -132,11 +137,14 @@ class Wakeups:
                     break
 
     def _wake_all(self):
-        """Leadership moved (or the node stops): every parked reserve leaves, empty."""
+        """Leadership moved (or the node stops): every parked reserve leaves, empty (a parked
+        result call only when the node stops: any node's applied state answers it)."""
         for parked in list(self.waiters.values()):
             for w in parked:
                 if not w.fut.done():
                     w.fut.set_result(False)
+        if self.stopping:
+            self.result_waits.leave_all()
 
     def _park(self, names, alive, owner) -> Waiter:
         w = Waiter(self.loop.create_future(), names, alive, owner)
