@@ -23,13 +23,9 @@ WF_LEASE = 2000
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    c = LocalCluster(tmp_path_factory.mktemp("failover"),
-                     queues=[{"name": "wf", "max_lease_duration_ms": WF_LEASE}])
-    c.launch()
-    try:
+    with LocalCluster(tmp_path_factory.mktemp("failover"),
+                      queues=[{"name": "wf", "max_lease_duration_ms": WF_LEASE}]).launch() as c:
         yield c
-    finally:
-        c.close()
 
 
 @pytest.fixture

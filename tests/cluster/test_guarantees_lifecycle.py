@@ -21,17 +21,13 @@ LEASE = 1500     # max_lease_duration_ms of the "lc-fast" queue
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    c = LocalCluster(tmp_path_factory.mktemp("lifecycle"),
-                     queues=[{"name": "lc-fast", "max_lease_duration_ms": LEASE},
-                             {"name": "lc-timeout", "execution_timeout_ms": 400},
-                             {"name": "lc-reject", "duplicate_policy": "reject"},
-                             {"name": "lc-replace", "duplicate_policy": "replace"}],
-                     storage={"dead_letter_retention_ms": 3_600_000})
-    c.launch()
-    try:
+    with LocalCluster(tmp_path_factory.mktemp("lifecycle"),
+                      queues=[{"name": "lc-fast", "max_lease_duration_ms": LEASE},
+                              {"name": "lc-timeout", "execution_timeout_ms": 400},
+                              {"name": "lc-reject", "duplicate_policy": "reject"},
+                              {"name": "lc-replace", "duplicate_policy": "replace"}],
+                      storage={"dead_letter_retention_ms": 3_600_000}).launch() as c:
         yield c
-    finally:
-        c.close()
 
 
 @pytest.fixture

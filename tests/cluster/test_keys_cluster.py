@@ -71,12 +71,8 @@ async def enqueue_all(client: Client, reqs: list, parallel: int = 4) -> list[str
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    c = LocalCluster(tmp_path_factory.mktemp("keys") / "c", queues=QUEUES)
-    c.launch()
-    try:
+    with LocalCluster(tmp_path_factory.mktemp("keys") / "c", queues=QUEUES).launch() as c:
         yield c
-    finally:
-        c.close()
 
 
 @pytest.fixture

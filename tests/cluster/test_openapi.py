@@ -187,13 +187,11 @@ def test_schemas_are_valid_and_examples_fit():
 # ------------------------------------------------------------------------------ a live cluster
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    c = LocalCluster(tmp_path_factory.mktemp("openapi"), durability="memory",
-                     limits={"max_wait_timeout_ms": 200},             # generated long polls stay short
-                     storage={"dead_letter_retention_ms": 600_000},
-                     api_keys=[{"name": role, "key": key, "role": role} for role, key in KEYS.items()])
-    c.launch()
-    yield c
-    c.close()
+    with LocalCluster(tmp_path_factory.mktemp("openapi"), durability="memory",
+                      limits={"max_wait_timeout_ms": 200},             # generated long polls stay short
+                      storage={"dead_letter_retention_ms": 600_000},
+                      api_keys=[{"name": role, "key": key, "role": role} for role, key in KEYS.items()]).launch() as c:
+        yield c
 
 
 def leader_url(c) -> str:

@@ -21,14 +21,10 @@ LEASE = 1500     # max_lease_duration_ms of the "fast" queues
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    c = LocalCluster(tmp_path_factory.mktemp("worker"),
-                     queues=[{"name": n, "max_lease_duration_ms": LEASE} for n in ("fast", "lost", "stuck")],
-                     storage={"dead_letter_retention_ms": 3_600_000})
-    c.launch()
-    try:
+    with LocalCluster(tmp_path_factory.mktemp("worker"),
+                      queues=[{"name": n, "max_lease_duration_ms": LEASE} for n in ("fast", "lost", "stuck")],
+                      storage={"dead_letter_retention_ms": 3_600_000}).launch() as c:
         yield c
-    finally:
-        c.close()
 
 
 @pytest.fixture
