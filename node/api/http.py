@@ -20,6 +20,7 @@ from .metrics import CONTENT_TYPE, render as render_metrics
 from ..replication.proposer import wall_ms
 from ..service.forwarding import FORWARD_HEADER, REDIRECT_HEADER, auto_request_id
 from ..service.node_service import NodeService
+from ..service.results import ASKED_HEADER
 from .session import Sessions
 from ..base.settings import TUNING_DEFAULTS
 
@@ -328,7 +329,7 @@ def _job_result_route(service: NodeService):
         if service.replica.removed:
             return respond(*error("unavailable", service.removed_reason(), removed=True))
         return respond(*await service.job_result(request.match_info["id"], request.query, _auth(request),
-                                                 _alive(request)))
+                                                 _alive(request), request.headers.get(ASKED_HEADER) == "1"))
     return job_result
 
 

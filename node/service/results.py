@@ -19,6 +19,9 @@ from ..core.errors import error
 from .forwarding import REDIRECT_HEADER
 
 FINISHED = ("succeeded", "dead_lettered")
+# Sent by a follower that asks the leader: a node that no longer leads answers 503 from its own
+# state instead of asking on (no chain of nodes asking each other during an election).
+ASKED_HEADER = "Raftq-Result-Asked"
 
 
 def answer(job_id: str, state: str, view) -> tuple:
@@ -94,7 +97,7 @@ class JobResults:
 
     async def _leader_outcome(self, job_id: str, auth) -> tuple:
         """A follower asks the leader, without a wait: its (status, body)."""
-        headers = {REDIRECT_HEADER: "1"}
+        headers = {REDIRECT_HEADER: "1", ASKED_HEADER: "1"}
         if auth is not None:
             headers["Authorization"] = auth
         status, raw, _ = await self.forward_http("GET", f"/v1/jobs/{job_id}/result?wait_ms=0", None, headers)
@@ -103,8 +106,9 @@ class JobResults:
         except orjson.JSONDecodeError:
             return error("unavailable", "the leader's answer could not be read; retry")
 
-    async def job_result(self, job_id, query, auth=None, alive=None):
-        """The job's outcome now, or after waiting up to `wait_ms` for it to finish."""
+    async def job_result(self, job_id, query, auth=None, alive=None, asked=False):
+        """The job's outcome now, or after waiting up to `wait_ms` for it to finish. `asked`: a
+        follower asks this node as the leader."""
         jid = validate.canonical_uuid(job_id)
         if jid is None:
             return error("invalid_argument", f"job id must be a canonical UUID, got {job_id!r}")
@@ -119,6 +123,8 @@ class JobResults:
         if state in FINISHED:
             return answer(jid, state, view)
         if not self.is_leader():        # a follower's "not finished" or "unknown" may lag: ask the leader
+            if asked:
+                return error("no_leader", "this node no longer leads; retry")
             got = await self._leader_outcome(jid, auth)
             if got[0] != 200 or got[1].get("state") != "pending" or wait_ms == 0:
                 return got
@@ -138,8 +144,10 @@ class JobResults:
                 bounds.hit("max_parked_reserves")
                 return error("overloaded", f"{self.max_parked} long polls are waiting on this node "
                                            "(tuning.max_parked_reserves); retry after a moment")
-            seen = self._outcome(jid)[0]
-            fut = waits.park(jid, seen)
+            # Parked before the state is read: an apply from here on schedules a look (an apply
+            # between a read and the park would otherwise find nobody parked and wake nobody).
+            fut = waits.park(jid, None)
+            waits.parked[jid][fut] = self._outcome(jid)[0]
             self.parked += 1
             timer = loop.call_later(max(0.0, deadline - loop.time()), _time_up, fut)
             try:

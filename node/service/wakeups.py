@@ -58,7 +58,7 @@ class Wakeups:
         if released:                        # gating: held-back jobs became reservable
             released = set(released)
             m.released.clear()
-        if self.result_waits:
+        if self.result_waits.parked:                # (a dict's truth: no call while none waits)
             self.result_waits.after_apply_thread()
         waiters = self.waiters
         if not waiters:

@@ -1,0 +1,228 @@
+"""Job results on real nodes (docs/semantics.md "Job results"): an ack's result over HTTP and the
+session, `GET /v1/jobs/{id}` at the leader and at a follower, the long poll `GET
+/v1/jobs/{id}/result` at either (woken by the ack's apply, not by a timer), its refusals, the
+per-queue bound; and across a leader kill (-9): a result acked before it is read from the next
+leader, and a `Client.result` waiting through the kill gets the result acked after it.
+
+One three-node cluster serves the module; each test uses its own queue names and leaves the
+cluster whole (`heal`).
+"""
+from __future__ import annotations
+
+import asyncio
+import base64
+import threading
+import time
+
+import pytest
+
+from raftq.cluster.client import Client, InvalidArgument, NotFound
+from raftq.cluster.local import LocalCluster
+from tests.cluster.test_cli_consume import raftq
+from tests.conftest import Api, heal, poll
+
+RETAIN_MS = 120_000
+
+
+def retaining(name: str, **extra) -> dict:
+    return {"name": name, "result_retention_ms": RETAIN_MS, **extra}
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    c = LocalCluster(tmp_path_factory.mktemp("results"),
+                     limits={"max_result_bytes": 4096},
+                     storage={"dead_letter_retention_ms": 600_000},
+                     queues=[retaining("res"), retaining("res-s"), retaining("res-f"), retaining("res-wait"),
+                             retaining("res-kill"), retaining("res-dead"), retaining("res-cli"),
+                             retaining("res-bound", max_retained_result_bytes=10)])
+    c.launch()
+    try:
+        yield c
+    finally:
+        c.close()
+
+
+@pytest.fixture
+def healthy(cluster):
+    return heal(cluster, 30)
+
+
+def b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()
+
+
+def run_one(api: Api, queue: str, result: bytes | None = None, encoding="application/json") -> str:
+    """Enqueue, reserve and ack one job of `queue` over HTTP (with `result`); its id."""
+    status, out = api.enqueue(queue)
+    assert status == 200, out
+    status, out = api.reserve([queue])
+    job = out["jobs"][0]
+    body = {"attempt": job["attempt"]}
+    if result is not None:
+        body["result"] = {"data_b64": b64(result), "encoding": encoding}
+    status, out = api.post(f"/v1/jobs/{job['id']}/ack", body)
+    assert status == 200, out
+    return job["id"]
+
+
+def followers(c: LocalCluster) -> list[int]:
+    leader = c.wait_leader(20)
+    return [i for i in range(c.n) if i != leader]
+
+
+def test_an_acked_result_is_shown_at_the_leader_and_at_a_follower(healthy):
+    c, api = healthy, Api(healthy)
+    jid = run_one(api, "res", b'{"rows": 3}')
+    status, view = api.get(f"/v1/jobs/{jid}")
+    assert status == 200 and view["state"] == "succeeded", view
+    assert view["result"] == {"data_b64": b64(b'{"rows": 3}'), "encoding": "application/json"}
+    assert view["result_dropped"] is False and view["retained_until_ms"] == view["finished_at_ms"] + RETAIN_MS
+    for f in followers(c):
+        assert api.get(f"/v1/jobs/{jid}", node=f) == (200, view)              # forwarded to the leader
+        status, out = api.get(f"/v1/jobs/{jid}/result", node=f)                # its own state, or the leader's
+        assert status == 200 and out["state"] == "succeeded", out
+        assert out["result"] == view["result"] and out["job"] == view, out
+    status, out = api.get(f"/v1/jobs/{jid}/result")
+    assert status == 200 and out["state"] == "succeeded" and out["job"] == view
+
+
+def test_refusals_and_the_answers_of_an_unfinished_and_an_unknown_job(healthy):
+    api = Api(healthy)
+    status, out = api.enqueue("res")
+    jid = out["job_id"]
+    assert api.get(f"/v1/jobs/{jid}/result") == (200, {"job_id": jid, "state": "pending", "job": None})
+    started = time.monotonic()
+    assert api.get(f"/v1/jobs/{jid}/result?wait_ms=300")[1]["state"] == "pending"
+    assert time.monotonic() - started >= 0.25
+    for f in followers(healthy):
+        assert api.get(f"/v1/jobs/{jid}/result?wait_ms=200", node=f)[1]["state"] == "pending"
+    unknown = "00000000-0000-4000-8000-0000000000aa"
+    for node in (None, *followers(healthy)):
+        status, out = api.get(f"/v1/jobs/{unknown}/result", node=node)
+        assert status == 404 and out["error"]["code"] == "not_found", out
+    assert api.get("/v1/jobs/nope/result")[0] == 400
+    assert api.get(f"/v1/jobs/{jid}/result?wait_ms=-1")[0] == 400
+    job = api.reserve(["res"])[1]["jobs"][0]
+    status, out = api.post(f"/v1/jobs/{jid}/ack", {"attempt": job["attempt"],
+                                                    "result": {"data_b64": b64(b"x" * 4097), "encoding": "e"}})
+    assert status == 400 and out["error"]["field"] == "result" and out["error"]["limit"] == 4096, out
+    assert api.get(f"/v1/jobs/{jid}")[1]["state"] == "in_flight"                 # nothing applied
+    assert api.post(f"/v1/jobs/{jid}/ack", {"attempt": job["attempt"]})[0] == 200
+    assert api.get(f"/v1/jobs/{jid}/result")[1]["result"] is None
+
+
+def test_a_queue_without_retention_keeps_nothing_and_a_dead_letter_is_an_outcome(healthy):
+    api = Api(healthy)
+    jid = run_one(api, "plain", b"r")
+    assert api.get(f"/v1/jobs/{jid}")[0] == 404 and api.get(f"/v1/jobs/{jid}/result")[0] == 404
+    status, out = api.enqueue("res-dead", max_attempts=1)
+    dead = out["job_id"]
+    job = api.reserve(["res-dead"])[1]["jobs"][0]
+    api.post(f"/v1/jobs/{dead}/nack", {"attempt": job["attempt"], "reason": "boom"})
+    status, out = api.get(f"/v1/jobs/{dead}/result")
+    assert out["state"] == "dead_lettered" and out["job"]["last_reason"] == "boom", out
+
+
+def test_the_bound_drops_the_oldest_results_and_every_ack_succeeds(healthy):
+    api = Api(healthy)
+    first = run_one(api, "res-bound", b"aaaaaa")
+    second = run_one(api, "res-bound", b"bbbbbb")           # 12 > 10: the first's result goes
+    assert api.get(f"/v1/jobs/{first}")[1]["result_dropped"] is True
+    assert api.get(f"/v1/jobs/{first}")[1]["state"] == "succeeded"
+    assert api.get(f"/v1/jobs/{second}")[1]["result"]["data_b64"] == b64(b"bbbbbb")
+    views = poll(lambda: healthy.wait_converged(30), 30, what="converged")
+    assert len({v["digest"] for v in views}) == 1
+    assert all(v["state"]["retained_jobs"] >= 2 for v in views), [v["state"] for v in views]
+
+
+async def test_a_long_poll_is_woken_by_the_ack_at_the_leader_and_at_a_follower(healthy):
+    c = healthy
+    async with Client(c.urls) as client:
+        for node in (c.wait_leader(20), followers(c)[0]):
+            r = await client.enqueue("res-wait", "t", b"x")
+            got = {}
+
+            def wait(node=node, jid=r.job_id):
+                got["answer"] = Api(c).get(f"/v1/jobs/{jid}/result?wait_ms=20000", node=node, timeout=30)
+                got["at"] = time.monotonic()
+            t = threading.Thread(target=wait)
+            t.start()
+            (job,) = await client.reserve(["res-wait"], lease_ms=30_000)
+            await asyncio.sleep(0.3)                # parked by now (the answer would say pending otherwise)
+            acked = time.monotonic()
+            await client.ack(job, result="done", encoding="text/plain")
+            await asyncio.to_thread(t.join, 25)
+            status, out = got["answer"]
+            assert status == 200 and out["state"] == "succeeded", out
+            assert base64.b64decode(out["result"]["data_b64"]) == b"done"
+            assert got["at"] - acked < 5, "woken by the apply, not by the end of the wait"
+
+
+async def test_the_session_and_the_client_carry_results(healthy):
+    c = healthy
+    async with Client(c.urls, transport="session") as client:
+        r = await client.enqueue("res-s", "t", b"x")
+        (job,) = await client.reserve(["res-s"], lease_ms=30_000)
+        waiter = asyncio.create_task(client.result(r.job_id, timeout=20))
+        await client.ack(job, result=b"\x00\x01", encoding="application/octet-stream")
+        res = await waiter
+        assert res.succeeded and res.result == b"\x00\x01" and res.encoding == "application/octet-stream"
+        assert res.job.id == r.job_id and res.job.state == "succeeded"
+        r2 = await client.enqueue("res-s", "t", b"y")
+        (job2,) = await client.reserve(["res-s"], lease_ms=30_000)
+        with pytest.raises(InvalidArgument):
+            await client.ack(job2, result=b"z" * 5000)
+        assert await client.ack_batch([(job2, None, "batched")]) == [None]
+        assert (await client.result(r2.job_id, timeout=5)).result == b"batched"
+        with pytest.raises(TimeoutError):
+            await client.result((await client.enqueue("res-s", "t", b"w")).job_id, timeout=0.5)
+        with pytest.raises(NotFound):
+            await client.result("00000000-0000-4000-8000-0000000000bb", timeout=1)
+
+
+async def test_results_survive_a_leader_kill_and_a_waiting_client_gets_one_acked_after_it(healthy):
+    """A result acked before the leader is killed (-9) is read from the next leader; a
+    Client.result started before the kill, on a job acked after it, returns that result."""
+    c = healthy
+    async with Client(c.urls) as client, Client(c.urls) as waiting:
+        before = await client.enqueue("res-kill", "t", b"x")
+        (job,) = await client.reserve(["res-kill"], lease_ms=60_000)
+        await client.ack(job, result="before the kill")
+        after = await client.enqueue("res-kill", "t", b"y")
+        waiter = asyncio.create_task(waiting.result(after.job_id, timeout=90, poll_s=5))
+        await asyncio.sleep(0.5)
+        old = await asyncio.to_thread(c.wait_leader, 15)
+        await asyncio.to_thread(c.kill, old)
+        new = await asyncio.to_thread(c.wait_leader, 30, [i for i in range(c.n) if i != old])
+        assert new != old
+        res = await client.result(before.job_id, timeout=30)
+        assert res.succeeded and res.result == b"before the kill"
+        assert not waiter.done()
+        (job,) = await client.reserve(["res-kill"], lease_ms=60_000, wait_ms=10_000)
+        assert job.id == after.job_id
+        await client.ack(job, result="after the kill")
+        got = await asyncio.wait_for(waiter, 60)
+        assert got.succeeded and got.result == b"after the kill"
+        await asyncio.to_thread(c.start, old)
+        await asyncio.to_thread(c.wait_converged, 30)
+        status, view = Api(c).get(f"/v1/jobs/{before.job_id}/result", node=old)
+        assert status == 200 and base64.b64decode(view["result"]["data_b64"]) == b"before the kill"
+
+
+def test_the_command_line_acks_with_a_result_and_waits_for_it(healthy):
+    c, api = healthy, Api(healthy)
+    jid = api.enqueue("res-cli")[1]["job_id"]
+    job = api.reserve(["res-cli"])[1]["jobs"][0]
+    code, out, err = raftq(c, "ack", jid, "--attempt", str(job["attempt"]), "--result", '{"ok": true}',
+                           "--result-encoding", "application/json")
+    assert code == 0, err
+    code, out, err = raftq(c, "result", jid, "--wait", "5")
+    assert code == 0 and "succeeded" in out and '"ok": true' in out, (out, err)
+    code, out, err = raftq(c, "job", jid)
+    assert code == 0 and "succeeded" in out and "result data" in out, (out, err)
+    code, out, err = raftq(c, "result", jid, "--raw")
+    assert code == 0 and out == '{"ok": true}', (out, err)
+    other = api.enqueue("res-cli")[1]["job_id"]
+    code, out, err = raftq(c, "result", other, "--wait", "0.5")
+    assert code == 1 and "has not finished" in err, (out, err)
