@@ -89,7 +89,8 @@ def test_every_command_shape_of_release_0_1_0_applies():
     assert apply(("sweep", None), T0 + 1000) == (200, {"promoted": 2, "leases_expired": 0, "deadlines_expired": 0,
                                                        "dedup_expired": 0, "request_ids_expired": 0,
                                                        "dead_letters_expired": 0, "audit_expired": 0,
-                                                       "ticks_fired": 0, "key_timers_fired": 0})
+                                                       "ticks_fired": 0, "key_timers_fired": 0,
+                                                       "results_expired": 0})
     got = apply(("res", None, ("q",), 30_000, 3), T0 + 1000)
     assert sorted(j["id"] for j in got[1]["jobs"]) == sorted([a, c, d])
     assert apply(("nack", None, a, 2, None, "default", None), T0 + 1000) == (200, {"job_id": a, "dead_lettered": False})
@@ -222,9 +223,10 @@ def test_a_v1_snapshot_replays_the_answers_that_were_given():
         got = render(lived.apply(now, cmd))
         if cmd[0] == ops.SWEEP:
             # A sweep's answer (never a client's: the leader's sweep loop reads it, no request
-            # id keeps it) now also counts the audit step, the schedules' ticks and the key timers.
+            # id keeps it) now also counts the audit step, the schedules' ticks, the key timers
+            # and the retained results (docs/semantics.md "Job results").
             assert got[1].pop("audit_expired") == 0 and got[1].pop("ticks_fired") == 0
-            assert got[1].pop("key_timers_fired") == 0
+            assert got[1].pop("key_timers_fired") == 0 and got[1].pop("results_expired") == 0
         assert got == answer and orjson.dumps(got) == orjson.dumps(answer), cmd     # byte for byte
     assert restored.rids == lived.rids
     assert canon(restored.to_builtins()) == canon(lived.to_builtins())
