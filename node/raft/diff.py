@@ -2,7 +2,8 @@
 the unified diff of every module of node/raft against the module of the same name in the installed
 pysyncobj 0.3.17 (the `test` extra installs it as the reference; nothing imports it at run time).
 `--check` writes nothing and exits 1 when the checked-in diff is stale; tests/test_raft_fork.py
-does the same. The tool itself, FORK.md, LICENSE.txt and the diff are not part of it.
+does the same. The tool itself, FORK.md, LICENSE.txt and the diff are not part of it, nor are
+raftq's own modules in node/raft that have no upstream counterpart (OWN).
 """
 from __future__ import annotations
 
@@ -20,6 +21,12 @@ DIFF_FILE = HERE / "upstream.diff"
 MODULES = ("__init__", "config", "dns_resolver", "encryptor", "fast_queue", "journal", "node", "pickle",
            "pipe_notifier", "poller", "serializer", "syncobj", "tcp_connection", "tcp_server", "transport",
            "version")
+# raftq's own modules in node/raft, written new rather than changed from upstream's: no diff to
+# show (FORK.md "The pure core (in progress)" says what of syncobj.py each carries).
+OWN = {
+    "core": "the pure Raft core, syncobj.py's algorithm without its I/O (issue 36)",
+    "sim": "the deterministic simulator of a cluster of cores",
+}
 # Upstream's modules the fork does not have, and why.
 DROPPED = {
     "atomic_replace": "os.replace (serializer.atomicReplace syncs around it in fsync durability)",

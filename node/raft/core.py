@@ -1,0 +1,760 @@
+"""The pure Raft core (issue 36, step 1): syncobj.py's algorithm without its I/O.
+
+A `RaftCore` has no socket, file, thread, clock or randomness of its own. The caller drives it in
+the style of etcd-io/raft's RawNode:
+
+* `tick()` advances its logical clock by one tick (the caller decides how long a tick is);
+* `step(message)` hands it a message from a peer;
+* `propose(data)` appends a command on the leader;
+* `ready()` returns a `Ready`: entries and hard state to persist, messages to send, committed
+  entries to apply; `advance(ready)` tells it the Ready was handled.
+
+The order the caller keeps (the Ready loop):
+1. send `ready.messages` at once: they are the leader's appends, which may leave before the
+   leader's own write (Raft thesis §10.2.1; the fork's "The leader syncs after sending");
+2. persist `ready.entries` (drop the log from `entries[0].index` on, then append them) and
+   `ready.hard_state`, and sync both when `ready.must_sync`;
+3. send `ready.messages_after_sync`: every answer that promises something durable (a vote, an
+   acknowledged append: the fork's "A follower syncs before it acknowledges", "Term and vote on
+   disk") and everything else that is not the leader's append;
+4. apply `ready.committed_entries` (only entries this node persisted: an entry is applied from
+   its own disk's copy);
+5. `advance(ready)`. One Ready at a time: `ready()` again before `advance()` raises
+   `CoreInUse`. In between, while the disk syncs, the node may go on: `step`, `tick` and
+   `propose` are allowed (what they produce goes into the next Ready, so an answer they make
+   still waits for its own sync), and a follower's log cut meanwhile is handled in `advance`.
+A leader counts its own copy of an entry toward the majority only from `advance()` on: answers
+of followers that arrive while its own write is under way count at once, its own copy later.
+
+Messages received since the last tick are stepped before the next `tick()`: "recently" (a
+leader heard within the election timeout, a majority answered within it) is then measured
+against messages the node has read, which is what the fork's `__lastPollEnd` ensured for a tick
+thread that stalled.
+
+Names follow syncobj.py's (`raftCurrentTerm`, `_sendAppendEntries`, `_onBecomeLeader`,
+`_conflictStart`, ...) so that each rule can be read next to the code it was carved from; see
+node/raft/FORK.md "The pure core (in progress)" for where each of the fork's fixes lives here
+and what is not carved out yet (membership, learners, snapshots, leader transfer).
+"""
+from __future__ import annotations
+
+import enum
+from collections import deque
+from dataclasses import dataclass
+
+
+class MessageType(enum.Enum):
+    """syncobj.py's message types, by their wire names there."""
+    REQUEST_PREVOTE = 'request_prevote'
+    RESPONSE_PREVOTE = 'response_prevote'
+    REQUEST_VOTE = 'request_vote'
+    RESPONSE_VOTE = 'response_vote'
+    APPEND_ENTRIES = 'append_entries'
+    NEXT_NODE_IDX = 'next_node_idx'     # the answer to an append (upstream's name)
+    TIMEOUT_NOW = 'timeout_now'
+
+
+class RaftState(enum.IntEnum):
+    """syncobj.py's _RAFT_STATE, same values."""
+    FOLLOWER = 0
+    CANDIDATE = 1
+    LEADER = 2
+
+
+class EntryKind(enum.IntEnum):
+    """syncobj.py's _COMMAND_TYPE. MEMBERSHIP (2) and VERSION (3) come with membership changes."""
+    REGULAR = 0
+    NO_OP = 1
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    index: int
+    term: int
+    data: bytes = b''
+    kind: EntryKind = EntryKind.REGULAR
+
+
+@dataclass(frozen=True, slots=True)
+class HardState:
+    """What a node persists besides its log (the fork's meta file: term, vote, commit index)."""
+    term: int = 0
+    vote: str | None = None
+    commit: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    """One record for every type; the fields a type does not use keep their defaults, so the
+    snapshot transfer and membership fields can be added later without touching a call site."""
+    type: MessageType
+    src: str
+    dst: str
+    term: int
+    # REQUEST_PREVOTE, REQUEST_VOTE: the candidate's last entry
+    last_log_index: int = 0
+    last_log_term: int = 0
+    # RESPONSE_PREVOTE, RESPONSE_VOTE
+    granted: bool = False
+    # APPEND_ENTRIES
+    prev_log_index: int = 0
+    prev_log_term: int = 0
+    entries: tuple = ()
+    commit_index: int = 0
+    # NEXT_NODE_IDX: success, and the next index the follower wants; on a refusal the
+    # prev_log_index it refused (to tell a late refusal from a current one) and, in
+    # next_node_idx, the hint where the leader should try next (the fork's __conflictStart)
+    success: bool = False
+    next_node_idx: int = 0
+    reject_index: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Ready:
+    entries: tuple              # to persist: the log from entries[0].index on is replaced by them
+    hard_state: HardState | None  # to persist, when it changed
+    messages: tuple             # to send now, before or while persisting
+    messages_after_sync: tuple  # to send once entries and hard state are on disk
+    committed_entries: tuple    # to apply, in order
+    must_sync: bool = False     # entries, term or vote changed (a commit index alone needs no
+                                # sync: the fork's memory mode writes it unsynced)
+    log_verified: bool = False  # an untrusted log (disk checks) was matched: clear its mark on disk
+
+    def __bool__(self):
+        return bool(self.entries or self.hard_state or self.messages or self.messages_after_sync
+                    or self.committed_entries or self.log_verified)
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    """Timeouts in ticks. Upstream's names: raftMinTimeout, raftMaxTimeout, appendEntriesPeriod,
+    leaderFallbackTimeout, appendEntriesBatchSizeBytes, preVote, checkQuorum."""
+    election_timeout_min: int = 10
+    election_timeout_max: int = 20
+    heartbeat_interval: int = 1
+    leader_fallback_timeout: int | None = None   # None: CheckQuorum's window only
+    max_append_bytes: int = 1 << 20
+    max_append_entries: int = 4096
+    max_inflight: int = 4       # appends with entries in flight per follower (flow control)
+    retransmit_timeout: int = 5  # an append unanswered this long: probe the follower again
+    pre_vote: bool = True
+    check_quorum: bool = True
+
+
+class NotLeader(Exception):
+    """propose() on a node that does not lead; `leader` is the one it knows of, or None."""
+    def __init__(self, leader):
+        super().__init__(f'not the leader (leader: {leader})')
+        self.leader = leader
+
+
+class ProgressState(enum.Enum):
+    """How the leader sends to a follower (etcd's Progress; SNAPSHOT comes with snapshots)."""
+    PROBE = 'probe'             # one append at a time until one matches
+    REPLICATE = 'replicate'     # pipelined: next index optimistic, up to max_inflight appends
+
+
+class Progress:
+    """The leader's view of one follower (upstream: raftNextIndex, raftMatchIndex,
+    lastResponseTime, spread over dicts)."""
+    __slots__ = ('match', 'next', 'state', 'inflight', 'paused', 'lastResponseTime')
+
+    def __init__(self, nextIndex, now):
+        self.match = 0
+        self.next = nextIndex
+        self.state = ProgressState.PROBE
+        self.inflight = deque()     # (last index, tick sent) of each append in flight, ascending
+        self.paused = False         # PROBE: a probe is out, wait for its answer or a heartbeat
+        self.lastResponseTime = now
+
+    def becomeProbe(self):
+        self.state = ProgressState.PROBE
+        self.next = self.match + 1
+        self.inflight.clear()
+        self.paused = False
+
+
+class CoreInUse(RuntimeError):
+    """Stepped, ticked or proposed to between ready() and advance()."""
+
+
+class RaftCore:
+    """One node's Raft algorithm. `voters` includes `nodeId`. `rng` is a random.Random (or any
+    object with randint) the caller seeds: the election timeout's jitter is its only use.
+    `hardState` and `entries` are what the node persisted (entries from index 1, contiguous);
+    `applied` is the last index the caller's state machine already holds. `unverifiedClaim`:
+    the disk checks found the log damaged (the fork's logUnverified); the commit index the node
+    had claimed, or 0 when unknown."""
+
+    def __init__(self, nodeId, voters, rng, config=None, hardState=None, entries=(), applied=0,
+                 unverifiedClaim=None):
+        voters = frozenset(voters)
+        assert nodeId in voters, (nodeId, voters)
+        self.id = nodeId
+        self.voters = voters
+        self._others = tuple(sorted(voters - {nodeId}))
+        self._rng = rng
+        self.conf = config or Config()
+        hs = hardState or HardState()
+        self._log = [Entry(0, 0, kind=EntryKind.NO_OP)]     # upstream's raftLog[0]: the boundary
+        self._log.extend(entries)
+        self._checkContiguous(self._log)
+        self.raftCurrentTerm = hs.term
+        self.votedForNodeId = hs.vote
+        self.raftCommitIndex = min(hs.commit, self._lastIndex())
+        self.raftLastApplied = min(applied, self.raftCommitIndex)
+        self._stableIndex = self._lastIndex()
+        self._persisted = HardState(hs.term, hs.vote, self.raftCommitIndex)
+        self._initVolatile(unverifiedClaim)
+
+    def _initVolatile(self, unverifiedClaim):
+        self.raftState = RaftState.FOLLOWER
+        self.raftLeader = None
+        self._now = 0
+        self.raftElectionDeadline = self._generateRaftTimeout()
+        self._lastLeaderContact = None
+        self._progress = {}
+        self._preVoteTerm = None
+        self._preVoters = set()
+        self._votes = set()
+        self._transferInProgress = False
+        self._eligible = True
+        self._unverified = unverifiedClaim
+        self._verifiedNews = False
+        self._heartbeatDue = 0
+        self._commitNotice = False
+        self._msgs = []
+        self._msgsAfterSync = []
+        self._pending = None
+
+    @staticmethod
+    def _checkContiguous(log):
+        for a, b in zip(log, log[1:]):
+            if b.index != a.index + 1 or b.term < a.term:
+                raise ValueError(f'log not contiguous at {a.index} -> {b.index} (terms {a.term} -> {b.term})')
+
+    # -- what the caller reads ------------------------------------------------------------
+
+    @property
+    def state(self):
+        return self.raftState
+
+    @property
+    def term(self):
+        return self.raftCurrentTerm
+
+    @property
+    def leader(self):
+        return self.raftLeader
+
+    @property
+    def commitIndex(self):
+        return self.raftCommitIndex
+
+    @property
+    def lastIndex(self):
+        return self._lastIndex()
+
+    @property
+    def logUnverified(self):
+        return self._unverified is not None
+
+    def entries(self, first=1, last=None):
+        """The log's entries first..last (a copy; for checks and tests)."""
+        last = self._lastIndex() if last is None else last
+        return self._log[first - self._log[0].index:last - self._log[0].index + 1]
+
+    def progress(self, peer):
+        return self._progress.get(peer)
+
+    def setEligible(self, eligible):
+        """upstream's conf.electionEligible, asked by the caller instead of called back: raftq
+        says no while the data disk is below its free-space reserve."""
+        self._eligible = bool(eligible)
+
+    # -- the log --------------------------------------------------------------------------
+
+    def _lastIndex(self):
+        return self._log[-1].index
+
+    def _lastTerm(self):
+        return self._log[-1].term
+
+    def _termAt(self, index):
+        """The term of the entry at index, or None when the log does not hold it."""
+        pos = index - self._log[0].index
+        if 0 <= pos < len(self._log):
+            return self._log[pos].term
+        return None
+
+    def _getEntries(self, fromIdx):
+        """Entries from fromIdx, at most max_append_entries and max_append_bytes (at least one),
+        as upstream's __getEntries with appendEntriesBatchSizeBytes."""
+        pos = fromIdx - self._log[0].index
+        end = min(len(self._log), pos + self.conf.max_append_entries)
+        size, out = 0, []
+        for entry in self._log[pos:end]:
+            size += len(entry.data)
+            if out and size > self.conf.max_append_bytes:
+                break
+            out.append(entry)
+        return tuple(out)
+
+    def _deleteEntriesFrom(self, index):
+        if index <= self.raftCommitIndex:
+            # Raft never removes a committed entry; doing so is a safety violation, not a state
+            # to carry on from (the fork logged it CRITICAL: "truncating already-applied").
+            raise AssertionError(f'{self.id}: truncating committed entries from {index} '
+                                 f'(commit index {self.raftCommitIndex})')
+        del self._log[index - self._log[0].index:]
+        self._stableIndex = min(self._stableIndex, index - 1)
+
+    # -- the caller's four calls -------------------------------------------------------------
+
+    def tick(self):
+        self._now += 1
+        if self.raftState == RaftState.LEADER:
+            self._checkQuorum()
+        if self.raftState != RaftState.LEADER:
+            self._tickElection()
+        elif self._now >= self._heartbeatDue:
+            self._heartbeat()
+
+    def step(self, m):
+        if m.dst != self.id:
+            raise ValueError(f'{self.id}: message for {m.dst}')
+        if m.type in (MessageType.REQUEST_PREVOTE, MessageType.REQUEST_VOTE) and m.src not in self.voters:
+            return      # the fork: a learner or a removed node is no voter and elects nobody
+        if m.term > self.raftCurrentTerm and not self._isPreVoteTerm(m):
+            # Raft §5.1, for every message (upstream did it for votes and appends only; a
+            # stale leader now also steps down on an answer from a newer term)
+            self._transferInProgress = False
+            self._becomeFollower(m.term)
+        self._HANDLERS[m.type](self, m)
+
+    def propose(self, data, kind=EntryKind.REGULAR):
+        """Append a command on the leader; returns (index, term): the entry applied at that index
+        with that term is this command (upstream's commandsWaitingCommit check)."""
+        if self.raftState != RaftState.LEADER:
+            raise NotLeader(self.raftLeader)
+        entry = Entry(self._lastIndex() + 1, self.raftCurrentTerm, bytes(data), kind)
+        self._log.append(entry)
+        return entry.index, entry.term
+
+    def has_ready(self):
+        """False while a Ready is being handled (nothing can be handed out before advance())."""
+        if self._pending is not None:
+            return False
+        self._sendAppendEntries()
+        hs = self._persisted
+        return bool(self._msgs or self._msgsAfterSync or self._stableIndex < self._log[-1].index
+                    or self.raftLastApplied < min(self.raftCommitIndex, self._stableIndex)
+                    or hs.term != self.raftCurrentTerm or hs.vote != self.votedForNodeId
+                    or hs.commit != self.raftCommitIndex or self._verifiedNews)
+
+    def ready(self):
+        self._checkFree()
+        self._sendAppendEntries()
+        hs, old = self._hardState(), self._persisted
+        applyTo = min(self.raftCommitIndex, self._stableIndex)
+        entries = tuple(self.entries(self._stableIndex + 1))
+        rd = Ready(entries=entries, hard_state=hs if hs != old else None,
+                   messages=tuple(self._msgs), messages_after_sync=tuple(self._msgsAfterSync),
+                   committed_entries=tuple(self.entries(self.raftLastApplied + 1, applyTo)),
+                   must_sync=bool(entries) or (hs.term, hs.vote) != (old.term, old.vote),
+                   log_verified=self._verifiedNews)
+        self._msgs, self._msgsAfterSync, self._verifiedNews = [], [], False
+        self._pending = rd
+        return rd
+
+    def advance(self, rd):
+        if rd is not self._pending:
+            raise CoreInUse(f'{self.id}: advance() of a Ready that is not the last one handed out')
+        self._pending = None
+        if rd.entries:
+            self._markStable(rd.entries)
+        if rd.hard_state is not None:
+            self._persisted = rd.hard_state
+        if rd.committed_entries:
+            self.raftLastApplied = rd.committed_entries[-1].index
+        if self.raftState == RaftState.LEADER:
+            self._maybeCommit()     # the leader's own copy counts from now on
+
+    def _markStable(self, written):
+        """The log up to the last written entry that is still the log's is on disk. A follower
+        may have cut its log while the write was under way: entries written at or after the
+        cut are on disk only where the log still holds the same index and term (the same entry,
+        by log matching); the rest go out again in the next Ready, from the cut on."""
+        for entry in reversed(written):
+            if self._termAt(entry.index) == entry.term:
+                self._stableIndex = max(self._stableIndex, entry.index)
+                return
+
+    def _checkFree(self):
+        if self._pending is not None:
+            raise CoreInUse(f'{self.id}: a Ready is being handled; advance() it first')
+
+    def _hardState(self):
+        return HardState(self.raftCurrentTerm, self.votedForNodeId, self.raftCommitIndex)
+
+    def _send(self, type, dst, afterSync=True, **fields):
+        fields.setdefault('term', self.raftCurrentTerm)
+        m = Message(type, self.id, dst, **fields)
+        (self._msgsAfterSync if afterSync else self._msgs).append(m)
+
+    # -- state ------------------------------------------------------------------------------
+
+    def _generateRaftTimeout(self):
+        return self._now + self._rng.randint(self.conf.election_timeout_min, self.conf.election_timeout_max)
+
+    def _setCurrentTerm(self, term, votedForNodeId):
+        self.raftCurrentTerm = term
+        self.votedForNodeId = votedForNodeId
+
+    def _setState(self, newState):
+        oldState = self.raftState
+        self.raftState = newState
+        if oldState == RaftState.LEADER and newState != RaftState.LEADER:
+            # the fork: a leader that steps down waits a whole election timeout before it
+            # stands (as etcd's becomeFollower): its timer last ran before it led
+            self.raftElectionDeadline = self._generateRaftTimeout()
+            self._progress = {}
+
+    def _becomeFollower(self, term):
+        self._setCurrentTerm(term, None)
+        self._setState(RaftState.FOLLOWER)
+        self.raftLeader = None
+        self._preVoteTerm = None
+
+    def _isPreVoteTerm(self, m):
+        """A pre-vote request, or a pre-vote granted, carries the term the candidate would
+        take: it changes nobody's term (granting changes nothing, the fork's PreVote)."""
+        return m.type == MessageType.REQUEST_PREVOTE or (m.type == MessageType.RESPONSE_PREVOTE and m.granted)
+
+    def _mayStandForElection(self):
+        return self._unverified is None and self._eligible
+
+    def _isUpToDate(self, m):
+        """Raft §5.4.1: the candidate's log is at least as up to date as this node's."""
+        if m.last_log_term != self._lastTerm():
+            return m.last_log_term > self._lastTerm()
+        return m.last_log_index >= self._lastIndex()
+
+    # -- elections (upstream: _onTick, __startPreVote, __startElection, __onBecomeLeader) --
+
+    def _tickElection(self):
+        if self._now < self.raftElectionDeadline or not self._mayStandForElection():
+            return
+        self.raftElectionDeadline = self._generateRaftTimeout()
+        if self.conf.pre_vote and not self._transferInProgress:
+            self._startPreVote()
+        else:
+            # A leader's transfer request (TimeoutNow) skips the pre-vote: the leader itself
+            # asked, so nobody is deposed against its will.
+            self._startElection()
+
+    def _startPreVote(self):
+        """Ask, without raising the term, whether a majority would vote for this node: they
+        would only if they too have not heard from a leader for an election timeout."""
+        self.raftLeader = None
+        self._preVoteTerm = self.raftCurrentTerm + 1
+        self._preVoters = {self.id}
+        for node in self._others:
+            self._send(MessageType.REQUEST_PREVOTE, node, term=self._preVoteTerm,
+                       last_log_index=self._lastIndex(), last_log_term=self._lastTerm())
+        self._checkPreVotes()
+
+    def _checkPreVotes(self):
+        if len(self._preVoters) > len(self.voters) / 2:
+            self._startElection()
+
+    def _startElection(self):
+        self._preVoteTerm = None
+        self._transferInProgress = False
+        self.raftLeader = None
+        self._setState(RaftState.CANDIDATE)
+        self._setCurrentTerm(self.raftCurrentTerm + 1, self.id)
+        self._votes = {self.id}     # a set: a vote that arrives twice counts once
+        for node in self._others:
+            # after the sync: the node's term and its own vote are on disk before anyone can
+            # count on them
+            self._send(MessageType.REQUEST_VOTE, node, last_log_index=self._lastIndex(),
+                       last_log_term=self._lastTerm())
+        self._checkVotes()
+
+    def _checkVotes(self):
+        if len(self._votes) > len(self.voters) / 2:
+            self._onBecomeLeader()
+
+    def _onBecomeLeader(self):
+        self.raftLeader = self.id
+        self._setState(RaftState.LEADER)
+        nextIndex = self._lastIndex() + 1
+        self._progress = {node: Progress(nextIndex, self._now) for node in self._others}
+        # No-op command after leader election: commits the previous terms' entries (§5.4.2).
+        self._log.append(Entry(nextIndex, self.raftCurrentTerm, kind=EntryKind.NO_OP))
+        self._heartbeatDue = self._now      # an append to every follower in this Ready
+        self._heartbeat()
+
+    def _onPreVoteRequest(self, m):
+        if m.term <= self.raftCurrentTerm:
+            # Found by the simulator (FORK.md "The pure core"; tests/test_raft_sim.py replays
+            # it, seed 42 of 3-node runs): tell a pre-candidate
+            # of an older term the current one, as etcd does. The fork ignores it: with one node
+            # of three down, a node whose term fell behind (it missed the vote request of a
+            # failed election) while it holds the longer log can never win a pre-vote nor learn
+            # the newer term, and the node with the newer term but the shorter log cannot win
+            # either: no leader until the third node is back.
+            self._send(MessageType.RESPONSE_PREVOTE, m.src, granted=False)
+            return
+        if self._unverified is not None or self._heardFromLeaderRecently() or not self._isUpToDate(m):
+            return      # granting changes nothing here: no term, no vote, no timer
+        self._msgsAfterSync.append(Message(MessageType.RESPONSE_PREVOTE, self.id, m.src, m.term, granted=True))
+
+    def _onPreVoteResponse(self, m):
+        if m.granted and m.term == self._preVoteTerm and self.raftState != RaftState.LEADER:
+            self._preVoters.add(m.src)      # per node: a late answer to an earlier round counts once
+            self._checkPreVotes()
+
+    def _onVoteRequest(self, m):
+        if m.term < self.raftCurrentTerm or self.raftState == RaftState.LEADER:
+            return
+        if not self._isUpToDate(m) or self.votedForNodeId not in (None, m.src):
+            return      # (the same candidate asking again gets its vote again: Raft's rule)
+        if self._unverified is not None:
+            return      # the fork: never a vote from a log that is not trusted
+        self._setCurrentTerm(self.raftCurrentTerm, m.src)
+        self.raftElectionDeadline = self._generateRaftTimeout()
+        self._send(MessageType.RESPONSE_VOTE, m.src, granted=True)
+
+    def _onVoteResponse(self, m):
+        if self.raftState == RaftState.CANDIDATE and m.term == self.raftCurrentTerm and m.granted:
+            self._votes.add(m.src)
+            self._checkVotes()
+
+    def _heardFromLeaderRecently(self):
+        if self.raftState == RaftState.LEADER:
+            return True
+        if self.raftLeader is None or self._lastLeaderContact is None:
+            return False
+        return self._now - self._lastLeaderContact < self.conf.election_timeout_min
+
+    def _checkQuorum(self):
+        """On the leader, every tick: step down when no majority answered within the window
+        (CheckQuorum), and ask the most up-to-date follower to stand at once (TimeoutNow): if
+        only this node's incoming traffic is cut, its followers still hear it."""
+        window = self._quorumWindow()
+        if window is None:
+            return
+        deadline = self._now - window
+        count = 1 + sum(1 for n in self._others if self._progress[n].lastResponseTime > deadline)
+        if count > len(self.voters) / 2:
+            return
+        target = None
+        if self.conf.check_quorum and self._others:
+            target = max((self._progress[n].match, self._progress[n].lastResponseTime, n) for n in self._others)[2]
+        self._setState(RaftState.FOLLOWER)
+        self.raftLeader = None
+        if target is not None:
+            self._send(MessageType.TIMEOUT_NOW, target)
+
+    def _quorumWindow(self):
+        window = self.conf.leader_fallback_timeout
+        if self.conf.check_quorum:
+            window = self.conf.election_timeout_min if window is None else min(window, self.conf.election_timeout_min)
+        return window
+
+    def _onTimeoutNow(self, m):
+        # Graceful leadership transfer (Raft 'TimeoutNow'): an immediate election, but only
+        # on request of the current leader.
+        if m.term == self.raftCurrentTerm and m.src == self.raftLeader and self._mayStandForElection():
+            self.raftElectionDeadline = self._now
+            self._transferInProgress = True
+
+    # -- replication: the leader (upstream: __sendAppendEntries, next_node_idx) ---------------
+
+    def _heartbeat(self):
+        """Every heartbeat_interval ticks: an append to every follower, empty when it has
+        nothing to receive; a follower whose oldest append in flight went unanswered for
+        retransmit_timeout (lost) is probed again from its match index."""
+        self._heartbeatDue = self._now + self.conf.heartbeat_interval
+        for node in self._others:
+            pr = self._progress[node]
+            if pr.state == ProgressState.REPLICATE and pr.inflight and \
+                    self._now - pr.inflight[0][1] >= self.conf.retransmit_timeout:
+                pr.becomeProbe()
+            pr.paused = False
+            if not self._sendTo(node, pr):
+                self._sendEmpty(node, pr)
+
+    def _sendAppendEntries(self):
+        """What a Ready carries: for every follower what it may receive now (proposals of this
+        turn in one append per follower), and the commit index to those waiting for nothing."""
+        if self.raftState != RaftState.LEADER:
+            return
+        last = self._log[-1].index
+        notice, self._commitNotice = self._commitNotice, False
+        if not notice and all(pr.next > last for pr in self._progress.values()):
+            return      # (the common case on a turn without proposals: nothing to look at)
+        for node in self._others:
+            pr = self._progress[node]
+            if not self._sendTo(node, pr) and notice and not pr.inflight and pr.state == ProgressState.REPLICATE:
+                self._sendEmpty(node, pr)
+
+    def _sendTo(self, node, pr):
+        """Appends from pr.next while flow control allows; True when one was sent. REPLICATE
+        pipelines (next index optimistic, at most max_inflight appends unanswered); PROBE sends
+        one and waits."""
+        sent = False
+        while pr.next <= self._lastIndex() and self._maySend(pr):
+            entries = self._getEntries(pr.next)
+            self._sendEntries(node, pr.next - 1, entries)
+            sent = True
+            if pr.state == ProgressState.REPLICATE:
+                pr.next = entries[-1].index + 1
+                pr.inflight.append((entries[-1].index, self._now))
+            else:
+                pr.paused = True
+        return sent
+
+    def _maySend(self, pr):
+        if pr.state == ProgressState.PROBE:
+            return not pr.paused
+        return len(pr.inflight) < self.conf.max_inflight
+
+    def _sendEmpty(self, node, pr):
+        """A heartbeat: at the match index while replicating (known to match, so it is never
+        refused while appends are in flight), at the next index while probing (a probe)."""
+        prev = pr.match if pr.state == ProgressState.REPLICATE else pr.next - 1
+        if pr.state == ProgressState.PROBE:
+            pr.paused = True
+        self._sendEntries(node, prev, ())
+
+    def _sendEntries(self, node, prev, entries):
+        # Sent at once, before the leader's own sync (thesis §10.2.1): it counts itself later.
+        self._send(MessageType.APPEND_ENTRIES, node, afterSync=False, prev_log_index=prev,
+                   prev_log_term=self._termAt(prev), entries=entries, commit_index=self.raftCommitIndex)
+
+    def _onNextNodeIdx(self, m):
+        if self.raftState != RaftState.LEADER or m.term != self.raftCurrentTerm:
+            return      # an answer to an append of another term or leadership
+        pr = self._progress.get(m.src)
+        if pr is None:
+            return
+        pr.lastResponseTime = self._now
+        if m.success:
+            self._onAppendSucceeded(pr, m.next_node_idx - 1)
+        else:
+            self._onAppendRefused(pr, m)
+
+    def _onAppendSucceeded(self, pr, matched):
+        while pr.inflight and pr.inflight[0][0] <= matched:
+            pr.inflight.popleft()
+        if pr.state == ProgressState.PROBE:
+            pr.state, pr.paused = ProgressState.REPLICATE, False
+            pr.inflight.clear()
+        if matched > pr.match:
+            pr.match = matched
+            self._maybeCommit()
+        pr.next = max(pr.next, pr.match + 1)
+
+    def _onAppendRefused(self, pr, m):
+        if m.reject_index <= pr.match:
+            return      # late: the follower has matched past it since
+        if pr.state == ProgressState.PROBE and m.reject_index != pr.next - 1:
+            return      # an answer to an earlier probe
+        # the follower's hint (its last index + 1, or the start of its conflicting term), never
+        # past what it refused nor below what it matched
+        pr.becomeProbe()
+        pr.next = max(pr.match + 1, min(m.next_node_idx, m.reject_index))
+
+    def _maybeCommit(self):
+        """The commit rule (Figure 2; upstream's loop in _onTick): the highest index a majority
+        holds, the leader's own copy counted once persisted, committed only if it is of the
+        current term (§5.4.2: earlier terms' entries commit with it)."""
+        matches = sorted([self._stableIndex] + [self._progress[n].match for n in self._others], reverse=True)
+        n = matches[len(self.voters) // 2]
+        if n > self.raftCommitIndex and self._termAt(n) == self.raftCurrentTerm:
+            self.raftCommitIndex = n
+            self._commitNotice = True
+
+    # -- replication: the follower (upstream: append_entries, _skipHeldEntries) --------------
+
+    def _onAppendEntries(self, m):
+        if m.term < self.raftCurrentTerm:
+            return      # a stale leader (upstream ignores it too; CheckQuorum steps it down)
+        if self.raftState == RaftState.LEADER:
+            raise AssertionError(f'{self.id}: two leaders in term {m.term} ({m.src})')
+        if not self._transferInProgress:
+            # While a transfer is pending, same-term heartbeats of the outgoing leader do not
+            # postpone the forced election.
+            self.raftElectionDeadline = self._generateRaftTimeout()
+        self.raftLeader = m.src
+        self._lastLeaderContact = self._now
+        self._preVoteTerm = None
+        self._setState(RaftState.FOLLOWER)
+        prev = m.prev_log_index
+        if prev > self._lastIndex():
+            return self._sendNextNodeIdx(m.src, False, self._lastIndex() + 1, prev)
+        myTerm = self._termAt(prev)
+        if myTerm != m.prev_log_term:
+            return self._sendNextNodeIdx(m.src, False, self._conflictStart(prev, myTerm), prev)
+        matched = self._appendNew(prev, m.entries)
+        if m.commit_index > self.raftCommitIndex:
+            # only what is known to match the leader's log (the fork capped it the same way)
+            self.raftCommitIndex = max(self.raftCommitIndex, min(m.commit_index, matched))
+        if self._unverified is not None:
+            self._checkCaughtUp(matched, m.commit_index)
+        self._sendNextNodeIdx(m.src, True, matched + 1, 0)
+
+    def _appendNew(self, prev, entries):
+        """Raft's follower rule (Figure 2, AppendEntries 3-4; the fork's "keeps a matching
+        tail"): entries already held are kept, the log is cut only at the first conflicting
+        one. Returns the last index known to match the leader's log."""
+        for pos, entry in enumerate(entries):
+            mine = self._termAt(entry.index)
+            if mine == entry.term:
+                continue
+            if mine is not None:
+                self._deleteEntriesFrom(entry.index)
+            self._log.extend(entries[pos:])
+            break
+        return entries[-1].index if entries else prev
+
+    def _conflictStart(self, prevLogIdx, term):
+        """The first index of the run of entries of `term` that ends at prevLogIdx; never at or
+        below the commit index (committed entries match the leader's) nor at the log's first
+        entry (the leader's next append must find its prevLogIdx here)."""
+        floor = max(self.raftCommitIndex + 1, self._log[0].index + 1)
+        idx = prevLogIdx
+        while idx - 1 >= floor and self._termAt(idx - 1) == term:
+            idx -= 1
+        return max(idx, floor) if prevLogIdx >= floor else prevLogIdx
+
+    def _checkCaughtUp(self, matched, leaderCommitIndex):
+        """The fork's disk checks: an untrusted log votes and stands again once it matched the
+        leader's up to the leader's commit index and the one it knew itself."""
+        if matched >= max(leaderCommitIndex, self._unverified):
+            self._unverified = None
+            self._verifiedNews = True
+
+    def _sendNextNodeIdx(self, node, success, nextNodeIdx, rejectIndex):
+        # after the sync: an acknowledged entry is on this follower's disk (the fork's
+        # "A follower syncs before it acknowledges"); a refusal waits for nothing but goes the
+        # same way, so the answers to one leader leave in the order they were made
+        self._send(MessageType.NEXT_NODE_IDX, node, success=success, next_node_idx=nextNodeIdx,
+                   reject_index=rejectIndex)
+
+    _HANDLERS = {
+        MessageType.REQUEST_PREVOTE: _onPreVoteRequest,
+        MessageType.RESPONSE_PREVOTE: _onPreVoteResponse,
+        MessageType.REQUEST_VOTE: _onVoteRequest,
+        MessageType.RESPONSE_VOTE: _onVoteResponse,
+        MessageType.APPEND_ENTRIES: _onAppendEntries,
+        MessageType.NEXT_NODE_IDX: _onNextNodeIdx,
+        MessageType.TIMEOUT_NOW: _onTimeoutNow,
+    }
+
+
+__all__ = ['Config', 'CoreInUse', 'Entry', 'EntryKind', 'HardState', 'Message', 'MessageType', 'NotLeader',
+           'Progress', 'ProgressState', 'RaftCore', 'RaftState', 'Ready']

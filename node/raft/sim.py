@@ -1,0 +1,447 @@
+"""A deterministic simulator of a cluster of pure Raft cores (node/raft/core.py; issue 36, step 1).
+
+N cores (3 or 5) on a simulated network (delay, loss, duplication, reordering, partitions, one
+way too), each with a simulated disk (a Ready's entries and hard state are on it once its sync
+completes; a crash loses what was not synced, or tears it: a prefix of the entries, with or
+without the hard state), crashes and restarts, a client proposing to whoever leads, and a
+simulated clock (each node ticks at its own rate: clock skew). Everything is drawn from one
+seed, so a seed replays exactly.
+
+A run alternates chaos phases (faults on) with calm ones (every node up, the network whole, no
+loss). Checked throughout: at most one leader per term, at most one vote per term on any disk,
+log matching, leader completeness (a new leader holds every entry any node applied), state
+machine safety (no two nodes apply different entries at one index), a commit index that never
+goes back; and liveness in calm phases: a proposal made in one commits within `LIVENESS_MS`.
+
+    python -m raftq.node.raft.sim --seeds 1000      # a summary; exit 1 on any violation
+    python -m raftq.node.raft.sim --seed 17         # replay one seed, event by event
+
+The core and the simulator import nothing of raftq outside node/raft.
+"""
+from __future__ import annotations
+
+import argparse
+import heapq
+import random
+import sys
+import time
+from dataclasses import dataclass, field, replace
+
+from .core import Config, CoreInUse, HardState, NotLeader, RaftCore, RaftState
+
+# A tick of 20 ms (raftq's append_entries_period_s), elections after 160-320 ms: the shape of
+# raftq's settings (1-2 s) compressed, so that a seed goes through many elections.
+CONFIG = Config(election_timeout_min=8, election_timeout_max=16, heartbeat_interval=2,
+                max_append_entries=8, max_inflight=3, retransmit_timeout=4)
+CHAOS_MS = (800, 2500)          # a chaos phase's length
+CALM_MS = (2500, 3500)          # a calm phase's length; longer than LIVENESS_MS
+LIVENESS_MS = 2000              # in a calm phase a proposal commits within this
+DURATION_MS = 12_000
+
+
+class Violation(Exception):
+    pass
+
+
+@dataclass
+class Disk:
+    """What one node has persisted: its hard state and its log (entries from index 1)."""
+    hard_state: HardState = field(default_factory=HardState)
+    entries: list = field(default_factory=list)
+
+    def write(self, rd, entries=None, hard_state=True):
+        """Persist a Ready (or, for a torn write, a prefix of its entries, hard state or not)."""
+        entries = rd.entries if entries is None else entries
+        if entries:
+            del self.entries[entries[0].index - 1:]
+            self.entries.extend(entries)
+        hs = rd.hard_state
+        if hard_state and hs is not None:
+            old = self.hard_state
+            if hs.term < old.term or (hs.term == old.term and old.vote is not None and hs.vote != old.vote):
+                raise Violation(f'disk: term/vote {old.term}/{old.vote} -> {hs.term}/{hs.vote}')
+            self.hard_state = hs
+
+
+class Node:
+    def __init__(self, nodeId, period):
+        self.id = nodeId
+        self.period = period        # ms per tick: clocks run at slightly different rates
+        self.disk = Disk()
+        self.core = None
+        self.up = False
+        self.incarnation = 0
+        self.pending = None         # the Ready whose sync is under way
+        self.proposals = []         # (data, time proposed) waiting for the next turn
+        self.applied = 0
+
+
+class Sim:
+    def __init__(self, seed, nodes=None, durationMs=DURATION_MS, verbose=False):
+        self.seed = seed
+        self.rng = random.Random(seed)
+        n = nodes or self.rng.choice((3, 3, 5))
+        self.ids = [f'n{i}' for i in range(1, n + 1)]
+        # flow control and batching vary by seed: one entry per append, one append in flight, ...
+        self.config = replace(CONFIG, max_append_entries=self.rng.choice((1, 2, 8, 64)),
+                              max_inflight=self.rng.choice((1, 3, 8)))
+        self.nodes = {i: Node(i, self.rng.choice((18, 19, 20, 20, 21, 22))) for i in self.ids}
+        self.durationMs = durationMs
+        self.verbose = verbose
+        self.now = 0
+        self.events = []
+        self.seq = 0
+        self.cut = set()            # (src, dst) pairs the network does not carry
+        self.drop = self.dup = 0.0
+        self.delay = (1, 5)
+        self.diskMs = (0, 2)
+        self.syncCrash = 0.0        # a node crashes instead of finishing a sync (chaos phases)
+        self.leaders = {}           # term -> the node that led it
+        self.appliedAt = {}         # index -> (term, kind, data) any node applied there
+        self.acked = {}             # index -> data: acknowledged to the client
+        self.calmSince = None
+        self.calmCommitted = None
+        self.counts = {'messages': 0, 'proposals': 0, 'acked': 0, 'crashes': 0, 'elections': 0,
+                       'calm_phases': 0, 'events': 0}
+
+    # -- the event queue ----------------------------------------------------------------------
+
+    def at(self, t, kind, *args):
+        self.seq += 1
+        heapq.heappush(self.events, (t, self.seq, kind, args))
+
+    def log(self, what):
+        if self.verbose:
+            print(f'{self.now:7d} ms  {what}')
+
+    def run(self):
+        for node in self.nodes.values():
+            self.restart(node.id)
+        self.at(0, 'phase', 'calm')
+        self.at(self.rng.randint(5, 40), 'propose')
+        while self.events and self.events[0][0] <= self.durationMs:
+            t, _, kind, args = heapq.heappop(self.events)
+            self.now = t
+            self.counts['events'] += 1
+            getattr(self, 'on_' + kind)(*args)
+            if self.counts['events'] % 256 == 0:
+                self.checkLogs()
+        self.checkLogs()
+        self.checkCalm(final=True)
+
+    # -- nodes: the Ready loop -----------------------------------------------------------------
+
+    def drive(self, node):
+        """The node's loop: proposals of this turn, then one Ready at a time."""
+        if not node.up:
+            return
+        self.proposeQueued(node)
+        core = node.core
+        while core.has_ready():
+            rd = core.ready()
+            for m in rd.messages:
+                self.send(m)
+            node.pending = rd
+            if rd.must_sync:
+                # the node goes on stepping and ticking while its disk syncs (the core takes
+                # them; its next Ready waits for this one's advance)
+                self.at(self.now + self.rng.randint(*self.diskMs), 'synced', node.id, node.incarnation)
+                self.checkLeader(node)
+                return
+            self.finish(node)
+        self.checkLeader(node)
+
+    def finish(self, node):
+        rd, node.pending = node.pending, None
+        node.disk.write(rd)
+        for m in rd.messages_after_sync:
+            self.send(m)
+        for entry in rd.committed_entries:
+            self.apply(node, entry)
+        before = node.core.commitIndex
+        node.core.advance(rd)
+        if node.core.commitIndex < before:
+            raise Violation(f'{node.id}: commit index went back {before} -> {node.core.commitIndex}')
+
+    def on_synced(self, nodeId, incarnation):
+        node = self.nodes[nodeId]
+        if node.up and node.incarnation == incarnation and node.pending is not None:
+            if self.syncCrash and self.rng.random() < self.syncCrash:
+                self.on_crash(nodeId)       # the window the durability rules are about
+                self.at(self.now + self.rng.randint(10, 300), 'restart', nodeId)
+                return
+            self.finish(node)
+            self.drive(node)
+
+    def on_tick(self, nodeId, incarnation):
+        node = self.nodes[nodeId]
+        if not node.up or node.incarnation != incarnation:
+            return
+        node.core.tick()
+        self.drive(node)
+        self.at(self.now + node.period, 'tick', nodeId, incarnation)
+
+    def on_deliver(self, m):
+        node = self.nodes[m.dst]
+        if not node.up:
+            return
+        node.core.step(m)
+        self.drive(node)
+
+    def send(self, m):
+        self.counts['messages'] += 1
+        if (m.src, m.dst) in self.cut or self.rng.random() < self.drop:
+            return
+        self.at(self.now + self.rng.randint(*self.delay), 'deliver', m)
+        if self.rng.random() < self.dup:
+            self.at(self.now + self.rng.randint(*self.delay), 'deliver', m)
+
+    def apply(self, node, entry):
+        if entry.index != node.applied + 1:
+            raise Violation(f'{node.id}: applied {entry.index} after {node.applied}')
+        node.applied = entry.index
+        mine = (entry.term, entry.kind, entry.data)
+        theirs = self.appliedAt.setdefault(entry.index, mine)
+        if theirs != mine:
+            raise Violation(f'state machine safety: {node.id} applied {mine} at {entry.index}, another {theirs}')
+        if node.core.state == RaftState.LEADER and entry.term == node.core.term and entry.data:
+            if entry.index not in self.acked:
+                self.acked[entry.index] = entry.data
+                self.counts['acked'] += 1
+            sent = int(entry.data.split(b'@')[1])
+            if self.calmSince is not None and sent >= self.calmSince and self.calmCommitted is None:
+                self.calmCommitted = self.now
+
+    # -- crashes and restarts --------------------------------------------------------------------
+
+    def on_crash(self, nodeId):
+        node = self.nodes[nodeId]
+        if not node.up:
+            return
+        self.counts['crashes'] += 1
+        if node.pending is not None:
+            self.tear(node)
+        node.up, node.pending, node.core = False, None, None
+        node.incarnation += 1
+        self.log(f'{nodeId} crashes')
+
+    def tear(self, node):
+        """A crash during a sync: none of it on disk, a prefix of the entries, or the prefix and
+        the hard state. Nothing of it was acknowledged yet, so any of these is allowed."""
+        rd = node.pending
+        how = self.rng.randrange(3)
+        if how and rd.entries:
+            node.disk.write(rd, entries=rd.entries[:self.rng.randint(0, len(rd.entries))], hard_state=how == 2)
+
+    def on_restart(self, nodeId):
+        self.restart(nodeId)
+
+    def restart(self, nodeId):
+        node = self.nodes[nodeId]
+        if node.up:
+            return
+        node.incarnation += 1
+        node.core = RaftCore(nodeId, self.ids, random.Random(self.rng.getrandbits(64)), self.config,
+                             hardState=node.disk.hard_state, entries=list(node.disk.entries))
+        node.up, node.pending, node.applied, node.proposals = True, None, 0, []
+        self.at(self.now + self.rng.randint(1, node.period), 'tick', nodeId, node.incarnation)
+        self.log(f'{nodeId} starts: term {node.core.term}, {node.core.lastIndex} entries, commit {node.core.commitIndex}')
+
+    # -- the client -----------------------------------------------------------------------------
+
+    def on_propose(self):
+        leaders = [n for n in self.nodes.values() if n.up and n.core.state == RaftState.LEADER]
+        if leaders:
+            node = self.rng.choice(leaders)
+            self.counts['proposals'] += 1
+            node.proposals.append(b'c%d@%d' % (self.counts['proposals'], self.now))
+            self.drive(node)
+        self.at(self.now + self.rng.randint(5, 40), 'propose')
+
+    def proposeQueued(self, node):
+        for data in node.proposals:
+            try:
+                node.core.propose(data)
+            except NotLeader:
+                pass        # the client would ask again elsewhere; this one is simply lost
+        node.proposals = []
+
+    # -- faults ----------------------------------------------------------------------------------
+
+    def on_phase(self, kind):
+        self.checkCalm()
+        if kind == 'calm':
+            self.startCalm()
+        else:
+            self.startChaos()
+
+    def startCalm(self):
+        length = self.rng.randint(*CALM_MS)
+        self.counts['calm_phases'] += 1
+        self.cut.clear()
+        self.drop = self.dup = self.syncCrash = 0.0
+        self.delay, self.diskMs = (1, 5), (0, 2)
+        down = set()
+        if self.rng.random() < 0.4:
+            # a minority stays down: a majority must make progress on its own
+            down = set(self.rng.sample(self.ids, self.rng.randint(1, (len(self.ids) - 1) // 2)))
+        for nodeId in self.ids:
+            if nodeId in down:
+                self.on_crash(nodeId)
+            else:
+                self.restart(nodeId)
+        self.calmSince, self.calmCommitted = self.now, None
+        self.log(f'calm for {length} ms' + (f', {sorted(down)} down' if down else ''))
+        self.at(self.now + length, 'phase', 'chaos')
+
+    def startChaos(self):
+        length = self.rng.randint(*CHAOS_MS)
+        self.calmSince = None
+        r = self.rng
+        self.drop = r.choice((0.0, 0.01, 0.05, 0.2))
+        self.dup = r.choice((0.0, 0.02, 0.1))
+        self.delay = r.choice(((1, 5), (1, 20), (5, 60)))
+        self.diskMs = r.choice(((0, 2), (0, 5), (2, 15), (5, 40)))
+        self.syncCrash = r.choice((0.0, 0.0, 0.01, 0.05))
+        self.log(f'chaos for {length} ms: drop {self.drop}, dup {self.dup}, delay {self.delay}, '
+                 f'disk {self.diskMs}, crash in sync {self.syncCrash}')
+        for _ in range(r.randint(1, 5)):
+            t = self.now + r.randint(0, length)
+            what = r.random()
+            if what < 0.1:
+                for nodeId in self.ids:     # a power loss: every node at once
+                    self.at(t, 'crash', nodeId)
+                    self.at(t + r.randint(10, 500), 'restart', nodeId)
+            elif what < 0.55:
+                self.at(t, 'crash', r.choice(self.ids))
+                self.at(t + r.randint(10, 800), 'restart', r.choice(self.ids))
+            else:
+                self.at(t, 'partition', r.getrandbits(32))
+                self.at(t + r.randint(50, 1500), 'heal')
+        self.at(self.now + length, 'phase', 'calm')
+
+    def on_partition(self, bits):
+        r = random.Random(bits)
+        one = r.choice(self.ids)
+        others = [i for i in self.ids if i != one]
+        how = r.choice(('isolate', 'split', 'in', 'out'))
+        if how == 'split':
+            side = set(r.sample(self.ids, len(self.ids) // 2))
+            pairs = {(a, b) for a in self.ids for b in self.ids if (a in side) != (b in side)}
+        else:
+            pairs = set()
+            if how in ('isolate', 'out'):
+                pairs |= {(one, o) for o in others}
+            if how in ('isolate', 'in'):
+                pairs |= {(o, one) for o in others}
+        self.cut |= pairs
+        self.log(f'partition {how} {one if how != "split" else sorted(side)}')
+
+    def on_heal(self):
+        self.cut.clear()
+        self.log('network healed')
+
+    # -- checks ----------------------------------------------------------------------------------
+
+    def checkLeader(self, node):
+        core = node.core
+        if core.state != RaftState.LEADER:
+            return
+        leader = self.leaders.setdefault(core.term, node.id)
+        if leader != node.id:
+            raise Violation(f'election safety: {leader} and {node.id} both lead term {core.term}')
+        if leader == node.id and getattr(node, 'ledTerm', None) != core.term:
+            node.ledTerm = core.term
+            self.counts['elections'] += 1
+            self.log(f'{node.id} leads term {core.term} (last index {core.lastIndex})')
+            self.checkCompleteness(node)
+
+    def checkCompleteness(self, node):
+        """Leader completeness: the new leader's log holds every entry any node applied."""
+        log = node.core.entries()
+        for index, (term, kind, data) in self.appliedAt.items():
+            if index > len(log) or (log[index - 1].term, log[index - 1].kind, log[index - 1].data) != (term, kind, data):
+                raise Violation(f'leader completeness: {node.id} (term {node.core.term}) lacks applied entry {index}')
+
+    def checkLogs(self):
+        """Log matching: two logs that hold an entry of the same index and term are identical
+        up to it. Checked on every pair of running nodes."""
+        logs = [(n.id, n.core.entries()) for n in self.nodes.values() if n.up]
+        for i, (a, la) in enumerate(logs):
+            for b, lb in logs[i + 1:]:
+                k = min(len(la), len(lb))
+                while k and la[k - 1].term != lb[k - 1].term:
+                    k -= 1
+                if la[:k] != lb[:k]:
+                    raise Violation(f'log matching: {a} and {b} agree on entry {k} but not before it')
+
+    def checkCalm(self, final=False):
+        """Liveness: in a calm phase a proposal commits within LIVENESS_MS of the phase's start."""
+        if self.calmSince is None or self.now - self.calmSince < LIVENESS_MS:
+            return
+        if self.calmCommitted is None or self.calmCommitted - self.calmSince > LIVENESS_MS:
+            raise Violation(f'liveness: nothing proposed after {self.calmSince} ms committed within {LIVENESS_MS} ms '
+                            f'(states {self.states()})')
+
+    def states(self):
+        return {n.id: (n.core.state.name, n.core.term, n.core.lastIndex, n.core.commitIndex) if n.up else 'down'
+                for n in self.nodes.values()}
+
+
+@dataclass
+class Result:
+    seed: int
+    violation: str | None
+    simulatedMs: int
+    counts: dict
+    applied: dict           # index -> (term, kind, data): what the cluster applied
+
+
+def run(seed, nodes=None, durationMs=DURATION_MS, verbose=False):
+    """One seeded run; the violation found (its message), or None."""
+    sim = Sim(seed, nodes, durationMs, verbose)
+    try:
+        sim.run()
+        violation = None
+    except (Violation, AssertionError, CoreInUse) as e:
+        violation = f'{type(e).__name__}: {e}'
+    return Result(seed, violation, sim.now, sim.counts, sim.appliedAt)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(prog='python -m raftq.node.raft.sim', description=__doc__.split('\n\n')[0])
+    p.add_argument('--seeds', type=int, default=100, help='how many seeds to run (from --first)')
+    p.add_argument('--first', type=int, default=0, help='the first seed')
+    p.add_argument('--seed', type=int, help='replay this seed, event by event')
+    p.add_argument('--nodes', type=int, choices=(3, 5), help='cluster size (default: drawn from the seed)')
+    p.add_argument('--duration-ms', type=int, default=DURATION_MS, help='simulated time per seed')
+    args = p.parse_args(argv)
+    if args.seed is not None:
+        r = run(args.seed, args.nodes, args.duration_ms, verbose=True)
+        print(f'seed {r.seed}: {r.violation or "no violation"}; {r.counts}')
+        return 1 if r.violation else 0
+    return summary(range(args.first, args.first + args.seeds), args.nodes, args.duration_ms)
+
+
+def summary(seeds, nodes, durationMs):
+    start = time.perf_counter()
+    failures, simulated, totals = [], 0, {}
+    for seed in seeds:
+        r = run(seed, nodes, durationMs)
+        simulated += r.simulatedMs
+        for k, v in r.counts.items():
+            totals[k] = totals.get(k, 0) + v
+        if r.violation:
+            failures.append(r)
+            print(f'seed {seed}: {r.violation}', flush=True)
+    wall = time.perf_counter() - start
+    print(f'{len(seeds)} seeds, {len(failures)} failed{": " if failures else ""}'
+          f'{" ".join(str(f.seed) for f in failures)}')
+    print(f'{simulated / 1000:.0f} simulated s in {wall:.1f} wall s: {simulated / 1000 / wall:.0f} simulated s '
+          f'per wall s, {len(seeds) / wall * 60:.0f} seeds per minute')
+    print('totals: ' + ', '.join(f'{k} {v}' for k, v in totals.items()))
+    return 1 if failures else 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())

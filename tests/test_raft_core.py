@@ -1,0 +1,497 @@
+"""The pure Raft core (node/raft/core.py), rule by rule: each test a named behaviour, in the style
+of etcd-io/raft's scenario tests. A tiny synchronous harness moves messages between cores by
+hand, so a test decides exactly what is delivered, lost or delayed."""
+from __future__ import annotations
+
+import dataclasses
+import random
+
+import pytest
+
+from raftq.node.raft.core import (Config, CoreInUse, Entry, EntryKind, HardState, Message, MessageType, NotLeader,
+                                  ProgressState, RaftCore, RaftState)
+
+T = MessageType
+CONF = Config(election_timeout_min=10, election_timeout_max=20, heartbeat_interval=2, max_inflight=3,
+              max_append_entries=2, retransmit_timeout=4)
+
+
+class Net:
+    """Cores, their disks (what each advance() persisted) and the messages between them."""
+
+    def __init__(self, ids=('a', 'b', 'c'), conf=CONF, logs=None, terms=None):
+        logs, terms = logs or {}, terms or {}
+        self.disks = {i: (HardState(terms.get(i, 0)), list(logs.get(i, ()))) for i in ids}
+        self.cores = {i: RaftCore(i, ids, random.Random(n), conf, hardState=self.disks[i][0],
+                                  entries=self.disks[i][1]) for n, i in enumerate(ids)}
+        self.wire = []          # messages sent and not yet delivered
+        self.applied = {i: [] for i in ids}
+
+    def __getitem__(self, i):
+        return self.cores[i]
+
+    def flush(self, i):
+        core = self.cores[i]
+        while core.has_ready():
+            rd = core.ready()
+            self.wire += rd.messages
+            self.persist(i, rd)
+            self.wire += rd.messages_after_sync
+            self.applied[i] += rd.committed_entries
+            core.advance(rd)
+
+    def persist(self, i, rd):
+        hs, log = self.disks[i]
+        if rd.entries:
+            del log[rd.entries[0].index - 1:]
+            log += rd.entries
+        self.disks[i] = (rd.hard_state or hs, log)
+
+    def take(self, type=None, dst=None, src=None):
+        """Remove the messages matching and return them (undelivered)."""
+        out = [m for m in self.wire if (type is None or m.type == type) and (dst is None or m.dst == dst)
+               and (src is None or m.src == src)]
+        self.wire = [m for m in self.wire if m not in out]
+        return out
+
+    def deliver(self, cut=(), rounds=100, types=None):
+        """Deliver everything (and what it provokes), but never over the links in `cut`, and
+        only messages of `types` when given (the others are lost)."""
+        for _ in range(rounds):
+            if not self.wire:
+                return
+            batch, self.wire = self.wire, []
+            for m in batch:
+                if (m.src, m.dst) not in cut and (types is None or m.type in types):
+                    self.cores[m.dst].step(m)
+                    self.flush(m.dst)
+
+    def tick(self, i, n=1):
+        for _ in range(n):
+            self.cores[i].tick()
+            self.flush(i)
+
+    def elect(self, i, cut=(), types=None):
+        """Let i's election timer run out, then deliver until it leads."""
+        self.tick(i, CONF.election_timeout_max)
+        self.deliver(cut, types=types)
+        assert self.cores[i].state == RaftState.LEADER, self.cores[i].state
+        return self.cores[i]
+
+    def forget_leader(self, i):
+        """i's clock runs an election timeout without word from its leader."""
+        for _ in range(CONF.election_timeout_min):
+            self.cores[i].tick()
+        self.flush(i)
+        self.take(src=i)
+
+    def propose(self, i, *datas):
+        out = [self.cores[i].propose(d) for d in datas]
+        self.flush(i)
+        return out
+
+
+def log_of(*terms):
+    return [Entry(n, t, b'x%d' % n) for n, t in enumerate(terms, 1)]
+
+
+def vote_request(src, dst, term, last_index=0, last_term=0, type=T.REQUEST_VOTE):
+    return Message(type, src, dst, term, last_log_index=last_index, last_log_term=last_term)
+
+
+# -- elections --------------------------------------------------------------------------------
+
+def test_a_follower_votes_once_per_term():
+    net = Net()
+    net['a'].step(vote_request('b', 'a', 1))
+    net.flush('a')
+    net['a'].step(vote_request('c', 'a', 1))
+    net.flush('a')
+    votes = net.take(T.RESPONSE_VOTE)
+    assert [(m.dst, m.granted) for m in votes] == [('b', True)]
+    assert net.disks['a'][0] == HardState(1, 'b', 0)
+    net['a'].step(vote_request('c', 'a', 2))      # a new term: a new vote
+    net.flush('a')
+    assert [m.dst for m in net.take(T.RESPONSE_VOTE)] == ['c']
+
+
+def test_a_vote_leaves_only_once_it_is_on_disk():
+    core = Net()['a']
+    core.step(vote_request('b', 'a', 3))
+    rd = core.ready()
+    assert rd.hard_state == HardState(3, 'b', 0) and rd.must_sync
+    assert rd.messages == () and [m.type for m in rd.messages_after_sync] == [T.RESPONSE_VOTE]
+
+
+def test_a_candidate_whose_log_is_behind_gets_no_vote():
+    net = Net(logs={'a': log_of(1, 2)}, terms={'a': 2})
+    net['a'].step(vote_request('b', 'a', 3, last_index=5, last_term=1))    # longer but older
+    net['a'].step(vote_request('c', 'a', 3, last_index=1, last_term=2))    # same term, shorter
+    net.flush('a')
+    assert net.take(T.RESPONSE_VOTE) == []
+    assert net['a'].term == 3      # the term is still learnt
+
+
+def test_a_vote_that_arrives_twice_counts_once():
+    net = Net(ids=('a', 'b', 'c', 'd', 'e'))
+    net.tick('a', CONF.election_timeout_max)
+    net.deliver(cut={('a', x) for x in 'cde'} | {(x, 'a') for x in 'cde'})   # pre-votes: only b answers
+    assert net['a'].state == RaftState.FOLLOWER and net['a'].term == 0
+    # a candidate in term 1 with its own vote and b's, b's delivered twice: 2 of 5 still
+    core = net['a']
+    core._startElection()
+    core.step(Message(T.RESPONSE_VOTE, 'b', 'a', 1, granted=True))
+    core.step(Message(T.RESPONSE_VOTE, 'b', 'a', 1, granted=True))
+    assert core.state == RaftState.CANDIDATE
+    core.step(Message(T.RESPONSE_VOTE, 'c', 'a', 1, granted=True))
+    assert core.state == RaftState.LEADER
+
+
+def test_prevote_neither_raises_the_term_nor_wins_without_a_majority():
+    net = Net()
+    net.tick('a', CONF.election_timeout_max)
+    prevotes = net.take(T.REQUEST_PREVOTE)
+    assert {m.dst for m in prevotes} == {'b', 'c'} and all(m.term == 1 for m in prevotes)
+    assert net['a'].term == 0 and net['a'].state == RaftState.FOLLOWER
+    assert net.disks['a'][0].term == 0                # nothing persisted for a pre-vote
+    net['b'].step(prevotes[0])                        # b grants, and changes nothing itself
+    net.flush('b')
+    assert net['b'].term == 0 and net['b'].votedForNodeId is None
+    net.take()                                        # the grant is lost: a stays a follower
+    assert net['a'].term == 0 and net['a'].state == RaftState.FOLLOWER
+
+
+def test_prevote_does_not_disturb_a_healthy_leader():
+    net = Net()
+    leader = net.elect('a')
+    term = leader.term
+    cut = {('a', 'c'), ('c', 'a')}       # c no longer hears the leader; b does
+    for _ in range(3 * CONF.election_timeout_max):
+        for i in 'abc':
+            net.tick(i)
+        net.deliver(cut)
+    assert net['c'].term == term                      # c asked for pre-votes, never got a majority
+    assert leader.state == RaftState.LEADER and leader.term == term
+    assert net['b'].term == term
+
+
+def test_a_node_behind_in_term_learns_it_from_a_refused_prevote():
+    """The simulator's seed 61: a (term 2, short log) and c (term 1, long log), b down. Neither
+    can win a pre-vote from the other; c's refused pre-vote now teaches it term 2, and its next
+    pre-vote (term 3) wins."""
+    net = Net(logs={'a': log_of(1), 'c': log_of(1, 1, 1)}, terms={'a': 2, 'c': 1})
+    down = {(x, 'b') for x in 'ac'} | {('b', x) for x in 'ac'}
+    for _ in range(4 * CONF.election_timeout_max):
+        net.tick('a')
+        net.tick('c')
+        net.deliver(down)
+        if RaftState.LEADER in (net['a'].state, net['c'].state):
+            break
+    assert net['c'].state == RaftState.LEADER and net['c'].term >= 3
+    assert net['a'].state == RaftState.FOLLOWER
+
+
+def test_check_quorum_steps_a_leader_down_and_hands_over_with_timeout_now():
+    net = Net()
+    leader = net.elect('a')
+    net.propose('a', b'x')
+    net.deliver(cut={('c', 'a')})                     # b answers, c's answers are lost
+    cut = {('b', 'a'), ('c', 'a')}                    # now nobody is heard (a's incoming cut)
+    for _ in range(CONF.election_timeout_min + 1):
+        net.tick('a')
+        if leader.state != RaftState.LEADER:
+            break
+        net.deliver(cut)
+    assert leader.state == RaftState.FOLLOWER and leader.leader is None
+    handover = net.take(T.TIMEOUT_NOW)
+    assert [m.dst for m in handover] == ['b']         # the follower with the highest match index
+    net['b'].step(handover[0])
+    net.tick('b')
+    assert net['b'].state == RaftState.CANDIDATE      # at once, without a pre-vote
+    net.deliver(cut)
+    assert net['b'].state == RaftState.LEADER
+
+
+def test_a_leader_a_majority_answers_keeps_leading():
+    net = Net()
+    leader = net.elect('a')
+    for _ in range(5 * CONF.election_timeout_max):
+        net.tick('a')
+        net.deliver(cut={('c', 'a')})
+    assert leader.state == RaftState.LEADER and leader.term == 1
+
+
+def test_a_deposed_leader_waits_an_election_timeout_before_it_stands():
+    net = Net()
+    leader = net.elect('a')
+    leader.tick()
+    leader.step(Message(T.APPEND_ENTRIES, 'b', 'a', 5))          # a newer leader
+    assert leader.state == RaftState.FOLLOWER and leader.term == 5
+    assert leader.raftElectionDeadline - leader._now >= CONF.election_timeout_min
+
+
+def test_a_leader_steps_down_on_an_answer_of_a_newer_term():
+    net = Net()
+    leader = net.elect('a')
+    leader.step(Message(T.NEXT_NODE_IDX, 'b', 'a', 7, success=False, next_node_idx=1, reject_index=5))
+    assert leader.state == RaftState.FOLLOWER and leader.term == 7
+
+
+def test_a_node_not_eligible_or_with_an_untrusted_log_does_not_stand():
+    net = Net()
+    net['a'].setEligible(False)
+    net.tick('a', 3 * CONF.election_timeout_max)
+    assert net.take() == []
+    untrusted = RaftCore('b', 'abc', random.Random(1), CONF, unverifiedClaim=0)
+    for _ in range(3 * CONF.election_timeout_max):
+        untrusted.tick()
+    assert not untrusted.has_ready()
+
+
+def test_an_untrusted_log_votes_again_once_a_leader_matched_it():
+    """The fork's disk checks: matched up to the leader's commit index and the one it knew."""
+    b = RaftCore('b', 'abc', random.Random(1), CONF, hardState=HardState(1), entries=log_of(1), unverifiedClaim=3)
+    b.step(vote_request('a', 'b', 2, last_index=9, last_term=1))
+    rd = b.ready()
+    assert rd.messages_after_sync == () and rd.hard_state.vote is None   # the term learnt, no vote
+    b.advance(rd)
+    b.step(Message(T.APPEND_ENTRIES, 'a', 'b', 2, prev_log_index=1, prev_log_term=1,
+                   entries=(Entry(2, 1, b'2'),), commit_index=2))
+    rd = b.ready()
+    assert not rd.log_verified and b.logUnverified          # matched 2: its own claim was 3
+    b.advance(rd)
+    b.step(Message(T.APPEND_ENTRIES, 'a', 'b', 2, prev_log_index=2, prev_log_term=1,
+                   entries=(Entry(3, 2, b'3'),), commit_index=3))
+    rd = b.ready()
+    assert rd.log_verified and not b.logUnverified
+    b.advance(rd)
+    b.step(vote_request('c', 'b', 3, last_index=9, last_term=2))
+    assert [m.granted for m in b.ready().messages_after_sync] == [True]
+
+
+# -- replication --------------------------------------------------------------------------------
+
+def test_a_stale_leaders_entries_are_overwritten():
+    net = Net()
+    net.elect('a')
+    net.propose('a', b'committed')
+    net.deliver()
+    isolated = {(x, y) for x in 'abc' for y in 'abc' if 'a' in (x, y) and x != y}
+    net.propose('a', b'lost-1', b'lost-2')            # a leads alone: never replicated
+    net.take()
+    net.forget_leader('c')
+    net.elect('b', cut=isolated)
+    net.propose('b', b'new')
+    net.deliver(cut=isolated)
+    assert net['b'].commitIndex == 4                  # no-op 1, committed, no-op 3, new
+    for _ in range(3):                                # a rejoins
+        net.tick('b', CONF.heartbeat_interval)
+        net.deliver()
+    assert net['a'].state == RaftState.FOLLOWER
+    assert [e.data for e in net['a'].entries()] == [b'', b'committed', b'', b'new']
+    assert [e.data for e in net.disks['a'][1]] == [b'', b'committed', b'', b'new']
+
+
+def test_only_the_current_terms_entries_commit_by_counting():
+    """Figure 8: the leader of term 3 holds an entry of term 2 that a majority holds; it
+    commits only once an entry of term 3 is on a majority, and the older one with it."""
+    logs = {'a': log_of(1, 2), 'b': log_of(1, 2), 'c': log_of(1)}
+    net = Net(logs=logs, terms={'a': 2, 'b': 2, 'c': 2})
+    votes = {T.REQUEST_PREVOTE, T.RESPONSE_PREVOTE, T.REQUEST_VOTE, T.RESPONSE_VOTE}
+    leader = net.elect('a', cut={('a', 'b'), ('b', 'a')}, types=votes)    # c's vote; no append arrives
+    assert leader.term == 3 and leader.lastIndex == 3 and leader.commitIndex == 0
+    leader.step(Message(T.NEXT_NODE_IDX, 'b', 'a', 3, success=True, next_node_idx=3))   # b has 2
+    assert leader.progress('b').match == 2 and leader.commitIndex == 0
+    leader.step(Message(T.NEXT_NODE_IDX, 'b', 'a', 3, success=True, next_node_idx=4))   # b has 3
+    assert leader.commitIndex == 3
+
+
+def test_the_leaders_own_copy_counts_only_once_it_is_persisted():
+    net = Net()
+    leader = net.elect('a')
+    net.deliver()
+    leader.propose(b'x')
+    rd = leader.ready()                               # its write is "under way"
+    assert [e.data for e in rd.entries] == [b'x'] and rd.messages
+    for m in rd.messages:                             # the appends left before the write
+        net['b'].step(m) if m.dst == 'b' else None
+    net.flush('b')
+    for m in net.take(T.NEXT_NODE_IDX, dst='a', src='b'):
+        leader.step(m)                                # b's answer arrives first
+    assert leader.progress('b').match == 2
+    assert leader.commitIndex == 1                    # b and not yet a: 1 of 3
+    leader.advance(rd)
+    assert leader.commitIndex == 2                    # a's own copy on disk: 2 of 3
+
+
+def test_a_follower_acknowledges_only_after_its_sync():
+    net = Net()
+    net.elect('a')
+    net.deliver()
+    net.propose('a', b'x')
+    append = net.take(T.APPEND_ENTRIES, dst='b')
+    net['b'].step(append[0])
+    rd = net['b'].ready()
+    assert [e.data for e in rd.entries] == [b'x'] and rd.must_sync
+    assert [m.type for m in rd.messages_after_sync] == [T.NEXT_NODE_IDX] and rd.messages == ()
+
+
+def test_proposals_of_one_turn_go_in_one_append_per_follower():
+    net = Net(conf=dataclasses.replace(CONF, max_append_entries=64))
+    net.elect('a')
+    net.deliver()
+    for n in range(10):
+        net['a'].propose(b'%d' % n)
+    net.flush('a')
+    appends = net.take(T.APPEND_ENTRIES)
+    assert sorted(m.dst for m in appends) == ['b', 'c'] and all(len(m.entries) == 10 for m in appends)
+
+
+def test_pipelining_sends_ahead_of_acknowledgements_and_flow_control_bounds_it():
+    net = Net()
+    net.elect('a')
+    net.deliver()
+    for n in range(20):
+        net.propose('a', b'%d' % n)                   # one turn each: an append each time allowed
+    to_b = net.take(T.APPEND_ENTRIES, dst='b')
+    assert len(to_b) == CONF.max_inflight             # 3 in flight, the rest waits
+    assert [m.prev_log_index for m in to_b] == [1, 2, 3]          # next index optimistic
+    pr = net['a'].progress('b')
+    assert pr.state == ProgressState.REPLICATE and pr.next == 5 and pr.match == 1
+    for m in to_b:
+        net['b'].step(m)
+    net.flush('b')
+    for m in net.take(T.NEXT_NODE_IDX, dst='a', src='b'):
+        net['a'].step(m)
+    net.flush('a')
+    assert net['a'].progress('b').match == 4
+    again = net.take(T.APPEND_ENTRIES, dst='b')           # the window moved on: 2 entries an append
+    assert [(m.prev_log_index, len(m.entries)) for m in again] == [(4, 2), (6, 2), (8, 2)]
+
+
+def test_a_lost_append_is_sent_again_after_the_retransmit_timeout():
+    net = Net()
+    net.elect('a')
+    net.deliver()
+    net.propose('a', b'x')
+    net.take(T.APPEND_ENTRIES, dst='b')               # lost
+    net.take()
+    for _ in range(CONF.retransmit_timeout + CONF.heartbeat_interval):
+        net.tick('a')
+        net.deliver(cut={('a', 'c'), ('c', 'a')})
+    assert net['a'].progress('b').match == 2 and net['b'].lastIndex == 2
+
+
+def test_a_conflicting_tail_is_skipped_a_term_at_a_time():
+    ids = ('a', 'b', 'c')
+    follower = RaftCore('b', ids, random.Random(1), CONF, hardState=HardState(2), entries=log_of(1, 2, 2, 2, 2))
+    follower.step(Message(T.APPEND_ENTRIES, 'a', 'b', 3, prev_log_index=5, prev_log_term=3))
+    answer, = follower.ready().messages_after_sync
+    assert (answer.success, answer.reject_index, answer.next_node_idx) == (False, 5, 2)   # all of term 2 at once
+    follower.advance(follower._pending)
+    follower.step(Message(T.APPEND_ENTRIES, 'a', 'b', 3, prev_log_index=9, prev_log_term=3))
+    answer, = follower.ready().messages_after_sync
+    assert (answer.success, answer.next_node_idx) == (False, 6)                            # its last + 1
+
+
+def test_a_late_refusal_does_not_move_the_next_index_back():
+    net = Net()
+    leader = net.elect('a')
+    net.deliver()
+    net.propose('a', b'x', b'y')
+    net.deliver()
+    pr = leader.progress('b')
+    assert pr.match == 3 and pr.state == ProgressState.REPLICATE
+    leader.step(Message(T.NEXT_NODE_IDX, 'b', 'a', 1, success=False, next_node_idx=1, reject_index=2))
+    assert (pr.match, pr.next, pr.state) == (3, 4, ProgressState.REPLICATE)
+
+
+def test_a_follower_keeps_a_matching_tail():
+    """An append it already holds (late, or sent twice) cuts nothing: Figure 2's rule, the
+    fork's "keeps a matching tail"."""
+    net = Net()
+    net.elect('a')
+    net.deliver()
+    net.propose('a', b'x')
+    first = net.take(T.APPEND_ENTRIES, dst='b')
+    net.propose('a', b'y')
+    net.deliver(cut={('a', 'c')})
+    assert net['b'].lastIndex == 3
+    commit = net['b'].commitIndex
+    net['b'].step(first[0])                           # the old append again
+    net.flush('b')
+    assert net['b'].lastIndex == 3 and [e.data for e in net.disks['b'][1]] == [b'', b'x', b'y']
+    answer = [m for m in net.take(T.NEXT_NODE_IDX, src='b')][-1]
+    assert answer.success and answer.next_node_idx == 3                       # matched 2, not 3
+    assert net['b'].commitIndex == commit
+
+
+def test_a_follower_commits_only_what_matches_the_leader():
+    ids = ('a', 'b', 'c')
+    follower = RaftCore('b', ids, random.Random(1), CONF, hardState=HardState(2), entries=log_of(1, 1, 2, 2))
+    # a heartbeat of term 3 matching at 2, commit 4: entries 3-4 of b are not known to match
+    follower.step(Message(T.APPEND_ENTRIES, 'a', 'b', 3, prev_log_index=2, prev_log_term=1, commit_index=4))
+    assert follower.commitIndex == 2 and follower.lastIndex == 4
+
+
+def test_committed_entries_are_never_cut():
+    ids = ('a', 'b', 'c')
+    follower = RaftCore('b', ids, random.Random(1), CONF, hardState=HardState(2, None, 2), entries=log_of(1, 2))
+    with pytest.raises(AssertionError, match='truncating committed'):
+        follower.step(Message(T.APPEND_ENTRIES, 'a', 'b', 3, prev_log_index=1, prev_log_term=1,
+                              entries=(Entry(2, 3, b'z'),)))
+
+
+def test_a_log_cut_while_its_write_was_under_way_is_written_again():
+    ids = ('a', 'b', 'c')
+    follower = RaftCore('b', ids, random.Random(1), CONF, hardState=HardState(1), entries=log_of(1))
+    follower.step(Message(T.APPEND_ENTRIES, 'a', 'b', 1, prev_log_index=1, prev_log_term=1,
+                          entries=(Entry(2, 1, b'old2'), Entry(3, 1, b'old3'))))
+    rd = follower.ready()                                            # writing 2-3
+    follower.step(Message(T.APPEND_ENTRIES, 'c', 'b', 2, prev_log_index=2, prev_log_term=1,
+                          entries=(Entry(3, 2, b'new3'),)))          # 3 replaced meanwhile
+    follower.advance(rd)
+    rd = follower.ready()
+    assert [(e.index, e.data) for e in rd.entries] == [(3, b'new3')]  # entry 3 written again
+
+
+def test_one_ready_at_a_time():
+    core = Net()['a']
+    core.step(vote_request('b', 'a', 1))
+    rd = core.ready()
+    assert not core.has_ready()
+    with pytest.raises(CoreInUse):
+        core.ready()
+    core.step(vote_request('c', 'a', 2))          # stepping meanwhile is allowed...
+    core.advance(rd)
+    rd2 = core.ready()                            # ...and its answer goes out after its own sync
+    assert rd2.hard_state == HardState(2, 'c', 0) and [m.dst for m in rd2.messages_after_sync] == ['c']
+    with pytest.raises(CoreInUse):
+        core.advance(rd)
+
+
+def test_only_the_leader_takes_proposals_and_a_restart_keeps_term_vote_and_log():
+    net = Net()
+    with pytest.raises(NotLeader):
+        net['a'].propose(b'x')
+    net.elect('a')
+    net.propose('a', b'x')
+    net.deliver()
+    hs, log = net.disks['b']
+    again = RaftCore('b', 'abc', random.Random(9), CONF, hardState=hs, entries=log)
+    assert (again.term, again.votedForNodeId, again.lastIndex) == (1, 'a', 2)
+    assert [e.kind for e in again.entries()] == [EntryKind.NO_OP, EntryKind.REGULAR]
+    assert again.commitIndex == hs.commit and again.state == RaftState.FOLLOWER
+
+
+def test_a_single_node_leads_and_commits_alone_once_persisted():
+    core = RaftCore('a', ['a'], random.Random(0), CONF)
+    for _ in range(CONF.election_timeout_max):
+        core.tick()
+    assert core.state == RaftState.LEADER
+    core.propose(b'x')
+    rd = core.ready()
+    assert rd.committed_entries == () and core.commitIndex == 0
+    core.advance(rd)
+    assert core.commitIndex == 2
+    assert [e.data for e in core.ready().committed_entries] == [b'', b'x']
