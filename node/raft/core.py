@@ -12,8 +12,10 @@ the style of etcd-io/raft's RawNode:
 The order the caller keeps (the Ready loop):
 1. send `ready.messages` at once: they are the leader's appends, which may leave before the
    leader's own write (Raft thesis §10.2.1; the fork's "The leader syncs after sending");
-2. persist `ready.entries` (drop the log from `entries[0].index` on, then append them) and
-   `ready.hard_state`, and sync both when `ready.must_sync`;
+2. persist `ready.entries` (drop the log from `entries[0].index` on, then append them), then
+   `ready.hard_state`, and sync both when `ready.must_sync`. Entries first: the stored commit
+   index must never cover entries that are not on disk (the fork syncs the journal before it
+   stores the commit index); a crash between the two leaves the old hard state, which is safe;
 3. send `ready.messages_after_sync`: every answer that promises something durable (a vote, an
    acknowledged append: the fork's "A follower syncs before it acknowledges", "Term and vote on
    disk") and everything else that is not the leader's append;

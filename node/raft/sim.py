@@ -2,8 +2,8 @@
 
 N cores (3 or 5) on a simulated network (delay, loss, duplication, reordering, partitions, one
 way too), each with a simulated disk (a Ready's entries and hard state are on it once its sync
-completes; a crash loses what was not synced, or tears it: a prefix of the entries, with or
-without the hard state), crashes and restarts, a client proposing to whoever leads, and a
+completes; a crash loses what was not synced, or tears it: a prefix of the entries, or all of
+it with the answers not yet sent), crashes and restarts, a client proposing to whoever leads, and a
 simulated clock (each node ticks at its own rate: clock skew). Everything is drawn from one
 seed, so a seed replays exactly.
 
@@ -226,12 +226,15 @@ class Sim:
         self.log(f'{nodeId} crashes')
 
     def tear(self, node):
-        """A crash during a sync: none of it on disk, a prefix of the entries, or the prefix and
-        the hard state. Nothing of it was acknowledged yet, so any of these is allowed."""
+        """A crash during a sync: none of it on disk, a prefix of the entries (the hard state is
+        written after them, core.py's order), or all of it (the answers never left). Nothing of
+        it was acknowledged yet, so any of these is allowed."""
         rd = node.pending
         how = self.rng.randrange(3)
-        if how and rd.entries:
-            node.disk.write(rd, entries=rd.entries[:self.rng.randint(0, len(rd.entries))], hard_state=how == 2)
+        if how == 1 and rd.entries:
+            node.disk.write(rd, entries=rd.entries[:self.rng.randint(0, len(rd.entries))], hard_state=False)
+        elif how == 2:
+            node.disk.write(rd)
 
     def on_restart(self, nodeId):
         self.restart(nodeId)
