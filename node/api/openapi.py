@@ -451,7 +451,7 @@ def _reserve_schemas(queue_name: dict, custom_value: dict) -> dict:
     }
     job_required = ["id", "queue", "job_type", "priority", "custom", "enqueued_at_ms", "scheduled_at_ms",
                     "attempt", "max_attempts", "lease_expires_at_ms"]
-    view_states = [s for s in STATE_NAMES if s != "gone"]
+    view_states = [s for s in STATE_NAMES if s not in ("gone", "waiting")]    # waiting: no request makes one yet
     return {
         "ReserveRequest": obj({
             "queues": {"type": "array", "items": queue_name, "minItems": 1,

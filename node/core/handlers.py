@@ -17,9 +17,9 @@ import uuid
 import orjson
 
 from .retry import policy_delay_ms
-from . import audit, gating, keys, ops, results
+from . import audit, deps, gating, keys, ops, results
 from .answers import render_dead_letter
-from .jobs import (DEAD, DEAD_LETTER_RECORD_TYPE, GONE, IN_FLIGHT, READY, SCHEDULED, DeadLetter, Job, Queue,
+from .jobs import (DEAD, DEAD_LETTER_RECORD_TYPE, GONE, IN_FLIGHT, READY, SCHEDULED, WAITING, DeadLetter, Job, Queue,
                    ENTRY_JOB, ENTRY_NEG_PRIORITY, ENTRY_SEQ, is_live_entry, known_queue, ready_entry, shown_fields)
 from .jobs import (BUCKET_EXPIRES, DEDUP_BUCKET, DEDUP_JOB_ID, TIMER_AT, S_ATTEMPT, S_CUSTOM, S_DEADLINE,
                    S_ENCODING, S_ENQUEUED_AT, S_JOB_TYPE, S_KEY, S_MAX_ATTEMPTS, S_PRIORITY, S_QUEUE, S_RELEASES,
@@ -32,7 +32,7 @@ def enqueue(m, mode: int, items):
     """docs/semantics.md "Enqueue": one job, a best-effort batch or an atomic batch."""
     now = m.clock
     if mode == ATOMIC:
-        refused = _atomic_duplicates(m, items, now)
+        refused = _atomic_duplicates(m, items, now) or _atomic_missing_deps(m, items)
         if refused:         # a reject or refused replace rejects the whole batch, like batch_full
             return ops.batch_full(refused)
         full = _atomic_overflow(m, items, now)
@@ -95,6 +95,19 @@ def _atomic_duplicates(m, items, now: int) -> tuple:
     return tuple(errors)
 
 
+def _atomic_missing_deps(m, items) -> tuple:
+    """The items of an atomic batch that depend on a job the machine knows nothing of (nor an
+    earlier item of the batch), as batch_full errors (node/core/deps.py)."""
+    errors, made = [], set()
+    for i, item in enumerate(items):
+        if len(item) > ops.ITEM_DEPENDS_ON and item[ops.ITEM_DEPENDS_ON]:
+            dep = deps.missing(m, item[ops.ITEM_DEPENDS_ON], made)
+            if dep is not None:
+                errors.append({"index": i, "rejection": ops.dependency_not_found(dep)})
+        made.add(item[0])
+    return tuple(errors)
+
+
 def _atomic_overflow(m, items, now: int) -> dict:
     """The queues an atomic batch would overfill, with their limits. Capacity is checked up
     front for the whole batch, so it either fits entirely or not at all. Dedup hits never count
@@ -149,10 +162,10 @@ def _duplicate(m, item, job_id: str, now: int):
 
 
 def _enqueue_one(m, item, now: int, check_depth: bool):
-    """One job: its id when it was made (a batch's results keep it so, node/core/ops.py
-    `enqueued_batch`), an ENQUEUED (deduplicated) or REPLACED result, or a rejection object
-    (queue_full, duplicate, duplicate_started)."""
-    legacy = len(item) == ITEM_LEGACY_LEN   # an item of before 0.2.0 (and of every plain job)
+    """One job: its id when made (ops.enqueued_batch), an ENQUEUED or REPLACED result, or a rejection."""
+    if (n := len(item)) > _DEPENDS_ON:      # with dependencies (node/core/deps.py)
+        return _enqueue_with_deps(m, item, now, check_depth)
+    legacy = n == ITEM_LEGACY_LEN           # an item of before 0.2.0 (and of every plain job)
     (job_id, qname, job_type, payload, encoding, priority, max_attempts, custom, trace, scheduled_at, deadline,
      idem_key) = item if legacy else item[:ITEM_LEGACY_LEN]
     timeout_ms, resource, key = _NO_LATER_FIELDS if legacy else _later_fields(item)
@@ -220,16 +233,41 @@ def _enqueue_one(m, item, now: int, check_depth: bool):
     return job_id
 
 
+_DEPENDS_ON = ops.ITEM_DEPENDS_ON
+
+
+def _enqueue_with_deps(m, item, now: int, check_depth: bool):
+    """A job with dependencies (node/core/deps.py): refused while one is unknown (before anything
+    changes), else made as without them and then put to wait (its ready or schedule entry goes
+    stale) unless every dependency has ended already in a way its policy takes."""
+    depends_on = item[ops.ITEM_DEPENDS_ON]
+    if depends_on:
+        dep = deps.missing(m, depends_on)
+        if dep is not None:
+            return ops.dependency_not_found(dep)
+    made = _enqueue_one(m, item[:ops.ITEM_DEPENDS_ON], now, check_depth)
+    if depends_on and type(made) is str and deps.waits(m, depends_on):
+        job = m.jobs[made]
+        q = m.queues[job.queue]
+        gating.leave_waiting(m, q, job)         # its ready or schedule entry goes stale
+        deps.attach(m, q, job, depends_on)
+    return made
+
+
 # The fields after ops.ITEM_LEGACY_LEN, (timeout_ms, resource, key), of an item without them.
 _NO_LATER_FIELDS = (None, None, None)
 
 
 def _later_fields(item) -> tuple:
     """(timeout_ms, resource, key) of an item of 15 fields (before keys, and every job without
-    one) or of 16 (ops.ITEM); any other length is malformed (ValueError)."""
+    one), of 16 (before dependencies) or of 17 (ops.ITEM); any other length is malformed
+    (ValueError)."""
     if len(item) == 15:
         timeout_ms, _, resource = item[ITEM_LEGACY_LEN:]
         return timeout_ms, resource, None
+    if len(item) == 17:
+        timeout_ms, _, resource, key, _ = item[ITEM_LEGACY_LEN:]
+        return timeout_ms, resource, key
     timeout_ms, _, resource, key = item[ITEM_LEGACY_LEN:]
     return timeout_ms, resource, key
 
@@ -642,6 +680,8 @@ def ack(m, job_id: str, attempt: int, result=None):
     retaining = m.limits.retaining
     if retaining and spec[S_QUEUE] in retaining:
         results.retain(m, job, spec[S_QUEUE], result)
+    if m.dependents and job_id in m.dependents:
+        deps.ended(m, job_id, True)         # its dependents, in this command (node/core/deps.py)
     return JOB_ID, job_id
 
 
@@ -739,7 +779,8 @@ ready_push = gating.ready_push
 def dead_letter(m, job: Job, q: Queue, cause: str, reason):
     """Move a job that has already left its ready/scheduled/in-flight count to the dead
     letters (or drop it, without a store); a queue with dead_letter_forward gets the record job
-    of a forwarded cause in the same command."""
+    of a forwarded cause in the same command. Its dependents (node/core/deps.py) learn it failed,
+    after its own record (without a store: in `forget`)."""
     m._add(q, "dead_total", 1)
     if cause == "expired":
         m._add(q, "expired", 1)
@@ -759,6 +800,8 @@ def dead_letter(m, job: Job, q: Queue, cause: str, reason):
         per_queue = OrderedDict()
         m._put(m.dlq_by_queue, job.queue, per_queue)
     m._put(per_queue, job.id, rec)
+    if m.dependents and job.id in m.dependents:
+        deps.ended(m, job.id, False)
 
 
 def drop_dead_letter(m, job_id: str) -> DeadLetter:
@@ -805,9 +848,11 @@ def forward(m, job: Job, cause: str, reason, fwd: str):
 
 
 def forget(m, job: Job):
-    """The job leaves the machine."""
+    """The job leaves the machine (a live one's dependents, node/core/deps.py, count it failed)."""
     m._set(job, "state", GONE)
     m._pop(m.jobs, job.id)
+    if m.dependents and job.id in m.dependents:
+        deps.ended(m, job.id, False)
 
 
 def drain(m, queue, max_records: int, who=UNAUDITED):
@@ -881,6 +926,8 @@ def cancel(m, job_id: str, who=UNAUDITED, in_flight=False):
     q = m.queues[job.queue]
     if job.state == IN_FLIGHT:              # a running job: its slot and probe go too
         gating.leave_in_flight(m, job, q, gating.NEUTRAL)
+    elif job.state == WAITING:              # on its dependencies (node/core/deps.py)
+        deps.leave(m, q, job)
     else:
         gating.leave_waiting(m, q, job)
     forget(m, job)
@@ -996,3 +1043,6 @@ def record_action(m, action: str, target, details: dict, who=UNAUDITED):
         raise ValueError("not a recordable action")
     audit.record(m, who, action, target, dict(details))
     return ops.recorded(action)
+
+
+deps.bind(dead_letter, make_ready, schedule)       # what a dependency's end does (node/core/deps.py)

@@ -19,12 +19,13 @@ from collections import Counter
 from .audit import AUDIT_AT, AUDIT_SEQ
 from .limits import Limits
 from .config import key_problem
-from .jobs import (DEAD, DEDUP_BUCKET, DEDUP_KEY, IN_FLIGHT, READY, SCHEDULED, SPEC_FIELDS, STATE_NAMES,
+from .jobs import (DEAD, DEDUP_BUCKET, DEDUP_KEY, IN_FLIGHT, READY, SCHEDULED, SPEC_FIELDS, STATE_NAMES, WAITING,
                    ENTRY_JOB, ENTRY_SEQ, TIMER_SEQ, dedup_expires, dedup_queue, entry_order, is_live_entry)
 from .ops import ENQUEUED_BATCH, ScopedRequestRecord, compact_batch
 from .keys import check as key_problems
 from .schedules import check as schedule_problems
 from .results import check as results_problems
+from .deps import check as deps_problems
 
 
 class InvariantViolation(AssertionError):
@@ -90,8 +91,8 @@ def jobs_are_well_formed(m, seen: Seen) -> list[str]:
         if type(job.spec) is not tuple or len(job.spec) != len(SPEC_FIELDS):
             say(f"job {job_id} has spec {job.spec!r}, not a tuple of {SPEC_FIELDS}")
             continue
-        if job.state not in (READY, SCHEDULED, IN_FLIGHT, DEAD):
-            say(f"job {job_id} in the machine in state {STATE_NAMES[job.state] if 0 <= job.state < 5 else job.state}")
+        if job.state not in (READY, SCHEDULED, IN_FLIGHT, DEAD, WAITING):
+            say(f"job {job_id} in the machine in state {STATE_NAMES[job.state] if 0 <= job.state < 6 else job.state}")
         if job.queue not in m.queues:
             say(f"job {job_id} of queue {job.queue!r}, which does not exist")
         seen.counted.setdefault(job.queue, Counter())[job.state] += 1
@@ -123,7 +124,8 @@ def queue_counts_match_jobs(m, seen: Seen) -> list[str]:
         if q.name != name:
             say(f"queue {name!r} stored under another name ({q.name!r})")
         c = seen.counted.get(name, Counter())
-        for state, attr in ((READY, "ready"), (SCHEDULED, "scheduled"), (IN_FLIGHT, "in_flight"), (DEAD, "dead")):
+        for state, attr in ((READY, "ready"), (SCHEDULED, "scheduled"), (IN_FLIGHT, "in_flight"), (DEAD, "dead"),
+                            (WAITING, "waiting")):
             if getattr(q, attr) != c[state]:
                 say(f"queue {name!r} counts {getattr(q, attr)} {attr}, holds {c[state]}")
         for attr in ("enqueued", "acked", "nacked", "dead_total", "expired"):
@@ -326,7 +328,7 @@ def timers_are_live(m, seen: Seen) -> list[str]:
                 say(f"in-flight job {job_id} has no live lease entry")
             if job.lease_expires is None:
                 say(f"in-flight job {job_id} without a lease expiry")
-        if job.state in (READY, SCHEDULED) and job.deadline is not None and not live_deadline[job_id]:
+        if job.state in (READY, SCHEDULED, WAITING) and job.deadline is not None and not live_deadline[job_id]:
             say(f"{STATE_NAMES[job.state]} job {job_id} with a deadline has no live deadline entry")
     return bad
 
@@ -502,6 +504,12 @@ def retained_results_are_consistent(m, seen: Seen) -> list[str]:
     return results_problems(m)
 
 
+def dependencies_are_consistent(m, seen: Seen) -> list[str]:
+    """Jobs waiting on dependencies (node/core/deps.py): each waits on live jobs only, and the
+    dependents index holds the same pairs."""
+    return deps_problems(m)
+
+
 # Every check, in the order `check` runs them: a check that reads what `Seen` counts runs after
 # the checks that count it.
 CHECKS = (
@@ -525,4 +533,5 @@ CHECKS = (
     audit_trail_in_order,
     schedules_are_consistent,
     retained_results_are_consistent,
+    dependencies_are_consistent,
 )

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 from collections import deque
 
-READY, SCHEDULED, IN_FLIGHT, DEAD, GONE = 0, 1, 2, 3, 4
-STATE_NAMES = ("ready", "scheduled", "in_flight", "dead_lettered", "gone")
+READY, SCHEDULED, IN_FLIGHT, DEAD, GONE, WAITING = 0, 1, 2, 3, 4, 5
+# WAITING: a job whose dependencies have not all ended (node/core/deps.py, issue 34 point 2; not
+# reachable through the API yet).
+STATE_NAMES = ("ready", "scheduled", "in_flight", "dead_lettered", "gone", "waiting")
 # Why a job was dead-lettered (a DeadLetter's `cause`), as docs/semantics.md "Dead letters" names them.
 DEAD_LETTER_CAUSES = ("attempts_exhausted", "rejected", "lease_expired", "admin", "expired")
 # The causes the cluster decides (no worker reported them): what a queue's dead_letter_forward
@@ -192,9 +194,9 @@ class Queue:
     tuples, for the paths that are not hot)."""
     __slots__ = ("name", "ready_heap", "ready_fifo", "fifo_seqs", "fifo_tail", "ready", "scheduled",
                  "in_flight", "dead", "enqueued", "acked", "nacked", "dead_total", "paused", "expired",
-                 "dead_by_cause", "throttled", "deferred", "circuit", "keys", "rate_log")
+                 "dead_by_cause", "throttled", "deferred", "circuit", "keys", "rate_log", "waiting")
     COUNTERS = ("ready", "scheduled", "in_flight", "dead", "enqueued", "acked", "nacked",
-                "dead_total", "paused", "expired")
+                "dead_total", "paused", "expired", "waiting")
     # The counters of the snapshots and digests written before `expired` existed: a snapshot's
     # shorter list loads with the later counters at 0, and the digest hashes a later counter only
     # once it is not 0 (a state without expiries hashes as it did).
@@ -210,6 +212,7 @@ class Queue:
         self.enqueued = self.acked = self.nacked = self.dead_total = 0
         self.paused = False
         self.expired = 0                # jobs dead-lettered with cause expired, ever (replicated)
+        self.waiting = 0                # jobs waiting on their dependencies (node/core/deps.py)
         # The dead-letter store's records of this queue by cause: derived from the store (kept
         # in step by dead_letter / drop_dead_letter, rebuilt from it by a snapshot restore).
         self.dead_by_cause: dict[str, int] = {}
@@ -229,7 +232,7 @@ class Queue:
             yield -job.priority, job.enqueued_at, seq, job
 
     def depth(self) -> int:
-        return self.ready + self.scheduled + self.in_flight
+        return self.ready + self.scheduled + self.in_flight + self.waiting
 
     def stats(self, declared: bool) -> dict:
         return {"name": self.name, "declared": declared, "paused": self.paused,

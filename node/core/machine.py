@@ -48,7 +48,7 @@ from itertools import islice
 from . import audit, config, gating, handlers, invariants, keys, ops, results, schedules, snapshot
 from . import sweep as sweeping
 from .answers import render_dead_letter, render_job
-from .jobs import DEAD, ENTRY_JOB, IN_FLIGHT, READY, SCHEDULED, STATE_NAMES, Job, Queue, entry_order, is_live_entry, shown_fields
+from .jobs import DEAD, ENTRY_JOB, IN_FLIGHT, READY, SCHEDULED, STATE_NAMES, WAITING, Job, Queue, entry_order, is_live_entry, shown_fields
 from .ops import MALFORMED_RESULT, NOT_REMEMBERED, RESERVE, RequestRecord, ScopedRequestRecord
 from .undo import UndoLog
 from .limits import Limits
@@ -213,10 +213,12 @@ class QueueMachine(UndoLog):
         # Keys (node/core/keys.py): the timers of keys, a heap of (time, ctr, Key), lazy (an
         # entry is live while its key's `timer` is (time, ctr)).
         self.key_timers: list = []
-        # Job results (node/core/results.py): retained finished jobs by id, their expiry heap of
-        # (expires, order, job id), and, derived, per queue the records holding a result (oldest
-        # first) and those results' bytes.
+        # Job results (node/core/results.py: retained jobs by id, their expiry heap, and derived,
+        # per queue, the records holding a result and their bytes) and dependencies
+        # (node/core/deps.py: pending ones per waiting job, dependents per dependency; `resolving`
+        # is a command's work list, not state).
         self.results, self.result_heap, self.results_by_queue, self.result_bytes = {}, [], {}, {}
+        self.pending_deps, self.dependents, self.resolving = {}, {}, None
         # The keys a command left without a job, settled when it ends (keys.settle_unsettled):
         # empty between commands, not state.
         self.unsettled: list = []
@@ -298,6 +300,7 @@ class QueueMachine(UndoLog):
                 keys.settle_unsettled(self)
         except Exception as exc:
             self.unsettled = []
+            self.resolving = None
             self._revert()
             self.applied -= 1                   # not applied: the state is exactly as before
             return ops.failed(op, type(exc).__name__)
@@ -355,6 +358,8 @@ class QueueMachine(UndoLog):
         out["last_reason"] = job.last_reason
         if job.state == SCHEDULED:
             out["run_at_ms"] = job.run_at
+        elif job.state == WAITING:
+            out["waiting_on"] = sorted(self.pending_deps.get(job_id, ()))
         if job.state != IN_FLIGHT:
             out["lease_expires_at_ms"] = None
         return out

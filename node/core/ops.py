@@ -109,13 +109,22 @@ ITEM: tuple[str, ...] = ("job_id", "queue", "job_type", "payload", "encoding", "
                          # job that uses none of these) apply with None for all three
                          "timeout_ms", "duplicate_policy", "resource",
                          # keys (node/core/keys.py); items of 15 fields apply with no key
-                         "key")
+                         "key",
+                         # dependencies (node/core/deps.py): ((job id, policy), ...); items of 16
+                         # fields apply with none. No request body makes one yet.
+                         "depends_on")
 ITEM_LEGACY_LEN = 12
 ITEM_DUPLICATE_POLICY = ITEM.index("duplicate_policy")
 # What an idempotency-key hit does (docs/semantics.md "Duplicate policy"); None in an item = return_existing.
 RETURN_EXISTING, REJECT, REPLACE = "return_existing", "reject", "replace"
 DUPLICATE_POLICIES = (RETURN_EXISTING, REJECT, REPLACE)
 ITEM_QUEUE = ITEM.index("queue")
+ITEM_DEPENDS_ON = ITEM.index("depends_on")
+# What a dependency's end means to its dependent (docs: issue 34 point 2): `success`, it runs only
+# if the dependency succeeded (a dead letter fails it, cause dependency_failed); `complete`, it runs
+# whatever the end; `ignore`, likewise (the dependency's end is only waited for).
+DEP_SUCCESS, DEP_COMPLETE, DEP_IGNORE = "success", "complete", "ignore"
+DEPENDENCY_POLICIES = (DEP_SUCCESS, DEP_COMPLETE, DEP_IGNORE)
 ITEM_IDEMPOTENCY_KEY = ITEM.index("idempotency_key")
 
 
@@ -251,10 +260,14 @@ def release(rid, job_id: str, attempt: int, delay_ms: int, reason) -> tuple:
 
 def item(job_id, queue, job_type, payload, encoding, priority, max_attempts, custom, trace,
          scheduled_at, deadline, idempotency_key, timeout_ms=None, duplicate_policy=None,
-         resource=None, key=None) -> tuple:
+         resource=None, key=None, depends_on=None) -> tuple:
     """One enqueue item, fields in ITEM order. Without a timeout, a duplicate policy or a
     resource it is the 12-field item of before 0.2.0 (what journals hold), so nothing changes
-    for such a job; without a key, the 15-field item of before keys."""
+    for such a job; without a key, the 15-field item of before keys; without dependencies, the
+    16-field item of before them."""
+    if depends_on is not None:
+        return (job_id, queue, job_type, payload, encoding, priority, max_attempts, custom, trace,
+                scheduled_at, deadline, idempotency_key, timeout_ms, duplicate_policy, resource, key, depends_on)
     if key is not None:
         return (job_id, queue, job_type, payload, encoding, priority, max_attempts, custom, trace,
                 scheduled_at, deadline, idempotency_key, timeout_ms, duplicate_policy, resource, key)
@@ -539,6 +552,11 @@ def duplicate_started(job_id: str) -> tuple:
 def duplicate(job_id: str) -> dict:
     """The rejection of an idempotency-key hit under the `reject` policy (fields only)."""
     return {"reason": "duplicate", "job_id": job_id}
+
+
+def dependency_not_found(job_id: str) -> dict:
+    """A dependency the machine knows nothing of (never made, or gone: past its retention) (fields only)."""
+    return {"reason": "dependency_not_found", "job_id": job_id}
 
 
 def duplicate_refused(job_id: str) -> dict:

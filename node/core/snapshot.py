@@ -29,7 +29,7 @@ from collections import OrderedDict, deque
 
 import orjson
 
-from . import results
+from . import deps, results
 from .limits import Limits
 from .answers import result_of_answer
 from .config import KeyRecord
@@ -51,8 +51,7 @@ def to_builtins(m) -> dict:
     return {
         "v": VERSION, "clock": m.clock, "seq": m.seq, "ctr": m.ctr, "applied": m.applied,
         "jobs": [j.to_tuple() for j in jobs.values()],
-        "queues": [(q.name, [getattr(q, c) for c in Queue.COUNTERS], _ready_rows(q, jobs))
-                   for q in m.queues.values()],
+        "queues": [(q.name, _counters(q), _ready_rows(q, jobs)) for q in m.queues.values()],
         # Schedule and lease timers of a job that still exists are kept even when stale: the
         # job can get the same time again (re-reserved or re-extended to the same expiry,
         # requeued and nacked to the same run time), which makes the old timer live again
@@ -87,7 +86,21 @@ def to_builtins(m) -> dict:
         **_keys(m),
         # Retained finished jobs (node/core/results.py), only when there are some.
         **({"results": results.to_rows(m)} if m.results else {}),
+        # Jobs waiting on dependencies (node/core/deps.py), only when there are some.
+        **({"deps": deps.to_rows(m)} if m.pending_deps else {}),
     }
+
+
+# The counters every snapshot of version 3 writes; the later ones (`waiting`) only up to the last
+# one that is not 0, so a state that uses none of them writes what it did before.
+_WRITTEN_COUNTERS = Queue.COUNTERS.index("expired") + 1
+
+
+def _counters(q) -> list:
+    out = [getattr(q, c) for c in Queue.COUNTERS]
+    while len(out) > _WRITTEN_COUNTERS and not out[-1]:
+        out.pop()
+    return out
 
 
 def _ready_rows(q, jobs: dict) -> list:
@@ -257,6 +270,7 @@ def from_builtins(m, data: dict):
     m.schedules_seeded = data.get("schedules_seeded", False)
     _restore_keys(m, data)
     results.restore(m, data.get("results", ()))
+    deps.restore(m, data.get("deps", ()))
     return m
 
 
@@ -346,8 +360,9 @@ def digest(m) -> str:
         q = m.queues[name]
         counters = [getattr(q, c) for c in Queue.COUNTERS_V1]
         later = [getattr(q, c) for c in Queue.COUNTERS[len(Queue.COUNTERS_V1):]]
-        if any(later):                  # only once there is one: earlier states hash as they did
-            counters += later
+        while later and not later[-1]:     # up to the last one not 0: earlier states hash as they did
+            later.pop()
+        counters += later
         h.update(repr((name, counters)).encode())
     for record in dedup_items(m):
         h.update(repr(record).encode())
@@ -376,6 +391,8 @@ def digest(m) -> str:
                        sorted(k["rates"])]).encode())
     if m.results:               # only when present, like the rest
         h.update(repr(["results", results.to_rows(m)]).encode())
+    if m.pending_deps:
+        h.update(repr(["deps", deps.to_rows(m)]).encode())
     return h.hexdigest()[:32]
 
 

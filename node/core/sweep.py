@@ -8,9 +8,9 @@ the undo log, like everything a command changes).
 """
 from __future__ import annotations
 
-from . import audit, gating, keys, ops, results, schedules
+from . import audit, deps, gating, keys, ops, results, schedules
 from .handlers import dead_letter, drop_dead_letter, forget, make_ready
-from .jobs import DEDUP_KEY, IN_FLIGHT, READY, SCHEDULED, TIMER_AT, dedup_expires, dedup_queue
+from .jobs import DEDUP_KEY, IN_FLIGHT, READY, SCHEDULED, TIMER_AT, WAITING, dedup_expires, dedup_queue
 
 
 def sweep(m):
@@ -68,10 +68,13 @@ def expire_deadlines(m, now: int, budget: int) -> int:
     heap, jobs, n = m.deadline_heap, m.jobs, 0
     while heap and heap[0][TIMER_AT] <= now and n < budget:
         deadline, _, job = m._heappop(heap)
-        if job.deadline == deadline and job.state in (READY, SCHEDULED) and jobs.get(job.id) is job:
+        if job.deadline == deadline and job.state in (READY, SCHEDULED, WAITING) and jobs.get(job.id) is job:
             n += 1
             q = m.queues[job.queue]
-            gating.leave_waiting(m, q, job)
+            if job.state == WAITING:        # on its dependencies (node/core/deps.py)
+                deps.leave(m, q, job)
+            else:
+                gating.leave_waiting(m, q, job)
             dead_letter(m, job, q, "expired", None)
     return n
 
