@@ -135,16 +135,24 @@ def test_a_candidate_whose_log_is_behind_gets_no_vote():
 def test_a_vote_that_arrives_twice_counts_once():
     net = Net(ids=('a', 'b', 'c', 'd', 'e'))
     net.tick('a', CONF.election_timeout_max)
-    net.deliver(cut={('a', x) for x in 'cde'} | {(x, 'a') for x in 'cde'})   # pre-votes: only b answers
-    assert net['a'].state == RaftState.FOLLOWER and net['a'].term == 0
-    # a candidate in term 1 with its own vote and b's, b's delivered twice: 2 of 5 still
-    core = net['a']
-    core._startElection()
-    core.step(Message(T.RESPONSE_VOTE, 'b', 'a', 1, granted=True))
-    core.step(Message(T.RESPONSE_VOTE, 'b', 'a', 1, granted=True))
-    assert core.state == RaftState.CANDIDATE
-    core.step(Message(T.RESPONSE_VOTE, 'c', 'a', 1, granted=True))
-    assert core.state == RaftState.LEADER
+    for m in net.take(T.REQUEST_PREVOTE):
+        if m.dst in 'bc':
+            net[m.dst].step(m)
+            net.flush(m.dst)
+    for m in net.take(T.RESPONSE_PREVOTE):
+        net['a'].step(m)
+    net.flush('a')
+    assert net['a'].state == RaftState.CANDIDATE and net['a'].term == 1
+    requests = {m.dst: m for m in net.take(T.REQUEST_VOTE)}
+    for voter in 'bc':
+        net[voter].step(requests[voter])
+        net.flush(voter)
+    b_vote, c_vote = sorted(net.take(T.RESPONSE_VOTE), key=lambda m: m.src)
+    net['a'].step(b_vote)
+    net['a'].step(b_vote)                             # delivered twice: a and b, 2 of 5
+    assert net['a'].state == RaftState.CANDIDATE
+    net['a'].step(c_vote)
+    assert net['a'].state == RaftState.LEADER
 
 
 def test_prevote_neither_raises_the_term_nor_wins_without_a_majority():
@@ -224,10 +232,16 @@ def test_a_leader_a_majority_answers_keeps_leading():
 def test_a_deposed_leader_waits_an_election_timeout_before_it_stands():
     net = Net()
     leader = net.elect('a')
-    leader.tick()
-    leader.step(Message(T.APPEND_ENTRIES, 'b', 'a', 5))          # a newer leader
-    assert leader.state == RaftState.FOLLOWER and leader.term == 5
+    for _ in range(3 * CONF.election_timeout_max):    # its timer, last set before it led, expires
+        net.tick('a')
+        net.deliver()
+    leader.step(vote_request('b', 'a', 5))            # a newer term; b's log is behind: no vote
+    assert leader.state == RaftState.FOLLOWER and leader.term == 5 and leader.votedForNodeId is None
     assert leader.raftElectionDeadline - leader._now >= CONF.election_timeout_min
+    net.flush('a')
+    net.take()
+    net.tick('a', CONF.election_timeout_min - 1)
+    assert net.take(T.REQUEST_PREVOTE) == []          # it does not stand at its next tick
 
 
 def test_a_leader_steps_down_on_an_answer_of_a_newer_term():
