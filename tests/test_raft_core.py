@@ -420,6 +420,25 @@ def test_a_late_refusal_does_not_move_the_next_index_back():
     assert (pr.match, pr.next, pr.state) == (3, 4, ProgressState.REPLICATE)
 
 
+def test_a_follower_whose_disk_lost_acknowledged_entries_is_repaired():
+    """A follower restarted with its log cut by the disk checks refuses appends at the match
+    index the leader holds for it; those refusals are not late ones: the leader sends again."""
+    net = Net()
+    leader = net.elect('a')
+    net.deliver()
+    net.propose('a', b'x', b'y', b'z')
+    net.deliver()
+    assert leader.progress('b').match == 4
+    hs, log = net.disks['b']
+    net.cores['b'] = RaftCore('b', 'abc', random.Random(5), CONF, hardState=hs, entries=log[:2], unverifiedClaim=hs.commit)
+    net.disks['b'] = (hs, log[:2])
+    for _ in range(4):
+        net.tick('a', CONF.heartbeat_interval)
+        net.deliver()
+    assert net['b'].lastIndex == 4 and leader.progress('b').match == 4
+    assert not net['b'].logUnverified
+
+
 def test_a_follower_keeps_a_matching_tail():
     """An append it already holds (late, or sent twice) cuts nothing: Figure 2's rule, the
     fork's "keeps a matching tail"."""

@@ -27,7 +27,7 @@ def test_hundreds_of_seeds_keep_raft_safe_and_live():
     assert failures == []
     # the runs did go through what they are meant to check
     assert totals['acked'] > 100 * SEEDS and totals['crashes'] > SEEDS and totals['calm_phases'] >= 2 * SEEDS
-    assert totals['elections'] > SEEDS
+    assert totals['elections'] > SEEDS and totals['damaged'] > SEEDS // 10
     print(f'{SEEDS} seeds, {simulated / 1000:.0f} simulated s in {time.perf_counter() - start:.1f} s')
 
 
@@ -59,7 +59,7 @@ def _ack_before_sync(self, node, success, nextNodeIdx, rejectIndex):
 
 @pytest.mark.parametrize('bug, seed, nodes, ms, found', [
     ('the fork\'s pre-vote rule', 76, 3, 8000, 'liveness: nothing proposed'),
-    ('a follower acknowledges before its sync', 44, None, SEED_MS, 'leader completeness'),
+    ('a follower acknowledges before its sync', 67, None, SEED_MS, 'leader completeness'),
 ])
 def test_the_checks_catch_a_bug_planted_in_the_core(monkeypatch, bug, seed, nodes, ms, found):
     if bug == 'the fork\'s pre-vote rule':
@@ -77,6 +77,6 @@ def test_the_command_line_prints_a_summary_and_fails_on_a_violation(capsys, monk
     out = capsys.readouterr().out
     assert '2 seeds, 0 failed' in out and 'simulated s per wall s' in out and 'seeds per minute' in out
     monkeypatch.setattr(RaftCore, '_sendNextNodeIdx', _ack_before_sync)
-    assert sim.main(['--seed', '44']) == 1
+    assert sim.main(['--seed', '67']) == 1
     out = capsys.readouterr().out
     assert 'leader completeness' in out and ' ms  n' in out       # the replay, event by event

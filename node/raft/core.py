@@ -109,6 +109,7 @@ class Message:
     success: bool = False
     next_node_idx: int = 0
     reject_index: int = 0
+    log_unverified: bool = False    # the follower's log is untrusted: it may lack what it acknowledged
 
 
 @dataclass(frozen=True, slots=True)
@@ -661,7 +662,12 @@ class RaftCore:
         pr.next = max(pr.next, pr.match + 1)
 
     def _onAppendRefused(self, pr, m):
-        if m.reject_index <= pr.match:
+        if m.log_unverified and m.next_node_idx <= pr.match:
+            # The follower's disk lost entries it had acknowledged (the fork's disk checks): its
+            # match index is no longer true. Without this its refusals would all look late and
+            # it would never be repaired (the fork's leader takes every refusal's hint).
+            pr.match = m.next_node_idx - 1
+        elif m.reject_index <= pr.match:
             return      # late: the follower has matched past it since
         if pr.state == ProgressState.PROBE and m.reject_index != pr.next - 1:
             return      # an answer to an earlier probe
@@ -745,7 +751,7 @@ class RaftCore:
         # "A follower syncs before it acknowledges"); a refusal waits for nothing but goes the
         # same way, so the answers to one leader leave in the order they were made
         self._send(MessageType.NEXT_NODE_IDX, node, success=success, next_node_idx=nextNodeIdx,
-                   reject_index=rejectIndex)
+                   reject_index=rejectIndex, log_unverified=self._unverified is not None)
 
     _HANDLERS = {
         MessageType.REQUEST_PREVOTE: _onPreVoteRequest,

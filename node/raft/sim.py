@@ -3,15 +3,18 @@
 N cores (3 or 5) on a simulated network (delay, loss, duplication, reordering, partitions, one
 way too), each with a simulated disk (a Ready's entries and hard state are on it once its sync
 completes; a crash loses what was not synced, or tears it: a prefix of the entries, or all of
-it with the answers not yet sent), crashes and restarts, a client proposing to whoever leads, and a
-simulated clock (each node ticks at its own rate: clock skew). Everything is drawn from one
-seed, so a seed replays exactly.
+it with the answers not yet sent; a restart may find the log's last synced entries damaged, cut
+by the disk checks, the log untrusted), crashes (one node, or all at once) and restarts, a
+client proposing to whoever leads, and a simulated clock (each node ticks at its own rate: clock
+skew). A message lives on one connection: a crash of either end loses it. Everything is drawn
+from one seed, so a seed replays exactly.
 
 A run alternates chaos phases (faults on) with calm ones (every node up, the network whole, no
 loss). Checked throughout: at most one leader per term, at most one vote per term on any disk,
 log matching, leader completeness (a new leader holds every entry any node applied), state
 machine safety (no two nodes apply different entries at one index), a commit index that never
-goes back; and liveness in calm phases: a proposal made in one commits within `LIVENESS_MS`.
+goes back; and liveness in calm phases: a proposal made in one commits within `LIVENESS_MS`,
+and every running node catches up by the phase's end.
 
     python -m raftq.node.raft.sim --seeds 1000      # a summary; exit 1 on any violation
     python -m raftq.node.raft.sim --seed 17         # replay one seed, event by event
@@ -36,6 +39,7 @@ CONFIG = Config(election_timeout_min=8, election_timeout_max=16, heartbeat_inter
 CHAOS_MS = (800, 2500)          # a chaos phase's length
 CALM_MS = (2500, 3500)          # a calm phase's length; longer than LIVENESS_MS
 LIVENESS_MS = 2000              # in a calm phase a proposal commits within this
+CATCH_UP_MARK_MS = 1000         # ... and every running node holds by its end what was applied by then
 DURATION_MS = 12_000
 
 
@@ -45,9 +49,11 @@ class Violation(Exception):
 
 @dataclass
 class Disk:
-    """What one node has persisted: its hard state and its log (entries from index 1)."""
+    """What one node has persisted: its hard state, its log (entries from index 1) and the
+    fork's untrusted-log mark (the commit index it had claimed, kept until a leader matched it)."""
     hard_state: HardState = field(default_factory=HardState)
     entries: list = field(default_factory=list)
+    unverified: int | None = None
 
     def write(self, rd, entries=None, hard_state=True):
         """Persist a Ready (or, for a torn write, a prefix of its entries, hard state or not)."""
@@ -103,7 +109,8 @@ class Sim:
         self.acked = {}             # index -> data: acknowledged to the client
         self.calmSince = None
         self.calmCommitted = None
-        self.counts = {'messages': 0, 'proposals': 0, 'acked': 0, 'crashes': 0, 'elections': 0,
+        self.damage = 0.0           # a restart finds its disk damaged (chaos phases)
+        self.counts = {'messages': 0, 'proposals': 0, 'acked': 0, 'crashes': 0, 'damaged': 0, 'elections': 0,
                        'calm_phases': 0, 'events': 0}
 
     # -- the event queue ----------------------------------------------------------------------
@@ -156,6 +163,8 @@ class Sim:
     def finish(self, node):
         rd, node.pending = node.pending, None
         node.disk.write(rd)
+        if rd.log_verified:
+            node.disk.unverified = None
         for m in rd.messages_after_sync:
             self.send(m)
         for entry in rd.committed_entries:
@@ -183,10 +192,10 @@ class Sim:
         self.drive(node)
         self.at(self.now + node.period, 'tick', nodeId, incarnation)
 
-    def on_deliver(self, m):
+    def on_deliver(self, m, incarnations):
         node = self.nodes[m.dst]
-        if not node.up:
-            return
+        if not node.up or incarnations != (self.nodes[m.src].incarnation, node.incarnation):
+            return      # sent to or from an earlier life of a node: the connection died with it
         node.core.step(m)
         self.drive(node)
 
@@ -194,9 +203,14 @@ class Sim:
         self.counts['messages'] += 1
         if (m.src, m.dst) in self.cut or self.rng.random() < self.drop:
             return
-        self.at(self.now + self.rng.randint(*self.delay), 'deliver', m)
+        # A message lives on one connection (raftq's transport is TCP): a crash of either end
+        # loses it. Raft's safety does not need this; the fork's untrusted-log rule does (FORK.md
+        # "The pure core", the simulator's seed 2): a leader's append sent before a damaged node
+        # restarted, read after it, carries a commit index older than the node's acknowledgements.
+        incarnations = (self.nodes[m.src].incarnation, self.nodes[m.dst].incarnation)
+        self.at(self.now + self.rng.randint(*self.delay), 'deliver', m, incarnations)
         if self.rng.random() < self.dup:
-            self.at(self.now + self.rng.randint(*self.delay), 'deliver', m)
+            self.at(self.now + self.rng.randint(*self.delay), 'deliver', m, incarnations)
 
     def apply(self, node, entry):
         if entry.index != node.applied + 1:
@@ -239,7 +253,25 @@ class Sim:
             node.disk.write(rd)
 
     def on_restart(self, nodeId):
+        if self.calmSince is None and self.rng.random() < self.damage and \
+                not any(n.disk.unverified is not None for n in self.nodes.values()):
+            self.damageDisk(self.nodes[nodeId])
         self.restart(nodeId)
+
+    def damageDisk(self, node):
+        """The disk lost synced entries at rest (a flipped bit the journal's checksum finds: the
+        log is cut before it). Acknowledged entries may be gone, so the node starts with its
+        log untrusted (the fork's disk checks): no vote, no candidacy until a leader matched it.
+        One node at a time: a majority damaged at once elects nobody (FORK.md: the operator's
+        call), which the liveness check would report."""
+        disk = node.disk
+        if node.up or not disk.entries:
+            return
+        cut = self.rng.randrange(max(0, len(disk.entries) - 30), len(disk.entries))   # recent ones matter
+        del disk.entries[cut:]
+        disk.unverified = disk.hard_state.commit
+        self.counts['damaged'] += 1
+        self.log(f'{node.id} disk damaged: log cut to {cut} entries (commit index claimed {disk.unverified})')
 
     def restart(self, nodeId):
         node = self.nodes[nodeId]
@@ -247,7 +279,8 @@ class Sim:
             return
         node.incarnation += 1
         node.core = RaftCore(nodeId, self.ids, random.Random(self.rng.getrandbits(64)), self.config,
-                             hardState=node.disk.hard_state, entries=list(node.disk.entries))
+                             hardState=node.disk.hard_state, entries=list(node.disk.entries),
+                             unverifiedClaim=node.disk.unverified)
         node.up, node.pending, node.applied, node.proposals = True, None, 0, []
         self.at(self.now + self.rng.randint(1, node.period), 'tick', nodeId, node.incarnation)
         self.log(f'{nodeId} starts: term {node.core.term}, {node.core.lastIndex} entries, commit {node.core.commitIndex}')
@@ -284,10 +317,10 @@ class Sim:
         length = self.rng.randint(*CALM_MS)
         self.counts['calm_phases'] += 1
         self.cut.clear()
-        self.drop = self.dup = self.syncCrash = 0.0
+        self.drop = self.dup = self.syncCrash = self.damage = 0.0
         self.delay, self.diskMs = (1, 5), (0, 2)
         down = set()
-        if self.rng.random() < 0.4:
+        if self.rng.random() < 0.4 and not any(n.disk.unverified is not None for n in self.nodes.values()):
             # a minority stays down: a majority must make progress on its own
             down = set(self.rng.sample(self.ids, self.rng.randint(1, (len(self.ids) - 1) // 2)))
         for nodeId in self.ids:
@@ -295,7 +328,8 @@ class Sim:
                 self.on_crash(nodeId)
             else:
                 self.restart(nodeId)
-        self.calmSince, self.calmCommitted = self.now, None
+        self.calmSince, self.calmCommitted, self.calmMark = self.now, None, None
+        self.at(self.now + CATCH_UP_MARK_MS, 'mark', self.now)
         self.log(f'calm for {length} ms' + (f', {sorted(down)} down' if down else ''))
         self.at(self.now + length, 'phase', 'chaos')
 
@@ -308,6 +342,7 @@ class Sim:
         self.delay = r.choice(((1, 5), (1, 20), (5, 60)))
         self.diskMs = r.choice(((0, 2), (0, 5), (2, 15), (5, 40)))
         self.syncCrash = r.choice((0.0, 0.0, 0.01, 0.05))
+        self.damage = r.choice((0.0, 0.2, 0.5))
         self.log(f'chaos for {length} ms: drop {self.drop}, dup {self.dup}, delay {self.delay}, '
                  f'disk {self.diskMs}, crash in sync {self.syncCrash}')
         for _ in range(r.randint(1, 5)):
@@ -380,13 +415,25 @@ class Sim:
                 if la[:k] != lb[:k]:
                     raise Violation(f'log matching: {a} and {b} agree on entry {k} but not before it')
 
+    def on_mark(self, calmSince):
+        if self.calmSince == calmSince:
+            self.calmMark = max(self.appliedAt, default=0)
+
     def checkCalm(self, final=False):
-        """Liveness: in a calm phase a proposal commits within LIVENESS_MS of the phase's start."""
+        """Liveness: in a calm phase a proposal commits within LIVENESS_MS of the phase's start,
+        and by its end every running node holds what was applied CATCH_UP_MARK_MS into it."""
         if self.calmSince is None or self.now - self.calmSince < LIVENESS_MS:
             return
         if self.calmCommitted is None or self.calmCommitted - self.calmSince > LIVENESS_MS:
             raise Violation(f'liveness: nothing proposed after {self.calmSince} ms committed within {LIVENESS_MS} ms '
                             f'(states {self.states()})')
+        if final or not self.calmMark:
+            return
+        for node in self.nodes.values():
+            entries = node.core.entries(1, self.calmMark) if node.up else None
+            if entries is not None and (len(entries) < self.calmMark or entries[-1].term != self.appliedAt[self.calmMark][0]):
+                raise Violation(f'liveness: {node.id} did not catch up to entry {self.calmMark} in a calm phase '
+                                f'(states {self.states()})')
 
     def states(self):
         return {n.id: (n.core.state.name, n.core.term, n.core.lastIndex, n.core.commitIndex) if n.up else 'down'
