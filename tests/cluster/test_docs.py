@@ -7,7 +7,9 @@ document, so each one's examples start from an empty queue state, as a reader's 
 * Ports: the documents use the ports of `raftq up` (HTTP 7001-7003, Raft 7101-7103). Other
   clusters may hold those on a shared machine, so the test starts its cluster on free ports and
   rewrites 7001-7003 / 7101-7103 in the examples to them, and sets RAFTQ_URLS (the command
-  line's default node list) to the cluster's URLs. Nothing else in an example is changed.
+  line's default node list) to the cluster's URLs. A document whose cluster serves gRPC
+  (`"grpc": true` in its directive, below) uses 50051-50053 for the nodes' gRPC ports: they are
+  rewritten to the cluster's the same way. Nothing else in an example is changed.
 * Working directory: a temporary one holding `.venv`, a link to the environment that runs the
   tests, so `.venv/bin/raftq` and `.venv/bin/python` work as in a checkout.
 * Shell blocks run with bash `-euo pipefail`, one after the other, variables carrying over from
@@ -37,6 +39,7 @@ FENCE = re.compile(r"^```([A-Za-z0-9_+-]*)([^\n]*)\n(.*?)^```[ \t]*$", re.M | re
 DIRECTIVE = re.compile(r"<!--\s*doc-test cluster:\s*(\{.*?\})\s*-->", re.S)
 RUNNABLE = {"sh", "python"}
 PORTS = re.compile(r"(?<![0-9])(70[0-9][1-9]|710[1-9])(?![0-9])")
+GRPC_PORTS = re.compile(r"(?<![0-9])(5005[1-9])(?![0-9])")
 BLOCK_TIMEOUT = 120
 
 
@@ -80,7 +83,11 @@ def rewrite(code: str, cluster: LocalCluster) -> str:
         if port not in ports:
             raise AssertionError(f"an example uses port {port}, which the local cluster does not have")
         return str(ports[port])
-    return PORTS.sub(sub, code)
+    code = PORTS.sub(sub, code)
+    if cluster.grpc_ports:
+        ports = {50051 + i: p for i, p in enumerate(cluster.grpc_ports)}     # what sub() looks up now
+        code = GRPC_PORTS.sub(sub, code)
+    return code
 
 
 SH_PRELUDE = """set -euo pipefail
