@@ -514,6 +514,16 @@ def _declared_queue(where: str, entry, base: dict, g: dict, s: dict, declared: d
                        **_key_settings(where, entry, g["max_key_bytes"]))
 
 
+# Queue keys added after data directories could have been written, with their defaults: a
+# queue's fingerprint names them only when they differ, so a configuration that does not use
+# them keeps the fingerprint it had (GET /v1/config, `toml_differs`).
+_FINGERPRINT_WHEN_SET = {"result_retention_ms": 0, "max_retained_result_bytes": DEFAULT_MAX_RETAINED_RESULT_BYTES}
+
+
+def _fingerprinted(ql: "QueueLimits") -> dict:
+    return {k: v for k, v in ql.describe().items() if k not in _FINGERPRINT_WHEN_SET or v != _FINGERPRINT_WHEN_SET[k]}
+
+
 def _result_settings(where: str, entry: dict) -> dict:
     """A [[queues]] entry's result retention and bound, checked (QueueLimits' result fields)."""
     out = {}
@@ -610,10 +620,10 @@ class Limits:
 
     def fingerprint(self) -> str:
         """A hash of every limit; nodes of one cluster must agree on it."""
-        doc = {"limits": self.globals,
+        doc = {"limits": {k: v for k, v in self.globals.items() if k not in DOC_WHEN_SET or v != GLOBAL_KEYS[k]},
                "storage": {k: v for k, v in self.storage.items() if k not in NODE_LOCAL_STORAGE_KEYS},
-               "default": self.default_queue.describe(),
-               "queues": {n: q.describe() for n, q in sorted(self.queues.items())}}
+               "default": _fingerprinted(self.default_queue),
+               "queues": {n: _fingerprinted(q) for n, q in sorted(self.queues.items())}}
         return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:16]
 
     def server_info(self) -> dict:
