@@ -237,7 +237,7 @@ def test_a_deposed_leader_waits_an_election_timeout_before_it_stands():
         net.deliver()
     leader.step(vote_request('b', 'a', 5))            # a newer term; b's log is behind: no vote
     assert leader.state == RaftState.FOLLOWER and leader.term == 5 and leader.votedForNodeId is None
-    assert leader.raftElectionDeadline - leader._now >= CONF.election_timeout_min
+    assert leader.raftElectionDeadline - leader.ticks >= CONF.election_timeout_min
     net.flush('a')
     net.take()
     net.tick('a', CONF.election_timeout_min - 1)
@@ -400,9 +400,10 @@ def test_a_conflicting_tail_is_skipped_a_term_at_a_time():
     ids = ('a', 'b', 'c')
     follower = RaftCore('b', ids, random.Random(1), CONF, hardState=HardState(2), entries=log_of(1, 2, 2, 2, 2))
     follower.step(Message(T.APPEND_ENTRIES, 'a', 'b', 3, prev_log_index=5, prev_log_term=3))
-    answer, = follower.ready().messages_after_sync
+    rd = follower.ready()
+    answer, = rd.messages_after_sync
     assert (answer.success, answer.reject_index, answer.next_node_idx) == (False, 5, 2)   # all of term 2 at once
-    follower.advance(follower._pending)
+    follower.advance(rd)
     follower.step(Message(T.APPEND_ENTRIES, 'a', 'b', 3, prev_log_index=9, prev_log_term=3))
     answer, = follower.ready().messages_after_sync
     assert (answer.success, answer.next_node_idx) == (False, 6)                            # its last + 1

@@ -259,6 +259,11 @@ class RaftCore:
         return self._lastIndex()
 
     @property
+    def ticks(self):
+        """The core's clock: ticks since it started (raftElectionDeadline is on it)."""
+        return self._now
+
+    @property
     def logUnverified(self):
         return self._unverified is not None
 
@@ -502,7 +507,7 @@ class RaftCore:
     def _onPreVoteRequest(self, m):
         if m.term <= self.raftCurrentTerm:
             # Found by the simulator (FORK.md "The pure core"; tests/test_raft_sim.py replays
-            # it, seed 76 of 3-node runs): tell a pre-candidate
+            # it): tell a pre-candidate
             # of an older term the current one, as etcd does. The fork ignores it: with one node
             # of three down, a node whose term fell behind (it missed the vote request of a
             # failed election) while it holds the longer log can never win a pre-vote nor learn

@@ -4,8 +4,8 @@ N cores (3 or 5) on a simulated network (delay, loss, duplication, reordering, p
 way too), each with a simulated disk (a Ready's entries and hard state are on it once its sync
 completes; a crash loses what was not synced, or tears it: a prefix of the entries, or all of
 it with the answers not yet sent; a restart may find the log's last synced entries damaged, cut
-by the disk checks, the log untrusted), crashes (one node, or all at once) and restarts, a
-client proposing to whoever leads, and a simulated clock (each node ticks at its own rate: clock
+by the disk checks, the log untrusted), crashes (one node, or all at once) and restarts,
+stalls (a paused process reads what arrived, then runs the ticks it missed), a client proposing to whoever leads, and a simulated clock (each node ticks at its own rate: clock
 skew). A message lives on one connection: a crash of either end loses it. Everything is drawn
 from one seed, so a seed replays exactly.
 
@@ -79,6 +79,7 @@ class Node:
         self.incarnation = 0
         self.pending = None         # the Ready whose sync is under way
         self.proposals = []         # (data, time proposed) waiting for the next turn
+        self.pausedUntil = 0        # a stalled process (a VM pause, SIGSTOP): nothing runs until then
         self.applied = 0
 
 
@@ -110,7 +111,7 @@ class Sim:
         self.calmSince = None
         self.calmCommitted = None
         self.damage = 0.0           # a restart finds its disk damaged (chaos phases)
-        self.counts = {'messages': 0, 'proposals': 0, 'acked': 0, 'crashes': 0, 'damaged': 0, 'elections': 0,
+        self.counts = {'messages': 0, 'proposals': 0, 'acked': 0, 'crashes': 0, 'damaged': 0, 'pauses': 0, 'elections': 0,
                        'calm_phases': 0, 'events': 0}
 
     # -- the event queue ----------------------------------------------------------------------
@@ -142,7 +143,7 @@ class Sim:
 
     def drive(self, node):
         """The node's loop: proposals of this turn, then one Ready at a time."""
-        if not node.up:
+        if not node.up or node.pausedUntil > self.now:
             return
         self.proposeQueued(node)
         core = node.core
@@ -174,8 +175,18 @@ class Sim:
         if node.core.commitIndex < before:
             raise Violation(f'{node.id}: commit index went back {before} -> {node.core.commitIndex}')
 
+    def stalled(self, node, kind, *args, later=0):
+        """An event for a paused node waits for its resume: what arrived is read first, then
+        the ticks it missed run (the Ready loop's order: step, then tick)."""
+        if node.pausedUntil <= self.now:
+            return False
+        self.at(node.pausedUntil + later, kind, *args)
+        return True
+
     def on_synced(self, nodeId, incarnation):
         node = self.nodes[nodeId]
+        if self.stalled(node, 'synced', nodeId, incarnation):
+            return
         if node.up and node.incarnation == incarnation and node.pending is not None:
             if self.syncCrash and self.rng.random() < self.syncCrash:
                 self.on_crash(nodeId)       # the window the durability rules are about
@@ -186,7 +197,7 @@ class Sim:
 
     def on_tick(self, nodeId, incarnation):
         node = self.nodes[nodeId]
-        if not node.up or node.incarnation != incarnation:
+        if not node.up or node.incarnation != incarnation or self.stalled(node, 'tick', nodeId, incarnation, later=1):
             return
         node.core.tick()
         self.drive(node)
@@ -196,6 +207,8 @@ class Sim:
         node = self.nodes[m.dst]
         if not node.up or incarnations != (self.nodes[m.src].incarnation, node.incarnation):
             return      # sent to or from an earlier life of a node: the connection died with it
+        if self.stalled(node, 'deliver', m, incarnations):
+            return
         node.core.step(m)
         self.drive(node)
 
@@ -237,7 +250,7 @@ class Sim:
         self.counts['crashes'] += 1
         if node.pending is not None:
             self.tear(node)
-        node.up, node.pending, node.core = False, None, None
+        node.up, node.pending, node.core, node.pausedUntil = False, None, None, 0
         node.incarnation += 1
         self.log(f'{nodeId} crashes')
 
@@ -323,6 +336,8 @@ class Sim:
         if self.rng.random() < 0.4 and not any(n.disk.unverified is not None for n in self.nodes.values()):
             # a minority stays down: a majority must make progress on its own
             down = set(self.rng.sample(self.ids, self.rng.randint(1, (len(self.ids) - 1) // 2)))
+        for node in self.nodes.values():
+            node.pausedUntil = min(node.pausedUntil, self.now)
         for nodeId in self.ids:
             if nodeId in down:
                 self.on_crash(nodeId)
@@ -352,13 +367,22 @@ class Sim:
                 for nodeId in self.ids:     # a power loss: every node at once
                     self.at(t, 'crash', nodeId)
                     self.at(t + r.randint(10, 500), 'restart', nodeId)
-            elif what < 0.55:
+            elif what < 0.25:
+                self.at(t, 'pause', r.choice(self.ids), r.randint(100, 1500))
+            elif what < 0.6:
                 self.at(t, 'crash', r.choice(self.ids))
                 self.at(t + r.randint(10, 800), 'restart', r.choice(self.ids))
             else:
                 self.at(t, 'partition', r.getrandbits(32))
                 self.at(t + r.randint(50, 1500), 'heal')
         self.at(self.now + length, 'phase', 'calm')
+
+    def on_pause(self, nodeId, ms):
+        node = self.nodes[nodeId]
+        if node.up:
+            node.pausedUntil = max(node.pausedUntil, self.now + ms)
+            self.counts['pauses'] += 1
+            self.log(f'{nodeId} paused for {ms} ms')
 
     def on_partition(self, bits):
         r = random.Random(bits)
