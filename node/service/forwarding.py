@@ -458,20 +458,22 @@ class Forwarding:
         """One HTTP call sent to the leader as it came: (status, body bytes, content type). A
         write without a Request-Id gets one of this node's (shown with the forward token, which
         lets the leader take it), so every call goes again to the next leader when the leader is
-        lost meanwhile."""
+        lost meanwhile (or answers that it was), within forward_wait_s."""
         import aiohttp
         link = self.forwarder
         link.counts["http"] += 1
         deadline = self.loop.time() + link.wait_s
-        if method not in ("GET", "HEAD") and "Request-Id" not in headers:
+        write = method not in ("GET", "HEAD")
+        if write and "Request-Id" not in headers:
             headers = {**headers, "Request-Id": link.auto_id(), FORWARD_HEADER: link.token}
+        maybe_sent = False      # a leader may have taken it: at the deadline its outcome is unknown
         while True:
             url = self.leader_peer_url()
             if self.stopping:
                 return _json(error("no_leader", "this node is shutting down; retry on another node"))
             if url is None or url == self.settings.url:
                 if self.loop.time() > deadline:
-                    return _json(_no_leader(link.wait_s))
+                    return _json(_lost(headers["Request-Id"]) if write and maybe_sent else _no_leader(link.wait_s))
                 await asyncio.sleep(_RETRY_S)
                 continue
             try:
@@ -482,15 +484,24 @@ class Forwarding:
                     status, ctype = r.status, r.headers.get("Content-Type", "application/json")
             except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
                 log.debug("forwarded %s %s to %s: %s", method, path_qs, url, e)
+                maybe_sent = maybe_sent or not isinstance(e, aiohttp.ClientConnectorError)
                 if self.loop.time() > deadline:
-                    return _json(_lost(headers.get("Request-Id")) if method not in ("GET", "HEAD")
-                                 else _no_leader(link.wait_s))
+                    return _json(_lost(headers["Request-Id"]) if write and maybe_sent else _no_leader(link.wait_s))
                 await asyncio.sleep(_RETRY_S)
                 continue
-            if (status == 307 or status == 503 and b'"no_leader"' in body[:200]) and self.loop.time() <= deadline:
+            if (status == 307 or status == 503 and _leader_lost(status, _loads(body))) \
+                    and self.loop.time() <= deadline:
+                maybe_sent = maybe_sent or status == 503
                 await asyncio.sleep(_RETRY_S)
                 continue
             return status, body, ctype
+
+
+def _loads(body: bytes):
+    try:
+        return orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return None
 
 
 def _json(result):

@@ -28,10 +28,6 @@ from tests.conftest import heal  # noqa: E402
 
 KEYS = {role: f"{role}-key-{uuid.uuid4().hex}" for role in ("admin", "operator", "worker", "viewer")}
 Code = grpc.StatusCode
-# About 1 run in 8: an Ack the dying leader applied but did not answer is retried by sepp-py (it
-# carries no request-id, so the follower cannot re-send it safely) and the retry is NOT_FOUND;
-# the job is done, and the worker's next enqueue under the same idempotency key finds it done.
-ACK_LOST_WITH_ITS_LEADER = "an ack applied by a dying leader, unanswered: sepp-py's retry gets NOT_FOUND"
 
 
 @pytest.fixture(scope="module")
@@ -428,7 +424,6 @@ async def worker_through_failures(addr: str, name: str, n: int, seen: list, give
     return done
 
 
-@pytest.mark.xfail(strict=False, reason=ACK_LOST_WITH_ITS_LEADER)
 async def test_sepp_py_loop_at_a_follower_across_a_leader_kill(shared):
     """A client of a follower keeps working while the leader is killed: what it sees in between
     is only what sepp-py's retry policy treats as transient (never a NOT_FOUND for its own ack

@@ -29,10 +29,6 @@ from tests.conftest import heal
 SDIST = "sepp-py==0.1.0"
 # test id (tests/integration/test_integration.py::name) → why it is left out (docs/sepp.md).
 DESELECTED: dict[str, str] = {}
-# About 1 run in 3 here: a call waiting on the follower's forward link when that follower is itself
-# elected is answered UNAVAILABLE (applied: false), and sepp-py's tests make their client with its
-# default retry policy, which retries nothing (max_attempts 1).
-WAITING_CALL_OF_A_NEW_LEADER = "a call waiting to be forwarded when its follower is elected: UNAVAILABLE, not retried"
 
 
 def pip(*args, timeout: float = 300) -> None:
@@ -132,7 +128,6 @@ def test_sepp_py_example_at_a_follower(sepp_py, cluster):
     assert r.returncode == 0 and "roundtrip OK" in r.stdout, r.stdout + r.stderr
 
 
-@pytest.mark.xfail(strict=False, reason=WAITING_CALL_OF_A_NEW_LEADER)
 def test_sepp_py_integration_tests_while_the_leader_is_killed(sepp_py, cluster, tmp_path):
     """At a follower that is not the one killed: the leader dies a few seconds into the run (and
     comes back). What sepp-py sees meanwhile must be only what its retry policy retries."""
