@@ -506,18 +506,17 @@ class RaftCore:
 
     def _onPreVoteRequest(self, m):
         if m.term <= self.raftCurrentTerm:
-            # Found by the simulator (FORK.md "The pure core"; tests/test_raft_sim.py replays
-            # it): tell a pre-candidate
-            # of an older term the current one, as etcd does. The fork ignores it: with one node
-            # of three down, a node whose term fell behind (it missed the vote request of a
-            # failed election) while it holds the longer log can never win a pre-vote nor learn
-            # the newer term, and the node with the newer term but the shorter log cannot win
-            # either: no leader until the third node is back.
+            # Tell a pre-candidate of an older term the current one, as etcd does. The fork
+            # ignores it, and the simulator found what follows (FORK.md "The pure core";
+            # tests/test_raft_sim.py replays it): with one node of three down, a node whose term
+            # fell behind (it missed the vote request of a failed election) while it holds the
+            # longer log can never win a pre-vote nor learn the newer term, and the node with the
+            # newer term but the shorter log cannot win either: no leader until the third is back.
             self._send(MessageType.RESPONSE_PREVOTE, m.src, granted=False)
             return
         if self._unverified is not None or self._heardFromLeaderRecently() or not self._isUpToDate(m):
             return      # granting changes nothing here: no term, no vote, no timer
-        self._msgsAfterSync.append(Message(MessageType.RESPONSE_PREVOTE, self.id, m.src, m.term, granted=True))
+        self._send(MessageType.RESPONSE_PREVOTE, m.src, term=m.term, granted=True)   # the term asked for
 
     def _onPreVoteResponse(self, m):
         if m.granted and m.term == self._preVoteTerm and self.raftState != RaftState.LEADER:
