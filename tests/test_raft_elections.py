@@ -101,6 +101,43 @@ def test_a_node_that_hears_its_leader_refuses_pre_votes(tmp_path):
         so.destroy()
 
 
+def test_a_pre_vote_for_a_term_not_above_this_nodes_is_refused_with_the_term(tmp_path):
+    """A node with the newer term (here 3) and a pre-candidate with the older term and the longer
+    log, one node of three down: the pre-vote asks for a term not above 3, and the refusal says
+    3 (a message type of its own), else neither could ever be elected (FORK.md "PreVote and
+    CheckQuorum")."""
+    so, t, (a, b) = node3(tmp_path)
+    try:
+        t._onMessageReceived(a, heartbeat(3))
+        t.sent.clear()
+        t._onMessageReceived(b, prevote(2, last_index=100, last_term=2))
+        assert t.of("prevote_refused") == [(b, {"type": "prevote_refused", "term": 3})]
+        assert t.of("response_prevote") == [] and so.raftCurrentTerm == 3 and so.raftState == FOLLOWER
+        t._onMessageReceived(b, prevote(3, last_index=100, last_term=2))      # equal: refused too
+        assert [m["term"] for _, m in t.of("prevote_refused")] == [3, 3]
+    finally:
+        so.destroy()
+
+
+def test_a_pre_candidate_refused_by_a_newer_term_takes_it_and_asks_for_the_next(tmp_path):
+    so, t, (a, b) = node3(tmp_path)
+    try:
+        poll(lambda: so.doTick(0) or t.of("request_prevote"), timeout=5, what="a pre-vote for term 1")
+        t._onMessageReceived(a, {"type": "prevote_refused", "term": 4})
+        assert so.raftCurrentTerm == 4 and so.raftState == FOLLOWER
+        # A late grant of the round before counts for nothing now.
+        t._onMessageReceived(b, {"type": "response_prevote", "term": 1})
+        assert so.raftCurrentTerm == 4 and t.of("request_vote") == []
+        # A refusal of a term not above its own changes nothing.
+        t._onMessageReceived(a, {"type": "prevote_refused", "term": 2})
+        assert so.raftCurrentTerm == 4
+        t.sent.clear()
+        poll(lambda: so.doTick(0) or t.of("request_prevote"), timeout=5, what="the next pre-vote")
+        assert all(m["term"] == 5 for _, m in t.of("request_prevote"))
+    finally:
+        so.destroy()
+
+
 def test_a_leader_that_no_majority_answers_steps_down_and_hands_over(tmp_path):
     so, t, (a, b) = node3(tmp_path)
     try:

@@ -1158,6 +1158,9 @@ class SyncObj(object):
         if message['type'] == 'request_prevote' and self.__selfNode is not None:
             self.__onPreVoteRequest(node, message)
 
+        if message['type'] == 'prevote_refused' and message['term'] > self.__raftCurrentTerm:
+            self.__onNewerTermRefusal(message['term'])
+
         if message['type'] == 'response_prevote' and self.__preVoteTerm is not None and \
                 message['term'] == self.__preVoteTerm and self.__raftState != _RAFT_STATE.LEADER:
             self.__preVoters.add(node)
@@ -1972,7 +1975,15 @@ class SyncObj(object):
         # Granting changes nothing here: no term, no vote, no timer.
         if self.__unverified is not None:
             return                      # never from a log that is not trusted (disk checks)
-        if message['term'] <= self.__raftCurrentTerm or self.__heardFromLeaderRecently():
+        if message['term'] <= self.__raftCurrentTerm:
+            # raftq: tell a pre-candidate behind in term the term (etcd answers so too): else a
+            # node with the newer term and the shorter log and one with the older term and the
+            # longer log refuse each other for good, one of three nodes down (FORK.md "PreVote
+            # and CheckQuorum"). A message type of its own: a node of before counts every
+            # response_prevote of its round's term as granted.
+            self.__transport.send(node, {'type': 'prevote_refused', 'term': self.__raftCurrentTerm})
+            return
+        if self.__heardFromLeaderRecently():
             return
         lastLogTerm, lastLogIdx = message['last_log_term'], message['last_log_index']
         if lastLogTerm < self.__getCurrentLogTerm():
@@ -1980,6 +1991,18 @@ class SyncObj(object):
         if lastLogTerm == self.__getCurrentLogTerm() and lastLogIdx < self.__getCurrentLogIndex():
             return
         self.__transport.send(node, {'type': 'response_prevote', 'term': message['term']})
+
+    def __onNewerTermRefusal(self, term):
+        """raftq: a pre-vote refused by a node of a newer term: take the term as a follower
+        (with no vote and no leader known) and stand again, a pre-vote for the term after it,
+        at the next election timeout."""
+        self.__preVoteTerm = None
+        self.__setCurrentTerm(term, None)
+        if self.__raftState != _RAFT_STATE.FOLLOWER:
+            self.__setState(_RAFT_STATE.FOLLOWER)
+        if self.__raftLeader is not None:
+            self.__raftLeader = None
+            self.__onLeaderChanged()
 
     def __checkQuorum(self):
         """On the leader, every tick: step down when no majority answered within the window
