@@ -231,6 +231,11 @@ class SyncObjConf(object):
         #: it to acknowledge an append that tells it its removal is committed.
         self.departingTimeout = kwargs.get('departingTimeout', 10.0)
 
+        #: raftq: () -> bool, asked as a follower answers an append: True when it wants to learn a
+        #: commit index that moved at once instead of with the leader's next heartbeat (raftq's
+        #: long polls parked on it wait for its applies). None: never.
+        self.commitWanted = kwargs.get('commitWanted', None)
+
     def validate(self):
         assert self.autoTickPeriod > 0
         assert self.commandsQueueSize >= 0

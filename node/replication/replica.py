@@ -214,6 +214,9 @@ class Replica:
         self._members = tuple(sorted(initial, key=lambda p: p.id))
         self.removed = self.removed_at_start
         self.on_members_changed = None      # called on the tick thread after a change (the service's hook)
+        # () -> bool, asked on the tick thread (the service's hook): whether this node, as a
+        # follower, wants to learn a moved commit index at once (long polls parked on it)
+        self.commit_wanted = None
         self.shadow = None
         observers = []
         if settings.testing.sync_shadow:    # [testing]: the power-loss test hook (node/replication/sync_shadow.py)
@@ -290,6 +293,7 @@ class Replica:
             dynamicMembershipChange=True,
             memberInfo={p.raft: {"id": p.id, "url": p.url} for p in initial},
             onMembershipChanged=self._membership_changed,
+            commitWanted=self._commit_wanted,
             dnsCacheTime=t["dns_cache_time_s"],
             dnsFailCacheTime=t["dns_fail_cache_time_s"],
             durability=settings.durability,
@@ -300,6 +304,10 @@ class Replica:
             acceptDamagedLog=accept_damaged_log,
             electionEligible=election_eligible,
         )
+
+    def _commit_wanted(self) -> bool:
+        hook = self.commit_wanted
+        return hook is not None and hook()
 
     # ---------------------------------------------------------------- membership
     def _membership_changed(self):

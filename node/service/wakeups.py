@@ -46,6 +46,14 @@ class Wakeups:
         self._wake_lock = threading.Lock()
         # Parked GET /v1/jobs/{id}/result calls (results.py), looked at after every apply.
         self.result_waits = ResultWaits(self.loop, self._outcome)
+        # While something waits here for this node's applies, a follower asks the leader to tell
+        # it each commit at once, not with its next heartbeat (node/raft/syncobj.py _onTick): a
+        # job enqueued anywhere wakes a reserve parked here within a few ms instead of ~20 more.
+        self.replica.commit_wanted = self._waiting_for_applies
+
+    def _waiting_for_applies(self) -> bool:
+        """On the Raft thread (a dict's truth, no lock): long polls or result waits are parked."""
+        return bool(self.waiters) or bool(self.result_waits.parked)
 
     def _after_apply_thread(self, cmds, results):
         """On the Raft thread after an apply: schedule a wake-up of the parked reserves when a

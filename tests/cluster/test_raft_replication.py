@@ -348,3 +348,60 @@ def test_a_proposal_is_replicated_without_waiting_for_the_timers():
     finally:
         for n in nodes:
             n.destroy()
+
+
+def test_followers_that_ask_learn_a_commit_without_waiting_for_the_append_timer():
+    """A follower applies an entry only once it knows the entry committed, which the leader tells
+    with its next append: up to appendEntriesPeriod later (20 ms in raftq, so a long poll parked on
+    a follower woke that much after its job's enqueue). A follower that asks (commitWanted, while
+    raftq has long polls parked on it) is told at once; one that does not is sent nothing more.
+    With a 1 s append timer: about 1 s without asking, a few ms asking."""
+    import statistics
+
+    class Box(SyncObjConsumer):
+        def __init__(self):
+            super().__init__()
+            self.value = None
+
+        @replicated
+        def put(self, value):
+            self.value = value
+            return value
+
+    ports = free_ports(3)
+    addrs = [f"127.0.0.1:{p}" for p in ports]
+    boxes = [Box() for _ in addrs]
+    want = [False]
+    conf = dict(autoTickPeriod=0.005, appendEntriesPeriod=1.0, raftMinTimeout=3.5, raftMaxTimeout=4.5,
+                leaderFallbackTimeout=4.0, connectionTimeout=5.0, connectionRetryTime=0.2,
+                commitWanted=lambda: want[0])
+    nodes = [SyncObj(a, [b for b in addrs if b != a], conf=SyncObjConf(**conf), consumers=[box])
+             for a, box in zip(addrs, boxes)]
+    try:
+        end = time.monotonic() + 30
+        while not [n for n in nodes if n._isLeader()]:
+            assert time.monotonic() < end, "no leader"
+            time.sleep(0.05)
+        leader = [i for i, n in enumerate(nodes) if n._isLeader()][0]
+        followers = [b for i, b in enumerate(boxes) if i != leader]
+
+        def applied_after(k) -> float:
+            """Seconds from the commit of put(k) at the leader to its apply on both followers."""
+            done = threading.Event()
+            boxes[leader].put(k, callback=lambda res, err: done.set())
+            assert done.wait(5)
+            t0 = time.monotonic()
+            while not all(b.value == k for b in followers):
+                assert time.monotonic() - t0 < 5, "a follower never applied the entry"
+                time.sleep(0.001)
+            return time.monotonic() - t0
+
+        slow = [applied_after(k) for k in range(3)]
+        assert statistics.median(slow) > 0.3, slow          # told with the next heartbeat
+        want[0] = True
+        applied_after(3)            # the followers ask in their answers to this one
+        fast = [applied_after(k) for k in range(4, 14)]
+        assert statistics.median(fast) < 0.2, fast          # told at once
+    finally:
+        for n in nodes:
+            n.destroy()
