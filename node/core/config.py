@@ -94,6 +94,7 @@ def configure(m, expect_version, config, keys, who=None):
     version = m.config_version + 1
     changed = [k for k, _, _ in _diff(m, limits)]
     m._set(m, "limits", limits)
+    m._set(m, "retaining", limits.retaining)
     m._set(m, "config_version", version)
     if m.blocked:
         gating.release_all(m)                   # a raised or removed resource limit frees slots

@@ -677,7 +677,7 @@ def ack(m, job_id: str, attempt: int, result=None):
     n = q.acked
     undo += (setattr, q, "acked", n)
     q.acked = n + 1
-    retaining = m.limits.retaining
+    retaining = m.retaining             # m.limits.retaining, kept on the machine: one load an ack
     if retaining and spec[S_QUEUE] in retaining:
         results.retain(m, job, spec[S_QUEUE], result)
     if m.dependents and job_id in m.dependents:

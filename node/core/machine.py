@@ -157,7 +157,7 @@ class QueueMachine(UndoLog):
         # The configuration in force (node/core/config.py): `limits` starts as the bootstrap
         # configuration (version 0, the node's TOML) and is replaced by each configuration
         # command; `keys` holds the API keys in force from version 1 on (name -> config.KeyRecord).
-        self.limits = limits
+        self.limits, self.retaining = limits, limits.retaining     # retaining: node/core/results.py
         self.config_version = 0
         self.keys: dict[str, config.KeyRecord] = {}
         self.audit: deque = deque()     # (seq, at_ms, who, action, target, details), oldest first

@@ -194,6 +194,8 @@ def result_fields(rec: Retained) -> dict:
 def check(m) -> list[str]:
     """The retained records' invariants (node/core/invariants.py)."""
     bad = []
+    if m.retaining != m.limits.retaining:
+        bad.append(f"the machine's retaining queues {sorted(m.retaining)} are not the configuration's")
     sizes: dict = {}
     live_timers = {(e[1], e[2]) for e in m.result_heap}
     for job_id, rec in m.results.items():

@@ -256,6 +256,7 @@ def from_builtins(m, data: dict):
     cfg = data.get("config")
     if cfg is not None and cfg["version"] > 0:
         m.limits = Limits.from_doc(cfg["doc"])
+        m.retaining = m.limits.retaining
         m.config_version = cfg["version"]
         m.keys = {name: KeyRecord(*rec) for name, *rec in cfg["keys"]}
     m.audit = deque(tuple(e) for e in data.get("audit", ()))
