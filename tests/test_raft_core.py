@@ -9,7 +9,7 @@ import random
 import pytest
 
 from raftq.node.raft.core import (Config, CoreInUse, Entry, EntryKind, HardState, Message, MessageType, NotLeader,
-                                  ProgressState, RaftCore, RaftState)
+                                  ProgressState, RaftCore, RaftState, Refusal, Refused)
 
 T = MessageType
 CONF = Config(election_timeout_min=10, election_timeout_max=20, heartbeat_interval=2, max_inflight=3,
@@ -281,6 +281,70 @@ def test_an_untrusted_log_votes_again_once_a_leader_matched_it():
     b.advance(rd)
     b.step(vote_request('c', 'b', 3, last_index=9, last_term=2))
     assert [m.granted for m in b.ready().messages_after_sync] == [True]
+
+
+# -- leader transfer ----------------------------------------------------------------------------
+
+def test_a_leader_hands_leadership_to_an_up_to_date_node_and_takes_no_proposal_meanwhile():
+    net = Net()
+    leader = net.elect('a')
+    net.propose('a', b'x')
+    net.deliver()
+    assert leader.transferLeadership('b') == 'b' and leader.transferTarget == 'b'
+    with pytest.raises(Refused) as refused:
+        leader.propose(b'y')                          # thesis §3.10: the log stays as the target's
+    assert refused.value.reason == Refusal.TRANSFER_IN_PROGRESS
+    net.flush('a')
+    handover, = net.take(T.TIMEOUT_NOW)
+    assert handover.dst == 'b' and handover.term == 1
+    net['b'].step(handover)
+    net.tick('b')
+    assert net['b'].state == RaftState.CANDIDATE and net['b'].term == 2     # no pre-vote
+    net.deliver()
+    assert net['b'].state == RaftState.LEADER and leader.state == RaftState.FOLLOWER
+    assert leader.transferTarget is None and leader.leader == 'b'
+    assert [e.data for e in net['b'].entries()] == [b'', b'x', b'']
+
+
+def test_a_transfer_to_a_node_behind_or_unknown_is_refused():
+    net = Net()
+    with pytest.raises(NotLeader):
+        net['a'].transferLeadership('b')
+    leader = net.elect('a')
+    net.deliver()
+    net.propose('a', b'x')
+    net.deliver(cut={('a', 'c')})                     # c lacks x
+    for node, reason in (('c', Refusal.BEHIND), ('z', Refusal.UNKNOWN_NODE), ('a', Refusal.UNKNOWN_NODE)):
+        with pytest.raises(Refused) as refused:
+            leader.transferLeadership(node)
+        assert refused.value.reason == reason
+    assert leader.transferTarget is None and leader.propose(b'y') == (3, 1)
+    net.flush('a')
+    net.deliver(cut={('a', 'c')})
+    assert leader.transferLeadership() == 'b'         # None: the most caught-up voter heard recently
+    with pytest.raises(Refused) as refused:
+        leader.transferLeadership('b')                # one at a time
+    assert refused.value.reason == Refusal.TRANSFER_IN_PROGRESS
+
+
+def test_a_transfer_that_does_not_complete_is_abandoned_after_an_election_timeout():
+    net = Net()
+    leader = net.elect('a')
+    net.deliver()
+    leader.transferLeadership('b')
+    net.flush('a')
+    assert net.take(T.TIMEOUT_NOW)                    # lost
+    for _ in range(CONF.election_timeout_min - 1):
+        net.tick('a')
+        net.deliver()
+        with pytest.raises(Refused):
+            leader.propose(b'y')
+    net.tick('a')
+    assert leader.transferTarget is None and leader.state == RaftState.LEADER and leader.term == 1
+    index, term = leader.propose(b'y')
+    net.flush('a')
+    net.deliver()
+    assert leader.commitIndex == index and term == 1
 
 
 # -- replication --------------------------------------------------------------------------------

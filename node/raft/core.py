@@ -36,7 +36,7 @@ thread that stalled.
 Names follow syncobj.py's (`raftCurrentTerm`, `_sendAppendEntries`, `_onBecomeLeader`,
 `_conflictStart`, ...) so that each rule can be read next to the code it was carved from; see
 node/raft/FORK.md "The pure core (in progress)" for where each of the fork's fixes lives here
-and what is not carved out yet (membership, learners, snapshots, leader transfer).
+and what is not carved out yet (membership, learners, snapshots).
 """
 from __future__ import annotations
 
@@ -181,6 +181,21 @@ class CoreInUse(RuntimeError):
     """Stepped, ticked or proposed to between ready() and advance()."""
 
 
+class Refusal(enum.Enum):
+    """Why the leader refused a request (upstream's FAIL_REASON.REQUEST_DENIED, told apart)."""
+    TRANSFER_IN_PROGRESS = 'transfer in progress'   # proposals wait while leadership moves
+    UNKNOWN_NODE = 'unknown node'                   # not a voter of this leader, or itself
+    BEHIND = 'behind'                               # the target's log lacks some of the leader's
+    NO_CANDIDATE = 'no candidate'                   # nobody answered recently to pick
+
+
+class Refused(Exception):
+    """A request the leader refused; `reason` is a Refusal."""
+    def __init__(self, reason):
+        super().__init__(reason.value)
+        self.reason = reason
+
+
 class RaftCore:
     """One node's Raft algorithm. `voters` includes `nodeId`. `rng` is a random.Random (or any
     object with randint) the caller seeds: the election timeout's jitter is its only use.
@@ -220,7 +235,9 @@ class RaftCore:
         self._preVoteTerm = None
         self._preVoters = set()
         self._votes = set()
-        self._transferInProgress = False
+        self._transferInProgress = False   # a follower: TimeoutNow received, the election is forced
+        self._transferTarget = None         # a leader: the node it hands leadership to ...
+        self._transferPauseUntil = 0        # ... and until when (ticks) it takes no proposal
         self._eligible = True
         self._unverified = unverifiedClaim
         self._verifiedNews = False
@@ -321,6 +338,8 @@ class RaftCore:
 
     def tick(self):
         self._now += 1
+        if self._transferTarget is not None and self._now >= self._transferPauseUntil:
+            self._transferTarget = None     # abandoned: the target did not win in time
         if self.raftState == RaftState.LEADER:
             self._checkQuorum()
         if self.raftState != RaftState.LEADER:
@@ -345,9 +364,47 @@ class RaftCore:
         with that term is this command (upstream's commandsWaitingCommit check)."""
         if self.raftState != RaftState.LEADER:
             raise NotLeader(self.raftLeader)
+        if self._transferTarget is not None:
+            raise Refused(Refusal.TRANSFER_IN_PROGRESS)
         entry = Entry(self._lastIndex() + 1, self.raftCurrentTerm, bytes(data), kind)
         self._log.append(entry)
         return entry.index, entry.term
+
+    @property
+    def transferTarget(self):
+        """The node this leader is handing leadership to, or None."""
+        return self._transferTarget
+
+    def transferLeadership(self, node=None):
+        """syncobj.py's transferLeadership (Raft 'TimeoutNow', thesis §3.10): ask `node` (None:
+        the voter heard recently with the highest match index) to stand at once. Refused
+        (`Refused`) unless it holds every entry of the leader's log: behind, it would lose the
+        election it is asked to start. Returns the target. Until it leads, or for at most
+        election_timeout_min ticks (upstream's raftMinTimeout; then the transfer is abandoned),
+        propose() refuses: entries appended meanwhile would make the target's log shorter than
+        the leader's and of the followers' it had sent them to, which would refuse their votes
+        (the fork measured two transfers and 600 ms without writes under load)."""
+        if self.raftState != RaftState.LEADER:
+            raise NotLeader(self.raftLeader)
+        if self._transferTarget is not None:
+            raise Refused(Refusal.TRANSFER_IN_PROGRESS)
+        if node is None:
+            node = self._transferCandidate()
+        if node == self.id or node not in self._others:
+            raise Refused(Refusal.UNKNOWN_NODE)
+        if self._progress[node].match != self._lastIndex():
+            raise Refused(Refusal.BEHIND)
+        self._send(MessageType.TIMEOUT_NOW, node)
+        self._transferTarget = node
+        self._transferPauseUntil = self._now + self.conf.election_timeout_min
+        return node
+
+    def _transferCandidate(self):
+        recent = [(self._progress[n].match, n) for n in self._others
+                  if self._now - self._progress[n].lastResponseTime < self.conf.election_timeout_min]
+        if not recent:
+            raise Refused(Refusal.NO_CANDIDATE)
+        return max(recent)[1]
 
     def has_ready(self):
         """False while a Ready is being handled (nothing can be handed out before advance())."""
@@ -427,6 +484,7 @@ class RaftCore:
             # stands (as etcd's becomeFollower): its timer last ran before it led
             self.raftElectionDeadline = self._generateRaftTimeout()
             self._progress = {}
+            self._transferTarget = None     # a transfer ends when leadership does
 
     def _becomeFollower(self, term):
         self._setCurrentTerm(term, None)
@@ -769,4 +827,4 @@ class RaftCore:
 
 
 __all__ = ['Config', 'CoreInUse', 'Entry', 'EntryKind', 'HardState', 'Message', 'MessageType', 'NotLeader',
-           'Progress', 'ProgressState', 'RaftCore', 'RaftState', 'Ready']
+           'Progress', 'ProgressState', 'RaftCore', 'RaftState', 'Ready', 'Refusal', 'Refused']

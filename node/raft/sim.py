@@ -5,8 +5,9 @@ way too), each with a simulated disk (a Ready's entries and hard state are on it
 completes; a crash loses what was not synced, or tears it: a prefix of the entries, or all of
 it with the answers not yet sent; a restart may find the log's last synced entries damaged, cut
 by the disk checks, the log untrusted), crashes (one node, or all at once) and restarts,
-stalls (a paused process reads what arrived, then runs the ticks it missed), a client proposing to whoever leads, and a simulated clock (each node ticks at its own rate: clock
-skew). A message lives on one connection: a crash of either end loses it. Everything is drawn
+stalls (a paused process reads what arrived, then runs the ticks it missed), a client proposing
+to whoever leads, an operator handing leadership to a random node (refused unless it holds the
+leader's whole log), and a simulated clock (each node ticks at its own rate: clock skew). A message lives on one connection: a crash of either end loses it. Everything is drawn
 from one seed, so a seed replays exactly.
 
 A run alternates chaos phases (faults on) with calm ones (every node up, the network whole, no
@@ -14,7 +15,8 @@ loss). Checked throughout: at most one leader per term, at most one vote per ter
 log matching, leader completeness (a new leader holds every entry any node applied), state
 machine safety (no two nodes apply different entries at one index), a commit index that never
 goes back; and liveness in calm phases: a proposal made in one commits within `LIVENESS_MS`,
-and every running node catches up by the phase's end.
+every running node catches up by the phase's end, and the target of a leadership transfer asked
+for in one leads within `TRANSFER_MS` (unless it or the leader was down or stalled).
 
     python -m raftq.node.raft.sim --seeds 1000      # a summary; exit 1 on any violation
     python -m raftq.node.raft.sim --seed 17         # replay one seed, event by event
@@ -30,7 +32,7 @@ import sys
 import time
 from dataclasses import dataclass, field, replace
 
-from .core import Config, CoreInUse, HardState, NotLeader, RaftCore, RaftState
+from .core import Config, CoreInUse, HardState, NotLeader, RaftCore, RaftState, Refusal, Refused
 
 # A tick of 20 ms (raftq's append_entries_period_s), elections after 160-320 ms: the shape of
 # raftq's settings (1-2 s) compressed, so that a seed goes through many elections.
@@ -41,6 +43,8 @@ CALM_MS = (2500, 3500)          # a calm phase's length; longer than LIVENESS_MS
 LIVENESS_MS = 2000              # in a calm phase a proposal commits within this
 CATCH_UP_MARK_MS = 1000         # ... and every running node holds by its end what was applied by then
 DURATION_MS = 12_000
+TRANSFER_EVERY_MS = (200, 1500)  # the client asks the leader to hand leadership over
+TRANSFER_MS = 500               # ... and in a calm phase the up-to-date target leads within this
 
 
 class Violation(Exception):
@@ -80,6 +84,8 @@ class Node:
         self.pending = None         # the Ready whose sync is under way
         self.proposals = []         # (data, time proposed) waiting for the next turn
         self.pausedUntil = 0        # a stalled process (a VM pause, SIGSTOP): nothing runs until then
+        self.resumesAt = 0          # when the last event a stall put off runs (a calm phase's start
+                                    # ends the pause, not the ticks and syncs it put off)
         self.applied = 0
 
 
@@ -111,8 +117,9 @@ class Sim:
         self.calmSince = None
         self.calmCommitted = None
         self.damage = 0.0           # a restart finds its disk damaged (chaos phases)
+        self.transfer = None        # (target, term, time asked, leader) of the transfer under way
         self.counts = {'messages': 0, 'proposals': 0, 'acked': 0, 'crashes': 0, 'damaged': 0, 'pauses': 0, 'elections': 0,
-                       'calm_phases': 0, 'events': 0}
+                       'calm_phases': 0, 'transfers': 0, 'transfers_done': 0, 'events': 0}
 
     # -- the event queue ----------------------------------------------------------------------
 
@@ -129,6 +136,7 @@ class Sim:
             self.restart(node.id)
         self.at(0, 'phase', 'calm')
         self.at(self.rng.randint(5, 40), 'propose')
+        self.at(self.rng.randint(*TRANSFER_EVERY_MS), 'transfer')
         while self.events and self.events[0][0] <= self.durationMs:
             t, _, kind, args = heapq.heappop(self.events)
             self.now = t
@@ -180,6 +188,7 @@ class Sim:
         the ticks it missed run (the Ready loop's order: step, then tick)."""
         if node.pausedUntil <= self.now:
             return False
+        node.resumesAt = max(node.resumesAt, node.pausedUntil + later)
         self.at(node.pausedUntil + later, kind, *args)
         return True
 
@@ -310,12 +319,46 @@ class Sim:
         self.at(self.now + self.rng.randint(5, 40), 'propose')
 
     def proposeQueued(self, node):
+        waiting = []
         for data in node.proposals:
             try:
                 node.core.propose(data)
             except NotLeader:
                 pass        # the client would ask again elsewhere; this one is simply lost
-        node.proposals = []
+            except Refused:
+                waiting.append(data)    # a leadership transfer: the fork's commands wait in its queue
+        node.proposals = waiting
+
+    def on_transfer(self):
+        """The operator hands leadership to a random node (raftq does before it removes the
+        leader): refused unless that node holds the leader's whole log."""
+        self.at(self.now + self.rng.randint(*TRANSFER_EVERY_MS), 'transfer')
+        leaders = [n for n in self.nodes.values() if n.up and n.core.state == RaftState.LEADER]
+        if not leaders:
+            return
+        node = self.rng.choice(leaders)
+        target = self.rng.choice([i for i in self.ids if i != node.id])
+        try:
+            node.core.transferLeadership(target)
+        except Refused as e:
+            assert e.reason in (Refusal.BEHIND, Refusal.TRANSFER_IN_PROGRESS), e.reason
+            return
+        self.counts['transfers'] += 1
+        self.transfer = (target, node.core.term, self.now, node.id)
+        self.log(f'{node.id} hands leadership to {target}')
+        self.at(self.now + TRANSFER_MS, 'transfer_check', self.transfer)
+        self.drive(node)
+
+    def on_transfer_check(self, transfer):
+        """Liveness: a transfer asked for in a calm phase, to a node that stayed up, completes."""
+        if self.transfer != transfer:
+            return
+        self.transfer = None
+        target, _, asked, source = transfer
+        stalled = max(self.nodes[target].resumesAt, self.nodes[source].resumesAt) > asked
+        if self.calmSince is not None and self.calmSince <= asked and self.nodes[target].up and not stalled:
+            raise Violation(f'liveness: the transfer to {target} asked at {asked} ms in a calm phase did not '
+                            f'complete within {TRANSFER_MS} ms (states {self.states()})')
 
     # -- faults ----------------------------------------------------------------------------------
 
@@ -419,6 +462,9 @@ class Sim:
             self.counts['elections'] += 1
             self.log(f'{node.id} leads term {core.term} (last index {core.lastIndex})')
             self.checkCompleteness(node)
+            if self.transfer is not None and self.transfer[0] == node.id and self.transfer[1] < core.term:
+                self.counts['transfers_done'] += 1
+                self.transfer = None
 
     def checkCompleteness(self, node):
         """Leader completeness: the new leader's log holds every entry any node applied."""
