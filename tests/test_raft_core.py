@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from raftq.node.raft.core import (Config, CoreInUse, Entry, EntryKind, HardState, Message, MessageType, NotLeader,
+from raftq.node.raft.core import (ChangeType, ConfChange, Config, CoreInUse, Entry, EntryKind, HardState, Message, MessageType, NotLeader,
                                   ProgressState, RaftCore, RaftState, Refusal, Refused)
 
 T = MessageType
@@ -19,13 +19,15 @@ CONF = Config(election_timeout_min=10, election_timeout_max=20, heartbeat_interv
 class Net:
     """Cores, their disks (what each advance() persisted) and the messages between them."""
 
-    def __init__(self, ids=('a', 'b', 'c'), conf=CONF, logs=None, terms=None):
+    def __init__(self, ids=('a', 'b', 'c'), conf=CONF, logs=None, terms=None, newcomers=()):
+        """`newcomers`: nodes started outside the configuration (to be added as learners)."""
         logs, terms = logs or {}, terms or {}
-        self.disks = {i: (HardState(terms.get(i, 0)), list(logs.get(i, ()))) for i in ids}
+        everyone = tuple(ids) + tuple(newcomers)
+        self.disks = {i: (HardState(terms.get(i, 0)), list(logs.get(i, ()))) for i in everyone}
         self.cores = {i: RaftCore(i, ids, random.Random(n), conf, hardState=self.disks[i][0],
-                                  entries=self.disks[i][1]) for n, i in enumerate(ids)}
+                                  entries=self.disks[i][1]) for n, i in enumerate(everyone)}
         self.wire = []          # messages sent and not yet delivered
-        self.applied = {i: [] for i in ids}
+        self.applied = {i: [] for i in everyone}
 
     def __getitem__(self, i):
         return self.cores[i]
@@ -345,6 +347,133 @@ def test_a_transfer_that_does_not_complete_is_abandoned_after_an_election_timeou
     net.flush('a')
     net.deliver()
     assert leader.commitIndex == index and term == 1
+
+
+# -- membership -----------------------------------------------------------------------------------
+
+def _learner_caught_up(net):
+    leader = net.elect('a')
+    net.deliver()
+    leader.addLearner('d')
+    net.propose('a', b'x')
+    for _ in range(3):
+        net.tick('a', CONF.heartbeat_interval)
+        net.deliver()
+    return leader
+
+
+def test_a_learner_is_replicated_to_but_neither_counts_nor_votes():
+    net = Net(newcomers=('d',))
+    leader = _learner_caught_up(net)
+    assert leader.learnerMatchIndex('d') == 2 and net['d'].lastIndex == 2 and leader.learners == {'d'}
+    net.propose('a', b'y')
+    net.deliver(cut={('b', 'a'), ('c', 'a')})         # only the learner answers
+    assert leader.progress('d').match == 3 and leader.commitIndex == 2    # a and d are not 2 of 3
+    for _ in range(3 * CONF.election_timeout_max):
+        net['d'].tick()
+    net.flush('d')
+    assert net.take(src='d') == [] and net['d'].state == RaftState.FOLLOWER    # never stands
+    net['b'].step(vote_request('d', 'b', 9, last_index=9, last_term=9))
+    net.flush('b')
+    assert net.take(src='b') == [] and net['b'].term == 1                        # nor is heard
+    candidate = RaftCore('b', 'abc', random.Random(3), CONF, hardState=HardState(1))
+    candidate.step(Message(T.APPEND_ENTRIES, 'a', 'b', 1))      # its leader a asks it to stand at once
+    candidate.step(Message(T.TIMEOUT_NOW, 'a', 'b', 1))
+    candidate.tick()
+    assert candidate.state == RaftState.CANDIDATE and candidate.term == 2
+    candidate.step(Message(T.RESPONSE_VOTE, 'd', 'b', 2, granted=True))
+    assert candidate.state == RaftState.CANDIDATE                                # a learner's vote: not counted
+
+
+def test_an_added_member_counts_from_its_add_entry_on():
+    net = Net(newcomers=('d',))
+    leader = _learner_caught_up(net)
+    index, _ = leader.proposeChange(ChangeType.ADD, 'd', {'url': 'http://d'})
+    assert leader.voters == {'a', 'b', 'c', 'd'} and leader.learners == set()     # applied when appended
+    assert leader.progress('d').match == 2                                        # kept from the learner
+    net.flush('a')
+    net.deliver(cut={('a', 'c')})
+    assert net['d'].voters == {'a', 'b', 'c', 'd'} and leader.commitIndex == index   # a, b, d: 3 of 4
+    entry = net['d'].entries(index, index)[0]
+    assert entry.kind == EntryKind.MEMBERSHIP and ConfChange.decode(entry.data).info == {'url': 'http://d'}
+    net.propose('a', b'z')
+    net.deliver(cut={('a', 'c'), ('a', 'd')})
+    assert leader.commitIndex == index                # a and b alone are no majority of four
+
+
+def test_one_change_at_a_time_and_the_refusals():
+    net = Net(ids=('a', 'b', 'c', 'd'))
+    votes = {T.REQUEST_PREVOTE, T.RESPONSE_PREVOTE, T.REQUEST_VOTE, T.RESPONSE_VOTE}
+    leader = net.elect('a', types=votes)
+    with pytest.raises(Refused) as refused:
+        leader.proposeChange(ChangeType.REMOVE, 'd')  # the no-op of this term is not committed
+    assert refused.value.reason == Refusal.CHANGE_PENDING
+    net.tick('a', CONF.heartbeat_interval)
+    net.deliver()
+    for change, reason in (((ChangeType.ADD, 'b'), Refusal.ALREADY_MEMBER), ((ChangeType.REMOVE, 'a'), Refusal.SELF),
+                           ((ChangeType.REMOVE, 'z'), Refusal.UNKNOWN_NODE)):
+        with pytest.raises(Refused) as refused:
+            leader.proposeChange(*change)
+        assert refused.value.reason == reason
+    leader.proposeChange(ChangeType.REMOVE, 'd')
+    with pytest.raises(Refused) as refused:
+        leader.proposeChange(ChangeType.REMOVE, 'c')  # the first is not committed yet
+    assert refused.value.reason == Refusal.CHANGE_PENDING
+    with pytest.raises(ValueError):
+        leader.propose(ConfChange(ChangeType.REMOVE, 'c').encode(), EntryKind.MEMBERSHIP)
+    net.flush('a')
+    net.deliver()
+    assert leader.voters == {'a', 'b', 'c'}
+    leader.proposeChange(ChangeType.REMOVE, 'c')      # committed: the next one is taken
+
+
+def test_a_removed_member_is_told_and_stands_no_more():
+    net = Net(ids=('a', 'b', 'c', 'd'))
+    leader = net.elect('a')
+    net.deliver()
+    index, _ = leader.proposeChange(ChangeType.REMOVE, 'd')
+    net.flush('a')
+    net.deliver()
+    assert leader.commitIndex >= index and leader.progress('d') is not None     # not told yet
+    for _ in range(2):
+        net.tick('a', CONF.heartbeat_interval)        # the heartbeat carries the commit index
+        net.deliver()
+    assert net['d'].voters == {'a', 'b', 'c'} and leader.progress('d') is None   # told, then dropped
+    assert net['d'].commitIndex >= index and net['d'].removedFromCluster
+    assert not net['b'].removedFromCluster
+    net.tick('a', 2 * CONF.heartbeat_interval)
+    assert net.take(dst='d') == []                    # nothing more is sent to it
+    net.tick('d', 3 * CONF.election_timeout_max)
+    assert net.take(src='d') == []                    # and it elects nobody
+
+
+def test_a_departing_member_that_never_answers_is_dropped_after_the_timeout():
+    conf = dataclasses.replace(CONF, departing_timeout=30)
+    net = Net(ids=('a', 'b', 'c', 'd'), conf=conf)
+    leader = net.elect('a')
+    net.deliver()
+    leader.proposeChange(ChangeType.REMOVE, 'd')
+    net.flush('a')
+    cut = {('d', 'a'), ('a', 'd')}
+    net.deliver(cut=cut)
+    for _ in range(conf.departing_timeout):
+        assert leader.progress('d') is not None       # still replicated to, in case it comes back
+        net.tick('a')
+        net.deliver(cut=cut)
+    net.tick('a')
+    assert leader.progress('d') is None and leader.state == RaftState.LEADER
+
+
+def test_a_change_is_undone_when_its_entry_is_cut_and_replayed_at_restart():
+    follower = RaftCore('b', 'abc', random.Random(1), CONF, hardState=HardState(1), entries=log_of(1))
+    add = Entry(2, 1, ConfChange(ChangeType.ADD, 'd').encode(), EntryKind.MEMBERSHIP)
+    follower.step(Message(T.APPEND_ENTRIES, 'a', 'b', 1, prev_log_index=1, prev_log_term=1, entries=(add,)))
+    assert follower.voters == {'a', 'b', 'c', 'd'}    # in force once appended, uncommitted
+    again = RaftCore('b', 'abc', random.Random(1), CONF, hardState=HardState(1), entries=log_of(1) + [add])
+    assert again.voters == {'a', 'b', 'c', 'd'}       # a restart replays the log's changes
+    follower.step(Message(T.APPEND_ENTRIES, 'c', 'b', 2, prev_log_index=1, prev_log_term=1,
+                          entries=(Entry(2, 2, b'other'),)))
+    assert follower.voters == {'a', 'b', 'c'}         # a new leader's entry replaced it: undone
 
 
 # -- replication --------------------------------------------------------------------------------

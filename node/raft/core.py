@@ -41,8 +41,10 @@ and what is not carved out yet (membership, learners, snapshots).
 from __future__ import annotations
 
 import enum
+import json
 from collections import deque
 from dataclasses import dataclass
+from typing import NamedTuple
 
 
 class MessageType(enum.Enum):
@@ -64,9 +66,34 @@ class RaftState(enum.IntEnum):
 
 
 class EntryKind(enum.IntEnum):
-    """syncobj.py's _COMMAND_TYPE. MEMBERSHIP (2) and VERSION (3) come with membership changes."""
+    """syncobj.py's _COMMAND_TYPE (VERSION, 3, is the state machine's, not Raft's)."""
     REGULAR = 0
     NO_OP = 1
+    MEMBERSHIP = 2      # data: a ConfChange, encoded
+
+
+class ChangeType(enum.Enum):
+    """syncobj.py's change requests, by their names there."""
+    ADD = 'add'
+    REMOVE = 'rem'
+
+
+class ConfChange(NamedTuple):
+    """One membership change (syncobj.py's ('add' | 'rem', address, node, info)): one voter added
+    or removed at a time (Raft thesis §4.1: any two majorities of the configurations before and
+    after overlap). `info` is the member's builtins (raftq: its id and URL; the fork's member info)."""
+    type: ChangeType
+    node: str
+    info: dict | None = None
+
+    def encode(self):
+        # builtins as JSON, never a pickle: a journal entry names no class (the fork's snapshots)
+        return json.dumps([self.type.value, self.node, self.info], sort_keys=True).encode()
+
+    @classmethod
+    def decode(cls, data):
+        kind, node, info = json.loads(data)
+        return cls(ChangeType(kind), node, info)
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,7 +130,8 @@ class Message:
     prev_log_term: int = 0
     entries: tuple = ()
     commit_index: int = 0
-    # NEXT_NODE_IDX: success, and the next index the follower wants; on a refusal the
+    # NEXT_NODE_IDX (commit_index: the follower's, so a departing member's answer says it
+    # knows its removal is committed): success, and the next index the follower wants; on a refusal the
     # prev_log_index it refused (to tell a late refusal from a current one) and, in
     # next_node_idx, the hint where the leader should try next (the fork's __conflictStart)
     success: bool = False
@@ -140,6 +168,7 @@ class Config:
     max_append_entries: int = 4096
     max_inflight: int = 4       # appends with entries in flight per follower (flow control)
     retransmit_timeout: int = 5  # an append unanswered this long: probe the follower again
+    departing_timeout: int = 500  # upstream's departingTimeout: replicate to a removed member this long at most
     pre_vote: bool = True
     check_quorum: bool = True
 
@@ -187,6 +216,9 @@ class Refusal(enum.Enum):
     UNKNOWN_NODE = 'unknown node'                   # not a voter of this leader, or itself
     BEHIND = 'behind'                               # the target's log lacks some of the leader's
     NO_CANDIDATE = 'no candidate'                   # nobody answered recently to pick
+    CHANGE_PENDING = 'change pending'               # the last change, or the leader's no-op, is uncommitted
+    ALREADY_MEMBER = 'already a member'             # an add of a voter, or a learner asked for twice
+    SELF = 'self'                                   # the leader removing itself: transfer leadership first
 
 
 class Refused(Exception):
@@ -206,17 +238,19 @@ class RaftCore:
 
     def __init__(self, nodeId, voters, rng, config=None, hardState=None, entries=(), applied=0,
                  unverifiedClaim=None):
-        voters = frozenset(voters)
-        assert nodeId in voters, (nodeId, voters)
         self.id = nodeId
-        self.voters = voters
-        self._others = tuple(sorted(voters - {nodeId}))
+        # (index, voters, change) of every configuration in the log; the first is the one before
+        # the log's first entry (a node being added starts outside it: a learner)
+        self._configs = [(0, frozenset(voters), None)]
+        self._others = ()
         self._rng = rng
         self.conf = config or Config()
         hs = hardState or HardState()
         self._log = [Entry(0, 0, kind=EntryKind.NO_OP)]     # upstream's raftLog[0]: the boundary
         self._log.extend(entries)
         self._checkContiguous(self._log)
+        for entry in entries:
+            self._applyChange(entry)
         self.raftCurrentTerm = hs.term
         self.votedForNodeId = hs.vote
         self.raftCommitIndex = min(hs.commit, self._lastIndex())
@@ -224,6 +258,7 @@ class RaftCore:
         self._stableIndex = self._lastIndex()
         self._persisted = HardState(hs.term, hs.vote, self.raftCommitIndex)
         self._initVolatile(unverifiedClaim)
+        self._onConfigChanged()
 
     def _initVolatile(self, unverifiedClaim):
         self.raftState = RaftState.FOLLOWER
@@ -231,7 +266,10 @@ class RaftCore:
         self._now = 0
         self.raftElectionDeadline = self._generateRaftTimeout()
         self._lastLeaderContact = None
-        self._progress = {}
+        self._progress = {}         # leader: every node it replicates to (voters, learners, departing)
+        self._learners = set()      # leader: caught up before they are added (thesis §4.2.1)
+        self._departing = {}        # leader: removed node -> (removal index, tick removed)
+        self._noopIndex = None      # leader: its no-op (a change waits until it is committed)
         self._preVoteTerm = None
         self._preVoters = set()
         self._votes = set()
@@ -333,6 +371,7 @@ class RaftCore:
                                  f'(commit index {self.raftCommitIndex})')
         del self._log[index - self._log[0].index:]
         self._stableIndex = min(self._stableIndex, index - 1)
+        self._rollBackChanges(index)
 
     # -- the caller's four calls -------------------------------------------------------------
 
@@ -342,6 +381,8 @@ class RaftCore:
             self._transferTarget = None     # abandoned: the target did not win in time
         if self.raftState == RaftState.LEADER:
             self._checkQuorum()
+        if self.raftState == RaftState.LEADER and self._departing:
+            self._tickDeparting()
         if self.raftState != RaftState.LEADER:
             self._tickElection()
         elif self._now >= self._heartbeatDue:
@@ -366,8 +407,15 @@ class RaftCore:
             raise NotLeader(self.raftLeader)
         if self._transferTarget is not None:
             raise Refused(Refusal.TRANSFER_IN_PROGRESS)
-        entry = Entry(self._lastIndex() + 1, self.raftCurrentTerm, bytes(data), kind)
+        if kind == EntryKind.MEMBERSHIP:
+            raise ValueError('a membership change goes through proposeChange()')
+        return self._appendEntry(bytes(data), kind)
+
+    def _appendEntry(self, data, kind):
+        entry = Entry(self._lastIndex() + 1, self.raftCurrentTerm, data, kind)
         self._log.append(entry)
+        if self._applyChange(entry):
+            self._onConfigChanged()
         return entry.index, entry.term
 
     @property
@@ -405,6 +453,115 @@ class RaftCore:
         if not recent:
             raise Refused(Refusal.NO_CANDIDATE)
         return max(recent)[1]
+
+    # -- membership (syncobj.py: __changeCluster, __doChangeCluster, addLearner, __tickDeparting) --
+
+    @property
+    def voters(self):
+        """The configuration in force: the last one in the log, committed or not (thesis §4.1: a
+        node uses the newest configuration in its log, applied when appended)."""
+        return self._configs[-1][1]
+
+    @property
+    def removedFromCluster(self):
+        """This node's own removal is committed (the fork's removedFromCluster): it will never
+        stand again, and the caller may stop it."""
+        for index, _, change in reversed(self._configs):
+            if change is not None and change.node == self.id and index <= self.raftCommitIndex:
+                return change.type == ChangeType.REMOVE
+        return False
+
+    @property
+    def learners(self):
+        return frozenset(self._learners)
+
+    def addLearner(self, node):
+        """On the leader: replicate to `node` without counting it nor asking its vote, until the
+        caller proposes its add (once learnerMatchIndex is close to the log's end). Leaving
+        leadership drops every learner, as the fork's does."""
+        self._checkLeader()
+        if node == self.id or node in self.voters or node in self._progress:
+            raise Refused(Refusal.ALREADY_MEMBER)
+        self._learners.add(node)
+        self._progress[node] = Progress(self._lastIndex() + 1, self._now)
+
+    def dropLearner(self, node):
+        if node in self._learners:
+            self._learners.discard(node)
+            del self._progress[node]
+
+    def learnerMatchIndex(self, node):
+        """The learner's match index on this leader, or None when it is none."""
+        return self._progress[node].match if node in self._learners else None
+
+    def proposeChange(self, type, node, info=None):
+        """syncobj.py's __changeCluster on the leader: append one change; returns (index, term).
+        Refused while the last change or this leader's no-op is uncommitted (one change at a
+        time: two in flight could give majorities of the old and the new configuration that do
+        not overlap; the no-op commits any change an earlier leader left), for an add of a voter,
+        a removal of a non-voter, and a removal of the leader itself (the fork: hand leadership
+        over first)."""
+        self._checkLeader()
+        if self._transferTarget is not None:
+            raise Refused(Refusal.TRANSFER_IN_PROGRESS)
+        if max(self._configs[-1][0], self._noopIndex) > self.raftCommitIndex:
+            raise Refused(Refusal.CHANGE_PENDING)
+        if type == ChangeType.ADD and node in self.voters:
+            raise Refused(Refusal.ALREADY_MEMBER)
+        if type == ChangeType.REMOVE and node == self.id:
+            raise Refused(Refusal.SELF)
+        if type == ChangeType.REMOVE and node not in self.voters:
+            raise Refused(Refusal.UNKNOWN_NODE)
+        return self._appendEntry(ConfChange(type, node, info).encode(), EntryKind.MEMBERSHIP)
+
+    def _checkLeader(self):
+        if self.raftState != RaftState.LEADER:
+            raise NotLeader(self.raftLeader)
+
+    def _applyChange(self, entry):
+        """A membership entry takes effect as soon as it is in the log (§4.1), on every node;
+        True when the configuration changed."""
+        if entry.kind != EntryKind.MEMBERSHIP:
+            return False
+        change = ConfChange.decode(entry.data)
+        voters = self.voters
+        voters = voters | {change.node} if change.type == ChangeType.ADD else voters - {change.node}
+        self._configs.append((entry.index, voters, change))
+        return True
+
+    def _rollBackChanges(self, index):
+        """The log is cut from `index`: the changes there are undone (upstream's reverse
+        __doChangeCluster), back to the configuration of what is left."""
+        if self._configs[-1][0] >= index:
+            while self._configs[-1][0] >= index:
+                self._configs.pop()
+            self._onConfigChanged()
+
+    def _onConfigChanged(self):
+        self._others = tuple(sorted(self.voters - {self.id}))
+        if self.raftState != RaftState.LEADER:
+            return
+        for node in self._others:
+            if node not in self._progress:
+                self._progress[node] = Progress(self._lastIndex() + 1, self._now)
+            # a learner added (or a departing member added back) keeps its progress: it counts
+            # with what it already holds (the fork's add)
+            self._learners.discard(node)
+            self._departing.pop(node, None)
+        for node in list(self._progress):
+            if node not in self.voters and node not in self._learners and node not in self._departing:
+                # the fork's "a removed member is told": replicated to until it knows its
+                # removal is committed, never counted
+                self._departing[node] = (self._configs[-1][0], self._now)
+
+    def _tickDeparting(self):
+        for node, (index, since) in list(self._departing.items()):
+            if self._now - since > self.conf.departing_timeout:
+                self._dropDeparting(node)
+
+    def _dropDeparting(self, node):
+        del self._departing[node]
+        del self._progress[node]
 
     def has_ready(self):
         """False while a Ready is being handled (nothing can be handed out before advance())."""
@@ -484,6 +641,9 @@ class RaftCore:
             # stands (as etcd's becomeFollower): its timer last ran before it led
             self.raftElectionDeadline = self._generateRaftTimeout()
             self._progress = {}
+            self._learners.clear()          # the fork: leaving leadership drops every learner
+            self._departing.clear()
+            self._noopIndex = None
             self._transferTarget = None     # a transfer ends when leadership does
 
     def _becomeFollower(self, term):
@@ -498,7 +658,8 @@ class RaftCore:
         return m.type == MessageType.REQUEST_PREVOTE or (m.type == MessageType.RESPONSE_PREVOTE and m.granted)
 
     def _mayStandForElection(self):
-        return self._unverified is None and self._eligible
+        # a learner, or a member whose removal is in its log, never stands
+        return self._unverified is None and self._eligible and self.id in self.voters
 
     def _isUpToDate(self, m):
         """Raft §5.4.1: the candidate's log is at least as up to date as this node's."""
@@ -531,7 +692,7 @@ class RaftCore:
         self._checkPreVotes()
 
     def _checkPreVotes(self):
-        if len(self._preVoters) > len(self.voters) / 2:
+        if len(self._preVoters & self.voters) > len(self.voters) / 2:
             self._startElection()
 
     def _startElection(self):
@@ -549,7 +710,7 @@ class RaftCore:
         self._checkVotes()
 
     def _checkVotes(self):
-        if len(self._votes) > len(self.voters) / 2:
+        if len(self._votes & self.voters) > len(self.voters) / 2:
             self._onBecomeLeader()
 
     def _onBecomeLeader(self):
@@ -558,7 +719,7 @@ class RaftCore:
         nextIndex = self._lastIndex() + 1
         self._progress = {node: Progress(nextIndex, self._now) for node in self._others}
         # No-op command after leader election: commits the previous terms' entries (§5.4.2).
-        self._log.append(Entry(nextIndex, self.raftCurrentTerm, kind=EntryKind.NO_OP))
+        self._noopIndex, _ = self._appendEntry(b'', EntryKind.NO_OP)
         self._heartbeatDue = self._now      # an append to every follower in this Ready
         self._heartbeat()
 
@@ -612,7 +773,7 @@ class RaftCore:
         if window is None:
             return
         deadline = self._now - window
-        count = 1 + sum(1 for n in self._others if self._progress[n].lastResponseTime > deadline)
+        count = (self.id in self.voters) + sum(1 for n in self._others if self._progress[n].lastResponseTime > deadline)
         if count > len(self.voters) / 2:
             return
         target = None
@@ -643,8 +804,7 @@ class RaftCore:
         nothing to receive; a follower whose oldest append in flight went unanswered for
         retransmit_timeout (lost) is probed again from its match index."""
         self._heartbeatDue = self._now + self.conf.heartbeat_interval
-        for node in self._others:
-            pr = self._progress[node]
+        for node, pr in self._progress.items():     # voters, learners and departing members
             if pr.state == ProgressState.REPLICATE and pr.inflight and \
                     self._now - pr.inflight[0][1] >= self.conf.retransmit_timeout:
                 pr.becomeProbe()
@@ -661,8 +821,7 @@ class RaftCore:
         notice, self._commitNotice = self._commitNotice, False
         if not notice and all(pr.next > last for pr in self._progress.values()):
             return      # (the common case on a turn without proposals: nothing to look at)
-        for node in self._others:
-            pr = self._progress[node]
+        for node, pr in self._progress.items():
             if not self._sendTo(node, pr) and notice and not pr.inflight and pr.state == ProgressState.REPLICATE:
                 self._sendEmpty(node, pr)
 
@@ -711,6 +870,8 @@ class RaftCore:
             self._onAppendSucceeded(pr, m.next_node_idx - 1)
         else:
             self._onAppendRefused(pr, m)
+        if m.src in self._departing and m.commit_index >= self._departing[m.src][0]:
+            self._dropDeparting(m.src)      # it knows its removal is committed
 
     def _onAppendSucceeded(self, pr, matched):
         while pr.inflight and pr.inflight[0][0] <= matched:
@@ -742,8 +903,9 @@ class RaftCore:
         """The commit rule (Figure 2; upstream's loop in _onTick): the highest index a majority
         holds, the leader's own copy counted once persisted, committed only if it is of the
         current term (§5.4.2: earlier terms' entries commit with it)."""
-        matches = sorted([self._stableIndex] + [self._progress[n].match for n in self._others], reverse=True)
-        n = matches[len(self.voters) // 2]
+        own = [self._stableIndex] if self.id in self.voters else []
+        matches = sorted(own + [self._progress[n].match for n in self._others], reverse=True)
+        n = matches[len(self.voters) // 2]      # over the configuration in force: never a learner
         if n > self.raftCommitIndex and self._termAt(n) == self.raftCurrentTerm:
             self.raftCommitIndex = n
             self._commitNotice = True
@@ -788,6 +950,8 @@ class RaftCore:
             if mine is not None:
                 self._deleteEntriesFrom(entry.index)
             self._log.extend(entries[pos:])
+            if any([self._applyChange(e) for e in entries[pos:]]):
+                self._onConfigChanged()
             break
         return entries[-1].index if entries else prev
 
@@ -813,7 +977,8 @@ class RaftCore:
         # "A follower syncs before it acknowledges"); a refusal waits for nothing but goes the
         # same way, so the answers to one leader leave in the order they were made
         self._send(MessageType.NEXT_NODE_IDX, node, success=success, next_node_idx=nextNodeIdx,
-                   reject_index=rejectIndex, log_unverified=self._unverified is not None)
+                   reject_index=rejectIndex, log_unverified=self._unverified is not None,
+                   commit_index=self.raftCommitIndex)   # (a departing member: told of its removal)
 
     _HANDLERS = {
         MessageType.REQUEST_PREVOTE: _onPreVoteRequest,
@@ -826,5 +991,5 @@ class RaftCore:
     }
 
 
-__all__ = ['Config', 'CoreInUse', 'Entry', 'EntryKind', 'HardState', 'Message', 'MessageType', 'NotLeader',
+__all__ = ['ChangeType', 'ConfChange', 'Config', 'CoreInUse', 'Entry', 'EntryKind', 'HardState', 'Message', 'MessageType', 'NotLeader',
            'Progress', 'ProgressState', 'RaftCore', 'RaftState', 'Ready', 'Refusal', 'Refused']
