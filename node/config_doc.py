@@ -376,7 +376,9 @@ TUNING = {
     "session_stall_timeout_s": Key("number", "A session held back with answers waiting that sends none for this long "
                                    "(its client does not read) is closed with code 4008.", positive=True),
     "forward_wait_s": Key("number", "A call a follower forwards waits this long for a reachable leader (an "
-                          "election), then answers 503 `unavailable` (not applied).", positive=True),
+                          "election), then answers 503 `unavailable` (not applied); one whose leader was lost "
+                          "before answering is sent again to the next leader for as long, then answered 503 "
+                          "with `applied: null` (docs/api.md \"Followers\").", positive=True),
     "max_forward_inflight": Key("integer", "Most calls a follower's link to the leader carries unanswered; one more is "
                                 "answered 429 `overloaded`. The leader bounds the link's session by it too.",
                                 positive=True),
