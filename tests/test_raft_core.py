@@ -373,9 +373,9 @@ def test_a_learner_is_replicated_to_but_neither_counts_nor_votes():
         net['d'].tick()
     net.flush('d')
     assert net.take(src='d') == [] and net['d'].state == RaftState.FOLLOWER    # never stands
-    net['b'].step(vote_request('d', 'b', 9, last_index=9, last_term=9))
+    net['b'].step(vote_request('d', 'b', 9, last_index=1, last_term=1))
     net.flush('b')
-    assert net.take(src='b') == [] and net['b'].term == 1                        # nor is heard
+    assert net.take(src='b') == [] and net['b'].term == 1        # nor is heard with a log behind
     candidate = RaftCore('b', 'abc', random.Random(3), CONF, hardState=HardState(1))
     candidate.step(Message(T.APPEND_ENTRIES, 'a', 'b', 1))      # its leader a asks it to stand at once
     candidate.step(Message(T.TIMEOUT_NOW, 'a', 'b', 1))
@@ -462,6 +462,19 @@ def test_a_departing_member_that_never_answers_is_dropped_after_the_timeout():
         net.deliver(cut=cut)
     net.tick('a')
     assert leader.progress('d') is None and leader.state == RaftState.LEADER
+
+
+def test_a_node_whose_log_lacks_a_new_members_add_still_votes_for_it():
+    """The simulator's seed 31: voters a, b, c, d (d added at 2), a down, c's log without the add.
+    d holds the longest log; c must grant it, or nobody has 3 of 4. A non-member with a log
+    behind is still ignored: it would only raise everyone's term."""
+    add = Entry(2, 1, ConfChange(ChangeType.ADD, 'd').encode(), EntryKind.MEMBERSHIP)
+    c = RaftCore('c', 'abc', random.Random(1), CONF, hardState=HardState(1), entries=log_of(1))
+    c.step(vote_request('d', 'c', 2, last_index=2, last_term=1))
+    assert [m.granted for m in c.ready().messages_after_sync] == [True] and c.votedForNodeId == 'd'
+    d = RaftCore('d', 'abc', random.Random(2), CONF, hardState=HardState(1), entries=log_of(1) + [add])
+    d.step(vote_request('e', 'd', 5, last_index=1, last_term=1))
+    assert d.term == 1 and not d.has_ready()
 
 
 def test_a_change_is_undone_when_its_entry_is_cut_and_replayed_at_restart():

@@ -7,16 +7,22 @@ it with the answers not yet sent; a restart may find the log's last synced entri
 by the disk checks, the log untrusted), crashes (one node, or all at once) and restarts,
 stalls (a paused process reads what arrived, then runs the ticks it missed), a client proposing
 to whoever leads, an operator handing leadership to a random node (refused unless it holds the
-leader's whole log), and a simulated clock (each node ticks at its own rate: clock skew). A message lives on one connection: a crash of either end loses it. Everything is drawn
-from one seed, so a seed replays exactly.
+leader's whole log) and changing the membership (a new node caught up as a learner, then added;
+a member removed, the leader after handing leadership over; a removed member stopped for good;
+never a change that leaves a majority of the new configuration down), and a simulated clock
+(each node ticks at its own rate: clock skew). A message lives on one connection: a crash of
+either end loses it. Everything is drawn from one seed, so a seed replays exactly.
 
 A run alternates chaos phases (faults on) with calm ones (every node up, the network whole, no
-loss). Checked throughout: at most one leader per term, at most one vote per term on any disk,
+loss; a minority of every configuration in play may stay down). Checked throughout: at most one
+leader per term, at most one vote per term on any disk, the commit rule from outside (what a
+leader commits is on the disks of a majority of the configuration its log holds),
 log matching, leader completeness (a new leader holds every entry any node applied), state
 machine safety (no two nodes apply different entries at one index), a commit index that never
 goes back; and liveness in calm phases: a proposal made in one commits within `LIVENESS_MS`,
-every running node catches up by the phase's end, and the target of a leadership transfer asked
-for in one leads within `TRANSFER_MS` (unless it or the leader was down or stalled).
+every running member catches up by the phase's end, the target of a leadership transfer asked
+for in one leads within `TRANSFER_MS` (unless it or the leader was down or stalled), and a
+member removed in one under a steady leader knows it within `RETIRE_MS`.
 
     python -m raftq.node.raft.sim --seeds 1000      # a summary; exit 1 on any violation
     python -m raftq.node.raft.sim --seed 17         # replay one seed, event by event
@@ -32,7 +38,8 @@ import sys
 import time
 from dataclasses import dataclass, field, replace
 
-from .core import Config, CoreInUse, HardState, NotLeader, RaftCore, RaftState, Refusal, Refused
+from .core import (ChangeType, ConfChange, Config, CoreInUse, EntryKind, HardState, NotLeader, RaftCore, RaftState,
+                   Refusal, Refused)
 
 # A tick of 20 ms (raftq's append_entries_period_s), elections after 160-320 ms: the shape of
 # raftq's settings (1-2 s) compressed, so that a seed goes through many elections.
@@ -45,6 +52,10 @@ CATCH_UP_MARK_MS = 1000         # ... and every running node holds by its end wh
 DURATION_MS = 12_000
 TRANSFER_EVERY_MS = (200, 1500)  # the client asks the leader to hand leadership over
 TRANSFER_MS = 500               # ... and in a calm phase the up-to-date target leads within this
+MEMBER_EVERY_MS = (300, 1500)   # the operator adds a node (a learner first) or removes one
+NEW_NODES = 4                   # nodes added at most per run (each a new id: a removed one never returns)
+LEARNER_LAG = 8                 # a learner this close to the leader's log is added
+RETIRE_MS = 1000                # a member removed is stopped this long after its removal committed
 
 
 class Violation(Exception):
@@ -87,6 +98,8 @@ class Node:
         self.resumesAt = 0          # when the last event a stall put off runs (a calm phase's start
                                     # ends the pause, not the ticks and syncs it put off)
         self.applied = 0
+        self.checkedCommit = 0      # the leader's commit index whose majority was last checked
+        self.folded = (None, 0, None)   # (term led, index, voters): its log's configuration, folded so far
 
 
 class Sim:
@@ -94,7 +107,12 @@ class Sim:
         self.seed = seed
         self.rng = random.Random(seed)
         n = nodes or self.rng.choice((3, 3, 5))
-        self.ids = [f'n{i}' for i in range(1, n + 1)]
+        self.ids = [f'n{i}' for i in range(1, n + 1)]   # the nodes in play (members, learners, removed not yet stopped)
+        self.initial = tuple(self.ids)      # every core's configuration before its log's first entry
+        self.committedVoters = frozenset(self.ids)      # the configuration of the last change applied
+        self.joining = None         # the learner being caught up, until its add is committed
+        self.gone = set()           # removed and stopped for good
+        self.everDamaged = set()    # nodes whose disk lost synced entries (may lack what they acknowledged)
         # flow control and batching vary by seed: one entry per append, one append in flight, ...
         # but at least 8 entries a round trip: one entry per round trip (seed 981 of the first
         # 1,000) caught a restarted node up on 300 entries in more than LIVENESS_MS, slow and right
@@ -119,7 +137,8 @@ class Sim:
         self.damage = 0.0           # a restart finds its disk damaged (chaos phases)
         self.transfer = None        # (target, term, time asked, leader) of the transfer under way
         self.counts = {'messages': 0, 'proposals': 0, 'acked': 0, 'crashes': 0, 'damaged': 0, 'pauses': 0, 'elections': 0,
-                       'calm_phases': 0, 'transfers': 0, 'transfers_done': 0, 'events': 0}
+                       'calm_phases': 0, 'transfers': 0, 'transfers_done': 0, 'learners': 0, 'added': 0,
+                       'removed': 0, 'removals_told': 0, 'events': 0}
 
     # -- the event queue ----------------------------------------------------------------------
 
@@ -137,6 +156,7 @@ class Sim:
         self.at(0, 'phase', 'calm')
         self.at(self.rng.randint(5, 40), 'propose')
         self.at(self.rng.randint(*TRANSFER_EVERY_MS), 'transfer')
+        self.at(self.rng.randint(*MEMBER_EVERY_MS), 'member')
         while self.events and self.events[0][0] <= self.durationMs:
             t, _, kind, args = heapq.heappop(self.events)
             self.now = t
@@ -242,7 +262,9 @@ class Sim:
         theirs = self.appliedAt.setdefault(entry.index, mine)
         if theirs != mine:
             raise Violation(f'state machine safety: {node.id} applied {mine} at {entry.index}, another {theirs}')
-        if node.core.state == RaftState.LEADER and entry.term == node.core.term and entry.data:
+        if entry.kind == EntryKind.MEMBERSHIP and theirs is mine:
+            self.onChangeCommitted(entry)
+        if node.core.state == RaftState.LEADER and entry.term == node.core.term and entry.kind == EntryKind.REGULAR:
             if entry.index not in self.acked:
                 self.acked[entry.index] = entry.data
                 self.counts['acked'] += 1
@@ -292,15 +314,17 @@ class Sim:
         cut = self.rng.randrange(max(0, len(disk.entries) - 30), len(disk.entries))   # recent ones matter
         del disk.entries[cut:]
         disk.unverified = disk.hard_state.commit
+        self.everDamaged.add(node.id)
         self.counts['damaged'] += 1
         self.log(f'{node.id} disk damaged: log cut to {cut} entries (commit index claimed {disk.unverified})')
 
     def restart(self, nodeId):
         node = self.nodes[nodeId]
-        if node.up:
+        if node.up or nodeId in self.gone:
             return
         node.incarnation += 1
-        node.core = RaftCore(nodeId, self.ids, random.Random(self.rng.getrandbits(64)), self.config,
+        node.checkedCommit, node.folded = 0, (None, 0, None)
+        node.core = RaftCore(nodeId, self.initial, random.Random(self.rng.getrandbits(64)), self.config,
                              hardState=node.disk.hard_state, entries=list(node.disk.entries),
                              unverifiedClaim=node.disk.unverified)
         node.up, node.pending, node.applied, node.proposals = True, None, 0, []
@@ -341,7 +365,7 @@ class Sim:
         try:
             node.core.transferLeadership(target)
         except Refused as e:
-            assert e.reason in (Refusal.BEHIND, Refusal.TRANSFER_IN_PROGRESS), e.reason
+            assert e.reason in (Refusal.BEHIND, Refusal.TRANSFER_IN_PROGRESS, Refusal.UNKNOWN_NODE), e.reason
             return
         self.counts['transfers'] += 1
         self.transfer = (target, node.core.term, self.now, node.id)
@@ -359,6 +383,99 @@ class Sim:
         if self.calmSince is not None and self.calmSince <= asked and self.nodes[target].up and not stalled:
             raise Violation(f'liveness: the transfer to {target} asked at {asked} ms in a calm phase did not '
                             f'complete within {TRANSFER_MS} ms (states {self.states()})')
+
+    # -- membership: the operator ------------------------------------------------------------
+
+    def on_member(self):
+        """Add a node (a new id, caught up as a learner, then added), or remove a member (the
+        leader: hand leadership over first, as raftq does; the next leader removes it)."""
+        self.at(self.now + self.rng.randint(*MEMBER_EVERY_MS), 'member')
+        leaders = [n for n in self.nodes.values() if n.up and n.core.state == RaftState.LEADER]
+        if not leaders:
+            return
+        leader = self.rng.choice(leaders)
+        core = leader.core
+        try:
+            if self.joining is not None:
+                self.promote(core)
+            elif len(core.voters) < 5 and len(self.nodes) < len(self.initial) + NEW_NODES and self.rng.random() < 0.5:
+                self.startLearner(core)
+            elif len(core.voters) > 3:
+                self.removeOne(leader)
+        except Refused as e:
+            assert e.reason in (Refusal.CHANGE_PENDING, Refusal.TRANSFER_IN_PROGRESS, Refusal.NO_CANDIDATE,
+                                Refusal.BEHIND), e.reason
+        self.drive(leader)
+
+    def startLearner(self, core):
+        nodeId = f'n{len(self.nodes) + 1}'
+        self.nodes[nodeId] = Node(nodeId, self.rng.choice((18, 19, 20, 20, 21, 22)))
+        self.ids.append(nodeId)
+        self.restart(nodeId)
+        self.joining = nodeId
+        core.addLearner(nodeId)
+        self.counts['learners'] += 1
+        self.log(f'{core.id} replicates to the learner {nodeId}')
+
+    def promote(self, core):
+        nodeId = self.joining
+        if nodeId in self.committedVoters:
+            self.joining = None
+        elif nodeId not in core.voters and self.nodes[nodeId].up:
+            match = core.learnerMatchIndex(nodeId)
+            if match is None:
+                core.addLearner(nodeId)     # a new leader: learners are dropped with leadership
+            elif match >= core.lastIndex - LEARNER_LAG and self.keepsMajority(core.voters | {nodeId}):
+                core.proposeChange(ChangeType.ADD, nodeId, {'id': nodeId})
+                self.log(f'{core.id} adds {nodeId} (match {match} of {core.lastIndex})')
+
+    def removeOne(self, leader):
+        nodeId = self.rng.choice(sorted(leader.core.voters))
+        if nodeId == leader.id:
+            target = leader.core.transferLeadership()
+            self.log(f'{leader.id} hands leadership to {target} before its removal')
+        elif self.keepsMajority(leader.core.voters - {nodeId}):
+            leader.core.proposeChange(ChangeType.REMOVE, nodeId)
+            self.log(f'{leader.id} removes {nodeId}')
+
+    def onChangeCommitted(self, entry):
+        change = ConfChange.decode(entry.data)
+        voters = self.committedVoters
+        self.committedVoters = voters | {change.node} if change.type == ChangeType.ADD else voters - {change.node}
+        self.log(f'committed at {entry.index}: {change.type.value} {change.node}')
+        if change.type == ChangeType.ADD:
+            self.counts['added'] += 1
+            return
+        self.counts['removed'] += 1
+        node = self.nodes[change.node]
+        self.at(self.now + RETIRE_MS, 'retire', change.node, entry.term, self.now, node.incarnation)
+
+    def on_retire(self, nodeId, term, committedAt, incarnation):
+        """A removed member is stopped for good. Liveness: one that ran throughout a calm
+        phase under the leader that removed it was told (the fork's "a removed member is told")."""
+        node = self.nodes[nodeId]
+        told = node.up and node.core.removedFromCluster
+        self.counts['removals_told'] += told
+        leader = self.nodes[self.leaders[term]]
+        steady = self.calmSince is not None and self.calmSince <= committedAt and node.up and \
+            node.incarnation == incarnation and node.resumesAt <= committedAt and leader.up and \
+            leader.core.state == RaftState.LEADER and leader.core.term == term
+        if steady and not told:
+            raise Violation(f'liveness: {nodeId} was not told of its removal within {RETIRE_MS} ms in a calm phase')
+        if nodeId in self.committedVoters:
+            return      # added back meanwhile (not by this operator: new ids only)
+        self.on_crash(nodeId)
+        self.gone.add(nodeId)
+        self.ids.remove(nodeId)
+
+    def keepsMajority(self, voters):
+        """The operator changes nothing that would leave a majority of the new configuration
+        down (Raft could not help it: a calm phase would commit nothing)."""
+        return sum(self.nodes[v].up for v in voters) > len(voters) / 2
+
+    def configsInPlay(self):
+        """The committed configuration and every running node's: a calm phase keeps a majority of each."""
+        return [self.committedVoters] + [n.core.voters for n in self.nodes.values() if n.up]
 
     # -- faults ----------------------------------------------------------------------------------
 
@@ -378,7 +495,11 @@ class Sim:
         down = set()
         if self.rng.random() < 0.4 and not any(n.disk.unverified is not None for n in self.nodes.values()):
             # a minority stays down: a majority must make progress on its own
-            down = set(self.rng.sample(self.ids, self.rng.randint(1, (len(self.ids) - 1) // 2)))
+            configs = self.configsInPlay()
+            pool = sorted(frozenset.intersection(*configs) & set(self.ids))
+            most = min(len(c) - 1 for c in configs) // 2
+            if pool and most:
+                down = set(self.rng.sample(pool, self.rng.randint(1, min(most, len(pool)))))
         for node in self.nodes.values():
             node.pausedUntil = min(node.pausedUntil, self.now)
         for nodeId in self.ids:
@@ -457,6 +578,7 @@ class Sim:
         leader = self.leaders.setdefault(core.term, node.id)
         if leader != node.id:
             raise Violation(f'election safety: {leader} and {node.id} both lead term {core.term}')
+        self.checkCommitQuorum(node)
         if leader == node.id and getattr(node, 'ledTerm', None) != core.term:
             node.ledTerm = core.term
             self.counts['elections'] += 1
@@ -465,6 +587,32 @@ class Sim:
             if self.transfer is not None and self.transfer[0] == node.id and self.transfer[1] < core.term:
                 self.counts['transfers_done'] += 1
                 self.transfer = None
+
+    def checkCommitQuorum(self, node):
+        """The commit rule, checked from outside: what a leader commits is on the disks of a
+        majority of the configuration in force, folded here from its log's changes (a learner
+        or a removed member never counts). A node whose disk was damaged may have lost what it
+        acknowledged: it is given the benefit of the doubt."""
+        core = node.core
+        commit = core.commitIndex
+        if commit <= node.checkedCommit:
+            return
+        if node.folded[0] != core.term:
+            # a new leader: what it knew committed was committed under the configuration then
+            node.folded, node.checkedCommit = (core.term, 0, frozenset(self.initial)), commit
+            return
+        node.checkedCommit = commit
+        _, last, voters = node.folded
+        for entry in core.entries(last + 1):    # a leader's log only grows: fold what is new
+            if entry.kind == EntryKind.MEMBERSHIP:
+                change = ConfChange.decode(entry.data)
+                voters = voters | {change.node} if change.type == ChangeType.ADD else voters - {change.node}
+        node.folded = (core.term, core.lastIndex, voters)
+        term = core.entries(commit, commit)[0].term
+        holders = [v for v in voters if v in self.everDamaged or
+                   (len(self.nodes[v].disk.entries) >= commit and self.nodes[v].disk.entries[commit - 1].term == term)]
+        if len(holders) <= len(voters) / 2:
+            raise Violation(f'commit rule: {node.id} committed {commit} on {sorted(holders)} of {sorted(voters)}')
 
     def checkCompleteness(self, node):
         """Leader completeness: the new leader's log holds every entry any node applied."""
@@ -500,6 +648,8 @@ class Sim:
         if final or not self.calmMark:
             return
         for node in self.nodes.values():
+            if node.id not in self.committedVoters:
+                continue        # a learner being caught up, a removed member
             entries = node.core.entries(1, self.calmMark) if node.up else None
             if entries is not None and (len(entries) < self.calmMark or entries[-1].term != self.appliedAt[self.calmMark][0]):
                 raise Violation(f'liveness: {node.id} did not catch up to entry {self.calmMark} in a calm phase '
