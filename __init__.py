@@ -23,6 +23,7 @@ _EXPORTS = {
     "Rejected": "raftq.cluster.client",
     "BatchRejected": "raftq.cluster.client", "Unauthenticated": "raftq.cluster.client",
     "PermissionDenied": "raftq.cluster.client",
+    "Result": "raftq.cluster.client", "JobResult": "raftq.cluster.client",
     "Worker": "raftq.cluster.worker", "RetryAfter": "raftq.cluster.worker",
     "Permanent": "raftq.cluster.worker", "ExecutionTimeout": "raftq.cluster.worker",
 }
