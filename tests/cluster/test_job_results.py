@@ -16,7 +16,8 @@ import time
 
 import pytest
 
-from raftq.cluster.client import Client, InvalidArgument, NotFound
+from raftq.cluster.client import Client, InvalidArgument, NotFound, Result
+from raftq.cluster.worker import Worker
 from raftq.cluster.local import LocalCluster
 from tests.cluster.test_cli_consume import raftq
 from tests.conftest import Api, heal, poll
@@ -34,7 +35,7 @@ def cluster(tmp_path_factory):
                      limits={"max_result_bytes": 4096},
                      storage={"dead_letter_retention_ms": 600_000},
                      queues=[retaining("res"), retaining("res-s"), retaining("res-f"), retaining("res-wait"),
-                             retaining("res-kill"), retaining("res-dead"), retaining("res-cli"),
+                             retaining("res-kill"), retaining("res-dead"), retaining("res-cli"), retaining("res-w"),
                              retaining("res-bound", max_retained_result_bytes=10)])
     c.launch()
     try:
@@ -226,3 +227,25 @@ def test_the_command_line_acks_with_a_result_and_waits_for_it(healthy):
     other = api.enqueue("res-cli")[1]["job_id"]
     code, out, err = raftq(c, "result", other, "--wait", "0.5")
     assert code == 1 and "has not finished" in err, (out, err)
+
+
+async def test_a_worker_handler_that_returns_a_result_acks_with_it(healthy):
+    c = healthy
+    async with Client(c.urls) as client:
+        async def render(job):
+            return Result(b"rendered " + job.payload, "text/plain")
+
+        async def plain(job):
+            return "ignored: only a Result is sent"
+        w = Worker(client, ["res-w"], {"render": render, "plain": plain}, wait_ms=300)
+        task = asyncio.create_task(w.run())
+        try:
+            a = await client.enqueue("res-w", "render", b"page 1")
+            b = await client.enqueue("res-w", "plain", b"x")
+            got = await client.result(a.job_id, timeout=20)
+            assert got.succeeded and got.result == b"rendered page 1" and got.encoding == "text/plain"
+            other = await client.result(b.job_id, timeout=20)
+            assert other.succeeded and other.result is None
+        finally:
+            w.stop()
+            await asyncio.wait_for(task, 30)
