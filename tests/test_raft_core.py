@@ -9,7 +9,7 @@ import random
 import pytest
 
 from raftq.node.raft.core import (ChangeType, ConfChange, Config, CoreInUse, Entry, EntryKind, HardState, Message, MessageType, NotLeader,
-                                  ProgressState, RaftCore, RaftState, Refusal, Refused)
+                                  ProgressState, RaftCore, RaftState, Refusal, Refused, Snapshot)
 
 T = MessageType
 CONF = Config(election_timeout_min=10, election_timeout_max=20, heartbeat_interval=2, max_inflight=3,
@@ -28,6 +28,7 @@ class Net:
                                   entries=self.disks[i][1]) for n, i in enumerate(everyone)}
         self.wire = []          # messages sent and not yet delivered
         self.applied = {i: [] for i in everyone}
+        self.offsets = {}       # node -> the index its disk's log starts after (its snapshot's)
 
     def __getitem__(self, i):
         return self.cores[i]
@@ -44,8 +45,11 @@ class Net:
 
     def persist(self, i, rd):
         hs, log = self.disks[i]
+        if rd.snapshot:
+            log = []                # the log starts after the snapshot (the core holds the snapshot)
+            self.offsets[i] = rd.snapshot.index
         if rd.entries:
-            del log[rd.entries[0].index - 1:]
+            del log[rd.entries[0].index - 1 - self.offsets.get(i, 0):]
             log += rd.entries
         self.disks[i] = (rd.hard_state or hs, log)
 
@@ -487,6 +491,71 @@ def test_a_change_is_undone_when_its_entry_is_cut_and_replayed_at_restart():
     follower.step(Message(T.APPEND_ENTRIES, 'c', 'b', 2, prev_log_index=1, prev_log_term=1,
                           entries=(Entry(2, 2, b'other'),)))
     assert follower.voters == {'a', 'b', 'c'}         # a new leader's entry replaced it: undone
+
+
+# -- snapshots ------------------------------------------------------------------------------------
+
+def test_a_follower_too_far_behind_gets_the_snapshot_then_the_entries():
+    net = Net()
+    leader = net.elect('a')
+    net.deliver()
+    away = {('a', 'c'), ('c', 'a')}
+    for n in range(6):
+        net.propose('a', b'%d' % n)
+        net.deliver(cut=away)
+    assert leader.commitIndex == 7 and net['c'].lastIndex == 1
+    leader.compact(5, b'state at 5')
+    assert leader.entries()[0].index == 6 and leader.snapshot == Snapshot(5, 1, frozenset('abc'), b'state at 5')
+    net.propose('a', b'after')
+    net.tick('a', CONF.heartbeat_interval)
+    installs = [m for m in net.wire if m.type == T.INSTALL_SNAPSHOT]
+    assert [m.dst for m in installs] == ['c'] and leader.progress('c').state == ProgressState.SNAPSHOT
+    net['c'].step(installs[0])
+    net.wire.remove(installs[0])
+    rd = net['c'].ready()
+    assert rd.snapshot.index == 5 and rd.must_sync and rd.committed_entries == ()
+    assert [m.next_node_idx for m in rd.messages_after_sync] == [6]      # acknowledged once on disk
+    net.persist('c', rd)
+    net['c'].advance(rd)
+    net.wire += rd.messages_after_sync
+    for _ in range(3):
+        net.deliver()
+        net.tick('a', CONF.heartbeat_interval)
+    assert net['c'].lastIndex == leader.lastIndex == 8 and leader.progress('c').state == ProgressState.REPLICATE
+    assert [e.data for e in net.applied['c']] == [b'4', b'5', b'after']   # 6-8: after the snapshot
+    assert [e.index for e in net.disks['c'][1]] == [6, 7, 8]
+
+
+def test_compaction_keeps_the_configuration_and_a_restart_starts_from_the_snapshot():
+    add = Entry(2, 1, ConfChange(ChangeType.ADD, 'd').encode(), EntryKind.MEMBERSHIP)
+    core = RaftCore('b', 'abc', random.Random(1), CONF, hardState=HardState(1, None, 3),
+                    entries=log_of(1) + [add, Entry(3, 1, b'3')], applied=2)
+    with pytest.raises(ValueError):
+        core.compact(3, b'')                          # not applied yet
+    core.compact(2, b'two')
+    assert core.voters == {'a', 'b', 'c', 'd'} and [e.index for e in core.entries()] == [3]
+    again = RaftCore('b', 'abc', random.Random(1), CONF, hardState=HardState(1, None, 3),
+                     entries=[Entry(3, 1, b'3')], snapshot=core.snapshot)
+    assert again.voters == {'a', 'b', 'c', 'd'} and again.lastIndex == 3 and again.commitIndex == 3
+    assert [e.index for e in again.ready().committed_entries] == [3]      # 1-2 are in the snapshot
+
+
+def test_a_snapshot_the_follower_already_holds_cuts_nothing():
+    follower = RaftCore('b', 'abc', random.Random(1), CONF, hardState=HardState(1, None, 2), entries=log_of(1, 1, 1))
+    follower.step(Message(T.INSTALL_SNAPSHOT, 'a', 'b', 1, snapshot=Snapshot(2, 1, frozenset('abc'), b's')))
+    rd = follower.ready()
+    assert rd.snapshot is None and follower.lastIndex == 3                    # entry 3 kept
+    assert [(m.success, m.next_node_idx) for m in rd.messages_after_sync] == [(True, 3)]
+
+
+def test_an_installed_snapshot_replaces_a_conflicting_log_and_trusts_it_again():
+    follower = RaftCore('b', 'abc', random.Random(1), CONF, hardState=HardState(2), entries=log_of(1, 2, 2),
+                        unverifiedClaim=1)
+    follower.step(Message(T.INSTALL_SNAPSHOT, 'a', 'b', 3, snapshot=Snapshot(4, 3, frozenset('abc'), b's'),
+                          commit_index=4))
+    rd = follower.ready()
+    assert rd.snapshot.index == 4 and rd.log_verified and not follower.logUnverified
+    assert follower.lastIndex == 4 and follower.entries() == [] and follower.commitIndex == 4
 
 
 # -- replication --------------------------------------------------------------------------------

@@ -56,6 +56,7 @@ class MessageType(enum.Enum):
     APPEND_ENTRIES = 'append_entries'
     NEXT_NODE_IDX = 'next_node_idx'     # the answer to an append (upstream's name)
     TIMEOUT_NOW = 'timeout_now'
+    INSTALL_SNAPSHOT = 'install_snapshot'   # upstream: an append_entries with 'serialized'
 
 
 class RaftState(enum.IntEnum):
@@ -105,6 +106,16 @@ class Entry:
 
 
 @dataclass(frozen=True, slots=True)
+class Snapshot:
+    """The state machine at `index` (upstream's raft.dump: its 'last' entry and its members);
+    `data` is the caller's, opaque to the core."""
+    index: int
+    term: int
+    voters: frozenset
+    data: bytes = b''
+
+
+@dataclass(frozen=True, slots=True)
 class HardState:
     """What a node persists besides its log (the fork's meta file: term, vote, commit index)."""
     term: int = 0
@@ -138,6 +149,8 @@ class Message:
     next_node_idx: int = 0
     reject_index: int = 0
     log_unverified: bool = False    # the follower's log is untrusted: it may lack what it acknowledged
+    # INSTALL_SNAPSHOT (with commit_index)
+    snapshot: Snapshot | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,9 +163,12 @@ class Ready:
     must_sync: bool = False     # entries, term or vote changed (a commit index alone needs no
                                 # sync: the fork's memory mode writes it unsynced)
     log_verified: bool = False  # an untrusted log (disk checks) was matched: clear its mark on disk
+    snapshot: Snapshot | None = None    # installed from the leader: persist it and restore the state
+                                        # machine from it before entries and committed_entries, and
+                                        # drop the log it covers (it is the log's start from now on)
 
     def __bool__(self):
-        return bool(self.entries or self.hard_state or self.messages or self.messages_after_sync
+        return bool(self.snapshot or self.entries or self.hard_state or self.messages or self.messages_after_sync
                     or self.committed_entries or self.log_verified)
 
 
@@ -184,12 +200,13 @@ class ProgressState(enum.Enum):
     """How the leader sends to a follower (etcd's Progress; SNAPSHOT comes with snapshots)."""
     PROBE = 'probe'             # one append at a time until one matches
     REPLICATE = 'replicate'     # pipelined: next index optimistic, up to max_inflight appends
+    SNAPSHOT = 'snapshot'       # it needs entries the log no longer holds: a snapshot is out
 
 
 class Progress:
     """The leader's view of one follower (upstream: raftNextIndex, raftMatchIndex,
     lastResponseTime, spread over dicts)."""
-    __slots__ = ('match', 'next', 'state', 'inflight', 'paused', 'lastResponseTime')
+    __slots__ = ('match', 'next', 'state', 'inflight', 'paused', 'lastResponseTime', 'snapshotSent')
 
     def __init__(self, nextIndex, now):
         self.match = 0
@@ -198,6 +215,7 @@ class Progress:
         self.inflight = deque()     # (last index, tick sent) of each append in flight, ascending
         self.paused = False         # PROBE: a probe is out, wait for its answer or a heartbeat
         self.lastResponseTime = now
+        self.snapshotSent = 0       # SNAPSHOT: when (ticks); sent again after retransmit_timeout
 
     def becomeProbe(self):
         self.state = ProgressState.PROBE
@@ -237,24 +255,27 @@ class RaftCore:
     had claimed, or 0 when unknown."""
 
     def __init__(self, nodeId, voters, rng, config=None, hardState=None, entries=(), applied=0,
-                 unverifiedClaim=None):
+                 unverifiedClaim=None, snapshot=None):
         self.id = nodeId
         # (index, voters, change) of every configuration in the log; the first is the one before
-        # the log's first entry (a node being added starts outside it: a learner)
-        self._configs = [(0, frozenset(voters), None)]
+        # the log's first entry (a node being added starts outside it: a learner; a snapshot's)
+        self._snapshot = snapshot
+        base = snapshot or Snapshot(0, 0, frozenset(voters))
+        self._configs = [(base.index, frozenset(base.voters), None)]
         self._others = ()
         self._rng = rng
         self.conf = config or Config()
         hs = hardState or HardState()
-        self._log = [Entry(0, 0, kind=EntryKind.NO_OP)]     # upstream's raftLog[0]: the boundary
+        # upstream's raftLog[0]: the boundary, the snapshot's last entry (its entries follow)
+        self._log = [Entry(base.index, base.term, kind=EntryKind.NO_OP)]
         self._log.extend(entries)
         self._checkContiguous(self._log)
         for entry in entries:
             self._applyChange(entry)
         self.raftCurrentTerm = hs.term
         self.votedForNodeId = hs.vote
-        self.raftCommitIndex = min(hs.commit, self._lastIndex())
-        self.raftLastApplied = min(applied, self.raftCommitIndex)
+        self.raftCommitIndex = min(max(hs.commit, base.index), self._lastIndex())
+        self.raftLastApplied = min(max(applied, base.index), self.raftCommitIndex)
         self._stableIndex = self._lastIndex()
         self._persisted = HardState(hs.term, hs.vote, self.raftCommitIndex)
         self._initVolatile(unverifiedClaim)
@@ -284,6 +305,7 @@ class RaftCore:
         self._msgs = []
         self._msgsAfterSync = []
         self._pending = None
+        self._snapshotNews = None   # a snapshot installed, for the next Ready
 
     @staticmethod
     def _checkContiguous(log):
@@ -323,7 +345,8 @@ class RaftCore:
         return self._unverified is not None
 
     def entries(self, first=1, last=None):
-        """The log's entries first..last (a copy; for checks and tests)."""
+        """The log's entries first..last, from the snapshot's on at most (a copy)."""
+        first = max(first, self._log[0].index + 1)
         last = self._lastIndex() if last is None else last
         return self._log[first - self._log[0].index:last - self._log[0].index + 1]
 
@@ -570,6 +593,63 @@ class RaftCore:
         del self._departing[node]
         del self._progress[node]
 
+    # -- snapshots (syncobj.py: __tryLogCompaction, __deleteEntriesTo, the 'serialized' install) --
+
+    @property
+    def snapshot(self):
+        """The last snapshot this node took or installed, or None."""
+        return self._snapshot
+
+    def compact(self, index, data):
+        """The caller wrote a snapshot of its state machine at `index` (applied, so on disk) and
+        synced it; the core drops the log before it and sends the snapshot to a follower that
+        needs what it dropped. The caller compacts its journal after the snapshot is on disk (the
+        fork's "snapshots synced around the rename")."""
+        start = self._log[0].index
+        if index <= start:
+            return
+        if index > self.raftLastApplied:
+            raise ValueError(f'{self.id}: compact({index}) past the last applied entry {self.raftLastApplied}')
+        term = self._termAt(index)
+        configs = [c for c in self._configs if c[0] <= index]
+        base = configs[-1]
+        self._configs = [(index, base[1], base[2])] + [c for c in self._configs if c[0] > index]
+        self._snapshot = Snapshot(index, term, base[1], data)
+        self._log = [Entry(index, term, kind=EntryKind.NO_OP)] + self._log[index - start + 1:]
+
+    def _sendSnapshot(self, node, pr):
+        pr.state, pr.snapshotSent, pr.paused = ProgressState.SNAPSHOT, self._now, False
+        pr.inflight.clear()
+        self._send(MessageType.INSTALL_SNAPSHOT, node, afterSync=False, snapshot=self._snapshot,
+                   commit_index=self.raftCommitIndex)
+
+    def _onInstallSnapshot(self, m):
+        if m.term < self.raftCurrentTerm:
+            return
+        self._hearLeader(m)
+        snap = m.snapshot
+        if snap.index > self.raftCommitIndex and self._termAt(snap.index) != snap.term:
+            self._restore(snap)
+        else:
+            # it holds the snapshot's last entry (log matching: everything before it too), or has
+            # committed past it: keep the log (a leader's old snapshot would cut entries)
+            self.raftCommitIndex = max(self.raftCommitIndex, snap.index)
+            if self._unverified is not None:
+                self._checkCaughtUp(snap.index, m.commit_index)
+        self._sendNextNodeIdx(m.src, True, snap.index + 1, 0)
+
+    def _restore(self, snap):
+        """Replace the log by the snapshot (upstream's __loadDumpFile(clearJournal=True)); the
+        caller restores its state machine from the Ready's snapshot. An untrusted log is trusted
+        again (the fork's disk checks: "or a snapshot was installed")."""
+        self._log = [Entry(snap.index, snap.term, kind=EntryKind.NO_OP)]
+        self._configs = [(snap.index, frozenset(snap.voters), None)]
+        self.raftCommitIndex = self.raftLastApplied = self._stableIndex = snap.index
+        self._snapshot = self._snapshotNews = snap
+        if self._unverified is not None:
+            self._unverified, self._verifiedNews = None, True
+        self._onConfigChanged()
+
     def has_ready(self):
         """False while a Ready is being handled (nothing can be handed out before advance())."""
         if self._pending is not None:
@@ -577,6 +657,7 @@ class RaftCore:
         self._sendAppendEntries()
         hs = self._persisted
         return bool(self._msgs or self._msgsAfterSync or self._stableIndex < self._log[-1].index
+                    or self._snapshotNews is not None
                     or self.raftLastApplied < min(self.raftCommitIndex, self._stableIndex)
                     or hs.term != self.raftCurrentTerm or hs.vote != self.votedForNodeId
                     or hs.commit != self.raftCommitIndex or self._verifiedNews)
@@ -590,9 +671,10 @@ class RaftCore:
         rd = Ready(entries=entries, hard_state=hs if hs != old else None,
                    messages=tuple(self._msgs), messages_after_sync=tuple(self._msgsAfterSync),
                    committed_entries=tuple(self.entries(self.raftLastApplied + 1, applyTo)),
-                   must_sync=bool(entries) or (hs.term, hs.vote) != (old.term, old.vote),
-                   log_verified=self._verifiedNews)
-        self._msgs, self._msgsAfterSync, self._verifiedNews = [], [], False
+                   must_sync=bool(entries) or (hs.term, hs.vote) != (old.term, old.vote) or
+                   self._snapshotNews is not None,
+                   log_verified=self._verifiedNews, snapshot=self._snapshotNews)
+        self._msgs, self._msgsAfterSync, self._verifiedNews, self._snapshotNews = [], [], False, None
         self._pending = rd
         return rd
 
@@ -605,7 +687,8 @@ class RaftCore:
         if rd.hard_state is not None:
             self._persisted = rd.hard_state
         if rd.committed_entries:
-            self.raftLastApplied = rd.committed_entries[-1].index
+            # (max: a snapshot installed meanwhile moved it past them)
+            self.raftLastApplied = max(self.raftLastApplied, rd.committed_entries[-1].index)
         if self.raftState == RaftState.LEADER:
             self._maybeCommit()     # the leader's own copy counts from now on
 
@@ -812,6 +895,8 @@ class RaftCore:
         retransmit_timeout (lost) is probed again from its match index."""
         self._heartbeatDue = self._now + self.conf.heartbeat_interval
         for node, pr in self._progress.items():     # voters, learners and departing members
+            if pr.state == ProgressState.SNAPSHOT and self._now - pr.snapshotSent >= self.conf.retransmit_timeout:
+                pr.becomeProbe()        # unanswered: sent again
             if pr.state == ProgressState.REPLICATE and pr.inflight and \
                     self._now - pr.inflight[0][1] >= self.conf.retransmit_timeout:
                 pr.becomeProbe()
@@ -836,6 +921,12 @@ class RaftCore:
         """Appends from pr.next while flow control allows; True when one was sent. REPLICATE
         pipelines (next index optimistic, at most max_inflight appends unanswered); PROBE sends
         one and waits."""
+        if pr.next <= self._log[0].index:
+            # it needs entries compacted away (upstream: nextNodeIndex <= raftLog[0]): the snapshot
+            if pr.state == ProgressState.SNAPSHOT:
+                return False
+            self._sendSnapshot(node, pr)
+            return True
         sent = False
         while pr.next <= self._lastIndex() and self._maySend(pr):
             entries = self._getEntries(pr.next)
@@ -849,6 +940,8 @@ class RaftCore:
         return sent
 
     def _maySend(self, pr):
+        if pr.state == ProgressState.SNAPSHOT:
+            return False
         if pr.state == ProgressState.PROBE:
             return not pr.paused
         return len(pr.inflight) < self.conf.max_inflight
@@ -857,6 +950,8 @@ class RaftCore:
         """A heartbeat: at the match index while replicating (known to match, so it is never
         refused while appends are in flight), at the next index while probing (a probe)."""
         prev = pr.match if pr.state == ProgressState.REPLICATE else pr.next - 1
+        if prev < self._log[0].index or pr.state == ProgressState.SNAPSHOT:
+            return      # its snapshot is out, or goes out at the next probe
         if pr.state == ProgressState.PROBE:
             pr.paused = True
         self._sendEntries(node, prev, ())
@@ -883,7 +978,7 @@ class RaftCore:
     def _onAppendSucceeded(self, pr, matched):
         while pr.inflight and pr.inflight[0][0] <= matched:
             pr.inflight.popleft()
-        if pr.state == ProgressState.PROBE:
+        if pr.state != ProgressState.REPLICATE:
             pr.state, pr.paused = ProgressState.REPLICATE, False
             pr.inflight.clear()
         if matched > pr.match:
@@ -897,8 +992,8 @@ class RaftCore:
             # match index is no longer true. Without this its refusals would all look late and
             # it would never be repaired (the fork's leader takes every refusal's hint).
             pr.match = m.next_node_idx - 1
-        elif m.reject_index <= pr.match:
-            return      # late: the follower has matched past it since
+        elif m.reject_index <= pr.match or pr.state == ProgressState.SNAPSHOT:
+            return      # late: the follower has matched past it since, or its snapshot is out
         if pr.state == ProgressState.PROBE and m.reject_index != pr.next - 1:
             return      # an answer to an earlier probe
         # the follower's hint (its last index + 1, or the start of its conflicting term), never
@@ -922,6 +1017,27 @@ class RaftCore:
     def _onAppendEntries(self, m):
         if m.term < self.raftCurrentTerm:
             return      # a stale leader (upstream ignores it too; CheckQuorum steps it down)
+        self._hearLeader(m)
+        prev, prevTerm, entries = m.prev_log_index, m.prev_log_term, m.entries
+        start = self._log[0]
+        if prev < start.index:
+            # sent before this node's snapshot (a late append): what it covers is committed, so
+            # the leader's log matches it there; the rest is handled as an append at its end
+            prev, prevTerm, entries = start.index, start.term, tuple(e for e in entries if e.index > start.index)
+        if prev > self._lastIndex():
+            return self._sendNextNodeIdx(m.src, False, self._lastIndex() + 1, prev)
+        myTerm = self._termAt(prev)
+        if myTerm != prevTerm:
+            return self._sendNextNodeIdx(m.src, False, self._conflictStart(prev, myTerm), prev)
+        matched = self._appendNew(prev, entries)
+        if m.commit_index > self.raftCommitIndex:
+            # only what is known to match the leader's log (the fork capped it the same way)
+            self.raftCommitIndex = max(self.raftCommitIndex, min(m.commit_index, matched))
+        if self._unverified is not None:
+            self._checkCaughtUp(matched, m.commit_index)
+        self._sendNextNodeIdx(m.src, True, matched + 1, 0)
+
+    def _hearLeader(self, m):
         if self.raftState == RaftState.LEADER:
             raise AssertionError(f'{self.id}: two leaders in term {m.term} ({m.src})')
         if not self._transferInProgress:
@@ -932,19 +1048,6 @@ class RaftCore:
         self._lastLeaderContact = self._now
         self._preVoteTerm = None
         self._setState(RaftState.FOLLOWER)
-        prev = m.prev_log_index
-        if prev > self._lastIndex():
-            return self._sendNextNodeIdx(m.src, False, self._lastIndex() + 1, prev)
-        myTerm = self._termAt(prev)
-        if myTerm != m.prev_log_term:
-            return self._sendNextNodeIdx(m.src, False, self._conflictStart(prev, myTerm), prev)
-        matched = self._appendNew(prev, m.entries)
-        if m.commit_index > self.raftCommitIndex:
-            # only what is known to match the leader's log (the fork capped it the same way)
-            self.raftCommitIndex = max(self.raftCommitIndex, min(m.commit_index, matched))
-        if self._unverified is not None:
-            self._checkCaughtUp(matched, m.commit_index)
-        self._sendNextNodeIdx(m.src, True, matched + 1, 0)
 
     def _appendNew(self, prev, entries):
         """Raft's follower rule (Figure 2, AppendEntries 3-4; the fork's "keeps a matching
@@ -995,8 +1098,9 @@ class RaftCore:
         MessageType.APPEND_ENTRIES: _onAppendEntries,
         MessageType.NEXT_NODE_IDX: _onNextNodeIdx,
         MessageType.TIMEOUT_NOW: _onTimeoutNow,
+        MessageType.INSTALL_SNAPSHOT: _onInstallSnapshot,
     }
 
 
 __all__ = ['ChangeType', 'ConfChange', 'Config', 'CoreInUse', 'Entry', 'EntryKind', 'HardState', 'Message', 'MessageType', 'NotLeader',
-           'Progress', 'ProgressState', 'RaftCore', 'RaftState', 'Ready', 'Refusal', 'Refused']
+           'Progress', 'ProgressState', 'RaftCore', 'RaftState', 'Ready', 'Refusal', 'Refused', 'Snapshot']
