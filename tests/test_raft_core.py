@@ -540,6 +540,16 @@ def test_compaction_keeps_the_configuration_and_a_restart_starts_from_the_snapsh
     assert [e.index for e in again.ready().committed_entries] == [3]      # 1-2 are in the snapshot
 
 
+def test_an_append_from_before_the_followers_snapshot_is_taken_from_the_snapshots_end():
+    follower = RaftCore('b', 'abc', random.Random(1), CONF, hardState=HardState(1, None, 5),
+                        snapshot=Snapshot(5, 1, frozenset('abc'), b's'))
+    follower.step(Message(T.APPEND_ENTRIES, 'a', 'b', 1, prev_log_index=3, prev_log_term=1,
+                          entries=tuple(Entry(i, 1, b'%d' % i) for i in range(4, 8)), commit_index=7))
+    rd = follower.ready()
+    assert [e.index for e in rd.entries] == [6, 7] and follower.commitIndex == 7
+    assert [(m.success, m.next_node_idx) for m in rd.messages_after_sync] == [(True, 8)]
+
+
 def test_a_snapshot_the_follower_already_holds_cuts_nothing():
     follower = RaftCore('b', 'abc', random.Random(1), CONF, hardState=HardState(1, None, 2), entries=log_of(1, 1, 1))
     follower.step(Message(T.INSTALL_SNAPSHOT, 'a', 'b', 1, snapshot=Snapshot(2, 1, frozenset('abc'), b's')))

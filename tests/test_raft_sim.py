@@ -11,7 +11,7 @@ import time
 import pytest
 
 from raftq.node.raft import sim
-from raftq.node.raft.core import MessageType, RaftCore
+from raftq.node.raft.core import MessageType, RaftCore, Snapshot
 
 SEEDS = 200             # ~10 s here: six simulated seconds each (a calm phase, a chaos phase, calm again)
 SEED_MS = 6000
@@ -33,6 +33,7 @@ def test_hundreds_of_seeds_keep_raft_safe_and_live():
     assert totals['elections'] > SEEDS and totals['damaged'] > SEEDS // 10
     assert totals['transfers_done'] > SEEDS and totals['transfers_done'] > 0.9 * totals['transfers']
     assert totals['added'] > SEEDS // 2 and totals['removed'] > SEEDS // 2 and totals['removals_told'] > SEEDS // 3
+    assert totals['compactions'] > 10 * SEEDS and totals['installs'] > SEEDS
     print(f'{SEEDS} seeds, {simulated / 1000:.0f} simulated s in {time.perf_counter() - start:.1f} s')
 
 
@@ -42,17 +43,17 @@ def test_a_seed_replays_exactly():
     assert len(a.applied) > 100 and sim.run(8).applied != a.applied
 
 
-def test_a_node_whose_log_lacks_an_add_votes_for_the_new_member_seed_11():
+def test_a_node_whose_log_lacks_an_add_votes_for_the_new_member_seed_108():
     """FORK.md "Found by the simulator": four voters, one down, the one whose log lacked the
     add refused the new member (which held the longest log): nobody could be elected."""
-    r = sim.run(11)
+    r = sim.run(108)
     assert r.violation is None and r.counts['added'] >= 1
 
 
-def test_a_node_behind_in_term_is_elected_seed_31():
+def test_a_node_behind_in_term_is_elected_seed_189():
     """FORK.md "Found by the simulator": with one node of three down, the node with the newer
     term and the shorter log and the one with the older term and the longer log elected nobody."""
-    r = sim.run(31, nodes=3, durationMs=8000)
+    r = sim.run(189, nodes=3, durationMs=8000)
     assert r.violation is None and r.counts['calm_phases'] >= 2
 
 
@@ -77,6 +78,16 @@ def _fork_vote_filter(original):
     return step
 
 
+def _stale_snapshot(original):
+    def compact(self, index, data):
+        old = self._snapshot
+        original(self, index, data)
+        if old is not None:         # the new snapshot goes out with the old one's state
+            new = self._snapshot
+            self._snapshot = Snapshot(new.index, new.term, new.voters, old.data)
+    return compact
+
+
 def _counts_learners(self):
     """The commit rule over every node the leader replicates to (learners and departing members too)."""
     matches = sorted([self._stableIndex] + [pr.match for pr in self._progress.values()], reverse=True)
@@ -86,11 +97,12 @@ def _counts_learners(self):
 
 
 @pytest.mark.parametrize('bug, seed, nodes, ms, found', [
-    ('the fork\'s pre-vote rule', 31, 3, 8000, 'liveness: nothing proposed'),
+    ('the fork\'s pre-vote rule', 189, 3, 8000, 'liveness: nothing proposed'),
     ('a follower acknowledges before its sync', 0, None, SEED_MS, 'commit rule'),
     ('the target ignores TimeoutNow', 0, None, SEED_MS, 'liveness: the transfer'),
-    ('the leader counts learners', 0, None, SEED_MS, 'commit rule'),
-    ('the fork\'s vote filter', 11, None, sim.DURATION_MS, 'liveness: nothing proposed'),
+    ('the leader counts learners', 2, None, SEED_MS, 'commit rule'),
+    ('a snapshot sent with a stale state', 0, None, SEED_MS, 'state machine safety'),
+    ('the fork\'s vote filter', 108, None, sim.DURATION_MS, 'liveness: nothing proposed'),
 ])
 def test_the_checks_catch_a_bug_planted_in_the_core(monkeypatch, bug, seed, nodes, ms, found):
     if bug == 'the fork\'s pre-vote rule':
@@ -99,6 +111,8 @@ def test_the_checks_catch_a_bug_planted_in_the_core(monkeypatch, bug, seed, node
         monkeypatch.setattr(RaftCore, '_HANDLERS', handlers)
     elif bug == 'the fork\'s vote filter':
         monkeypatch.setattr(RaftCore, 'step', _fork_vote_filter(RaftCore.step))
+    elif bug == 'a snapshot sent with a stale state':
+        monkeypatch.setattr(RaftCore, 'compact', _stale_snapshot(RaftCore.compact))
     elif bug == 'the leader counts learners':
         monkeypatch.setattr(RaftCore, '_maybeCommit', _counts_learners)
     elif bug == 'the target ignores TimeoutNow':

@@ -9,8 +9,10 @@ stalls (a paused process reads what arrived, then runs the ticks it missed), a c
 to whoever leads, an operator handing leadership to a random node (refused unless it holds the
 leader's whole log) and changing the membership (a new node caught up as a learner, then added;
 a member removed, the leader after handing leadership over; a removed member stopped for good;
-never a change that leaves a majority of the new configuration down), and a simulated clock
-(each node ticks at its own rate: clock skew). A message lives on one connection: a crash of
+never a change that leaves a majority of the new configuration down), log compaction (per seed:
+never, or a snapshot every 12, 40 or 100 applied entries, on every node; a follower that needs
+what was dropped installs the leader's), and a simulated clock (each node ticks at its own rate:
+clock skew). A message lives on one connection: a crash of
 either end loses it. Everything is drawn from one seed, so a seed replays exactly.
 
 A run alternates chaos phases (faults on) with calm ones (every node up, the network whole, no
@@ -18,8 +20,9 @@ loss; a minority of every configuration in play may stay down). Checked througho
 leader per term, at most one vote per term on any disk, the commit rule from outside (what a
 leader commits is on the disks of a majority of the configuration its log holds),
 log matching, leader completeness (a new leader holds every entry any node applied), state
-machine safety (no two nodes apply different entries at one index), a commit index that never
-goes back; and liveness in calm phases: a proposal made in one commits within `LIVENESS_MS`,
+machine safety (no two nodes apply different entries at one index, nor hold different states
+after it: each node's state machine is a hash chain of what it applied, and an installed
+snapshot's state is the one every node had there), a commit index that never goes back; and liveness in calm phases: a proposal made in one commits within `LIVENESS_MS`,
 every running member catches up by the phase's end, the target of a leadership transfer asked
 for in one leads within `TRANSFER_MS` (unless it or the leader was down or stalled), and a
 member removed in one under a steady leader knows it within `RETIRE_MS`.
@@ -32,6 +35,7 @@ The core and the simulator import nothing of raftq outside node/raft.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import heapq
 import random
 import sys
@@ -39,7 +43,7 @@ import time
 from dataclasses import dataclass, field, replace
 
 from .core import (ChangeType, ConfChange, Config, CoreInUse, EntryKind, HardState, NotLeader, RaftCore, RaftState,
-                   Refusal, Refused)
+                   Refusal, Refused, Snapshot)
 
 # A tick of 20 ms (raftq's append_entries_period_s), elections after 160-320 ms: the shape of
 # raftq's settings (1-2 s) compressed, so that a seed goes through many elections.
@@ -64,17 +68,38 @@ class Violation(Exception):
 
 @dataclass
 class Disk:
-    """What one node has persisted: its hard state, its log (entries from index 1) and the
-    fork's untrusted-log mark (the commit index it had claimed, kept until a leader matched it)."""
+    """What one node has persisted: its hard state, its snapshot, its log (the entries after the
+    snapshot) and the fork's untrusted-log mark (the commit index it had claimed, kept until a
+    leader matched it)."""
     hard_state: HardState = field(default_factory=HardState)
     entries: list = field(default_factory=list)
     unverified: int | None = None
+    snapshot: Snapshot | None = None
+
+    @property
+    def first(self):
+        """The index the log starts after (its snapshot's)."""
+        return self.snapshot.index if self.snapshot else 0
+
+    def holds(self, index, term):
+        """The entry is on this disk: in its log, or covered by its snapshot (committed)."""
+        if index <= self.first:
+            return True
+        pos = index - self.first - 1
+        return pos < len(self.entries) and self.entries[pos].term == term
+
+    def compact(self, snapshot):
+        """A snapshot written and synced, then the journal compacted (the fork's order)."""
+        del self.entries[:snapshot.index - self.first]
+        self.snapshot = snapshot
 
     def write(self, rd, entries=None, hard_state=True):
         """Persist a Ready (or, for a torn write, a prefix of its entries, hard state or not)."""
         entries = rd.entries if entries is None else entries
+        if rd.snapshot is not None:
+            self.snapshot, self.entries = rd.snapshot, []
         if entries:
-            del self.entries[entries[0].index - 1:]
+            del self.entries[entries[0].index - 1 - self.first:]
             self.entries.extend(entries)
         hs = rd.hard_state
         if hard_state and hs is not None:
@@ -99,6 +124,7 @@ class Node:
                                     # ends the pause, not the ticks and syncs it put off)
         self.applied = 0
         self.checkedCommit = 0      # the leader's commit index whose majority was last checked
+        self.digest = b''           # its state machine: a hash chain of what it applied
         self.folded = (None, 0, None)   # (term led, index, voters): its log's configuration, folded so far
 
 
@@ -110,6 +136,7 @@ class Sim:
         self.ids = [f'n{i}' for i in range(1, n + 1)]   # the nodes in play (members, learners, removed not yet stopped)
         self.initial = tuple(self.ids)      # every core's configuration before its log's first entry
         self.committedVoters = frozenset(self.ids)      # the configuration of the last change applied
+        self.configHistory = [(0, self.committedVoters)]    # (index, voters) of every change applied
         self.joining = None         # the learner being caught up, until its add is committed
         self.gone = set()           # removed and stopped for good
         self.everDamaged = set()    # nodes whose disk lost synced entries (may lack what they acknowledged)
@@ -131,6 +158,10 @@ class Sim:
         self.syncCrash = 0.0        # a node crashes instead of finishing a sync (chaos phases)
         self.leaders = {}           # term -> the node that led it
         self.appliedAt = {}         # index -> (term, kind, data) any node applied there
+        self.digestAt = {}          # index -> the state machine's digest once it applied up to there
+        # compaction (a snapshot every that many applied entries; 0: never), from a stream of its
+        # own so that runs without it draw what they drew before
+        self.compactEvery = random.Random(seed * 7 + 3).choice((0, 12, 40, 100))
         self.acked = {}             # index -> data: acknowledged to the client
         self.calmSince = None
         self.calmCommitted = None
@@ -138,7 +169,7 @@ class Sim:
         self.transfer = None        # (target, term, time asked, leader) of the transfer under way
         self.counts = {'messages': 0, 'proposals': 0, 'acked': 0, 'crashes': 0, 'damaged': 0, 'pauses': 0, 'elections': 0,
                        'calm_phases': 0, 'transfers': 0, 'transfers_done': 0, 'learners': 0, 'added': 0,
-                       'removed': 0, 'removals_told': 0, 'events': 0}
+                       'removed': 0, 'removals_told': 0, 'compactions': 0, 'installs': 0, 'events': 0}
 
     # -- the event queue ----------------------------------------------------------------------
 
@@ -194,6 +225,8 @@ class Sim:
         node.disk.write(rd)
         if rd.log_verified:
             node.disk.unverified = None
+        if rd.snapshot is not None:
+            self.install(node, rd.snapshot)
         for m in rd.messages_after_sync:
             self.send(m)
         for entry in rd.committed_entries:
@@ -202,6 +235,24 @@ class Sim:
         node.core.advance(rd)
         if node.core.commitIndex < before:
             raise Violation(f'{node.id}: commit index went back {before} -> {node.core.commitIndex}')
+        self.maybeCompact(node)
+
+    def install(self, node, snap):
+        """State machine safety across installs: the snapshot's state is what every node that
+        applied up to its index holds."""
+        theirs = self.digestAt.setdefault(snap.index, snap.data)
+        if theirs != snap.data:
+            raise Violation(f'state machine safety: {node.id} installed a snapshot at {snap.index} that differs')
+        node.digest, node.applied = snap.data, snap.index
+        self.counts['installs'] += 1
+        self.log(f'{node.id} installs a snapshot at {snap.index}')
+
+    def maybeCompact(self, node):
+        start = node.core.snapshot.index if node.core.snapshot else 0
+        if self.compactEvery and node.applied - start >= self.compactEvery:
+            node.core.compact(node.applied, node.digest)
+            node.disk.compact(node.core.snapshot)
+            self.counts['compactions'] += 1
 
     def stalled(self, node, kind, *args, later=0):
         """An event for a paused node waits for its resume: what arrived is read first, then
@@ -258,6 +309,10 @@ class Sim:
         if entry.index != node.applied + 1:
             raise Violation(f'{node.id}: applied {entry.index} after {node.applied}')
         node.applied = entry.index
+        node.digest = hashlib.blake2b(node.digest + b'%d %d %d ' % (entry.index, entry.term, entry.kind) + entry.data,
+                                      digest_size=8).digest()
+        if self.digestAt.setdefault(entry.index, node.digest) != node.digest:
+            raise Violation(f'state machine safety: {node.id} holds another state after {entry.index}')
         mine = (entry.term, entry.kind, entry.data)
         theirs = self.appliedAt.setdefault(entry.index, mine)
         if theirs != mine:
@@ -324,10 +379,12 @@ class Sim:
             return
         node.incarnation += 1
         node.checkedCommit, node.folded = 0, (None, 0, None)
+        snap = node.disk.snapshot
         node.core = RaftCore(nodeId, self.initial, random.Random(self.rng.getrandbits(64)), self.config,
                              hardState=node.disk.hard_state, entries=list(node.disk.entries),
-                             unverifiedClaim=node.disk.unverified)
-        node.up, node.pending, node.applied, node.proposals = True, None, 0, []
+                             unverifiedClaim=node.disk.unverified, snapshot=snap, applied=node.disk.first)
+        node.up, node.pending, node.applied, node.proposals = True, None, node.disk.first, []
+        node.digest = snap.data if snap else b''
         self.at(self.now + self.rng.randint(1, node.period), 'tick', nodeId, node.incarnation)
         self.log(f'{nodeId} starts: term {node.core.term}, {node.core.lastIndex} entries, commit {node.core.commitIndex}')
 
@@ -442,6 +499,7 @@ class Sim:
         change = ConfChange.decode(entry.data)
         voters = self.committedVoters
         self.committedVoters = voters | {change.node} if change.type == ChangeType.ADD else voters - {change.node}
+        self.configHistory.append((entry.index, self.committedVoters))
         self.log(f'committed at {entry.index}: {change.type.value} {change.node}')
         if change.type == ChangeType.ADD:
             self.counts['added'] += 1
@@ -603,22 +661,35 @@ class Sim:
             return
         node.checkedCommit = commit
         _, last, voters = node.folded
+        if core.snapshot is not None and core.snapshot.index > last:
+            # compacted past what was folded: what a snapshot covers is committed, and the
+            # simulator saw those changes commit
+            last, voters = core.snapshot.index, self.committedConfigAt(core.snapshot.index)
         for entry in core.entries(last + 1):    # a leader's log only grows: fold what is new
             if entry.kind == EntryKind.MEMBERSHIP:
                 change = ConfChange.decode(entry.data)
                 voters = voters | {change.node} if change.type == ChangeType.ADD else voters - {change.node}
         node.folded = (core.term, core.lastIndex, voters)
-        term = core.entries(commit, commit)[0].term
-        holders = [v for v in voters if v in self.everDamaged or
-                   (len(self.nodes[v].disk.entries) >= commit and self.nodes[v].disk.entries[commit - 1].term == term)]
+        entries = core.entries(commit, commit)
+        if not entries:
+            return      # compacted at once (the snapshot's state is checked when it is installed)
+        term = entries[0].term
+        holders = [v for v in voters if v in self.everDamaged or self.nodes[v].disk.holds(commit, term)]
         if len(holders) <= len(voters) / 2:
             raise Violation(f'commit rule: {node.id} committed {commit} on {sorted(holders)} of {sorted(voters)}')
+
+    def committedConfigAt(self, index):
+        return [voters for at, voters in self.configHistory if at <= index][-1]
 
     def checkCompleteness(self, node):
         """Leader completeness: the new leader's log holds every entry any node applied."""
         log = node.core.entries()
+        start = node.core.snapshot.index if node.core.snapshot else 0     # (checked when it was taken)
         for index, (term, kind, data) in self.appliedAt.items():
-            if index > len(log) or (log[index - 1].term, log[index - 1].kind, log[index - 1].data) != (term, kind, data):
+            if index <= start:
+                continue
+            if index > start + len(log) or (log[index - start - 1].term, log[index - start - 1].kind,
+                                             log[index - start - 1].data) != (term, kind, data):
                 raise Violation(f'leader completeness: {node.id} (term {node.core.term}) lacks applied entry {index}')
 
     def checkLogs(self):
@@ -627,11 +698,18 @@ class Sim:
         logs = [(n.id, n.core.entries()) for n in self.nodes.values() if n.up]
         for i, (a, la) in enumerate(logs):
             for b, lb in logs[i + 1:]:
-                k = min(len(la), len(lb))
-                while k and la[k - 1].term != lb[k - 1].term:
+                if not la or not lb:
+                    continue
+                # the indices both hold (what a snapshot covers is committed: the state checks)
+                lo, hi = max(la[0].index, lb[0].index), min(la[-1].index, lb[-1].index)
+                if lo > hi:
+                    continue
+                sa, sb = la[lo - la[0].index:hi - la[0].index + 1], lb[lo - lb[0].index:hi - lb[0].index + 1]
+                k = len(sa)
+                while k and sa[k - 1].term != sb[k - 1].term:
                     k -= 1
-                if la[:k] != lb[:k]:
-                    raise Violation(f'log matching: {a} and {b} agree on entry {k} but not before it')
+                if sa[:k] != sb[:k]:
+                    raise Violation(f'log matching: {a} and {b} agree on entry {lo + k - 1} but not before it')
 
     def on_mark(self, calmSince):
         if self.calmSince == calmSince:
@@ -650,10 +728,16 @@ class Sim:
         for node in self.nodes.values():
             if node.id not in self.committedVoters:
                 continue        # a learner being caught up, a removed member
-            entries = node.core.entries(1, self.calmMark) if node.up else None
-            if entries is not None and (len(entries) < self.calmMark or entries[-1].term != self.appliedAt[self.calmMark][0]):
+            if node.up and not self.coreHolds(node.core, self.calmMark, self.appliedAt[self.calmMark][0]):
                 raise Violation(f'liveness: {node.id} did not catch up to entry {self.calmMark} in a calm phase '
                                 f'(states {self.states()})')
+
+    @staticmethod
+    def coreHolds(core, index, term):
+        if core.snapshot is not None and index <= core.snapshot.index:
+            return True
+        entries = core.entries(index, index)
+        return bool(entries) and entries[0].term == term
 
     def states(self):
         return {n.id: (n.core.state.name, n.core.term, n.core.lastIndex, n.core.commitIndex) if n.up else 'down'
