@@ -8,8 +8,8 @@ import random
 
 import pytest
 
-from raftq.node.raft.core import (ChangeType, ConfChange, Config, CoreInUse, Entry, EntryKind, HardState, Message, MessageType, NotLeader,
-                                  ProgressState, RaftCore, RaftState, Refusal, Refused, Snapshot)
+from raftq.node.raft.core import (ChangeType, ConfChange, Config, CoreInUse, Entry, EntryKind, HardState, Message,
+                                  MessageType, NotLeader, ProgressState, RaftCore, RaftState, Refusal, Refused, Snapshot)
 
 T = MessageType
 CONF = Config(election_timeout_min=10, election_timeout_max=20, heartbeat_interval=2, max_inflight=3,
@@ -566,6 +566,9 @@ def test_an_installed_snapshot_replaces_a_conflicting_log_and_trusts_it_again():
     rd = follower.ready()
     assert rd.snapshot.index == 4 and rd.log_verified and not follower.logUnverified
     assert follower.lastIndex == 4 and follower.entries() == [] and follower.commitIndex == 4
+    removed = RaftCore('c', 'abc', random.Random(1), CONF, hardState=HardState(2), entries=log_of(1))
+    removed.step(Message(T.INSTALL_SNAPSHOT, 'a', 'c', 3, snapshot=Snapshot(4, 3, frozenset('ab'), b's')))
+    assert removed.removedFromCluster and not follower.removedFromCluster   # its removal is in the snapshot
 
 
 # -- replication --------------------------------------------------------------------------------

@@ -645,8 +645,11 @@ class RaftCore:
         """Replace the log by the snapshot (upstream's __loadDumpFile(clearJournal=True)); the
         caller restores its state machine from the Ready's snapshot. An untrusted log is trusted
         again (the fork's disk checks: "or a snapshot was installed")."""
+        # a member the snapshot's configuration leaves out was removed, and that is committed
+        removed = self.id in self.voters and self.id not in snap.voters
         self._log = [Entry(snap.index, snap.term, kind=EntryKind.NO_OP)]
-        self._configs = [(snap.index, frozenset(snap.voters), None)]
+        change = ConfChange(ChangeType.REMOVE, self.id) if removed else None
+        self._configs = [(snap.index, frozenset(snap.voters), change)]
         self.raftCommitIndex = self.raftLastApplied = self._stableIndex = snap.index
         self._snapshot = self._snapshotNews = snap
         if self._unverified is not None:
@@ -1105,5 +1108,5 @@ class RaftCore:
     }
 
 
-__all__ = ['ChangeType', 'ConfChange', 'Config', 'CoreInUse', 'Entry', 'EntryKind', 'HardState', 'Message', 'MessageType', 'NotLeader',
-           'Progress', 'ProgressState', 'RaftCore', 'RaftState', 'Ready', 'Refusal', 'Refused', 'Snapshot']
+__all__ = ['ChangeType', 'ConfChange', 'Config', 'CoreInUse', 'Entry', 'EntryKind', 'HardState', 'Message',
+           'MessageType', 'NotLeader', 'Progress', 'ProgressState', 'RaftCore', 'RaftState', 'Ready', 'Refusal', 'Refused', 'Snapshot']

@@ -18,12 +18,12 @@ either end loses it. Everything is drawn from one seed, so a seed replays exactl
 A run alternates chaos phases (faults on) with calm ones (every node up, the network whole, no
 loss; a minority of every configuration in play may stay down). Checked throughout: at most one
 leader per term, at most one vote per term on any disk, the commit rule from outside (what a
-leader commits is on the disks of a majority of the configuration its log holds),
-log matching, leader completeness (a new leader holds every entry any node applied), state
-machine safety (no two nodes apply different entries at one index, nor hold different states
-after it: each node's state machine is a hash chain of what it applied, and an installed
-snapshot's state is the one every node had there), a commit index that never goes back; and liveness in calm phases: a proposal made in one commits within `LIVENESS_MS`,
-every running member catches up by the phase's end, the target of a leadership transfer asked
+leader commits is on the disks of a majority of the configuration its log holds), log
+matching, leader completeness (a new leader holds every entry any node applied), state machine
+safety (no two nodes apply different entries at one index, nor hold different states after it:
+each node's state machine is a hash chain of what it applied, and an installed snapshot's state
+is the one every node had there), a commit index that never goes back; and liveness in calm
+phases: a proposal made in one commits within `LIVENESS_MS`, every running member catches up by the phase's end, the target of a leadership transfer asked
 for in one leads within `TRANSFER_MS` (unless it or the leader was down or stalled), and a
 member removed in one under a steady leader knows it within `RETIRE_MS`.
 
