@@ -19,7 +19,8 @@ A run alternates chaos phases (faults on) with calm ones (every node up, the net
 loss; a minority of every configuration in play may stay down). Checked throughout: at most one
 leader per term, at most one vote per term on any disk, the commit rule from outside (what a
 leader commits is on the disks of a majority of the configuration its log holds), log
-matching, leader completeness (a new leader holds every entry any node applied), state machine
+matching, leader completeness (a new leader holds every entry a node applied in an earlier
+term), state machine
 safety (no two nodes apply different entries at one index, nor hold different states after it:
 each node's state machine is a hash chain of what it applied, and an installed snapshot's state
 is the one every node had there), a commit index that never goes back; and liveness in calm
@@ -159,6 +160,7 @@ class Sim:
         self.leaders = {}           # term -> the node that led it
         self.appliedAt = {}         # index -> (term, kind, data) any node applied there
         self.digestAt = {}          # index -> the state machine's digest once it applied up to there
+        self.appliedTerm = {}       # index -> the lowest term a node applied it in (>= the term it committed in)
         # compaction (a snapshot every that many applied entries; 0: never), from a stream of its
         # own so that runs without it draw what they drew before
         self.compactEvery = random.Random(seed * 7 + 3).choice((0, 12, 40, 100))
@@ -314,6 +316,7 @@ class Sim:
         if self.digestAt.setdefault(entry.index, node.digest) != node.digest:
             raise Violation(f'state machine safety: {node.id} holds another state after {entry.index}')
         mine = (entry.term, entry.kind, entry.data)
+        self.appliedTerm[entry.index] = min(self.appliedTerm.get(entry.index, node.core.term), node.core.term)
         theirs = self.appliedAt.setdefault(entry.index, mine)
         if theirs != mine:
             raise Violation(f'state machine safety: {node.id} applied {mine} at {entry.index}, another {theirs}')
@@ -683,11 +686,15 @@ class Sim:
         return [voters for at, voters in self.configHistory if at <= index][-1]
 
     def checkCompleteness(self, node):
-        """Leader completeness: the new leader's log holds every entry any node applied."""
+        """Leader completeness (Raft's: an entry committed in a term is in the log of every leader
+        of a later term): the new leader's log holds every entry a node applied in an earlier
+        term. Not the entries of the leader's own term or later: a candidate that stalled may
+        count its votes and lead an old term after a newer one committed more (seed 1155 of
+        the 3-node runs); that leader commits nothing, its followers have moved on."""
         log = node.core.entries()
         start = node.core.snapshot.index if node.core.snapshot else 0     # (checked when it was taken)
         for index, (term, kind, data) in self.appliedAt.items():
-            if index <= start:
+            if index <= start or self.appliedTerm[index] >= node.core.term:
                 continue
             if index > start + len(log) or (log[index - start - 1].term, log[index - start - 1].kind,
                                              log[index - start - 1].data) != (term, kind, data):
