@@ -307,6 +307,36 @@ def test_a_restarted_node_reads_each_cold_entry_back_once_while_it_replays(tmp_p
 
 
 # ---------------------------------------------------------------------------- event-driven replication
+class Box(SyncObjConsumer):
+    """A replicated value: the smallest consumer, for three in-process SyncObjs (_boxes)."""
+
+    def __init__(self):
+        super().__init__()
+        self.value = None
+
+    @replicated
+    def put(self, value):
+        self.value = value
+        return value
+
+
+def _boxes(**conf):
+    """Three in-process SyncObjs on loopback, each with a Box: (boxes, nodes)."""
+    addrs = [f"127.0.0.1:{p}" for p in free_ports(3)]
+    boxes = [Box() for _ in addrs]
+    nodes = [SyncObj(a, [b for b in addrs if b != a], conf=SyncObjConf(**conf), consumers=[box])
+             for a, box in zip(addrs, boxes)]
+    return boxes, nodes
+
+
+def _box_leader(nodes, timeout: float) -> int:
+    end = time.monotonic() + timeout
+    while not [n for n in nodes if n._isLeader()]:
+        assert time.monotonic() < end, "no leader"
+        time.sleep(0.05)
+    return [i for i, n in enumerate(nodes) if n._isLeader()][0]
+
+
 def test_a_proposal_is_replicated_without_waiting_for_the_timers():
     """Upstream, in batch mode, lets a proposal wait for the leader's next tick (autoTickPeriod)
     and then for the append-entries timer. The fork wakes the tick thread on a proposal and sends
@@ -314,29 +344,10 @@ def test_a_proposal_is_replicated_without_waiting_for_the_timers():
     nodes commit a proposal in a few ms."""
     import statistics
 
-    class Box(SyncObjConsumer):
-        def __init__(self):
-            super().__init__()
-            self.value = None
-
-        @replicated
-        def put(self, value):
-            self.value = value
-            return value
-
-    ports = free_ports(3)
-    addrs = [f"127.0.0.1:{p}" for p in ports]
-    boxes = [Box() for _ in addrs]
-    conf = dict(autoTickPeriod=0.5, appendEntriesPeriod=0.3, raftMinTimeout=1.0, raftMaxTimeout=1.5,
-                connectionRetryTime=0.2)
-    nodes = [SyncObj(a, [b for b in addrs if b != a], conf=SyncObjConf(**conf), consumers=[box])
-             for a, box in zip(addrs, boxes)]
+    boxes, nodes = _boxes(autoTickPeriod=0.5, appendEntriesPeriod=0.3, raftMinTimeout=1.0, raftMaxTimeout=1.5,
+                          connectionRetryTime=0.2)
     try:
-        end = time.monotonic() + 20
-        while not [n for n in nodes if n._isLeader()]:
-            assert time.monotonic() < end, "no leader"
-            time.sleep(0.05)
-        leader = [i for i, n in enumerate(nodes) if n._isLeader()][0]
+        leader = _box_leader(nodes, 20)
         took = []
         for k in range(10):
             done = threading.Event()
@@ -358,31 +369,12 @@ def test_followers_that_ask_learn_a_commit_without_waiting_for_the_append_timer(
     With a 1 s append timer: about 1 s without asking, a few ms asking."""
     import statistics
 
-    class Box(SyncObjConsumer):
-        def __init__(self):
-            super().__init__()
-            self.value = None
-
-        @replicated
-        def put(self, value):
-            self.value = value
-            return value
-
-    ports = free_ports(3)
-    addrs = [f"127.0.0.1:{p}" for p in ports]
-    boxes = [Box() for _ in addrs]
     want = [False]
-    conf = dict(autoTickPeriod=0.005, appendEntriesPeriod=1.0, raftMinTimeout=3.5, raftMaxTimeout=4.5,
-                leaderFallbackTimeout=4.0, connectionTimeout=5.0, connectionRetryTime=0.2,
-                commitWanted=lambda: want[0])
-    nodes = [SyncObj(a, [b for b in addrs if b != a], conf=SyncObjConf(**conf), consumers=[box])
-             for a, box in zip(addrs, boxes)]
+    boxes, nodes = _boxes(autoTickPeriod=0.005, appendEntriesPeriod=1.0, raftMinTimeout=3.5, raftMaxTimeout=4.5,
+                          leaderFallbackTimeout=4.0, connectionTimeout=5.0, connectionRetryTime=0.2,
+                          commitWanted=lambda: want[0])
     try:
-        end = time.monotonic() + 30
-        while not [n for n in nodes if n._isLeader()]:
-            assert time.monotonic() < end, "no leader"
-            time.sleep(0.05)
-        leader = [i for i, n in enumerate(nodes) if n._isLeader()][0]
+        leader = _box_leader(nodes, 30)
         followers = [b for i, b in enumerate(boxes) if i != leader]
 
         def applied_after(k) -> float:
