@@ -99,10 +99,10 @@ class _Call:
     """One call on the link: its future and frame, when it was sent (None: waiting to be), since
     when it waits for a leader, whether a leader was lost with it, and the caller's key name
     (which the call needs to run here should this node be elected)."""
-    __slots__ = ("fut", "frame", "sent", "since", "lost", "who")
+    __slots__ = ("fut", "frame", "data", "sent", "since", "lost", "who")
 
-    def __init__(self, fut, frame: dict, who, now: float):
-        self.fut, self.frame, self.who, self.since = fut, frame, who, now
+    def __init__(self, fut, frame: dict, data: bytes, who, now: float):
+        self.fut, self.frame, self.data, self.who, self.since = fut, frame, data, who, now
         self.sent = None
         self.lost = False
 
@@ -162,7 +162,13 @@ class ForwardLink:
             frame["authorization"] = auth
         if extra:
             frame.update(extra)
-        self.pending[i] = _Call(fut, frame, who, self.loop.time())
+        try:
+            data = orjson.dumps(frame)
+        except orjson.JSONEncodeError as e:     # parsed here, yet not JSON again: nested past orjson's 254 levels
+            fut.set_result(error("invalid_argument", f"the request body cannot be forwarded to the leader: {e}; "
+                                 "send a body nested less deeply"))
+            return fut
+        self.pending[i] = _Call(fut, frame, data, who, self.loop.time())
         self.unsent.append(i)
         self.forwarded += 1
         self.start()
@@ -274,7 +280,7 @@ class ForwardLink:
         self.unsent = []
 
     async def _writer(self, ws):
-        wake, pending, dumps = self.wake, self.pending, orjson.dumps
+        wake, pending = self.wake, self.pending
         try:
             while not ws.closed:
                 await wake.wait()
@@ -288,7 +294,7 @@ class ForwardLink:
                     c = pending.get(i)
                     if c is not None and c.sent is None:
                         c.sent = now
-                        data = dumps(c.frame)
+                        data = c.data
                         if parts and size + len(data) > MAX_MESSAGE_BYTES:     # under the leader's bound
                             await self._send(ws, parts)
                             parts, size = [], 0

@@ -232,6 +232,22 @@ def test_the_forward_link_is_bounded(cluster):
     poll(lambda: metrics(c, f)["raftq_forward_calls_in_flight"] == 0, timeout=20, what="the link drained")
 
 
+def test_a_body_nested_too_deep_to_forward_is_refused_and_the_link_goes_on(cluster):
+    """A body the follower parses but cannot write again as JSON (nested past orjson's 254
+    levels) is answered 400 at the follower, not queued: its frame failed the link's writer on
+    every try, and the link reopened in a loop while the call never got an answer (found by
+    tests/cluster/test_hostile_input.py)."""
+    c = cluster
+    leader, f = follower_of(c)
+    deep = []
+    for _ in range(300):
+        deep = [deep]
+    s, out = call(c, f, "POST", "/v1/acks", {"acks": deep})
+    assert s == 400 and "cannot be forwarded" in out["error"]["message"], (s, out)
+    s, out = call(c, f, "POST", "/v1/jobs", {"queue": q(), "job_type": "t"}, "worker")
+    assert s == 200 and out["job_id"], (s, out)
+
+
 def test_307_when_asked_for(cluster):
     c = cluster
     leader, f = follower_of(c)
