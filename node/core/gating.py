@@ -132,9 +132,9 @@ def release_blocked(m, r: str) -> None:
         if moved:
             m.released.add(qname)
         if not heap:
-            m._pop(per, qname)
+            m._pop_in_place(per, qname)
     if not per:
-        m._pop(m.blocked, r)
+        m._pop_in_place(m.blocked, r)
 
 
 def ready_push(m, q, entry) -> None:
@@ -182,9 +182,9 @@ def drop_queue_blocked(m, qname: str) -> None:
     for r in list(m.blocked):
         per = m.blocked[r]
         if qname in per:
-            m._pop(per, qname)
+            m._pop_in_place(per, qname)
             if not per:
-                m._pop(m.blocked, r)
+                m._pop_in_place(m.blocked, r)
 
 
 # ---------------------------------------------------------------------------- leaving a state

@@ -288,18 +288,21 @@ def resources_within_limits(m, seen: Seen) -> list[str]:
     """The machine counts the jobs in flight per resource, and a count above the limit in force
     only falls (the limit was lowered under jobs already in flight); checked against the
     previous check of this machine (a machine checked for the first time, say just restored,
-    has none). docs/api.md "Gating: throttles, circuit breakers, execution windows"."""
+    has none; nor has one whose configuration changed since: a limit raised and lowered again
+    between two checks leaves more in flight than before, lawfully). docs/api.md "Gating: throttles, circuit breakers, execution windows"."""
     bad = []
     in_use: Counter = Counter(j.resource for j in m.jobs.values() if j.state == IN_FLIGHT and j.resource is not None)
     if dict(in_use) != m.in_use:
         bad.append(f"in flight per resource {dict(in_use)}, the machine counts {m.in_use}")
     last_in_use = getattr(m, "_checked_in_use", None)
+    if getattr(m, "_checked_limits", None) is not m.limits:
+        last_in_use = None
     for r, n in in_use.items():
         limit = m.limits.resource_limits.get(r)
         if last_in_use is not None and limit is not None and n > limit and n > last_in_use.get(r, 0):
             bad.append(f"resource {r!r}: {n} in flight, above its limit {limit} and more than before "
                        f"({last_in_use.get(r, 0)})")
-    m._checked_in_use = dict(in_use)
+    m._checked_in_use, m._checked_limits = dict(in_use), m.limits
     return bad
 
 

@@ -83,6 +83,14 @@ def heap_remove(heap: list, entry, _=None):
             return
 
 
+def restore_in_place(d: dict, key, kept):
+    """Put an item back where it was: the keys that followed it move to the end after it."""
+    value, after = kept
+    d[key] = value
+    for k in after:
+        d[k] = d.pop(k)
+
+
 def odict_restore(od: OrderedDict, key, record):
     """Put a dead-letter record back in its place (records know their order)."""
     od[key] = record
@@ -141,6 +149,17 @@ class UndoLog:
         value = d[key]
         undo = self._undo
         undo += (restore_item, d, key, value)
+        del d[key]
+        return value
+
+    def _pop_in_place(self, d: dict, key):
+        """`_pop` whose undo puts the key back in its place, not at the end: for small dicts
+        whose order a later loop follows (gating's blocked heaps are released in dict order),
+        so a reverted command leaves even the order as it was."""
+        value = d[key]
+        keys = list(d)
+        undo = self._undo
+        undo += (restore_in_place, d, key, (value, keys[keys.index(key) + 1:]))
         del d[key]
         return value
 
