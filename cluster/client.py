@@ -292,6 +292,9 @@ class Job:
     timeout_ms: int | None = None       # the execution timeout (the job's, else its queue's)
     releases: int = 0                   # deliveries handed back by release (no attempt used)
     key: str | None = None              # the job's key (docs/semantics.md "Keys"), if it has one
+    # the jobs it waited for, ((job id, policy), ...) (docs/semantics.md "Dependencies"): read
+    # their results with Client.result
+    depends_on: tuple = ()
 
     @classmethod
     def from_wire(cls, d: dict) -> "Job":
@@ -303,7 +306,8 @@ class Job:
                    lease_expires_at_ms=d.get("lease_expires_at_ms"), scheduled_at_ms=d.get("scheduled_at_ms"),
                    custom=d.get("custom") or {}, trace_context=d.get("trace_context"),
                    deadline_at_ms=d.get("deadline_at_ms"), state=d.get("state"),
-                   timeout_ms=d.get("timeout_ms"), releases=d.get("releases") or 0, key=d.get("key"))
+                   timeout_ms=d.get("timeout_ms"), releases=d.get("releases") or 0, key=d.get("key"),
+                   depends_on=tuple((x["job_id"], x["policy"]) for x in d.get("depends_on") or ()))
 
     @property
     def attempts_used(self) -> int:
@@ -436,9 +440,11 @@ def job_request(queue: str, job_type: str, payload: bytes | str | None = None, *
                 custom: dict | None = None, scheduled_at_ms: int | None = None, delay_ms: int | None = None,
                 trace_context: dict | None = None, deadline_at_ms: int | None = None,
                 timeout_ms: int | None = None, duplicate_policy: str | None = None,
-                key: str | None = None) -> dict:
+                key: str | None = None, depends_on: list | None = None, ref: str | None = None) -> dict:
     """Build an EnqueueRequest body. `key`: the job's key (a tenant, customer, account) for the
-    queue's fairness and per-key limits (docs/semantics.md "Keys")."""
+    queue's fairness and per-key limits (docs/semantics.md "Keys"). `depends_on`: job ids, or
+    (job id, policy) pairs, or {"job_id" | "ref", "policy"} dicts; `ref`: this job's name for
+    later jobs of the same batch (docs/semantics.md "Dependencies")."""
     req: dict[str, Any] = {"queue": queue, "job_type": job_type}
     if payload is not None:
         if isinstance(payload, str):
@@ -447,9 +453,11 @@ def job_request(queue: str, job_type: str, payload: bytes | str | None = None, *
     for k, v in (("priority", priority), ("idempotency_key", idempotency_key), ("max_attempts", max_attempts),
                  ("custom", custom), ("scheduled_at_ms", scheduled_at_ms), ("delay_ms", delay_ms),
                  ("trace_context", trace_context), ("deadline_at_ms", deadline_at_ms),
-                 ("timeout_ms", timeout_ms), ("duplicate_policy", duplicate_policy), ("key", key)):
+                 ("timeout_ms", timeout_ms), ("duplicate_policy", duplicate_policy), ("key", key), ("ref", ref)):
         if v is not None:
             req[k] = v
+    if depends_on is not None:
+        req["depends_on"] = [{"job_id": d[0], "policy": d[1]} if isinstance(d, tuple) else d for d in depends_on]
     return req
 
 
@@ -1002,6 +1010,17 @@ class Client:
         out = await self.call("enqueue_atomic", "POST", "/v1/jobs/atomic", {"jobs": [self._with_key(r) for r in reqs]},
                               mutating=True, request_id=request_id, timeout=timeout)
         return [EnqueueResult(r["job_id"], r["deduplicated"], r.get("replaced", False)) for r in out["results"]]
+
+    async def chain(self, *reqs: dict, request_id: str | None = None, timeout: float | None = None) -> list[str]:
+        """Enqueue jobs (job_request bodies) all or nothing, each depending on the one before
+        (policy success: a dead letter fails the rest, cause dependency_failed); their ids."""
+        jobs = []
+        for i, r in enumerate(reqs):
+            r = {**r, "ref": f"chain-{i}"}
+            if i:
+                r["depends_on"] = list(r.get("depends_on") or ()) + [{"ref": f"chain-{i - 1}"}]
+            jobs.append(r)
+        return [r.job_id for r in await self.enqueue_atomic(jobs, request_id=request_id, timeout=timeout)]
 
     async def reserve(self, queues, lease_ms: int, *, wait_ms: int = 0, max_jobs: int = 1,
                       worker_id: str | None = None, request_id: str | None = None) -> list[Job]:

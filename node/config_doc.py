@@ -175,6 +175,9 @@ LIMITS = {
     "max_result_bytes": Key("integer", "Largest result an ack may carry (`result.data_b64`, decoded), in bytes; "
                             "larger is 400 `invalid_argument` naming `result` (docs/semantics.md \"Job results\").",
                             minimum=1, rule="at most `max_request_bytes` when set"),
+    "max_dependencies_per_job": Key("integer", "Most entries of a job's `depends_on`; more refuses the job "
+                                    "(422 `rejected`, reason `too_many_dependencies`, docs/semantics.md "
+                                    "\"Dependencies\").", minimum=1, maximum=100_000),
     "resource_limits": Key("table", "Throttles: `{resource = max}`, the most jobs naming that `resource` (theirs or "
                            "their queue's) in flight at once, across every queue and worker. A resource without "
                            "an entry is unlimited; 0 holds all its jobs back. Reserve skips a job whose resource "
@@ -250,10 +253,11 @@ QUEUE_ONLY = {
                                "queue's `max_queue_depth` (a forward is never lost) and whether or not dead letters "
                                "are kept. Unset: no forwarding.", default="unset"),
     "dead_letter_forward_causes": Key("array of strings", "The causes `dead_letter_forward` forwards, of "
-                                      "`attempts_exhausted`, `rejected`, `lease_expired`, `expired`, `admin`; "
-                                      "not empty, only with `dead_letter_forward`. The default is the causes the "
-                                      "cluster decides (no worker saw them fail); add `rejected` and "
-                                      "`attempts_exhausted` to forward a worker's nacks too.",
+                                      "`attempts_exhausted`, `rejected`, `lease_expired`, `expired`, `admin`, "
+                                      "`dependency_failed`; not empty, only with `dead_letter_forward`. The default "
+                                      "is the causes the cluster decides (no worker saw them fail) of before "
+                                      "dependencies; add `rejected` and `attempts_exhausted` to forward a worker's "
+                                      "nacks too, `dependency_failed` for dependents failed by their dependencies.",
                                       default='`["lease_expired", "expired", "admin"]`'),
     "resource": Key("string", "The throttle resource of this queue's jobs that name none (`limits.resource_limits`). "
                     "Unset: none.", default="unset"),

@@ -1,10 +1,12 @@
-"""Dependencies between jobs in the core (node/core/deps.py, issue 34 point 2's first step): a job
-enqueued with `depends_on` waits until each dependency ends; `success` fails it (dead-lettered,
+"""Dependencies between jobs in the core (node/core/deps.py, docs/semantics.md "Dependencies"): a
+job enqueued with `depends_on` waits until each dependency ends; `success` fails it (dead-lettered,
 cause dependency_failed, down the graph) when one is dead-lettered or removed, `complete` and
-`ignore` run it either way; unknown dependencies refuse it. No request body makes such an item
-yet, so these tests build the enqueue items themselves (ops.item's `depends_on`). Every
-command below is also faulted at each of its mutation points (tests/test_core_faults.py
-`faulted`), and the state goes through a snapshot round trip and a replay."""
+`ignore` run it either way; unknown dependencies refuse it; a dependency acked while a live job
+names it is kept, with its result, until the last such job ends. Jobs are enqueued through the
+request bodies (validate.py's `depends_on` and `ref`); a few tests build items themselves
+(ops.item's `depends_on`). Every command below is also faulted at each of its mutation points
+(tests/test_core_faults.py `faulted`), and the state goes through a snapshot round trip and a
+replay."""
 from __future__ import annotations
 
 import pytest
@@ -36,9 +38,11 @@ class Deps(Core):
         return out
 
     def enq(self, queue="q", deps=(), **fields) -> tuple:
-        """Enqueue one job depending on `deps` ((job id, policy), ...): the answer."""
-        cmd = C.enqueue({"queue": queue, "job_type": "t", **fields}, self.m.limits, self.now, self.new_id)
-        return self.apply(with_deps(cmd, deps))
+        """Enqueue one job depending on `deps` ((job id, policy), ...), through the request body: the answer."""
+        body = {"queue": queue, "job_type": "t", **fields}
+        if deps:
+            body["depends_on"] = [{"job_id": d, "policy": p} for d, p in deps]
+        return self.apply(C.enqueue(body, self.m.limits, self.now, self.new_id))
 
     def enq_id(self, queue="q", deps=(), **fields) -> str:
         status, body = self.enq(queue, deps, **fields)
@@ -243,3 +247,130 @@ def test_a_state_without_dependencies_writes_and_hashes_as_before():
     data = c.m.to_builtins()
     assert "deps" not in data and all(len(counters) == 10 for _, counters, _ in data["queues"])
     assert WAITING == 5
+
+
+# ---------------------------------------------------------------------------- the request bodies
+def test_depends_on_takes_ids_or_objects_and_the_job_shows_it():
+    c = Deps()
+    a, x = c.enq_id(), c.enq_id()
+    b = c.enqueue_id(depends_on=[a, {"job_id": x.upper(), "policy": "complete"}])
+    v = c.view(b)
+    assert v["depends_on"] == [{"job_id": a, "policy": "success"}, {"job_id": x, "policy": "complete"}]
+    assert v["state"] == "waiting" and v["waiting_on"] == [a, x]
+    assert c.stats()["waiting"] == 1
+    c.finish(a)
+    c.finish(x)
+    job = c.reserve_one()
+    assert job["id"] == b and job["depends_on"] == v["depends_on"]     # a worker sees what it depends on
+    assert "depends_on" not in c.view(a) and "waiting" not in c.stats()
+
+
+@pytest.mark.parametrize("depends_on, says", [
+    ("x", "must be a list"),
+    ([{"job_id": "00000000-0000-4000-8000-0000000000aa", "policy": "maybe"}], "policy"),
+    ([{"job_id": "00000000-0000-4000-8000-0000000000aa", "ref": "r"}], "one of job_id or ref"),
+    ([{"policy": "success"}], "one of job_id or ref"),
+    (["not-a-uuid"], "canonical UUID"),
+    (["00000000-0000-4000-8000-0000000000aa"] * 2, "twice"),
+    ([{"ref": "r"}], "ref"),
+])
+def test_a_bad_depends_on_refuses_the_job_naming_the_field(depends_on, says):
+    c = Deps()
+    before = c.snapshot_state()
+    status, body = c.enqueue(depends_on=depends_on)
+    rej = body["error"]["rejection"]
+    assert status == 422 and rej["reason"] == "invalid_request" and says in rej["message"], body
+    assert c.snapshot_state() == before
+
+
+def test_too_many_dependencies_is_refused_with_the_limit():
+    c = Deps(limits={"max_dependencies_per_job": 2})
+    ids = [c.enq_id() for _ in range(3)]
+    status, body = c.enqueue(depends_on=ids)
+    assert status == 422 and body["error"]["rejection"] == {"reason": "too_many_dependencies", "limit": 2, "actual": 3}
+    assert c.enqueue(depends_on=ids[:2])[0] == 200
+
+
+def test_an_atomic_graph_names_its_jobs_by_ref():
+    """fetch -> (resize, tag) -> publish, one request; a ref names an earlier job only."""
+    c = Deps()
+    status, body = c.atomic([
+        {"queue": "q", "job_type": "fetch", "ref": "fetch"},
+        {"queue": "q", "job_type": "resize", "ref": "resize", "depends_on": [{"ref": "fetch"}]},
+        {"queue": "q", "job_type": "tag", "ref": "tag", "depends_on": [{"ref": "fetch", "policy": "complete"}]},
+        {"queue": "q", "job_type": "publish", "depends_on": [{"ref": "resize"}, {"ref": "tag"}]},
+    ])
+    assert status == 200, body
+    fetch, resize, tag, publish = [r["job_id"] for r in body["results"]]
+    assert c.view(publish)["depends_on"] == [{"job_id": resize, "policy": "success"},
+                                             {"job_id": tag, "policy": "success"}]
+    order = []
+    while (jobs := c.reserve_jobs(max_jobs=10)):
+        for j in jobs:
+            order.append(j["job_type"])
+            c.ack(j["id"], j["attempt"])
+    assert order[0] == "fetch" and order[-1] == "publish" and sorted(order[1:3]) == ["resize", "tag"]
+    before = c.snapshot_state()
+    status, body = c.atomic([{"queue": "q", "job_type": "t", "depends_on": [{"ref": "later"}]},
+                             {"queue": "q", "job_type": "t", "ref": "later"}])
+    assert status == 422 and body["error"]["errors"][0]["index"] == 0      # no forward refs: no cycles
+    status, body = c.atomic([{"queue": "q", "job_type": "t", "ref": "a"}, {"queue": "q", "job_type": "t", "ref": "a"}])
+    assert status == 422 and "two jobs" in body["error"]["errors"][0]["rejection"]["message"]
+    assert c.snapshot_state() == before
+
+
+def test_a_batch_job_may_depend_on_an_earlier_one_by_ref():
+    c = Deps()
+    status, body = c.batch([{"queue": "q", "job_type": "t", "ref": "a"},
+                            {"queue": "q", "job_type": "t", "depends_on": [{"ref": "a"}]}])
+    a, b = [r["job_id"] for r in body["results"]]
+    assert c.view(b)["waiting_on"] == [a]
+
+
+# ---------------------------------------------------------------------------- results read by dependents
+def test_a_dependency_is_kept_with_its_result_while_a_live_job_names_it():
+    """In a queue that keeps no results: the dependency, once acked, stays (succeeded, with its
+    result) until its last live dependent ends, then goes in that command."""
+    c = Deps()
+    a = c.enq_id()
+    b = c.enq_id(deps=[(a, S)])
+    d = c.enq_id(deps=[(a, CO)])
+    job = c.reserve_one()
+    assert c.ack(a, job["attempt"], result=payload(b"42"))[0] == 200
+    v = c.view(a)
+    assert v["state"] == "succeeded" and v["result"]["data_b64"] == payload(b"42")["data_b64"]
+    assert v["live_dependents"] == 2
+    c.advance(10_000)
+    c.sweep()                               # past its (zero) retention: kept for b and d
+    c.finish(b)
+    assert c.view(a)["live_dependents"] == 1
+    job = c.reserve_one()
+    assert c.nack(d, job["attempt"], retry={"strategy": "dead_letter"})[0] == 200      # d ends too
+    assert c.view(a) is None and c.m.pins == {}
+
+
+def test_a_retained_dependency_outlives_neither_its_retention_nor_its_dependents():
+    c = Deps(queues=[{"name": "q", "result_retention_ms": 5000}])
+    a = c.enq_id()
+    b = c.enq_id(deps=[(a, S)])
+    c.finish(a)
+    c.finish(b)                             # b ends before a's retention: a stays for it
+    assert c.view(a)["state"] == "succeeded"
+    c.advance(5000)
+    c.sweep()
+    assert c.view(a) is None
+
+
+def test_a_requeued_dependent_reads_again_and_a_purge_takes_waiting_jobs():
+    c = Deps(storage=RETAIN)
+    a = c.enq_id("other")
+    b = c.enq_id(deps=[(a, S)])
+    x = c.enq_id(deps=[(a, CO)])
+    c.finish(a, queue="other")
+    c.finish(b, ok=False)                   # dead-lettered: reads no more
+    assert c.m.pins == {a: {x: None}}
+    assert c.requeue([b])[0] == 200
+    assert c.m.pins == {a: {x: None, b: None}} or c.m.pins == {a: {b: None, x: None}}
+    y = c.enq_id("q", deps=[(c.enq_id("other"), S)])
+    assert c.purge("q")[1]["purged"] == 3   # x and b ready, y waiting
+    assert c.view(y) is None and c.m.pending_deps == {} and c.m.pins == {}

@@ -298,6 +298,9 @@ REJECTION_HINTS = {
     "payload_too_large": "send a smaller payload (the queue's max_payload_bytes is `limit`)",
     "encoding_not_allowed": "pass --encoding with one of the allowed encodings",
     "custom_entries_too_many": "send fewer --custom entries",
+    "dependency_not_found": "the job named by --depends-on is unknown: it never existed, or it was acked in a "
+                            "queue that keeps no results, or its retention ended",
+    "too_many_dependencies": "give fewer --depends-on (limits.max_dependencies_per_job is `limit`)",
     "custom_key_too_long": "use shorter --custom keys",
     "custom_map_too_large": "send smaller --custom values",
     "scheduled_too_far": "schedule within the queue's horizon (`horizon_ms` from now)",
@@ -633,12 +636,24 @@ def build_payload(args) -> tuple[bytes | None, str | None]:
     return data, encoding or "application/octet-stream"
 
 
+def parse_depends_on(values) -> list | None:
+    """--depends-on ID[:POLICY] (repeatable) as depends_on entries."""
+    if not values:
+        return None
+    out = []
+    for v in values:
+        job_id, _, policy = v.partition(":")
+        out.append({"job_id": job_id, "policy": policy or "success"})
+    return out
+
+
 def enqueue_request_from(args) -> dict:
     data, encoding = build_payload(args)
     fields: dict[str, Any] = {"priority": args.priority, "idempotency_key": args.idempotency_key,
                               "max_attempts": args.max_attempts, "custom": parse_custom(args.custom),
                               "delay_ms": args.delay_ms, "scheduled_at_ms": args.scheduled_at_ms,
-                              "deadline_at_ms": args.deadline_at_ms, "key": getattr(args, "key_name", None)}
+                              "deadline_at_ms": args.deadline_at_ms, "key": getattr(args, "key_name", None),
+                              "depends_on": parse_depends_on(getattr(args, "depends_on", None))}
     if data is not None:
         fields["encoding"] = encoding
     return job_request(args.queue, args.job_type, data, **fields)
@@ -1012,8 +1027,14 @@ async def cmd_job(ctx: Ctx) -> int:
         size, text = preview
         pairs.append(("payload", f"{size} bytes, {job['payload'].get('encoding')}"))
         pairs.append(("data", text))
+    if job.get("depends_on"):
+        pairs.append(("depends on", ", ".join(f"{d['job_id']} ({d['policy']})" for d in job["depends_on"])))
+    if job.get("waiting_on"):
+        pairs.append(("waiting on", ", ".join(job["waiting_on"])))
     if job.get("state") == "succeeded":
         pairs += result_pairs(job, now)
+    if job.get("live_dependents"):
+        pairs.append(("kept for", f"{job['live_dependents']} live dependent job(s)"))
     ctx.out(format_pairs(pairs))
     return EXIT_OK
 

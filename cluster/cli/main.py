@@ -153,6 +153,8 @@ def _add_enqueue(client_cmd) -> None:
     e.add_argument("--job-key", dest="key_name", metavar="KEY", help="the job's key (a tenant, customer, account) "
                    "for the queue's fairness and per-key limits (default: the --custom field the queue's "
                    "key_field names, if any)")
+    e.add_argument("--depends-on", action="append", metavar="ID[:POLICY]", help="wait for this job to end "
+                   "(repeatable); POLICY success (the default: fail if it fails), complete or ignore")
     e.add_argument("--count", type=int, default=1, metavar="N",
                    help="enqueue N identical jobs in batches, with a progress bar")
     e.add_argument("--batch-size", type=int, default=256, metavar="N", help=argparse.SUPPRESS)

@@ -24,7 +24,8 @@ from ..core import errors
 from ..base import validate_schedule as vs
 from ..base.auth import ADMIN, OPERATOR, VIEWER, WORKER
 from ..core.limits import MAX_KEY_OVERRIDES, MAX_KEY_WEIGHT, MAX_RATE_COUNT, QUEUE_KEYS, Limits
-from ..core.jobs import DEAD_LETTER_CAUSES
+from ..core.jobs import ALWAYS_SHOWN_CAUSES, DEAD_LETTER_CAUSES
+from ..core.ops import DEPENDENCY_POLICIES
 from ..core.machine import STATE_NAMES
 from ..base.settings import API_ROLES
 from .session_ops import FAST_OPS, OP_ROLES, READ_OPS
@@ -100,6 +101,9 @@ REJECTION_REASONS = {
     "duplicate": "duplicate policy `reject`: the idempotency key names a live record (`job_id`: the existing job)",
     "duplicate_started": "duplicate policy `replace` in a batch: the existing job (`job_id`) has been delivered, "
                          "finished or dead-lettered (a single enqueue: 409 `failed_precondition`)",
+    "too_many_dependencies": "`depends_on` has more than `max_dependencies_per_job` entries (`limit`, `actual`)",
+    "dependency_not_found": "a dependency (`job_id`) is no job the cluster knows: never made, or acked in a queue "
+                            "that keeps no results, or its retention ended (docs/semantics.md \"Dependencies\")",
 }
 
 # What a configuration change can warn about (node/core/config.py change_warnings).
@@ -385,6 +389,17 @@ def _enqueue_schemas(queue_name: dict, custom_value: dict) -> dict:
                                    "per-key limits (docs/semantics.md \"Keys\"); 1..`max_key_bytes` (256) UTF-8 "
                                    "bytes, no control characters; default: the value of the custom field the "
                                    "queue's `key_field` names, else none", minLength=1, pattern=KEY_PATTERN)),
+            "depends_on": {"type": "array", "maxItems": 1000, "items": {"oneOf": [
+                string("a job id (policy `success`)", format="uuid"),
+                obj({"job_id": string(format="uuid"),
+                     "ref": string("an earlier job of the same batch request, by its `ref`"),
+                     "policy": {"type": "string", "enum": list(DEPENDENCY_POLICIES), "default": "success"}},
+                    [], "one of `job_id` and `ref`")]},
+                "description": "jobs this one waits for (state `waiting`) until each has ended, with what their "
+                               "end means (docs/semantics.md \"Dependencies\"); at most "
+                               "`max_dependencies_per_job` (1000)"},
+            "ref": string("batch and atomic requests: this job's name for later jobs' `depends_on`, unique in the "
+                          "request", minLength=1, maxLength=256),
         }, ["queue", "job_type"], "One job to enqueue. Unknown fields are ignored. Anything wrong with it is a "
            "rejection (422 for a single enqueue), never a 400.", example={
             "queue": "emails", "job_type": "welcome", "priority": 5,
@@ -407,7 +422,8 @@ def _batch_schemas() -> dict:
                           "limit": {"type": "integer"}, "actual": {"type": "integer"},
                           "field": string("invalid_request of a string over its length limit: the field"),
                           "horizon_ms": {"type": "integer"}, "scheduled_at_ms": {"type": "integer"},
-                          "job_id": string("duplicate, duplicate_started: the existing job", format="uuid")},
+                          "job_id": string("duplicate, duplicate_started: the existing job; dependency_not_found: "
+                                           "the unknown dependency", format="uuid")},
                          ["reason"], "Why a job was refused; first failing check wins, in this order:\n\n"
                          + "\n".join(f"* `{k}`: {v}" for k, v in REJECTION_REASONS.items())),
         "RejectedItem": obj({"rejection": ref("Rejection")}, ["rejection"]),
@@ -423,9 +439,9 @@ def _batch_schemas() -> dict:
     }
 
 
-def _reserve_schemas(queue_name: dict, custom_value: dict) -> dict:
-    """Reserve and the job as workers and listings see it."""
-    job_props = {
+def _job_props(custom_value: dict) -> dict:
+    """The fields of the Job shape (docs/api.md "Shapes")."""
+    return {
         "id": string("assigned by the cluster: a UUID v4, lowercase", format="uuid"),
         "queue": string(), "job_type": string(),
         "payload": ref("Payload"),
@@ -448,10 +464,19 @@ def _reserve_schemas(queue_name: dict, custom_value: dict) -> dict:
         "resource": string("the job's throttle resource; present when it has one"),
         "key": string("the job's key (a tenant, customer, account: docs/semantics.md \"Keys\"); present when it "
                       "has one"),
+        "depends_on": {"type": "array", "items": obj({"job_id": string(format="uuid"), "policy": {
+            "type": "string", "enum": list(DEPENDENCY_POLICIES)}}, ["job_id", "policy"]),
+            "description": "the jobs it waits or waited for (docs/semantics.md \"Dependencies\"); present when it "
+                           "has some"},
     }
+
+
+def _reserve_schemas(queue_name: dict, custom_value: dict) -> dict:
+    """Reserve and the job as workers and listings see it."""
+    job_props = _job_props(custom_value)
     job_required = ["id", "queue", "job_type", "priority", "custom", "enqueued_at_ms", "scheduled_at_ms",
                     "attempt", "max_attempts", "lease_expires_at_ms"]
-    view_states = [s for s in STATE_NAMES if s not in ("gone", "waiting")]    # waiting: no request makes one yet
+    view_states = [s for s in STATE_NAMES if s != "gone"]
     return {
         "ReserveRequest": obj({
             "queues": {"type": "array", "items": queue_name, "minItems": 1,
@@ -478,6 +503,11 @@ def _reserve_schemas(queue_name: dict, custom_value: dict) -> dict:
                                                  "(`result_retention_ms`), while it is retained"},
                         "last_reason": {"type": ["string", "null"], "description": "the last nack's reason"},
                         "run_at_ms": ms("scheduled: when it becomes ready (a delayed retry included)"),
+                        "waiting_on": {"type": "array", "items": string(format="uuid"),
+                                       "description": "waiting: the dependencies that have not ended"},
+                        "live_dependents": integer(1, description="succeeded: the live jobs that name it in "
+                                                   "`depends_on`, for which it is kept past its retention; "
+                                                   "present while there are some"),
                         **_result_props()},
                        job_required + ["state", "last_reason"],
                        "A job and its state (inspection, listings); `lease_expires_at_ms` is null unless in flight."),
@@ -666,6 +696,7 @@ def _queue_schemas() -> dict:
             "paused": {"type": "boolean"},
             **{k: integer(0, description=d) for k, d in (
                 ("ready", "jobs that can be reserved now"), ("scheduled", "jobs waiting for their time"),
+                ("waiting", "jobs waiting for their dependencies to end (shown while there are some)"),
                 ("in_flight", "jobs under a lease"), ("dead_lettered", "dead letters kept"),
                 ("enqueued", "jobs enqueued, total"), ("acked", "acks, total"), ("nacked", "nacks, total"),
                 ("dead_lettered_total", "jobs dead-lettered, total (kept or not)"),
@@ -676,8 +707,8 @@ def _queue_schemas() -> dict:
                          "window (docs/semantics.md \"Keys\")"),
                 ("keys_at_limit", "keys held now at their concurrency or rate limit"),
                 ("ready_held_by_keys", "ready jobs waiting because their key is at a limit (counted in `ready`)"))},
-            "dead_lettered_by_cause": obj({c: integer(0) for c in DEAD_LETTER_CAUSES}, list(DEAD_LETTER_CAUSES),
-                                          "the dead letters kept, by cause"),
+            "dead_lettered_by_cause": obj({c: integer(0) for c in DEAD_LETTER_CAUSES}, list(ALWAYS_SHOWN_CAUSES),
+                                          "the dead letters kept, by cause (`dependency_failed` while there are some)"),
             "workers": {"type": ["integer", "null"], "minimum": 0,
                         "description": "distinct workers that reserved from the queue in the last 30 s (the "
                                        "leader's soft state; null on a follower and in a new leader's first 30 s)"},

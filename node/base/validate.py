@@ -242,9 +242,9 @@ def _lifecycle_fields(job: dict) -> tuple:
     return timeout, policy
 
 
-def check_job(job, limits: Limits, now_ms: int, new_id) -> tuple:
+def check_job(job, limits: Limits, now_ms: int, new_id, refs=None) -> tuple:
     """One EnqueueRequest → an enqueue item (node.core.ops.ITEM); raises _Reject with the first
-    failing check."""
+    failing check. `refs`: the ids of the request's earlier jobs by their `ref` (a batch's)."""
     (queue, job_type, payload, encoding, key, priority, max_attempts, custom,
      scheduled, delay, trace, deadline) = _structure(job)
     if encoding is not None or trace is not None:
@@ -292,25 +292,79 @@ def check_job(job, limits: Limits, now_ms: int, new_id) -> tuple:
     max_attempts = min(max_attempts if max_attempts is not None else ql.default_max_attempts,
                        ql.max_attempts_ceiling)
     resource = job.get("resource")          # the job's throttle resource, else its queue's
-    if resource is None:
-        resource = ql.resource
-    else:
-        if not isinstance(resource, str) or not resource:
-            _bad("resource must be a non-empty string")
-        n = _utf8_len(resource)
-        if n > MAX_RESOURCE_BYTES:
-            _bad(f"resource is longer than {MAX_RESOURCE_BYTES} UTF-8 bytes ({n})")
-        if any(ord(c) < 0x20 or 0x7F <= ord(c) <= 0x9F for c in resource):
-            _bad("resource must not contain control characters")
-        resource = sys.intern(resource)
+    resource = ql.resource if resource is None else _resource(resource)
     timeout = policy = None
     if "timeout_ms" in job or "duplicate_policy" in job:       # a plain job: the 12-field item
         timeout, policy = _lifecycle_fields(job)
     fair = job.get("key")
     if fair is not None or ql.key_field is not None:
         fair = job_key(fair, custom, ql, limits)
+    if (depends_on := job.get("depends_on")) is not None:
+        depends_on = _depends_on(depends_on, limits, refs)
     return ops.item(new_id(), sys.intern(queue), sys.intern(job_type), payload, encoding, priority,
-                    max_attempts, custom, trace, scheduled, deadline, key, timeout, policy, resource, fair)
+                    max_attempts, custom, trace, scheduled, deadline, key, timeout, policy, resource, fair,
+                    depends_on)
+
+
+def _resource(resource) -> str:
+    if not isinstance(resource, str) or not resource:
+        _bad("resource must be a non-empty string")
+    n = _utf8_len(resource)
+    if n > MAX_RESOURCE_BYTES:
+        _bad(f"resource is longer than {MAX_RESOURCE_BYTES} UTF-8 bytes ({n})")
+    if any(ord(c) < 0x20 or 0x7F <= ord(c) <= 0x9F for c in resource):
+        _bad("resource must not contain control characters")
+    return sys.intern(resource)
+
+
+def _depends_on(value, limits: Limits, refs) -> tuple | None:
+    """A job's `depends_on` (docs/semantics.md "Dependencies"): a list of job ids, or of
+    {job_id | ref, policy}; ((job id, policy), ...), None for an empty list. A `ref` names an
+    earlier job of the same request (so no request can make a cycle)."""
+    if not isinstance(value, list):
+        _bad("depends_on must be a list of job ids or {job_id | ref, policy} objects")
+    if len(value) > limits.max_dependencies_per_job:
+        raise _Reject({"reason": "too_many_dependencies", "limit": limits.max_dependencies_per_job,
+                       "actual": len(value)})
+    pairs, seen = [], set()
+    for d in value:
+        policy = ops.DEP_SUCCESS
+        if isinstance(d, dict):
+            extra = set(d) - {"job_id", "ref", "policy"}
+            if extra or ("job_id" in d) == ("ref" in d):
+                _bad("each depends_on object names one of job_id or ref, and may give a policy")
+            policy = d.get("policy", ops.DEP_SUCCESS)
+            if policy not in ops.DEPENDENCY_POLICIES:
+                _bad(f"a dependency's policy must be \"success\", \"complete\" or \"ignore\", got {policy!r}")
+            d = d["job_id"] if "job_id" in d else _ref_id(d["ref"], refs)
+        job_id = canonical_uuid(d)
+        if job_id is None:
+            _bad(f"depends_on: a job id must be a canonical UUID, got {d!r}")
+        if job_id in seen:
+            _bad(f"depends_on names job {job_id} twice")
+        seen.add(job_id)
+        pairs.append((job_id, policy))
+    return tuple(pairs) or None
+
+
+def _ref_id(ref, refs) -> str:
+    if refs is None:
+        _bad("a dependency by ref is for /v1/jobs/batch and /v1/jobs/atomic (it names an earlier job of the request)")
+    if not isinstance(ref, str) or ref not in refs:
+        _bad(f"depends_on: ref {ref!r} is not an earlier job's ref in this request")
+    return refs[ref]
+
+
+def _take_ref(job, item, refs: dict) -> None:
+    """A batch's job that names itself (`ref`, a string unique in the request) for later ones."""
+    ref = job.get("ref") if isinstance(job, dict) else None
+    if ref is None:
+        return
+    if not isinstance(ref, str) or not ref or len(ref) > 256:
+        _bad("ref must be a non-empty string of at most 256 characters")
+    if ref in refs:
+        _bad(f"ref {ref!r} names two jobs of this request")
+    refs[ref] = item[0]
 
 
 def job_key(key, custom, ql, limits: Limits):
@@ -355,10 +409,12 @@ def enqueue_batch(body, limits: Limits, now_ms: int, new_id, rid=None) -> tuple:
     """POST /v1/jobs/batch: refused jobs ride along as their rejection, so the stored result of
     a request id is the whole answer."""
     jobs = _jobs_list(require_object(body), limits)
-    items = []
+    items, refs = [], {}
     for j in jobs:
         try:
-            items.append(check_job(j, limits, now_ms, new_id))
+            item = check_job(j, limits, now_ms, new_id, refs)
+            _take_ref(j, item, refs)
+            items.append(item)
         except _Reject as r:
             items.append(r.rejection)
     return ops.enqueue(rid, BATCH, items)
@@ -366,10 +422,12 @@ def enqueue_batch(body, limits: Limits, now_ms: int, new_id, rid=None) -> tuple:
 
 def enqueue_atomic(body, limits: Limits, now_ms: int, new_id, rid=None) -> tuple:
     jobs = _jobs_list(require_object(body), limits)
-    items, errors = [], []
+    items, errors, refs = [], [], {}
     for i, j in enumerate(jobs):
         try:
-            items.append(check_job(j, limits, now_ms, new_id))
+            item = check_job(j, limits, now_ms, new_id, refs)
+            _take_ref(j, item, refs)
+            items.append(item)
         except _Reject as r:
             errors.append({"index": i, "rejection": r.rejection})
     if errors:

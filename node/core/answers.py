@@ -96,11 +96,11 @@ def queue_refused_message(why: str, queue: str, jobs: dict) -> str:
 # ---------------------------------------------------------------------------- jobs
 def render_job(id, queue, job_type, payload, encoding, priority, custom, trace, enqueued_at,
                scheduled_at, attempt, max_attempts, lease_expires, deadline, timeout_ms=None,
-               releases=0, resource=None, key=None) -> dict:
+               releases=0, resource=None, key=None, depends_on=None) -> dict:
     """The Job shape of docs/api.md "Shapes" from SHOWN_FIELDS (node/core/jobs.py). `timeout_ms`
     and `releases` are shown when set (a job that uses neither renders byte for byte as in 0.1.0;
     GET /v1/jobs/{id} always shows both); `resource` when the job has one, like `deadline_at_ms`,
-    and so its `key`."""
+    and so its `key` and its `depends_on`."""
     if payload is not None and trace is None:
         # The common shape, built in one go (same keys, same order as below).
         out = {"id": id, "queue": queue, "job_type": job_type,
@@ -117,6 +117,8 @@ def render_job(id, queue, job_type, payload, encoding, priority, custom, trace, 
             out["resource"] = resource
         if key is not None:
             out["key"] = key
+        if depends_on is not None:
+            out["depends_on"] = render_depends_on(depends_on)
         return out
     out = {"id": id, "queue": queue, "job_type": job_type}
     if payload is not None:
@@ -139,7 +141,13 @@ def render_job(id, queue, job_type, payload, encoding, priority, custom, trace, 
         out["resource"] = resource
     if key is not None:
         out["key"] = key
+    if depends_on is not None:
+        out["depends_on"] = render_depends_on(depends_on)
     return out
+
+
+def render_depends_on(pairs) -> list:
+    return [{"job_id": job_id, "policy": policy} for job_id, policy in pairs]
 
 
 def shown_fields_of(shown: dict) -> tuple:

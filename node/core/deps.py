@@ -1,5 +1,4 @@
-"""Dependencies between jobs (issue 34 point 2), the core part: no request body makes one yet
-(node/base/validate.py does not read `depends_on`), so nothing here is reachable through the API.
+"""Dependencies between jobs (docs/semantics.md "Workflows", "Dependencies").
 
 A job enqueued with `depends_on` ((job id, policy), ...) names jobs that exist (live, dead-lettered,
 or retained after their ack: node/core/results.py); one the machine knows nothing of refuses the
@@ -16,18 +15,25 @@ A dependent whose dependencies are all satisfied leaves WAITING: scheduled when 
 dependency that has already ended when the dependent is enqueued counts at once. A deadline runs
 out for a waiting job like for any other (dead-lettered, cause expired).
 
+A job keeps the pairs it was enqueued with (`job.depends_on`) for its life, and reads its
+dependencies' results while it lives: a dependency acked while a live job names it is retained
+(node/core/results.py), whatever its queue's result_retention_ms, until the last live job that
+names it ends (`pin`, `unpin`; a dead-lettered dependent no longer reads, a requeued one reads
+again).
+
 State (replicated, in snapshots and the digest, only when there is some):
 * `m.pending_deps`: job id -> {dependency id: policy}, the dependencies of each WAITING job that
   have not ended;
-* `m.dependents`: dependency id -> {job id: policy}, the same pairs the other way round.
+* `m.dependents`: dependency id -> {job id: policy}, the same pairs the other way round;
+* derived from the live jobs' `depends_on` (rebuilt at restore): `m.pins`, dependency id ->
+  {live job id naming it: None}.
 `m.resolving` is the work list of the command being applied (not state).
 """
 from __future__ import annotations
 
-from .jobs import DEAD, GONE, WAITING
+from . import results
+from .jobs import DEAD, DEPENDENCY_FAILED, GONE, S_DEPENDS_ON, WAITING
 from .ops import DEP_SUCCESS
-
-DEPENDENCY_FAILED = "dependency_failed"
 
 # What a resolution does to a job, from node/core/handlers.py (which imports this module, so it
 # hands them over with `bind` at its import instead of this module importing it back).
@@ -149,6 +155,45 @@ def _run(m, q, job) -> None:
         _make_ready(m, job, q)
 
 
+# ---------------------------------------------------------------------------- pins
+def pin(m, job) -> None:
+    """A live job that names dependencies: each is kept, once acked, while the job lives."""
+    pins = m.pins
+    for dep_id, _ in job.depends_on:
+        per = pins.get(dep_id)
+        if per is None:
+            per = {}
+            m._put(pins, dep_id, per)
+        if job.id not in per:
+            m._put(per, job.id, None)
+
+
+def unpin(m, job) -> None:
+    """A job that named dependencies has ended (acked, dead-lettered, removed): a dependency
+    retained for it alone, whose own retention has run out, goes now."""
+    pins = m.pins
+    for dep_id, _ in job.depends_on:
+        per = pins.get(dep_id)
+        if per is None or job.id not in per:
+            continue                    # (named twice: unpinned already)
+        m._pop(per, job.id)
+        if not per:
+            m._pop(pins, dep_id)
+            rec = m.results.get(dep_id)
+            if rec is not None and rec.expires <= m.clock:
+                results.forget(m, rec)
+
+
+def pinned_jobs(m) -> dict:
+    """The pins the live jobs make (what `m.pins` must hold; restore and the invariant)."""
+    out: dict = {}
+    for job in m.jobs.values():
+        if job.spec[S_DEPENDS_ON] is not None and job.state != DEAD:
+            for dep_id, _ in job.spec[S_DEPENDS_ON]:
+                out.setdefault(dep_id, {})[job.id] = None
+    return out
+
+
 # ---------------------------------------------------------------------------- snapshots
 def to_rows(m) -> list:
     """((job id, ((dependency id, policy), ...)), ...), sorted: the dependents index is derived."""
@@ -156,6 +201,7 @@ def to_rows(m) -> list:
 
 
 def restore(m, rows) -> None:
+    m.pins = pinned_jobs(m)
     for job_id, pairs in rows:
         m.pending_deps[job_id] = dict(tuple(p) for p in pairs)
         for dep_id, policy in pairs:
@@ -188,4 +234,6 @@ def check(m) -> list[str]:
     for job_id, job in jobs.items():
         if job.state == WAITING and job_id not in m.pending_deps:
             bad.append(f"waiting job {job_id} without pending dependencies")
+    if m.pins != pinned_jobs(m):
+        bad.append("the pins are not the live jobs' dependencies")
     return bad

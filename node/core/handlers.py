@@ -22,7 +22,7 @@ from .answers import render_dead_letter
 from .jobs import (DEAD, DEAD_LETTER_RECORD_TYPE, GONE, IN_FLIGHT, READY, SCHEDULED, WAITING, DeadLetter, Job, Queue,
                    ENTRY_JOB, ENTRY_NEG_PRIORITY, ENTRY_SEQ, is_live_entry, known_queue, ready_entry, shown_fields)
 from .jobs import (BUCKET_EXPIRES, DEDUP_BUCKET, DEDUP_JOB_ID, TIMER_AT, S_ATTEMPT, S_CUSTOM, S_DEADLINE,
-                   S_ENCODING, S_ENQUEUED_AT, S_JOB_TYPE, S_KEY, S_MAX_ATTEMPTS, S_PRIORITY, S_QUEUE, S_RELEASES,
+                   S_DEPENDS_ON, S_ENCODING, S_ENQUEUED_AT, S_JOB_TYPE, S_KEY, S_MAX_ATTEMPTS, S_PRIORITY, S_QUEUE, S_RELEASES,
                    S_RESOURCE, S_SCHEDULED_AT, S_TIMEOUT_MS, S_TRACE, dedup_expires, dedup_record, shown_common)
 from .ops import ATOMIC, DEAD_LETTER, DELAY, ENQUEUED, ITEM_LEGACY_LEN, JOB_ID, RESERVED, SINGLE, UNAUDITED
 from .undo import drop_item, fifo_restore_head, fifo_unappend, heap_remove, heap_restore, restore_item
@@ -187,7 +187,7 @@ def _enqueue_one(m, item, now: int, check_depth: bool):
     # The spec (jobs.py SPEC_FIELDS), the last job's when equal; not with custom fields (true == 1 == 1.0).
     spec = (qname, job_type, encoding, priority, custom, trace, now, scheduled_at, max_attempts,
             deadline, timeout_ms if timeout_ms is not None else ql.execution_timeout_ms, resource,
-            None, 0, 1, scheduled_at if later else None, key)
+            None, 0, 1, scheduled_at if later else None, key, None)
     last = m._spec
     if custom is None and spec == last:
         spec = last
@@ -246,11 +246,14 @@ def _enqueue_with_deps(m, item, now: int, check_depth: bool):
         if dep is not None:
             return ops.dependency_not_found(dep)
     made = _enqueue_one(m, item[:ops.ITEM_DEPENDS_ON], now, check_depth)
-    if depends_on and type(made) is str and deps.waits(m, depends_on):
+    if depends_on and type(made) is str:
         job = m.jobs[made]
-        q = m.queues[job.queue]
-        gating.leave_waiting(m, q, job)         # its ready or schedule entry goes stale
-        deps.attach(m, q, job, depends_on)
+        m._set(job, "depends_on", tuple((dep_id, policy) for dep_id, policy in depends_on))
+        deps.pin(m, job)
+        if deps.waits(m, depends_on):
+            q = m.queues[job.queue]
+            gating.leave_waiting(m, q, job)     # its ready or schedule entry goes stale
+            deps.attach(m, q, job, depends_on)
     return made
 
 
@@ -370,7 +373,7 @@ def reserve(m, queue_names, lease_ms: int, max_jobs: int):
             lease = (expires, ctr, job.id)
             undo += (heap_remove, lease_heap, lease, None)
             heappush(lease_heap, lease)
-            kept.append(shown_common(job) if r is None else shown_common(job) + (r,))   # shown_fields, inline
+            kept.append(shown_common(job) if r is None and job.spec[S_DEPENDS_ON] is None else shown_fields(job))
         if len(kept) >= max_jobs:
             break
     return RESERVED, tuple(kept)
@@ -466,8 +469,9 @@ def take(m, q, cap: int, kept: list, lease_ms: int, probe: int) -> None:
             # shown_fields(job), inline, with literal positions (checked against jobs.S_* below
             # take): the keyed hand-out is the hot path of docs/performance.md's keys figure.
             s = job.spec
-            kept.append((job.id, s[0], s[1], job.payload, s[2], s[3], s[4], s[5], s[6], s[7], s[14],
-                         s[8], expires, s[9], s[10], s[13], r, key.name))
+            t = (job.id, s[0], s[1], job.payload, s[2], s[3], s[4], s[5], s[6], s[7], s[14],
+                 s[8], expires, s[9], s[10], s[13], r, key.name)
+            kept.append(t if s[17] is None else t + (s[17],))
             _served(m, q, key, job, now, lim, ctr)
             continue
         kept.append(shown_fields(job))
@@ -480,7 +484,7 @@ def take(m, q, cap: int, kept: list, lease_ms: int, probe: int) -> None:
 
 # The literal spec positions of take's inline shown_fields.
 assert (S_QUEUE, S_JOB_TYPE, S_ENCODING, S_PRIORITY, S_CUSTOM, S_TRACE, S_ENQUEUED_AT, S_SCHEDULED_AT, S_ATTEMPT,
-        S_MAX_ATTEMPTS, S_DEADLINE, S_TIMEOUT_MS, S_RELEASES) == (0, 1, 2, 3, 4, 5, 6, 7, 14, 8, 9, 10, 13)
+        S_MAX_ATTEMPTS, S_DEADLINE, S_TIMEOUT_MS, S_RELEASES, S_DEPENDS_ON) == (0, 1, 2, 3, 4, 5, 6, 7, 14, 8, 9, 10, 13, 17)
 
 
 def _passed_over(m, q, key, lim, e, deadline, r, now: int) -> bool:
@@ -678,8 +682,11 @@ def ack(m, job_id: str, attempt: int, result=None):
     undo += (setattr, q, "acked", n)
     q.acked = n + 1
     retaining = m.retaining             # m.limits.retaining, kept on the machine: one load an ack
-    if retaining and spec[S_QUEUE] in retaining:
+    pins = m.pins                       # live dependents that read this job's result (deps.py)
+    if (retaining and spec[S_QUEUE] in retaining) or (pins and job_id in pins):
         results.retain(m, job, spec[S_QUEUE], result)
+    if spec[S_DEPENDS_ON] is not None:
+        deps.unpin(m, job)
     if m.dependents and job_id in m.dependents:
         deps.ended(m, job_id, True)         # its dependents, in this command (node/core/deps.py)
     return JOB_ID, job_id
@@ -800,6 +807,8 @@ def dead_letter(m, job: Job, q: Queue, cause: str, reason):
         per_queue = OrderedDict()
         m._put(m.dlq_by_queue, job.queue, per_queue)
     m._put(per_queue, job.id, rec)
+    if job.spec[S_DEPENDS_ON] is not None:
+        deps.unpin(m, job)
     if m.dependents and job.id in m.dependents:
         deps.ended(m, job.id, False)
 
@@ -848,7 +857,10 @@ def forward(m, job: Job, cause: str, reason, fwd: str):
 
 
 def forget(m, job: Job):
-    """The job leaves the machine (a live one's dependents, node/core/deps.py, count it failed)."""
+    """The job leaves the machine (a live one's dependents, node/core/deps.py, count it failed;
+    a live one's dependencies are no longer read by it)."""
+    if job.spec[S_DEPENDS_ON] is not None and job.state != DEAD:
+        deps.unpin(m, job)
     m._set(job, "state", GONE)
     m._pop(m.jobs, job.id)
     if m.dependents and job.id in m.dependents:
@@ -889,6 +901,8 @@ def requeue(m, ids, who=UNAUDITED):
         m._set(job, "deadline", None)
         m._set(job, "seq", m._new_seq())
         make_ready(m, job, q)
+        if job.spec[S_DEPENDS_ON] is not None:
+            deps.pin(m, job)                # live again: it reads its dependencies' results
         requeued.append(job_id)
     audit.record(m, who, "requeue", None, {"requeued": len(requeued), "missing": len(missing),
                                            "ids": audit.ids_shown(requeued)})
@@ -981,8 +995,25 @@ def move_to_dead_letters(m, queue: str, ids, reason, who=UNAUDITED):
     return ops.moved(tuple(moved), tuple(missing))
 
 
+def _purge_waiting(m, q) -> int:
+    """Purge: the queue's jobs waiting on dependencies go too (in id order: the same on every
+    node, whatever order a restore filled `pending_deps` in); their dependents count them failed."""
+    if not m.pending_deps:
+        return 0
+    jobs = m.jobs
+    n = 0
+    for job_id in sorted(i for i in m.pending_deps if jobs[i].queue == q.name):
+        job = jobs.get(job_id)
+        if job is not None and job.state == WAITING:     # (not failed by an earlier one's removal)
+            deps.leave(m, q, job)
+            forget(m, job)
+            n += 1
+    return n
+
+
 def purge(m, queue: str, who=UNAUDITED):
-    """Every ready and scheduled job of the queue is removed; in-flight jobs finish normally."""
+    """Every ready, scheduled and waiting job of the queue is removed; in-flight jobs finish
+    normally."""
     if not known_queue(m, queue):
         return ops.queue_not_found(queue)
     q = m.queues.get(queue)
@@ -1008,7 +1039,8 @@ def purge(m, queue: str, who=UNAUDITED):
             keys.purged(m, q)
         if scheduled:
             m._add(q, "scheduled", -len(scheduled))
-        n = len(ready) + len(scheduled)
+        waiting = _purge_waiting(m, q)
+        n = len(ready) + len(scheduled) + waiting
     audit.record(m, who, "purge", queue, {"purged": n})
     return ops.purged(queue, n)
 

@@ -9,11 +9,13 @@ from __future__ import annotations
 from collections import deque
 
 READY, SCHEDULED, IN_FLIGHT, DEAD, GONE, WAITING = 0, 1, 2, 3, 4, 5
-# WAITING: a job whose dependencies have not all ended (node/core/deps.py, issue 34 point 2; not
-# reachable through the API yet).
+# WAITING: a job whose dependencies have not all ended (node/core/deps.py; docs/semantics.md
+# "Workflows").
 STATE_NAMES = ("ready", "scheduled", "in_flight", "dead_lettered", "gone", "waiting")
 # Why a job was dead-lettered (a DeadLetter's `cause`), as docs/semantics.md "Dead letters" names them.
-DEAD_LETTER_CAUSES = ("attempts_exhausted", "rejected", "lease_expired", "admin", "expired")
+DEAD_LETTER_CAUSES = ("attempts_exhausted", "rejected", "lease_expired", "admin", "expired", "dependency_failed")
+DEPENDENCY_FAILED = "dependency_failed"     # a dependency failed (node/core/deps.py)
+ALWAYS_SHOWN_CAUSES = DEAD_LETTER_CAUSES[:5]    # a queue's stats show these even at 0
 # The causes the cluster decides (no worker reported them): what a queue's dead_letter_forward
 # forwards unless dead_letter_forward_causes says otherwise.
 CLUSTER_CAUSES = ("lease_expired", "expired", "admin")
@@ -29,10 +31,10 @@ DEAD_LETTER_RECORD_TYPE = "raftq.dead_letter"
 # job that is reserved and acked once.
 SPEC_FIELDS = ("queue", "job_type", "encoding", "priority", "custom", "trace", "enqueued_at",
                "scheduled_at", "max_attempts", "deadline", "timeout_ms", "resource", "last_reason",
-               "releases", "attempt", "run_at", "key")
+               "releases", "attempt", "run_at", "key", "depends_on")
 (S_QUEUE, S_JOB_TYPE, S_ENCODING, S_PRIORITY, S_CUSTOM, S_TRACE, S_ENQUEUED_AT, S_SCHEDULED_AT,
  S_MAX_ATTEMPTS, S_DEADLINE, S_TIMEOUT_MS, S_RESOURCE, S_LAST_REASON, S_RELEASES, S_ATTEMPT,
- S_RUN_AT, S_KEY) = range(17)
+ S_RUN_AT, S_KEY, S_DEPENDS_ON) = range(18)
 
 
 def _spec_property(k: int, name: str) -> property:
@@ -56,37 +58,44 @@ class Job:
     `timeout_ms` is the job's execution timeout (ms, None = none: the queue's
     execution_timeout_ms resolved at enqueue), `releases` the deliveries handed back without
     using an attempt (attempts used = attempt - releases), `resource` the throttle resource the
-    job names (None = none) and `key` its fairness and limits key (node/core/keys.py, None =
-    none)."""
+    job names (None = none), `key` its fairness and limits key (node/core/keys.py, None =
+    none) and `depends_on` the ((job id, policy), ...) it was enqueued with (node/core/deps.py,
+    None = none), kept for its life: what it shows and which results it reads."""
     __slots__ = ("id", "payload", "lease_expires", "state", "seq", "spec")
 
     # Every field, in the order of the snapshot's job tuples and the digest.
     FIELDS = ("id", "queue", "job_type", "payload", "encoding", "priority", "custom", "trace",
               "enqueued_at", "scheduled_at", "attempt", "max_attempts", "lease_expires",
-              "state", "seq", "run_at", "deadline", "last_reason", "timeout_ms", "releases", "resource", "key")
+              "state", "seq", "run_at", "deadline", "last_reason", "timeout_ms", "releases", "resource", "key", "depends_on")
 
     for _k, _name in enumerate(SPEC_FIELDS):
         locals()[_name] = _spec_property(_k, _name)
     del _k, _name
 
     def to_tuple(self) -> tuple:
+        """FIELDS, or the 22 of before dependencies for a job without them (what snapshots
+        held before: a node of the release before reads them)."""
         s = self.spec
-        return (self.id, s[0], s[1], self.payload, s[2], s[3], s[4], s[5], s[6], s[7],
-                s[14], s[8], self.lease_expires, self.state, self.seq, s[15],
-                s[9], s[12], s[10], s[13], s[11], s[16])
+        t = (self.id, s[0], s[1], self.payload, s[2], s[3], s[4], s[5], s[6], s[7],
+             s[14], s[8], self.lease_expires, self.state, self.seq, s[15],
+             s[9], s[12], s[10], s[13], s[11], s[16])
+        return t if s[17] is None else t + (s[17],)
 
     @classmethod
     def from_tuple(cls, t, specs: dict | None = None) -> "Job":
-        """A job from its FIELDS tuple (or the 18 of before 0.2.0, or the 21 of before keys,
-        the later ones taking their defaults). `specs`, when given, interns the spec tuples:
+        """A job from its FIELDS tuple (or the 18 of before 0.2.0, the 21 of before keys or the
+        22 of before dependencies, the later ones taking their defaults). `specs`, when given, interns the spec tuples:
         equal ones are shared."""
-        if len(t) < 22:
-            t = tuple(t) + (None, 0, None, None)[len(t) - 18:]
+        if len(t) < 23:
+            t = tuple(t) + (None, 0, None, None, None)[len(t) - 18:]
         (id_, queue, job_type, payload, encoding, priority, custom, trace, enqueued_at,
          scheduled_at, attempt, max_attempts, lease_expires, state, seq, run_at, deadline,
-         last_reason, timeout_ms, releases, resource, key) = t
+         last_reason, timeout_ms, releases, resource, key, depends_on) = t
+        if type(depends_on) is list:    # pairs, as the machine made them (JSON made them lists)
+            depends_on = tuple(tuple(p) for p in depends_on)
         spec = (queue, job_type, encoding, priority, custom, trace, enqueued_at, scheduled_at,
-                max_attempts, deadline, timeout_ms, resource, last_reason, releases, attempt, run_at, key)
+                max_attempts, deadline, timeout_ms, resource, last_reason, releases, attempt, run_at, key,
+                depends_on)
         if specs is not None and custom is None:       # a dict neither hashes nor compares strictly
             try:
                 spec = specs.setdefault(spec, spec)
@@ -100,8 +109,10 @@ class Job:
     def legacy_tuple(self) -> tuple:
         """The fields the digest hashes: the 18 of before 0.2.0 while the later slots hold
         their defaults (so a state that uses none of it hashes as it did), the 21 of before keys
-        while the key is None, else all of them."""
+        while the key is None, the 22 of before dependencies while it has none, else all of them."""
         t = self.to_tuple()
+        if len(t) > 22:
+            return t
         if t[21] is not None:
             return t
         return t[:18] if t[18] is None and t[19] == 0 and t[20] is None else t[:21]
@@ -136,12 +147,14 @@ _check_field_orders()
 
 
 def shown_fields(job) -> tuple:
-    """SHOWN_FIELDS, then the job's `resource` when it has one and its `key` when it
-    has one (after the resource, None when it has none): a job without either shows the fields
-    results always kept, so kept results are unchanged."""
+    """SHOWN_FIELDS, then the job's `resource` when it has one, its `key` when it has one and
+    its `depends_on` when it has some (each after the ones before, None when it has none): a job
+    without any shows the fields results always kept, so kept results are unchanged."""
     t = shown_common(job)
     spec = job.spec
     r, k = spec[S_RESOURCE], spec[S_KEY]
+    if spec[S_DEPENDS_ON] is not None:
+        return t + (r, k, spec[S_DEPENDS_ON])
     if k is not None:
         return t + (r, k)
     return t if r is None else t + (r,)
@@ -235,13 +248,20 @@ class Queue:
         return self.ready + self.scheduled + self.in_flight + self.waiting
 
     def stats(self, declared: bool) -> dict:
-        return {"name": self.name, "declared": declared, "paused": self.paused,
-                "ready": self.ready, "scheduled": self.scheduled, "in_flight": self.in_flight,
-                "dead_lettered": self.dead, "enqueued": self.enqueued, "acked": self.acked,
-                "nacked": self.nacked, "dead_lettered_total": self.dead_total,
-                "expired_total": self.expired,
-                "dead_lettered_by_cause": {c: self.dead_by_cause.get(c, 0) for c in DEAD_LETTER_CAUSES},
-                "throttled": self.throttled, "throttle_deferred_total": self.deferred}
+        """The QueueStats of docs/api.md. `waiting` and the cause `dependency_failed` are shown
+        while there are some (a queue that never used dependencies shows what it showed before)."""
+        by_cause = {c: self.dead_by_cause.get(c, 0) for c in ALWAYS_SHOWN_CAUSES}
+        if self.dead_by_cause.get(DEPENDENCY_FAILED):
+            by_cause[DEPENDENCY_FAILED] = self.dead_by_cause[DEPENDENCY_FAILED]
+        out = {"name": self.name, "declared": declared, "paused": self.paused,
+               "ready": self.ready, "scheduled": self.scheduled, "in_flight": self.in_flight,
+               "dead_lettered": self.dead, "enqueued": self.enqueued, "acked": self.acked,
+               "nacked": self.nacked, "dead_lettered_total": self.dead_total,
+               "expired_total": self.expired, "dead_lettered_by_cause": by_cause,
+               "throttled": self.throttled, "throttle_deferred_total": self.deferred}
+        if self.waiting:
+            out["waiting"] = self.waiting
+        return out
 
 
 # Timer entries are plain tuples that start with their time, so `heap[0][TIMER_AT]` is a timer

@@ -215,10 +215,10 @@ class QueueMachine(UndoLog):
         self.key_timers: list = []
         # Job results (node/core/results.py: retained jobs by id, their expiry heap, and derived,
         # per queue, the records holding a result and their bytes) and dependencies
-        # (node/core/deps.py: pending ones per waiting job, dependents per dependency; `resolving`
-        # is a command's work list, not state).
+        # (node/core/deps.py: pending ones per waiting job, dependents per dependency, the live
+        # jobs reading each; `resolving` is a command's work list, not state).
         self.results, self.result_heap, self.results_by_queue, self.result_bytes = {}, [], {}, {}
-        self.pending_deps, self.dependents, self.resolving = {}, {}, None
+        self.pending_deps, self.dependents, self.pins, self.resolving = {}, {}, {}, None
         # The keys a command left without a job, settled when it ends (keys.settle_unsettled):
         # empty between commands, not state.
         self.unsettled: list = []

@@ -111,7 +111,7 @@ ITEM: tuple[str, ...] = ("job_id", "queue", "job_type", "payload", "encoding", "
                          # keys (node/core/keys.py); items of 15 fields apply with no key
                          "key",
                          # dependencies (node/core/deps.py): ((job id, policy), ...); items of 16
-                         # fields apply with none. No request body makes one yet.
+                         # fields apply with none
                          "depends_on")
 ITEM_LEGACY_LEN = 12
 ITEM_DUPLICATE_POLICY = ITEM.index("duplicate_policy")
@@ -120,7 +120,7 @@ RETURN_EXISTING, REJECT, REPLACE = "return_existing", "reject", "replace"
 DUPLICATE_POLICIES = (RETURN_EXISTING, REJECT, REPLACE)
 ITEM_QUEUE = ITEM.index("queue")
 ITEM_DEPENDS_ON = ITEM.index("depends_on")
-# What a dependency's end means to its dependent (docs: issue 34 point 2): `success`, it runs only
+# What a dependency's end means to its dependent (docs/semantics.md "Dependencies"): `success`, it runs only
 # if the dependency succeeded (a dead letter fails it, cause dependency_failed); `complete`, it runs
 # whatever the end; `ignore`, likewise (the dependency's end is only waited for).
 DEP_SUCCESS, DEP_COMPLETE, DEP_IGNORE = "success", "complete", "ignore"

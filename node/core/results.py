@@ -4,7 +4,9 @@ its ack carried, for its queue's `result_retention_ms`.
 A queue with `result_retention_ms` > 0 keeps every job acked in it as a `Retained` record (the
 job, state `succeeded`, and its result if the ack carried one) until the replicated clock passes
 `expires` (the ack's time plus the retention in force at the ack: fixed then, like a dedup
-record's window). Acks in a queue that keeps none keep nothing: a result sent there is dropped.
+record's window). Acks in a queue that keeps none keep nothing, a result sent there is dropped, unless a live job
+depends on the acked one (node/core/deps.py `pin`): then it is kept like this (its retention 0)
+and stays past its expiry until the last live job that names it ends.
 
 The state, all of it replicated (snapshots, the digest):
 * `m.results`: job id -> Retained, every record kept;
@@ -133,7 +135,8 @@ def expire(m, now: int, budget: int) -> int:
         rec = results.get(job_id)
         if rec is not None and rec.order == order:
             n += 1
-            forget(m, rec)
+            if job_id not in m.pins:    # else kept for the live jobs that name it (deps.unpin)
+                forget(m, rec)
     return n
 
 
@@ -178,6 +181,9 @@ def view(m, job_id: str) -> dict | None:
     out["last_reason"] = job.last_reason
     out["lease_expires_at_ms"] = None
     out.update(result_fields(rec))
+    readers = m.pins.get(job_id)
+    if readers:                         # kept for them past its retention (node/core/deps.py)
+        out["live_dependents"] = len(readers)
     return out
 
 
@@ -209,8 +215,8 @@ def check(m) -> list[str]:
             bad.append(f"{where}: also a job of the machine ({m.jobs[job_id].state}): a retained job is not live")
         if not (rec.finished_at <= rec.expires and rec.finished_at <= m.clock):
             bad.append(f"{where}: finished at {rec.finished_at}, expires {rec.expires}, clock {m.clock}")
-        if (rec.order, job_id) not in live_timers:
-            bad.append(f"{where}: no expiry timer")
+        if (rec.order, job_id) not in live_timers and not (job_id in m.pins and rec.expires <= m.clock):
+            bad.append(f"{where}: no expiry timer, and not kept for a live dependent past its expiry")
         if (rec.data is None) != (rec.encoding is None) or (rec.dropped and rec.data is not None):
             bad.append(f"{where}: result {rec.size()} bytes, encoding {rec.encoding!r}, dropped {rec.dropped}")
         if rec.size():
