@@ -14,7 +14,7 @@ import pytest
 from helpers_core import RETAIN, Core, err, payload, restored
 from raftq.node.base import validate as C
 from raftq.node.core import ops
-from raftq.node.core.deps import DEPENDENCY_FAILED
+from raftq.node.core.jobs import DEPENDENCY_FAILED
 from raftq.node.core.jobs import WAITING
 from test_core_faults import faulted
 
@@ -374,3 +374,25 @@ def test_a_requeued_dependent_reads_again_and_a_purge_takes_waiting_jobs():
     y = c.enq_id("q", deps=[(c.enq_id("other"), S)])
     assert c.purge("q")[1]["purged"] == 3   # x and b ready, y waiting
     assert c.view(y) is None and c.m.pending_deps == {} and c.m.pins == {}
+
+
+def test_what_a_dependency_costs_in_memory():
+    """docs/limits.md "Job results": a job with one dependency takes ~620 bytes more than a plain
+    job (its own spec, its pending and dependents entries, its pin), each further one ~250."""
+    import tracemalloc
+
+    def per_job(n: int, jobs: int = 1000) -> float:
+        c = Core()
+        base = [c.enqueue_id() for _ in range(50)]
+        bodies = [{"queue": "q", "job_type": "t", **({"depends_on": [base[(i + k) % 50] for k in range(n)]} if n else {})}
+                  for i in range(jobs)]
+        tracemalloc.start()
+        before = tracemalloc.take_snapshot()
+        for body in bodies:
+            assert c.m.apply(c.now, C.enqueue(body, c.limits, c.now, c.new_id))[0] == 200
+        after = tracemalloc.take_snapshot()
+        tracemalloc.stop()
+        return sum(s.size_diff for s in after.compare_to(before, "filename")) / jobs
+
+    plain, one, ten = per_job(0), per_job(1), per_job(10)
+    assert one - plain < 900 and (ten - one) / 9 < 400, (plain, one, ten)

@@ -32,7 +32,7 @@ State (replicated, in snapshots and the digest, only when there is some):
 from __future__ import annotations
 
 from . import results
-from .jobs import DEAD, DEPENDENCY_FAILED, GONE, S_DEPENDS_ON, WAITING
+from .jobs import DEAD, GONE, S_DEPENDS_ON, WAITING
 from .ops import DEP_SUCCESS
 
 # What a resolution does to a job, from node/core/handlers.py (which imports this module, so it
@@ -79,7 +79,7 @@ def attach(m, q, job, depends_on) -> None:
             continue
         if dep.state == DEAD:
             if policy == DEP_SUCCESS:
-                _dead_letter(m, job, q, DEPENDENCY_FAILED, None)
+                _dead_letter(m, job, q, "dependency_failed", None)
                 return
             continue
         pending[dep_id] = policy                # (a later pair for one dependency wins)
@@ -134,7 +134,7 @@ def _one(m, dep_id: str, ok: bool, dependent_id: str, policy: str) -> None:
     m._pop(pending, dep_id)                 # (the dependency's own entry has gone already)
     if not ok and policy == DEP_SUCCESS:
         leave(m, q, job)                    # its other dependencies forget it
-        _dead_letter(m, job, q, DEPENDENCY_FAILED, None)    # its own dependents join the work list
+        _dead_letter(m, job, q, "dependency_failed", None)    # its own dependents join the work list
         return
     if not pending:
         m._pop(m.pending_deps, dependent_id)

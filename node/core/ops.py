@@ -554,16 +554,9 @@ def duplicate(job_id: str) -> dict:
     return {"reason": "duplicate", "job_id": job_id}
 
 
-# No request names dependencies yet (node/core/deps.py), so no answer carries this reason and the
-# OpenAPI document's rejection reasons (node/api/openapi.py REJECTION_REASONS, which
-# tests/cluster/test_openapi.py matches against the node's `"reason": "..."` texts) leave it out
-# until the API step of issue 34 point 2 adds it there.
-DEPENDENCY_NOT_FOUND = "dependency_not_found"
-
-
 def dependency_not_found(job_id: str) -> dict:
     """A dependency the machine knows nothing of (never made, or gone: past its retention) (fields only)."""
-    return {"reason": DEPENDENCY_NOT_FOUND, "job_id": job_id}
+    return {"reason": "dependency_not_found", "job_id": job_id}
 
 
 def duplicate_refused(job_id: str) -> dict:

@@ -3,6 +3,8 @@ session, `GET /v1/jobs/{id}` at the leader and at a follower, the long poll `GET
 /v1/jobs/{id}/result` at either (woken by the ack's apply, not by a timer), its refusals, the
 per-queue bound; and across a leader kill (-9): a result acked before it is read from the next
 leader, and a `Client.result` waiting through the kill gets the result acked after it.
+Dependencies (docs/semantics.md "Dependencies") on the same cluster: a chain of 20 across a leader
+kill, a fan-in at a follower with a failed member, refusals.
 
 One three-node cluster serves the module; each test uses its own queue names and leaves the
 cluster whole (`heal`).
@@ -16,7 +18,7 @@ import time
 
 import pytest
 
-from raftq.cluster.client import Client, InvalidArgument, NotFound, Result
+from raftq.cluster.client import Client, InvalidArgument, NotFound, Result, job_request
 from raftq.cluster.worker import Worker
 from raftq.cluster.local import LocalCluster
 from tests.cluster.test_cli_consume import raftq
@@ -249,3 +251,88 @@ async def test_a_worker_handler_that_returns_a_result_acks_with_it(healthy):
         finally:
             w.stop()
             await asyncio.wait_for(task, 30)
+
+
+# ---------------------------------------------------------------------------- dependencies
+# docs/semantics.md "Dependencies", on the same cluster: queues dep-* keep no results of their
+# own, so what a dependent reads is kept for it alone.
+
+async def test_a_chain_of_20_runs_in_order_across_a_leader_kill_and_each_job_reads_the_one_before(healthy):
+    """Client.chain makes 20 jobs at once; a worker takes them one at a time from any node; the
+    leader is killed (-9) after the 7th ack. Each job is delivered only once the one before was
+    acked, reads its result, and the last one's result is gone once nothing names it."""
+    c = healthy
+    async with Client(c.urls) as client:
+        ids = await client.chain(*[job_request("dep-chain", "step", str(i).encode()) for i in range(20)])
+        assert len(set(ids)) == 20
+        view = await client.job(ids[1])
+        assert view.state == "waiting" and view.depends_on == ((ids[0], "success"),)
+        order, old = [], None
+        while len(order) < 20:
+            jobs = await client.reserve(["dep-chain"], lease_ms=60_000, wait_ms=10_000, max_jobs=5)
+            assert len(jobs) <= 1, [j.payload for j in jobs]          # never two steps at once
+            for job in jobs:
+                i = int(job.payload)
+                if i:
+                    assert job.depends_on == ((ids[i - 1], "success"),)
+                    before = await client.result(ids[i - 1], timeout=30)      # kept for this job alone
+                    assert before.succeeded and before.result == f"done {i - 1}".encode()
+                order.append(i)
+                await client.ack(job, result=f"done {i}")
+            if len(order) == 7 and old is None:
+                old = await asyncio.to_thread(c.wait_leader, 15)
+                await asyncio.to_thread(c.kill, old)
+                await asyncio.to_thread(c.wait_leader, 30, [i for i in range(c.n) if i != old])
+        assert order == list(range(20))
+        await asyncio.to_thread(poll, lambda: Api(c).get(f"/v1/jobs/{ids[18]}")[0] == 404, 10,
+                                what="the 19th step's record goes once the 20th is acked")
+
+
+def test_a_fan_in_at_a_follower_fails_on_a_dead_letter_and_its_complete_sibling_reads_every_result(healthy):
+    """One atomic request at a follower: 6 members, a `success` fan-in and a `complete` fan-in by
+    ref. One member is dead-lettered: the success fan-in ends a dead letter (dependency_failed),
+    the complete one runs once, after the last member ended, and reads the 5 results."""
+    c, api = healthy, Api(healthy)
+    f = followers(c)[0]
+    members = [{"queue": "dep-fan", "job_type": "member", "ref": f"m{i}"} for i in range(6)]
+    deps = [{"ref": f"m{i}"} for i in range(6)]
+    status, out = api.post("/v1/jobs/atomic", {"jobs": members + [
+        {"queue": "dep-fan-in", "job_type": "all_ok", "depends_on": deps},
+        {"queue": "dep-fan-in", "job_type": "report", "depends_on": [{**d, "policy": "complete"} for d in deps]}]},
+        node=f)
+    assert status == 200, out
+    *ids, all_ok, report = [r["job_id"] for r in out["results"]]
+    assert api.get("/v1/queues/dep-fan-in", node=f)[1]["waiting"] == 2
+    for n in range(6):
+        job = api.reserve(["dep-fan"], node=f)[1]["jobs"][0]
+        assert api.reserve(["dep-fan-in"], node=f)[1]["jobs"] == []       # nothing before the last member
+        if n == 2:
+            body = {"attempt": job["attempt"], "retry": {"strategy": "dead_letter"}, "reason": "broken"}
+            assert api.post(f"/v1/jobs/{job['id']}/nack", body, node=f)[0] == 200
+            failed = job["id"]
+            assert api.get(f"/v1/jobs/{all_ok}", node=f)[1]["state"] == "dead_lettered"
+            continue
+        body = {"attempt": job["attempt"], "result": {"data_b64": b64(job["id"].encode()), "encoding": "text/plain"}}
+        assert api.post(f"/v1/jobs/{job['id']}/ack", body, node=f)[0] == 200
+    status, out = api.get("/v1/dead-letters?queue=dep-fan-in", node=f)
+    assert [(r["job"]["id"], r["cause"]) for r in out["records"]] == [(all_ok, "dependency_failed")]
+    (job,) = api.reserve(["dep-fan-in"], max_jobs=5, node=f)[1]["jobs"]
+    assert job["id"] == report and [d["job_id"] for d in job["depends_on"]] == ids
+    for dep in ids:                                 # read at another follower than the one that enqueued
+        status, res = api.get(f"/v1/jobs/{dep}/result", node=followers(c)[1])
+        if dep == failed:
+            assert res["state"] == "dead_lettered", res
+        else:
+            assert res["state"] == "succeeded" and base64.b64decode(res["result"]["data_b64"]) == dep.encode()
+    assert api.post(f"/v1/jobs/{report}/ack", {"attempt": job["attempt"]}, node=f)[0] == 200
+    assert api.get(f"/v1/jobs/{ids[0]}", node=f)[0] == 404                 # no live job names it now
+
+
+def test_an_unknown_dependency_is_refused_at_any_node(healthy):
+    c, api = healthy, Api(healthy)
+    unknown = "00000000-0000-4000-8000-0000000000ab"
+    for node in (c.wait_leader(20), followers(c)[0]):
+        status, out = api.post("/v1/jobs", {"queue": "dep-bad", "job_type": "t", "depends_on": [unknown]}, node=node)
+        assert status == 422 and out["error"]["rejection"] == {"reason": "dependency_not_found", "job_id": unknown}
+    code, out, err = raftq(c, "enqueue", "dep-bad", "t", "--depends-on", unknown)
+    assert code != 0 and "dependency_not_found" in err, (out, err)
