@@ -1280,6 +1280,35 @@ class Client:
         out = await self.call("schedule_trigger", "POST", f"/v1/schedules/{name}/trigger", {}, mutating=True)
         return out["job_id"]
 
+    # ------------------------------------------------------------------ batches (docs/semantics.md "Batches")
+    async def open_batch(self, jobs: list[dict] = (), *, on_complete: dict | None = None,
+                         on_success: dict | None = None, on_failure: dict | None = None, open: bool = False,
+                         timeout_ms: int | None = None, request_id: str | None = None) -> tuple[str, list[str]]:
+        """A batch of `jobs` (job_request bodies, enqueued all or nothing) with its callback jobs
+        (job_request bodies); open=True lets add_to_batch add more until close_batch (or
+        timeout_ms). (batch id, the member job ids)."""
+        body: dict[str, Any] = {"jobs": [self._with_key(r) for r in jobs], "open": open}
+        callbacks = {k: v for k, v in (("on_complete", on_complete), ("on_success", on_success),
+                                       ("on_failure", on_failure)) if v is not None}
+        if callbacks:
+            body["callbacks"] = callbacks
+        if timeout_ms is not None:
+            body["timeout_ms"] = timeout_ms
+        out = await self.call("open_batch", "POST", "/v1/batches", body, mutating=True, request_id=request_id)
+        return out["batch_id"], [r["job_id"] for r in out["results"]]
+
+    async def add_to_batch(self, batch_id: str, jobs: list[dict], *, request_id: str | None = None) -> list[str]:
+        out = await self.call("add_to_batch", "POST", f"/v1/batches/{batch_id}/jobs",
+                              {"jobs": [self._with_key(r) for r in jobs]}, mutating=True, request_id=request_id)
+        return [r["job_id"] for r in out["results"]]
+
+    async def close_batch(self, batch_id: str) -> None:
+        await self.call("close_batch", "POST", f"/v1/batches/{batch_id}/close", {}, mutating=True)
+
+    async def batch(self, batch_id: str) -> dict:
+        """The batch's status (GET /v1/batches/{id}): state, counts, pending_ids, callbacks."""
+        return await self.call("batch", "GET", f"/v1/batches/{batch_id}", mutating=False)
+
     async def dead_letters(self, queue: str | None = None, limit: int = 50, cursor: str | None = None) -> dict:
         q = f"?limit={limit}" + (f"&queue={queue}" if queue else "") + (f"&cursor={cursor}" if cursor else "")
         out = await self.call("dead_letters", "GET", f"/v1/dead-letters{q}", mutating=False)

@@ -178,6 +178,11 @@ LIMITS = {
     "max_dependencies_per_job": Key("integer", "Most entries of a job's `depends_on`; more refuses the job "
                                     "(422 `rejected`, reason `too_many_dependencies`, docs/semantics.md "
                                     "\"Dependencies\").", minimum=1, maximum=100_000),
+    "max_batches": Key("integer", "Most batches the cluster keeps at once, open or finished (a finished one is kept "
+                       "an hour for its status); one more is 429 `overloaded` (reason `too_many`, docs/semantics.md "
+                       "\"Batches\"). 0 allows none.", minimum=0),
+    "max_batch_members": Key("integer", "Most members of one batch; more is 429 `overloaded` (reason "
+                             "`too_many_members`).", minimum=1, maximum=1_000_000),
     "resource_limits": Key("table", "Throttles: `{resource = max}`, the most jobs naming that `resource` (theirs or "
                            "their queue's) in flight at once, across every queue and worker. A resource without "
                            "an entry is unlimited; 0 holds all its jobs back. Reserve skips a job whose resource "

@@ -1054,6 +1054,25 @@ def result_pairs(job: dict, now: int) -> list:
     return pairs
 
 
+async def cmd_batch(ctx: Ctx) -> int:
+    b = await ctx.call("batch", "GET", f"/v1/batches/{_path(ctx.args.id)}")
+    if ctx.json:
+        ctx.dump(b)
+        return EXIT_OK
+    now = int(time.time() * 1000)
+    pairs = [("id", b["id"]), ("state", b["state"]), ("created at", fmt_ms(b["created_at_ms"], now)),
+             ("members", f"{b['members']}: {b['pending']} pending, {b['succeeded']} succeeded, {b['failed']} failed, "
+                         f"{b['removed']} removed")]
+    if b.get("finished_at_ms") is not None:
+        pairs.append(("finished at", fmt_ms(b["finished_at_ms"], now)))
+    for kind, cb in b["callbacks"].items():
+        pairs.append((kind, f"enqueued: {cb['job_id']}" if cb["fired"] else "not yet"))
+    if b["pending_ids"]:
+        pairs.append(("pending", ", ".join(b["pending_ids"][:10]) + (" ..." if b["pending"] > 10 else "")))
+    ctx.out(format_pairs(pairs))
+    return EXIT_OK
+
+
 async def cmd_result(ctx: Ctx) -> int:
     """`raftq result ID [--wait S]`: the job's outcome once it finished (exit 0 succeeded, 1 dead-lettered,
     and 1 with a message when it has not finished within --wait)."""

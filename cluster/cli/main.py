@@ -175,6 +175,8 @@ def _add_queue_and_job_commands(client_cmd) -> None:
     j.add_argument("id", metavar="ID")
     j.add_argument("--payload", action="store_true", help="write only the raw payload bytes to stdout")
 
+    b = client_cmd("batch", C.cmd_batch, "a batch's status: its counts, pending members and callbacks")
+    b.add_argument("id", metavar="ID")
     r = client_cmd("result", C.cmd_result, "wait for a job to finish: its result (exit 0) or its dead letter (1)")
     r.add_argument("id", metavar="ID")
     r.add_argument("--wait", type=float, default=30.0, metavar="S",

@@ -136,6 +136,8 @@ LEADER_POST = [
     ("/v1/queues/{name}/dead-letter", OPERATOR,
      lambda s, req, b, rid, who: s.move_to_dead_letters(_name(req), b, rid, who)),
     ("/v1/keys", ADMIN, lambda s, req, b, rid, who: s.add_key(b, rid, who)),
+    ("/v1/batches", WORKER, lambda s, req, b, rid, who: s.open_batch(b, rid, who)),
+    ("/v1/batches/{id}/jobs", WORKER, lambda s, req, b, rid, who: s.add_to_batch(_id(req), b, rid, who)),
     ("/v1/cluster/members", ADMIN, lambda s, req, b, rid, who: s.add_member(b, rid, who)),
 ]
 OPTIONAL_BODY = [
@@ -153,6 +155,7 @@ OPTIONAL_BODY = [
      lambda s, req, b, rid, who: s.pause_schedule(_name(req), True, b, rid, who)),
     ("POST", "/v1/schedules/{name}/resume", OPERATOR,
      lambda s, req, b, rid, who: s.pause_schedule(_name(req), False, b, rid, who)),
+    ("POST", "/v1/batches/{id}/close", WORKER, lambda s, req, b, rid, who: s.close_batch(_id(req), b, rid, who)),
     ("POST", "/v1/schedules/{name}/trigger", OPERATOR,
      lambda s, req, b, rid, who: s.trigger_schedule(_name(req), b, rid, who)),
     ("DELETE", "/v1/schedules/{name}", OPERATOR,
@@ -171,6 +174,7 @@ LEADER_GET = [
     ("/v1/queues/{name}/jobs", VIEWER, lambda s, req: s.queue_jobs(req.match_info["name"], req.query)),
     ("/v1/queues/{name}/keys", VIEWER, lambda s, req: s.queue_keys(req.match_info["name"], req.query)),
     ("/v1/jobs/{id}", VIEWER, lambda s, req: s.job(req.match_info["id"])),
+    ("/v1/batches/{id}", VIEWER, lambda s, req: s.batch(req.match_info["id"])),
     ("/v1/dead-letters", VIEWER, lambda s, req: s.dead_letters(req.query)),
     ("/v1/config", VIEWER, lambda s, req: s.config()),
     ("/v1/keys", ADMIN, lambda s, req: s.keys()),

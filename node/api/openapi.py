@@ -341,7 +341,50 @@ def schemas() -> dict:
             **_dead_letter_and_queue_op_schemas(queue_name), **_config_and_key_schemas(),
             **_queue_schemas(), **_page_schemas(), **_membership_schemas(), **_cluster_view_schemas(),
             **_node_schemas(), **_error_schemas(), **_session_schemas(),
-            **_schedule_schemas(queue_name, custom_value)}
+            **_schedule_schemas(queue_name, custom_value), **_workflow_batch_schemas(queue_name, custom_value)}
+
+
+def _workflow_batch_schemas(queue_name: dict, custom_value: dict) -> dict:
+    """Batches with callbacks (docs/semantics.md "Batches")."""
+    counts = {k: integer(0, description=d) for k, d in (
+        ("members", "jobs that joined it"), ("pending", "members not ended"), ("succeeded", "members acked"),
+        ("failed", "members dead-lettered"), ("removed", "members cancelled or purged"))}
+    fired = obj({"fired": {"type": "boolean"}, "job_id": {"type": ["string", "null"], "format": "uuid",
+                                                           "description": "the callback job, once enqueued"}},
+                ["fired", "job_id"])
+    enqueue = _enqueue_schemas(queue_name, custom_value)
+    callback = {k: v for k, v in enqueue["EnqueueRequest"]["properties"].items() if k not in ("depends_on", "ref")}
+    return {
+        "CallbackJob": obj(callback, ["queue", "job_type"], "A callback job: an EnqueueRequest without "
+                           "`depends_on` or `ref`; anything its queue would refuse is 400 naming the callback."),
+        "BatchRequest": obj({
+            "jobs": {"type": "array", "items": ref("EnqueueRequest"), "description": "the first members, enqueued "
+                     "all or nothing as by `POST /v1/jobs/atomic` (refs and depends_on included); none: a closed "
+                     "batch without members finishes at once"},
+            "callbacks": obj({k: ref("CallbackJob") for k in ("on_complete", "on_success", "on_failure")}, [],
+                             "the callback jobs; each gets `batch_id` among its custom fields",
+                             additionalProperties=False),
+            "open": {"type": "boolean", "default": False, "description": "more members may be added until "
+                     "`close` or `timeout_ms`"},
+            "timeout_ms": integer(1, description="an open batch never closed is closed this long after it was "
+                                  "made", default=3600000)}, [], "A batch: members and callbacks. Unknown fields "
+                                  "are 400.", additionalProperties=False),
+        "BatchJobsRequest": obj({"jobs": {"type": "array", "items": ref("EnqueueRequest"), "minItems": 1}},
+                                ["jobs"]),
+        "BatchSaved": obj({"batch_id": string(format="uuid"), "open": {"type": "boolean"},
+                           "results": {"type": "array", "items": ref("EnqueueResult"),
+                                       "description": "the members this request enqueued, in order"}},
+                          ["batch_id", "open", "results"]),
+        "BatchView": obj({"id": string(format="uuid"), "state": {"type": "string",
+                                                                  "enum": ["open", "closed", "finished"]},
+                          "created_at_ms": ms("when it was made"),
+                          "finished_at_ms": ms("when its last member ended after its close", None, nullable=True),
+                          **counts, "pending_ids": {"type": "array", "items": string(format="uuid"),
+                                                    "description": "the first 100 members not ended, by id"},
+                          "callbacks": obj({k: fired for k in ("on_complete", "on_success", "on_failure")}, [])},
+                         ["id", "state", "created_at_ms", "finished_at_ms", *counts, "pending_ids", "callbacks"],
+                         "A batch's status; kept an hour after it finished."),
+    }
 
 
 def _enqueue_schemas(queue_name: dict, custom_value: dict) -> dict:
@@ -1044,6 +1087,8 @@ LIMIT_PARAM = {"name": "limit", "in": "query", "description": "page size, 1..100
 CURSOR_PARAM = {"name": "cursor", "in": "query", "description": "`next_cursor` of the previous page",
                 "schema": {"type": "string"}}
 
+BATCH_PARAM = {"name": "id", "in": "path", "required": True, "description": "the batch id (a canonical UUID)",
+               "schema": {"type": "string", "format": "uuid", "pattern": UUID_PATTERN}}
 SCHEDULE_PARAM = {"name": "name", "in": "path", "required": True, "description": "the schedule's name",
                   "schema": {"type": "string", "pattern": vs.NAME_PATTERN}}
 
@@ -1188,6 +1233,25 @@ ROUTES = [
            "422 `rejected` when its queue refuses it. A body, if any, is ignored. Audited.", OPERATOR,
            body_required=False, ok="ScheduleTriggered", write=True, tags=("schedules",), params=[SCHEDULE_PARAM],
            errors_=[(404, ["not_found"]), (422, ["rejected"])]),
+    _route("post", "/v1/batches", "open_batch", "Make a batch",
+           "Its members enqueued all or nothing (422 `batch_rejected` as for an atomic enqueue) and its callbacks "
+           "kept: `on_failure` is enqueued with its first dead-lettered member, `on_complete` (and `on_success` "
+           "when none failed or was removed) with the last member's end once it is closed, exactly once "
+           "(docs/semantics.md \"Batches\"). 429 `overloaded` at `max_batches` or `max_batch_members`.", WORKER,
+           body="BatchRequest", ok="BatchSaved", write=True, tags=("batches",),
+           errors_=[(422, ["batch_rejected"])]),
+    _route("post", "/v1/batches/{id}/jobs", "add_to_batch", "Add members to an open batch",
+           "All or nothing; 409 `failed_precondition` (reason `closed`) once it is closed.", WORKER,
+           body="BatchJobsRequest", ok="BatchSaved", write=True, tags=("batches",), params=[BATCH_PARAM],
+           errors_=[(404, ["not_found"]), (409, ["failed_precondition"]), (422, ["batch_rejected"])]),
+    _route("post", "/v1/batches/{id}/close", "close_batch", "Close a batch",
+           "No more members; its completion callbacks come with its last member's end (at once when every member "
+           "has ended). Closing a closed batch changes nothing. A body, if any, is ignored.", WORKER,
+           body_required=False, ok="BatchSaved", write=True, tags=("batches",), params=[BATCH_PARAM],
+           errors_=[(404, ["not_found"])]),
+    _route("get", "/v1/batches/{id}", "get_batch", "A batch's status",
+           "Counts per end, pending members, callbacks fired; 404 once it finished more than an hour ago.",
+           VIEWER, ok="BatchView", tags=("batches",), params=[BATCH_PARAM], errors_=[(404, ["not_found"])]),
     _route("delete", "/v1/jobs/{id}", "cancel", "Cancel (delete) a job",
            "A ready, scheduled or in-flight job is removed for good. In flight (since 0.2.0; before, 409): "
            "its lease is dropped, its worker's next extend, ack, nack or release is 404 `job_not_found`, and it "
@@ -1477,7 +1541,7 @@ def document() -> dict:
                            "docs/api.md.",
             "license": {"name": "see the repository"},
         },
-        "tags": [{"name": t} for t in ("jobs", "dead letters", "queues", "schedules", "session", "cluster",
+        "tags": [{"name": t} for t in ("jobs", "batches", "dead letters", "queues", "schedules", "session", "cluster",
                                                  "configuration")],
         "paths": paths,
         "components": {

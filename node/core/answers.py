@@ -210,6 +210,19 @@ def _swept(promoted, leases_expired, deadlines_expired, dedup_expired, request_i
                                        key_timers_fired, results_expired)))
 
 
+def _batch_refused(why, batch_id, limit):
+    if why in ("too_many", "too_many_members"):
+        what = "max_batches batches" if why == "too_many" else "max_batch_members members in one batch"
+        return error("overloaded", f"the cluster holds {what} ({limit}) already", reason=why, batch_id=batch_id,
+                     limit=limit)
+    text = "a batch of this id exists" if why == "exists" else "the batch is closed: no member can be added"
+    return error("failed_precondition", text, reason=why, batch_id=batch_id)
+
+
+def _batch_saved(batch_id, results, open):
+    return 200, {"batch_id": batch_id, "open": open, "results": _enqueued_batch(results)[1]["results"]}
+
+
 def _schedule_refused(why, name, limit):
     return error("overloaded", f"the cluster holds max_schedules ({limit}) schedules already: "
                  "delete one first, or raise limits.max_schedules", reason=why, limit=limit)
@@ -231,6 +244,9 @@ _RENDER = {
     ATTEMPT_MISMATCH: lambda job_id, attempt, asked: error("attempt_mismatch", attempt_mismatch_message(attempt, asked),
                                                            job_id=job_id, attempt=attempt),
     REJECTED: lambda rejection: error("rejected", rejected_message(rejection), rejection=rejection),
+    ops.BATCH_SAVED: _batch_saved,
+    ops.BATCH_NOT_FOUND: lambda batch_id: error("not_found", f"no batch {batch_id}", batch_id=batch_id),
+    ops.BATCH_REFUSED: _batch_refused,
     BATCH_FULL: lambda errors: error("batch_rejected", batch_full_message(errors), errors=list(errors)),
     REPLACED: lambda job_id: (200, {"job_id": job_id, "deduplicated": True, "replaced": True}),
     DUPLICATE_STARTED: lambda job_id: error("failed_precondition", DUPLICATE_STARTED_MESSAGE,

@@ -153,6 +153,7 @@ def _run(m, q, job) -> None:
         if job.run_at is not None:
             m._set(job, "run_at", None)
         _make_ready(m, job, q)
+        m.released.add(q.name)          # soft state: wakes the queue's long polls (node/core/ops.py)
 
 
 # ---------------------------------------------------------------------------- pins

@@ -17,7 +17,7 @@ import uuid
 import orjson
 
 from .retry import policy_delay_ms
-from . import audit, deps, gating, keys, ops, results
+from . import audit, batches, deps, gating, keys, ops, results
 from .answers import render_dead_letter
 from .jobs import (DEAD, DEAD_LETTER_RECORD_TYPE, GONE, IN_FLIGHT, READY, SCHEDULED, WAITING, DeadLetter, Job, Queue,
                    ENTRY_JOB, ENTRY_NEG_PRIORITY, ENTRY_SEQ, is_live_entry, known_queue, ready_entry, shown_fields)
@@ -689,6 +689,8 @@ def ack(m, job_id: str, attempt: int, result=None):
         deps.unpin(m, job)
     if m.dependents and job_id in m.dependents:
         deps.ended(m, job_id, True)         # its dependents, in this command (node/core/deps.py)
+    if m.batch_of and job_id in m.batch_of:
+        batches.member_ended(m, job_id, "succeeded")    # its batch's callbacks (node/core/batches.py)
     return JOB_ID, job_id
 
 
@@ -794,6 +796,8 @@ def dead_letter(m, job: Job, q: Queue, cause: str, reason):
     ql = m.limits.queue(job.queue)
     if ql.dead_letter_forward is not None and cause in ql.dead_letter_forward_causes:
         forward(m, job, cause, reason, ql.dead_letter_forward)
+    if m.batch_of and job.id in m.batch_of:
+        batches.member_ended(m, job.id, "failed")   # its batch's on_failure (node/core/batches.py)
     if m.limits.dead_letter_retention_ms <= 0:
         forget(m, job)
         return
@@ -858,9 +862,11 @@ def forward(m, job: Job, cause: str, reason, fwd: str):
 
 def forget(m, job: Job):
     """The job leaves the machine (a live one's dependents, node/core/deps.py, count it failed;
-    a live one's dependencies are no longer read by it)."""
+    a live one's dependencies are no longer read by it; a member's batch counts it removed)."""
     if job.spec[S_DEPENDS_ON] is not None and job.state != DEAD:
         deps.unpin(m, job)
+    if m.batch_of and job.id in m.batch_of:
+        batches.member_ended(m, job.id, "removed")
     m._set(job, "state", GONE)
     m._pop(m.jobs, job.id)
     if m.dependents and job.id in m.dependents:
@@ -1077,4 +1083,6 @@ def record_action(m, action: str, target, details: dict, who=UNAUDITED):
     return ops.recorded(action)
 
 
-deps.bind(dead_letter, make_ready, schedule)       # what a dependency's end does (node/core/deps.py)
+deps.bind(dead_letter, make_ready, schedule)
+batches.bind(lambda m, item: _enqueue_one(m, item, m.clock, False),     # a callback: past the depth limit
+             lambda m, items: enqueue(m, ATOMIC, items))       # what a dependency's end does (node/core/deps.py)

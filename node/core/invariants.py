@@ -26,6 +26,7 @@ from .keys import check as key_problems
 from .schedules import check as schedule_problems
 from .results import check as results_problems
 from .deps import check as deps_problems
+from .batches import check as batch_problems
 
 
 class InvariantViolation(AssertionError):
@@ -513,6 +514,12 @@ def dependencies_are_consistent(m, seen: Seen) -> list[str]:
     return deps_problems(m)
 
 
+def batches_are_consistent(m, seen: Seen) -> list[str]:
+    """Batches (node/core/batches.py): pending members are live jobs of their batch, each callback
+    fired iff its condition holds, timers live."""
+    return batch_problems(m)
+
+
 # Every check, in the order `check` runs them: a check that reads what `Seen` counts runs after
 # the checks that count it.
 CHECKS = (
@@ -537,4 +544,5 @@ CHECKS = (
     schedules_are_consistent,
     retained_results_are_consistent,
     dependencies_are_consistent,
+    batches_are_consistent,
 )

@@ -66,11 +66,14 @@ GLOBAL_KEYS: dict[str, object] = {
     "max_result_bytes": MIB,          # an ack's result, in bytes (like a payload)
     # dependencies (docs/semantics.md "Dependencies")
     "max_dependencies_per_job": 1000,  # a job's depends_on entries
+    # batches (docs/semantics.md "Batches")
+    "max_batches": 100_000,           # batches kept at once, open or finished
+    "max_batch_members": 10_000,      # members of one batch
 }
 # [limits] keys the canonical document names only when they differ from their default: keys added
 # after a data directory could have been written, so that a configuration document (and the state
 # digest, which covers it) of before them is the one this code makes from the same TOML.
-DOC_WHEN_SET = ("max_result_bytes", "max_dependencies_per_job")
+DOC_WHEN_SET = ("max_result_bytes", "max_dependencies_per_job", "max_batches", "max_batch_members")
 STORAGE_KEYS: dict[str, object] = {
     "dead_letter_retention_ms": 0,    # 0 = no dead-letter store
     "dedup_window_ms": 86_400_000,
@@ -454,6 +457,8 @@ def _global_limits(limits: dict) -> dict:
     _int("limits.max_queue_name_bytes", g["max_queue_name_bytes"], 1, 65535)
     _int("limits.max_result_bytes", g["max_result_bytes"])
     _int("limits.max_dependencies_per_job", g["max_dependencies_per_job"], 1, 100_000)
+    _int("limits.max_batches", g["max_batches"], 0)
+    _int("limits.max_batch_members", g["max_batch_members"], 1, 1_000_000)
     if "max_result_bytes" in limits and g["max_result_bytes"] > g["max_request_bytes"]:     # (its default may be)
         raise ConfigError(f"limits.max_result_bytes: {g['max_result_bytes']} is above max_request_bytes "
                           f"({g['max_request_bytes']}); such a result could never be sent")

@@ -45,7 +45,7 @@ import inspect
 from collections import OrderedDict, deque
 from itertools import islice
 
-from . import audit, config, gating, handlers, invariants, keys, ops, results, schedules, snapshot
+from . import audit, batches, config, gating, handlers, invariants, keys, ops, results, schedules, snapshot
 from . import sweep as sweeping
 from .answers import render_dead_letter, render_job
 from .jobs import DEAD, ENTRY_JOB, IN_FLIGHT, READY, SCHEDULED, STATE_NAMES, WAITING, Job, Queue, entry_order, is_live_entry, shown_fields
@@ -81,6 +81,9 @@ HANDLERS = {
     ops.SCHEDULE_PAUSE: schedules.pause_schedule,
     ops.SCHEDULE_TRIGGER: schedules.trigger_schedule,
     ops.SCHEDULE_SEED: schedules.seed_schedules,
+    ops.BATCH_OPEN: batches.open_batch,
+    ops.BATCH_ADD: batches.add_to_batch,
+    ops.BATCH_CLOSE: batches.close_batch,
 }
 for _op, _handler in HANDLERS.items():
     if tuple(inspect.signature(_handler).parameters)[1:] != ops.COMMANDS[_op]:
@@ -213,16 +216,21 @@ class QueueMachine(UndoLog):
         # Keys (node/core/keys.py): the timers of keys, a heap of (time, ctr, Key), lazy (an
         # entry is live while its key's `timer` is (time, ctr)).
         self.key_timers: list = []
-        # Job results (node/core/results.py: retained jobs by id, their expiry heap, and derived,
-        # per queue, the records holding a result and their bytes) and dependencies
-        # (node/core/deps.py: pending ones per waiting job, dependents per dependency, the live
-        # jobs reading each; `resolving` is a command's work list, not state).
-        self.results, self.result_heap, self.results_by_queue, self.result_bytes = {}, [], {}, {}
-        self.pending_deps, self.dependents, self.pins, self.resolving = {}, {}, {}, None
+        self._init_workflows()
         # The keys a command left without a job, settled when it ends (keys.settle_unsettled):
         # empty between commands, not state.
         self.unsettled: list = []
         self._undo: list = []
+
+    def _init_workflows(self) -> None:
+        # Job results (node/core/results.py: retained jobs by id, their expiry heap, and derived,
+        # per queue, the records holding a result and their bytes), dependencies
+        # (node/core/deps.py: pending ones per waiting job, dependents per dependency, the live
+        # jobs reading each; `resolving` is a command's work list, not state) and batches
+        # (node/core/batches.py: by id, the batch of each pending member, their timers).
+        self.results, self.result_heap, self.results_by_queue, self.result_bytes = {}, [], {}, {}
+        self.pending_deps, self.dependents, self.pins, self.resolving = {}, {}, {}, None
+        self.batches, self.batch_of, self.batch_heap = {}, {}, []
 
     def shared_bucket(self, now: int, window: int, queue: str) -> tuple:
         """The dedup bucket (now + window, queue), the same tuple object for every call with the
@@ -346,6 +354,9 @@ class QueueMachine(UndoLog):
         if q is None and name not in self.limits.queues:
             return None
         return keys.view(self, q, limit, after)
+
+    def batch_view(self, batch_id: str) -> dict | None:
+        return batches.view(self, batch_id)
 
     def job_view(self, job_id: str) -> dict | None:
         job = self.jobs.get(job_id)

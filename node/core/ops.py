@@ -49,6 +49,10 @@ SCHEDULE_DELETE = "schdel"
 SCHEDULE_PAUSE = "schpause"
 SCHEDULE_TRIGGER = "schrun"
 SCHEDULE_SEED = "schseed"       # the [[schedules]] of a node's TOML, applied once per cluster
+# Batches (node/core/batches.py).
+BATCH_OPEN = "bopen"
+BATCH_ADD = "badd"
+BATCH_CLOSE = "bclose"
 
 # `who` of an operator command: the caller's key name (None without auth), put in by the
 # leader. Commands of release 0.1.0 have no such field: their handlers see UNAUDITED, and
@@ -85,6 +89,9 @@ COMMANDS: dict[str, tuple[str, ...]] = {
     SCHEDULE_PAUSE: ("name", "paused", "who"),
     SCHEDULE_TRIGGER: ("name", "job_id", "who"),
     SCHEDULE_SEED: ("definitions",),            # ((name, definition), ...)
+    BATCH_OPEN: ("batch_id", "callbacks", "close", "timeout_ms", "items"),   # callbacks: ((kind, ITEM), ...)
+    BATCH_ADD: ("batch_id", "items"),
+    BATCH_CLOSE: ("batch_id",),
 }
 # The fields a command of release 0.1.0 (and of this code before `who`) ends after: the
 # handlers give the later ones defaults (who = UNAUDITED, create = True, as pause was then).
@@ -254,6 +261,18 @@ def schedule_seed(definitions: tuple) -> tuple:
     return SCHEDULE_SEED, None, definitions
 
 
+def batch_open(rid, batch_id: str, callbacks: tuple, close: bool, timeout_ms: int, items: tuple) -> tuple:
+    return BATCH_OPEN, rid, batch_id, callbacks, close, timeout_ms, items
+
+
+def batch_add(rid, batch_id: str, items: tuple) -> tuple:
+    return BATCH_ADD, rid, batch_id, items
+
+
+def batch_close(rid, batch_id: str) -> tuple:
+    return BATCH_CLOSE, rid, batch_id
+
+
 def release(rid, job_id: str, attempt: int, delay_ms: int, reason) -> tuple:
     return RELEASE, rid, job_id, attempt, delay_ms, reason
 
@@ -288,8 +307,11 @@ ack_batch_pairs = reader(ACK_BATCH, "pairs")
 # node/core/gating.py), so acks cost nothing more when no job is held back; so does the
 # delete of a running job. A release makes its job ready (and frees a slot), like a nack.
 # A configuration change wakes them all (it may open a window, remove a breaker, raise a limit).
-WAKING_OPS = frozenset((ENQUEUE, NACK, SWEEP, REQUEUE, PAUSE, RELEASE, CLOSE_CIRCUIT, CONFIGURE, SCHEDULE_TRIGGER))
-RELEASING_OPS = frozenset((ACK, ACK_BATCH, CANCEL))
+# A dependent made ready, or a batch's callback enqueued, by a job's end is `released` too
+# (node/core/deps.py, node/core/batches.py): an ack, a cancel, a purge or a move may do it.
+WAKING_OPS = frozenset((ENQUEUE, NACK, SWEEP, REQUEUE, PAUSE, RELEASE, CLOSE_CIRCUIT, CONFIGURE, SCHEDULE_TRIGGER,
+                        BATCH_OPEN, BATCH_ADD, BATCH_CLOSE))
+RELEASING_OPS = frozenset((ACK, ACK_BATCH, CANCEL, PURGE, MOVE_TO_DEAD_LETTERS))
 # Ops that change the configuration in force (the node, node/service/, follows it).
 CONFIG_OPS = frozenset((CONFIGURE, ADD_KEY, REMOVE_KEY))
 
@@ -387,6 +409,10 @@ SCHEDULE_CONFLICT = "schedule_conflict"     # 409 failed_precondition: expect_ve
 SCHEDULE_INVALID = "schedule_invalid"       # 400 invalid_argument: the field and why
 SCHEDULE_REFUSED = "schedule_refused"       # 429 overloaded: why (too_many), the bound
 SCHEDULES_SEEDED = "schedules_seeded"       # 200 {"created": [names]}: empty once seeded before
+BATCH_SAVED = "batch_saved"         # 200 {"batch_id", "results", "open"}: results as an atomic enqueue's
+BATCH_NOT_FOUND = "batch_not_found"     # 404 not_found
+BATCH_REFUSED = "batch_refused"     # 409 failed_precondition (exists, closed) or 429 overloaded (too_many,
+                                    # too_many_members): why, the batch, the bound
 ANSWER = "answer"                   # an answer kept verbatim (only from snapshots of 0.1.0 that
                                     # held one this version no longer makes)
 
@@ -443,6 +469,9 @@ RESULTS: dict[str, tuple[str, ...]] = {
     SCHEDULE_INVALID: ("field", "why"),
     SCHEDULE_REFUSED: ("why", "name", "limit"),
     SCHEDULES_SEEDED: ("created",),
+    BATCH_SAVED: ("batch_id", "results", "open"),
+    BATCH_NOT_FOUND: ("batch_id",),
+    BATCH_REFUSED: ("why", "batch_id", "limit"),
 }
 # Results a request id never remembers (docs/semantics.md "Request ids"; docs/api.md "Decisions
 # where the rules above leave room").
@@ -671,3 +700,15 @@ def schedule_refused(why: str, name: str, limit: int) -> tuple:
 
 def schedules_seeded(created: tuple) -> tuple:
     return SCHEDULES_SEEDED, created
+
+
+def batch_saved(batch_id: str, results: tuple, is_open: bool) -> tuple:
+    return BATCH_SAVED, batch_id, results, is_open
+
+
+def batch_not_found(batch_id: str) -> tuple:
+    return BATCH_NOT_FOUND, batch_id
+
+
+def batch_refused(why: str, batch_id: str, limit) -> tuple:
+    return BATCH_REFUSED, why, batch_id, limit

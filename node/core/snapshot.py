@@ -29,7 +29,7 @@ from collections import OrderedDict, deque
 
 import orjson
 
-from . import deps, results
+from . import batches, deps, results
 from .limits import Limits
 from .answers import result_of_answer
 from .config import KeyRecord
@@ -88,6 +88,7 @@ def to_builtins(m) -> dict:
         **({"results": results.to_rows(m)} if m.results else {}),
         # Jobs waiting on dependencies (node/core/deps.py), only when there are some.
         **({"deps": deps.to_rows(m)} if m.pending_deps else {}),
+        **({"batches": batches.to_rows(m)} if m.batches else {}),
     }
 
 
@@ -272,6 +273,7 @@ def from_builtins(m, data: dict):
     _restore_keys(m, data)
     results.restore(m, data.get("results", ()))
     deps.restore(m, data.get("deps", ()))
+    batches.restore(m, data.get("batches", ()))
     return m
 
 
@@ -394,6 +396,8 @@ def digest(m) -> str:
         h.update(repr(["results", results.to_rows(m)]).encode())
     if m.pending_deps:
         h.update(repr(["deps", deps.to_rows(m)]).encode())
+    if m.batches:
+        h.update(repr(["batches", batches.to_rows(m)]).encode())
     return h.hexdigest()[:32]
 
 

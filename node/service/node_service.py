@@ -39,6 +39,7 @@ from .members import Members
 from .operator_ops import OperatorOps
 from .reads import Reads
 from .roles import TimeAndRoles
+from .batches import Batches
 from .schedules import Schedules
 from .sweeps import Sweeps
 from .wakeups import Wakeups
@@ -47,7 +48,7 @@ from .workers_seen import WorkersSeen
 __all__ = ["EXIT_STORAGE", "NodeService"]
 
 
-class NodeService(JobOps, Wakeups, OperatorOps, Schedules, Reads, ClusterView, Digests, Sweeps, ConfigFollow,
+class NodeService(JobOps, Wakeups, OperatorOps, Schedules, Batches, Reads, ClusterView, Digests, Sweeps, ConfigFollow,
                   TimeAndRoles, DataDisk, Members, Forwarding):
     def __init__(self, settings: Settings, loop: asyncio.AbstractEventLoop, accept_damaged_log: bool = False):
         self.settings = settings

@@ -336,3 +336,72 @@ def test_an_unknown_dependency_is_refused_at_any_node(healthy):
         assert status == 422 and out["error"]["rejection"] == {"reason": "dependency_not_found", "job_id": unknown}
     code, out, err = raftq(c, "enqueue", "dep-bad", "t", "--depends-on", unknown)
     assert code != 0 and "dependency_not_found" in err, (out, err)
+
+
+# ---------------------------------------------------------------------------- batches
+async def test_a_fan_in_of_1000_gets_each_callback_once_after_the_last_member_across_a_leader_kill(healthy):
+    """docs/semantics.md "Batches": an open batch filled with 1,000 members in four requests and
+    closed; workers ack them in hundreds; the leader is killed (-9) after 400. No callback job
+    exists before the last member's ack; then on_complete and on_success, once each, and no
+    on_failure."""
+    c = healthy
+    async with Client(c.urls) as client:
+        cbs = {k: job_request("bat-cb", k) for k in ("on_complete", "on_success", "on_failure")}
+        bid, first = await client.open_batch([job_request("bat-m", "part", b"0")], open=True, **cbs)
+        members = list(first)
+        for n in range(4):
+            members += await client.add_to_batch(bid, [job_request("bat-m", "part", str(n).encode())] *
+                                                 (250 if n < 3 else 249))
+        await client.close_batch(bid)
+        assert len(set(members)) == 1000 and (await client.batch(bid))["state"] == "closed"
+        acked, old = 0, None
+        while acked < 1000:
+            jobs = await client.reserve(["bat-m"], lease_ms=120_000, wait_ms=5_000, max_jobs=100)
+            assert (await client.queue("bat-cb"))["ready"] == 0          # nothing before the last member
+            if not jobs:
+                continue
+            if acked + len(jobs) == 1000:
+                assert (await client.batch(bid))["pending"] == len(jobs)
+            assert all(r is None for r in await client.ack_batch(jobs))
+            acked += len(jobs)
+            if acked >= 400 and old is None:
+                old = await asyncio.to_thread(c.wait_leader, 15)
+                await asyncio.to_thread(c.kill, old)
+                await asyncio.to_thread(c.wait_leader, 30, [i for i in range(c.n) if i != old])
+        view = await client.batch(bid)
+        assert view["state"] == "finished" and view["succeeded"] == 1000 and view["pending"] == 0, view
+        assert {k: v["fired"] for k, v in view["callbacks"].items()} == \
+            {"on_complete": True, "on_success": True, "on_failure": False}
+        got = await client.reserve(["bat-cb"], lease_ms=60_000, max_jobs=10)
+        assert sorted(j.job_type for j in got) == ["on_complete", "on_success"]
+        assert {j.id for j in got} == {view["callbacks"]["on_complete"]["job_id"],
+                                       view["callbacks"]["on_success"]["job_id"]}
+        assert all(j.custom["batch_id"] == bid for j in got)
+
+
+def test_a_batch_at_a_follower_fails_once_and_refuses_what_it_should(healthy):
+    c, api = healthy, Api(healthy)
+    f = followers(c)[0]
+    body = {"jobs": [{"queue": "bat-f", "job_type": "t"}] * 3,
+            "callbacks": {"on_failure": {"queue": "bat-fcb", "job_type": "failed"},
+                          "on_complete": {"queue": "bat-fcb", "job_type": "done"}}}
+    status, out = api.post("/v1/batches", body, node=f)
+    assert status == 200 and out["open"] is False and len(out["results"]) == 3, out
+    bid = out["batch_id"]
+    for n in range(3):
+        job = api.reserve(["bat-f"], node=f)[1]["jobs"][0]
+        nack = {"attempt": job["attempt"], "retry": {"strategy": "dead_letter"}}
+        assert api.post(f"/v1/jobs/{job['id']}/nack", nack, node=f)[0] == 200
+        assert api.get("/v1/queues/bat-fcb", node=f)[1]["ready"] == (1 if n < 2 else 2)    # on_failure once
+    status, view = api.get(f"/v1/batches/{bid}", node=f)
+    assert view["failed"] == 3 and view["state"] == "finished"
+    assert api.post(f"/v1/batches/{bid}/jobs", {"jobs": [{"queue": "bat-f", "job_type": "t"}]}, node=f)[1][
+        "error"]["reason"] == "closed"
+    status, out = api.post("/v1/batches", {"jobs": [], "callbacks": {"on_success": {"queue": "x"}}}, node=f)
+    assert status == 400 and out["error"]["field"] == "callbacks.on_success", out
+    status, out = api.post("/v1/batches", {"jobs": [{"queue": "bat-f", "job_type": "t",
+                                                     "depends_on": ["00000000-0000-4000-8000-0000000000ab"]}]}, node=f)
+    assert status == 422 and out["error"]["code"] == "batch_rejected"
+    assert api.get("/v1/batches/00000000-0000-4000-8000-0000000000ab", node=f)[0] == 404
+    code, out, err = raftq(c, "batch", bid)
+    assert code == 0 and "3 failed" in out and "on_failure" in out, (out, err)
