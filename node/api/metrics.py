@@ -168,6 +168,14 @@ def _state(t: _Text, view: dict) -> None:
     t.family("raftq_request_id_records", "gauge", "request-id records held", [({}, state.get("request_ids", 0))])
     t.family("raftq_schedules", "gauge", "schedules held (docs/semantics.md \"Schedules\")",
              [({}, state.get("schedules", 0))])
+    # workflows (docs/semantics.md "Workflows")
+    t.family("raftq_retained_jobs", "gauge", "finished jobs kept with their results (retention, or for live "
+             "dependents)", [({}, state.get("retained_jobs", 0))])
+    t.family("raftq_retained_result_bytes", "gauge", "bytes of the results kept, every queue",
+             [({}, state.get("retained_result_bytes", 0))])
+    t.family("raftq_waiting_jobs", "gauge", "jobs waiting on their dependencies", [({}, state.get("waiting_jobs", 0))])
+    t.family("raftq_batches", "gauge", "batches kept, open or finished (limits.max_batches)",
+             [({}, state.get("batches", 0))])
 
 
 def _queues(t: _Text, queues: list[dict]) -> None:

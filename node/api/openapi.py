@@ -858,7 +858,10 @@ def _cluster_view_schemas() -> dict:
             "toml_differs": {"type": "boolean", "description": "this node's TOML [limits], [storage], [[queues]] "
                              "or [auth] differ from the configuration in force (which the node follows)"},
             "state": obj({k: integer(None) for k in ("jobs", "dead_letters", "dedup_records", "request_ids",
-                                                      "audit_entries", "clock_ms")}),
+                                                      "audit_entries", "clock_ms", "schedules", "retained_jobs",
+                                                      "retained_result_bytes", "waiting_jobs", "batches")},
+                         description="sizes of the replicated state; `retained_jobs`, `retained_result_bytes`, "
+                                     "`waiting_jobs` and `batches` while there are some"),
             "cpu": {"type": "object", "additionalProperties": {"type": ["number", "null"]}},
             "proposer": {"type": "object", "additionalProperties": {"type": "integer"}},
             "journal_syncs": integer(0),

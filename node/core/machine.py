@@ -461,8 +461,10 @@ class QueueMachine(UndoLog):
         # Retained jobs only when there are some (the view of a state without them is unchanged).
         retained = ({"retained_jobs": len(self.results), "retained_result_bytes": sum(self.result_bytes.values())}
                     if self.results else {})
+        workflows = {**({"waiting_jobs": len(self.pending_deps)} if self.pending_deps else {}),
+                     **({"batches": len(self.batches)} if self.batches else {})}
         return {"jobs": len(self.jobs), "dead_letters": len(self.dlq), "dedup_records": sum(map(len, self.dedup.values())),
-                **retained,
+                **retained, **workflows,
                 "request_ids": len(self.rids), "audit_entries": len(self.audit), "schedules": len(self.schedules),
                 "clock_ms": self.clock}
 

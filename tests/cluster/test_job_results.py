@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import re
+import urllib.request
 import threading
 import time
 
@@ -405,3 +407,5 @@ def test_a_batch_at_a_follower_fails_once_and_refuses_what_it_should(healthy):
     assert api.get("/v1/batches/00000000-0000-4000-8000-0000000000ab", node=f)[0] == 404
     code, out, err = raftq(c, "batch", bid)
     assert code == 0 and "3 failed" in out and "on_failure" in out, (out, err)
+    text = urllib.request.urlopen(c.urls[f] + "/metrics", timeout=10).read().decode()
+    assert re.search(r"^raftq_batches(\{[^}]*\})? [1-9]", text, re.M), "the batches gauge"
