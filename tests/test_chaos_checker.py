@@ -2,7 +2,9 @@
 (cluster/chaos/checker.py; docs/chaos.md "Invariants"): every invariant's name, order, count,
 examples, skip reason and power-cut excuses, as a golden record. tests/test_chaos.py holds each
 invariant alone on its own history; this one holds the result as a whole, so that a change to
-how `check` is put together (not to what it judges) shows here as any difference at all."""
+how `check` is put together (not to what it judges) shows here as any difference at all. The
+workflow judges (dependents_wait, dependency_failed_never_runs, fan_in_runs_once) are also held
+one by one here, at the end, each on histories that keep to it and on ones that break it."""
 from __future__ import annotations
 
 import hashlib
@@ -163,9 +165,27 @@ def history() -> tuple[H, list]:
         h.res([job], t=(2.0, 2.05))
         h.settle("ack", jid, 1, t=(2.1, 2.2))
     h.op("schedule_views", 50.0, 50.1, proc="drain", schedules=[{"name": "s-all", "fired": 5, "paused": True}])
+    # workflows: a dependent handed out before its dependency's ack was invoked; a success
+    # dependent of a dead letter handed out; a fan-in handed out before its last member ended
+    graph(h, [("wa", "jwa", []), ("wb", "jwb", [["wa", "success"]])], gid="gw1")
+    h.res([step("jwa", 1, "wa"), step("jwb", 1, "wb", {"jwa": "success"})], t=(0.2, 0.3))
+    h.settle("ack", "jwa", 1, t=(0.4, 0.5))
+    h.settle("ack", "jwb", 1, t=(0.4, 0.5))
+    graph(h, [("wc", "jwc", []), ("wd", "jwd", [["wc", "success"]])], gid="gw2")
+    h.res([step("jwc", 1, "wc")], t=(0.2, 0.3))
+    h.nack("jwc", 1, strategy="dead_letter", reason="wno", dead=True)
+    h.res([step("jwd", 1, "wd", {"jwc": "success"}, lease_expires=1_002_700)], t=(0.6, 0.7))
+    h.settle("ack", "jwd", 1, t=(0.8, 0.9))
+    graph(h, [("we", "jwe", []), ("wf", "jwf", []), ("wg", "jwg", [["we", "success"], ["wf", "complete"]])],
+          gid="gw3", shape="fan-in")
+    h.res([step("jwe", 1, "we"), step("jwf", 1, "wf")], t=(0.2, 0.3))
+    h.settle("ack", "jwe", 1, t=(0.4, 0.5))
+    h.res([step("jwg", 1, "wg", {"jwe": "success", "jwf": "complete"}, lease_expires=1_002_600)], t=(0.55, 0.6))
+    h.settle("ack", "jwf", 1, t=(0.7, 0.8))
+    h.settle("ack", "jwg", 1, t=(0.7, 0.8))
     # no_internal_errors
     h.op("enqueue", 3.0, 3.1, "fail", error="internal", items=[{"value": "i", "key": None, "queue": "a"}])
-    dead = [dl("jx", "x", "rejected", 1, "nope")]
+    dead = [dl("jx", "x", "rejected", 1, "nope"), wf_dl("jwc", "wc", "rejected", 1, "wno", failed_at=1_000_450)]
     return h, dead
 
 
@@ -207,6 +227,9 @@ GOLDEN = {
     "schedule": (2, None, None),
     "one_job_per_tick": (1, None, None),
     "no_tick_missed": (1, None, None),
+    "dependents_wait": (2, None, None),
+    "dependency_failed_never_runs": (1, None, None),
+    "fan_in_runs_once": (1, None, None),
     "retry_delay": (1, None, None),
     "lease_honoured": (2, None, None),
     "dead_letters": (2, None, None),
@@ -220,7 +243,7 @@ GOLDEN = {
     "failed_writes_stop": (2, None, None),
 }
 # sha256 of the whole result (invariants with their examples, stats, failures) as canonical JSON
-GOLDEN_SHA256 = "cf1daa6a162d8e43022c16ec3771815b8addde1513f9fb0263ccf50e305b5a54"
+GOLDEN_SHA256 = "e68a251d6ec3abbe8f2c0560e1264050bae8608965048fa886c7ad6ff8dab164"
 
 
 def canonical(r: dict) -> str:
@@ -237,3 +260,237 @@ def test_every_invariant_is_broken_as_recorded():
 
 def test_the_whole_result_is_unchanged():
     assert hashlib.sha256(canonical(result()).encode()).hexdigest() == GOLDEN_SHA256
+
+
+# ---------------------------------------------------------------------------- workflows
+# Each judge of the workflow graphs (docs/chaos.md "Workflows") on a history that keeps to it and
+# on ones that break it; every other invariant holds on them.
+DRAINED = {"ok": True, "queues": []}
+
+
+def graph(h: H, jobs, t=(0.0, 0.1), outcome="ok", gid="g0", shape="chain"):
+    """One atomic graph enqueue: jobs [(value, job id, [[dependency value, policy], ...])]."""
+    items = [{"value": v, "key": None, "queue": "wf", "job_type": "step", "max_attempts": 3, "scheduled_at": None,
+              "delay_ms": None, "graph": gid, "shape": shape, "ref": f"s{i}", "deps": [list(d) for d in deps]}
+             for i, (v, _, deps) in enumerate(jobs)]
+    kw = {"items": items, "batch": True, "atomic": True}
+    if outcome == "ok":
+        kw["results"] = [{"job_id": jid, "dedup": False} for _, jid, _ in jobs]
+    return h.op("enqueue", *t, outcome, **kw)
+
+
+def step(job_id, attempt, value, depends_on=None, lease_expires=1_002_000, max_attempts=3):
+    """A delivered workflow job, showing its dependencies {id: policy} as the cluster does."""
+    j = H.job(job_id, attempt, value, lease_expires=lease_expires, queue="wf", max_attempts=max_attempts)
+    j["job_type"] = "step"
+    j["depends_on"] = [{"job_id": d, "policy": p} for d, p in (depends_on or {}).items()] or None
+    return j
+
+
+def wf_dl(job_id, value, cause, final_attempt, reason=None, failed_at=1_005_000, depends_on=None, max_attempts=3):
+    rec = dl(job_id, value, cause, final_attempt, reason, failed_at=failed_at, max_attempts=max_attempts)
+    rec.update(queue="wf", job_type="step",
+               depends_on=[{"job_id": d, "policy": p} for d, p in (depends_on or {}).items()] or None)
+    return rec
+
+
+def wf_check(h: H, dead=(), drain=DRAINED) -> dict:
+    return check(h.ops, dead_letters=list(dead), retry=RETRY, drain=drain)
+
+
+def broken(r: dict) -> dict:
+    """name -> count of every invariant that failed."""
+    return {i["name"]: i["count"] for i in r["invariants"] if not i["ok"]}
+
+
+def test_dependents_wait_holds_within_the_histories_uncertainty():
+    h = H()
+    graph(h, [("a", "ja", []), ("b", "jb", [["a", "success"]]), ("c", "jc", [["b", "complete"]])])
+    h.res([step("ja", 1, "a")], t=(0.2, 0.3))
+    # b's hand-out was answered (0.5) after a's ack was invoked (0.45), before that ack's answer
+    # (0.6): the ack may well have been applied first, so nothing is certain, nothing is caught.
+    h.settle("ack", "ja", 1, t=(0.45, 0.6))
+    h.res([step("jb", 1, "b", {"ja": "success"}, lease_expires=1_002_400, max_attempts=1)], t=(0.4, 0.5))
+    # b's lease lapses at its last attempt: the sweep dead-letters it (lease_expired, no op) at
+    # 1_004_500; c (complete) is handed out no earlier on the replicated clock, though the
+    # zombie's late ack of b is invoked after c's hand-out.
+    h.res([step("jc", 1, "c", {"jb": "complete"}, lease_expires=1_006_500)], t=(4.5, 4.6))
+    h.settle("ack", "jb", 1, t=(5.0, 5.1), outcome="fail", error="job_not_found")
+    h.settle("ack", "jc", 1, t=(4.7, 4.8))
+    dead = [wf_dl("jb", "b", "lease_expired", 1, failed_at=1_004_500, depends_on={"ja": "success"}, max_attempts=1)]
+    r = wf_check(h, dead)
+    assert r["valid"], broken(r)
+    assert r["stats"]["workflows"]["dependents_handed_out"] == 2
+    assert r["stats"]["workflows"]["ran_past_a_dead_dependency"] == 1
+
+
+def test_a_dependent_handed_out_before_its_dependency_ended_is_caught():
+    h = H()
+    graph(h, [("a", "ja", []), ("b", "jb", [["a", "success"]])])
+    h.res([step("ja", 1, "a"), step("jb", 1, "b", {"ja": "success"})], t=(0.2, 0.3))
+    h.settle("ack", "ja", 1, t=(0.35, 0.4))           # invoked after b's hand-out was answered
+    h.settle("ack", "jb", 1, t=(0.5, 0.6))
+    r = wf_check(h)
+    assert broken(r) == {"dependents_wait": 1}
+    ex = [i for i in r["invariants"] if i["name"] == "dependents_wait"][0]["examples"][0]
+    assert ex["job_id"] == "jb" and ex["dependency"] == "ja" and ex["clock"] == "history"
+    # On the replicated clock: handed out (stamp 1_004_000) before its complete dependency was
+    # dead-lettered by the sweep (1_004_500), which no op of the history bounds.
+    h = H()
+    graph(h, [("a", "ja", []), ("b", "jb", [["a", "complete"]])])
+    h.res([step("ja", 1, "a", max_attempts=1)], t=(0.2, 0.3))
+    h.res([step("jb", 1, "b", {"ja": "complete"}, lease_expires=1_006_000)], t=(4.0, 4.1))
+    h.settle("ack", "jb", 1, t=(4.2, 4.3))
+    r = wf_check(h, [wf_dl("ja", "a", "lease_expired", 1, failed_at=1_004_500, max_attempts=1)])
+    assert broken(r) == {"dependents_wait": 1}
+    # Shown with other dependencies than its enqueue asked for.
+    h = H()
+    graph(h, [("a", "ja", []), ("b", "jb", [["a", "success"]])])
+    h.res([step("ja", 1, "a")], t=(0.2, 0.3))
+    h.settle("ack", "ja", 1, t=(0.4, 0.5))
+    h.res([step("jb", 1, "b", {"ja": "ignore"})], t=(0.6, 0.7))
+    h.settle("ack", "jb", 1, t=(0.8, 0.9))
+    assert broken(wf_check(h)) == {"dependents_wait": 1}
+
+
+def test_a_failed_dependency_fails_its_success_dependents_down_the_chain():
+    h = H()
+    graph(h, [("a", "ja", []), ("b", "jb", [["a", "success"]]), ("c", "jc", [["b", "success"]]),
+              ("d", "jd", [["a", "complete"]])])
+    h.res([step("ja", 1, "a")], t=(0.2, 0.3))
+    h.nack("ja", 1, t=(0.4, 0.5), strategy="dead_letter", reason="no", dead=True)
+    h.res([step("jd", 1, "d", {"ja": "complete"}, lease_expires=1_002_600)], t=(0.55, 0.6))     # complete: runs
+    h.settle("ack", "jd", 1, t=(0.7, 0.8))
+    dead = [wf_dl("ja", "a", "rejected", 1, "no", failed_at=1_000_450),
+            wf_dl("jb", "b", "dependency_failed", 1, failed_at=1_000_450, depends_on={"ja": "success"}),
+            wf_dl("jc", "c", "dependency_failed", 1, failed_at=1_000_450, depends_on={"jb": "success"})]
+    r = wf_check(h, dead)
+    assert r["valid"], broken(r)
+    wf = r["stats"]["workflows"]
+    assert wf["dependency_failed"] == 2 and wf["dependency_failed_transitive"] == 1
+
+
+def test_a_success_dependent_of_a_dead_letter_that_runs_or_ends_otherwise_is_caught():
+    h = H()
+    graph(h, [("a", "ja", []), ("b", "jb", [["a", "success"]]), ("c", "jc", [["a", "success"]])])
+    h.res([step("ja", 1, "a")], t=(0.2, 0.3))
+    h.nack("ja", 1, t=(0.4, 0.5), strategy="dead_letter", reason="no", dead=True)
+    h.res([step("jb", 1, "b", {"ja": "success"}, lease_expires=1_002_600)], t=(0.55, 0.6))       # ran anyway
+    h.settle("ack", "jb", 1, t=(0.7, 0.8))
+    # b: handed out, and ended acked instead of dependency_failed; c: no dead letter at all
+    r = wf_check(h, [wf_dl("ja", "a", "rejected", 1, "no", failed_at=1_000_450)])
+    assert broken(r) == {"dependency_failed_never_runs": 3, "lost": 1}
+    # a dependency_failed dead letter of a job whose only dependency was acked
+    h = H()
+    graph(h, [("a", "ja", []), ("b", "jb", [["a", "success"]])])
+    h.res([step("ja", 1, "a")], t=(0.2, 0.3))
+    h.settle("ack", "ja", 1, t=(0.4, 0.5))
+    r = wf_check(h, [wf_dl("jb", "b", "dependency_failed", 1, failed_at=1_000_450, depends_on={"ja": "success"})])
+    assert broken(r) == {"dependency_failed_never_runs": 1}
+
+
+def fan_in(h: H, policies=("success", "complete", "success")):
+    """Members m0..m2 and f depending on all of them, enqueued at once."""
+    members = [(f"m{i}", f"jm{i}", []) for i in range(len(policies))]
+    graph(h, members + [("f", "jf", [[f"m{i}", p] for i, p in enumerate(policies)])], shape="fan-in")
+    return {f"jm{i}": p for i, p in enumerate(policies)}
+
+
+def test_a_fan_in_runs_once_after_its_last_member_ended():
+    h = H()
+    deps = fan_in(h)
+    h.res([step("jm0", 1, "m0"), step("jm1", 1, "m1"), step("jm2", 1, "m2")], t=(0.2, 0.3))
+    h.settle("ack", "jm0", 1, t=(0.4, 0.5))
+    h.nack("jm1", 1, t=(0.4, 0.5), strategy="dead_letter", reason="no", dead=True)   # complete: f still runs
+    h.settle("ack", "jm2", 1, t=(0.9, 1.0))
+    h.res([step("jf", 1, "f", deps, lease_expires=1_003_050)], t=(1.0, 1.05))
+    h.nack("jf", 1, t=(1.1, 1.2))                                        # retried: attempt 2 is not a second first
+    h.res([step("jf", 2, "f", deps, lease_expires=1_004_500)], t=(2.4, 2.5))
+    h.settle("ack", "jf", 2, t=(2.6, 2.7))
+    r = wf_check(h, [wf_dl("jm1", "m1", "rejected", 1, "no", failed_at=1_000_450)])
+    assert r["valid"], broken(r)
+    wf = r["stats"]["workflows"]
+    assert (wf["fan_ins"], wf["fan_ins_handed_out"], wf["fan_ins_failed"]) == (1, 1, 0)
+
+
+def test_a_fan_in_early_twice_stuck_or_failed_is_caught():
+    # handed out before its last member's ack was invoked (dependents_wait sees it too)
+    h = H()
+    deps = fan_in(h)
+    h.res([step("jm0", 1, "m0"), step("jm1", 1, "m1"), step("jm2", 1, "m2")], t=(0.2, 0.3))
+    h.settle("ack", "jm0", 1, t=(0.4, 0.5))
+    h.settle("ack", "jm1", 1, t=(0.4, 0.5))
+    h.res([step("jf", 1, "f", deps)], t=(0.6, 0.7))
+    h.settle("ack", "jm2", 1, t=(0.8, 0.9))
+    h.settle("ack", "jf", 1, t=(1.0, 1.1))
+    assert broken(wf_check(h)) == {"dependents_wait": 1, "fan_in_runs_once": 1}
+    # its first attempt handed out twice (redelivery_attempts sees it too)
+    h = H()
+    deps = fan_in(h)
+    h.res([step("jm0", 1, "m0"), step("jm1", 1, "m1"), step("jm2", 1, "m2")], t=(0.2, 0.3))
+    for i in range(3):
+        h.settle("ack", f"jm{i}", 1, t=(0.4, 0.5))
+    h.res([step("jf", 1, "f", deps)], t=(0.6, 0.7))
+    h.res([step("jf", 1, "f", deps)], t=(0.8, 0.9))
+    h.settle("ack", "jf", 1, t=(1.0, 1.1))
+    assert broken(wf_check(h)) == {"redelivery_attempts": 1, "fan_in_runs_once": 1}
+    # every member acked, the drain done, and it never ran (lost sees it too); then one that
+    # ended dependency_failed though only a complete member failed
+    h = H()
+    fan_in(h)
+    h.res([step("jm0", 1, "m0"), step("jm1", 1, "m1"), step("jm2", 1, "m2")], t=(0.2, 0.3))
+    for i in range(3):
+        h.settle("ack", f"jm{i}", 1, t=(0.4, 0.5))
+    assert broken(wf_check(h)) == {"lost": 1, "fan_in_runs_once": 1}
+    h = H()
+    deps = fan_in(h)
+    h.res([step("jm0", 1, "m0"), step("jm1", 1, "m1"), step("jm2", 1, "m2")], t=(0.2, 0.3))
+    h.settle("ack", "jm0", 1, t=(0.4, 0.5))
+    h.nack("jm1", 1, t=(0.4, 0.5), strategy="dead_letter", reason="no", dead=True)
+    h.settle("ack", "jm2", 1, t=(0.4, 0.5))
+    r = wf_check(h, [wf_dl("jm1", "m1", "rejected", 1, "no", failed_at=1_000_450),
+                     wf_dl("jf", "f", "dependency_failed", 1, failed_at=1_000_450, depends_on=deps)])
+    assert broken(r) == {"dependency_failed_never_runs": 1, "fan_in_runs_once": 1}
+
+
+def test_the_workflow_judges_are_skipped_without_workflows():
+    h = H()
+    h.enq("v", "j")
+    h.res([h.job("j", 1, "v")])
+    h.settle("ack", "j", 1)
+    r = wf_check(h)
+    skipped = {i["name"]: i.get("skipped") for i in r["invariants"]}
+    assert r["valid"] and r["stats"]["workflows"] is None
+    assert {skipped[n] for n in ("dependents_wait", "dependency_failed_never_runs", "fan_in_runs_once")} == \
+        {"no workflows in the run"}
+
+
+def test_the_graphs_the_workflow_producer_builds_and_the_no_workflows_switch():
+    import random
+
+    from raftq.cluster.chaos.runner import build_parser, options_from_args
+    from raftq.cluster.chaos.workload import WORKFLOW_QUEUE, History, Workload
+
+    assert options_from_args(build_parser().parse_args([])).workload.workflows
+    assert not options_from_args(build_parser().parse_args(["--no-workflows"])).workload.workflows
+    w, rng, n, shapes = Workload(["http://x"], History(), 1), random.Random(3), 0, set()
+    for k in range(60):
+        shape, reqs, recs = w._graph(rng, "wp0", n, f"g{k}")
+        n += len(reqs)
+        shapes.add(shape)
+        values = [r["value"] for r in recs]
+        assert len(set(values)) == len(values) and all(r["queue"] == WORKFLOW_QUEUE for r in reqs)
+        for i, (req, rec) in enumerate(zip(reqs, recs)):
+            # each dependency an earlier job of the same request, named by ref in the body and
+            # by value in the history
+            assert all(values.index(v) < i and p in ("success", "complete", "ignore") for v, p in rec["deps"])
+            if shape == "client-chain":
+                assert "ref" not in req and "depends_on" not in req     # Client.chain adds them
+                assert rec["deps"] == ([[values[i - 1], "success"]] if i else [])
+            else:
+                assert req["ref"] == f"s{i}"
+                assert req.get("depends_on", []) == [{"ref": f"s{values.index(v)}", "policy": p}
+                                                     for v, p in rec["deps"]]
+        if shape == "fan-in":
+            assert [len(r["deps"]) for r in recs] == [0] * (len(recs) - 1) + [len(recs) - 1] and len(recs) >= 3
+    assert shapes == {"chain", "client-chain", "fan-in"}

@@ -13,6 +13,9 @@ dlq_drain), `outcome` (ok / fail / unknown), `t0`/`t1` (monotonic invoke/complet
   `delay_ms` and `releases` (the delivery's count of releases before it).
 * a delivered job also carries `releases` (how many of its deliveries were released: attempts
   used = attempt - releases) and `resource` (its throttle resource, or None);
+* an enqueue item of a workflow graph (docs/chaos.md "Workflows") also has `graph` (its graph's
+  id), `shape`, `ref` and `deps` [[the dependency's value, policy], ...], its op `atomic`; a
+  delivered job and a dead letter carry `depends_on` [{job_id, policy}] (None without any);
 * lift_gates: the run's end lifting windows and the breaker before the final drain (deliveries
   reserved after it was invoked are not held to the gates).
 * a delivered job (and a dead letter) also carries `schedule` and `tick` (the custom fields
@@ -258,6 +261,12 @@ INVARIANTS = (
     ("one_job_per_tick", "at most one job per (schedule, tick), ever: never two job ids for one tick, nor two ticks for one job"),
     ("no_tick_missed", "no tick missed beyond the catch-up policy (all: every tick; one: a gap only before the latest "
                        "missed tick, fired late; skip: nothing late), none off the grid or early, every fired tick seen"),
+    ("dependents_wait", "no dependent handed out before each of its dependencies ended (acked or dead-lettered), "
+                        "and each shows the dependencies it was enqueued with"),
+    ("dependency_failed_never_runs", "a success dependent of a dead-lettered job is never handed out and ends "
+                                     "dead-lettered, cause dependency_failed; that cause only then"),
+    ("fan_in_runs_once", "a fan-in is handed out after its last member ended, its first attempt once, and runs "
+                         "when every success member was acked (never stuck waiting, never dependency_failed)"),
     ("retry_delay", "a nacked job is not redelivered before its retry delay (replicated clock)"),
     ("lease_honoured", "a lease is not expired early: a redelivery without a nack comes after the (extended) lease end"),
     ("dead_letters", "dead letters have the right cause, attempt and reason; every ok dead-lettering nack shows up"),
@@ -347,6 +356,10 @@ class Evidence:
     @cached_property
     def keyed(self) -> dict:
         return _keyed_hand_outs(self.ix, self.key_queues)
+
+    @cached_property
+    def deps(self) -> dict:
+        return _dependency_graph(self.ix, self.value_jobs)
 
     @cached_property
     def critical_lines(self) -> list:
@@ -716,7 +729,7 @@ def _judge_dead_letter(ev: Evidence, inv: Inv, jid: str, rec: dict):
             inv.bad_unless(excused, {"job_id": jid, "cause": cause, "final_attempt": fa,
                                      "max_attempts": mx, "ok_ops": [x["id"] for x in done],
                                      "why": "not the last attempt, has a reason, or was acked/nacked ok"})
-    else:
+    elif cause != "dependency_failed":          # (that one is dependency_failed_never_runs')
         inv.bad({"job_id": jid, "cause": cause, "why": "a cause this workload never produces"})
 
 
@@ -727,7 +740,8 @@ def judge_drained(ev: Evidence, inv: Inv):
         if not ev.drain.get("ok"):
             inv.bad({"why": "the final drain did not finish", "queues": ev.drain.get("queues")})
         for q in ev.drain.get("queues") or []:
-            left = {k: q.get(k, 0) for k in ("ready", "scheduled", "in_flight", "dead_lettered") if q.get(k, 0)}
+            left = {k: q.get(k, 0) for k in ("ready", "scheduled", "in_flight", "waiting", "dead_lettered")
+                    if q.get(k, 0)}
             if left:
                 inv.bad({"queue": q.get("name"), "left": left})
     else:
@@ -914,6 +928,7 @@ def _stats(ev: Evidence, invs: dict) -> dict:
                              for q in ("thr", "cb", "win")} if ev.gates else None,
         "schedules": _schedule_stats(ev),
         "keys": _key_stats(ev),
+        "workflows": _workflow_stats(ev),
     }
 
 
@@ -1540,6 +1555,262 @@ def _schedule_stats(ev: Evidence) -> dict | None:
     return stats
 
 
+# ---------------------------------------------------------------------------- workflows
+WORKFLOWS_SKIPPED = "no workflows in the run"
+SUCCESS = "success"
+
+
+def _dependency_graph(ix: Index, value_jobs: dict) -> dict:
+    """The run's dependencies: {"edges": {dependent id: {dependency id: policy}}, "mismatch":
+    [a job the cluster showed with other dependencies than its enqueue asked for], "in_run"}.
+    An enqueue item of a graph (`graph`) names its dependencies by value (`deps` [[value,
+    policy], ...]), mapped to job ids through value_jobs (fresh ok answers and deliveries: an
+    unknown enqueue's jobs count once seen); each delivery and dead letter adds the `depends_on`
+    the cluster showed (by id)."""
+    edges: dict = defaultdict(dict)
+    declared: dict = {}
+    in_run = False
+    for value, item in ix.attempted.items():
+        if item.get("graph") is None and not item.get("deps"):
+            continue
+        in_run = True
+        deps = item.get("deps") or ()
+        resolved = all(len(value_jobs.get(dv, ())) == 1 for dv, _ in deps)
+        for jid in value_jobs.get(value, ()):
+            want = {did: policy for dv, policy in deps for did in value_jobs.get(dv, ())}
+            if want:
+                edges[jid].update(want)
+            if resolved:
+                declared[jid] = want
+    mismatch, told = [], set()
+    sightings = [j for lst in ix.deliveries.values() for _, j in lst] + [r for recs in ix.dlq.values() for r in recs]
+    for j in sightings:
+        if not j.get("depends_on"):
+            continue                    # (a job without dependencies shows none)
+        in_run = True
+        jid = j["job_id"]
+        got = {d["job_id"]: d["policy"] for d in j["depends_on"]}
+        edges[jid].update(got)
+        if jid in declared and got != declared[jid] and jid not in told:
+            told.add(jid)
+            mismatch.append({"job_id": jid, "shown": got, "enqueued": declared[jid],
+                             "why": "shown with other dependencies than its enqueue asked for"})
+    return {"edges": dict(edges), "mismatch": mismatch, "in_run": in_run}
+
+
+def _could_end(op: dict) -> bool:
+    """Whether an ack or nack may have ended its job: any ack; a nack answered dead_lettered, or
+    one without a definite answer that would dead-letter (a retried call may have applied)."""
+    if op["f"] == "ack":
+        return True
+    if _ok(op):
+        return bool(op.get("dead_lettered"))
+    mx = op.get("max_attempts")
+    return op.get("strategy") == "dead_letter" or mx is None or op["attempt"] - (op.get("releases") or 0) >= mx
+
+
+def _ended_after(ev: Evidence, dep_id: str, t1: float, stamp) -> dict | None:
+    """Whether a hand-out answered at t1 (history time), stamped `stamp` (the replicated clock),
+    certainly came before job dep_id ended: the hand-out's stamp is below the dependency's
+    dead letter's failed_at (one clock, which never goes back: a hand-out applied after the
+    dead-lettering is stamped no earlier), or the hand-out was answered before any op that may
+    have ended it was invoked (for a dead letter of a nack, the nacks that may have
+    dead-lettered it; else every ack and such nack, whatever their outcome). A dead letter of
+    the sweep (lease_expired) or of its own dependency has no op: only its stamp says. A
+    dependency neither acked ok nor dead-lettered when the final drain did not finish may have
+    been dead-lettered unseen: not judged. An example, or None."""
+    ix = ev.ix
+    recs = ix.dlq.get(dep_id)
+    nacks = [n for n in ix.nacks.get(dep_id, ()) if _could_end(n)]
+    if recs:
+        rec = recs[0]
+        if stamp is not None and rec.get("failed_at") is not None and stamp < rec["failed_at"]:
+            return {"handed_out_at": stamp, "dependency_dead_lettered_at": rec["failed_at"], "clock": "replicated"}
+        if rec["cause"] not in ("rejected", "attempts_exhausted"):
+            return None
+        ops = nacks
+    elif any(_ok(a) for a in ix.acks.get(dep_id, ())) or (ev.drain or {}).get("ok"):
+        ops = list(ix.acks.get(dep_id, ())) + nacks
+    else:
+        return None
+    first = min((op["t0"] for op in ops), default=None)
+    if first is not None and t1 >= first:
+        return None
+    return {"delivery_answered_at": round(t1, 3), "first_end_invoked_at": None if first is None else round(first, 3),
+            "clock": "history"}
+
+
+def _early(ev: Evidence, jid: str, deps: dict) -> tuple[list, dict | None]:
+    """(the dependencies whose end job jid's first hand-out certainly preceded, as examples;
+    that first hand-out's op, or None when it was never seen handed out)."""
+    ds = ev.ix.deliveries.get(jid)
+    if not ds:
+        return [], None
+    first = min((op for op, _ in ds), key=lambda op: op["t1"])
+    stamp = min((s for s in (reserve_now(op, j) for op, j in ds) if s is not None), default=None)
+    out = []
+    for dep_id in sorted(deps):
+        e = _ended_after(ev, dep_id, first["t1"], stamp)
+        if e is not None:
+            out.append({"dependency": dep_id, "policy": deps[dep_id], **e})
+    return out, first
+
+
+def _cut_explains(ev: Evidence, jid: str, deps) -> bool:
+    """A memory-mode power cut may have erased what a hand-out of jid came from: one of its
+    hand-outs was answered in a cut's window, or a dependency may have been erased."""
+    return any(ev.pc.windows(op) for op, _ in ev.ix.deliveries.get(jid, ())) or \
+        any(d in ev.power_lost for d in deps)
+
+
+def judge_dependents_wait(ev: Evidence, inv: Inv):
+    """`dependents_wait` (docs/chaos.md "Invariants"): no dependent handed out before each dependency ended."""
+    g = ev.deps
+    if not g["in_run"]:
+        inv.skipped = WORKFLOWS_SKIPPED
+        return
+    for jid, deps in sorted(g["edges"].items()):
+        early, first = _early(ev, jid, deps)
+        for e in early:
+            inv.bad_unless(_cut_explains(ev, jid, [e["dependency"]]), {"job_id": jid, "delivery": first["id"], **e})
+    for m in g["mismatch"]:
+        inv.bad(m)
+
+
+def _dead_lettering_nacks(ix: Index, jid: str) -> list:
+    return [n for n in ix.nacks.get(jid, ()) if _ok(n) and n.get("dead_lettered")]
+
+
+def judge_dependency_failed_never_runs(ev: Evidence, inv: Inv):
+    """`dependency_failed_never_runs` (docs/chaos.md "Invariants"): a success dependent of a
+    dead-lettered job is never handed out and ends dependency_failed; that cause only then."""
+    g = ev.deps
+    if not g["in_run"]:
+        inv.skipped = WORKFLOWS_SKIPPED
+        return
+    ix = ev.ix
+    for jid, deps in sorted(g["edges"].items()):
+        failed = [d for d, p in sorted(deps.items()) if p == SUCCESS and (d in ix.dlq or _dead_lettering_nacks(ix, d))]
+        if failed:
+            _judge_failed_dependent(ev, inv, jid, failed)
+    if (ev.drain or {}).get("ok"):
+        for jid, recs in sorted(ix.dlq.items()):
+            if recs[0]["cause"] == "dependency_failed":
+                _judge_dependency_failed_cause(ev, inv, jid, recs[0])
+
+
+def _judge_failed_dependent(ev: Evidence, inv: Inv, jid: str, failed: list):
+    """Job jid, whose `success` dependencies `failed` were dead-lettered (a dead letter at the
+    end, or an ok nack answered dead_lettered): no hand-out of it at all when one ends
+    dead-lettered (it waited until then, and then failed), none invoked after a nack answered
+    dead_lettered; with the final drain done, it ends dead-lettered, cause dependency_failed."""
+    ix = ev.ix
+    for op, j in ix.deliveries.get(jid, ()):
+        for dep in failed:
+            if dep in ix.dlq:
+                rec = ix.dlq[dep][0]
+                inv.bad_unless(bool(ev.pc.windows(op)) or dep in ev.power_lost,
+                               {"job_id": jid, "delivery": op["id"], "attempt": j["attempt"], "dependency": dep,
+                                "dependency_dead_letter": {"cause": rec["cause"], "failed_at": rec.get("failed_at")},
+                                "why": "handed out, though a success dependency ended dead-lettered"})
+                break
+            seen = [n for n in _dead_lettering_nacks(ix, dep) if n["t1"] < op["t0"]]
+            if seen:
+                inv.bad_unless(ev.pc.lost_before(seen[0], op["t1"]),
+                               {"job_id": jid, "delivery": op["id"], "attempt": j["attempt"], "dependency": dep,
+                                "dead_lettering_nack": seen[0]["id"],
+                                "why": "handed out after a success dependency was dead-lettered"})
+                break
+    ended = [d for d in failed if d in ix.dlq]
+    if ended and (ev.drain or {}).get("ok"):
+        mine = ix.dlq.get(jid)
+        if not mine or mine[0]["cause"] != "dependency_failed":
+            acked = any(_ok(a) for a in ix.acks.get(jid, ()))
+            inv.bad_unless(jid in ev.power_lost or any(d in ev.power_lost for d in ended),
+                           {"job_id": jid, "dependency": ended[0],
+                            "ended": mine[0]["cause"] if mine else "acked" if acked else "no dead letter",
+                            "why": "a success dependency ended dead-lettered, but it did not end dependency_failed"})
+
+
+def _judge_dependency_failed_cause(ev: Evidence, inv: Inv, jid: str, rec: dict):
+    """A dead letter of cause dependency_failed has a `success` dependency dead-lettered no
+    later (its own command, or before it was enqueued)."""
+    deps = ev.deps["edges"].get(jid, {})
+    fa = rec.get("failed_at")
+    why = [d for d, p in deps.items() if p == SUCCESS and d in ev.ix.dlq
+           and (fa is None or ev.ix.dlq[d][0].get("failed_at") is None or ev.ix.dlq[d][0]["failed_at"] <= fa)]
+    if not why:
+        inv.bad({"job_id": jid, "failed_at": fa, "dependencies": deps,
+                 "why": "dead-lettered dependency_failed, but no success dependency was dead-lettered before"})
+
+
+def judge_fan_in_runs_once(ev: Evidence, inv: Inv):
+    """`fan_in_runs_once` (docs/chaos.md "Invariants"): a fan-in (a job with two or more
+    dependencies) is handed out only after its last member ended, its first attempt once, and
+    (the final drain done) it ran when none of its success members was dead-lettered."""
+    g = ev.deps
+    if not g["in_run"]:
+        inv.skipped = WORKFLOWS_SKIPPED
+        return
+    ix, drained = ev.ix, bool((ev.drain or {}).get("ok"))
+    for jid, deps in sorted(g["edges"].items()):
+        if len(deps) < 2:
+            continue
+        early, first = _early(ev, jid, deps)
+        if early:
+            inv.bad_unless(_cut_explains(ev, jid, [e["dependency"] for e in early]),
+                           {"job_id": jid, "delivery": first["id"], "members_not_ended": early,
+                            "why": "handed out before its last member ended"})
+        ones = sorted((op for op, j in ix.deliveries.get(jid, ()) if j["attempt"] == 1), key=lambda op: op["t1"])
+        if len(ones) > 1:
+            inv.bad_unless(all(ev.pc.lost_before(x, y["t1"]) for x, y in zip(ones, ones[1:])),
+                           {"job_id": jid, "deliveries": [op["id"] for op in ones],
+                            "why": "its first attempt handed out more than once"})
+        if drained and not any(p == SUCCESS and d in ix.dlq for d, p in deps.items()):
+            _judge_fan_in_ran(ev, inv, jid, deps)
+
+
+def _judge_fan_in_ran(ev: Evidence, inv: Inv, jid: str, deps: dict):
+    """A fan-in none of whose success members was dead-lettered, every member ended (the final
+    drain finished): handed out, or dead-lettered by its own attempts (a hand-out the history
+    did not see), never dependency_failed."""
+    ix = ev.ix
+    rec = (ix.dlq.get(jid) or [None])[0]
+    if rec is not None and rec["cause"] == "dependency_failed":
+        inv.bad({"job_id": jid, "members": deps, "failed_at": rec.get("failed_at"),
+                 "why": "dead-lettered dependency_failed, though none of its success members was dead-lettered"})
+    elif rec is None and not ix.deliveries.get(jid):
+        inv.bad_unless(jid in ev.power_lost or any(d in ev.power_lost for d in deps),
+                       {"job_id": jid, "members": deps,
+                        "why": "never handed out, though every member ended and no success member failed"})
+
+
+def _workflow_stats(ev: Evidence) -> dict | None:
+    """What the workflow graphs did, for the report."""
+    g = ev.deps
+    if not g["in_run"]:
+        return None
+    ix, edges = ev.ix, g["edges"]
+    graphs = {item["graph"]: item.get("shape") for _, item, _ in ix.ok_items if item.get("graph") is not None}
+    shapes: dict = defaultdict(int)
+    for shape in graphs.values():
+        shapes[shape] += 1
+    fan_ins = [jid for jid, d in edges.items() if len(d) >= 2]
+    cause = {jid: recs[0]["cause"] for jid, recs in ix.dlq.items()}
+    failed = [jid for jid, c in cause.items() if c == "dependency_failed"]
+    return {"graphs_ok": len(graphs), "by_shape": dict(sorted(shapes.items())),
+            "jobs_ok": sum(1 for _, item, _ in ix.ok_items if item.get("graph") is not None),
+            "dependents": len(edges), "dependents_handed_out": sum(1 for jid in edges if ix.deliveries.get(jid)),
+            "ran_past_a_dead_dependency": sum(1 for jid, d in edges.items()
+                                              if ix.deliveries.get(jid) and any(x in ix.dlq for x in d)),
+            "dependency_failed": len(failed),
+            "dependency_failed_transitive": sum(1 for jid in failed
+                                                if any(cause.get(d) == "dependency_failed"
+                                                       for d, p in edges.get(jid, {}).items() if p == SUCCESS)),
+            "fan_ins": len(fan_ins), "fan_ins_handed_out": sum(1 for jid in fan_ins if ix.deliveries.get(jid)),
+            "fan_ins_failed": sum(1 for jid in fan_ins if cause.get(jid) == "dependency_failed")}
+
+
 # ---------------------------------------------------------------------------- the table
 # The judge of each invariant, in INVARIANTS' order: check runs them all, each into its own Inv.
 JUDGES = {
@@ -1561,6 +1832,9 @@ JUDGES = {
     "schedule": judge_schedule,
     "one_job_per_tick": judge_one_job_per_tick,
     "no_tick_missed": judge_no_tick_missed,
+    "dependents_wait": judge_dependents_wait,
+    "dependency_failed_never_runs": judge_dependency_failed_never_runs,
+    "fan_in_runs_once": judge_fan_in_runs_once,
     "retry_delay": judge_retry_delay,
     "lease_honoured": judge_lease_honoured,
     "dead_letters": judge_dead_letters,

@@ -630,6 +630,16 @@ def _ops_section(r: dict) -> list[str]:
             parts.append(f"server stats: up to {_n(sample['max_keys_at_limit'], 'key')} at a limit holding "
                          f"{_n(sample['max_ready_held_by_keys'], 'ready job')} back")
         out.append("; ".join(parts))
+    wf = s.get("workflows")
+    if wf:
+        shapes = ", ".join(f"{n:,} {k}" for k, n in wf["by_shape"].items())
+        out.append(f"  workflows: {_n(wf['graphs_ok'], 'graph')} enqueued ok ({shapes}), {wf['jobs_ok']:,} jobs; "
+                   f"{wf['dependents']:,} dependents, {wf['dependents_handed_out']:,} handed out "
+                   f"({wf['ran_past_a_dead_dependency']:,} past a dead-lettered complete/ignore dependency), "
+                   f"{wf['dependency_failed']:,} dead-lettered dependency_failed "
+                   f"({wf['dependency_failed_transitive']:,} of them down a chain); {wf['fan_ins']:,} fan-ins, "
+                   f"{wf['fan_ins_handed_out']:,} handed out, "
+                   f"{wf['fan_ins_failed']:,} failed with a member")
     for name, v in (s.get("schedules") or {}).items():
         out.append(f"  schedule {name} (catchup {v['catchup']}, misfire_after_ms {v['misfire_after_ms']}): "
                    f"{v['ticks']:,} ticks seen, {v['late']:,} fired late, {v['missing']:,} missing between the first "
@@ -745,6 +755,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "catch-up policy) and their checks")
     p.add_argument("--no-keys", action="store_true", help="leave out the keyed queues (per-key concurrency and rate "
                    "limits, a queue-wide rate) and their checks")
+    p.add_argument("--no-workflows", action="store_true", help="leave out the workflow graphs (chains and fan-ins "
+                   "of dependent jobs) and their checks")
     p.add_argument("--no-progress", action="store_true", help="no progress line on stderr")
     return p
 
@@ -778,6 +790,8 @@ def options_from_args(args) -> ChaosOptions:
         opts.workload.schedules = False
     if args.no_keys:
         opts.workload.keys = False
+    if args.no_workflows:
+        opts.workload.workflows = False
     return opts
 
 

@@ -46,6 +46,20 @@ or stall past the lease. A delivered job's key is recorded as `tenant` (the hist
 idempotency key): the server's when the client's Job carries it, else the copy the workload puts in
 the payload (`g`). The checker holds the hand-outs to the limits on the replicated clock
 (checker.py `judge_key_concurrency_held`, `judge_key_rate_held`, `judge_queue_rate_held`).
+
+Workflows (docs/semantics.md "Dependencies"; on unless `workflows=False`): a workflow producer
+enqueues small graphs into `WORKFLOW_QUEUE`, each all or nothing (`/v1/jobs/atomic`): chains of
+2-4 jobs (half of them by `Client.chain`, all `success`; the others with refs and now and then a
+`complete` link) and fan-ins (2-5 members and one job depending on all of them, each edge
+`success`, `complete` or `ignore`); a tenth of the dependents also wait out a short delay. Each
+job has a value of its own; the enqueue's items record the graph by values (`graph`, `shape`,
+`ref`, `deps` [[the dependency's value, policy], ...]) and each delivery and dead letter the
+`depends_on` the cluster shows. Two workflow workers take them (that queue only) and ack most,
+nack some to the dead letters (`workflow_dead_rate`, so their `success` dependents end
+`dependency_failed`), nack others (the last attempt dead-letters) or stall past the lease (a
+task of its own acks late: the worker goes on). The final drain counts `waiting` jobs as not
+drained. The checker holds the deliveries to the graph (checker.py `judge_dependents_wait`,
+`judge_dependency_failed_never_runs`, `judge_fan_in_runs_once`).
 """
 from __future__ import annotations
 
@@ -93,6 +107,8 @@ QUEUE_KEYS = {KEYED_QUEUE: tuple(f"t{i:02d}" for i in range(20)), RATED_QUEUE: (
 # How often each key is picked: a few hot keys get most jobs, so limits bind.
 KEY_WEIGHTS = {KEYED_QUEUE: tuple(1 / (i + 1) for i in range(20)), RATED_QUEUE: (4, 2, 2, 2)}
 KEY_LEASE_MS = 2000                 # the key workers' lease: fixed, far below max_lease_duration_ms
+WORKFLOW_QUEUE = "wf"               # the workflow graphs' jobs (docs/semantics.md "Dependencies")
+WORKFLOW_TYPE = "step"
 
 
 def keys_config() -> tuple[list, dict]:
@@ -222,7 +238,8 @@ def delivery(job: Job) -> dict:
             "lease_expires": job.lease_expires_at_ms, "scheduled_at": job.scheduled_at_ms,
             "enqueued_at": job.enqueued_at_ms, "releases": getattr(job, "releases", 0) or 0,
             "resource": getattr(job, "resource", None), "tenant": getattr(job, "key", None) or p.get("g"),
-            "schedule": custom.get(SCHEDULE_FIELD), "tick": custom.get(TICK_FIELD)}
+            "schedule": custom.get(SCHEDULE_FIELD), "tick": custom.get(TICK_FIELD),
+            "depends_on": [{"job_id": d, "policy": pol} for d, pol in getattr(job, "depends_on", ()) or ()] or None}
 
 
 # ---------------------------------------------------------------------------- workload
@@ -252,6 +269,11 @@ class WorkloadConfig:
     key_workers: int = 3
     key_think_s: tuple = (0.05, 0.15)  # key producer pause between enqueues
     key_hold_s: tuple = (0.05, 0.3)    # how long a key worker holds a job before it settles it
+    workflows: bool = True             # also the workflow graphs (chains, fan-ins) in WORKFLOW_QUEUE
+    workflow_producers: int = 1
+    workflow_workers: int = 2
+    workflow_think_s: tuple = (0.2, 0.5)   # workflow producer pause between graphs
+    workflow_dead_rate: float = 0.12   # share of workflow deliveries nacked straight to the dead letters
     spread: bool = True                # every other client calls one node of its own, which forwards
                                        # to the leader (Client(spread=True), docs/api.md "Followers")
 
@@ -295,12 +317,22 @@ class Workload:
             for i in range(self.cfg.key_workers):
                 self.tasks.append(loop.create_task(self.key_worker(f"kw{i}", random.Random(f"{self.seed}-kw{i}"))))
             self.tasks.append(loop.create_task(self.key_sampler()))
+        if self.cfg.workflows:
+            for i in range(self.cfg.workflow_producers):
+                self.tasks.append(loop.create_task(
+                    self.workflow_producer(f"wp{i}", random.Random(f"{self.seed}-wp{i}"))))
+            for i in range(self.cfg.workflow_workers):
+                self.tasks.append(loop.create_task(
+                    self.workflow_worker(f"ww{i}", random.Random(f"{self.seed}-ww{i}"))))
         self.tasks.append(loop.create_task(self.probe()))
 
     async def stop(self, grace_s: float = 15.0):
         """Stop producing and working; let the ops in flight finish (bounded), then cancel."""
         self.stopping.set()
         done, pending = await asyncio.wait(self.tasks, timeout=grace_s) if self.tasks else (set(), set())
+        late = [t for t in self.tasks if t not in done and t not in pending]   # a zombie's ack begun meanwhile
+        if late:
+            pending |= (await asyncio.wait(late, timeout=5))[1]
         for t in pending:
             t.cancel()
         if pending:
@@ -452,6 +484,98 @@ class Workload:
                     recs.append(self._req_record(req, value, key))
             await self._enqueue(c, proc, reqs, recs, batch=len(reqs) > 1)
             await self._sleep(rng.uniform(*self.cfg.think_s))
+
+    # ------------------------------------------------------------------ workflows
+    def _step(self, rng: random.Random, value: str, ref: str | None, deps: list, delay: bool) -> dict:
+        """One job of a graph: `deps` [(ref, policy)] of earlier jobs of the same request."""
+        return job_request(WORKFLOW_QUEUE, WORKFLOW_TYPE, payload_of(value, None, WORKFLOW_TYPE),
+                           encoding="application/json", priority=rng.randint(0, 9),
+                           max_attempts=rng.choice((2, 3, 3)), ref=ref,
+                           depends_on=[{"ref": r, "policy": p} for r, p in deps] if deps else None,
+                           delay_ms=rng.randint(100, 800) if delay else None)
+
+    def _graph(self, rng: random.Random, proc: str, n: int, gid: str) -> tuple[str, list, list]:
+        """One small graph: (its shape, the job_request bodies in order, the history's items).
+        `chain`: 2-4 jobs, each depending on the one before (`success`, now and then
+        `complete`); `client-chain` the same, all `success`, made by Client.chain (the bodies
+        carry no refs); `fan-in`: 2-5 members and one job depending on every one of them, each
+        edge `success` (60 %), `complete` (30 %) or `ignore`. An item's `deps` name the
+        dependencies by value ([[value, policy], ...]): the checker maps values to job ids."""
+        r = rng.random()
+        shape = "fan-in" if r < 0.45 else "client-chain" if r < 0.7 else "chain"
+        values = [f"{proc}-{n + i}" for i in range(rng.randint(2, 5) + 1 if shape == "fan-in" else rng.randint(2, 4))]
+        if shape == "fan-in":
+            policies = [rng.choices(("success", "complete", "ignore"), (6, 3, 1))[0] for _ in values[:-1]]
+            edges = [[]] * (len(values) - 1) + [list(zip(values[:-1], policies))]
+        else:
+            edges = [[]] + [[(values[i - 1], "complete" if shape == "chain" and rng.random() < 0.25 else "success")]
+                            for i in range(1, len(values))]
+        reqs, recs = [], []
+        for i, (value, deps) in enumerate(zip(values, edges)):
+            ref = None if shape == "client-chain" else f"s{i}"
+            by_ref = [(f"s{values.index(v)}", p) for v, p in deps] if shape != "client-chain" else []
+            req = self._step(rng, value, ref, by_ref, bool(deps) and rng.random() < 0.1)
+            reqs.append(req)
+            recs.append(self._req_record(req, value, None) | {"graph": gid, "shape": shape, "ref": ref,
+                                                              "deps": [[v, p] for v, p in deps]})
+        return shape, reqs, recs
+
+    async def workflow_producer(self, proc: str, rng: random.Random):
+        """Small graphs (Workload._graph) into WORKFLOW_QUEUE, each all or nothing (the client's
+        automatic idempotency keys)."""
+        c = self.client()
+        n = k = 0
+        while not self.stopping.is_set():
+            shape, reqs, recs = self._graph(rng, proc, n, f"{proc}-g{k}")
+            n, k = n + len(reqs), k + 1
+            await self._enqueue_graph(c, proc, shape, reqs, recs)
+            await self._sleep(rng.uniform(*self.cfg.workflow_think_s))
+
+    async def _enqueue_graph(self, c: Client, proc: str, shape: str, reqs: list[dict], recs: list[dict]) -> dict:
+        """One graph in one atomic call (`Client.chain` for a client-chain), recorded as one
+        enqueue op (`atomic`: all its jobs or none)."""
+        op = self.h.invoke(proc, "enqueue", c, items=recs, batch=True, atomic=True)
+        try:
+            if shape == "client-chain":
+                out = [{"job_id": jid, "dedup": False} for jid in await c.chain(*reqs)]
+            else:
+                out = [{"job_id": r.job_id, "dedup": r.deduplicated} for r in await c.enqueue_atomic(reqs)]
+        except Exception as e:
+            return self.h.fail_from(op, e, c)
+        return self.h.complete(op, "ok", c, results=out)
+
+    async def workflow_worker(self, proc: str, rng: random.Random):
+        """Reserves from WORKFLOW_QUEUE only and settles each job it got in turn (workflow_handle)."""
+        c = self.client(transport=rng.choice(self.cfg.transports))
+        while not self.stopping.is_set():
+            jobs = await self.reserve(c, proc, [WORKFLOW_QUEUE], self.cfg.lease_ms, rng.choice((1, 2, 4)),
+                                      self.cfg.wait_ms)
+            if jobs is None:
+                await self._sleep(0.1)
+                continue
+            for job in jobs:
+                await self.workflow_handle(c, proc, rng, job)
+
+    async def workflow_handle(self, c: Client, proc: str, rng: random.Random, job: Job):
+        """A workflow job: acked mostly; nacked to the dead letters (its `success` dependents
+        then end dependency_failed), nacked to be retried (the last attempt dead-letters), or
+        held past its lease and acked late (fenced off), by a task of its own: the worker goes on."""
+        await asyncio.sleep(rng.uniform(0, 0.02))            # "work"
+        r, dead = rng.random(), self.cfg.workflow_dead_rate
+        if r < dead:
+            await self.nack(c, proc, job, Retry.dead_letter())
+        elif r < dead + 0.08:
+            await self.nack(c, proc, job, Retry.default())
+        elif r < dead + 0.11:
+            self.stalls += 1
+            stall_s = self.cfg.lease_ms / 1000 + self.cfg.sweep_interval_ms / 1000 + rng.uniform(0.2, 1.0)
+            self.tasks.append(asyncio.get_running_loop().create_task(self._late_ack(c, proc, job, stall_s)))
+        else:
+            await self.ack(c, proc, job)
+
+    async def _late_ack(self, c: Client, proc: str, job: Job, stall_s: float):
+        await self._sleep(stall_s)                      # a zombie: acks after its lease lapsed
+        await self.ack(c, proc, job)
 
     async def _enqueue(self, c: Client, proc: str, reqs: list[dict], recs: list[dict], batch: bool,
                        timeout: float | None = None) -> dict:
@@ -680,7 +804,8 @@ async def final_drain(urls: list[str], h: History, *, timeout_s: float = 90.0, l
     "schedules": [...] or None, "seconds": s}."""
     c = Client(urls, timeout=op_timeout_s, connect_timeout=1.0)
     t0 = time.monotonic()
-    queues = list(QUEUES) + [PROBE_QUEUE, LIVE_QUEUE] + list(GATED_QUEUES) + [SCHEDULE_QUEUE] + list(KEY_QUEUES)
+    queues = list(QUEUES) + [PROBE_QUEUE, LIVE_QUEUE] + list(GATED_QUEUES) + [SCHEDULE_QUEUE] + list(KEY_QUEUES) + \
+        [WORKFLOW_QUEUE]
     try:
         ok, stats = await _drain_jobs(c, h, queues, t0, timeout_s, lease_ms)
         records, complete = await _drain_dead_letters(c, h)
@@ -720,7 +845,7 @@ async def _drain_jobs(c: Client, h: History, queues: list, t0: float, timeout_s:
         except Exception:
             await asyncio.sleep(0.2)
             continue
-        live = sum(q["ready"] + q["scheduled"] + q["in_flight"] for q in stats)
+        live = sum(q["ready"] + q["scheduled"] + q["in_flight"] + q.get("waiting", 0) for q in stats)
         if live == 0:
             empty_rounds += 1
             if empty_rounds >= 2:
@@ -782,7 +907,7 @@ def _dead_letter_record(r) -> dict:
             "key": d["key"], "queue": r.job.queue, "job_type": r.job.job_type, "max_attempts": r.job.max_attempts,
             "attempt": r.job.attempt, "releases": getattr(r.job, "releases", 0) or 0,
             "schedule": d["schedule"], "tick": d["tick"], "enqueued_at": d["enqueued_at"],
-            "tenant": d["tenant"]}
+            "tenant": d["tenant"], "depends_on": d["depends_on"]}
 
 
 async def read_schedules(c: Client, h: History, tries: int = 3) -> list | None:
