@@ -160,8 +160,17 @@ def shown_fields_of(shown: dict) -> tuple:
             shown["priority"], shown["custom"] or None, (t["traceparent"], t["tracestate"]) if t is not None else None,
             shown["enqueued_at_ms"], shown["scheduled_at_ms"], shown["attempt"], shown["max_attempts"],
             shown["lease_expires_at_ms"], shown.get("deadline_at_ms"), shown.get("timeout_ms"),
-            shown.get("releases", 0)) + \
-        ((shown["resource"],) if shown.get("resource") is not None else ())
+            shown.get("releases", 0)) + _later_shown(shown)
+
+
+def _later_shown(shown: dict) -> tuple:
+    """The trailing fields of jobs.shown_fields: resource, key and depends_on, as far as set."""
+    r, k, d = shown.get("resource"), shown.get("key"), shown.get("depends_on")
+    if d:
+        return r, k, tuple((x["job_id"], x["policy"]) for x in d)
+    if k is not None:
+        return r, k
+    return () if r is None else (r,)
 
 
 def render_dead_letter(fields: tuple, cause: str, failed_at: int, final_attempt: int, reason) -> dict:
