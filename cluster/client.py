@@ -1305,6 +1305,11 @@ class Client:
     async def close_batch(self, batch_id: str) -> None:
         await self.call("close_batch", "POST", f"/v1/batches/{batch_id}/close", {}, mutating=True)
 
+    async def cancel_batch(self, batch_id: str) -> dict:
+        """Remove the members that have not started and close the batch (operator): {"batch_id",
+        "cancelled": [ids], "running": n}."""
+        return await self.call("cancel_batch", "DELETE", f"/v1/batches/{batch_id}", None, mutating=True)
+
     async def batch(self, batch_id: str) -> dict:
         """The batch's status (GET /v1/batches/{id}): state, counts, pending_ids, callbacks."""
         return await self.call("batch", "GET", f"/v1/batches/{batch_id}", mutating=False)

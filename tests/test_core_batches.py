@@ -180,3 +180,18 @@ def test_a_state_without_batches_writes_and_hashes_as_before():
     c = Core()
     c.enqueue_id()
     assert "batches" not in c.m.to_builtins()
+
+
+def test_cancelling_a_batch_removes_what_has_not_started_and_says_what_it_did():
+    c = Deps(storage=RETAIN)
+    members = open_batch(c, 4, close=False)
+    running = c.reserve_one()
+    done = run(c)
+    status, body = c.apply(ops.batch_cancel(None, BATCH))
+    assert status == 200 and body["running"] == 1
+    assert body["cancelled"] == sorted(set(members) - {running["id"], done})
+    assert batch(c)["state"] == "closed" and fired(c) == []
+    assert c.audit()[-1]["action"] == "batch_cancel"
+    assert c.ack(running["id"], running["attempt"])[0] == 200
+    assert fired(c) == ["on_complete"] and batch(c)["removed"] == 2     # never on_success
+    assert c.apply(ops.batch_cancel(None, "00000000-0000-4000-8000-0000000bac09"))[0] == 404

@@ -135,7 +135,7 @@ def test_validation_writes_the_0_1_0_shapes_and_the_operator_fields_after_them()
     assert ops.OPS[:12] == ("enq", "res", "ack", "acks", "nack", "ext", "drain", "requeue", "dldel", "cancel",
                             "pause", "sweep")
     assert ops.OPS[12:] == ("config", "keyadd", "keydel", "dlmove", "purge", "qdel", "record", "rel", "cclose",
-                            "schput", "schdel", "schpause", "schrun", "schseed", "bopen", "badd", "bclose")
+                            "schput", "schdel", "schpause", "schrun", "schseed", "bopen", "badd", "bclose", "bcancel")
     assert C.close_circuit("q", limits, who="ops") == ("cclose", None, "q", "ops")
     assert {op: n for op, n in ops.LEGACY_FIELDS.items()} == {"drain": 2, "requeue": 1, "dldel": 1, "cancel": 1,
                                                               "pause": 2}
@@ -150,7 +150,8 @@ def test_handlers_take_the_fields_by_name_and_are_named_with_the_spec_verbs():
                      "purge": "purge", "qdel": "delete_queue", "record": "record_action", "rel": "release",
                      "cclose": "close_circuit", "schput": "put_schedule", "schdel": "delete_schedule",
                      "schpause": "pause_schedule", "schrun": "trigger_schedule", "schseed": "seed_schedules",
-                     "bopen": "open_batch", "badd": "add_to_batch", "bclose": "close_batch"}
+                     "bopen": "open_batch", "badd": "add_to_batch", "bclose": "close_batch",
+                     "bcancel": "cancel_batch"}
     cmd = C.nack(jid(1), {"attempt": 2, "reason": "x", "retry": {"strategy": "delay", "delay_ms": 5}})
     assert ops.reader(ops.NACK, "delay_ms")(cmd) == 5 and ops.field_index(ops.NACK, "job_id") == 2
 

@@ -149,6 +149,7 @@ OPTIONAL_BODY = [
     ("POST", "/v1/queues/{name}/circuit/close", OPERATOR,
      lambda s, req, b, rid, who: s.close_circuit(_name(req), b, rid, who)),
     ("DELETE", "/v1/jobs/{id}", OPERATOR, lambda s, req, b, rid, who: s.cancel(req.match_info["id"], rid, who)),
+    ("DELETE", "/v1/batches/{id}", OPERATOR, lambda s, req, b, rid, who: s.cancel_batch(_id(req), rid, who)),
     ("DELETE", "/v1/queues/{name}", ADMIN, lambda s, req, b, rid, who: s.delete_queue(_name(req), rid, who)),
     ("DELETE", "/v1/keys/{name}", ADMIN, lambda s, req, b, rid, who: s.remove_key(_name(req), rid, who)),
     ("POST", "/v1/schedules/{name}/pause", OPERATOR,

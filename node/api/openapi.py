@@ -122,7 +122,7 @@ CONFIG_WARNINGS = {
 AUDIT_ACTIONS = ("config_seed", "config_change", "key_add", "key_remove", "pause", "resume", "cancel", "purge",
                  "queue_delete", "requeue", "dead_letters_delete", "dead_letter_move", "drain", "circuit_close",
                  "schedule_create", "schedule_replace", "schedule_delete", "schedule_pause", "schedule_resume",
-                 "schedule_trigger")
+                 "schedule_trigger", "batch_cancel")
 
 # The session ops (node/api/session.py) and the HTTP route each one mirrors.
 SESSION_HTTP = {
@@ -369,6 +369,11 @@ def _workflow_batch_schemas(queue_name: dict, custom_value: dict) -> dict:
             "timeout_ms": integer(1, description="an open batch never closed is closed this long after it was "
                                   "made", default=3600000)}, [], "A batch: members and callbacks. Unknown fields "
                                   "are 400.", additionalProperties=False),
+        "BatchCancelled": obj({"batch_id": string(format="uuid"),
+                               "cancelled": {"type": "array", "items": string(format="uuid"),
+                                             "description": "the members removed"},
+                               "running": integer(0, description="members in flight, left to run")},
+                              ["batch_id", "cancelled", "running"]),
         "BatchJobsRequest": obj({"jobs": {"type": "array", "items": ref("EnqueueRequest"), "minItems": 1}},
                                 ["jobs"]),
         "BatchSaved": obj({"batch_id": string(format="uuid"), "open": {"type": "boolean"},
@@ -1252,6 +1257,11 @@ ROUTES = [
            "has ended). Closing a closed batch changes nothing. A body, if any, is ignored.", WORKER,
            body_required=False, ok="BatchSaved", write=True, tags=("batches",), params=[BATCH_PARAM],
            errors_=[(404, ["not_found"])]),
+    _route("delete", "/v1/batches/{id}", "cancel_batch", "Cancel a batch",
+           "Its members that have not started (ready, scheduled, waiting) are removed, in id order; running ones "
+           "run on; the batch is closed. It completes as any closed batch: `on_complete` once the running members "
+           "end, never `on_success`. Audited.", OPERATOR, ok="BatchCancelled", write=True, tags=("batches",),
+           params=[BATCH_PARAM], errors_=[(404, ["not_found"])]),
     _route("get", "/v1/batches/{id}", "get_batch", "A batch's status",
            "Counts per end, pending members, callbacks fired; 404 once it finished more than an hour ago.",
            VIEWER, ok="BatchView", tags=("batches",), params=[BATCH_PARAM], errors_=[(404, ["not_found"])]),

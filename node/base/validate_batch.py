@@ -93,3 +93,8 @@ def add(batch_id, body, limits: Limits, now_ms: int, new_id, rid=None) -> tuple:
 def close(batch_id, rid=None) -> tuple:
     """POST /v1/batches/{id}/close."""
     return ops.batch_close(rid, batch_id_arg(batch_id))
+
+
+def cancel(batch_id, rid=None, who=None) -> tuple:
+    """DELETE /v1/batches/{id}: its members not started are removed, the batch closed."""
+    return ops.batch_cancel(rid, batch_id_arg(batch_id), who)

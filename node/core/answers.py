@@ -256,6 +256,8 @@ _RENDER = {
     ops.BATCH_SAVED: _batch_saved,
     ops.BATCH_NOT_FOUND: lambda batch_id: error("not_found", f"no batch {batch_id}", batch_id=batch_id),
     ops.BATCH_REFUSED: _batch_refused,
+    ops.BATCH_CANCELLED: lambda batch_id, cancelled, running: (200, {"batch_id": batch_id, "cancelled": list(cancelled),
+                                                                     "running": running}),
     BATCH_FULL: lambda errors: error("batch_rejected", batch_full_message(errors), errors=list(errors)),
     REPLACED: lambda job_id: (200, {"job_id": job_id, "deduplicated": True, "replaced": True}),
     DUPLICATE_STARTED: lambda job_id: error("failed_precondition", DUPLICATE_STARTED_MESSAGE,

@@ -28,20 +28,21 @@ Batches kept at once, open or finished, are at most `limits.max_batches`; member
 """
 from __future__ import annotations
 
-from . import ops
-from .jobs import DEAD, GONE, TIMER_AT
+from . import audit, ops
+from .jobs import DEAD, GONE, IN_FLIGHT, TIMER_AT
 
 ON_COMPLETE, ON_SUCCESS, ON_FAILURE = "on_complete", "on_success", "on_failure"
 CALLBACKS = (ON_COMPLETE, ON_SUCCESS, ON_FAILURE)
 FINISHED_RETENTION_MS = 3_600_000       # a finished batch's status is kept an hour
 
-# How a callback is enqueued, from node/core/handlers.py (which imports this module): `bind`.
-_enqueue_item = _enqueue_atomic = None
+# How a callback is enqueued and a member removed, from node/core/handlers.py (which imports
+# this module): `bind`.
+_enqueue_item = _enqueue_atomic = _remove = None
 
 
-def bind(enqueue_item, enqueue_atomic) -> None:
-    global _enqueue_item, _enqueue_atomic
-    _enqueue_item, _enqueue_atomic = enqueue_item, enqueue_atomic
+def bind(enqueue_item, enqueue_atomic, remove) -> None:
+    global _enqueue_item, _enqueue_atomic, _remove
+    _enqueue_item, _enqueue_atomic, _remove = enqueue_item, enqueue_atomic, remove
 
 
 class Batch:
@@ -119,6 +120,30 @@ def close_batch(m, batch_id: str):
     if b.open:
         _close(m, b)
     return ops.batch_saved(batch_id, (), b.open)
+
+
+def cancel_batch(m, batch_id: str, who=ops.UNAUDITED):
+    """The members that have not started (ready, scheduled, waiting) are removed, in id order;
+    the running ones run on; the batch is closed. Its completion callbacks come as for any
+    closed batch (on_complete once the running ones end; never on_success)."""
+    b = m.batches.get(batch_id)
+    if b is None:
+        return ops.batch_not_found(batch_id)
+    cancelled, running = [], 0
+    for job_id in sorted(b.pending):
+        job = m.jobs.get(job_id)
+        if job_id not in b.pending or job is None:
+            continue                    # (ended by an earlier removal: a dependency_failed dead letter)
+        if job.state == IN_FLIGHT:
+            running += 1
+            continue
+        _remove(m, job)
+        cancelled.append(job_id)
+    if b.open:
+        _close(m, b)
+    audit.record(m, who, "batch_cancel", batch_id, {"cancelled": len(cancelled), "running": running,
+                                                    "ids": audit.ids_shown(cancelled)})
+    return ops.batch_cancelled(batch_id, tuple(cancelled), running)
 
 
 def _add_members(m, b: Batch, items) -> tuple:

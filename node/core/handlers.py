@@ -943,6 +943,13 @@ def cancel(m, job_id: str, who=UNAUDITED, in_flight=False):
         return ops.cancel_not_found(job_id)
     if job.state == IN_FLIGHT and not in_flight:
         return ops.cancel_in_flight(job_id)
+    remove(m, job)
+    audit.record(m, who, "cancel", job_id, {"queue": job.queue})
+    return JOB_ID, job_id
+
+
+def remove(m, job) -> None:
+    """A live job leaves its state and the machine (cancel; a batch's cancel)."""
     q = m.queues[job.queue]
     if job.state == IN_FLIGHT:              # a running job: its slot and probe go too
         gating.leave_in_flight(m, job, q, gating.NEUTRAL)
@@ -951,8 +958,6 @@ def cancel(m, job_id: str, who=UNAUDITED, in_flight=False):
     else:
         gating.leave_waiting(m, q, job)
     forget(m, job)
-    audit.record(m, who, "cancel", job_id, {"queue": job.queue})
-    return JOB_ID, job_id
 
 
 def pause(m, queue: str, paused: bool, create: bool = True, who=UNAUDITED):
@@ -1085,4 +1090,4 @@ def record_action(m, action: str, target, details: dict, who=UNAUDITED):
 
 deps.bind(dead_letter, make_ready, schedule)
 batches.bind(lambda m, item: _enqueue_one(m, item, m.clock, False),     # a callback: past the depth limit
-             lambda m, items: enqueue(m, ATOMIC, items))       # what a dependency's end does (node/core/deps.py)
+             lambda m, items: enqueue(m, ATOMIC, items), remove)       # what a dependency's end does (node/core/deps.py)

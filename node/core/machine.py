@@ -84,6 +84,7 @@ HANDLERS = {
     ops.BATCH_OPEN: batches.open_batch,
     ops.BATCH_ADD: batches.add_to_batch,
     ops.BATCH_CLOSE: batches.close_batch,
+    ops.BATCH_CANCEL: batches.cancel_batch,
 }
 for _op, _handler in HANDLERS.items():
     if tuple(inspect.signature(_handler).parameters)[1:] != ops.COMMANDS[_op]:

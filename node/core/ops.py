@@ -53,6 +53,7 @@ SCHEDULE_SEED = "schseed"       # the [[schedules]] of a node's TOML, applied on
 BATCH_OPEN = "bopen"
 BATCH_ADD = "badd"
 BATCH_CLOSE = "bclose"
+BATCH_CANCEL = "bcancel"
 
 # `who` of an operator command: the caller's key name (None without auth), put in by the
 # leader. Commands of release 0.1.0 have no such field: their handlers see UNAUDITED, and
@@ -92,6 +93,7 @@ COMMANDS: dict[str, tuple[str, ...]] = {
     BATCH_OPEN: ("batch_id", "callbacks", "close", "timeout_ms", "items"),   # callbacks: ((kind, ITEM), ...)
     BATCH_ADD: ("batch_id", "items"),
     BATCH_CLOSE: ("batch_id",),
+    BATCH_CANCEL: ("batch_id", "who"),
 }
 # The fields a command of release 0.1.0 (and of this code before `who`) ends after: the
 # handlers give the later ones defaults (who = UNAUDITED, create = True, as pause was then).
@@ -273,6 +275,10 @@ def batch_close(rid, batch_id: str) -> tuple:
     return BATCH_CLOSE, rid, batch_id
 
 
+def batch_cancel(rid, batch_id: str, who=None) -> tuple:
+    return BATCH_CANCEL, rid, batch_id, who
+
+
 def release(rid, job_id: str, attempt: int, delay_ms: int, reason) -> tuple:
     return RELEASE, rid, job_id, attempt, delay_ms, reason
 
@@ -311,7 +317,7 @@ ack_batch_pairs = reader(ACK_BATCH, "pairs")
 # (node/core/deps.py, node/core/batches.py): an ack, a cancel, a purge or a move may do it.
 WAKING_OPS = frozenset((ENQUEUE, NACK, SWEEP, REQUEUE, PAUSE, RELEASE, CLOSE_CIRCUIT, CONFIGURE, SCHEDULE_TRIGGER,
                         BATCH_OPEN, BATCH_ADD, BATCH_CLOSE))
-RELEASING_OPS = frozenset((ACK, ACK_BATCH, CANCEL, PURGE, MOVE_TO_DEAD_LETTERS))
+RELEASING_OPS = frozenset((ACK, ACK_BATCH, CANCEL, PURGE, MOVE_TO_DEAD_LETTERS, BATCH_CANCEL))
 # Ops that change the configuration in force (the node, node/service/, follows it).
 CONFIG_OPS = frozenset((CONFIGURE, ADD_KEY, REMOVE_KEY))
 
@@ -411,6 +417,7 @@ SCHEDULE_REFUSED = "schedule_refused"       # 429 overloaded: why (too_many), th
 SCHEDULES_SEEDED = "schedules_seeded"       # 200 {"created": [names]}: empty once seeded before
 BATCH_SAVED = "batch_saved"         # 200 {"batch_id", "results", "open"}: results as an atomic enqueue's
 BATCH_NOT_FOUND = "batch_not_found"     # 404 not_found
+BATCH_CANCELLED = "batch_cancelled"     # 200 {"batch_id", "cancelled", "running"}
 BATCH_REFUSED = "batch_refused"     # 409 failed_precondition (exists, closed) or 429 overloaded (too_many,
                                     # too_many_members): why, the batch, the bound
 ANSWER = "answer"                   # an answer kept verbatim (only from snapshots of 0.1.0 that
@@ -472,6 +479,7 @@ RESULTS: dict[str, tuple[str, ...]] = {
     BATCH_SAVED: ("batch_id", "results", "open"),
     BATCH_NOT_FOUND: ("batch_id",),
     BATCH_REFUSED: ("why", "batch_id", "limit"),
+    BATCH_CANCELLED: ("batch_id", "cancelled", "running"),
 }
 # Results a request id never remembers (docs/semantics.md "Request ids"; docs/api.md "Decisions
 # where the rules above leave room").
@@ -708,6 +716,10 @@ def batch_saved(batch_id: str, results: tuple, is_open: bool) -> tuple:
 
 def batch_not_found(batch_id: str) -> tuple:
     return BATCH_NOT_FOUND, batch_id
+
+
+def batch_cancelled(batch_id: str, cancelled: tuple, running: int) -> tuple:
+    return BATCH_CANCELLED, batch_id, cancelled, running
 
 
 def batch_refused(why: str, batch_id: str, limit) -> tuple:

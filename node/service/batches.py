@@ -20,6 +20,10 @@ class Batches:
     async def close_batch(self, batch_id, body=None, rid=None, who=None):
         return await self._run(validate_batch.close, batch_id, self.slot(rid, who, "batch_close", body, batch_id))
 
+    async def cancel_batch(self, batch_id, rid=None, who=None):
+        return await self._run(validate_batch.cancel, batch_id, self.slot(rid, who, "batch_cancel", None, batch_id),
+                               who)
+
     def batch(self, batch_id):
         try:
             bid = validate_batch.batch_id_arg(batch_id)

@@ -407,5 +407,11 @@ def test_a_batch_at_a_follower_fails_once_and_refuses_what_it_should(healthy):
     assert api.get("/v1/batches/00000000-0000-4000-8000-0000000000ab", node=f)[0] == 404
     code, out, err = raftq(c, "batch", bid)
     assert code == 0 and "3 failed" in out and "on_failure" in out, (out, err)
+    status, out = api.post("/v1/batches", {"open": True, "jobs": [{"queue": "bat-c", "job_type": "t"}] * 2,
+                                           "callbacks": {"on_complete": {"queue": "bat-fcb", "job_type": "gone"}}},
+                           node=f)
+    status, out = api.call("DELETE", f"/v1/batches/{out['batch_id']}", node=f)
+    assert status == 200 and len(out["cancelled"]) == 2 and out["running"] == 0, out
+    assert api.get("/v1/queues/bat-c", node=f)[1]["ready"] == 0
     text = urllib.request.urlopen(c.urls[f] + "/metrics", timeout=10).read().decode()
     assert re.search(r"^raftq_batches(\{[^}]*\})? [1-9]", text, re.M), "the batches gauge"
