@@ -387,6 +387,41 @@ def test_job_browser_pages_states_search_and_decoded_payloads(cluster, api, ui):
 
 
 @needs_browser
+def test_a_job_shows_its_dependencies_its_result_and_its_batch(cluster, api, ui):
+    """docs/semantics.md "Workflows" in the job panel: a dependent's depends_on (links) and
+    waiting_on, a dependency kept for it with its result, a callback job's batch status."""
+    q = qname()
+    first = api.enqueue(q, data=b"{}")[1]["job_id"]
+    status, out = api.post("/v1/jobs", {"queue": q, "job_type": "then", "depends_on": [first]})
+    then = out["job_id"]
+    page = ui.open(leader_url(cluster))
+    page.fill("#search-id", then)
+    page.click("#search button")
+    expect(page.locator("#detail")).to_contain_text("waiting on")
+    expect(page.locator(f"#detail a[data-job='{first}']")).to_have_count(2)      # depends on, waiting on
+    job = api.reserve([q])[1]["jobs"][0]
+    body = {"attempt": job["attempt"], "result": {"data_b64": b64(b'{"rows": 3}'), "encoding": "application/json"}}
+    assert api.post(f"/v1/jobs/{first}/ack", body)[0] == 200
+    page.locator(f"#detail a[data-job='{first}']").first.click()
+    expect(page.locator("#detail-of")).to_contain_text("succeeded")
+    expect(page.locator("#result")).to_have_text('{\n  "rows": 3\n}')
+    expect(page.locator("#detail")).to_contain_text("1 live dependent job(s)")
+    status, out = api.post("/v1/batches", {"jobs": [{"queue": q, "job_type": "part"}],
+                                           "callbacks": {"on_complete": {"queue": q, "job_type": "done"}}})
+    bid = out["batch_id"]
+    for _ in range(2):                      # `then` (ready now) and the part, whichever comes first
+        job = api.reserve([q])[1]["jobs"][0]
+        assert api.post(f"/v1/jobs/{job['id']}/ack", {"attempt": job["attempt"]})[0] == 200
+    callback = api.get(f"/v1/batches/{bid}")[1]["callbacks"]["on_complete"]["job_id"]
+    page.fill("#search-id", callback)
+    page.click("#search button")
+    page.locator(f"#detail a[data-batch='{bid}']").click()
+    expect(page.locator("#detail-of")).to_contain_text("finished")
+    expect(page.locator("#batch")).to_contain_text("1 succeeded")
+    assert not ui.errors
+
+
+@needs_browser
 def test_cancel_retry_now_and_dead_letter_from_the_browser(cluster, api, ui):
     q = qname()
     ids = enqueue(api, q, 3, payload=b"{}")
