@@ -6,7 +6,9 @@ a handler outcome:
 
 * the payload goes to the command's stdin, the job's fields to its environment (`job_env`);
 * exit 0 is an ack; any other exit (or a signal) is a nack with the queue's retry policy, whose
-  reason is the exit code and the end of the command's stderr;
+  reason is the exit code and the end of the command's stderr; with `result_encoding` set
+  (`--result`), the command's stdout (up to MAX_RESULT_READ bytes) is the ack's result
+  (docs/semantics.md "Job results"), else stdout is the worker's;
 * `--timeout` kills the command (its whole process group) and nacks;
 * a handler cancelled by the Worker (shutdown grace period over, lease lost, the job's own
   `timeout_ms`) kills the command before it returns, so no command outlives its job's lease.
@@ -27,13 +29,14 @@ import sys
 import time
 from dataclasses import dataclass, field
 
-from .client import Job, Retry
+from .client import Job, Result, Retry
 from .worker import MAX_REASON, Worker, WorkerStats
 
 KILL_AFTER_S = 2.0          # SIGTERM, then SIGKILL this much later
 STDERR_TAIL_BYTES = 2048    # kept of a command's stderr for the nack reason
 STDERR_DRAIN_S = 1.0        # a background grandchild may hold stderr open after the command exits
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+MAX_RESULT_READ = 16 * 1024 * 1024  # of a command's stdout taken as its result (the cluster's bound is smaller)
 
 
 def job_env(job: Job, base: dict, urls: list[str], worker_id: str) -> dict:
@@ -123,6 +126,15 @@ async def _collect(stream: asyncio.StreamReader, tail: bytearray, echo) -> None:
                 echo = None
 
 
+async def _read_all(stream: asyncio.StreamReader, out: bytearray) -> None:
+    """A command's stdout, its result: the first MAX_RESULT_READ bytes kept, the rest read and dropped."""
+    while True:
+        chunk = await stream.read(65536)
+        if not chunk:
+            return
+        out.extend(chunk[:MAX_RESULT_READ - len(out)])
+
+
 async def kill_group(proc: asyncio.subprocess.Process) -> None:
     """SIGTERM to the command's process group, SIGKILL after KILL_AFTER_S; returns once it ended."""
     for sig, wait in ((signal.SIGTERM, KILL_AFTER_S), (signal.SIGKILL, None)):
@@ -152,8 +164,9 @@ class ShellWorker:
     def __init__(self, client, queues: list[str], argv: list[str], *, urls: list[str], concurrency: int = 1,
                  lease_ms: int = 30_000, wait_ms: int = 5_000, timeout: float | None = None,
                  grace: float = 10.0, max_jobs: int | None = None, exit_when_empty: bool = False,
-                 worker_id: str | None = None, on_line=None, echo_stderr=None):
+                 worker_id: str | None = None, on_line=None, echo_stderr=None, result_encoding: str | None = None):
         self.argv = list(argv)
+        self.result_encoding = result_encoding
         self.urls = list(urls)
         self.timeout = timeout
         self.max_jobs = max_jobs
@@ -177,13 +190,15 @@ class ShellWorker:
         try:
             proc = await asyncio.create_subprocess_exec(
                 *self.argv, stdin=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=env,
-                start_new_session=True)
+                stdout=asyncio.subprocess.PIPE if self.result_encoding else None, start_new_session=True)
         except OSError as e:
             run.ended, run.why = time.monotonic(), "not started"
             raise Retry(f"cannot run {self.argv[0]}: {e.strerror or e}") from None
-        tail = bytearray()
+        tail, out = bytearray(), bytearray()
         feeder = asyncio.create_task(_feed(proc.stdin, job.payload))
         reader = asyncio.create_task(_collect(proc.stderr, tail, self.echo_stderr))
+        if self.result_encoding:        # read to its end like stderr (_finish_streams)
+            reader = asyncio.gather(reader, _read_all(proc.stdout, out))
         try:
             await asyncio.wait_for(proc.wait(), self.timeout)
         except asyncio.TimeoutError:
@@ -202,6 +217,8 @@ class ShellWorker:
             raise Retry(failure_reason(f"{run.why}, killed ({describe_exit(proc.returncode)})", bytes(tail)))
         if proc.returncode != 0:
             raise Retry(failure_reason(describe_exit(proc.returncode), bytes(tail)))
+        if self.result_encoding and out:
+            return Result(bytes(out), self.result_encoding)
 
     @staticmethod
     async def _finish_streams(feeder: asyncio.Task, reader: asyncio.Task) -> None:

@@ -173,7 +173,8 @@ async def cmd_work(ctx: Ctx) -> int:
     shell = ShellWorker(ctx.client, a.queues, a.argv, urls=ctx.urls, concurrency=a.concurrency,
                         lease_ms=a.lease_ms, wait_ms=a.wait_ms, timeout=a.job_timeout, grace=a.grace,
                         max_jobs=a.max_jobs, exit_when_empty=a.exit_when_empty, worker_id=a.worker_id,
-                        on_line=progress_printer(ctx.json), echo_stderr=sys.stderr.buffer)
+                        on_line=progress_printer(ctx.json), echo_stderr=sys.stderr.buffer,
+                        result_encoding=a.result_encoding)
     s = await shell.run()
     print(f"raftq work: stopped: {s.acked} acked, {s.nacked - s.dead_lettered} nacked, {s.dead_lettered} "
           f"dead-lettered, {s.releases} released, {s.lease_lost} lease lost", file=sys.stderr, flush=True)
@@ -231,6 +232,10 @@ def _work_options(p, suppress: bool) -> None:
                    "waited --wait-ms, found nothing, and no command is running")
     p.add_argument("--worker-id", default=d(None), metavar="TEXT", help="name this worker in the cluster's "
                    "worker counts (default HOST-PID-RANDOM)")
+    p.add_argument("--result", dest="result_encoding", nargs="?", const="text/plain", default=d(None),
+                   metavar="ENCODING", help="ack with the command's stdout as the job's result, with this "
+                   "encoding (default text/plain); kept when the queue keeps results or a live job depends on "
+                   "the job (docs/semantics.md \"Job results\")")
 
 
 def add_parsers(sub, add_common, run) -> None:

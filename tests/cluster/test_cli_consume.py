@@ -171,6 +171,19 @@ def test_work_runs_the_command_once_per_job_and_acks(healthy, client, tmp_path):
     assert counts(client, q) == {"ready": 0, "scheduled": 0, "in_flight": 0, "dead_lettered": 0, "acked": 6}
 
 
+def test_work_acks_with_the_commands_stdout_as_the_result_a_dependent_reads(healthy, client):
+    """--result: the command's stdout is the ack's result; here kept for the job that depends on it
+    (docs/semantics.md "Dependencies"), in a queue that keeps no results of its own."""
+    c, q = healthy, qname()
+    first = client.enqueue(q, "upper", b"hello").job_id
+    then = client.enqueue(q + "-next", "use", b"x", depends_on=[first]).job_id
+    code, out, err = raftq(c, "work", q, "--max-jobs", "1", "--result", "text/plain", "--", "tr", "a-z", "A-Z")
+    assert code == 0 and "stopped: 1 acked" in err, err
+    res = client.result(first, timeout=10)
+    assert res.succeeded and res.result == b"HELLO" and res.encoding == "text/plain"
+    assert client.job(then).state == "ready"
+
+
 def test_work_nacks_a_failing_command_with_its_exit_code_and_stderr_tail(healthy, client):
     c, q = healthy, qname()
     fail_id = client.enqueue(q, "fail", "x", max_attempts=1).job_id
