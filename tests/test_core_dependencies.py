@@ -396,3 +396,84 @@ def test_what_a_dependency_costs_in_memory():
 
     plain, one, ten = per_job(0), per_job(1), per_job(10)
     assert one - plain < 900 and (ten - one) / 9 < 400, (plain, one, ten)
+
+
+# ---------------------------------------------------------------------------- found by the model (tests/test_core_model.py)
+def test_a_purge_removes_the_waiting_jobs_its_own_removals_release():
+    """A `complete` or `ignore` dependent of a purged job was waiting when the purge began: it goes
+    too. (It used to be made ready by the removal and then lost with the ready index, counted
+    ready and never reservable; a scheduled one stayed.) A `success` one fails with it."""
+    c = Deps(storage=RETAIN)
+    a = c.enq_id()
+    b = c.enq_id(deps=[(a, CO)])
+    d = c.enq_id(deps=[(a, IG)], delay_ms=5000)
+    x = c.enq_id(deps=[(a, S)])
+    status, body = c.purge("q")
+    assert status == 200 and body["purged"] == 3            # a, b and d; x failed with a
+    assert c.view(b) is None and c.view(d) is None and state(c, x) == "dead_lettered"
+    stats = c.stats()
+    assert (stats["ready"], stats["scheduled"], stats.get("waiting", 0)) == (0, 0, 0)
+    assert c.reserve_jobs(max_jobs=5) == []
+
+
+def test_a_purge_fails_dependents_in_one_order_on_every_node():
+    """A purge removes its ready jobs in id order, so their dependents fail in the same order on a
+    node restored from a snapshot (it went by the ready heap's array, which a restore rebuilds
+    differently: the dead letters, and what drains them, differed between replicas)."""
+    c = Core(storage=RETAIN)
+    ids = [c.enqueue_id(priority=p) for p in (9, 0, 9, 1)]
+    c.cancel(ids[2])                        # a stale entry in the heap, which a snapshot leaves out
+    ids += [c.enqueue_id(priority=p) for p in (9, 1)]
+    ready = [i for i in ids if c.state(i) == "ready"]
+    for i in ready:
+        c.enqueue_id("o", depends_on=[i])
+    r = restored(c)
+    cmd = C.purge("q", c.limits)
+    for m in (c.m, r):
+        assert m.apply(c.now, cmd)[1]["purged"] == len(ready)
+
+    def failed(m):
+        return [rec["job"]["depends_on"][0]["job_id"] for rec in m.list_dead_letters("o", 100, None)[0]]
+    assert failed(c.m) == failed(r) == sorted(ready)
+    assert r.digest() == c.m.digest()
+
+
+def test_an_atomic_batch_depending_on_an_earlier_job_that_makes_none_is_refused_whole():
+    """An atomic batch is all or nothing: a job that depends (by ref) on an earlier one whose key
+    hits, or which is dead-lettered at once without a store, refuses the batch (the later job
+    used to be refused alone as it was applied, the rest of the batch made)."""
+    c = Deps(storage=RETAIN)
+    dead = c.enq_id()
+    c.finish(dead, ok=False)
+    c.enq_id(idempotency_key="k")
+    before = c.snapshot_state()
+    status, body = c.atomic([{"queue": "q", "job_type": "t"},
+                             {"queue": "q", "job_type": "t", "idempotency_key": "k", "ref": "hit"},
+                             {"queue": "q", "job_type": "t", "depends_on": [{"ref": "hit"}]}])
+    assert status == 422 and [e["index"] for e in body["error"]["errors"]] == [2], body
+    assert body["error"]["errors"][0]["rejection"]["reason"] == "dependency_not_found"
+    assert c.snapshot_state() == before
+    assert c.configure(storage={"dead_letter_retention_ms": 0})[0] == 200     # the store stays
+    before = c.snapshot_state()
+    status, body = c.atomic([{"queue": "q", "job_type": "t", "ref": "doomed", "depends_on": [dead]},
+                             {"queue": "q", "job_type": "t", "depends_on": [{"ref": "doomed", "policy": "complete"}]}])
+    assert status == 422 and [e["index"] for e in body["error"]["errors"]] == [1], body
+    assert c.snapshot_state() == before
+
+
+def test_a_dependency_kept_past_its_retention_costs_a_restored_node_no_sweep_budget():
+    """A dependency kept for a live dependent past its retention is not counted by the sweep
+    (results_expired) nor against sweep_limit. A node restored from a snapshot has its timer
+    again; it used to count it there, and so expired fewer records than the others in a sweep."""
+    c = Core(storage={"sweep_limit": 1}, queues=[{"name": "r", "result_retention_ms": 1000}])
+    a = c.enqueue_id()
+    c.enqueue_id(depends_on=[a])
+    c.ack(a, c.reserve_one()["attempt"])    # kept for its dependent (its queue keeps none)
+    assert c.sweep()["results_expired"] == 0 and c.state(a) == "succeeded"
+    x = c.enqueue_id("r")
+    c.ack(x, c.reserve_one(["r"])["attempt"])
+    r = restored(c)
+    c.advance(1000)
+    got = [m.apply(c.now, C.sweep()) for m in (c.m, r)]
+    assert got[0] == got[1] and got[0][1]["results_expired"] == 1
+    assert c.view(x) is None and r.job_view(x) is None and r.digest() == c.m.digest()

@@ -66,6 +66,17 @@ def waits(m, depends_on) -> bool:
     return False
 
 
+def fails_at_once(m, depends_on) -> bool:
+    """Whether a job with these (known) dependencies is dead-lettered as it is made: a
+    `success` one is a dead letter already (`attach`)."""
+    jobs = m.jobs
+    for dep_id, policy in depends_on:
+        dep = jobs.get(dep_id)
+        if dep is not None and dep.state == DEAD and policy == DEP_SUCCESS:
+            return True
+    return False
+
+
 def attach(m, q, job, depends_on) -> None:
     """A job just made, taken out of its count again (`waits` said so): WAITING on the
     dependencies that have not ended, or dead-lettered at once (cause dependency_failed) when a

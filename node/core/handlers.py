@@ -32,7 +32,7 @@ def enqueue(m, mode: int, items):
     """docs/semantics.md "Enqueue": one job, a best-effort batch or an atomic batch."""
     now = m.clock
     if mode == ATOMIC:
-        refused = _atomic_duplicates(m, items, now) or _atomic_missing_deps(m, items)
+        refused = _atomic_duplicates(m, items, now) or _atomic_missing_deps(m, items, now)
         if refused:         # a reject or refused replace rejects the whole batch, like batch_full
             return ops.batch_full(refused)
         full = _atomic_overflow(m, items, now)
@@ -95,16 +95,28 @@ def _atomic_duplicates(m, items, now: int) -> tuple:
     return tuple(errors)
 
 
-def _atomic_missing_deps(m, items) -> tuple:
+def _atomic_missing_deps(m, items, now: int) -> tuple:
     """The items of an atomic batch that depend on a job the machine knows nothing of (nor an
-    earlier item of the batch), as batch_full errors (node/core/deps.py)."""
-    errors, made = [], set()
+    earlier item of the batch that makes a job that stays), as batch_full errors
+    (node/core/deps.py). An item whose key hits (a live record, an earlier item's key) makes
+    none, nor does one dead-lettered at once without a store: a later item that depends on it
+    would be refused as it is applied, and the batch is all or nothing."""
+    errors, made, keys = [], set(), set()
+    dropped = m.limits.dead_letter_retention_ms <= 0
     for i, item in enumerate(items):
-        if len(item) > ops.ITEM_DEPENDS_ON and item[ops.ITEM_DEPENDS_ON]:
-            dep = deps.missing(m, item[ops.ITEM_DEPENDS_ON], made)
+        pairs = item[ops.ITEM_DEPENDS_ON] if len(item) > ops.ITEM_DEPENDS_ON else None
+        if pairs:
+            dep = deps.missing(m, pairs, made)
             if dep is not None:
                 errors.append({"index": i, "rejection": ops.dependency_not_found(dep)})
-        made.add(item[0])
+        qname, key = item[ops.ITEM_QUEUE], item[ops.ITEM_IDEMPOTENCY_KEY]
+        if key is not None:
+            rec = dedup_record(m, qname, key)
+            if (qname, key) in keys or (rec is not None and dedup_expires(rec) > now):
+                continue
+            keys.add((qname, key))
+        if not (dropped and pairs and deps.fails_at_once(m, pairs)):
+            made.add(item[0])
     return tuple(errors)
 
 
@@ -1006,38 +1018,43 @@ def move_to_dead_letters(m, queue: str, ids, reason, who=UNAUDITED):
     return ops.moved(tuple(moved), tuple(missing))
 
 
-def _purge_waiting(m, q) -> int:
-    """Purge: the queue's jobs waiting on dependencies go too (in id order: the same on every
-    node, whatever order a restore filled `pending_deps` in); their dependents count them failed."""
-    if not m.pending_deps:
-        return 0
+def _purge_waiting(m, q, ids) -> int:
+    """Purge, after its ready and scheduled jobs: the jobs of `ids` (those waiting on
+    dependencies when it began, in id order: the same on every node, whatever order a restore
+    filled `pending_deps` in) still waiting, or ready or scheduled since a removal of this purge
+    released them; not one failed by a removal (a dead letter). Their dependents count them failed."""
     jobs = m.jobs
     n = 0
-    for job_id in sorted(i for i in m.pending_deps if jobs[i].queue == q.name):
+    for job_id in ids:
         job = jobs.get(job_id)
-        if job is not None and job.state == WAITING:     # (not failed by an earlier one's removal)
+        if job is None or job.state not in (WAITING, READY, SCHEDULED):
+            continue
+        if job.state == WAITING:
             deps.leave(m, q, job)
-            forget(m, job)
-            n += 1
+        else:
+            gating.leave_waiting(m, q, job)
+        forget(m, job)
+        n += 1
     return n
 
 
 def purge(m, queue: str, who=UNAUDITED):
     """Every ready, scheduled and waiting job of the queue is removed; in-flight jobs finish
-    normally."""
+    normally. The ready and scheduled ones go first, in id order (a removal's dependents are
+    resolved as it goes: the order must be the same on every node, and a heap's or a restored
+    heap's is not), out of their indexes before any goes, so that a job a removal makes ready
+    is indexed; then the waiting ones (`_purge_waiting`)."""
     if not known_queue(m, queue):
         return ops.queue_not_found(queue)
     q = m.queues.get(queue)
     n = 0
     if q is not None:
+        waiting = sorted(i for i in m.pending_deps if m.jobs[i].queue == queue) if m.pending_deps else ()
         ready, scheduled = _live_waiting(m, q)
         ids = m.blocked_ids
         for job in ready:
             if ids and job.id in ids:
                 m._pop(ids, job.id)
-            forget(m, job)
-        for job in scheduled:
-            forget(m, job)
         if ready:
             m._add(q, "ready", -len(ready))
             # Every entry of the ready index is stale now: drop them at once.
@@ -1050,10 +1067,15 @@ def purge(m, queue: str, who=UNAUDITED):
             keys.purged(m, q)
         if scheduled:
             m._add(q, "scheduled", -len(scheduled))
-        waiting = _purge_waiting(m, q)
-        n = len(ready) + len(scheduled) + waiting
+        for job in sorted(ready + scheduled, key=_job_id):
+            forget(m, job)
+        n = len(ready) + len(scheduled) + _purge_waiting(m, q, waiting)
     audit.record(m, who, "purge", queue, {"purged": n})
     return ops.purged(queue, n)
+
+
+def _job_id(job) -> str:
+    return job.id
 
 
 def delete_queue(m, queue: str, who=UNAUDITED):

@@ -128,15 +128,17 @@ def forget(m, rec: Retained) -> None:
 
 
 def expire(m, now: int, budget: int) -> int:
-    """Sweep step: records whose retention has ended, earliest expiry first."""
+    """Sweep step: records whose retention has ended, earliest expiry first. One that live jobs
+    still name stays for them (deps.unpin removes it) and counts neither in the answer nor
+    against the budget: a node restored from a snapshot has its timer again (restore cannot
+    tell that it fired), so counting it would let replicas expire different sets."""
     heap, results, n = m.result_heap, m.results, 0
     while heap and heap[0][TIMER_AT] <= now and n < budget:
         _, order, job_id = m._heappop(heap)
         rec = results.get(job_id)
-        if rec is not None and rec.order == order:
+        if rec is not None and rec.order == order and job_id not in m.pins:
             n += 1
-            if job_id not in m.pins:    # else kept for the live jobs that name it (deps.unpin)
-                forget(m, rec)
+            forget(m, rec)
     return n
 
 
