@@ -1174,8 +1174,13 @@ class Client:
             if loop.time() >= deadline:
                 raise TimeoutError(f"job {job_id} has not finished within {timeout} s")
 
-    async def cancel(self, job_id: str, *, request_id: str | None = None) -> None:
-        await self.call("cancel", "DELETE", f"/v1/jobs/{job_id}", None, mutating=True, request_id=request_id)
+    async def cancel(self, job_id: str, *, cascade: bool = False, request_id: str | None = None) -> list[str] | None:
+        """Delete a job (operator); one that jobs wait on raises Conflict (reason has_dependents)
+        unless `cascade`, which cancels them too and returns their ids (docs/semantics.md
+        "Dependencies"); None without it."""
+        out = await self.call("cancel", "DELETE", f"/v1/jobs/{job_id}" + ("?cascade=true" if cascade else ""),
+                              None, mutating=True, request_id=request_id)
+        return out.get("cancelled", []) if cascade else None
 
     async def pause(self, queue: str, *, create: bool = False) -> None:
         """Pause a queue (reserve skips it). A queue that neither exists nor is declared is

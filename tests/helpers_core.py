@@ -177,8 +177,8 @@ class Core:
     def delete_dead(self, ids, rid=None, who=None):
         return self.run(lambda: C.delete_dead_letters({"ids": list(ids)}, rid=rid, who=who))
 
-    def cancel(self, job_id, rid=None, who=None):
-        return self.run(lambda: C.cancel(job_id, rid=rid, who=who))
+    def cancel(self, job_id, rid=None, who=None, cascade=None):
+        return self.run(lambda: C.cancel(job_id, rid=rid, who=who, cascade=cascade))
 
     def pause(self, queue, rid=None, create=False, who=None):
         return self.run(lambda: C.pause(queue, True, self.limits, rid=rid, body={"create": create}, who=who))

@@ -191,7 +191,7 @@ def test_cancelling_a_batch_removes_what_has_not_started_and_says_what_it_did():
     assert status == 200 and body["running"] == 1
     assert body["cancelled"] == sorted(set(members) - {running["id"], done})
     assert batch(c)["state"] == "closed" and fired(c) == []
-    assert c.audit()[-1]["action"] == "batch_cancel"
+    assert c.audit()[0]["action"] == "batch_cancel"
     assert c.ack(running["id"], running["attempt"])[0] == 200
     assert fired(c) == ["on_complete"] and batch(c)["removed"] == 2     # never on_success
     assert c.apply(ops.batch_cancel(None, "00000000-0000-4000-8000-0000000bac09"))[0] == 404

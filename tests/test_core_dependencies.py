@@ -184,12 +184,35 @@ def test_cancel_of_a_waiting_job_and_of_a_dependency():
     d = c.enq_id(deps=[(a, CO)])
     assert c.cancel(b)[0] == 200
     assert c.m.dependents == {a: {d: CO}} and c.m.queues["q"].waiting == 1
-    assert c.cancel(a)[0] == 200            # removed: complete runs, success would fail
-    assert state(c, d) == "ready"
+    before = c.snapshot_state()
+    status, body = c.cancel(a)              # d waits on it: refused, nothing changed
+    assert status == 409 and body["error"]["reason"] == "has_dependents" and body["error"]["dependents"] == [d]
+    assert c.snapshot_state() == before
+    status, body = c.cancel(a, cascade="true")
+    assert status == 200 and body == {"job_id": a, "cancelled": [d]}
+    assert c.view(a) is None and c.view(d) is None and c.m.dependents == {} and c.m.pins == {}
+    assert c.audit()[0]["details"] == {"queue": "q", "cascade": 1}
     e = c.enq_id()
-    f = c.enq_id(deps=[(e, S)])
-    c.cancel(e)
-    assert state(c, f) == "dead_lettered"
+    assert c.cancel(e, cascade="true")[1] == {"job_id": e, "cancelled": []}
+    assert c.cancel(c.enq_id(), cascade="maybe")[0] == 400
+
+
+def test_a_cascade_cancels_a_whole_graph_deepest_first_and_fails_nothing():
+    """A diamond and a chain under one root: every waiting job goes, none is dead-lettered (the
+    deepest are removed before what they wait on); a job waiting on something else too goes as
+    well (it waited on a cancelled one)."""
+    c = Deps(storage=RETAIN)
+    root, other = c.enq_id(), c.enq_id()
+    left = c.enq_id(deps=[(root, S)])
+    right = c.enq_id(deps=[(root, CO)])
+    join = c.enq_id(deps=[(left, S), (right, S), (other, S)])
+    chain = [join]
+    for _ in range(30):
+        chain.append(c.enq_id(deps=[(chain[-1], S)]))
+    status, body = c.cancel(root, cascade="true")
+    assert status == 200 and body["cancelled"] == sorted([left, right] + chain)
+    assert c.dead_letters() == [] and c.m.pending_deps == {} and c.m.dependents == {}
+    assert state(c, other) == "ready"
 
 
 def test_a_deadline_runs_out_while_waiting():
@@ -477,3 +500,16 @@ def test_a_dependency_kept_past_its_retention_costs_a_restored_node_no_sweep_bud
     got = [m.apply(c.now, C.sweep()) for m in (c.m, r)]
     assert got[0] == got[1] and got[0][1]["results_expired"] == 1
     assert c.view(x) is None and r.job_view(x) is None and r.digest() == c.m.digest()
+
+
+def test_a_rendered_job_reads_back_with_its_key_and_dependencies():
+    """answers.shown_fields_of (an answer kept rendered, read back into a result) keeps the
+    trailing fields a job shows: resource, key, depends_on."""
+    from raftq.node.core.answers import render_job, shown_fields_of
+    from raftq.node.core.jobs import shown_fields
+    c = Deps(queues=[{"name": "q", "key_field": "tenant"}])
+    a = c.enq_id()
+    b = c.enq_id(deps=[(a, CO)], custom={"tenant": "t1"}, resource="db")
+    for job_id in (a, b):
+        t = shown_fields(c.m.jobs[job_id])
+        assert shown_fields_of(render_job(*t)) == t

@@ -1117,10 +1117,12 @@ async def cmd_cancel(ctx: Ctx) -> int:
     results, failed = [], 0
     for jid in ids:
         try:
-            await ctx.call("cancel", "DELETE", f"/v1/jobs/{_path(jid)}", None, mutating=True)
-            results.append({"job_id": jid, "cancelled": True})
+            out = await ctx.call("cancel", "DELETE", f"/v1/jobs/{_path(jid)}" +
+                                 ("?cascade=true" if ctx.args.cascade else ""), None, mutating=True)
+            also = out.get("cancelled", []) if isinstance(out, dict) else []
+            results.append({"job_id": jid, "cancelled": True, **({"dependents": also} if ctx.args.cascade else {})})
             if not ctx.json:
-                ctx.out(f"cancelled {jid}")
+                ctx.out(f"cancelled {jid}" + (f" and {len(also)} job(s) waiting on it: {', '.join(also)}" if also else ""))
         except (NotFound, Conflict, InvalidArgument) as e:
             failed += 1
             results.append({"job_id": jid, "cancelled": False, "error": {"code": e.code, "message": e.message}})

@@ -186,6 +186,8 @@ def _add_queue_and_job_commands(client_cmd) -> None:
 
     c = client_cmd("cancel", C.cmd_cancel, "delete jobs: ready, scheduled or in flight (an in-flight job's worker is fenced off; it never comes back)")
     c.add_argument("ids", nargs="+", metavar="ID", help="job ids; `-` reads them from stdin")
+    c.add_argument("--cascade", action="store_true", help="also cancel the jobs that wait on it (depends_on), "
+                   "transitively; without it such a job is refused")
 
     for name, help in (("pause", "pause a queue: reserve skips it, enqueues are still accepted"),
                        ("resume", "resume a paused queue")):

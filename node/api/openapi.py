@@ -369,6 +369,10 @@ def _workflow_batch_schemas(queue_name: dict, custom_value: dict) -> dict:
             "timeout_ms": integer(1, description="an open batch never closed is closed this long after it was "
                                   "made", default=3600000)}, [], "A batch: members and callbacks. Unknown fields "
                                   "are 400.", additionalProperties=False),
+        "CancelResponse": obj({"job_id": string(format="uuid"),
+                               "cancelled": {"type": "array", "items": string(format="uuid"),
+                                             "description": "cascade=true: the waiting dependents cancelled too"}},
+                              ["job_id"]),
         "BatchCancelled": obj({"batch_id": string(format="uuid"),
                                "cancelled": {"type": "array", "items": string(format="uuid"),
                                              "description": "the members removed"},
@@ -1268,8 +1272,14 @@ ROUTES = [
     _route("delete", "/v1/jobs/{id}", "cancel", "Cancel (delete) a job",
            "A ready, scheduled or in-flight job is removed for good. In flight (since 0.2.0; before, 409): "
            "its lease is dropped, its worker's next extend, ack, nack or release is 404 `job_not_found`, and it "
-           "is never redelivered nor dead-lettered. A dead-lettered or unknown job is 404 `not_found`.", OPERATOR,
-           ok="JobIdResponse", write=True, params=[ID_PARAM], errors_=[(404, ["not_found"])]),
+           "is never redelivered nor dead-lettered. A dead-lettered or unknown job is 404 `not_found`. A job "
+           "other jobs wait on (`depends_on`) is 409 `failed_precondition` (reason `has_dependents`, "
+           "`dependents`) unless `cascade=true`: then those jobs, transitively, are cancelled too and listed in "
+           "`cancelled` (docs/semantics.md \"Dependencies\").", OPERATOR,
+           ok="CancelResponse", write=True, params=[ID_PARAM, {
+               "name": "cascade", "in": "query", "description": "also cancel the jobs waiting on it, transitively",
+               "schema": {"type": "string", "enum": ["true", "false"]}}],
+           errors_=[(404, ["not_found"]), (409, ["failed_precondition"])]),
     _route("get", "/v1/queues", "list_queues", "List queues",
            "Every queue that has had a job or is declared, with its counts and totals.", VIEWER,
            ok="QueuesResponse", tags=("queues",)),

@@ -612,8 +612,11 @@ def delete_dead_letters(body, rid=None, who=None) -> tuple:
     return ops.delete_dead_letters(rid, _ids(body), who)
 
 
-def cancel(job_id, rid=None, who=None) -> tuple:
-    return ops.cancel(rid, job_id_arg(job_id), who)
+def cancel(job_id, rid=None, who=None, cascade=None) -> tuple:
+    """DELETE /v1/jobs/{id}[?cascade=true]."""
+    if cascade not in (None, "true", "false"):
+        raise invalid(f"cascade must be true or false, got {cascade!r}")
+    return ops.cancel(rid, job_id_arg(job_id), who, cascade=cascade == "true")
 
 
 def queue_arg(queue, limits: Limits) -> str:

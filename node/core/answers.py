@@ -264,6 +264,10 @@ _RENDER = {
                                             reason="duplicate_started", job_id=job_id),
     CANCEL_NOT_FOUND: lambda job_id: error("not_found", CANCEL_NOT_FOUND_MESSAGE, job_id=job_id),
     CANCEL_IN_FLIGHT: lambda job_id: error("failed_precondition", CANCEL_IN_FLIGHT_MESSAGE, job_id=job_id),
+    ops.HAS_DEPENDENTS: lambda job_id, dependents: error(
+        "failed_precondition", "jobs wait on this one (depends_on): cancel with cascade=true to cancel them too",
+        reason="has_dependents", job_id=job_id, dependents=list(dependents)),
+    ops.CANCELLED: lambda job_id, cancelled: (200, {"job_id": job_id, "cancelled": list(cancelled)}),
     REQUEST_ID_REUSED: lambda request_id, op: error("invalid_argument", request_id_reused_message(request_id, op)),
     MALFORMED: lambda: error("internal", MALFORMED_MESSAGE),
     FAILED: lambda op, exception: error("internal", failed_message(op, exception)),

@@ -167,6 +167,27 @@ def _run(m, q, job) -> None:
         m.released.add(q.name)          # soft state: wakes the queue's long polls (node/core/ops.py)
 
 
+def waiting_dependents(m, job_id: str) -> list:
+    """Every job waiting on `job_id`, transitively, the deepest first (each after all of its own
+    waiting dependents): the order in which a cascade removes them, so that no removal fails one
+    still to be removed. Children in id order: the same on every node."""
+    order, done, stack = [], set(), [(job_id, False)]
+    while stack:
+        node, expanded = stack.pop()
+        if expanded:
+            if node != job_id:
+                order.append(node)
+            continue
+        if node in done:
+            continue
+        done.add(node)
+        stack.append((node, True))
+        for child in sorted(m.dependents.get(node, ()), reverse=True):
+            if child not in done:
+                stack.append((child, False))
+    return order
+
+
 # ---------------------------------------------------------------------------- pins
 def pin(m, job) -> None:
     """A live job that names dependencies: each is kept, once acked, while the job lives."""

@@ -941,23 +941,31 @@ def delete_dead_letters(m, ids, who=UNAUDITED):
 
 
 # ---------------------------------------------------------------------------- operator moves
-def cancel(m, job_id: str, who=UNAUDITED, in_flight=False):
+def cancel(m, job_id: str, who=UNAUDITED, in_flight=False, cascade=False):
     """A ready, scheduled or in-flight job is removed for good. An in-flight job's lease is
     dropped with it (its entry is stale once the job has left): its worker's next extend, ack,
     nack or release is answered job_not_found, and it is never redelivered (docs/semantics.md
     "Cancel of a running job"). A cancel command of a 0.1.0 journal has no `in_flight` field: it
     refuses an in-flight job with failed_precondition, as it did then, so old journals replay
-    unchanged."""
-    if type(in_flight) is not bool:
-        raise TypeError("in_flight")
+    unchanged. A job that others wait on (docs/semantics.md "Dependencies") is refused unless
+    `cascade`: then its waiting dependents, transitively, are removed first (the deepest first,
+    so none is failed by another's removal) and named in the answer."""
+    if type(in_flight) is not bool or type(cascade) is not bool:
+        raise TypeError("in_flight, cascade")
     job = m.jobs.get(job_id)
     if job is None or job.state == DEAD:
         return ops.cancel_not_found(job_id)
     if job.state == IN_FLIGHT and not in_flight:
         return ops.cancel_in_flight(job_id)
+    waiting = m.dependents.get(job_id) if m.dependents else None
+    if waiting and not cascade:
+        return ops.has_dependents(job_id, tuple(sorted(waiting)[:100]))
+    gone = deps.waiting_dependents(m, job_id) if waiting else ()
+    for dependent_id in gone:
+        remove(m, m.jobs[dependent_id])
     remove(m, job)
-    audit.record(m, who, "cancel", job_id, {"queue": job.queue})
-    return JOB_ID, job_id
+    audit.record(m, who, "cancel", job_id, {"queue": job.queue, **({"cascade": len(gone)} if cascade else {})})
+    return ops.cancelled(job_id, tuple(sorted(gone))) if cascade else (JOB_ID, job_id)
 
 
 def remove(m, job) -> None:

@@ -72,7 +72,8 @@ COMMANDS: dict[str, tuple[str, ...]] = {
     DRAIN: ("queue", "max_records", "who"),     # queue None = every queue
     REQUEUE: ("ids", "who"),
     DELETE_DEAD_LETTERS: ("ids", "who"),
-    CANCEL: ("job_id", "who", "in_flight"),     # in_flight: may remove an in-flight job (absent before 0.2.0: no)
+    CANCEL: ("job_id", "who", "in_flight", "cascade"),  # in_flight: may remove an in-flight job (absent before
+                                                # 0.2.0: no); cascade: its waiting dependents too (absent: no)
     PAUSE: ("queue", "paused", "create", "who"),  # create: also for a queue that neither exists nor is declared
     SWEEP: (),
     CONFIGURE: ("expect_version", "config", "keys", "who"),   # config: {limits, storage, queues};
@@ -100,7 +101,7 @@ COMMANDS: dict[str, tuple[str, ...]] = {
 LEGACY_FIELDS = {DRAIN: 2, REQUEUE: 1, DELETE_DEAD_LETTERS: 1, CANCEL: 1, PAUSE: 2}
 # Fields added after that, with the default a command without them gets: a cancel written before
 # 0.2.0 refuses an in-flight job (409) on every replay, as it did then.
-LATER_DEFAULTS = {CANCEL: {"in_flight": False}, ACK: {"result": None}}
+LATER_DEFAULTS = {CANCEL: {"in_flight": False, "cascade": False}, ACK: {"result": None}}
 OPS = tuple(COMMANDS)
 
 # Enqueue modes.
@@ -193,7 +194,10 @@ def delete_dead_letters(rid, ids: tuple, who=None) -> tuple:
     return DELETE_DEAD_LETTERS, rid, ids, who
 
 
-def cancel(rid, job_id: str, who=None, in_flight: bool = True) -> tuple:
+def cancel(rid, job_id: str, who=None, in_flight: bool = True, cascade: bool = False) -> tuple:
+    """A cancel; with cascade a field longer (a cancel without it is the command of before)."""
+    if cascade:
+        return CANCEL, rid, job_id, who, in_flight, True
     return CANCEL, rid, job_id, who, in_flight
 
 
@@ -401,6 +405,8 @@ BATCH_FULL = "batch_full"           # 422 batch_rejected: an atomic batch that d
 CANCEL_NOT_FOUND = "cancel_not_found"   # 404 not_found: no ready or scheduled job
 CANCEL_IN_FLIGHT = "cancel_in_flight"   # 409 failed_precondition (no longer made: cancel removes an
                                         # in-flight job since 0.2.0; kept for stored results)
+HAS_DEPENDENTS = "has_dependents"   # 409 failed_precondition: jobs wait on it (cancel without cascade)
+CANCELLED = "cancelled"             # 200 {"job_id", "cancelled"}: a cascade's removed dependents
 REPLACED = "replaced"               # 200 {"job_id", "deduplicated": true, "replaced": true}
 DUPLICATE_STARTED = "duplicate_started"  # 409 failed_precondition: replace of a job already delivered
 REQUEST_ID_REUSED = "request_id_reused"  # 400 invalid_argument (never stored)
@@ -446,6 +452,8 @@ RESULTS: dict[str, tuple[str, ...]] = {
     BATCH_FULL: ("errors",),                # ({"index", "rejection"}, ...)
     CANCEL_NOT_FOUND: ("job_id",),
     CANCEL_IN_FLIGHT: ("job_id",),
+    HAS_DEPENDENTS: ("job_id", "dependents"),   # the first 100 waiting dependents, by id
+    CANCELLED: ("job_id", "cancelled"),
     REPLACED: ("job_id",),
     DUPLICATE_STARTED: ("job_id",),
     REQUEST_ID_REUSED: ("request_id", "op"),
@@ -576,6 +584,14 @@ def cancel_not_found(job_id: str) -> tuple:
 
 def cancel_in_flight(job_id: str) -> tuple:
     return CANCEL_IN_FLIGHT, job_id
+
+
+def has_dependents(job_id: str, dependents: tuple) -> tuple:
+    return HAS_DEPENDENTS, job_id, dependents
+
+
+def cancelled(job_id: str, dependents: tuple) -> tuple:
+    return CANCELLED, job_id, dependents
 
 
 def replaced(job_id: str) -> tuple:

@@ -20,8 +20,9 @@ class OperatorOps:
     async def delete_dead_letters(self, body, rid=None, who=None):
         return await self._run(validate.delete_dead_letters, body, self.slot(rid, who, "dead_letters_delete", body), who)
 
-    async def cancel(self, job_id, rid=None, who=None):
-        return await self._run(validate.cancel, job_id, self.slot(rid, who, "cancel", None, job_id), who)
+    async def cancel(self, job_id, rid=None, who=None, cascade=None):
+        return await self._run(validate.cancel, job_id, self.slot(rid, who, "cancel", cascade, job_id), who,
+                               cascade)
 
     async def pause(self, queue, paused: bool, rid=None, body=None, who=None):
         route = "pause" if paused else "resume"

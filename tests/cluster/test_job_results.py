@@ -340,6 +340,27 @@ def test_an_unknown_dependency_is_refused_at_any_node(healthy):
     assert code != 0 and "dependency_not_found" in err, (out, err)
 
 
+def test_cancelling_a_graphs_root_at_a_follower_needs_cascade_and_takes_the_graph(healthy):
+    c, api = healthy, Api(healthy)
+    f = followers(c)[0]
+    status, out = api.post("/v1/jobs/atomic", {"jobs": [
+        {"queue": "dep-cc", "job_type": "root", "ref": "r"},
+        {"queue": "dep-cc", "job_type": "a", "ref": "a", "depends_on": [{"ref": "r"}]},
+        {"queue": "dep-cc", "job_type": "b", "depends_on": [{"ref": "a"}, {"ref": "r", "policy": "ignore"}]}]}, node=f)
+    root, a, b = [r["job_id"] for r in out["results"]]
+    status, out = api.call("DELETE", f"/v1/jobs/{root}", node=f)
+    assert status == 409 and out["error"]["reason"] == "has_dependents" and out["error"]["dependents"] == sorted([a, b])
+    status, out = api.call("DELETE", f"/v1/jobs/{root}?cascade=true", node=f)
+    assert status == 200 and out == {"job_id": root, "cancelled": sorted([a, b])}, out
+    assert all(api.get(f"/v1/jobs/{j}", node=f)[0] == 404 for j in (root, a, b))
+    ids = [api.enqueue("dep-cc")[1]["job_id"]]
+    ids.append(api.post("/v1/jobs", {"queue": "dep-cc", "job_type": "t", "depends_on": ids})[1]["job_id"])
+    code, out, err = raftq(c, "cancel", ids[0])
+    assert code != 0 and "cascade" in err, (out, err)
+    code, out, err = raftq(c, "cancel", ids[0], "--cascade")
+    assert code == 0 and f"and 1 job(s) waiting on it: {ids[1]}" in out, (out, err)
+
+
 # ---------------------------------------------------------------------------- batches
 async def test_a_fan_in_of_1000_gets_each_callback_once_after_the_last_member_across_a_leader_kill(healthy):
     """docs/semantics.md "Batches": an open batch filled with 1,000 members in four requests and
