@@ -6,7 +6,7 @@ goes through the requests). Every command is also faulted at each of its mutatio
 tests/test_core_dependencies.py), and the state goes through a snapshot round trip and a replay."""
 from __future__ import annotations
 
-from helpers_core import RETAIN, Core, restored
+from helpers_core import RETAIN, Core, payload, restored
 from raftq.node.base import validate as C
 from raftq.node.core import ops
 from raftq.node.core.batches import FINISHED_RETENTION_MS
@@ -195,3 +195,23 @@ def test_cancelling_a_batch_removes_what_has_not_started_and_says_what_it_did():
     assert c.ack(running["id"], running["attempt"])[0] == 200
     assert fired(c) == ["on_complete"] and batch(c)["removed"] == 2     # never on_success
     assert c.apply(ops.batch_cancel(None, "00000000-0000-4000-8000-0000000bac09"))[0] == 404
+
+
+def test_members_results_are_kept_while_their_batch_is_so_its_callbacks_read_them():
+    """In a queue that keeps no results: a member acked while its batch is kept stays, with its
+    result, until the batch goes (an hour after it finished); then it goes in that sweep."""
+    c = Deps()
+    members = open_batch(c, 2)
+    for i in range(2):
+        job = c.reserve_one()
+        assert c.ack(job["id"], job["attempt"], result=payload(f"part {i}".encode()))[0] == 200
+    assert fired(c) == ["on_complete", "on_success"]
+    views = [c.view(m) for m in members]
+    assert all(v["state"] == "succeeded" and v["kept_for_batch"] == BATCH for v in views)
+    assert sorted(v["result"]["data_b64"] for v in views) == sorted(payload(f"part {i}".encode())["data_b64"] for i in range(2))
+    c.advance(FINISHED_RETENTION_MS - 1)
+    c.sweep()
+    assert c.view(members[0]) is not None
+    c.advance(1)
+    c.sweep()
+    assert [c.view(m) for m in members] == [None, None] and c.m.batch_kept == {} and c.m.results == {}

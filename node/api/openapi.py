@@ -560,6 +560,8 @@ def _reserve_schemas(queue_name: dict, custom_value: dict) -> dict:
                         "live_dependents": integer(1, description="succeeded: the live jobs that name it in "
                                                    "`depends_on`, for which it is kept past its retention; "
                                                    "present while there are some"),
+                        "kept_for_batch": string("succeeded: the batch that keeps it past its retention (until the "
+                                                 "batch goes)", format="uuid"),
                         **_result_props()},
                        job_required + ["state", "last_reason"],
                        "A job and its state (inspection, listings); `lease_expires_at_ms` is null unless in flight."),

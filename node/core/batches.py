@@ -20,6 +20,8 @@ idempotency-key hit is not a member (no job was made).
 State (replicated, in snapshots and the digest, only when there is some):
 * `m.batches`: batch id -> Batch;
 * `m.batch_of`: member job id -> batch id, for the members that have not ended;
+* derived (rebuilt at restore): `m.batch_kept`, member id -> batch id, of the succeeded members
+  whose records a batch holds (their results, for its callbacks to read);
 * `m.batch_heap`: (time, batch id) timers: an open batch's timeout, a finished batch's expiry
   (kept FINISHED_RETENTION_MS after it finished, for its status); lazy, like the others (live
   while it is the batch's `timer`).
@@ -28,7 +30,7 @@ Batches kept at once, open or finished, are at most `limits.max_batches`; member
 """
 from __future__ import annotations
 
-from . import audit, ops
+from . import audit, ops, results
 from .jobs import DEAD, GONE, IN_FLIGHT, TIMER_AT
 
 ON_COMPLETE, ON_SUCCESS, ON_FAILURE = "on_complete", "on_success", "on_failure"
@@ -49,14 +51,15 @@ class Batch:
     """One batch: `open` (members may still be added), `timer` (its live heap entry, or None),
     `callbacks` {kind: enqueue item}, `pending` {member id: None} of members not ended, the
     counts of members `succeeded`, `failed` (dead-lettered) and `removed` (cancelled, purged),
-    `fired` {kind: job id} of the callbacks enqueued, `created_at` and `finished_at`."""
+    `fired` {kind: job id} of the callbacks enqueued, `created_at`, `finished_at`, and `kept`
+    {member id: None}: the succeeded members whose records (node/core/results.py) it holds."""
     __slots__ = ("id", "open", "timer", "callbacks", "pending", "succeeded", "failed", "removed",
-                 "fired", "created_at", "finished_at")
+                 "fired", "created_at", "finished_at", "kept")
 
     def __init__(self, batch_id: str, callbacks: dict, created_at: int):
         self.id, self.open, self.timer, self.callbacks = batch_id, True, None, callbacks
         self.pending, self.succeeded, self.failed, self.removed = {}, 0, 0, 0
-        self.fired, self.created_at, self.finished_at = {}, created_at, None
+        self.fired, self.created_at, self.finished_at, self.kept = {}, created_at, None, {}
 
     def members(self) -> int:
         return len(self.pending) + self.succeeded + self.failed + self.removed
@@ -64,15 +67,17 @@ class Batch:
     def to_tuple(self) -> tuple:
         return (self.id, self.open, self.timer, tuple(sorted(self.callbacks.items())), tuple(sorted(self.pending)),
                 self.succeeded, self.failed, self.removed, tuple(sorted(self.fired.items())), self.created_at,
-                self.finished_at)
+                self.finished_at, tuple(sorted(self.kept)))
 
     @classmethod
     def from_tuple(cls, t) -> "Batch":
-        (bid, is_open, timer, callbacks, pending, succeeded, failed, removed, fired, created_at, finished_at) = t
+        (bid, is_open, timer, callbacks, pending, succeeded, failed, removed, fired, created_at, finished_at,
+         kept) = t
         b = cls(bid, {k: tuple(v) for k, v in callbacks}, created_at)
         b.open, b.timer = is_open, tuple(timer) if timer is not None else None
         b.pending = dict.fromkeys(pending)
         b.succeeded, b.failed, b.removed, b.fired, b.finished_at = succeeded, failed, removed, dict(fired), finished_at
+        b.kept = dict.fromkeys(kept)
         return b
 
 
@@ -180,6 +185,9 @@ def member_ended(m, job_id: str, how: str) -> None:
     b = m.batches[m._pop(m.batch_of, job_id)]
     m._pop(b.pending, job_id)
     m._add(b, how, 1)
+    if how == "succeeded" and job_id in m.results:      # its ack kept it (handlers.ack): held while b is
+        m._put(b.kept, job_id, None)
+        m._put(m.batch_kept, job_id, b.id)
     if how == "failed" and ON_FAILURE in b.callbacks and ON_FAILURE not in b.fired:
         _fire(m, b, ON_FAILURE)
     if not b.open and not b.pending:
@@ -222,8 +230,17 @@ def fire_timers(m, now: int, budget: int) -> int:
         if b.open:
             _close(m, b)
         else:
-            m._pop(m.batches, b.id)
+            _drop(m, b)
     return n
+
+
+def _drop(m, b: Batch) -> None:
+    """A finished batch's hour is over: it goes, and the records of its members with it, unless
+    their own retention or live dependents keep them (results.release)."""
+    m._pop(m.batches, b.id)
+    for job_id in sorted(b.kept):
+        m._pop(m.batch_kept, job_id)
+        results.release(m, job_id)
 
 
 # ---------------------------------------------------------------------------- views
@@ -249,6 +266,8 @@ def restore(m, rows) -> None:
         m.batches[b.id] = b
         for job_id in b.pending:
             m.batch_of[job_id] = b.id
+        for job_id in b.kept:
+            m.batch_kept[job_id] = b.id
         if b.timer is not None:
             m.batch_heap.append(b.timer)
     m.batch_heap.sort()
@@ -282,4 +301,7 @@ def check(m) -> list[str]:
             bad.append(f"{where}: its timer {b.timer} is not in the heap")
     if any(m.batches.get(bid) is None or job_id not in m.batches[bid].pending for job_id, bid in m.batch_of.items()):
         bad.append("the member index names a batch or member that is not pending")
+    kept = {job_id: bid for bid, b in m.batches.items() for job_id in b.kept}
+    if kept != m.batch_kept or any(job_id not in m.results for job_id in kept):
+        bad.append("the records batches hold are not the batches' kept members, or are gone")
     return bad

@@ -212,9 +212,7 @@ def unpin(m, job) -> None:
         m._pop(per, job.id)
         if not per:
             m._pop(pins, dep_id)
-            rec = m.results.get(dep_id)
-            if rec is not None and rec.expires <= m.clock:
-                results.forget(m, rec)
+            results.release(m, dep_id)
 
 
 def pinned_jobs(m) -> dict:

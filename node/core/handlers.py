@@ -695,7 +695,8 @@ def ack(m, job_id: str, attempt: int, result=None):
     q.acked = n + 1
     retaining = m.retaining             # m.limits.retaining, kept on the machine: one load an ack
     pins = m.pins                       # live dependents that read this job's result (deps.py)
-    if (retaining and spec[S_QUEUE] in retaining) or (pins and job_id in pins):
+    if ((retaining and spec[S_QUEUE] in retaining) or (pins and job_id in pins)
+            or (m.batch_of and job_id in m.batch_of)):      # its batch's callbacks read it (batches.py)
         results.retain(m, job, spec[S_QUEUE], result)
     if spec[S_DEPENDS_ON] is not None:
         deps.unpin(m, job)

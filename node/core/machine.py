@@ -231,7 +231,7 @@ class QueueMachine(UndoLog):
         # (node/core/batches.py: by id, the batch of each pending member, their timers).
         self.results, self.result_heap, self.results_by_queue, self.result_bytes = {}, [], {}, {}
         self.pending_deps, self.dependents, self.pins, self.resolving = {}, {}, {}, None
-        self.batches, self.batch_of, self.batch_heap = {}, {}, []
+        self.batches, self.batch_of, self.batch_heap, self.batch_kept = {}, {}, [], {}
 
     def shared_bucket(self, now: int, window: int, queue: str) -> tuple:
         """The dedup bucket (now + window, queue), the same tuple object for every call with the

@@ -136,10 +136,23 @@ def expire(m, now: int, budget: int) -> int:
     while heap and heap[0][TIMER_AT] <= now and n < budget:
         _, order, job_id = m._heappop(heap)
         rec = results.get(job_id)
-        if rec is not None and rec.order == order and job_id not in m.pins:
+        if rec is not None and rec.order == order and not held(m, job_id):
             n += 1
             forget(m, rec)
     return n
+
+
+def held(m, job_id: str) -> bool:
+    """Whether a record is held past its retention: live jobs name it (node/core/deps.py), or it
+    is a member of a batch still kept (node/core/batches.py)."""
+    return job_id in m.pins or job_id in m.batch_kept
+
+
+def release(m, job_id: str) -> None:
+    """A hold on a record has ended: it goes now if its retention has and nothing else holds it."""
+    rec = m.results.get(job_id)
+    if rec is not None and rec.expires <= m.clock and not held(m, job_id):
+        forget(m, rec)
 
 
 def next_due_ms(m) -> int | None:
@@ -186,6 +199,8 @@ def view(m, job_id: str) -> dict | None:
     readers = m.pins.get(job_id)
     if readers:                         # kept for them past its retention (node/core/deps.py)
         out["live_dependents"] = len(readers)
+    if job_id in m.batch_kept:          # kept for its batch's callbacks (node/core/batches.py)
+        out["kept_for_batch"] = m.batch_kept[job_id]
     return out
 
 
@@ -217,7 +232,7 @@ def check(m) -> list[str]:
             bad.append(f"{where}: also a job of the machine ({m.jobs[job_id].state}): a retained job is not live")
         if not (rec.finished_at <= rec.expires and rec.finished_at <= m.clock):
             bad.append(f"{where}: finished at {rec.finished_at}, expires {rec.expires}, clock {m.clock}")
-        if (rec.order, job_id) not in live_timers and not (job_id in m.pins and rec.expires <= m.clock):
+        if (rec.order, job_id) not in live_timers and not (held(m, job_id) and rec.expires <= m.clock):
             bad.append(f"{where}: no expiry timer, and not kept for a live dependent past its expiry")
         if (rec.data is None) != (rec.encoding is None) or (rec.dropped and rec.data is not None):
             bad.append(f"{where}: result {rec.size()} bytes, encoding {rec.encoding!r}, dropped {rec.dropped}")

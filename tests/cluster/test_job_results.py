@@ -385,7 +385,7 @@ async def test_a_fan_in_of_1000_gets_each_callback_once_after_the_last_member_ac
                 continue
             if acked + len(jobs) == 1000:
                 assert (await client.batch(bid))["pending"] == len(jobs)
-            assert all(r is None for r in await client.ack_batch(jobs))
+            assert all(r is None for r in await client.ack_batch([(j, None, j.id) for j in jobs]))
             acked += len(jobs)
             if acked >= 400 and old is None:
                 old = await asyncio.to_thread(c.wait_leader, 15)
@@ -400,6 +400,9 @@ async def test_a_fan_in_of_1000_gets_each_callback_once_after_the_last_member_ac
         assert {j.id for j in got} == {view["callbacks"]["on_complete"]["job_id"],
                                        view["callbacks"]["on_success"]["job_id"]}
         assert all(j.custom["batch_id"] == bid for j in got)
+        for member in members[::97]:        # a callback reads the members' results, kept for the batch
+            res = await client.result(member, timeout=10)
+            assert res.succeeded and res.result == member.encode()
 
 
 def test_a_batch_at_a_follower_fails_once_and_refuses_what_it_should(healthy):
