@@ -484,6 +484,17 @@ def test_an_atomic_batch_depending_on_an_earlier_job_that_makes_none_is_refused_
     assert c.snapshot_state() == before
 
 
+def test_a_queue_with_waiting_jobs_is_not_deleted_and_the_refusal_says_why():
+    """The refusal's `jobs` counts the waiting jobs (it left them out: all zeros, "not empty ()")."""
+    c = Deps(storage=RETAIN)
+    a = c.enq_id("x")
+    c.enq_id("w", deps=[(a, S)])
+    status, body = c.delete_queue("w")
+    assert status == 409 and body["error"]["reason"] == "not_empty"
+    assert body["error"]["jobs"] == {"ready": 0, "scheduled": 0, "in_flight": 0, "dead_lettered": 0, "waiting": 1}
+    assert "1 waiting" in body["error"]["message"]
+
+
 def test_a_dependency_kept_past_its_retention_costs_a_restored_node_no_sweep_budget():
     """A dependency kept for a live dependent past its retention is not counted by the sweep
     (results_expired) nor against sweep_limit. A node restored from a snapshot has its timer

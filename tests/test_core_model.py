@@ -26,6 +26,20 @@ sweep by brute force (every tick of the rule listed, then the catch-up and overl
 to that list), enqueueing each tick's job through its own enqueue; every schedule view is compared
 field by field.
 
+Dependencies (docs/semantics.md "Dependencies") are drawn into enqueue, batch and atomic bodies:
+`depends_on` entries naming live jobs, dead letters, kept (retained) jobs, gone or unknown ids, and
+in a batch earlier jobs by `ref` (now and then a ref to nothing, or a job twice: refused), as bare
+ids or objects with each of the three policies; a `workflow` rule enqueues chains and fan-ins by ref
+and works them. The model keeps its own `waiting` state (`waiting_on` per job), follows each end (an
+ack; a dead letter of any cause, the deadline and the operator's move included; a removal by
+cancel, purge or a tick's replace) to the jobs waiting on it, dependency_failed down the graph,
+and keeps an acked dependency while a live job names it (`readers`, a scan), even where its queue
+keeps no results, until its retention has ended and no live job names it (a requeued dependent
+names it again). Views (`depends_on`, `waiting_on`, `live_dependents`), stats (`waiting`,
+`dependency_failed`) and counts are compared like the rest; `dependencies_hold` checks after every
+step that a waiting job waits on live jobs only and that no job runs (unless requeued) before all
+its dependencies ended (and so does every reserve's answer).
+
 Where the spec is silent the model follows the code's choice; each such place is marked
 "(code's choice)" below.
 
@@ -172,7 +186,7 @@ def request_of(kind: str, args: dict):
     if kind in ("ack", "nack", "extend"):
         return args["job_id"], args["body"]
     if kind == "cancel":
-        return args["job_id"], None
+        return args["job_id"], args.get("cascade")          # ?cascade= as sent, or None
     if kind in ("pause", "move", "purge", "qdel"):
         return args["queue"], args.get("body")
     if kind == "keydel":
@@ -228,6 +242,13 @@ class MJob:
     # again once the job has that time again.)
     first_lease: dict = field(default_factory=dict)   # expiry -> lease grant number
     first_sched: dict = field(default_factory=dict)   # run at -> job order at the time
+    # Dependencies (docs/semantics.md "Dependencies"): what it was enqueued with, for life, as
+    # [(job id, policy)] in the request's order (None: none); while `waiting`, the ones that
+    # have not ended (id -> policy).
+    depends_on: list | None = None
+    waiting_on: dict = field(default_factory=dict)
+    born: int = 0                 # its order at enqueue: the tie-break of deadlines due at once (code's choice)
+    requeued: bool = False        # requeued from the dead letters: runs whatever its dependencies
 
 
 @dataclass
@@ -270,6 +291,7 @@ class MKept:
     expires: int
     order: int
     dropped: bool = False
+    timer_done: bool = False      # its retention ended in a sweep while live jobs still named it
 
 
 class Model:
@@ -303,6 +325,8 @@ class Model:
         # Job results (docs/semantics.md "Job results"): job id -> MKept, in the order kept.
         self.kept: dict[str, MKept] = {}
         self.kept_order = 0
+        self.resolving: list | None = None     # the dependencies' ends still to follow (see `end`)
+        self.ended_ids: set[str] = set()       # every job that has ended once (acked, dead-lettered, removed)
 
     # ---------------------------------------------------------------- config
     def qv(self, queue: str, key: str, conf=None):
@@ -348,7 +372,7 @@ class Model:
         return [j for j in self.jobs.values() if j.queue == q and j.state == state]
 
     def depth(self, q: str) -> int:
-        return sum(len(self.in_queue(q, s)) for s in ("ready", "scheduled", "in_flight"))
+        return sum(len(self.in_queue(q, s)) for s in ("ready", "scheduled", "in_flight", "waiting"))
 
     def render(self, j: MJob) -> dict:
         out = {"id": j.id, "queue": j.queue, "job_type": j.job_type}
@@ -362,6 +386,8 @@ class Model:
                    max_attempts=j.max_attempts, lease_expires_at_ms=j.lease_expires)
         if j.deadline is not None:
             out["deadline_at_ms"] = j.deadline
+        if j.depends_on is not None:
+            out["depends_on"] = [{"job_id": d, "policy": p} for d, p in j.depends_on]
         return out
 
     def render_dead(self, d: MDead) -> dict:
@@ -369,14 +395,99 @@ class Model:
                 "final_attempt": d.final_attempt, "last_reason": d.reason}
 
     def dead_letter(self, j: MJob, cause: str, reason):
+        """A live job dead-lettered: stored (or dropped without a store); then what its end means
+        for the jobs that depend on it and for the results it read."""
         self.total(j.queue)["dead_total"] += 1
         if cause == "expired":
             self.total(j.queue)["expired"] += 1
+        j.waiting_on = {}
         if self.retention == 0:
             del self.jobs[j.id]           # no store: dropped
+        else:
+            j.state = "dead_lettered"
+            self.dead.append(MDead(j.id, cause, self.clock, j.attempt, reason))
+        self.release_pins(j)
+        self.end(j.id, False)
+
+    def remove(self, j: MJob):
+        """A live job removed (cancel, purge, a tick's replace): for its dependents, it failed."""
+        del self.jobs[j.id]
+        self.release_pins(j)
+        self.end(j.id, False)
+
+    # ---------------------------------------------------------------- dependencies
+    def readers(self, dep: str) -> int:
+        """How many live jobs name `dep` among their dependencies (they read its result)."""
+        return sum(1 for j in self.jobs.values()
+                   if j.state != "dead_lettered" and j.depends_on and any(d == dep for d, _ in j.depends_on))
+
+    def release_pins(self, j: MJob):
+        """`j`, live until now, has ended: a dependency it named that is kept past its retention
+        goes once no live job names it."""
+        for dep, _ in j.depends_on or ():
+            k = self.kept.get(dep)
+            if k is not None and k.expires <= self.clock and not self.readers(dep):
+                event("model: a dependency's result dropped with its last live dependent")
+                del self.kept[dep]
+
+    def unknown_dependency(self, pairs, made=()):
+        """The first dependency the model knows nothing of: not a job (dead letters included),
+        not kept, not one of `made` (an atomic batch's earlier jobs)."""
+        for dep, _ in pairs:
+            if dep not in self.jobs and dep not in self.kept and dep not in made:
+                return dep
+        return None
+
+    def attach(self, j: MJob, pairs: list):
+        """A job just made with dependencies: dead-lettered at once when one it needs to succeed
+        is a dead letter; else waiting on the ones that have not ended (a kept one succeeded)."""
+        j.depends_on = list(pairs)
+        dead = {d for d, _ in pairs if d in self.jobs and self.jobs[d].state == "dead_lettered"}
+        if any(d in dead and p == "success" for d, p in pairs):
+            event("model: a dependency already failed at enqueue")
+            self.dead_letter(j, "dependency_failed", None)
             return
-        j.state = "dead_lettered"
-        self.dead.append(MDead(j.id, cause, self.clock, j.attempt, reason))
+        pending = {d: p for d, p in pairs if d in self.jobs and d not in dead}
+        if pending:
+            event(f"model: a job waits on {min(len(pending), 2)}{'+' if len(pending) > 2 else ''} dependencies")
+            j.state, j.waiting_on = "waiting", pending
+        else:
+            event("model: every dependency ended before the enqueue")
+
+    def end(self, jid: str, ok: bool):
+        """Job `jid` has ended (ok: acked; else dead-lettered or removed while live): each job
+        waiting on it is satisfied, or (a `success` dependency that failed) dead-lettered,
+        cause dependency_failed, and so on down the graph in this command. The order (code's
+        choice): the ends to follow are a stack, the last one first; the jobs waiting on one end
+        are taken in id order."""
+        self.ended_ids.add(jid)
+        if self.resolving is not None:
+            self.resolving.append((jid, ok))
+            return
+        self.resolving = [(jid, ok)]
+        while self.resolving:
+            dep, ok = self.resolving.pop()
+            for d in sorted((j for j in self.jobs.values() if j.state == "waiting" and dep in j.waiting_on),
+                            key=lambda j: j.id):
+                policy = d.waiting_on.pop(dep)
+                if not ok and policy == "success":
+                    event("model: dependency_failed")
+                    self.dead_letter(d, "dependency_failed", None)
+                elif not d.waiting_on:
+                    event(f"model: a waiting job runs ({'acked' if ok else 'failed'} dependency, {policy})")
+                    self.run_waiting(d)
+        self.resolving = None
+
+    def run_waiting(self, j: MJob):
+        """Every dependency satisfied: scheduled while its time is ahead, else ready in its
+        priority's place by its enqueue time; a new order (code's choice: after every job
+        enqueued before, like a requeue's) among jobs of the same priority and enqueue time."""
+        j.order = self.next_seq()
+        if j.scheduled_at is not None and j.scheduled_at > self.clock:
+            j.state, j.run_at = "scheduled", j.scheduled_at
+            j.first_sched.setdefault(j.run_at, j.order)
+        else:
+            j.state, j.run_at = "ready", None
 
     def find_dead(self, jid: str):
         for d in self.dead:
@@ -385,9 +496,10 @@ class Model:
         return None
 
     # ---------------------------------------------------------------- validation (before apply)
-    def prepare_job(self, now: int, body: dict, new_ids: list):
+    def prepare_job(self, now: int, body: dict, new_ids: list, refs=None):
         """An EnqueueRequest -> ("job", fields) or ("reject", rejection). Only checks my
-        generator can fail are modelled (scheduled_too_far); `now` is the leader's stamp."""
+        generator can fail are modelled (scheduled_too_far, then a bad depends_on); `now` is the
+        leader's stamp; `refs` the ids of a batch's earlier jobs by their ref (None: one job)."""
         q = body["queue"]
         sched = body.get("scheduled_at_ms")
         if body.get("delay_ms") is not None:
@@ -408,16 +520,47 @@ class Model:
         if body.get("trace_context") is not None:
             tc = body["trace_context"]
             trace = {"traceparent": tc["traceparent"], "tracestate": tc.get("tracestate")}
+        deps = None
+        if body.get("depends_on") is not None:
+            deps = self.prepare_deps(body["depends_on"], refs)
+            if deps == "bad":
+                return "reject", {"reason": "invalid_request"}
         return "job", dict(id=new_ids.pop(0), queue=q, job_type=body["job_type"],
                            payload=body.get("payload"), priority=prio, custom=body.get("custom") or None,
                            trace=trace, scheduled_at=sched, max_attempts=ma,
-                           deadline=body.get("deadline_at_ms"), key=body.get("idempotency_key"))
+                           deadline=body.get("deadline_at_ms"), key=body.get("idempotency_key"), deps=deps)
+
+    @staticmethod
+    def prepare_deps(entries: list, refs):
+        """A depends_on -> [(job id, policy)] (None when empty), or "bad" (invalid_request): a ref
+        outside a batch or to no earlier job of it, a job named twice. Ids as their canonical
+        lower case; a bare id means policy success."""
+        pairs = []
+        for e in entries:
+            policy = "success"
+            if isinstance(e, dict):
+                policy = e.get("policy", "success")
+                if "ref" in e:
+                    if refs is None or e["ref"] not in refs:
+                        return "bad"
+                    e = refs[e["ref"]]
+                else:
+                    e = e["job_id"]
+            if any(d == e.lower() for d, _ in pairs):
+                return "bad"
+            pairs.append((e.lower(), policy))
+        return pairs or None
 
     def handle(self, now: int, kind: str, args: dict, rid, new_ids: list, who=None):
         """One request: validation, then (if it passes) apply at the replicated clock."""
         if kind in ("enqueue", "batch", "atomic"):
             bodies = [args["body"]] if kind == "enqueue" else args["body"]["jobs"]
-            items = [self.prepare_job(now, b, new_ids) for b in bodies]
+            refs = None if kind == "enqueue" else {}
+            items = []
+            for b in bodies:
+                items.append(self.prepare_job(now, b, new_ids, refs))
+                if items[-1][0] == "job" and refs is not None and b.get("ref") is not None:
+                    refs[b["ref"]] = items[-1][1]["id"]
             if kind == "enqueue" and items[0][0] == "reject":
                 return err("rejected", rejection=items[0][1])
             if kind == "atomic" and any(t == "reject" for t, _ in items):
@@ -454,7 +597,7 @@ class Model:
             ids = [i.lower() for i in args["body"]["ids"]]
             run = (lambda: self.requeue(ids)) if kind == "requeue" else (lambda: self.dldel(ids))
         elif kind == "cancel":
-            run = lambda: self.cancel(args["job_id"].lower(), who)               # noqa: E731
+            run = lambda: self.cancel(args["job_id"].lower(), args.get("cascade") == "true", who)  # noqa: E731
         elif kind == "pause":
             run = lambda: self.pause(args["queue"], args["paused"], (args.get("body") or {}).get("create", False),  # noqa: E731
                                      who)
@@ -530,9 +673,29 @@ class Model:
     # ---------------------------------------------------------------- operations
     def enqueue(self, kind: str, items: list):
         if kind == "atomic":
-            # Capacity for the whole batch up front: all or nothing. Dedup hits never count
-            # (docs/semantics.md "Enqueue"), whether they hit a live record or an earlier job of
-            # the batch.
+            # All or nothing: every dependency known first (an earlier job of the batch counts
+            # when it makes a job that stays: not a key's hit, not a dead letter dropped at once,
+            # without a store: code's choice, as the best-effort batch refuses the later job), then
+            # capacity for the whole batch.
+            missing, made, seen = [], set(), set()
+            for i, (_, f) in enumerate(items):
+                dep = self.unknown_dependency(f["deps"] or (), made)
+                if dep is not None:
+                    missing.append({"index": i, "rejection": {"reason": "dependency_not_found", "job_id": dep}})
+                k = (f["queue"], f["key"])
+                hit = f["key"] is not None and (k in seen or (k in self.dedup and self.clock < self.dedup[k][1]))
+                seen.add(k)
+                dropped = self.retention == 0 and any(p == "success" and d in self.jobs and
+                                                      self.jobs[d].state == "dead_lettered" for d, p in f["deps"] or ())
+                if not hit and not dropped:
+                    made.add(f["id"])
+                elif any(f["id"] in [d for d, _ in g["deps"] or ()] for _, g in items[i + 1:]):
+                    event(f"model: atomic, a later job depends on one that makes none "
+                          f"({'a key' if hit else 'dropped'})")
+            if missing:
+                return err("batch_rejected", errors=missing)
+            # Dedup hits never count (docs/semantics.md "Enqueue"), whether they hit a live
+            # record or an earlier job of the batch.
             wanted, seen = Counter(), set()
             for _, f in items:
                 k = (f["queue"], f["key"])
@@ -559,7 +722,12 @@ class Model:
         return 200, {"results": results}
 
     def enqueue_one(self, f: dict, check_depth: bool) -> dict:
-        q, key = f["queue"], f["key"]
+        q, key, deps = f["queue"], f["key"], f.get("deps")
+        if deps:
+            # before the key and the depth (code's choice)
+            dep = self.unknown_dependency(deps)
+            if dep is not None:
+                return {"rejection": {"reason": "dependency_not_found", "job_id": dep}}
         if key is not None:
             rec = self.dedup.get((q, key))
             if rec is not None and self.clock < rec[1]:
@@ -574,6 +742,7 @@ class Model:
                  custom=f["custom"], trace=f["trace"], enqueued_at=self.clock, scheduled_at=sched,
                  attempt=1, max_attempts=f["max_attempts"], state="ready", order=self.next_seq(),
                  deadline=f["deadline"])
+        j.born = j.order
         if sched is not None and sched > self.clock:
             j.state, j.run_at = "scheduled", sched
             j.first_sched.setdefault(sched, j.order)
@@ -582,6 +751,8 @@ class Model:
         self.total(q)["enqueued"] += 1
         if key is not None:
             self.dedup[(q, key)] = (j.id, self.clock + self.qv(q, "dedup_window_ms"))
+        if deps:
+            self.attach(j, deps)
         return {"job_id": j.id, "deduplicated": False}
 
     def reserve(self, queues: list, lease: int, max_jobs: int):
@@ -620,8 +791,14 @@ class Model:
         del self.jobs[jid]
         self.total(j.queue)["acked"] += 1
         retention = self.qv(j.queue, "result_retention_ms")
-        if retention > 0:
+        # Kept for its queue's retention; or, while live jobs name it, for them to read (its
+        # retention then 0 where the queue keeps none), until they have ended too.
+        if retention > 0 or self.readers(jid):
+            if retention == 0:
+                event("model: a dependency's result kept for its live dependents")
             self.keep(j.queue, view, result, retention)
+        self.release_pins(j)
+        self.end(jid, True)
         return 200, {"job_id": jid}
 
     def keep(self, q: str, view: dict, result, retention: int):
@@ -650,8 +827,11 @@ class Model:
 
     def kept_view(self, jid: str):
         k = self.kept[jid]
-        return {**k.view, "result": k.result, "result_dropped": k.dropped, "finished_at_ms": k.finished_at,
-                "retained_until_ms": k.expires}
+        out = {**k.view, "result": k.result, "result_dropped": k.dropped, "finished_at_ms": k.finished_at,
+               "retained_until_ms": k.expires}
+        if self.readers(jid):
+            out["live_dependents"] = self.readers(jid)
+        return out
 
     def nack(self, jid: str, attempt: int, reason, strategy: str, delay_ms):
         j, e = self.fenced(jid, attempt)
@@ -712,6 +892,10 @@ class Model:
             j = self.jobs[jid]
             j.attempt, j.enqueued_at, j.scheduled_at, j.deadline = 1, self.clock, None, None
             j.order, j.state = self.next_seq(), "ready"
+            if j.depends_on:
+                # it runs whatever its dependencies, and reads those still kept again
+                event("model: a dead letter with dependencies requeued")
+                j.requeued = True
             requeued.append(jid)
         return 200, {"requeued": requeued, "missing": missing}
 
@@ -727,15 +911,39 @@ class Model:
             deleted.append(jid)
         return 200, {"deleted": deleted, "missing": missing}
 
-    def cancel(self, jid: str, who=None):
+    def waits_on(self, jid: str) -> list[str]:
+        """The jobs waiting on `jid`, by id."""
+        return sorted(j.id for j in self.jobs.values() if j.state == "waiting" and jid in j.waiting_on)
+
+    def cancel(self, jid: str, cascade: bool = False, who=None):
         j = self.jobs.get(jid)
         # A dead letter is "not found" for cancel (docs/api.md, `DELETE /v1/jobs/{id}`).
         if j is None or j.state == "dead_lettered":
             return err("not_found", job_id=jid)
+        if self.waits_on(jid) and not cascade:
+            event("model: cancel refused, jobs wait on it")
+            return err("failed_precondition", reason="has_dependents", job_id=jid, dependents=self.waits_on(jid)[:100])
+        # With cascade, the jobs waiting on it, transitively, go first: each once no other of
+        # them waits on it, so that none is failed by a removal.
+        gone, todo = set(), self.waits_on(jid)
+        while todo:
+            d = todo.pop()
+            if d not in gone:
+                gone.add(d)
+                todo += self.waits_on(d)
+        left = set(gone)
+        while left:
+            leaf = min(d for d in left if not any(d in self.jobs[e].waiting_on for e in left))
+            self.remove(self.jobs[leaf])
+            left.remove(leaf)
+        if gone:
+            event(f"model: cancel with cascade of {min(len(gone), 3)}{'+' if len(gone) > 3 else ''} jobs")
         # an in-flight job is removed too (its worker's next call: job_not_found)
-        del self.jobs[jid]
+        if j.state == "waiting":
+            event("model: a waiting job cancelled")
+        self.remove(j)
         self.record(who, "cancel", jid)
-        return 200, {"job_id": jid}
+        return (200, {"job_id": jid, "cancelled": sorted(gone)}) if cascade else (200, {"job_id": jid})
 
     def known(self, q: str) -> bool:
         return q in self.known_queues or q in self.qconf
@@ -764,17 +972,29 @@ class Model:
         return 200, {"dead_lettered": moved, "missing": missing}
 
     def purge(self, q: str, who=None):
+        """The queue's ready and scheduled jobs go, each with what its removal means for its
+        dependents (a `success` dependent of this queue fails: a dead letter, not purged); then
+        every job of the queue still waiting, ready or scheduled (one a removal released
+        included). Both in id order (code's choice: the order dependents fail in)."""
         if not self.known(q):
             return err("not_found", queue=q)
-        gone = [j.id for j in self.jobs.values() if j.queue == q and j.state in ("ready", "scheduled")]
-        for jid in gone:
-            del self.jobs[jid]
+        n = 0
+        for jid in sorted(j.id for j in self.jobs.values() if j.queue == q and j.state in ("ready", "scheduled")):
+            self.remove(self.jobs[jid])
+            n += 1
+        while left := sorted(j.id for j in self.jobs.values()
+                             if j.queue == q and j.state in ("ready", "scheduled", "waiting")):
+            event(f"model: purge of a {self.jobs[left[0]].state} job left after the first pass")
+            self.remove(self.jobs[left[0]])
+            n += 1
         self.record(who, "purge", q)
-        return 200, {"queue": q, "purged": len(gone)}
+        return 200, {"queue": q, "purged": n}
 
     def counts_of(self, q: str) -> dict:
+        waiting = len(self.in_queue(q, "waiting"))
         return {"ready": len(self.in_queue(q, "ready")), "scheduled": len(self.in_queue(q, "scheduled")),
-                "in_flight": len(self.in_queue(q, "in_flight")), "dead_lettered": len(self.in_queue(q, "dead_lettered"))}
+                "in_flight": len(self.in_queue(q, "in_flight")), "dead_lettered": len(self.in_queue(q, "dead_lettered")),
+                **({"waiting": waiting} if waiting else {})}
 
     def delete_queue(self, q: str, who=None):
         if q in self.qconf:
@@ -873,9 +1093,16 @@ class Model:
                 event("model: lease expired, retried")
                 j.attempt += 1
                 j.state = "ready"        # at once: the retry policy does not apply to expiries
-        for j in sorted((j for j in self.jobs.values()
-                         if j.state in ("ready", "scheduled") and j.deadline is not None and j.deadline <= now),
-                        key=lambda j: (j.deadline, j.order))[:budget]:
+        # Deadlines: waiting jobs too. One at a time: a dead letter may fail a later one of the
+        # list (dependency_failed, not counted here) or release one to ready or scheduled.
+        while n["deadlines_expired"] < budget:
+            due = [j for j in self.jobs.values() if j.state in ("ready", "scheduled", "waiting")
+                   and j.deadline is not None and j.deadline <= now]
+            if not due:
+                break
+            j = min(due, key=lambda j: (j.deadline, j.born))
+            if j.state == "waiting":
+                event("model: a waiting job's deadline passed")
             n["deadlines_expired"] += 1
             self.dead_letter(j, "expired", None)
         for expires, q, key in sorted((e, q, k) for (q, k), (_, e) in self.dedup.items() if e <= now)[:budget]:
@@ -900,14 +1127,23 @@ class Model:
         keys = ("promoted", "leases_expired", "deadlines_expired", "dedup_expired",
                 "request_ids_expired", "dead_letters_expired", "audit_expired")
         fired = self.fire_ticks(now)              # last: a tick's job waits for the next sweep's phases
-        # kept results past their retention, earliest first (ties: the order kept)
-        gone = sorted((k for k in self.kept.values() if k.expires <= now), key=lambda k: (k.expires, k.order))[:budget]
-        for k in gone:
-            del self.kept[k.view["id"]]
+        # kept results past their retention, earliest first (ties: the order kept), at most
+        # `budget` removed; one live jobs still name stays for them (and is not counted)
+        gone = 0
+        for k in sorted((k for k in self.kept.values() if k.expires <= now and not k.timer_done),
+                        key=lambda k: (k.expires, k.order)):
+            if gone >= budget:
+                break
+            k.timer_done = True
+            if self.readers(k.view["id"]):
+                event("model: a kept result past its retention stays for its live dependents")
+            else:
+                del self.kept[k.view["id"]]
+                gone += 1
         if gone:
             event("model: kept results expired")
         return 200, {**{k: n[k] for k in keys}, "ticks_fired": fired, "key_timers_fired": 0,
-                     "results_expired": len(gone)}
+                     "results_expired": gone}
 
     # ---------------------------------------------------------------- schedules
     def prepare_schedule(self, body: dict):
@@ -1030,7 +1266,7 @@ class Model:
         if prev is not None and s.d["overlap"] == "replace" and prev.state in ("ready", "scheduled") \
                 and prev.attempt == 1:
             event("model: tick replaced the previous job (overlap replace)")
-            del self.jobs[prev.id]
+            self.remove(prev)
         if self.enqueue_template(s, job_id_of(s.name, s.incarnation, tick), tick, f"schedule:{s.name}:{tick}") is None:
             return 0
         if s.d["cron"] is not None:
@@ -1150,15 +1386,20 @@ class Model:
         if q not in self.known_queues and not declared:
             return None
         t = self.total(q)
-        return {"name": q, "declared": declared, "paused": q in self.paused,
+        # `waiting` and the cause dependency_failed only while there are some
+        waiting = {"waiting": len(self.in_queue(q, "waiting"))} if self.in_queue(q, "waiting") else {}
+        failed = sum(1 for d in self.dead if d.cause == "dependency_failed" and self.jobs[d.id].queue == q)
+        return {**waiting, "name": q, "declared": declared, "paused": q in self.paused,
                 "ready": len(self.in_queue(q, "ready")), "scheduled": len(self.in_queue(q, "scheduled")),
                 "in_flight": len(self.in_queue(q, "in_flight")),
                 "dead_lettered": len(self.in_queue(q, "dead_lettered")),
                 "enqueued": t["enqueued"], "acked": t["acked"], "nacked": t["nacked"],
                 "dead_lettered_total": t["dead_total"], "expired_total": t["expired"],
-                "dead_lettered_by_cause": {c: sum(1 for d in self.dead if d.cause == c and self.jobs[d.id].queue == q)
-                                           for c in ("attempts_exhausted", "rejected", "lease_expired", "admin",
-                                                     "expired")},
+                "dead_lettered_by_cause": {**{c: sum(1 for d in self.dead
+                                                     if d.cause == c and self.jobs[d.id].queue == q)
+                                              for c in ("attempts_exhausted", "rejected", "lease_expired", "admin",
+                                                        "expired")},
+                                           **({"dependency_failed": failed} if failed else {})},
                 # gating: the model uses no resource, breaker or window
                 "throttled": 0, "throttle_deferred_total": 0, "circuit": None, "window_open": True,
                 "keys": 0, "keys_at_limit": 0, "ready_held_by_keys": 0}
@@ -1174,6 +1415,8 @@ class Model:
         out["last_reason"] = j.last_reason
         if j.state == "scheduled":
             out["run_at_ms"] = j.run_at
+        if j.state == "waiting":
+            out["waiting_on"] = sorted(j.waiting_on)
         if j.state != "in_flight":
             out["lease_expires_at_ms"] = None
         return out
@@ -1190,7 +1433,9 @@ class Model:
     def counts(self) -> dict:
         kept = ({"retained_jobs": len(self.kept), "retained_result_bytes": sum(k.size for k in self.kept.values())}
                 if self.kept else {})
+        waiting = sum(1 for j in self.jobs.values() if j.state == "waiting")
         return {"jobs": len(self.jobs), "dead_letters": len(self.dead), "dedup_records": len(self.dedup), **kept,
+                **({"waiting_jobs": waiting} if waiting else {}),
                 "request_ids": len(self.rids), "audit_entries": len(self.audit), "schedules": len(self.scheds),
                 "clock_ms": self.clock}
 
@@ -1201,13 +1446,13 @@ class Model:
             "schedule": [j.run_at for j in self.jobs.values() if j.state == "scheduled"],
             "lease": [j.lease_expires for j in self.jobs.values() if j.state == "in_flight"],
             "deadline": [j.deadline for j in self.jobs.values()
-                         if j.state in ("ready", "scheduled") and j.deadline is not None],
+                         if j.state in ("ready", "scheduled", "waiting") and j.deadline is not None],
             "dedup": [e for _, e in self.dedup.values()],
             "request id": [e for _, _, _, e, _ in self.rids.values()],
             "retention": [d.failed_at + self.retention for d in self.dead] if self.retention > 0 else [],
             "audit": [e["at"] + self.audit_retention for e in self.audit],
             "tick": [s.next_fire for s in self.scheds.values() if not s.paused and s.next_fire is not None],
-            "result": [k.expires for k in self.kept.values()],
+            "result": [k.expires for k in self.kept.values() if not k.timer_done],
         }
 
     def next_due(self):
@@ -1224,11 +1469,11 @@ def check_machine(m, model) -> None:
 
 
 def norm(x):
-    """Results as comparable plain data; error `message` texts are prose and left out."""
+    """Results as comparable plain data; error and rejection `message` texts are prose and left out."""
     if isinstance(x, dict):
         out = {}
         for k, v in x.items():
-            if k == "error" and isinstance(v, dict):
+            if k in ("error", "rejection") and isinstance(v, dict):
                 v = {kk: vv for kk, vv in v.items() if kk != "message"}
             out[k] = norm(v)
         return out
@@ -1292,7 +1537,7 @@ def build_command(kind: str, args: dict, rid, limits: Limits, now: int, new_id, 
     if kind == "dldel":
         return C.delete_dead_letters(args["body"], rid=rid, who=who)
     if kind == "cancel":
-        return C.cancel(args["job_id"], rid=rid, who=who)
+        return C.cancel(args["job_id"], rid=rid, who=who, cascade=args.get("cascade"))
     if kind == "pause":
         return C.pause(args["queue"], args["paused"], limits, rid=rid, body=args.get("body"), who=who)
     if kind == "move":
@@ -1451,7 +1696,18 @@ class CoreModel(RuleBasedStateMachine):
             self.model.made_ids.clear()
             assert norm(got) == norm(want), f"{kind} {args} rid={rid} who={who}\n machine: {got}\n model:   {want}"
             event(outcome(kind, got))
+            if kind == "reserve" and got[0] == 200:
+                self.check_reserved(got[1]["jobs"])
         return answers
+
+    def check_reserved(self, jobs: list):
+        """No job is reserved before every dependency it names has ended (acked, dead-lettered
+        or removed), unless an operator requeued it from the dead letters."""
+        for job in jobs:
+            mj = self.model.jobs.get(job["id"])
+            if job.get("depends_on") and mj is not None and not mj.requeued:
+                event("reserved a job with dependencies")
+                assert all(d["job_id"] in self.model.ended_ids for d in job["depends_on"]), job
 
     def rid(self, data, kind: str):
         """No request id, a fresh one, or a replay: mostly of the same endpoint (a client's
@@ -1487,8 +1743,11 @@ class CoreModel(RuleBasedStateMachine):
         return data.draw(st.sampled_from((cur, cur, cur, cur + 1, max(1, cur - 1), 3)), label="attempt")
 
     # ---------------------------------------------------------------- request makers
-    def job_body(self, data) -> dict:
+    def job_body(self, data, refs=None) -> dict:
+        """An EnqueueRequest; `refs`, in a batch, the refs of its earlier jobs."""
         body = data.draw(job_bodies(self.now))
+        if data.draw(st.integers(0, 9), label="depends_on?") < (5 if refs else 3):
+            body["depends_on"] = self.depends_on(data, refs)
         if self.model.dedup and data.draw(st.integers(0, 3), label="reuse a key?") == 0:
             # the (queue, key) of a dedup record, live or past its window
             body["queue"], body["idempotency_key"] = data.draw(st.sampled_from(sorted(self.model.dedup)), label="key")
@@ -1499,11 +1758,53 @@ class CoreModel(RuleBasedStateMachine):
             body["queue"], body["idempotency_key"] = data.draw(st.sampled_from(ticks), label="tick key")
         return body
 
+    def depends_on(self, data, refs) -> list:
+        """1 to 3 dependencies: jobs live, dead-lettered, kept, gone or unknown, or (in a batch)
+        earlier jobs by ref, or a ref to nothing (refused); each a bare id (success) or an object
+        with or without a policy. Mostly no job twice (refused)."""
+        m = self.model
+        pools = {"live": [j.id for j in m.jobs.values() if j.state != "dead_lettered"],
+                 "dead": [d.id for d in m.dead], "kept": list(m.kept), "any": self.all_ids, "unknown": [UNKNOWN_ID]}
+        entries = []
+        for _ in range(data.draw(st.integers(1, 3), label="dependencies")):
+            kind = data.draw(st.sampled_from(("live",) * 5 + ("dead", "dead", "kept", "kept", "any", "unknown")
+                                             + (("ref",) * 6 if refs else ()) + ("no ref",)), label="dependency")
+            policy = data.draw(st.sampled_from((None, "success", "success", "complete", "ignore")), label="policy")
+            if kind in ("ref", "no ref"):
+                entry = {"ref": data.draw(st.sampled_from(refs), label="ref") if kind == "ref" else "nothing"}
+            else:
+                pool = pools[kind] or pools["any"] or pools["unknown"]
+                jid = data.draw(st.sampled_from(pool), label="dependency id")
+                if data.draw(st.integers(0, 15), label="upper") == 0:
+                    jid = jid.upper()
+                if policy is None and data.draw(st.booleans(), label="bare id"):
+                    entries.append(jid)
+                    continue
+                entry = {"job_id": jid}
+            if policy is not None:
+                entry["policy"] = policy
+            entries.append(entry)
+        if data.draw(st.integers(0, 7), label="a job twice?") > 0:
+            seen, kept = set(), []
+            for e in entries:
+                name = (e if isinstance(e, str) else e.get("job_id", "ref:" + e.get("ref", ""))).lower()
+                if name not in seen:
+                    seen.add(name)
+                    kept.append(e)
+            entries = kept
+        return entries
+
     def mk_enqueue(self, data):
         return "enqueue", {"body": self.job_body(data)}, self.rid(data, "enqueue")
 
     def mk_batch(self, data, atomic=False):
-        jobs = [self.job_body(data) for _ in range(data.draw(st.integers(1, 4), label="batch size"))]
+        """A batch whose jobs mostly name themselves (ref) for later ones to depend on."""
+        jobs, refs = [], []
+        for i in range(data.draw(st.integers(1, 4), label="batch size")):
+            jobs.append(self.job_body(data, refs))
+            if data.draw(st.integers(0, 2), label="ref?") > 0:
+                jobs[-1]["ref"] = f"r{i}"
+                refs.append(f"r{i}")
         kind = "atomic" if atomic else "batch"
         return kind, {"body": {"jobs": jobs}}, self.rid(data, kind)
 
@@ -1637,6 +1938,55 @@ class CoreModel(RuleBasedStateMachine):
             self.run([("ack", {"job_id": a.pop("job_id"), "body": a}, self.rid(data, "ack")) for a in acks], data)
 
     @rule(data=st.data())
+    def workflow(self, data):
+        """A graph in one request (a chain or a fan-in by ref, batch or atomic, now and then on
+        a job that exists too), then a few rounds of workers that mostly ack what they get, with
+        a result or not: dependencies end, dependents run and read results kept for them."""
+        kind = data.draw(st.sampled_from(("batch", "atomic")), label="workflow request")
+        fan_in = data.draw(st.booleans(), label="fan-in?")
+        n = data.draw(st.integers(2, 4), label="workflow size")
+        jobs = []
+        for i in range(n):
+            job = {"queue": data.draw(st.sampled_from(NAMES), label="queue"), "job_type": "w", "ref": f"r{i}"}
+            if fan_in:                  # the last job on every one before it
+                refs = [f"r{k}" for k in range(n - 1)] if i == n - 1 else []
+            else:                       # a chain: each job on the one before
+                refs = [f"r{i - 1}"] if i else []
+            deps = [{"ref": r} for r in refs]
+            for d in deps:
+                policy = data.draw(st.sampled_from((None, None, "complete", "ignore")), label="policy")
+                if policy is not None:
+                    d["policy"] = policy
+            if data.draw(st.integers(0, 4), label="on a job that exists?") == 0 and self.model.jobs:
+                deps.append({"job_id": data.draw(st.sampled_from(sorted(self.model.jobs)), label="existing")})
+            if deps:
+                job["depends_on"] = deps
+            job.update(data.draw(st.fixed_dictionaries({}, optional={
+                "priority": st.sampled_from((0, 5)), "delay_ms": st.sampled_from((0, 2000)),
+                "deadline_at_ms": st.sampled_from((1500, 9000)).map(lambda d: self.now + d)}), label="fields"))
+            jobs.append(job)
+        (status, answer), = self.run([(kind, {"body": {"jobs": jobs}}, self.rid(data, kind))], data)
+        if status == 200 and "job_id" in answer["results"][0] and data.draw(st.integers(0, 3), label="cancel?") == 0:
+            # the graph's first job cancelled: refused while jobs wait on it, unless with cascade
+            args = {"job_id": answer["results"][0]["job_id"]}
+            if data.draw(st.booleans(), label="cascade"):
+                args["cascade"] = "true"
+            self.run([("cancel", args, None)], data)
+        for _ in range(data.draw(st.integers(0, 3), label="rounds")):
+            (status, body), = self.run([("reserve", {"body": {"queues": list(NAMES), "lease_ms": 5000, "max_jobs": 3}},
+                                         None)], data)
+            reqs = []
+            for job in body["jobs"]:
+                what = data.draw(st.sampled_from(("ack", "ack", "ack", "dead", "keep")), label="outcome")
+                if what == "ack":
+                    reqs.append(("ack", {"job_id": job["id"], "body": self.ack_body(data, job["attempt"])}, None))
+                elif what == "dead":
+                    reqs.append(("nack", {"job_id": job["id"], "body": {"attempt": job["attempt"],
+                                                                        "retry": {"strategy": "dead_letter"}}}, None))
+            if reqs:
+                self.run(reqs, data)
+
+    @rule(data=st.data())
     def fenced(self, data):
         """ack / batch ack / nack / extend of any job: in flight, gone, unknown, stale."""
         mk = data.draw(st.sampled_from((self.mk_ack, self.mk_acks, self.mk_nack, self.mk_extend)), label="op")
@@ -1647,8 +1997,12 @@ class CoreModel(RuleBasedStateMachine):
         """cancel a job (ready, scheduled, in flight, dead, unknown) or pause / resume a queue
         (one that neither exists nor is declared only with create)."""
         if data.draw(st.booleans(), label="cancel?"):
-            jid = self.pick_id(data, prefer=("ready", "scheduled", "ready", "scheduled", "in_flight"))
-            self.run([("cancel", {"job_id": jid}, self.rid(data, "cancel"))], data)
+            jid = self.pick_id(data, prefer=("ready", "scheduled", "waiting", "in_flight"))
+            args = {"job_id": jid}
+            cascade = data.draw(st.sampled_from((None, None, "true", "false")), label="cascade")
+            if cascade is not None:
+                args["cascade"] = cascade
+            self.run([("cancel", args, self.rid(data, "cancel"))], data)
         else:
             queue, paused = data.draw(st.sampled_from(NAMES)), data.draw(st.booleans())
             body = data.draw(st.sampled_from(({}, {"create": True}, {"create": False})), label="pause body")
@@ -1660,7 +2014,8 @@ class CoreModel(RuleBasedStateMachine):
         kind = data.draw(st.sampled_from(("move", "move", "purge", "qdel")), label="move kind")
         queue = data.draw(st.sampled_from(NAMES + ("z",)), label="queue")
         if kind == "move":
-            ids = [self.pick_id(data, prefer=("ready", "scheduled", "in_flight")) for _ in range(data.draw(st.integers(1, 3)))]
+            ids = [self.pick_id(data, prefer=("ready", "scheduled", "in_flight", "waiting"))
+                   for _ in range(data.draw(st.integers(1, 3)))]
             body = {"ids": ids}
             reason = data.draw(st.sampled_from((None, "", "poison")), label="reason")
             if reason is not None:
@@ -1802,8 +2157,8 @@ class CoreModel(RuleBasedStateMachine):
         # by cause (the admin UI's filter): pages of 2, scanning at most 2 records a call, still
         # concatenate to exactly the records of that cause. One cause per check, in turn (each
         # check pages the whole store: all four every time would double this test's run time).
-        causes = ("attempts_exhausted", "rejected", "lease_expired", "expired")
-        for cause in (causes[len(model.dead) % 4],):
+        causes = ("attempts_exhausted", "rejected", "lease_expired", "expired", "dependency_failed")
+        for cause in (causes[len(model.dead) % 5],):
             want = [r for r in model.dead_records() if r["cause"] == cause]
             pages, after = [], None
             while True:
@@ -1829,6 +2184,23 @@ class CoreModel(RuleBasedStateMachine):
         due = model.next_due()
         if due is not None:               # stale heap entries may make it early, never late
             assert m.next_due_ms() is not None and m.next_due_ms() <= due
+
+    @invariant()
+    def dependencies_hold(self):
+        """A waiting job waits on live jobs only (none of them has ended), among those it names,
+        in the model and on the machine; no job in flight (unless requeued) names a dependency
+        that has not ended."""
+        model = self.model
+        for j in model.jobs.values():
+            if j.state == "waiting":
+                assert j.waiting_on and set(j.waiting_on) <= {d for d, _ in j.depends_on}, j
+                assert all(d in model.jobs and model.jobs[d].state != "dead_lettered" for d in j.waiting_on), j
+                for d in self.m.job_view(j.id)["waiting_on"]:
+                    assert self.m.job_view(d)["state"] in ("ready", "scheduled", "in_flight", "waiting"), (j.id, d)
+            else:
+                assert not j.waiting_on, j
+                if j.state == "in_flight" and j.depends_on and not j.requeued:
+                    assert all(d in model.ended_ids for d, _ in j.depends_on), j
 
     @invariant()
     def snapshot_round_trip(self):

@@ -1091,19 +1091,25 @@ def delete_queue(m, queue: str, who=UNAUDITED):
     """An undeclared queue with no job in any state leaves the machine (counters included)."""
     q = m.queues.get(queue)
     if queue in m.limits.queues:
-        jobs = {} if q is None else {"ready": q.ready, "scheduled": q.scheduled, "in_flight": q.in_flight,
-                                     "dead_lettered": q.dead}
-        return ops.queue_refused("declared", queue, jobs)
+        return ops.queue_refused("declared", queue, {} if q is None else _queue_jobs(q))
     if q is None:
         return ops.queue_not_found(queue)
     if q.depth() or q.dead:
-        return ops.queue_refused("not_empty", queue, {"ready": q.ready, "scheduled": q.scheduled,
-                                                      "in_flight": q.in_flight, "dead_lettered": q.dead})
+        return ops.queue_refused("not_empty", queue, _queue_jobs(q))
     m._pop(m.queues, queue)
     if queue in m.dlq_by_queue:
         m._pop(m.dlq_by_queue, queue)
     audit.record(m, who, "queue_delete", queue, {})
     return ops.queue_deleted(queue)
+
+
+def _queue_jobs(q) -> dict:
+    """A refused queue delete's `jobs`: its counts by state, `waiting` (on dependencies) while
+    there are some (it counted in the refusal but was left out of the answer)."""
+    jobs = {"ready": q.ready, "scheduled": q.scheduled, "in_flight": q.in_flight, "dead_lettered": q.dead}
+    if q.waiting:
+        jobs["waiting"] = q.waiting
+    return jobs
 
 
 # ---------------------------------------------------------------------------- actions done elsewhere
