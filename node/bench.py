@@ -63,6 +63,14 @@ a value) and `--backlog J` ready jobs (default 1,000,000), e.g. `--keys 100000 -
                           and leak_bytes_per_key (the drained keyed machine against the drained
                           plain one).
 
+Workflows (docs/semantics.md "Dependencies"), run alone with `--graph [N]` (N jobs, 1,000 when
+given without a value):
+* graph_{plain,chain,fanin}_{validate,apply}_ms   one atomic enqueue of N jobs (max_enqueue_batch
+                          raised to N): plain jobs; a chain by `ref`, each job depending on the one
+                          before; a fan-in of N - 1 members and one job depending on all of them.
+                          Median of --repeat runs (validate: the body into a command; apply: the
+                          command on a fresh machine).
+
 Throughput figures are the best of --repeat runs (the machine may be shared); *_per_cpu_s
 divide by this process's CPU time instead, to show the code's cost when other processes steal
 the core. loadavg (before) and loadavg_after say how busy the machine was. Request ids are
@@ -739,7 +747,39 @@ def build_parser() -> argparse.ArgumentParser:
                     "of the keys held at their concurrency limit all along (default %(default)s).")
     ap.add_argument("--rounds", type=int, default=4, metavar="R", help="The keys figure: alternated blocks of "
                     "reserves on each side, the order flipped every round (default %(default)s).")
+    ap.add_argument("--graph", type=int, nargs="?", const=1000, metavar="N", help="Measure the workflows figure "
+                    "only: one atomic enqueue of an N-job graph (1000 when given without a value), plain, a chain, "
+                    "a fan-in.")
     return ap
+
+
+def _graph_bodies(kind: str, n: int) -> list[dict]:
+    if kind == "plain":
+        return [{"queue": "q", "job_type": "t"} for _ in range(n)]
+    if kind == "chain":
+        return [{"queue": "q", "job_type": "t", "ref": f"j{i}", **({"depends_on": [{"ref": f"j{i - 1}"}]} if i else {})}
+                for i in range(n)]
+    return ([{"queue": "q", "job_type": "t", "ref": f"j{i}"} for i in range(n - 1)]
+            + [{"queue": "q", "job_type": "t", "depends_on": [{"ref": f"j{i}"} for i in range(n - 1)]}])
+
+
+def bench_graph(n: int, repeat: int) -> dict:
+    """The --graph figures: one atomic enqueue of an n-job graph, validated then applied."""
+    limits = Limits.build(limits={"max_enqueue_batch": max(n, 256)})
+    out = {}
+    for kind in ("plain", "chain", "fanin"):
+        v, a = [], []
+        for _ in range(max(repeat, 1)):
+            m, body = QueueMachine(limits), {"jobs": _graph_bodies(kind, n)}
+            t0 = time.perf_counter()
+            cmd = validate.enqueue_atomic(body, limits, 1_764_500_000_000, new_id)
+            t1 = time.perf_counter()
+            _check(m.apply(1_764_500_000_000, cmd), f"graph {kind}")
+            a.append((time.perf_counter() - t1) * 1000)
+            v.append((t1 - t0) * 1000)
+        out[f"graph_{kind}_validate_ms"] = round(statistics.median(v), 2)
+        out[f"graph_{kind}_apply_ms"] = round(statistics.median(a), 2)
+    return out
 
 
 def _print_figures(out: dict, as_json: bool, width: int) -> int:
@@ -761,6 +801,8 @@ def main(argv=None) -> int:
     if args.keys:
         return _print_figures(bench_keys(args.keys, args.backlog, args.held_fraction, args.samples, args.rounds),
                               args.json, 30)
+    if args.graph:
+        return _print_figures(bench_graph(args.graph, args.repeat), args.json, 28)
     if args.resources:
         return _print_figures(bench_throttled_reserve(args.resources, args.backlog, args.samples, args.workers,
                                                       not args.no_baseline), args.json, 34)

@@ -463,18 +463,19 @@ def test_a_purge_fails_dependents_in_one_order_on_every_node():
 
 def test_an_atomic_batch_depending_on_an_earlier_job_that_makes_none_is_refused_whole():
     """An atomic batch is all or nothing: a job that depends (by ref) on an earlier one whose key
-    hits, or which is dead-lettered at once without a store, refuses the batch (the later job
-    used to be refused alone as it was applied, the rest of the batch made)."""
+    hits a job that is gone, or which is dead-lettered at once without a store, refuses the batch
+    (the later job used to be refused alone as it was applied, the rest of the batch made)."""
     c = Deps(storage=RETAIN)
     dead = c.enq_id()
     c.finish(dead, ok=False)
-    c.enq_id(idempotency_key="k")
+    gone = c.enq_id("q", idempotency_key="k")
+    c.finish(gone)                          # acked: its key's record lives on, the job does not
     before = c.snapshot_state()
     status, body = c.atomic([{"queue": "q", "job_type": "t"},
                              {"queue": "q", "job_type": "t", "idempotency_key": "k", "ref": "hit"},
                              {"queue": "q", "job_type": "t", "depends_on": [{"ref": "hit"}]}])
     assert status == 422 and [e["index"] for e in body["error"]["errors"]] == [2], body
-    assert body["error"]["errors"][0]["rejection"]["reason"] == "dependency_not_found"
+    assert body["error"]["errors"][0]["rejection"] == {"reason": "dependency_not_found", "job_id": gone}
     assert c.snapshot_state() == before
     assert c.configure(storage={"dead_letter_retention_ms": 0})[0] == 200     # the store stays
     before = c.snapshot_state()
@@ -482,6 +483,22 @@ def test_an_atomic_batch_depending_on_an_earlier_job_that_makes_none_is_refused_
                              {"queue": "q", "job_type": "t", "depends_on": [{"ref": "doomed", "policy": "complete"}]}])
     assert status == 422 and [e["index"] for e in body["error"]["errors"]] == [1], body
     assert c.snapshot_state() == before
+
+
+def test_a_graph_sent_again_with_its_keys_answers_its_existing_jobs():
+    """A `ref` names the job its item stands for: on an idempotency-key hit, the existing job. A
+    keyed graph sent again (its answer lost, its request id's window past) is deduplicated whole,
+    and a new job depending on a hit depends on the existing job."""
+    c = Deps()
+    graph = [{"queue": "q", "job_type": "t", "idempotency_key": "g1", "ref": "a"},
+             {"queue": "q", "job_type": "t", "idempotency_key": "g2", "depends_on": [{"ref": "a"}]}]
+    status, first = c.atomic(graph)
+    a, b = [r["job_id"] for r in first["results"]]
+    status, again = c.atomic(graph)
+    assert status == 200 and [(r["job_id"], r["deduplicated"]) for r in again["results"]] == [(a, True), (b, True)]
+    status, more = c.batch([{**graph[0]}, {"queue": "q", "job_type": "t", "depends_on": [{"ref": "a"}]}])
+    new = more["results"][1]["job_id"]
+    assert c.view(new)["depends_on"] == [{"job_id": a, "policy": "success"}] and c.view(new)["waiting_on"] == [a]
 
 
 def test_a_queue_with_waiting_jobs_is_not_deleted_and_the_refusal_says_why():

@@ -677,14 +677,19 @@ class Model:
             # when it makes a job that stays: not a key's hit, not a dead letter dropped at once,
             # without a store: code's choice, as the best-effort batch refuses the later job), then
             # capacity for the whole batch.
-            missing, made, seen = [], set(), set()
+            # A key's hit stands for the existing job (docs/semantics.md "Dependencies"): a later
+            # job's ref to it names that job.
+            missing, made, seen, alias = [], set(), {}, {}
             for i, (_, f) in enumerate(items):
-                dep = self.unknown_dependency(f["deps"] or (), made)
+                dep = self.unknown_dependency([(alias.get(d, d), p) for d, p in f["deps"] or ()], made)
                 if dep is not None:
                     missing.append({"index": i, "rejection": {"reason": "dependency_not_found", "job_id": dep}})
                 k = (f["queue"], f["key"])
                 hit = f["key"] is not None and (k in seen or (k in self.dedup and self.clock < self.dedup[k][1]))
-                seen.add(k)
+                if hit:
+                    alias[f["id"]] = seen[k] if k in seen else self.dedup[k][0]
+                else:
+                    seen[k] = f["id"]
                 dropped = self.retention == 0 and any(p == "success" and d in self.jobs and
                                                       self.jobs[d].state == "dead_lettered" for d, p in f["deps"] or ())
                 if not hit and not dropped:
@@ -712,14 +717,29 @@ class Model:
                 return err("batch_rejected", errors=[
                     {"index": i, "rejection": {"reason": "queue_full", "queue": f["queue"], "limit": full[f["queue"]]}}
                     for i, (_, f) in enumerate(items) if f["queue"] in full])
-            return 200, {"results": [self.enqueue_one(f, check_depth=False) for _, f in items]}
-        results = [{"rejection": f} if t == "reject" else self.enqueue_one(f, check_depth=True)
-                   for t, f in items]
+            return 200, {"results": self.enqueue_in_order([f for _, f in items], False)}
+        results = self.enqueue_in_order([{"rejection": f} if t == "reject" else f for t, f in items], True)
         if kind == "enqueue":
             if "rejection" in results[0]:
                 return err("rejected", rejection=results[0]["rejection"])
             return 200, results[0]
         return 200, {"results": results}
+
+    def enqueue_in_order(self, fields: list, check_depth: bool) -> list:
+        """A batch's jobs in order; a later job's dependency on a key's hit is one on the job the
+        hit returned."""
+        out, alias = [], {}
+        for f in fields:
+            if "rejection" in f:
+                out.append(f)
+                continue
+            if f.get("deps"):
+                f = {**f, "deps": [(alias.get(d, d), p) for d, p in f["deps"]]}
+            r = self.enqueue_one(f, check_depth)
+            if r.get("deduplicated"):
+                alias[f["id"]] = r["job_id"]
+            out.append(r)
+        return out
 
     def enqueue_one(self, f: dict, check_depth: bool) -> dict:
         q, key, deps = f["queue"], f["key"], f.get("deps")

@@ -39,7 +39,7 @@ def enqueue(m, mode: int, items):
         if full:
             return ops.batch_full(tuple({"index": i, "rejection": ops.queue_full(item[ops.ITEM_QUEUE], full[item[ops.ITEM_QUEUE]])}
                                         for i, item in enumerate(items) if item[ops.ITEM_QUEUE] in full))
-        return ops.enqueued_batch(tuple([_enqueue_one(m, item, now, False) for item in items]))
+        return ops.enqueued_batch(_enqueue_items(m, items, now, False))
     if mode == SINGLE:                        # the hot path: no list of one
         r = items[0]
         if not isinstance(r, dict):           # a dict: refused by validation before proposing
@@ -52,13 +52,32 @@ def enqueue(m, mode: int, items):
                 return ops.duplicate_started(r["job_id"])
         r["reason"]                          # the answer names it: a rejection without one is malformed
         return ops.rejected(r)
-    results = []
+    return ops.enqueued_batch(_enqueue_items(m, items, now, True))
+
+
+def _enqueue_items(m, items, now: int, check_depth: bool) -> tuple:
+    """A batch's items in order (a refused one, a dict, stays its rejection). A `ref` names the job
+    its item stands for: when that item is an idempotency-key hit, the existing job, so a later
+    item's dependency on it is rewritten to that job (`alias`): a graph sent again with its keys
+    answers its existing jobs."""
+    results, alias = [], None
     for item in items:
         if isinstance(item, dict):
             results.append(item)
-        else:
-            results.append(_enqueue_one(m, item, now, True))
-    return ops.enqueued_batch(tuple(results))
+            continue
+        if alias and len(item) > _DEPENDS_ON and item[_DEPENDS_ON]:
+            item = item[:_DEPENDS_ON] + (aliased(item[_DEPENDS_ON], alias),)
+        r = _enqueue_one(m, item, now, check_depth)
+        if type(r) is tuple and r[0] in (ENQUEUED, ops.REPLACED):      # a key hit: its existing job
+            alias = alias or {}
+            alias[item[0]] = r[1]
+        results.append(r)
+    return tuple(results)
+
+
+def aliased(pairs, alias: dict) -> tuple:
+    """Dependency pairs with the ids of key-hit items replaced by their existing jobs'."""
+    return tuple((alias.get(dep_id, dep_id), policy) for dep_id, policy in pairs)
 
 
 def _policy(m, item) -> str:
@@ -99,22 +118,28 @@ def _atomic_missing_deps(m, items, now: int) -> tuple:
     """The items of an atomic batch that depend on a job the machine knows nothing of (nor an
     earlier item of the batch that makes a job that stays), as batch_full errors
     (node/core/deps.py). An item whose key hits (a live record, an earlier item's key) makes
-    none, nor does one dead-lettered at once without a store: a later item that depends on it
-    would be refused as it is applied, and the batch is all or nothing."""
-    errors, made, keys = [], set(), set()
+    none: a dependency on it is one on the existing job (`_enqueue_items`); one dead-lettered at
+    once without a store makes none either: a later item that depends on it would be refused as
+    it is applied, and the batch is all or nothing."""
+    errors, made, keys, alias = [], set(), {}, {}
     dropped = m.limits.dead_letter_retention_ms <= 0
     for i, item in enumerate(items):
         pairs = item[ops.ITEM_DEPENDS_ON] if len(item) > ops.ITEM_DEPENDS_ON else None
         if pairs:
+            pairs = aliased(pairs, alias) if alias else pairs
             dep = deps.missing(m, pairs, made)
             if dep is not None:
                 errors.append({"index": i, "rejection": ops.dependency_not_found(dep)})
         qname, key = item[ops.ITEM_QUEUE], item[ops.ITEM_IDEMPOTENCY_KEY]
         if key is not None:
             rec = dedup_record(m, qname, key)
-            if (qname, key) in keys or (rec is not None and dedup_expires(rec) > now):
+            if (qname, key) in keys:            # a key hit stands for the existing job (_enqueue_items)
+                alias[item[0]] = keys[(qname, key)]
                 continue
-            keys.add((qname, key))
+            if rec is not None and dedup_expires(rec) > now:
+                alias[item[0]] = rec[DEDUP_JOB_ID]
+                continue
+            keys[(qname, key)] = item[0]
         if not (dropped and pairs and deps.fails_at_once(m, pairs)):
             made.add(item[0])
     return tuple(errors)
