@@ -405,7 +405,7 @@ async def test_a_fan_in_of_1000_gets_each_callback_once_after_the_last_member_ac
             assert res.succeeded and res.result == member.encode()
 
 
-def test_a_batch_at_a_follower_fails_once_and_refuses_what_it_should(healthy):
+def test_a_batch_at_a_follower_fails_once_across_a_leader_kill_and_refuses_what_it_should(healthy):
     c, api = healthy, Api(healthy)
     f = followers(c)[0]
     body = {"jobs": [{"queue": "bat-f", "job_type": "t"}] * 3,
@@ -419,6 +419,12 @@ def test_a_batch_at_a_follower_fails_once_and_refuses_what_it_should(healthy):
         nack = {"attempt": job["attempt"], "retry": {"strategy": "dead_letter"}}
         assert api.post(f"/v1/jobs/{job['id']}/nack", nack, node=f)[0] == 200
         assert api.get("/v1/queues/bat-fcb", node=f)[1]["ready"] == (1 if n < 2 else 2)    # on_failure once
+        if n == 0:                          # the leader killed (-9) after the first failure
+            old = c.wait_leader(15)
+            c.kill(old)
+            c.wait_leader(30, [i for i in range(c.n) if i != old])
+            f = f if f != old else next(i for i in range(c.n) if i != old)
+            poll(lambda: api.get("/v1/queues/bat-fcb", node=f)[0] == 200, 30, what="a leader answers through f")
     status, view = api.get(f"/v1/batches/{bid}", node=f)
     assert view["failed"] == 3 and view["state"] == "finished"
     assert api.post(f"/v1/batches/{bid}/jobs", {"jobs": [{"queue": "bat-f", "job_type": "t"}]}, node=f)[1][
