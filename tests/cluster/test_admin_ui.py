@@ -418,6 +418,9 @@ def test_a_job_shows_its_dependencies_its_result_and_its_batch(cluster, api, ui)
     page.locator(f"#detail a[data-batch='{bid}']").click()
     expect(page.locator("#detail-of")).to_contain_text("finished")
     expect(page.locator("#batch")).to_contain_text("1 succeeded")
+    page.fill("#search-id", bid)                 # the search finds a batch by its id too
+    page.click("#search button")
+    expect(page.locator("#detail-of")).to_contain_text(f"batch {bid}")
     assert not ui.errors
 
 
