@@ -1179,7 +1179,7 @@ def test_the_report_opens_with_its_verdict():
     line = verdict(good)
     # A hand-made history leaves out what needs a cluster (views, logs, gates): skipped, and said so.
     assert line.startswith("PASS: no acknowledged job lost, no fencing violation, every invariant checked holds "
-                           "(14 of 32; 18 skipped)"), line
+                           "(14 of 34; 20 skipped)"), line
     assert "2 faults of 2 kinds, 1 job enqueued, 1 acked, 0 dead-lettered" in line
     h.enq("v2", "j2")
     h.ack("j1", 1, t=(0.6, 0.7))                                 # a second ok ack: a fencing violation

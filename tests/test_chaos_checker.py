@@ -4,7 +4,10 @@ examples, skip reason and power-cut excuses, as a golden record. tests/test_chao
 invariant alone on its own history; this one holds the result as a whole, so that a change to
 how `check` is put together (not to what it judges) shows here as any difference at all. The
 workflow judges (dependents_wait, dependency_failed_never_runs, fan_in_runs_once) are also held
-one by one here, at the end, each on histories that keep to it and on ones that break it."""
+one by one here, at the end, each on histories that keep to it and on ones that break it, and so
+are the batch judges (batch_callbacks_once, callback_after_members). The golden history's batch
+events come last but one; without them and the two batch judges (and the stats' batches) the
+result hashes to the hash of before them, e68a251d..."""
 from __future__ import annotations
 
 import hashlib
@@ -183,6 +186,15 @@ def history() -> tuple[H, list]:
     h.res([step("jwg", 1, "wg", {"jwe": "success", "jwf": "complete"}, lease_expires=1_002_600)], t=(0.55, 0.6))
     h.settle("ack", "jwf", 1, t=(0.7, 0.8))
     h.settle("ack", "jwg", 1, t=(0.7, 0.8))
+    # batches: an on_complete handed out before the members' acks were invoked; two on_success jobs
+    batch_op(h, "B1", [("bv1", "jbm1"), ("bv2", "jbm2")])
+    h.res([member("jbm1", 1, "bv1"), member("jbm2", 1, "bv2")], t=(0.2, 0.3))
+    h.res([callback("jcb1", "B1", "on_complete")], t=(0.5, 0.6))
+    h.settle("ack", "jbm1", 1, t=(0.8, 0.9))
+    h.settle("ack", "jbm2", 1, t=(0.8, 0.9))
+    h.res([callback("jcb2", "B1", "on_success"), callback("jcb3", "B1", "on_success")], t=(1.0, 1.1))
+    for jid in ("jcb1", "jcb2", "jcb3"):
+        h.settle("ack", jid, 1, t=(1.2, 1.3))
     # no_internal_errors
     h.op("enqueue", 3.0, 3.1, "fail", error="internal", items=[{"value": "i", "key": None, "queue": "a"}])
     dead = [dl("jx", "x", "rejected", 1, "nope"), wf_dl("jwc", "wc", "rejected", 1, "wno", failed_at=1_000_450)]
@@ -230,6 +242,8 @@ GOLDEN = {
     "dependents_wait": (2, None, None),
     "dependency_failed_never_runs": (1, None, None),
     "fan_in_runs_once": (1, None, None),
+    "batch_callbacks_once": (1, None, None),
+    "callback_after_members": (1, None, None),
     "retry_delay": (1, None, None),
     "lease_honoured": (2, None, None),
     "dead_letters": (2, None, None),
@@ -243,7 +257,7 @@ GOLDEN = {
     "failed_writes_stop": (2, None, None),
 }
 # sha256 of the whole result (invariants with their examples, stats, failures) as canonical JSON
-GOLDEN_SHA256 = "e68a251d6ec3abbe8f2c0560e1264050bae8608965048fa886c7ad6ff8dab164"
+GOLDEN_SHA256 = "21fe017bc388db6132f2eb83909041102465bca7ed68703590e588627c26239d"
 
 
 def canonical(r: dict) -> str:
@@ -494,3 +508,171 @@ def test_the_graphs_the_workflow_producer_builds_and_the_no_workflows_switch():
         if shape == "fan-in":
             assert [len(r["deps"]) for r in recs] == [0] * (len(recs) - 1) + [len(recs) - 1] and len(recs) >= 3
     assert shapes == {"chain", "client-chain", "fan-in"}
+
+
+# ---------------------------------------------------------------------------- batches
+# Each judge of the batches (docs/chaos.md "Batches") on a history that keeps to it and on ones
+# that break it; every other invariant holds on them.
+def batch_op(h: H, bid, members, t=(0.0, 0.1), outcome="ok", kind="open", is_open=False):
+    """One batch request (`open` or `add`) of members [(value, job id)], recorded as the workload does."""
+    items = [{"value": v, "key": None, "queue": "bt", "job_type": "member", "max_attempts": 3, "scheduled_at": None,
+              "delay_ms": None} for v, _ in members]
+    kw = {"items": items, "batch": True, "atomic": True, "batch_op": kind}
+    if kind == "open":
+        kw["open"] = is_open
+    if outcome == "ok" or kind == "add":
+        kw["batch_id"] = bid
+    if outcome == "ok":
+        kw["results"] = [{"job_id": jid, "dedup": False} for _, jid in members]
+    return h.op("enqueue", *t, outcome, **kw)
+
+
+def member(job_id, attempt, value, lease_expires=1_002_000):
+    j = H.job(job_id, attempt, value, lease_expires=lease_expires, queue="bt")
+    j["job_type"] = "member"
+    return j
+
+
+def callback(job_id, bid, kind, attempt=1, lease_expires=1_009_000):
+    """A delivered callback job: no value of the workload's, its kind as job_type, custom batch_id."""
+    j = H.job(job_id, attempt, None, lease_expires=lease_expires, queue="btcb", max_attempts=5)
+    j.update(job_type=kind, batch_id=bid)
+    return j
+
+
+def bt_dl(job_id, value, failed_at=1_000_450):
+    rec = dl(job_id, value, "rejected", 1, f"r-{job_id}-1", failed_at=failed_at)
+    rec.update(queue="bt", job_type="member")
+    return rec
+
+
+def a_batch(h: H, bid="B", is_open=False, fail_second=False, cb_t=(2.0, 2.1)):
+    """A batch of two members (the second added later when open), both ended by 1.0; its callbacks
+    handed out at cb_t and acked. (The dead letters.)"""
+    if is_open:
+        batch_op(h, bid, [("v1", "m1")], is_open=True)
+        batch_op(h, bid, [("v2", "m2")], t=(0.1, 0.15), kind="add")
+        h.op("batch_close", 0.15, 0.2, batch_id=bid)
+    else:
+        batch_op(h, bid, [("v1", "m1"), ("v2", "m2")])
+    h.res([member("m1", 1, "v1"), member("m2", 1, "v2")], t=(0.2, 0.3))
+    h.settle("ack", "m1", 1, t=(0.4, 0.5))
+    if fail_second:
+        h.nack("m2", 1, t=(0.6, 0.7), strategy="dead_letter", reason="r-m2-1", dead=True)
+    else:
+        h.settle("ack", "m2", 1, t=(0.6, 0.7))
+    kinds = ("on_complete", "on_failure") if fail_second else ("on_complete", "on_success")
+    h.res([callback(f"c-{k}", bid, k) for k in kinds], t=cb_t)
+    for k in kinds:
+        h.settle("ack", f"c-{k}", 1, t=(cb_t[1] + 0.1, cb_t[1] + 0.2))
+    return [bt_dl("m2", "v2")] if fail_second else []
+
+
+def test_batch_callbacks_come_once_and_after_the_members():
+    for is_open in (False, True):
+        for fail in (False, True):
+            h = H()
+            dead = a_batch(h, is_open=is_open, fail_second=fail)
+            r = wf_check(h, dead)
+            assert r["valid"], (is_open, fail, broken(r))
+            assert r["stats"]["batches"]["on_complete"] == 1
+    # a completion callback handed out (0.65) after the last member's ack was invoked (0.6), before
+    # its answer (0.7): it may have been applied first, nothing is certain; a redelivery of the same
+    # callback job after a lapsed lease is fine.
+    h = H()
+    batch_op(h, "B", [("v1", "m1")])
+    h.res([member("m1", 1, "v1")], t=(0.2, 0.3))
+    h.settle("ack", "m1", 1, t=(0.6, 0.7))
+    h.res([callback("c", "B", "on_complete", lease_expires=1_002_000)], t=(0.6, 0.65))
+    h.res([callback("c", "B", "on_complete", attempt=2, lease_expires=1_009_000)], t=(3.0, 3.1))
+    h.res([callback("s", "B", "on_success")], t=(0.6, 0.65))
+    h.settle("ack", "c", 2, t=(3.2, 3.3))
+    h.settle("ack", "s", 1, t=(3.2, 3.3))
+    r = wf_check(h)
+    assert r["valid"], broken(r)
+    # an on_failure stamped (1_000_450) no earlier than its member's dead letter's failed_at: the
+    # replicated clock does not say it was early, the history's times say whether it was
+    h = H()
+    batch_op(h, "B", [("v1", "m1")])
+    h.res([member("m1", 1, "v1")], t=(0.2, 0.3))
+    h.nack("m1", 1, t=(0.6, 0.7), strategy="dead_letter", reason="r-m1-1", dead=True)
+    h.res([callback("f", "B", "on_failure", lease_expires=1_002_450)], t=(0.45, 0.5), lease_ms=2000)
+    h.res([callback("c", "B", "on_complete")], t=(0.8, 0.9))
+    h.settle("ack", "f", 1, t=(0.9, 1.0))
+    h.settle("ack", "c", 1, t=(0.9, 1.0))
+    r = wf_check(h, [bt_dl("m1", "v1", failed_at=1_000_450)])
+    assert broken(r) == {"callback_after_members": 1}     # the answer (0.5) came before the nack's invoke (0.6)...
+    h.ops[2]["t0"] = 0.45                                  # ...unless the nack may have been applied first
+    assert wf_check(h, [bt_dl("m1", "v1", failed_at=1_000_450)])["valid"]
+
+
+def test_a_callback_twice_missing_or_uncalled_for_is_caught():
+    h = H()
+    a_batch(h)
+    h.res([callback("c-on_complete-2", "B", "on_complete")], t=(2.5, 2.6))
+    h.settle("ack", "c-on_complete-2", 1, t=(2.7, 2.8))
+    assert broken(wf_check(h)) == {"batch_callbacks_once": 1}
+    # after a finished drain: a closed batch without on_complete; one with on_failure yet none failed
+    h = H()
+    a_batch(h)
+    h.ops[:] = [op for op in h.ops if not (op["f"] == "reserve" and op["t0"] == 2.0)]
+    r = wf_check(h)
+    assert broken(r) == {"batch_callbacks_once": 2}     # on_complete and on_success missing
+    assert {e["kind"] for e in next(i for i in r["invariants"] if i["name"] == "batch_callbacks_once")["examples"]} \
+        == {"on_complete", "on_success"}
+    h = H()
+    dead = a_batch(h, fail_second=True)
+    h.res([callback("c-x", "B", "on_success")], t=(3.0, 3.1))
+    h.settle("ack", "c-x", 1, t=(3.2, 3.3))
+    assert broken(wf_check(h, dead)) == {"batch_callbacks_once": 1}
+    # not judged when the drain did not finish, nor for an open batch whose close was not answered
+    assert "batch_callbacks_once" not in broken(wf_check(h, dead, drain={"ok": False, "queues": []}))
+    h = H()
+    a_batch(h, is_open=True, cb_t=(5.0, 5.1))
+    h.ops[:] = [op for op in h.ops if not (op["f"] == "reserve" and op["t0"] == 5.0)]
+    h.ops[2]["outcome"] = "unknown"
+    assert wf_check(h)["valid"]
+
+
+def test_a_callback_before_its_members_or_its_close_is_caught():
+    h = H()
+    a_batch(h, cb_t=(0.45, 0.55))            # answered before m2's ack was invoked (0.6)
+    r = wf_check(h)
+    assert broken(r) == {"callback_after_members": 2}          # on_complete and on_success
+    h = H()
+    dead = a_batch(h, fail_second=True, cb_t=(0.3, 0.35))     # on_failure stamped before the dead letter too
+    assert broken(wf_check(h, dead)) == {"callback_after_members": 2}
+    # an open batch: its on_complete answered before the close was invoked
+    h = H()
+    batch_op(h, "B", [("v1", "m1")], is_open=True)
+    h.res([member("m1", 1, "v1")], t=(0.2, 0.3))
+    h.settle("ack", "m1", 1, t=(0.3, 0.35))
+    h.res([callback("c", "B", "on_complete"), callback("s", "B", "on_success")], t=(0.8, 0.9))
+    h.op("batch_close", 1.0, 1.1, batch_id="B")
+    for jid in ("c", "s"):
+        h.settle("ack", jid, 1, t=(1.2, 1.3))
+    r = wf_check(h)
+    assert broken(r) == {"callback_after_members": 2}
+    assert {e.get("why") for i in r["invariants"] for e in i["examples"] if i["name"] == "callback_after_members"} \
+        == {"before its close"}
+
+
+def test_the_batch_judges_are_skipped_without_batches_and_the_no_batches_switch():
+    import random
+
+    from raftq.cluster.chaos.runner import build_parser, options_from_args
+    from raftq.cluster.chaos.workload import BATCH_QUEUE, History, Workload
+
+    h = H()
+    h.enq("v", "j")
+    h.res([h.job("j", 1, "v")])
+    h.settle("ack", "j", 1)
+    r = wf_check(h)
+    skipped = {i["name"]: i.get("skipped") for i in r["invariants"]}
+    assert r["valid"] and r["stats"]["batches"] is None
+    assert {skipped[n] for n in ("batch_callbacks_once", "callback_after_members")} == {"no batches in the run"}
+    assert options_from_args(build_parser().parse_args([])).workload.batches
+    assert not options_from_args(build_parser().parse_args(["--no-batches"])).workload.batches
+    reqs, recs = Workload(["http://x"], History(), 1)._members(random.Random(1), "bp0", 4, 3)
+    assert [r["value"] for r in recs] == ["bp0-4", "bp0-5", "bp0-6"]
+    assert {r["queue"] for r in reqs} == {BATCH_QUEUE}

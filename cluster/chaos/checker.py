@@ -16,6 +16,9 @@ dlq_drain), `outcome` (ok / fail / unknown), `t0`/`t1` (monotonic invoke/complet
 * an enqueue item of a workflow graph (docs/chaos.md "Workflows") also has `graph` (its graph's
   id), `shape`, `ref` and `deps` [[the dependency's value, policy], ...], its op `atomic`; a
   delivered job and a dead letter carry `depends_on` [{job_id, policy}] (None without any);
+* a batch's request (docs/chaos.md "Batches") is an enqueue op of its members with `batch_op`
+  (open / add) and `batch_id` (an open's once answered; `open` whether it was opened open), its
+  close a `batch_close` op; a delivered callback job carries `batch_id` and its kind as job_type;
 * lift_gates: the run's end lifting windows and the breaker before the final drain (deliveries
   reserved after it was invoked are not held to the gates).
 * a delivered job (and a dead letter) also carries `schedule` and `tick` (the custom fields
@@ -221,7 +224,9 @@ class Index:
 
     def _learn(self, j: dict):
         jid = j["job_id"]
-        if j.get("schedule") is not None:
+        if j.get("batch_id") is not None and j.get("job_type") in CALLBACK_KINDS:
+            pass                # a batch's callback: the cluster made it (batch_callbacks_once judges it)
+        elif j.get("schedule") is not None:
             # A tick's job: the cluster made it, so it has no value of the workload's to trace.
             self.tick_jobs[(j["schedule"], j.get("tick"))].add(jid)
             self.job_ticks[jid].add((j["schedule"], j.get("tick")))
@@ -267,6 +272,12 @@ INVARIANTS = (
                                      "dead-lettered, cause dependency_failed; that cause only then"),
     ("fan_in_runs_once", "a fan-in is handed out after its last member ended, its first attempt once, and runs "
                          "when every success member was acked (never stuck waiting, never dependency_failed)"),
+    ("batch_callbacks_once", "per batch, each callback kind is one job, handed out first once; after the drain "
+                             "on_complete came for every acknowledged batch, on_success iff no member failed, "
+                             "on_failure iff a member was dead-lettered"),
+    ("callback_after_members", "no batch callback is handed out before the batch's members ended (on_complete, "
+                               "on_success: the last; on_failure: a dead-lettered one) nor a completion one "
+                               "before its close"),
     ("retry_delay", "a nacked job is not redelivered before its retry delay (replicated clock)"),
     ("lease_honoured", "a lease is not expired early: a redelivery without a nack comes after the (extended) lease end"),
     ("dead_letters", "dead letters have the right cause, attempt and reason; every ok dead-lettering nack shows up"),
@@ -929,6 +940,7 @@ def _stats(ev: Evidence, invs: dict) -> dict:
         "schedules": _schedule_stats(ev),
         "keys": _key_stats(ev),
         "workflows": _workflow_stats(ev),
+        "batches": _batch_stats(ev),
     }
 
 
@@ -1813,6 +1825,135 @@ def _workflow_stats(ev: Evidence) -> dict | None:
 
 # ---------------------------------------------------------------------------- the table
 # The judge of each invariant, in INVARIANTS' order: check runs them all, each into its own Inv.
+
+
+# ---------------------------------------------------------------------------- batches
+BATCHES_SKIPPED = "no batches in the run"
+CALLBACK_KINDS = ("on_complete", "on_success", "on_failure")
+COMPLETION_KINDS = ("on_complete", "on_success")
+
+
+def _batches(ix: Index) -> dict:
+    """The run's batches (docs/chaos.md "Batches"), by id: {"members": [job ids answered ok],
+    "ops": [its enqueue ops: open, then adds], "close": [its batch_close ops], "open": bool,
+    "callbacks": {kind: {job id: [(reserve op, job)]}}}. Only an ok open names its batch;
+    callbacks of a batch id never answered are kept under that id (their members unknown)."""
+    out: dict = {}
+
+    def get(bid):
+        return out.setdefault(bid, {"members": [], "ops": [], "close": [], "open": False, "known": False,
+                                    "callbacks": {k: {} for k in CALLBACK_KINDS}})
+    for op in ix.ops:
+        bid = op.get("batch_id")
+        if bid is None:
+            continue
+        if op.get("f") == "enqueue" and op.get("batch_op") in ("open", "add"):
+            b = get(bid)
+            b["ops"].append(op)
+            b["known"] = b["known"] or op["batch_op"] == "open"
+            b["open"] = b["open"] or bool(op.get("open"))
+            if _ok(op):
+                b["members"] += [r["job_id"] for r in op.get("results") or () if "job_id" in r]
+        elif op.get("f") == "batch_close":
+            get(bid)["close"].append(op)
+    for jid, ds in ix.deliveries.items():
+        for op, j in ds:
+            if j.get("batch_id") is not None and j.get("job_type") in CALLBACK_KINDS:
+                get(j["batch_id"])["callbacks"][j["job_type"]].setdefault(jid, []).append((op, j))
+    return out
+
+
+def _batch_cut(ev: Evidence, b: dict) -> bool:
+    """A memory-mode power cut may have erased part of the batch (a member, a callback's firing)."""
+    ops = b["ops"] + b["close"] + [op for cb in b["callbacks"].values() for ds in cb.values() for op, _ in ds]
+    return any(ev.pc.windows(op) for op in ops) or any(m in ev.power_lost for m in b["members"])
+
+
+def judge_batch_callbacks_once(ev: Evidence, inv: Inv):
+    """`batch_callbacks_once` (docs/chaos.md "Invariants"): one job per (batch, callback kind),
+    and after a finished drain the callbacks the batch's end calls for (and no others)."""
+    bs = _batches(ev.ix)
+    if not bs:
+        inv.skipped = BATCHES_SKIPPED
+        return
+    drained = bool((ev.drain or {}).get("ok"))
+    for bid, b in sorted(bs.items()):
+        cut = _batch_cut(ev, b)
+        for kind, jobs in b["callbacks"].items():
+            if len(jobs) > 1:
+                inv.bad_unless(cut, {"batch_id": bid, "kind": kind, "job_ids": sorted(jobs),
+                                     "why": "two callback jobs of one kind"})
+        if not drained or not b["known"] or cut or not all(_ok(op) for op in b["ops"]):
+            continue
+        if b["open"] and not any(_ok(op) for op in b["close"]):
+            continue
+        failed = sorted(m for m in b["members"] if m in ev.ix.dlq)
+        want = {"on_complete": True, "on_success": not failed, "on_failure": bool(failed)}
+        for kind, w in want.items():
+            got = bool(b["callbacks"][kind])
+            if got != w:
+                inv.bad({"batch_id": bid, "kind": kind, "delivered": got, "members": len(b["members"]),
+                         "dead_lettered_members": failed[:5],
+                         "why": "missing after the drain" if w else "delivered, yet the batch's end calls not for it"})
+
+
+def _first_hand_out(ds: list) -> tuple[dict, object]:
+    """(the first answered hand-out op of a job, the lowest stamp among its hand-outs)."""
+    first = min((op for op, _ in ds), key=lambda op: op["t1"])
+    return first, min((s for s in (reserve_now(op, j) for op, j in ds) if s is not None), default=None)
+
+
+def _callback_early(ev: Evidence, b: dict, kind: str, ds: list) -> dict | None:
+    """Why a callback's first hand-out certainly came too early, or None."""
+    first, stamp = _first_hand_out(ds)
+    if kind == "on_failure":
+        dead = [m for m in b["members"] if m in ev.ix.dlq]
+        early = [_ended_after(ev, m, first["t1"], stamp) for m in dead]
+        if dead and all(e is not None for e in early):
+            return {"before_dead_letters": dict(zip(dead[:5], early[:5]))}
+        return None
+    for m in b["members"]:
+        e = _ended_after(ev, m, first["t1"], stamp)
+        if e is not None:
+            return {"before_member": m, **e}
+    if b["open"]:
+        closes = [op["t0"] for op in b["close"]]
+        if not closes or first["t1"] < min(closes):
+            return {"delivery_answered_at": round(first["t1"], 3),
+                    "close_invoked_at": round(min(closes), 3) if closes else None, "why": "before its close"}
+    return None
+
+
+def judge_callback_after_members(ev: Evidence, inv: Inv):
+    """`callback_after_members` (docs/chaos.md "Invariants"): a completion callback is not handed
+    out certainly before its batch's last member ended (cluster_side: the dead letter's failed_at
+    against the hand-out's stamp; else the history's times, against the first op that may have
+    ended the member: `_ended_after`) nor before its close was invoked; an on_failure one not
+    before every dead-lettered member's end."""
+    bs = _batches(ev.ix)
+    if not bs:
+        inv.skipped = BATCHES_SKIPPED
+        return
+    for bid, b in sorted(bs.items()):
+        if not b["known"] or not all(op["outcome"] in ("ok", "fail") for op in b["ops"]):
+            continue            # (an unknown add may hold members the history never learnt)
+        for kind, jobs in b["callbacks"].items():
+            for jid, ds in sorted(jobs.items()):
+                e = _callback_early(ev, b, kind, ds)
+                if e is not None:
+                    inv.bad_unless(_batch_cut(ev, b), {"batch_id": bid, "kind": kind, "job_id": jid, **e})
+
+
+def _batch_stats(ev: Evidence) -> dict | None:
+    bs = _batches(ev.ix)
+    if not bs:
+        return None
+    cbs = {k: sum(1 for b in bs.values() if b["callbacks"][k]) for k in CALLBACK_KINDS}
+    return {"batches": sum(1 for b in bs.values() if b["known"]), "opened_open": sum(1 for b in bs.values() if b["open"]),
+            "members": sum(len(b["members"]) for b in bs.values()), **cbs}
+
+
+
 JUDGES = {
     "lost": judge_lost,
     "unexpected": judge_unexpected,
@@ -1835,6 +1976,8 @@ JUDGES = {
     "dependents_wait": judge_dependents_wait,
     "dependency_failed_never_runs": judge_dependency_failed_never_runs,
     "fan_in_runs_once": judge_fan_in_runs_once,
+    "batch_callbacks_once": judge_batch_callbacks_once,
+    "callback_after_members": judge_callback_after_members,
     "retry_delay": judge_retry_delay,
     "lease_honoured": judge_lease_honoured,
     "dead_letters": judge_dead_letters,

@@ -640,6 +640,11 @@ def _ops_section(r: dict) -> list[str]:
                    f"({wf['dependency_failed_transitive']:,} of them down a chain); {wf['fan_ins']:,} fan-ins, "
                    f"{wf['fan_ins_handed_out']:,} handed out, "
                    f"{wf['fan_ins_failed']:,} failed with a member")
+    bt = s.get("batches")
+    if bt:
+        out.append(f"  batches: {_n(bt['batches'], 'batch')} opened ok ({bt['opened_open']:,} open, filled, closed), "
+                   f"{bt['members']:,} members; callbacks handed out: {bt['on_complete']:,} on_complete, "
+                   f"{bt['on_success']:,} on_success, {bt['on_failure']:,} on_failure")
     for name, v in (s.get("schedules") or {}).items():
         out.append(f"  schedule {name} (catchup {v['catchup']}, misfire_after_ms {v['misfire_after_ms']}): "
                    f"{v['ticks']:,} ticks seen, {v['late']:,} fired late, {v['missing']:,} missing between the first "
@@ -757,6 +762,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "limits, a queue-wide rate) and their checks")
     p.add_argument("--no-workflows", action="store_true", help="leave out the workflow graphs (chains and fan-ins "
                    "of dependent jobs) and their checks")
+    p.add_argument("--no-batches", action="store_true", help="leave out the batches with callbacks and their checks")
     p.add_argument("--no-progress", action="store_true", help="no progress line on stderr")
     return p
 
@@ -792,6 +798,8 @@ def options_from_args(args) -> ChaosOptions:
         opts.workload.keys = False
     if args.no_workflows:
         opts.workload.workflows = False
+    if args.no_batches:
+        opts.workload.batches = False
     return opts
 
 

@@ -60,6 +60,12 @@ nack some to the dead letters (`workflow_dead_rate`, so their `success` dependen
 task of its own acks late: the worker goes on). The final drain counts `waiting` jobs as not
 drained. The checker holds the deliveries to the graph (checker.py `judge_dependents_wait`,
 `judge_dependency_failed_never_runs`, `judge_fan_in_runs_once`).
+
+Batches (docs/semantics.md "Batches"; on unless `batches=False`): a batch producer opens batches
+of 2-6 members in `BATCH_QUEUE` with all three callbacks into `CALLBACK_QUEUE` (job_type the kind),
+a third of them open, filled by a second request and closed; two batch workers take both queues,
+ack the callbacks and most members and nack some members to the dead letters. The checker holds
+the callbacks to the members (checker.py `judge_batch_callbacks_once`, `judge_callback_after_members`).
 """
 from __future__ import annotations
 
@@ -109,6 +115,11 @@ KEY_WEIGHTS = {KEYED_QUEUE: tuple(1 / (i + 1) for i in range(20)), RATED_QUEUE: 
 KEY_LEASE_MS = 2000                 # the key workers' lease: fixed, far below max_lease_duration_ms
 WORKFLOW_QUEUE = "wf"               # the workflow graphs' jobs (docs/semantics.md "Dependencies")
 WORKFLOW_TYPE = "step"
+BATCH_QUEUE = "bt"                  # batch members (docs/semantics.md "Batches")
+CALLBACK_QUEUE = "btcb"             # their callbacks: job_type is the kind, custom field batch_id
+BATCH_TYPE = "member"
+CALLBACK_KINDS = ("on_complete", "on_success", "on_failure")
+BATCH_TIMEOUT_MS = 600_000          # an open batch's timeout: far past a run, so only close_batch closes it
 
 
 def keys_config() -> tuple[list, dict]:
@@ -239,7 +250,8 @@ def delivery(job: Job) -> dict:
             "enqueued_at": job.enqueued_at_ms, "releases": getattr(job, "releases", 0) or 0,
             "resource": getattr(job, "resource", None), "tenant": getattr(job, "key", None) or p.get("g"),
             "schedule": custom.get(SCHEDULE_FIELD), "tick": custom.get(TICK_FIELD),
-            "depends_on": [{"job_id": d, "policy": pol} for d, pol in getattr(job, "depends_on", ()) or ()] or None}
+            "depends_on": [{"job_id": d, "policy": pol} for d, pol in getattr(job, "depends_on", ()) or ()] or None,
+            "batch_id": custom.get("batch_id")}
 
 
 # ---------------------------------------------------------------------------- workload
@@ -274,6 +286,10 @@ class WorkloadConfig:
     workflow_workers: int = 2
     workflow_think_s: tuple = (0.2, 0.5)   # workflow producer pause between graphs
     workflow_dead_rate: float = 0.12   # share of workflow deliveries nacked straight to the dead letters
+    batches: bool = True               # also batches with callbacks (BATCH_QUEUE, CALLBACK_QUEUE)
+    batch_workers: int = 2
+    batch_think_s: tuple = (0.3, 0.7)  # batch producer pause between batches
+    batch_dead_rate: float = 0.04      # share of member deliveries nacked straight to the dead letters
     spread: bool = True                # every other client calls one node of its own, which forwards
                                        # to the leader (Client(spread=True), docs/api.md "Followers")
 
@@ -324,6 +340,10 @@ class Workload:
             for i in range(self.cfg.workflow_workers):
                 self.tasks.append(loop.create_task(
                     self.workflow_worker(f"ww{i}", random.Random(f"{self.seed}-ww{i}"))))
+        if self.cfg.batches:
+            self.tasks.append(loop.create_task(self.batch_producer("bp0", random.Random(f"{self.seed}-bp0"))))
+            for i in range(self.cfg.batch_workers):
+                self.tasks.append(loop.create_task(self.batch_worker(f"bw{i}", random.Random(f"{self.seed}-bw{i}"))))
         self.tasks.append(loop.create_task(self.probe()))
 
     async def stop(self, grace_s: float = 15.0):
@@ -577,6 +597,78 @@ class Workload:
         await self._sleep(stall_s)                      # a zombie: acks after its lease lapsed
         await self.ack(c, proc, job)
 
+    # ------------------------------------------------------------------ batches
+    def _members(self, rng: random.Random, proc: str, n: int, count: int) -> tuple[list, list]:
+        """`count` member bodies (values proc-n...) and their history items."""
+        reqs, recs = [], []
+        for i in range(count):
+            value = f"{proc}-{n + i}"
+            req = job_request(BATCH_QUEUE, BATCH_TYPE, payload_of(value, None, BATCH_TYPE),
+                              encoding="application/json", max_attempts=rng.choice((2, 3)))
+            reqs.append(req)
+            recs.append(self._req_record(req, value, None))
+        return reqs, recs
+
+    async def batch_producer(self, proc: str, rng: random.Random):
+        """Batches of 2-6 members into BATCH_QUEUE with all three callbacks into CALLBACK_QUEUE
+        (job_type the kind); a third opened with some members, filled by a second request, then
+        closed. Each request is an `enqueue` op (`batch_op` open or add, `batch_id`), the close a
+        `batch_close` op."""
+        c = self.client()
+        n = 0
+        while not self.stopping.is_set():
+            size = rng.randint(2, 6)
+            split = rng.randint(1, size - 1) if rng.random() < 0.35 else size
+            reqs, recs = self._members(rng, proc, n, size)
+            n += size
+            cbs = {k: job_request(CALLBACK_QUEUE, k, None, max_attempts=5) for k in CALLBACK_KINDS}
+            op = self.h.invoke(proc, "enqueue", c, items=recs[:split], batch=True, atomic=True, batch_op="open",
+                               open=split < size)
+            try:
+                bid, ids = await c.open_batch(reqs[:split], open=split < size, timeout_ms=BATCH_TIMEOUT_MS, **cbs)
+            except Exception as e:
+                self.h.fail_from(op, e, c)
+                await self._sleep(rng.uniform(*self.cfg.batch_think_s))
+                continue
+            self.h.complete(op, "ok", c, batch_id=bid, results=[{"job_id": j, "dedup": False} for j in ids])
+            if split < size:
+                await self._fill_batch(c, proc, bid, reqs[split:], recs[split:])
+            await self._sleep(rng.uniform(*self.cfg.batch_think_s))
+
+    async def _fill_batch(self, c: Client, proc: str, bid: str, reqs: list, recs: list):
+        op = self.h.invoke(proc, "enqueue", c, items=recs, batch=True, atomic=True, batch_op="add", batch_id=bid)
+        try:
+            ids = await c.add_to_batch(bid, reqs)
+            self.h.complete(op, "ok", c, results=[{"job_id": j, "dedup": False} for j in ids])
+        except Exception as e:
+            self.h.fail_from(op, e, c)
+        op = self.h.invoke(proc, "batch_close", c, batch_id=bid)
+        try:
+            await c.close_batch(bid)
+            self.h.complete(op, "ok", c)
+        except Exception as e:
+            self.h.fail_from(op, e, c)
+
+    async def batch_worker(self, proc: str, rng: random.Random):
+        """Reserves members and callbacks; acks callbacks, acks most members, nacks some to the
+        dead letters (batch_dead_rate) and some to be retried (the last attempt dead-letters)."""
+        c = self.client(transport=rng.choice(self.cfg.transports))
+        while not self.stopping.is_set():
+            jobs = await self.reserve(c, proc, [CALLBACK_QUEUE, BATCH_QUEUE], self.cfg.lease_ms, rng.choice((1, 2, 4)),
+                                      self.cfg.wait_ms)
+            if jobs is None:
+                await self._sleep(0.1)
+                continue
+            for job in jobs:
+                await asyncio.sleep(rng.uniform(0, 0.02))            # "work"
+                r = rng.random()
+                if job.queue == CALLBACK_QUEUE or r >= self.cfg.batch_dead_rate + 0.06:
+                    await self.ack(c, proc, job)
+                elif r < self.cfg.batch_dead_rate:
+                    await self.nack(c, proc, job, Retry.dead_letter())
+                else:
+                    await self.nack(c, proc, job, Retry.default())
+
     async def _enqueue(self, c: Client, proc: str, reqs: list[dict], recs: list[dict], batch: bool,
                        timeout: float | None = None) -> dict:
         op = self.h.invoke(proc, "enqueue", c, items=recs, batch=batch)
@@ -805,7 +897,7 @@ async def final_drain(urls: list[str], h: History, *, timeout_s: float = 90.0, l
     c = Client(urls, timeout=op_timeout_s, connect_timeout=1.0)
     t0 = time.monotonic()
     queues = list(QUEUES) + [PROBE_QUEUE, LIVE_QUEUE] + list(GATED_QUEUES) + [SCHEDULE_QUEUE] + list(KEY_QUEUES) + \
-        [WORKFLOW_QUEUE]
+        [WORKFLOW_QUEUE, BATCH_QUEUE, CALLBACK_QUEUE]
     try:
         ok, stats = await _drain_jobs(c, h, queues, t0, timeout_s, lease_ms)
         records, complete = await _drain_dead_letters(c, h)
