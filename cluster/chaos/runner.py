@@ -642,7 +642,7 @@ def _ops_section(r: dict) -> list[str]:
                    f"{wf['fan_ins_failed']:,} failed with a member")
     bt = s.get("batches")
     if bt:
-        out.append(f"  batches: {_n(bt['batches'], 'batch')} opened ok ({bt['opened_open']:,} open, filled, closed), "
+        out.append(f"  batches: {bt['batches']:,} opened ok ({bt['opened_open']:,} open, filled, closed), "
                    f"{bt['members']:,} members; callbacks handed out: {bt['on_complete']:,} on_complete, "
                    f"{bt['on_success']:,} on_success, {bt['on_failure']:,} on_failure")
     for name, v in (s.get("schedules") or {}).items():
