@@ -1052,15 +1052,19 @@ class Model:
         """The queue's ready and scheduled jobs go, each with what its removal means for its
         dependents (a `success` dependent of this queue fails: a dead letter, not purged); then
         every job of the queue still waiting, ready or scheduled (one a removal released
-        included). Both in id order (code's choice: the order dependents fail in)."""
+        included). Both in id order (code's choice: the order dependents fail in). A job made during
+        the purge (a batch's callback, its last member removed here) stays (code's choice: a
+        callback is never lost)."""
         if not self.known(q):
             return err("not_found", queue=q)
-        n = 0
+        n, before = 0, set(self.jobs)
         for jid in sorted(j.id for j in self.jobs.values() if j.queue == q and j.state in ("ready", "scheduled")):
             self.remove(self.jobs[jid])
             n += 1
-        while left := sorted(j.id for j in self.jobs.values()
-                             if j.queue == q and j.state in ("ready", "scheduled", "waiting")):
+        if any(j.queue == q and j.state in ("ready", "scheduled") for jid, j in self.jobs.items() if jid not in before):
+            event("model: a callback made by a purge outlives it")
+        while left := sorted(j.id for j in self.jobs.values() if j.id in before
+                             and j.queue == q and j.state in ("ready", "scheduled", "waiting")):
             event(f"model: purge of a {self.jobs[left[0]].state} job left after the first pass")
             self.remove(self.jobs[left[0]])
             n += 1
