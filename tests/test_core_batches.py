@@ -215,3 +215,16 @@ def test_members_results_are_kept_while_their_batch_is_so_its_callbacks_read_the
     c.advance(1)
     c.sweep()
     assert [c.view(m) for m in members] == [None, None] and c.m.batch_kept == {} and c.m.results == {}
+
+
+def test_an_idle_clusters_sweep_is_due_at_a_batch_timer():
+    """The leader proposes a sweep when next_due_ms says work is due: an open batch's timeout and
+    a finished batch's drop count (without them an idle cluster never closed nor dropped it)."""
+    from raftq.node.core.sweep import next_due_ms
+    c = Core()
+    cbs = (("on_complete", callback(c, "on_complete")),)
+    c.apply(ops.batch_open(None, BATCH, cbs, False, 5000, ()))
+    assert next_due_ms(c.m) == c.now + 5000
+    c.advance(5000)
+    c.sweep()
+    assert batch(c)["state"] == "finished" and next_due_ms(c.m) == c.now + FINISHED_RETENTION_MS

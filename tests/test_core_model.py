@@ -50,8 +50,8 @@ finished batch dropped FINISHED_RETENTION_MS after it finished) and follows ever
 its queue's depth. Members acked are kept while their batch is (`kept_for_batch`), even where the
 queue keeps no results. Every answer and every batch view is compared; `callbacks_hold` checks
 after every step that a callback has fired iff its condition holds, at most once per kind and
-batch. (The machine's next_due_ms does not count batch timers: the model's next_due leaves them
-out, see `next_due`.)
+batch; the sweep's due time counts the batches' timers (an open batch's timeout, a finished one's
+drop).
 
 Where the spec is silent the model follows the code's choice; each such place is marked
 "(code's choice)" below.
@@ -1744,9 +1744,7 @@ class Model:
         }
 
     def next_due(self):
-        # Batch timers left out: the machine's next_due_ms (node/core/sweep.py) does not count
-        # them (a batch's timeout or expiry waits for some other due work; reported, not fixed here).
-        due = [t for kind, times in self.pending_times().items() if kind != "batch" for t in times]
+        due = [t for times in self.pending_times().values() for t in times]
         return min(due) if due else None
 
 

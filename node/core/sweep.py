@@ -145,6 +145,8 @@ def next_due_ms(m) -> int | None:
         due.append(m.key_timers[0][TIMER_AT])
     if m.result_heap:
         due.append(m.result_heap[0][TIMER_AT])
+    if m.batch_heap:                    # an open batch's timeout, a finished one's drop
+        due.append(m.batch_heap[0][TIMER_AT])
     if m.limits.gated:
         g = gating.next_due_ms(m)
         if g is not None:
