@@ -141,7 +141,7 @@ def test_admin_page_is_served_by_every_node_without_a_key_and_its_calls_exist(cl
                      "/v1/queues/{}/{}", "/v1/queues/{}/purge", "/v1/queues/{}/dead-letter", "/v1/queues/{}",
                      "/v1/queues/{}/circuit/close",
                      "/v1/jobs", "/v1/jobs/{}", "/v1/jobs/{}/nack", "/v1/dead-letters", "/v1/dead-letters/{}",
-                     "/v1/audit", "/v1/schedules", "/v1/schedules/{}"}, paths
+                     "/v1/audit", "/v1/schedules", "/v1/schedules/{}", "/v1/batches/{}"}, paths
     unknown = str(uuid.uuid4())
     for method, path, body, want in (
             ("GET", "/v1/cluster?digest=false", None, 200), ("GET", "/v1/cluster/nodes", None, 200),
@@ -162,7 +162,7 @@ def test_admin_page_is_served_by_every_node_without_a_key_and_its_calls_exist(cl
             ("PUT", "/v1/schedules/ui-s", {"every_ms": 60000, "job": {"queue": "ui-q", "job_type": "t"}}, 200),
             ("POST", "/v1/schedules/ui-s/pause", {}, 200), ("POST", "/v1/schedules/ui-s/resume", {}, 200),
             ("POST", "/v1/schedules/ui-s/trigger", {}, 200), ("DELETE", "/v1/schedules/ui-s?expect_version=3", None, 200),
-            ("GET", "/v1/schedules/ui-s", None, 404),
+            ("GET", "/v1/schedules/ui-s", None, 404), ("GET", f"/v1/batches/{unknown}", None, 404),
             ("DELETE", "/v1/queues/ui-q-never", None, 403)):      # admin only
         status, out = http_json(method, leader + path, body, headers=bearer("operator"))
         assert status == want, (path, out)
