@@ -397,6 +397,9 @@ def _tuning(tuning) -> dict:
         if key == "event_loop":
             if value not in EVENT_LOOPS:
                 raise ConfigError(f"tuning.{key}: must be one of {', '.join(EVENT_LOOPS)}, got {value!r}")
+        elif key == "raft_engine":
+            if value not in RAFT_ENGINES:
+                raise ConfigError(f"tuning.{key}: must be one of {', '.join(RAFT_ENGINES)}, got {value!r}")
         elif key == "raft_compression_level":
             if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 9:
                 raise ConfigError(f"tuning.{key}: must be an integer 0..9, got {value!r}")
@@ -510,6 +513,7 @@ TUNING_DEFAULTS = {
     "dns_cache_time_s": 30,          # pysyncobj caches peer addresses (default 600 s): a peer
     "dns_fail_cache_time_s": 5,      # that comes back on a new IP must be found quickly
     "event_loop": "uvloop",          # or "asyncio" (node/server.py run_loop)
+    "raft_engine": "thread",         # or "loop": the Ready loop on the event loop (node/raft/loop.py)
     # Bounds a client meets (docs/limits.md): connections, deadlines, long polls, sessions.
     "max_connections": 1000,
     "http_header_timeout_s": 10.0,
@@ -532,6 +536,7 @@ TUNING_DEFAULTS = {
     "digest_inline_max_entries": 5000,   # larger states are hashed in a forked child (service.py)
 }
 EVENT_LOOPS = ("uvloop", "asyncio")
+RAFT_ENGINES = ("thread", "loop")
 
 
 def load(path: str | Path) -> Settings:

@@ -201,7 +201,7 @@ class Replica:
     """One node's SyncObj around a QueueState, and every view of Raft the node needs."""
 
     def __init__(self, settings: Settings, on_state_changed=None, on_ready=None, on_storage_failure=None,
-                 election_eligible=None, accept_damaged_log: bool = False):
+                 election_eligible=None, accept_damaged_log: bool = False, loop=None):
         """`on_storage_failure(StorageFailure)`: called on the Raft tick thread when a write or
         sync of the data dir failed (the thread stops ticking); `election_eligible() -> bool`:
         asked before this node stands for election."""
@@ -228,7 +228,12 @@ class Replica:
         conf = self._conf(settings, initial, observers, on_state_changed, on_ready, on_storage_failure,
                           election_eligible, accept_damaged_log)
         others = [p.raft for p in initial if p.raft != settings.raft]
-        self.syncobj = SyncObj(settings.raft, others, conf=conf, consumers=[self.state])
+        self.engine = settings.tuning["raft_engine"]
+        if self.engine == "loop":     # the Ready loop on the node's event loop (node/raft/loop.py)
+            from ..raft.loop import LoopSyncObj
+            self.syncobj = LoopSyncObj(loop, settings.raft, others, conf, [self.state])
+        else:
+            self.syncobj = SyncObj(settings.raft, others, conf=conf, consumers=[self.state])
         if self.removed_at_start:
             # Removed from the cluster before this start: Raft is not run at all (the peers
             # refuse this node; it would only knock at their doors).

@@ -57,7 +57,7 @@ class NodeService(JobOps, Wakeups, OperatorOps, Schedules, Batches, Reads, Clust
         self._init_disk()
         self.replica = Replica(settings, on_state_changed=self._on_state_changed_thread,
                                on_storage_failure=self._storage_failed, election_eligible=self._may_lead,
-                               accept_damaged_log=accept_damaged_log)
+                               accept_damaged_log=accept_damaged_log, loop=loop)
         self.state = self.replica.state
         t = settings.tuning
         # A proposal wakes the Raft tick thread by itself (node/raft: event-driven replication).

@@ -1,0 +1,428 @@
+"""The Ready loop: the pure Raft core (node/raft/core.py) driven on the node's asyncio loop.
+
+`[tuning] raft_engine = "loop"` (docs/configuration.md): instead of pysyncobj's tick thread,
+proposals, peers' messages and ticks arrive on the event loop, and each turn takes one `Ready`
+from the core and does its I/O in the order the core asks for (core.py's docstring): the
+leader's appends leave at once, entries and hard state go to the journal and are synced once,
+answers that promise something durable leave after the sync, committed entries are applied and
+their proposers called back, `advance`. Everything that arrived during one turn of the loop is
+in one Ready: one append, one fdatasync and one message per follower for all of it.
+
+It keeps the fork's files: the journal (node/raft/journal.py FileJournal: same records, meta
+file and checks) and a snapshot (raft.dump, node/raft/serializer.py) it finds at start; what it
+writes, a node of the thread engine reads. `LoopSyncObj` answers the part of SyncObj's interface
+that node/replication/replica.py reads, so the rest of the node does not know which engine runs.
+
+Not yet (docs/cluster.md "Raft engines"): membership changes and learners, log compaction (the
+journal keeps every entry), the disk checks' untrusted-log rule across restarts, the Raft port's
+handshake bounds; the engine of every node of a cluster must be the same (their messages differ).
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import random
+import time
+from types import SimpleNamespace
+
+from . import pickle
+from .config import FAIL_REASON
+from .core import (Config, CoreInUse, Entry, EntryKind, HardState, NotLeader, RaftCore, RaftState, Refused,
+                   Snapshot)
+from .encryptor import getEncryptor
+from .journal import StorageFailure, createJournal
+from .loop_link import Links
+from .serializer import Serializer, atomicReplace
+
+log = logging.getLogger("raftq.raft.loop")
+
+_REGULAR, _NO_OP, _MEMBERSHIP, _VERSION = 0, 1, 2, 3
+_KINDS = {_REGULAR: EntryKind.REGULAR, _NO_OP: EntryKind.NO_OP, _MEMBERSHIP: EntryKind.MEMBERSHIP,
+          _VERSION: EntryKind.REGULAR}
+
+
+def _command(entry: Entry) -> bytes:
+    """The journal's record of an entry: the fork's type byte, then the command."""
+    if entry.kind == EntryKind.NO_OP:
+        return b"\x01"
+    return entry.data
+
+
+def _entry(command: bytes, index: int, term: int) -> Entry:
+    kind = _KINDS.get(command[0] if command else _NO_OP, EntryKind.NO_OP)
+    if kind == EntryKind.MEMBERSHIP:
+        kind = EntryKind.NO_OP      # the fork's membership records: this engine keeps the peers configured
+    return Entry(index, term, bytes(command), kind)
+
+
+class LoopSyncObj:
+    """One node's Raft on the event loop; attribute names are SyncObj's where replica.py reads them."""
+
+    def __init__(self, loop, self_addr, others, conf, consumers):
+        self.loop = loop
+        self.conf = conf
+        self.selfAddr = self_addr
+        self.consumers = list(consumers)
+        self.durable = conf.durability == "fsync"
+        self.tick_s = conf.appendEntriesPeriod / 2
+        self.answerWanted = True
+        self.entryStages = None
+        self.tickThread = None
+        self.raftLastApplied = 0
+        self.transportRefusals = {}
+        self.removedFromCluster = False
+        self.membershipChangePending = False
+        self.otherNodes = [SimpleNamespace(id=a) for a in sorted(others)]
+        self.membership = {a: dict((conf.memberInfo or {}).get(a, {})) for a in [self_addr, *others]}
+        self._register(self.consumers)
+        self._callbacks: dict = {}          # index -> (term, callback, stamps)
+        self._tick_callbacks: list = []
+        self._scheduled = False
+        self._failed = False
+        self._destroyed = False
+        self._last_state = RaftState.FOLLOWER
+        self.journal = createJournal(conf.journalFile, self.durable, conf.journalObserver, conf.journalMemoryBytes)
+        self.diskFindings = list(self.journal.findings)
+        self.core = self._load(self_addr, others)
+        enc = getEncryptor(conf.password) if conf.password else None
+        self.links = Links(loop, self_addr, others, enc, self._on_message, dial_map=conf.dialMap,
+                           retry_s=min(conf.connectionRetryTime, 0.2))
+        self._tick_handle = None
+        self._ticks, self._ticks_per_s = 0, max(1, round(1 / self.tick_s))
+        loop.create_task(self._start())
+
+    # ------------------------------------------------------------------ start: what the disk holds
+    def _register(self, consumers):
+        """The replicated methods' ids, as SyncObj numbers them (sorted names, one id each):
+        journals written by either engine replay on the other."""
+        self._methodToID, self._idToMethod = {}, {}
+        found = []
+        for num, c in enumerate(consumers):
+            for m in dir(c):
+                f = getattr(c, m)
+                if callable(f) and getattr(f, "replicated", False) and m != getattr(f, "origName"):
+                    found.append((getattr(f, "ver"), num + 1, m, c))
+            c._syncObj = self
+        for i, (_, _, m, c) in enumerate(sorted(found, key=lambda t: t[:3])):
+            self._methodToID[(id(c), m)] = i
+            self._idToMethod[i] = getattr(c, m)
+
+    def _getFuncName(self, name):
+        return name[1] + "_v0" if isinstance(name, tuple) else name + "_v0"
+
+    def _load(self, self_addr, others) -> RaftCore:
+        j = self.journal
+        if len(j) == 0:
+            j.add(b"\x01", 1, j.getCurrentTerm())          # the fork's first entry: every node has it
+        snapshot, self._snapshot_doc = self._load_snapshot()
+        entries = []
+        for i in range(len(j)):
+            cmd, idx, term = j[i]
+            if snapshot is None or idx > snapshot.index:
+                entries.append(_entry(cmd, idx, term))
+        if snapshot is None and entries and entries[0].index != 1:
+            raise StorageFailure(self.conf.journalFile, "read", OSError(0, "the journal starts after a snapshot "
+                                                                           "that is not there"))
+        last_term = entries[-1].term if entries else (snapshot.term if snapshot else 0)
+        commit = j.getRaftCommitIndex() if self.durable else 0
+        hs = HardState(max(j.getCurrentTerm(), last_term), j.getVotedForNodeId(), commit)
+        c = self.conf
+        ticks = lambda s: max(1, round(s / self.tick_s))       # noqa: E731
+        config = Config(election_timeout_min=ticks(c.raftMinTimeout), election_timeout_max=ticks(c.raftMaxTimeout),
+                        heartbeat_interval=2, leader_fallback_timeout=ticks(c.leaderFallbackTimeout),
+                        max_append_bytes=c.appendEntriesBatchSizeBytes, retransmit_timeout=max(5, ticks(0.1)))
+        unverified = j.getUnverified()
+        claim = unverified.get("claimed_commit", 0) if isinstance(unverified, dict) else None
+        applied = snapshot.index if snapshot else 0
+        self.raftLastApplied = applied
+        return RaftCore(self_addr, frozenset([self_addr, *others]), random.Random(), config, hs, entries,
+                        applied=applied, unverifiedClaim=claim, snapshot=snapshot)
+
+    def _load_snapshot(self):
+        path = self.conf.fullDumpFile
+        if not path or not os.path.exists(path):
+            return None, None
+        ser = Serializer(path, 1 << 20, False, self.durable, 1, [], None, None)
+        doc = ser.deserialize()
+        self._restore_consumers(doc)
+        _, index, term = doc["raft"]["last"]
+        with open(path, "rb") as f:
+            data = f.read()
+        voters = frozenset([self.selfAddr, *[n.id for n in self.otherNodes]])
+        return Snapshot(index, term, voters, data), doc
+
+    def _restore_consumers(self, doc):
+        for consumer, data in zip(self.consumers, doc["consumers"]):
+            consumer._deserialize(data)
+
+    async def _start(self):
+        try:
+            await self.links.start()
+        except OSError as e:
+            log.error("cannot listen on the Raft address %s: %s", self.selfAddr, e)
+            raise
+        self._tick_handle = self.loop.call_later(self.tick_s, self._tick)
+        self._kick()
+
+    # ------------------------------------------------------------------ the loop's inputs
+    def _tick(self):
+        if self._destroyed or self._failed:
+            return
+        self._tick_handle = self.loop.call_later(self.tick_s, self._tick)
+        self.core.tick()
+        self._ticks += 1
+        if self._ticks % self._ticks_per_s == 0:
+            try:
+                self.journal.onOneSecondTimer()
+            except StorageFailure as e:
+                return self._storage_failed(e)
+        for cb in self._tick_callbacks:
+            try:
+                cb()
+            except Exception:                   # noqa: BLE001 - a hook never stops Raft
+                log.exception("tick callback failed")
+        self._kick()
+
+    def _on_message(self, m):
+        if self._destroyed or self._failed:
+            return
+        try:
+            self.core.step(m)
+        except (ValueError, KeyError):
+            log.warning("dropped a malformed Raft message from %s", m.src)
+            return
+        self._kick()
+
+    def _applyCommand(self, command, callback, commandType=None):
+        if commandType is not None:
+            command = bytes([commandType]) + command
+        core = self.core
+        if self._failed or self._destroyed:
+            return self._fail(callback, FAIL_REASON.NOT_LEADER)
+        try:
+            index, term = core.propose(command)
+        except NotLeader as e:
+            return self._fail(callback, FAIL_REASON.NOT_LEADER if e.leader else FAIL_REASON.MISSING_LEADER)
+        except Refused:
+            return self._fail(callback, FAIL_REASON.REQUEST_DENIED)
+        if callback is not None:
+            self._callbacks[index] = (term, callback, [time.perf_counter(), 0.0, 0.0])
+        self._kick()
+
+    @staticmethod
+    def _fail(callback, reason):
+        if callback is not None:
+            callback(None, reason)
+
+    def _kick(self):
+        if not self._scheduled:
+            self._scheduled = True
+            self.loop.call_soon(self._turn)
+
+    # ------------------------------------------------------------------ one turn: one Ready
+    def _turn(self):
+        self._scheduled = False
+        if self._destroyed or self._failed:
+            return
+        try:
+            while self.core.has_ready():
+                self._handle(self.core.ready())
+        except StorageFailure as e:
+            self._storage_failed(e)
+            return
+        except CoreInUse:                       # pragma: no cover - one Ready at a time, always
+            log.exception("Ready loop re-entered")
+        self.links.flush()
+        self._state_changed()
+
+    def _handle(self, rd):
+        links, j = self.links, self.journal
+        for m in rd.messages:
+            links.send(m)
+        links.flush()                           # the leader's appends leave before its own sync
+        if rd.snapshot is not None:
+            self._install(rd.snapshot)
+        if rd.entries:
+            first = rd.entries[0].index
+            start = j[0][1]
+            if first - start < len(j):
+                j.deleteEntriesFrom(first - start)
+            for e in rd.entries:
+                j.add(_command(e), e.index, e.term)
+        if rd.must_sync and self.durable:
+            j.sync()
+        hs = rd.hard_state          # after the entries: a stored commit index never covers unsynced ones
+        if hs is not None:
+            if (hs.term, hs.vote) != (j.getCurrentTerm(), j.getVotedForNodeId()):
+                j.setCurrentTerm(hs.term, hs.vote)      # stored and synced at once (the meta file)
+            j.setRaftCommitIndex(hs.commit)             # stored once a second (_tick), as the fork does
+        if rd.log_verified:
+            j.setUnverified(None)
+        if self._callbacks:
+            now = time.perf_counter()
+            for e in rd.entries:
+                waiting = self._callbacks.get(e.index)
+                if waiting is not None and not waiting[2][1]:
+                    waiting[2][1] = now
+        for m in rd.messages_after_sync:
+            links.send(m)
+        for e in rd.committed_entries:
+            self._apply(e)
+        self.core.advance(rd)
+
+    def _apply(self, e: Entry):
+        waiting = self._callbacks.pop(e.index, None) if self._callbacks else None
+        if waiting is not None and waiting[0] != e.term:
+            self._fail(waiting[1], FAIL_REASON.DISCARDED)       # another leader's entry took its index
+            waiting = None
+        result = None
+        if e.kind == EntryKind.REGULAR and e.data and e.data[0] == _REGULAR:
+            self.answerWanted = waiting is not None
+            self.raftLastApplied = e.index - 1
+            cmd = pickle.loads(e.data[1:])
+            func_id, args = (cmd, ()) if not isinstance(cmd, tuple) else (cmd[0], cmd[1])
+            result = self._idToMethod[func_id](*args, _doApply=True)
+        self.raftLastApplied = e.index
+        if waiting is not None:
+            stamps = waiting[2]
+            stamps[2] = time.perf_counter()
+            self.entryStages = stamps if stamps[1] else None
+            try:
+                waiting[1](result, FAIL_REASON.SUCCESS)
+            finally:
+                self.entryStages = None
+
+    def _install(self, snap: Snapshot):
+        """A snapshot from the leader (its raft.dump's bytes): written as this node's, the state
+        restored from it, the journal restarted at its last entry."""
+        path = self.conf.fullDumpFile
+        tmp = path + ".tmp"
+        with open(tmp, "wb") as f:
+            f.write(snap.data)
+        atomicReplace(tmp, path, fsync=self.durable)
+        doc = Serializer(path, 1 << 20, False, self.durable, 1, [], None, None).deserialize()
+        self._restore_consumers(doc)
+        j = self.journal
+        j.clear()
+        j.add(*doc["raft"]["prev"])
+        j.add(*doc["raft"]["last"])
+        self.raftLastApplied = snap.index
+        for index in [i for i in self._callbacks if i <= snap.index]:
+            self._fail(self._callbacks.pop(index)[1], FAIL_REASON.UNKNOWN_OUTCOME)
+
+    def _state_changed(self):
+        state = self.core.state
+        if state == self._last_state:
+            return
+        old, self._last_state = self._last_state, state
+        if state != RaftState.LEADER:
+            # Entries this node proposed may still commit under the next leader: their callbacks
+            # stay until their index is applied (with their term: success; another: discarded).
+            pass
+        hook = self.conf.onStateChanged
+        if hook is not None:
+            try:
+                hook(int(old), int(state))
+            except Exception:                   # noqa: BLE001
+                log.exception("onStateChanged failed")
+
+    def _storage_failed(self, e):
+        self._failed = True
+        log.critical("storage failure: %s; Raft stops on this node", e)
+        hook = self.conf.onStorageFailure
+        if hook is not None:
+            hook(e)
+
+    # ------------------------------------------------------------------ what replica.py reads
+    @property
+    def raftState(self):
+        return int(self.core.state)
+
+    @property
+    def raftCurrentTerm(self):
+        return self.core.term
+
+    @property
+    def raftCommitIndex(self):
+        return self.core.commitIndex
+
+    @property
+    def raftLastLogIndex(self):
+        return self.core.lastIndex
+
+    @property
+    def raftView(self):
+        return int(self.core.state), self.core.term
+
+    @property
+    def leaderCommitIndex(self):
+        return self.core.commitIndex if self.core.leader is not None else None
+
+    @property
+    def raftElectionDeadline(self):
+        core = self.core
+        return time.monotonic() + (core.raftElectionDeadline - core.ticks) * self.tick_s
+
+    @property
+    def journalSyncs(self):
+        return self.journal.syncs
+
+    @property
+    def journalHeldBytes(self):
+        return getattr(self.journal, "heldBytes", 0)
+
+    @property
+    def logUnverified(self):
+        return self.journal.getUnverified() if self.core.logUnverified else None
+
+    def _isLeader(self):
+        return self.core.state == RaftState.LEADER
+
+    def _getLeader(self):
+        return self.core.leader
+
+    def isNodeConnected(self, node):
+        return self.links.connected(node.id)
+
+    def addOnTickCallback(self, cb):
+        self._tick_callbacks.append(cb)
+
+    def transferLeadership(self, node=None, callback=None):
+        try:
+            self.core.transferLeadership(None if node is None else node.id)
+        except (NotLeader, Refused) as e:
+            log.info("leadership transfer refused: %s", e)
+            return self._fail(callback, FAIL_REASON.REQUEST_DENIED)
+        self._kick()
+        if callback is not None:
+            callback(True, FAIL_REASON.SUCCESS)
+
+    # membership changes: not under this engine yet (docs/cluster.md "Raft engines")
+    def addNodeToCluster(self, node, callback=None, info=None):
+        self._fail(callback, FAIL_REASON.REQUEST_DENIED)
+
+    removeNodeFromCluster = addNodeToCluster
+
+    def addLearner(self, node):
+        pass
+
+    def dropLearner(self, node):
+        pass
+
+    def learnerMatchIndex(self, node):
+        return None
+
+    def destroy(self):
+        if self._destroyed:
+            return
+        self._destroyed = True
+        if self._tick_handle is not None:
+            self._tick_handle.cancel()
+        self.loop.create_task(self.links.close())
+        try:
+            if self.durable and not self._failed:
+                self.journal.setRaftCommitIndex(self.core.commitIndex)
+            self.journal._destroy()
+        except (StorageFailure, OSError) as e:
+            log.error("closing the journal: %s", e)

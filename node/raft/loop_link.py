@@ -1,0 +1,192 @@
+"""The Raft link of the Ready loop (node/raft/loop.py): messages between nodes over asyncio.
+
+Each node dials every peer and sends on the connection it dialed; it reads on the connections
+peers dialed to it. A frame is a 4-byte length and a body; with the cluster secret the body is
+an AES-GCM token of the fork's encryptor (node/raft/encryptor.py: authenticated, keyed by the
+secret), so a frame that does not decrypt closes its connection. A message is a tuple of builtins
+pickled, read back with the builtins-only unpickler (node/raft/pickle.py): nothing read from the
+network names a class.
+
+What is sent to a peer that is not connected, or whose socket has more than `max_buffered`
+bytes unsent, is dropped: Raft sends again what was not answered (the core's retransmits and
+heartbeats), so the link never queues without bound.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import pickle
+import socket
+import struct
+import time
+
+from .core import Entry, EntryKind, Message, MessageType, Snapshot
+from .pickle import loadsBuiltins
+
+log = logging.getLogger("raftq.raft.link")
+
+_LEN = struct.Struct(">I")
+MAX_FRAME = 256 << 20            # a snapshot travels in one frame
+_TYPES = {t.value: t for t in MessageType}
+
+
+def encode(m: Message) -> bytes:
+    snap = m.snapshot
+    return pickle.dumps((
+        m.type.value, m.src, m.dst, m.term, m.last_log_index, m.last_log_term, m.granted,
+        m.prev_log_index, m.prev_log_term, tuple((e.index, e.term, e.data, int(e.kind)) for e in m.entries),
+        m.commit_index, m.success, m.next_node_idx, m.reject_index, m.log_unverified,
+        None if snap is None else (snap.index, snap.term, tuple(sorted(snap.voters)), snap.data)), 5)
+
+
+def decode(data: bytes) -> Message:
+    (kind, src, dst, term, lli, llt, granted, pli, plt, entries, commit, success, nni, reject, unverified,
+     snap) = loadsBuiltins(data)
+    return Message(_TYPES[kind], src, dst, term, lli, llt, granted, pli, plt,
+                   tuple(Entry(i, t, d, EntryKind(k)) for i, t, d, k in entries), commit, success, nni, reject,
+                   unverified, None if snap is None else Snapshot(snap[0], snap[1], frozenset(snap[2]), snap[3]))
+
+
+def _split(addr: str) -> tuple[str, int]:
+    host, _, port = addr.rpartition(":")
+    return host.strip("[]"), int(port)
+
+
+class _Peer:
+    __slots__ = ("addr", "writer", "frames", "connects")
+
+    def __init__(self, addr):
+        self.addr = addr
+        self.writer = None
+        self.frames: list = []
+        self.connects = 0
+
+
+class Links:
+    """`on_message(Message)` is called on the loop for every message read; `send` queues a
+    frame and `flush` writes what each peer has queued in one write (once per Ready)."""
+
+    def __init__(self, loop, self_addr, peers, encryptor, on_message, *, dial_map=None, retry_s=0.2,
+                 max_buffered=64 << 20):
+        self.loop = loop
+        self.self_addr = self_addr
+        self.peers = {p: _Peer(p) for p in peers if p != self_addr}
+        self.encryptor = encryptor
+        self.on_message = on_message
+        self.dial_map = dial_map or {}
+        self.retry_s = retry_s
+        self.max_buffered = max_buffered
+        self.server = None
+        self.tasks: list = []
+        self.inbound: set = set()
+        self.closed = False
+        self.refusals = {"bad_frame": 0, "dropped": 0}
+
+    async def start(self):
+        host, port = _split(self.self_addr)
+        self.server = await asyncio.start_server(self._accept, host, port, reuse_address=True)
+        for peer in self.peers.values():
+            self.tasks.append(self.loop.create_task(self._dial(peer)))
+
+    def connected(self, addr) -> bool:
+        peer = self.peers.get(addr)
+        return peer is not None and peer.writer is not None
+
+    # ------------------------------------------------------------------ sending
+    def send(self, m: Message):
+        peer = self.peers.get(m.dst)
+        if peer is None or peer.writer is None:
+            return
+        body = encode(m)
+        if self.encryptor is not None:
+            body = self.encryptor.encrypt_at_time(body, int(time.time()))
+        peer.frames.append(_LEN.pack(len(body)))
+        peer.frames.append(body)
+
+    def flush(self):
+        for peer in self.peers.values():
+            if not peer.frames:
+                continue
+            frames, peer.frames = peer.frames, []
+            w = peer.writer
+            if w is None or w.is_closing():
+                continue
+            if w.transport.get_write_buffer_size() > self.max_buffered:
+                self.refusals["dropped"] += len(frames) // 2      # Raft sends them again
+                continue
+            w.write(b"".join(frames))
+
+    async def _dial(self, peer: _Peer):
+        while not self.closed:
+            target = self.dial_map.get(peer.addr, peer.addr)
+            try:
+                host, port = _split(target)
+                reader, writer = await asyncio.open_connection(host, port)
+            except (OSError, ValueError):
+                await asyncio.sleep(self.retry_s)
+                continue
+            _nodelay(writer)
+            peer.writer = writer
+            peer.connects += 1
+            try:
+                await reader.read()         # the peer never sends on this one: EOF is its close
+            except (OSError, asyncio.IncompleteReadError):
+                pass
+            finally:
+                peer.writer = None
+                peer.frames = []
+                writer.close()
+            if not self.closed:
+                await asyncio.sleep(self.retry_s)
+
+    # ------------------------------------------------------------------ receiving
+    async def _accept(self, reader, writer):
+        if self.closed:
+            writer.close()
+            return
+        _nodelay(writer)
+        self.inbound.add(writer)
+        try:
+            while True:
+                head = await reader.readexactly(4)
+                (size,) = _LEN.unpack(head)
+                if size > MAX_FRAME:
+                    self.refusals["bad_frame"] += 1
+                    return
+                body = await reader.readexactly(size)
+                try:
+                    if self.encryptor is not None:
+                        body = self.encryptor.decrypt(body)
+                    m = decode(body)
+                except Exception:           # noqa: BLE001 - not one of ours: close, never crash the loop
+                    self.refusals["bad_frame"] += 1
+                    return
+                if m.dst != self.self_addr:
+                    continue
+                self.on_message(m)
+        except (asyncio.IncompleteReadError, OSError, asyncio.CancelledError):
+            pass
+        finally:
+            self.inbound.discard(writer)
+            writer.close()
+
+    async def close(self):
+        self.closed = True
+        for t in self.tasks:
+            t.cancel()
+        for peer in self.peers.values():
+            if peer.writer is not None:
+                peer.writer.close()
+        for w in list(self.inbound):
+            w.close()
+        if self.server is not None:
+            self.server.close()
+
+
+def _nodelay(writer):
+    sock = writer.get_extra_info("socket")
+    if sock is not None:
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        except OSError:
+            pass
