@@ -138,7 +138,11 @@ class LocalCluster:
         self.durability = durability
         self.limits, self.storage, self.queues = limits or {}, storage or {}, queues or []
         self.schedules = list(schedules or ())          # [[schedules]]: seeded once per cluster
-        self.tuning = tuning or {}
+        self.tuning = dict(tuning or {})
+        # RAFTQ_RAFT_ENGINE: run a cluster (the test suite's, `raftq chaos`'s) on the other Raft
+        # engine without editing each one (docs/cluster.md "Raft engines")
+        if os.environ.get("RAFTQ_RAFT_ENGINE") and "raft_engine" not in self.tuning:
+            self.tuning["raft_engine"] = os.environ["RAFTQ_RAFT_ENGINE"]
         self.secret = secrets.token_hex(32) if secret == "random" else secret
         self.python = python or sys.executable
         self.env = env or {}

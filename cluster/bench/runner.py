@@ -386,6 +386,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="session: every producer and worker shares one client, its calls multiplexed over one "
                         "WebSocket to the leader, as users' clients do; http: one plain HTTP connection per "
                         "producer and worker (default %(default)s).")
+    p.add_argument("--raft-engine", choices=("thread", "loop"), default=None,
+                   help="with --local: the nodes' tuning.raft_engine, thread (pysyncobj's tick thread) or loop "
+                        "(the Ready loop on the event loop; docs/cluster.md \"Raft engines\"); default: the "
+                        "setting's default.")
     p.add_argument("--spread", action="store_true",
                    help="the producers and workers take the nodes in turn, each sending its calls to its own "
                         "node (followers forward to the leader what needs it), instead of all to the leader; "
@@ -456,8 +460,9 @@ def _run_bench(args) -> dict | None:
     tls = {}
     try:
         if args.local:
+            tuning = {"raft_engine": args.raft_engine} if args.raft_engine else None
             cluster = LocalCluster(tempfile.mkdtemp(prefix="raftq-bench-"), durability=args.durability,
-                                   tls=args.tls).launch()
+                                   tls=args.tls, tuning=tuning).launch()
             urls = cluster.urls
             tls = cluster.client_options()
         else:

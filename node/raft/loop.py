@@ -20,6 +20,7 @@ handshake bounds; the engine of every node of a cluster must be the same (their 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 import os
 import random
@@ -88,6 +89,9 @@ class LoopSyncObj:
         enc = getEncryptor(conf.password) if conf.password else None
         self.links = Links(loop, self_addr, others, enc, self._on_message, dial_map=conf.dialMap,
                            retry_s=min(conf.connectionRetryTime, 0.2))
+        self._syncing = False
+        self._sync_thread = (concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="raft-sync")
+                             if os.environ.get("RAFTQ_LOOP_SYNC", "thread") == "thread" else None)
         self._tick_handle = None
         self._ticks, self._ticks_per_s = 0, max(1, round(1 / self.tick_s))
         loop.create_task(self._start())
@@ -223,11 +227,23 @@ class LoopSyncObj:
     # ------------------------------------------------------------------ one turn: one Ready
     def _turn(self):
         self._scheduled = False
-        if self._destroyed or self._failed:
+        if self._destroyed or self._failed or self._syncing:
             return
+        core = self.core
         try:
-            while self.core.has_ready():
-                self._handle(self.core.ready())
+            while core.has_ready():
+                rd = core.ready()
+                self._write(rd)
+                if rd.must_sync and self.durable and self._sync_thread is not None:
+                    # the journal's fdatasync off the loop: meanwhile requests are parsed and
+                    # proposed, peers' messages stepped; all of it goes into the next Ready
+                    self._syncing = True
+                    fut = self.loop.run_in_executor(self._sync_thread, self.journal.sync)
+                    fut.add_done_callback(lambda f, rd=rd: self._synced(rd, f))
+                    break
+                if rd.must_sync and self.durable:
+                    self.journal.sync()
+                self._finish(rd)
         except StorageFailure as e:
             self._storage_failed(e)
             return
@@ -236,7 +252,19 @@ class LoopSyncObj:
         self.links.flush()
         self._state_changed()
 
-    def _handle(self, rd):
+    def _synced(self, rd, fut):
+        self._syncing = False
+        if self._destroyed or self._failed:
+            return
+        try:
+            fut.result()
+            self._finish(rd)
+        except StorageFailure as e:
+            return self._storage_failed(e)
+        self._turn()
+
+    def _write(self, rd):
+        """Before the sync: the leader's appends leave, the entries are written (not synced)."""
         links, j = self.links, self.journal
         for m in rd.messages:
             links.send(m)
@@ -250,8 +278,11 @@ class LoopSyncObj:
                 j.deleteEntriesFrom(first - start)
             for e in rd.entries:
                 j.add(_command(e), e.index, e.term)
-        if rd.must_sync and self.durable:
-            j.sync()
+
+    def _finish(self, rd):
+        """After the sync: the hard state, the answers that promise what is now on disk, the
+        applies and their callbacks, `advance`."""
+        links, j = self.links, self.journal
         hs = rd.hard_state          # after the entries: a stored commit index never covers unsynced ones
         if hs is not None:
             if (hs.term, hs.vote) != (j.getCurrentTerm(), j.getVotedForNodeId()):

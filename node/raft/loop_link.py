@@ -1,7 +1,6 @@
 """The Raft link of the Ready loop (node/raft/loop.py): messages between nodes over asyncio.
 
-Each node dials every peer and sends on the connection it dialed; it reads on the connections
-peers dialed to it. A frame is a 4-byte length and a body; with the cluster secret the body is
+A frame is a 4-byte length and a body; with the cluster secret the body is
 an AES-GCM token of the fork's encryptor (node/raft/encryptor.py: authenticated, keyed by the
 secret), so a frame that does not decrypt closes its connection. A message is a tuple of builtins
 pickled, read back with the builtins-only unpickler (node/raft/pickle.py): nothing read from the
@@ -15,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import pickle
 import socket
 import struct
@@ -25,7 +25,7 @@ from .pickle import loadsBuiltins
 
 log = logging.getLogger("raftq.raft.link")
 
-_LEN = struct.Struct(">I")
+_LEN = struct.Struct("i")         # pysyncobj's length prefix (the chaos proxy reads it)
 MAX_FRAME = 256 << 20            # a snapshot travels in one frame
 _TYPES = {t.value: t for t in MessageType}
 
@@ -63,11 +63,15 @@ class _Peer:
 
 
 class Links:
-    """`on_message(Message)` is called on the loop for every message read; `send` queues a
-    frame and `flush` writes what each peer has queued in one write (once per Ready)."""
+    """One connection per pair of nodes, dialed by the node whose address string is larger and
+    used both ways (pysyncobj's topology, which the chaos proxy models: cluster/chaos/proxy.py).
+    The dialer sends two handshake frames, its address and a random challenge; the other answers
+    the challenge: with the cluster secret each side has shown the other it holds it before any
+    message flows. `on_message(Message)` is called on the loop for every message read; `send`
+    queues a frame and `flush` writes what each peer has queued in one write (once per Ready)."""
 
     def __init__(self, loop, self_addr, peers, encryptor, on_message, *, dial_map=None, retry_s=0.2,
-                 max_buffered=64 << 20):
+                 max_buffered=64 << 20, handshake_timeout_s=5.0):
         self.loop = loop
         self.self_addr = self_addr
         self.peers = {p: _Peer(p) for p in peers if p != self_addr}
@@ -76,32 +80,48 @@ class Links:
         self.dial_map = dial_map or {}
         self.retry_s = retry_s
         self.max_buffered = max_buffered
+        self.handshake_timeout_s = handshake_timeout_s
         self.server = None
         self.tasks: list = []
-        self.inbound: set = set()
+        self.conns: set = set()
         self.closed = False
-        self.refusals = {"bad_frame": 0, "dropped": 0}
+        self.refusals = {"bad_frame": 0, "handshake": 0, "dropped": 0}
 
     async def start(self):
         host, port = _split(self.self_addr)
         self.server = await asyncio.start_server(self._accept, host, port, reuse_address=True)
         for peer in self.peers.values():
-            self.tasks.append(self.loop.create_task(self._dial(peer)))
+            if self.self_addr > peer.addr:
+                self.tasks.append(self.loop.create_task(self._dial(peer)))
 
     def connected(self, addr) -> bool:
         peer = self.peers.get(addr)
         return peer is not None and peer.writer is not None
+
+    # ------------------------------------------------------------------ framing
+    def _frame(self, body: bytes) -> bytes:
+        if self.encryptor is not None:
+            body = self.encryptor.encrypt_at_time(body, int(time.time()))
+        return _LEN.pack(len(body)) + body
+
+    async def _read_frame(self, reader) -> bytes:
+        (size,) = _LEN.unpack(await reader.readexactly(4))
+        if not 0 <= size <= MAX_FRAME:
+            raise _BadFrame("frame length out of bounds")
+        body = await reader.readexactly(size)
+        if self.encryptor is not None:
+            try:
+                body = self.encryptor.decrypt(body)
+            except Exception as e:              # noqa: BLE001 - another secret, or not ours
+                raise _BadFrame(str(e))
+        return body
 
     # ------------------------------------------------------------------ sending
     def send(self, m: Message):
         peer = self.peers.get(m.dst)
         if peer is None or peer.writer is None:
             return
-        body = encode(m)
-        if self.encryptor is not None:
-            body = self.encryptor.encrypt_at_time(body, int(time.time()))
-        peer.frames.append(_LEN.pack(len(body)))
-        peer.frames.append(body)
+        peer.frames.append(self._frame(encode(m)))
 
     def flush(self):
         for peer in self.peers.values():
@@ -112,75 +132,94 @@ class Links:
             if w is None or w.is_closing():
                 continue
             if w.transport.get_write_buffer_size() > self.max_buffered:
-                self.refusals["dropped"] += len(frames) // 2      # Raft sends them again
+                self.refusals["dropped"] += len(frames)      # Raft sends them again
                 continue
             w.write(b"".join(frames))
 
+    # ------------------------------------------------------------------ connections
     async def _dial(self, peer: _Peer):
         while not self.closed:
             target = self.dial_map.get(peer.addr, peer.addr)
+            writer = None
             try:
                 host, port = _split(target)
                 reader, writer = await asyncio.open_connection(host, port)
-            except (OSError, ValueError):
-                await asyncio.sleep(self.retry_s)
-                continue
-            _nodelay(writer)
-            peer.writer = writer
-            peer.connects += 1
-            try:
-                await reader.read()         # the peer never sends on this one: EOF is its close
-            except (OSError, asyncio.IncompleteReadError):
+                _nodelay(writer)
+                challenge = os.urandom(16)
+                writer.write(self._frame(pickle.dumps(("hello", self.self_addr), 5)) +
+                             self._frame(pickle.dumps(("challenge", challenge), 5)))
+                answer = await asyncio.wait_for(self._read_frame(reader), self.handshake_timeout_s)
+                if loadsBuiltins(answer) != ("answer", challenge):
+                    raise _BadFrame("wrong answer to the challenge")
+                await self._serve(peer, reader, writer)
+            except _BadFrame:
+                self.refusals["handshake"] += 1
+            except (OSError, ValueError, asyncio.IncompleteReadError, asyncio.TimeoutError):
                 pass
             finally:
-                peer.writer = None
-                peer.frames = []
-                writer.close()
+                if writer is not None:
+                    writer.close()
             if not self.closed:
                 await asyncio.sleep(self.retry_s)
 
-    # ------------------------------------------------------------------ receiving
     async def _accept(self, reader, writer):
         if self.closed:
             writer.close()
             return
         _nodelay(writer)
-        self.inbound.add(writer)
         try:
-            while True:
-                head = await reader.readexactly(4)
-                (size,) = _LEN.unpack(head)
-                if size > MAX_FRAME:
-                    self.refusals["bad_frame"] += 1
-                    return
-                body = await reader.readexactly(size)
-                try:
-                    if self.encryptor is not None:
-                        body = self.encryptor.decrypt(body)
-                    m = decode(body)
-                except Exception:           # noqa: BLE001 - not one of ours: close, never crash the loop
-                    self.refusals["bad_frame"] += 1
-                    return
-                if m.dst != self.self_addr:
-                    continue
-                self.on_message(m)
-        except (asyncio.IncompleteReadError, OSError, asyncio.CancelledError):
+            hello = loadsBuiltins(await asyncio.wait_for(self._read_frame(reader), self.handshake_timeout_s))
+            challenge = loadsBuiltins(await asyncio.wait_for(self._read_frame(reader), self.handshake_timeout_s))
+            peer = self.peers.get(hello[1]) if hello[0] == "hello" else None
+            if peer is None or challenge[0] != "challenge":
+                raise _BadFrame(f"not a peer's hello: {hello[:2]!r}")
+            writer.write(self._frame(pickle.dumps(("answer", challenge[1]), 5)))
+            await self._serve(peer, reader, writer)
+        except (_BadFrame, pickle.UnpicklingError, IndexError, TypeError, ValueError):
+            self.refusals["handshake"] += 1
+        except (OSError, asyncio.IncompleteReadError, asyncio.TimeoutError, asyncio.CancelledError):
             pass
         finally:
-            self.inbound.discard(writer)
             writer.close()
+
+    async def _serve(self, peer: _Peer, reader, writer):
+        """The connection is the pair's: messages both ways until it closes."""
+        old = peer.writer
+        if old is not None:
+            old.close()
+        peer.writer, peer.frames = writer, []
+        peer.connects += 1
+        self.conns.add(writer)
+        try:
+            while True:
+                body = await self._read_frame(reader)
+                try:
+                    m = decode(body)
+                except Exception:           # noqa: BLE001 - not one of ours: close, never crash the loop
+                    raise _BadFrame("not a Raft message")
+                if m.dst == self.self_addr and m.src == peer.addr:
+                    self.on_message(m)
+        except _BadFrame:
+            self.refusals["bad_frame"] += 1
+        except (asyncio.IncompleteReadError, OSError):
+            pass
+        finally:
+            self.conns.discard(writer)
+            if peer.writer is writer:
+                peer.writer, peer.frames = None, []
 
     async def close(self):
         self.closed = True
         for t in self.tasks:
             t.cancel()
-        for peer in self.peers.values():
-            if peer.writer is not None:
-                peer.writer.close()
-        for w in list(self.inbound):
+        for w in list(self.conns):
             w.close()
         if self.server is not None:
             self.server.close()
+
+
+class _BadFrame(Exception):
+    pass
 
 
 def _nodelay(writer):

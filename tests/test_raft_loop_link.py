@@ -1,0 +1,124 @@
+"""The Ready loop's Raft link (node/raft/loop_link.py): its message encoding, and what it does
+with frames that are not one of ours. Pure encoding tests plus one real loopback link."""
+import asyncio
+import pickle
+import struct
+
+import pytest
+
+from raftq.node.raft.core import Entry, EntryKind, Message, MessageType, Snapshot
+from raftq.node.raft.encryptor import getEncryptor
+from raftq.node.raft.loop_link import Links, decode, encode
+from raftq.node.raft.pickle import GlobalRefused
+
+
+def _messages():
+    yield Message(MessageType.REQUEST_VOTE, "a:1", "b:2", 7, last_log_index=10, last_log_term=6)
+    yield Message(MessageType.RESPONSE_PREVOTE, "b:2", "a:1", 7, granted=True)
+    yield Message(MessageType.APPEND_ENTRIES, "a:1", "b:2", 3, prev_log_index=4, prev_log_term=2,
+                  entries=(Entry(5, 3, b"\x00cmd"), Entry(6, 3, b"\x01", EntryKind.NO_OP)), commit_index=4)
+    yield Message(MessageType.NEXT_NODE_IDX, "b:2", "a:1", 3, success=False, next_node_idx=3, reject_index=4,
+                  commit_index=2, log_unverified=True)
+    yield Message(MessageType.INSTALL_SNAPSHOT, "a:1", "b:2", 9, commit_index=40,
+                  snapshot=Snapshot(40, 8, frozenset({"a:1", "b:2", "c:3"}), b"\x00" * 100))
+
+
+@pytest.mark.parametrize("m", list(_messages()), ids=lambda m: m.type.value)
+def test_every_message_type_reads_back_as_it_was_sent(m):
+    assert decode(encode(m)) == m
+
+
+def test_a_frame_that_names_a_class_is_refused_not_run():
+    class Evil:
+        def __reduce__(self):
+            return (print, ("pwned",))
+    with pytest.raises(GlobalRefused):
+        decode(pickle.dumps(Evil()))
+
+
+async def _link_pair(secret_a, secret_b, port_a, port_b):
+    loop = asyncio.get_running_loop()
+    got = []
+    a = Links(loop, f"127.0.0.1:{port_a}", [f"127.0.0.1:{port_b}"], getEncryptor(secret_a) if secret_a else None,
+              got.append, retry_s=0.05)
+    b = Links(loop, f"127.0.0.1:{port_b}", [f"127.0.0.1:{port_a}"], getEncryptor(secret_b) if secret_b else None,
+              got.append, retry_s=0.05)
+    await a.start()
+    await b.start()
+    return a, b, got
+
+
+async def _wait(cond, timeout=5.0):
+    end = asyncio.get_running_loop().time() + timeout
+    while not cond():
+        assert asyncio.get_running_loop().time() < end, "condition not met in time"
+        await asyncio.sleep(0.01)
+
+
+def _free_ports(n):
+    import socket
+    socks = [socket.socket() for _ in range(n)]
+    for s in socks:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports
+
+
+async def test_two_links_carry_messages_both_ways_with_the_cluster_secret():
+    pa, pb = _free_ports(2)
+    a, b, got = await _link_pair("s3cret", "s3cret", pa, pb)
+    try:
+        await _wait(lambda: a.connected(f"127.0.0.1:{pb}") and b.connected(f"127.0.0.1:{pa}"))
+        m1 = Message(MessageType.REQUEST_VOTE, f"127.0.0.1:{pa}", f"127.0.0.1:{pb}", 2, last_log_index=1)
+        m2 = Message(MessageType.RESPONSE_VOTE, f"127.0.0.1:{pb}", f"127.0.0.1:{pa}", 2, granted=True)
+        a.send(m1)
+        a.flush()
+        b.send(m2)
+        b.flush()
+        await _wait(lambda: len(got) == 2)
+        assert sorted(got, key=lambda m: m.type.value) == sorted([m1, m2], key=lambda m: m.type.value)
+    finally:
+        await a.close()
+        await b.close()
+
+
+async def test_a_peer_with_another_secret_is_heard_as_nothing_and_counted():
+    pa, pb = _free_ports(2)
+    a, b, got = await _link_pair("one", "other", pa, pb)
+    try:
+        await _wait(lambda: a.refusals["handshake"] + b.refusals["handshake"] >= 2)
+        assert not a.connected(f"127.0.0.1:{pb}") and not b.connected(f"127.0.0.1:{pa}")
+        a.send(Message(MessageType.REQUEST_VOTE, f"127.0.0.1:{pa}", f"127.0.0.1:{pb}", 2))
+        a.flush()
+        assert got == []
+    finally:
+        await a.close()
+        await b.close()
+
+
+async def test_a_connection_that_says_nothing_is_closed_after_the_handshake_timeout():
+    (pa,) = _free_ports(1)
+    a = Links(asyncio.get_running_loop(), f"127.0.0.1:{pa}", [], None, lambda m: None, handshake_timeout_s=0.2)
+    await a.start()
+    try:
+        r, w = await asyncio.open_connection("127.0.0.1", pa)
+        assert await asyncio.wait_for(r.read(), 5) == b""
+    finally:
+        await a.close()
+
+
+async def test_a_frame_longer_than_the_bound_closes_the_connection():
+    (pa,) = _free_ports(1)
+    loop = asyncio.get_running_loop()
+    a = Links(loop, f"127.0.0.1:{pa}", [], None, lambda m: None)
+    await a.start()
+    try:
+        r, w = await asyncio.open_connection("127.0.0.1", pa)
+        w.write(struct.pack("i", (256 << 20) + 1))
+        await w.drain()
+        assert await asyncio.wait_for(r.read(), 5) == b""       # closed by the link
+        assert a.refusals["handshake"] == 1
+    finally:
+        await a.close()
