@@ -356,6 +356,12 @@ TUNING = {
     "event_loop": Key("string", "The node's event loop. `uvloop` (a dependency on Linux and macOS) answers each "
                       "request with ≈ 10 µs less CPU; a node without it runs on asyncio's loop and logs so. "
                       "`GET /v1/cluster` shows the loop in use.", choices=S.EVENT_LOOPS),
+    "raft_engine": Key("string", "What runs Raft. `thread`: the fork's tick thread (node/raft/syncobj.py). "
+                       "`loop`: the pure Raft core driven from the node's event loop, one Ready per turn "
+                       "(node/raft/loop.py): same journal and snapshot files, so a data dir is read by either; "
+                       "every node of a cluster must run the same engine, and `loop` does not change membership "
+                       "or compact the log yet ([cluster.md](cluster.md#raft-engines)). `GET /v1/cluster` shows "
+                       "it.", choices=S.RAFT_ENGINES),
     "max_connections": Key("integer", "Most HTTP connections (session WebSockets included) open on the node. A new "
                            "one beyond it closes the idle connection quiet the longest (keep-alive, or a request head still "
                            "arriving); when none is idle it is answered 503 `unavailable` and closed.",

@@ -894,6 +894,7 @@ def _cluster_view_schemas() -> dict:
                 "low_space": {"type": "boolean", "description": "below min_free_bytes: writes refused"},
             }, description="The disk checks and the free-space reserve"),
             "event_loop": {"type": "string", "enum": ["uvloop", "asyncio"]},
+            "raft_engine": {"type": "string", "enum": ["thread", "loop"]},
             "removed": {"type": "boolean", "description": "this node was removed from the cluster: it serves "
                         "nothing (every other call answers 503 `unavailable`), and `members` are those it left"},
             "membership_change": {"type": ["string", "null"], "description": "on the leader, the membership change "

@@ -63,7 +63,8 @@ class ClusterView:
                      "cpu": r.cpu(), "proposer": dict(self.proposer.stats), "journal_syncs": r.syncs,
                      "disk": self.disk(),
                      "invariant_violations": self.state.invariant_violations if self.state.check_invariants else None,
-                     "event_loop": "uvloop" if type(self.loop).__module__.startswith("uvloop") else "asyncio"}
+                     "event_loop": "uvloop" if type(self.loop).__module__.startswith("uvloop") else "asyncio",
+                     "raft_engine": self.replica.engine}
 
     def ready(self) -> bool:
         """/readyz, `ready` in /v1/cluster, `raftq up`: this node can take writes now (docs/api.md

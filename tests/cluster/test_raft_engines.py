@@ -1,0 +1,98 @@
+"""Both Raft engines (docs/cluster.md "Raft engines"): `tuning.raft_engine = "loop"`, the pure
+core on the node's event loop, serves across a leader kill and restarts from its journal; a
+cluster moves between the engines on its data dirs, both ways, with the same state; what the
+loop engine does not do yet is refused before anything is proposed."""
+from tests.conftest import Api
+
+
+def _digests(c):
+    views = c.wait_converged(30)
+    digests = {v["digest"] for v in views}
+    assert len(digests) == 1, views
+    return digests.pop(), views
+
+
+def _restart_all_with(c, engine):
+    for i in range(c.n):
+        assert c.stop(i) == 0, f"node {i} did not stop cleanly"
+    c.tuning["raft_engine"] = engine
+    c.write_configs()
+    c.start_all()
+    c.wait_leader(30)
+
+
+def test_the_loop_engine_serves_across_a_leader_kill_and_restarts_from_its_journal(make_cluster):
+    c = make_cluster(tuning={"raft_engine": "loop"})
+    api = Api(c)
+    leader = c.wait_leader()
+    assert {c.cluster_view(i, digest=False)["raft_engine"] for i in range(3)} == {"loop"}
+    acked = []
+    for i in range(20):
+        s, out = api.enqueue("q", idempotency_key=f"k{i}")
+        assert s == 200, out
+        acked.append(out["job_id"])
+    s, got = api.reserve(["q"], lease_ms=60_000, max_jobs=5)
+    assert s == 200 and len(got["jobs"]) == 5
+    held = got["jobs"]
+    _digests(c)
+
+    c.kill(leader)
+    survivors = [i for i in range(3) if i != leader]
+    new = c.wait_leader(10, among=survivors)
+    # the leases, attempts and dedup index came through: ack on the new leader with the attempt
+    for job in held:
+        s, out = api.post(f"/v1/jobs/{job['id']}/ack", {"attempt": job["attempt"]}, node=new)
+        assert s == 200, out
+    s, dup = api.enqueue("q", idempotency_key="k3", node=new)
+    assert s == 200 and dup == {"job_id": acked[3], "deduplicated": True}
+    s, stats = api.get("/v1/queues/q", node=new)
+    assert stats["ready"] == 15, stats
+
+    c.start(leader)                 # replays its journal, then catches up with the new leader
+    digest, views = _digests(c)
+    assert len({v["last_applied"] for v in views}) == 1
+    s, stats = api.get("/v1/queues/q", node=leader)
+    assert s == 200 and stats["ready"] == 15, stats
+
+
+def test_a_cluster_moves_between_the_engines_on_its_data_dirs_both_ways(make_cluster):
+    c = make_cluster()              # the default engine: thread
+    api = Api(c)
+    assert {c.cluster_view(i, digest=False)["raft_engine"] for i in range(3)} == {"thread"}
+    for i in range(10):
+        assert api.enqueue("q", idempotency_key=f"t{i}")[0] == 200
+    s, got = api.reserve(["q"], lease_ms=300_000, max_jobs=2)
+    held = got["jobs"]
+    before, _ = _digests(c)
+
+    _restart_all_with(c, "loop")
+    assert {c.cluster_view(i, digest=False)["raft_engine"] for i in range(3)} == {"loop"}
+    assert _digests(c)[0] == before          # the thread engine's journal, read as it is
+    s, out = api.post(f"/v1/jobs/{held[0]['id']}/ack", {"attempt": held[0]["attempt"]})
+    assert s == 200, out
+    for i in range(5):
+        assert api.enqueue("q", idempotency_key=f"l{i}")[0] == 200
+    s, dup = api.enqueue("q", idempotency_key="t1")
+    assert s == 200 and dup["deduplicated"], dup
+    after_loop, _ = _digests(c)
+
+    _restart_all_with(c, "thread")
+    assert _digests(c)[0] == after_loop      # and the loop engine's, by the thread engine
+    s, out = api.post(f"/v1/jobs/{held[1]['id']}/ack", {"attempt": held[1]["attempt"]})
+    assert s == 200, out
+    s, stats = api.get("/v1/queues/q")
+    assert stats["ready"] == 13 and stats["in_flight"] == 0, stats
+
+
+def test_the_loop_engine_refuses_membership_changes_before_proposing_anything(make_cluster):
+    c = make_cluster(tuning={"raft_engine": "loop"})
+    api = Api(c)
+    leader = c.wait_leader()
+    applied = c.cluster_view(leader, digest=False)["last_applied"]
+    s, out = api.post("/v1/cluster/members", {"id": "n9", "raft": "127.0.0.1:1", "url": "http://127.0.0.1:2"})
+    assert s == 409 and out["error"]["code"] == "failed_precondition", out
+    assert "raft_engine" in out["error"]["message"]
+    s, out = api.call("DELETE", "/v1/cluster/members/n2")
+    assert s == 409 and out["error"]["code"] == "failed_precondition", out
+    assert c.cluster_view(leader, digest=False)["last_applied"] == applied
+    assert len(c.cluster_view(leader, digest=False)["members"]) == 3
