@@ -9,17 +9,18 @@ their proposers called back, `advance`. Everything that arrived during one turn 
 in one Ready: one append, one fdatasync and one message per follower for all of it.
 
 It keeps the fork's files: the journal (node/raft/journal.py FileJournal: same records, meta
-file and checks) and a snapshot (raft.dump, node/raft/serializer.py) it finds at start; what it
-writes, a node of the thread engine reads. `LoopSyncObj` answers the part of SyncObj's interface
+file and checks) and snapshots (raft.dump, node/raft/serializer.py, written by a forked child as
+the fork does); what it writes, a node of the thread engine reads, and the reverse. `LoopSyncObj` answers the part of SyncObj's interface
 that node/replication/replica.py reads, so the rest of the node does not know which engine runs.
 
-Not yet (docs/cluster.md "Raft engines"): membership changes and learners, log compaction (the
-journal keeps every entry), the disk checks' untrusted-log rule across restarts, the Raft port's
-handshake bounds; the engine of every node of a cluster must be the same (their messages differ).
+Not yet (docs/cluster.md "Raft engines"): membership changes and learners. The engine of every
+node of a cluster must be the same (their messages differ).
 """
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import errno
 import concurrent.futures
 import logging
 import os
@@ -34,7 +35,8 @@ from .core import (Config, CoreInUse, Entry, EntryKind, HardState, NotLeader, Ra
 from .encryptor import getEncryptor
 from .journal import StorageFailure, createJournal
 from .loop_link import Links
-from .serializer import Serializer, atomicReplace
+from .config import SERIALIZER_STATE
+from .serializer import EXIT_EIO, SNAPSHOT_FORMAT, SNAPSHOT_VERSION, LegacyObject, Serializer, atomicReplace
 
 log = logging.getLogger("raftq.raft.loop")
 
@@ -83,12 +85,18 @@ class LoopSyncObj:
         self._failed = False
         self._destroyed = False
         self._last_state = RaftState.FOLLOWER
+        self.serializer = Serializer(conf.fullDumpFile, 1 << 20, True, self.durable, conf.snapshotCompressionLevel,
+                                     [k for c in self.consumers for k in c._legacySnapshotClasses],
+                                     self._upgrade_legacy)
+        self._last_compaction = time.monotonic()
+        self._compacted_at = None           # the `prev` index of the last snapshot written
         self.journal = createJournal(conf.journalFile, self.durable, conf.journalObserver, conf.journalMemoryBytes)
         self.diskFindings = list(self.journal.findings)
         self.core = self._load(self_addr, others)
         enc = getEncryptor(conf.password) if conf.password else None
         self.links = Links(loop, self_addr, others, enc, self._on_message, dial_map=conf.dialMap,
                            retry_s=min(conf.connectionRetryTime, 0.2))
+        self._snapshot_cache = None
         self._syncing = False
         self._sync_thread = (concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="raft-sync")
                              if os.environ.get("RAFTQ_LOOP_SYNC", "thread") == "thread" else None)
@@ -147,14 +155,22 @@ class LoopSyncObj:
         path = self.conf.fullDumpFile
         if not path or not os.path.exists(path):
             return None, None
-        ser = Serializer(path, 1 << 20, False, self.durable, 1, [], None, None)
-        doc = ser.deserialize()
+        doc = self.serializer.deserialize()
         self._restore_consumers(doc)
         _, index, term = doc["raft"]["last"]
-        with open(path, "rb") as f:
-            data = f.read()
         voters = frozenset([self.selfAddr, *[n.id for n in self.otherNodes]])
-        return Snapshot(index, term, voters, data), doc
+        # the file's bytes are read only when a follower needs them (_with_snapshot_data)
+        return Snapshot(index, term, voters, b""), doc
+
+    def _upgrade_legacy(self, old):
+        """Upstream's (data, last, prev, cluster) snapshot -> the document (as syncobj.py's
+        __upgradeLegacySnapshot: release 0.1.0's data dirs)."""
+        data, last, prev, cluster = old
+        consumers_data = data[1:] if self.consumers else []
+        members = sorted(n.state["_id"] if isinstance(n, LegacyObject) else str(n) for n in cluster)
+        return {"format": SNAPSHOT_FORMAT, "version": SNAPSHOT_VERSION,
+                "raft": {"last": tuple(last), "prev": tuple(prev), "members": members, "code_version": 0},
+                "consumers": [c._upgradeLegacySnapshot(d) for c, d in zip(self.consumers, consumers_data)]}
 
     def _restore_consumers(self, doc):
         for consumer, data in zip(self.consumers, doc["consumers"]):
@@ -176,17 +192,84 @@ class LoopSyncObj:
         self._tick_handle = self.loop.call_later(self.tick_s, self._tick)
         self.core.tick()
         self._ticks += 1
-        if self._ticks % self._ticks_per_s == 0:
-            try:
+        try:
+            if self._ticks % self._ticks_per_s == 0:
                 self.journal.onOneSecondTimer()
-            except StorageFailure as e:
-                return self._storage_failed(e)
+            self._compaction()
+        except StorageFailure as e:
+            return self._storage_failed(e)
         for cb in self._tick_callbacks:
             try:
                 cb()
             except Exception:                   # noqa: BLE001 - a hook never stops Raft
                 log.exception("tick callback failed")
         self._kick()
+
+    # ------------------------------------------------------------------ log compaction
+    def _compaction(self):
+        """Every tick (a node's slot below may be shorter than a second): a snapshot written by a forked child (the fork's serializer and file)
+        when the journal holds more than log_compaction_min_entries entries or
+        log_compaction_min_time_s passed, each node in its own slot of that period (the fork's
+        logCompactionSplit: not all nodes at once); once it is on disk, the core drops the log
+        before it and the journal keeps the snapshot's last two entries, as the fork's does."""
+        state, prev = self.serializer.checkSerializing()
+        if state == SERIALIZER_STATE.SUCCESS:
+            self._last_compaction = time.monotonic()
+            self._compacted(prev)
+        elif state == SERIALIZER_STATE.FAILED:
+            if self.serializer.lastFailure == EXIT_EIO:
+                raise StorageFailure(self.conf.fullDumpFile + ".tmp", "write and fsync (snapshot)",
+                                     OSError(errno.EIO, os.strerror(errno.EIO)))
+            log.error("a snapshot could not be written (exit %s): the journal keeps everything",
+                      self.serializer.lastFailure)
+        if state == SERIALIZER_STATE.SERIALIZING or not self._compaction_due():
+            return
+        j, index = self.journal, self.core.raftLastApplied
+        start = j[0][1]
+        if index - 1 <= start or index - 1 == self._compacted_at:
+            return
+        prev, last = tuple(j[index - 1 - start]), tuple(j[index - start])
+        members = sorted([self.selfAddr, *[n.id for n in self.otherNodes]])
+        raft = {"last": last, "prev": prev, "members": members,
+                "member_info": {a: dict(self.membership.get(a, {})) for a in members}, "code_version": 0}
+        consumers = self.consumers
+
+        def build():            # in the forked child
+            return {"format": SNAPSHOT_FORMAT, "version": SNAPSHOT_VERSION, "raft": raft,
+                    "consumers": [c._serialize() for c in consumers]}
+        self.serializer.serialize(build, prev[1])
+
+    def _compaction_due(self) -> bool:
+        c, now = self.conf, time.monotonic()
+        if len(self.journal) <= c.logCompactionMinEntries and now - self._last_compaction <= c.logCompactionMinTime:
+            return False
+        members = sorted([self.selfAddr, *[n.id for n in self.otherNodes]])
+        slot = c.logCompactionMinTime / len(members)
+        start = int(now / c.logCompactionMinTime) * c.logCompactionMinTime + members.index(self.selfAddr) * slot
+        return start <= now < start + max(0.3 * slot, 1.5)
+
+    def _compacted(self, prev):
+        j = self.journal
+        self._compacted_at = prev
+        last = prev + 1
+        snap = self.core.snapshot
+        if snap is not None and last <= snap.index:
+            return              # a snapshot installed meanwhile is newer
+        self.core.compact(last, b"")
+        if prev - j[0][1] > 0:
+            j.deleteEntriesTo(prev - j[0][1])
+
+    def _with_snapshot_data(self, m):
+        """An install message with the snapshot file's bytes (the core holds the snapshot empty)."""
+        if m.snapshot.data:
+            return m
+        path = self.conf.fullDumpFile
+        st = os.stat(path)
+        key = (st.st_ino, st.st_size, st.st_mtime_ns)
+        if self._snapshot_cache is None or self._snapshot_cache[0] != key:
+            with open(path, "rb") as f:
+                self._snapshot_cache = (key, f.read())
+        return dataclasses.replace(m, snapshot=dataclasses.replace(m.snapshot, data=self._snapshot_cache[1]))
 
     def _on_message(self, m):
         if self._destroyed or self._failed:
@@ -267,7 +350,7 @@ class LoopSyncObj:
         """Before the sync: the leader's appends leave, the entries are written (not synced)."""
         links, j = self.links, self.journal
         for m in rd.messages:
-            links.send(m)
+            links.send(m if m.snapshot is None else self._with_snapshot_data(m))
         links.flush()                           # the leader's appends leave before its own sync
         if rd.snapshot is not None:
             self._install(rd.snapshot)
@@ -297,7 +380,7 @@ class LoopSyncObj:
                 if waiting is not None and not waiting[2][1]:
                     waiting[2][1] = now
         for m in rd.messages_after_sync:
-            links.send(m)
+            links.send(m if m.snapshot is None else self._with_snapshot_data(m))
         for e in rd.committed_entries:
             self._apply(e)
         self.core.advance(rd)
@@ -328,11 +411,13 @@ class LoopSyncObj:
         """A snapshot from the leader (its raft.dump's bytes): written as this node's, the state
         restored from it, the journal restarted at its last entry."""
         path = self.conf.fullDumpFile
+        while self.serializer.checkSerializing()[0] == SERIALIZER_STATE.SERIALIZING:
+            time.sleep(0.005)       # our own snapshot's child must not rename an older file over this one
         tmp = path + ".tmp"
         with open(tmp, "wb") as f:
             f.write(snap.data)
         atomicReplace(tmp, path, fsync=self.durable)
-        doc = Serializer(path, 1 << 20, False, self.durable, 1, [], None, None).deserialize()
+        doc = self.serializer.deserialize()
         self._restore_consumers(doc)
         j = self.journal
         j.clear()

@@ -2,7 +2,7 @@
 core on the node's event loop, serves across a leader kill and restarts from its journal; a
 cluster moves between the engines on its data dirs, both ways, with the same state; what the
 loop engine does not do yet is refused before anything is proposed."""
-from tests.conftest import Api
+from tests.conftest import Api, poll
 
 
 def _digests(c):
@@ -96,3 +96,31 @@ def test_the_loop_engine_refuses_membership_changes_before_proposing_anything(ma
     assert s == 409 and out["error"]["code"] == "failed_precondition", out
     assert c.cluster_view(leader, digest=False)["last_applied"] == applied
     assert len(c.cluster_view(leader, digest=False)["members"]) == 3
+
+
+def test_the_loop_engine_compacts_its_log_and_sends_the_snapshot_to_a_follower_behind(make_cluster):
+    c = make_cluster(tuning={"raft_engine": "loop", "log_compaction_min_entries": 40,
+                             "log_compaction_min_time_s": 1})
+    api = Api(c)
+    leader = c.wait_leader()
+    behind = next(i for i in range(3) if i != leader)
+    assert c.stop(behind) == 0
+    for i in range(150):
+        assert api.enqueue("q", idempotency_key=f"s{i}")[0] == 200
+    # every running node writes a snapshot and drops the log before it
+    for i in range(3):
+        if i != behind:
+            poll(lambda i=i: (c.data_dir(i) / "raft.dump").exists(), 20, what=f"node {i}'s snapshot")
+    poll(lambda: c.cluster_view(leader, digest=False)["commit_index"] > 150, 10)
+    c.wipe(behind)                  # it needs everything: the leader has only its snapshot and what followed
+    c.start(behind)
+    digest, _ = _digests(c)
+    assert (c.data_dir(behind) / "raft.dump").exists()      # installed from the leader's
+    # every node restarts from its snapshot and the journal after it
+    for i in range(3):
+        assert c.stop(i) == 0
+    c.start_all()
+    c.wait_leader(30)
+    assert _digests(c)[0] == digest
+    s, stats = api.get("/v1/queues/q")
+    assert stats["ready"] == 150, stats
