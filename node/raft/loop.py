@@ -36,7 +36,7 @@ from .encryptor import getEncryptor
 from .journal import StorageFailure, createJournal
 from .loop_link import Links
 from .config import SERIALIZER_STATE
-from .serializer import EXIT_EIO, SNAPSHOT_FORMAT, SNAPSHOT_VERSION, LegacyObject, Serializer, atomicReplace
+from .serializer import EXIT_EIO, SNAPSHOT_FORMAT, SNAPSHOT_VERSION, LegacyObject, Serializer, atomicReplace, verifyPath
 
 log = logging.getLogger("raftq.raft.loop")
 
@@ -91,7 +91,6 @@ class LoopSyncObj:
         self._last_compaction = time.monotonic()
         self._compacted_at = None           # the `prev` index of the last snapshot written
         self.journal = createJournal(conf.journalFile, self.durable, conf.journalObserver, conf.journalMemoryBytes)
-        self.diskFindings = list(self.journal.findings)
         self.core = self._load(self_addr, others)
         enc = getEncryptor(conf.password) if conf.password else None
         self.links = Links(loop, self_addr, others, enc, self._on_message, dial_map=conf.dialMap,
@@ -125,6 +124,7 @@ class LoopSyncObj:
 
     def _load(self, self_addr, others) -> RaftCore:
         j = self.journal
+        self.diskFindings = self._check_disk()
         if len(j) == 0:
             j.add(b"\x01", 1, j.getCurrentTerm())          # the fork's first entry: every node has it
         snapshot, self._snapshot_doc = self._load_snapshot()
@@ -133,23 +133,75 @@ class LoopSyncObj:
             cmd, idx, term = j[i]
             if snapshot is None or idx > snapshot.index:
                 entries.append(_entry(cmd, idx, term))
-        if snapshot is None and entries and entries[0].index != 1:
-            raise StorageFailure(self.conf.journalFile, "read", OSError(0, "the journal starts after a snapshot "
-                                                                           "that is not there"))
-        last_term = entries[-1].term if entries else (snapshot.term if snapshot else 0)
+        last = entries[-1] if entries else None
+        last_term = last.term if last else (snapshot.term if snapshot else 0)
+        unverified, vote = self._judge_disk(last.index if last else snapshot.index)
         commit = j.getRaftCommitIndex() if self.durable else 0
-        hs = HardState(max(j.getCurrentTerm(), last_term), j.getVotedForNodeId(), commit)
+        hs = HardState(max(j.getCurrentTerm(), last_term), vote, commit)
         c = self.conf
         ticks = lambda s: max(1, round(s / self.tick_s))       # noqa: E731
         config = Config(election_timeout_min=ticks(c.raftMinTimeout), election_timeout_max=ticks(c.raftMaxTimeout),
                         heartbeat_interval=2, leader_fallback_timeout=ticks(c.leaderFallbackTimeout),
                         max_append_bytes=c.appendEntriesBatchSizeBytes, retransmit_timeout=max(5, ticks(0.1)))
-        unverified = j.getUnverified()
-        claim = unverified.get("claimed_commit", 0) if isinstance(unverified, dict) else None
+        claim = unverified.get("claimed_commit", 0) if unverified is not None else None
         applied = snapshot.index if snapshot else 0
         self.raftLastApplied = applied
         return RaftCore(self_addr, frozenset([self_addr, *others]), random.Random(), config, hs, entries,
                         applied=applied, unverifiedClaim=claim, snapshot=snapshot)
+
+    def _check_disk(self) -> list:
+        """syncobj.py's __checkDisk: what the journal found, a snapshot that does not verify (moved
+        aside), a journal that starts after a snapshot that is not there (discarded)."""
+        j, findings = self.journal, list(self.journal.findings)
+        dump = self.conf.fullDumpFile
+        if dump and os.path.exists(dump):
+            problem = verifyPath(dump)
+            if problem is not None:
+                aside = dump + ".damaged"
+                try:
+                    os.replace(dump, aside)
+                except OSError as e:
+                    raise StorageFailure(dump, "rename to .damaged", e)
+                findings.append({"what": "snapshot_damaged", "file": dump, "moved_to": aside,
+                                 "detail": f"{problem}; moved aside"})
+        if dump and len(j) and j[0][1] > 1 and not os.path.exists(dump):
+            findings.append({"what": "snapshot_missing", "file": dump,
+                             "detail": f"the journal starts at index {j[0][1]}, after a snapshot, and there is no "
+                                       f"snapshot: the journal is discarded too ({len(j)} entries)"})
+            j.clear()
+        return findings
+
+    def _judge_disk(self, last_index):
+        """syncobj.py's __judgeDisk: (why the log is not trusted for voting or None, the vote)."""
+        j, findings = self.journal, self.diskFindings
+        stored = j.getRaftCommitIndex() if self.durable else 0
+        if stored > last_index:
+            findings.append({"what": "journal_short_of_commit", "file": self.conf.journalFile,
+                             "detail": f"the journal ends at index {last_index} but the node knew index {stored} "
+                                       "committed"})
+        vote = j.getVotedForNodeId()
+        if any(f["what"] == "meta_damaged" for f in findings):
+            vote = self.selfAddr            # this term's vote is unknown: count it as given
+        previous = j.getUnverified()
+        info = previous if isinstance(previous, dict) else None
+        if findings:
+            found = {f["what"] for f in findings} | set((info or {}).get("found", ()))
+            claimed = max(stored, (info or {}).get("claimed_commit", 0))
+            info = {"since_ms": int(time.time() * 1000), "found": sorted(found), "claimed_commit": claimed}
+            j.setUnverified(info)
+        for f in findings:
+            log.critical("disk check: %s in %s: %s", f["what"], f.get("file"), f["detail"])
+        if info is not None and self.conf.acceptDamagedLog:
+            log.critical("disk check: the operator accepts this log as it is (acceptDamagedLog): it votes and "
+                         "stands for election again; entries cut from it (%s) may have been acknowledged",
+                         ", ".join(info["found"]))
+            j.setUnverified(None)
+            info = None
+        if info is not None:
+            log.critical("disk check: this node neither votes nor stands for election until its log matches a "
+                         "leader's up to that leader's commit index (and index %d): it was damaged (%s)",
+                         info["claimed_commit"], ", ".join(info["found"]))
+        return info, vote
 
     def _load_snapshot(self):
         path = self.conf.fullDumpFile
