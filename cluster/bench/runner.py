@@ -387,9 +387,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "WebSocket to the leader, as users' clients do; http: one plain HTTP connection per "
                         "producer and worker (default %(default)s).")
     p.add_argument("--raft-engine", choices=("thread", "loop"), default=None,
-                   help="with --local: the nodes' tuning.raft_engine, thread (pysyncobj's tick thread) or loop "
-                        "(the Ready loop on the event loop; docs/cluster.md \"Raft engines\"); default: the "
-                        "setting's default.")
+                   help="with --local: the nodes' tuning.raft_engine (docs/cluster.md \"Raft engines\").")
     p.add_argument("--spread", action="store_true",
                    help="the producers and workers take the nodes in turn, each sending its calls to its own "
                         "node (followers forward to the leader what needs it), instead of all to the leader; "

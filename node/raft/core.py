@@ -35,7 +35,7 @@ thread that stalled.
 
 Names follow syncobj.py's (`raftCurrentTerm`, `_sendAppendEntries`, `_onBecomeLeader`,
 `_conflictStart`, ...) so that each rule can be read next to the code it was carved from; see
-node/raft/FORK.md "The pure core (in progress)" for where each of the fork's fixes lives here
+node/raft/FORK.md "The pure core and the Ready loop (in progress)" for where each of the fork's fixes lives here
 and what is left to the Ready loop (step 2). The caller also calls `compact(index, data)` once it
 wrote and synced a snapshot of its state machine at an applied index (the core then sends it to
 a follower that needs what was dropped), and a Ready's `snapshot` (one installed from the

@@ -22,10 +22,12 @@ MODULES = ("__init__", "config", "dns_resolver", "encryptor", "fast_queue", "jou
            "pipe_notifier", "poller", "serializer", "syncobj", "tcp_connection", "tcp_server", "transport",
            "version")
 # raftq's own modules in node/raft, written new rather than changed from upstream's: no diff to
-# show (FORK.md "The pure core (in progress)" says what of syncobj.py each carries).
+# show (FORK.md "The pure core and the Ready loop (in progress)" says what of syncobj.py each carries).
 OWN = {
     "core": "the pure Raft core, syncobj.py's algorithm without its I/O (issue 36)",
     "sim": "the deterministic simulator of a cluster of cores",
+    "loop": "the Ready loop: the core driven from the node's event loop (tuning.raft_engine = \"loop\")",
+    "loop_link": "the Ready loop's Raft link over asyncio",
 }
 # Upstream's modules the fork does not have, and why.
 DROPPED = {

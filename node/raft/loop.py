@@ -72,6 +72,7 @@ class LoopSyncObj:
         self.answerWanted = True
         self.entryStages = None
         self.tickThread = None
+        self.raft_cpu_s = 0.0               # CPU of this loop's Raft work (turns, steps), applies included
         self.raftLastApplied = 0
         self.transportRefusals = {}
         self.removedFromCluster = False
@@ -326,11 +327,14 @@ class LoopSyncObj:
     def _on_message(self, m):
         if self._destroyed or self._failed:
             return
+        t0 = time.thread_time()
         try:
             self.core.step(m)
         except (ValueError, KeyError):
             log.warning("dropped a malformed Raft message from %s", m.src)
             return
+        finally:
+            self.raft_cpu_s += time.thread_time() - t0
         self._kick()
 
     def _applyCommand(self, command, callback, commandType=None):
@@ -364,6 +368,13 @@ class LoopSyncObj:
         self._scheduled = False
         if self._destroyed or self._failed or self._syncing:
             return
+        t0 = time.thread_time()
+        try:
+            self._ready_turn()
+        finally:
+            self.raft_cpu_s += time.thread_time() - t0
+
+    def _ready_turn(self):
         core = self.core
         try:
             while core.has_ready():
