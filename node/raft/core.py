@@ -152,6 +152,7 @@ class Message:
     next_node_idx: int = 0
     reject_index: int = 0
     log_unverified: bool = False    # the follower's log is untrusted: it may lack what it acknowledged
+    want_commit: bool = True        # the follower wants each moved commit index at once (setCommitWanted)
     # INSTALL_SNAPSHOT (with commit_index)
     snapshot: Snapshot | None = None
 
@@ -209,7 +210,7 @@ class ProgressState(enum.Enum):
 class Progress:
     """The leader's view of one follower (upstream: raftNextIndex, raftMatchIndex,
     lastResponseTime, spread over dicts)."""
-    __slots__ = ('match', 'next', 'state', 'inflight', 'paused', 'lastResponseTime', 'snapshotSent')
+    __slots__ = ('match', 'next', 'state', 'inflight', 'paused', 'lastResponseTime', 'snapshotSent', 'wantsCommit')
 
     def __init__(self, nextIndex, now):
         self.match = 0
@@ -219,6 +220,7 @@ class Progress:
         self.paused = False         # PROBE: a probe is out, wait for its answer or a heartbeat
         self.lastResponseTime = now
         self.snapshotSent = 0       # SNAPSHOT: when (ticks); sent again after retransmit_timeout
+        self.wantsCommit = True     # it asks to hear a moved commit index at once (its last answer)
 
     def becomeProbe(self):
         self.state = ProgressState.PROBE
@@ -305,6 +307,7 @@ class RaftCore:
         self._verifiedNews = False
         self._heartbeatDue = 0
         self._commitNotice = False
+        self._wantCommit = getattr(self, '_wantCommit', True)
         self._msgs = []
         self._msgsAfterSync = []
         self._pending = None
@@ -355,6 +358,13 @@ class RaftCore:
 
     def progress(self, peer):
         return self._progress.get(peer)
+
+    def setCommitWanted(self, wanted):
+        """The fork's conf.commitWanted, asked by the caller: whether this node, as a follower,
+        wants each moved commit index at once (raftq: while long polls are parked on it) rather
+        than with the next append or heartbeat. Said to the leader in every answer to an append;
+        the leader sends a commit notice only to followers that asked (True by default)."""
+        self._wantCommit = bool(wanted)
 
     def setEligible(self, eligible):
         """upstream's conf.electionEligible, asked by the caller instead of called back: raftq
@@ -920,7 +930,8 @@ class RaftCore:
         if not notice and all(pr.next > last for pr in self._progress.values()):
             return      # (the common case on a turn without proposals: nothing to look at)
         for node, pr in self._progress.items():
-            if not self._sendTo(node, pr) and notice and not pr.inflight and pr.state == ProgressState.REPLICATE:
+            if not self._sendTo(node, pr) and notice and pr.wantsCommit and not pr.inflight and \
+                    pr.state == ProgressState.REPLICATE:
                 self._sendEmpty(node, pr)
 
     def _sendTo(self, node, pr):
@@ -974,6 +985,7 @@ class RaftCore:
         if pr is None:
             return
         pr.lastResponseTime = self._now
+        pr.wantsCommit = m.want_commit
         if m.success:
             self._onAppendSucceeded(pr, m.next_node_idx - 1)
         else:
@@ -1094,7 +1106,8 @@ class RaftCore:
         # same way, so the answers to one leader leave in the order they were made
         self._send(MessageType.NEXT_NODE_IDX, node, success=success, next_node_idx=nextNodeIdx,
                    reject_index=rejectIndex, log_unverified=self._unverified is not None,
-                   commit_index=self.raftCommitIndex)   # (a departing member: told of its removal)
+                   commit_index=self.raftCommitIndex,   # (a departing member: told of its removal)
+                   want_commit=self._wantCommit)
 
     _HANDLERS = {
         MessageType.REQUEST_PREVOTE: _onPreVoteRequest,

@@ -99,7 +99,7 @@ class LoopSyncObj:
         self._snapshot_cache = None
         self._syncing = False
         self._sync_thread = (concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="raft-sync")
-                             if os.environ.get("RAFTQ_LOOP_SYNC", "thread") == "thread" else None)
+                             if os.environ.get("RAFTQ_LOOP_SYNC") == "thread" else None)
         self._tick_handle = None
         self._ticks, self._ticks_per_s = 0, max(1, round(1 / self.tick_s))
         loop.create_task(self._start())
@@ -376,13 +376,17 @@ class LoopSyncObj:
 
     def _ready_turn(self):
         core = self.core
+        wanted = self.conf.commitWanted
+        core.setCommitWanted(wanted is not None and wanted())
         try:
             while core.has_ready():
                 rd = core.ready()
                 self._write(rd)
                 if rd.must_sync and self.durable and self._sync_thread is not None:
                     # the journal's fdatasync off the loop: meanwhile requests are parsed and
-                    # proposed, peers' messages stepped; all of it goes into the next Ready
+                    # proposed, peers' messages stepped; all of it goes into the next Ready.
+                    # Not the default: on 2 cores the hand-off cost more than it overlapped
+                    # (docs/performance.md "Raft engines")
                     self._syncing = True
                     fut = self.loop.run_in_executor(self._sync_thread, self.journal.sync)
                     fut.add_done_callback(lambda f, rd=rd: self._synced(rd, f))

@@ -35,16 +35,16 @@ def encode(m: Message) -> bytes:
     return pickle.dumps((
         m.type.value, m.src, m.dst, m.term, m.last_log_index, m.last_log_term, m.granted,
         m.prev_log_index, m.prev_log_term, tuple((e.index, e.term, e.data, int(e.kind)) for e in m.entries),
-        m.commit_index, m.success, m.next_node_idx, m.reject_index, m.log_unverified,
+        m.commit_index, m.success, m.next_node_idx, m.reject_index, m.log_unverified, m.want_commit,
         None if snap is None else (snap.index, snap.term, tuple(sorted(snap.voters)), snap.data)), 5)
 
 
 def decode(data: bytes) -> Message:
-    (kind, src, dst, term, lli, llt, granted, pli, plt, entries, commit, success, nni, reject, unverified,
+    (kind, src, dst, term, lli, llt, granted, pli, plt, entries, commit, success, nni, reject, unverified, want,
      snap) = loadsBuiltins(data)
     return Message(_TYPES[kind], src, dst, term, lli, llt, granted, pli, plt,
                    tuple(Entry(i, t, d, EntryKind(k)) for i, t, d, k in entries), commit, success, nni, reject,
-                   unverified, None if snap is None else Snapshot(snap[0], snap[1], frozenset(snap[2]), snap[3]))
+                   unverified, want, None if snap is None else Snapshot(snap[0], snap[1], frozenset(snap[2]), snap[3]))
 
 
 def _split(addr: str) -> tuple[str, int]:
