@@ -448,6 +448,8 @@ class LoopSyncObj:
                     waiting[2][1] = now
         for m in rd.messages_after_sync:
             links.send(m if m.snapshot is None else self._with_snapshot_data(m))
+        if rd.messages_after_sync:
+            links.flush()           # a follower's acknowledgement leaves before its applies
         for e in rd.committed_entries:
             self._apply(e)
         self.core.advance(rd)

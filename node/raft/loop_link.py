@@ -183,30 +183,52 @@ class Links:
             writer.close()
 
     async def _serve(self, peer: _Peer, reader, writer):
-        """The connection is the pair's: messages both ways until it closes."""
+        """The connection is the pair's: messages both ways until it closes. Read in chunks and
+        cut into frames here (one await per chunk, not two per frame: measured ≈ 10 µs a job on
+        a follower with readexactly)."""
         old = peer.writer
         if old is not None:
             old.close()
         peer.writer, peer.frames = writer, []
         peer.connects += 1
         self.conns.add(writer)
+        buf = bytearray()
         try:
             while True:
-                body = await self._read_frame(reader)
-                try:
-                    m = decode(body)
-                except Exception:           # noqa: BLE001 - not one of ours: close, never crash the loop
-                    raise _BadFrame("not a Raft message")
-                if m.dst == self.self_addr and m.src == peer.addr:
-                    self.on_message(m)
+                data = await reader.read(1 << 20)
+                if not data:
+                    return
+                buf += data
+                pos = self._frames_in(peer, buf)
+                if pos:
+                    del buf[:pos]
         except _BadFrame:
             self.refusals["bad_frame"] += 1
-        except (asyncio.IncompleteReadError, OSError):
+        except OSError:
             pass
         finally:
             self.conns.discard(writer)
             if peer.writer is writer:
                 peer.writer, peer.frames = None, []
+
+    def _frames_in(self, peer, buf) -> int:
+        """Hand every whole frame in `buf` on; how many bytes they took."""
+        pos, end, enc = 0, len(buf), self.encryptor
+        while end - pos >= 4:
+            (size,) = _LEN.unpack_from(buf, pos)
+            if not 0 <= size <= MAX_FRAME:
+                raise _BadFrame("frame length out of bounds")
+            if end - pos - 4 < size:
+                break
+            body = bytes(buf[pos + 4:pos + 4 + size])
+            pos += 4 + size
+            try:
+                m = decode(enc.decrypt(body) if enc is not None else body)
+            except Exception:           # noqa: BLE001 - not one of ours: close, never crash the loop
+                raise _BadFrame("not a Raft message")
+            if m.dst == self.self_addr and m.src == peer.addr:
+                self.on_message(m)
+        return pos
 
     async def close(self):
         self.closed = True
