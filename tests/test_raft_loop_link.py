@@ -6,6 +6,7 @@ import struct
 
 import pytest
 
+from raftq.cluster.local import free_ports
 from raftq.node.raft.core import Entry, EntryKind, Message, MessageType, Snapshot
 from raftq.node.raft.encryptor import getEncryptor
 from raftq.node.raft.loop_link import Links, decode, encode
@@ -55,19 +56,8 @@ async def _wait(cond, timeout=5.0):
         await asyncio.sleep(0.01)
 
 
-def _free_ports(n):
-    import socket
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
-
-
 async def test_two_links_carry_messages_both_ways_with_the_cluster_secret():
-    pa, pb = _free_ports(2)
+    pa, pb = free_ports(2)
     a, b, got = await _link_pair("s3cret", "s3cret", pa, pb)
     try:
         await _wait(lambda: a.connected(f"127.0.0.1:{pb}") and b.connected(f"127.0.0.1:{pa}"))
@@ -85,7 +75,7 @@ async def test_two_links_carry_messages_both_ways_with_the_cluster_secret():
 
 
 async def test_a_peer_with_another_secret_is_heard_as_nothing_and_counted():
-    pa, pb = _free_ports(2)
+    pa, pb = free_ports(2)
     a, b, got = await _link_pair("one", "other", pa, pb)
     try:
         await _wait(lambda: a.refusals["handshake"] + b.refusals["handshake"] >= 2)
@@ -99,7 +89,7 @@ async def test_a_peer_with_another_secret_is_heard_as_nothing_and_counted():
 
 
 async def test_a_connection_that_says_nothing_is_closed_after_the_handshake_timeout():
-    (pa,) = _free_ports(1)
+    (pa,) = free_ports(1)
     a = Links(asyncio.get_running_loop(), f"127.0.0.1:{pa}", [], None, lambda m: None, handshake_timeout_s=0.2)
     await a.start()
     try:
@@ -110,7 +100,7 @@ async def test_a_connection_that_says_nothing_is_closed_after_the_handshake_time
 
 
 async def test_a_frame_longer_than_the_bound_closes_the_connection():
-    (pa,) = _free_ports(1)
+    (pa,) = free_ports(1)
     loop = asyncio.get_running_loop()
     a = Links(loop, f"127.0.0.1:{pa}", [], None, lambda m: None)
     await a.start()

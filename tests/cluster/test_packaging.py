@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from raftq.cluster.local import free_ports
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -74,7 +76,7 @@ def test_a_client_install_has_no_server_dependencies_and_a_server_install_runs_a
 
     py = make_venv(tmp_path / "server-venv")
     run([py, "-m", "pip", "install", "-q", f"{wheel}[server]"], cwd=work)
-    port, raft = _free_ports(2)
+    port, raft = free_ports(2)
     (work / "n1.toml").write_text(f"""
 [node]
 id = "n1"
@@ -153,17 +155,6 @@ def test_the_wheel_metadata_names_one_version_and_what_each_extra_needs(wheel):
     assert get("Requires-Python") == [">=3.11"]
     entry = z.read(next(n for n in z.namelist() if n.endswith(".dist-info/entry_points.txt"))).decode()
     assert "raftq = raftq.cluster.cli:main" in entry
-
-
-def _free_ports(n):
-    import socket
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
 
 
 def test_the_wheel_holds_the_raft_fork_with_its_licence(wheel):
