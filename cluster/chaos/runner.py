@@ -745,6 +745,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--durability", choices=("fsync", "memory"), default="fsync",
                    help="the nodes' durability mode (default %(default)s; memory mode loses acknowledged jobs to a "
                         "power cut, which the report counts apart as expected)")
+    p.add_argument("--raft-engine", choices=("thread", "loop"), default=None,
+                   help="the nodes' tuning.raft_engine (docs/cluster.md \"Raft engines\"); default: the setting's")
     p.add_argument("--dir", default=None, help="run directory (kept); default: a temporary one, removed if the run passes")
     p.add_argument("--keep", action="store_true", help="keep the temporary run directory")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
@@ -800,6 +802,8 @@ def options_from_args(args) -> ChaosOptions:
         opts.workload.workflows = False
     if args.no_batches:
         opts.workload.batches = False
+    if args.raft_engine:
+        opts.tuning["raft_engine"] = args.raft_engine
     return opts
 
 
