@@ -230,6 +230,8 @@ class LoopSyncObj:
             consumer._deserialize(data)
 
     async def _start(self):
+        if self._destroyed:         # a node removed from the cluster before this start runs no Raft
+            return
         try:
             await self.links.start()
         except OSError as e:
