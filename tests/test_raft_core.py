@@ -817,3 +817,23 @@ def test_a_single_node_leads_and_commits_alone_once_persisted():
     core.advance(rd)
     assert core.commitIndex == 2
     assert [e.data for e in core.ready().committed_entries] == [b'', b'x']
+
+
+def test_a_wiped_follower_is_repaired_from_the_start():
+    """A member's data dir emptied (a new node at its address, as `raftq chaos`'s wipe-node does):
+    it refuses appends at or past the match the leader knew with a log that ends before it; the
+    leader lowers its match and sends everything again (the fork's leader takes every hint)."""
+    net = Net()
+    leader = net.elect('a')
+    net.deliver()
+    for n in range(4):
+        net.propose('a', b'%d' % n)
+        net.deliver()
+    assert leader.progress('c').match == leader.lastIndex == 5
+    net.cores['c'] = RaftCore('c', 'abc', random.Random(9), CONF, hardState=HardState(leader.term))
+    net.disks['c'], net.applied['c'] = (HardState(leader.term), []), []
+    for _ in range(4):
+        net.tick('a', CONF.heartbeat_interval)
+        net.deliver()
+    assert net['c'].lastIndex == 5 and leader.progress('c').match == 5
+    assert [e.data for e in net.applied['c'] if e.kind == EntryKind.REGULAR] == [b'0', b'1', b'2', b'3']

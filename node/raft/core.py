@@ -1005,10 +1005,13 @@ class RaftCore:
         pr.next = max(pr.next, pr.match + 1)
 
     def _onAppendRefused(self, pr, m):
-        if m.log_unverified and m.next_node_idx <= pr.match:
-            # The follower's disk lost entries it had acknowledged (the fork's disk checks): its
-            # match index is no longer true. Without this its refusals would all look late and
-            # it would never be repaired (the fork's leader takes every refusal's hint).
+        if m.next_node_idx <= pr.match and (m.log_unverified or m.reject_index >= pr.match):
+            # The follower's disk lost entries it had acknowledged: the fork's disk checks found
+            # it, or it refused an append at or past its match with a log that ends before it (a
+            # wiped data dir: a new node at a member's address). Its match index is no longer
+            # true; without this its refusals would all look late and it would never be repaired
+            # (the fork's leader takes every refusal's hint). A refusal that is merely late and
+            # fits this only sends entries again: match only lowers what the leader counts.
             pr.match = m.next_node_idx - 1
         elif m.reject_index <= pr.match or pr.state == ProgressState.SNAPSHOT:
             return      # late: the follower has matched past it since, or its snapshot is out
