@@ -78,7 +78,7 @@ async def test_a_peer_with_another_secret_is_heard_as_nothing_and_counted():
     pa, pb = free_ports(2)
     a, b, got = await _link_pair("one", "other", pa, pb)
     try:
-        await _wait(lambda: a.refusals["handshake"] + b.refusals["handshake"] >= 2)
+        await _wait(lambda: a.refusals["auth_failed"] + b.refusals["auth_failed"] >= 2)
         assert not a.connected(f"127.0.0.1:{pb}") and not b.connected(f"127.0.0.1:{pa}")
         a.send(Message(MessageType.REQUEST_VOTE, f"127.0.0.1:{pa}", f"127.0.0.1:{pb}", 2))
         a.flush()
@@ -95,6 +95,19 @@ async def test_a_connection_that_says_nothing_is_closed_after_the_handshake_time
     try:
         r, w = await asyncio.open_connection("127.0.0.1", pa)
         assert await asyncio.wait_for(r.read(), 5) == b""
+        assert a.refusals["handshake_timeout"] == 1
+    finally:
+        await a.close()
+
+
+async def test_handshakes_beyond_the_cap_close_the_oldest():
+    (pa,) = free_ports(1)
+    a = Links(asyncio.get_running_loop(), f"127.0.0.1:{pa}", [], None, lambda m: None, max_pending=2)
+    await a.start()
+    try:
+        conns = [await asyncio.open_connection("127.0.0.1", pa) for _ in range(3)]
+        assert await asyncio.wait_for(conns[0][0].read(), 5) == b""        # the oldest made room
+        assert a.refusals["too_many_pending"] == 1 and len(a.pending) == 2
     finally:
         await a.close()
 
@@ -106,9 +119,9 @@ async def test_a_frame_longer_than_the_bound_closes_the_connection():
     await a.start()
     try:
         r, w = await asyncio.open_connection("127.0.0.1", pa)
-        w.write(struct.pack("i", (256 << 20) + 1))
+        w.write(struct.pack("i", 4097))        # before authentication: at most 4 KiB (the fork's bound)
         await w.drain()
         assert await asyncio.wait_for(r.read(), 5) == b""       # closed by the link
-        assert a.refusals["handshake"] == 1
+        assert a.refusals["frame_too_large"] == 1
     finally:
         await a.close()

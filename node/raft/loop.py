@@ -74,7 +74,6 @@ class LoopSyncObj:
         self.tickThread = None
         self.raft_cpu_s = 0.0               # CPU of this loop's Raft work (turns, steps), applies included
         self.raftLastApplied = 0
-        self.transportRefusals = {}
         self.removedFromCluster = False
         self.membershipChangePending = False
         self.otherNodes = [SimpleNamespace(id=a) for a in sorted(others)]
@@ -86,6 +85,7 @@ class LoopSyncObj:
         self._failed = False
         self._destroyed = False
         self._last_state = RaftState.FOLLOWER
+        self._led_term = None               # the term this node leads in
         self.serializer = Serializer(conf.fullDumpFile, 1 << 20, True, self.durable, conf.snapshotCompressionLevel,
                                      [k for c in self.consumers for k in c._legacySnapshotClasses],
                                      self._upgrade_legacy)
@@ -95,7 +95,8 @@ class LoopSyncObj:
         self.core = self._load(self_addr, others)
         enc = getEncryptor(conf.password) if conf.password else None
         self.links = Links(loop, self_addr, others, enc, self._on_message, dial_map=conf.dialMap,
-                           retry_s=min(conf.connectionRetryTime, 0.2))
+                           retry_s=min(conf.connectionRetryTime, 0.2), handshake_timeout_s=conf.handshakeTimeout,
+                           max_pending=conf.maxPendingConnections)
         self._snapshot_cache = None
         self._syncing = False
         self._sync_thread = (concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="raft-sync")
@@ -503,10 +504,13 @@ class LoopSyncObj:
         if state == self._last_state:
             return
         old, self._last_state = self._last_state, state
-        if state != RaftState.LEADER:
-            # Entries this node proposed may still commit under the next leader: their callbacks
-            # stay until their index is applied (with their term: success; another: discarded).
-            pass
+        # (Entries this node proposed may still commit under the next leader: their callbacks
+        # stay until their index is applied: with their term, success; another, discarded.)
+        term = self.core.term
+        if old == RaftState.LEADER and term == self._led_term:      # CheckQuorum, as the fork logs it
+            log.warning("no majority heard from for %.2f s: stepping down (term %d)",
+                        self.core.conf.election_timeout_min * self.tick_s, term)
+        self._led_term = term if state == RaftState.LEADER else None
         hook = self.conf.onStateChanged
         if hook is not None:
             try:
@@ -550,6 +554,11 @@ class LoopSyncObj:
     def raftElectionDeadline(self):
         core = self.core
         return time.monotonic() + (core.raftElectionDeadline - core.ticks) * self.tick_s
+
+    @property
+    def transportRefusals(self):
+        """The Raft link's refusals by reason (the fork's transport.REFUSALS) and the handshakes under way."""
+        return dict(self.links.refusals, pending=len(self.links.pending))
 
     @property
     def journalSyncs(self):

@@ -22,6 +22,7 @@ import time
 
 from .core import Entry, EntryKind, Message, MessageType, Snapshot
 from .pickle import loadsBuiltins
+from .transport import HANDSHAKE_MAX_FRAME, REFUSAL_LOG_PERIOD, REFUSALS
 
 log = logging.getLogger("raftq.raft.link")
 
@@ -71,7 +72,7 @@ class Links:
     queues a frame and `flush` writes what each peer has queued in one write (once per Ready)."""
 
     def __init__(self, loop, self_addr, peers, encryptor, on_message, *, dial_map=None, retry_s=0.2,
-                 max_buffered=64 << 20, handshake_timeout_s=5.0):
+                 max_buffered=64 << 20, handshake_timeout_s=5.0, max_pending=64):
         self.loop = loop
         self.self_addr = self_addr
         self.peers = {p: _Peer(p) for p in peers if p != self_addr}
@@ -81,11 +82,15 @@ class Links:
         self.retry_s = retry_s
         self.max_buffered = max_buffered
         self.handshake_timeout_s = handshake_timeout_s
+        self.max_pending = max_pending
         self.server = None
         self.tasks: list = []
         self.conns: set = set()
+        self.pending: dict = {}         # incoming connections in their handshake -> their task, oldest first
         self.closed = False
-        self.refusals = {"bad_frame": 0, "handshake": 0, "dropped": 0}
+        self.refusals = dict.fromkeys(REFUSALS, 0)      # the fork's reasons (node/raft/transport.py)
+        self.dropped = 0                # frames not sent: the peer's socket had max_buffered unsent
+        self._refusal_log_at, self._refusals_unlogged = -REFUSAL_LOG_PERIOD, 0
 
     async def start(self):
         host, port = _split(self.self_addr)
@@ -104,17 +109,36 @@ class Links:
             body = self.encryptor.encrypt_at_time(body, int(time.time()))
         return _LEN.pack(len(body)) + body
 
-    async def _read_frame(self, reader) -> bytes:
+    async def _read_frame(self, reader, max_frame=MAX_FRAME) -> bytes:
         (size,) = _LEN.unpack(await reader.readexactly(4))
-        if not 0 <= size <= MAX_FRAME:
-            raise _BadFrame("frame length out of bounds")
+        if not 0 <= size <= max_frame:
+            raise _Refused("frame_too_large")      # before anything of it is buffered
         body = await reader.readexactly(size)
         if self.encryptor is not None:
             try:
                 body = self.encryptor.decrypt(body)
-            except Exception as e:              # noqa: BLE001 - another secret, or not ours
-                raise _BadFrame(str(e))
+            except Exception:                   # noqa: BLE001 - another secret, or not ours
+                raise _Refused("auth_failed")
         return body
+
+    def _handshake_frame(self, reader):
+        return asyncio.wait_for(self._read_frame(reader, HANDSHAKE_MAX_FRAME), self.handshake_timeout_s)
+
+    def _refused(self, writer, incoming: bool, reason: str):
+        """Count a refusal and log it, at most one line per REFUSAL_LOG_PERIOD with the number
+        left out since (the fork's TCPTransport._refused): only the peer's address and the
+        reason, nothing it sent, never the secret."""
+        self.refusals[reason] += 1
+        now = time.monotonic()
+        if now - self._refusal_log_at < REFUSAL_LOG_PERIOD:
+            self._refusals_unlogged += 1
+            return
+        more = f" ({self._refusals_unlogged} more refusals since the last such line)" if self._refusals_unlogged else ""
+        self._refusal_log_at, self._refusals_unlogged = now, 0
+        peer = writer.get_extra_info("peername")
+        peer = "%s:%s" % peer[:2] if isinstance(peer, tuple) else str(peer)
+        log.warning("Raft link: closed the connection %s %s: %s%s", "from" if incoming else "to", peer,
+                    reason.replace("_", " "), more)
 
     # ------------------------------------------------------------------ sending
     def send(self, m: Message):
@@ -132,7 +156,7 @@ class Links:
             if w is None or w.is_closing():
                 continue
             if w.transport.get_write_buffer_size() > self.max_buffered:
-                self.refusals["dropped"] += len(frames)      # Raft sends them again
+                self.dropped += len(frames)      # Raft sends them again
                 continue
             w.write(b"".join(frames))
 
@@ -148,13 +172,15 @@ class Links:
                 challenge = os.urandom(16)
                 writer.write(self._frame(pickle.dumps(("hello", self.self_addr), 5)) +
                              self._frame(pickle.dumps(("challenge", challenge), 5)))
-                answer = await asyncio.wait_for(self._read_frame(reader), self.handshake_timeout_s)
-                if loadsBuiltins(answer) != ("answer", challenge):
-                    raise _BadFrame("wrong answer to the challenge")
-                await self._serve(peer, reader, writer)
-            except _BadFrame:
-                self.refusals["handshake"] += 1
-            except (OSError, ValueError, asyncio.IncompleteReadError, asyncio.TimeoutError):
+                answer = await self._handshake_frame(reader)
+                if _load(answer) != ("answer", challenge):
+                    raise _Refused("auth_failed")
+                await self._serve(peer, reader, writer, False)
+            except _Refused as r:
+                self._refused(writer, False, r.reason)
+            except asyncio.TimeoutError:
+                self._refused(writer, False, "handshake_timeout")
+            except (OSError, ValueError, asyncio.IncompleteReadError):
                 pass
             finally:
                 if writer is not None:
@@ -167,22 +193,35 @@ class Links:
             writer.close()
             return
         _nodelay(writer)
+        if len(self.pending) >= self.max_pending:       # make room: the oldest handshake goes
+            oldest = next(iter(self.pending))
+            self.pending.pop(oldest).cancel()
+            oldest.close()
+            self._refused(oldest, True, "too_many_pending")
+        self.pending[writer] = asyncio.current_task()
         try:
-            hello = loadsBuiltins(await asyncio.wait_for(self._read_frame(reader), self.handshake_timeout_s))
-            challenge = loadsBuiltins(await asyncio.wait_for(self._read_frame(reader), self.handshake_timeout_s))
-            peer = self.peers.get(hello[1]) if hello[0] == "hello" else None
-            if peer is None or challenge[0] != "challenge":
-                raise _BadFrame(f"not a peer's hello: {hello[:2]!r}")
+            hello, challenge = _load(await self._handshake_frame(reader)), _load(await self._handshake_frame(reader))
+            if not (isinstance(hello, tuple) and len(hello) == 2 and hello[0] == "hello"):
+                raise _Refused("malformed")
+            peer = self.peers.get(hello[1])
+            if peer is None:
+                raise _Refused("unknown_peer")
+            if not (isinstance(challenge, tuple) and len(challenge) == 2 and challenge[0] == "challenge"):
+                raise _Refused("malformed")
             writer.write(self._frame(pickle.dumps(("answer", challenge[1]), 5)))
-            await self._serve(peer, reader, writer)
-        except (_BadFrame, pickle.UnpicklingError, IndexError, TypeError, ValueError):
-            self.refusals["handshake"] += 1
-        except (OSError, asyncio.IncompleteReadError, asyncio.TimeoutError, asyncio.CancelledError):
+            self.pending.pop(writer, None)
+            await self._serve(peer, reader, writer, True)
+        except _Refused as r:
+            self._refused(writer, True, r.reason)
+        except asyncio.TimeoutError:
+            self._refused(writer, True, "handshake_timeout")
+        except (OSError, asyncio.IncompleteReadError, asyncio.CancelledError):
             pass
         finally:
+            self.pending.pop(writer, None)
             writer.close()
 
-    async def _serve(self, peer: _Peer, reader, writer):
+    async def _serve(self, peer: _Peer, reader, writer, incoming: bool):
         """The connection is the pair's: messages both ways until it closes. Read in chunks and
         cut into frames here (one await per chunk, not two per frame: measured ≈ 10 µs a job on
         a follower with readexactly)."""
@@ -202,8 +241,8 @@ class Links:
                 pos = self._frames_in(peer, buf)
                 if pos:
                     del buf[:pos]
-        except _BadFrame:
-            self.refusals["bad_frame"] += 1
+        except _Refused as r:
+            self._refused(writer, incoming, r.reason)
         except OSError:
             pass
         finally:
@@ -217,7 +256,7 @@ class Links:
         while end - pos >= 4:
             (size,) = _LEN.unpack_from(buf, pos)
             if not 0 <= size <= MAX_FRAME:
-                raise _BadFrame("frame length out of bounds")
+                raise _Refused("bad_frame")
             if end - pos - 4 < size:
                 break
             body = bytes(buf[pos + 4:pos + 4 + size])
@@ -225,7 +264,7 @@ class Links:
             try:
                 m = decode(enc.decrypt(body) if enc is not None else body)
             except Exception:           # noqa: BLE001 - not one of ours: close, never crash the loop
-                raise _BadFrame("not a Raft message")
+                raise _Refused("bad_frame")
             if m.dst == self.self_addr and m.src == peer.addr:
                 self.on_message(m)
         return pos
@@ -240,8 +279,18 @@ class Links:
             self.server.close()
 
 
-class _BadFrame(Exception):
-    pass
+class _Refused(Exception):
+    def __init__(self, reason):
+        super().__init__(reason)
+        self.reason = reason
+
+
+def _load(data):
+    """A handshake frame: builtins only; anything else is `malformed`."""
+    try:
+        return loadsBuiltins(data)
+    except Exception:                   # noqa: BLE001 - a pickle error, a global refused, garbage
+        raise _Refused("malformed")
 
 
 def _nodelay(writer):

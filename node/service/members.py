@@ -42,7 +42,10 @@ class Members:
 
     async def add_member(self, body, rid, who):
         refused = self._engine_refuses_changes()
-        return refused or await self.membership.add(body, rid, who)
+        if refused is not None:
+            from ..replication.membership import parse_member
+            return parse_member(body)[1] or refused        # a bad body is said first, as always
+        return await self.membership.add(body, rid, who)
 
     async def remove_member(self, member_id, rid, who, authorization=None):
         refused = self._engine_refuses_changes()

@@ -20,8 +20,10 @@ def cluster_hashing_node_1_in_a_child(tmp_path) -> LocalCluster:
     c = LocalCluster(tmp_path / "c", storage={"sweep_interval_ms": 3_600_000})
     try:
         c.write_configs()
-        with open(c.config_path(0), "a") as f:
-            f.write("\n[tuning]\ndigest_inline_max_entries = 0\n")
+        path = c.config_path(0)
+        text = path.read_text()     # (a [tuning] table is there when RAFTQ_RAFT_ENGINE chose an engine)
+        key = "\n[tuning]\ndigest_inline_max_entries = 0\n"
+        path.write_text(text.replace("\n[tuning]\n", key, 1) if "\n[tuning]\n" in text else text + key)
         c.start_all()
         c.wait_leader()
     except BaseException:

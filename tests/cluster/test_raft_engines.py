@@ -56,7 +56,7 @@ def test_the_loop_engine_serves_across_a_leader_kill_and_restarts_from_its_journ
 
 
 def test_a_cluster_moves_between_the_engines_on_its_data_dirs_both_ways(make_cluster):
-    c = make_cluster()              # the default engine: thread
+    c = make_cluster(tuning={"raft_engine": "thread"})     # (RAFTQ_RAFT_ENGINE may set another default)
     api = Api(c)
     assert {c.cluster_view(i, digest=False)["raft_engine"] for i in range(3)} == {"thread"}
     for i in range(10):
