@@ -19,6 +19,7 @@ node of a cluster must be the same (their messages differ).
 from __future__ import annotations
 
 import asyncio
+import collections
 import dataclasses
 import errno
 import concurrent.futures
@@ -41,6 +42,7 @@ from .serializer import EXIT_EIO, SNAPSHOT_FORMAT, SNAPSHOT_VERSION, LegacyObjec
 log = logging.getLogger("raftq.raft.loop")
 
 _REGULAR, _NO_OP, _MEMBERSHIP, _VERSION = 0, 1, 2, 3
+APPLY_SLICE_S = 0.01        # the longest the loop applies committed entries before it runs anything else
 _KINDS = {_REGULAR: EntryKind.REGULAR, _NO_OP: EntryKind.NO_OP, _MEMBERSHIP: EntryKind.MEMBERSHIP,
           _VERSION: EntryKind.REGULAR}
 
@@ -99,6 +101,8 @@ class LoopSyncObj:
                            max_pending=conf.maxPendingConnections)
         self._snapshot_cache = None
         self._syncing = False
+        self._to_apply = collections.deque()     # committed, not yet applied (_apply_some)
+        self._apply_scheduled = False
         self._sync_thread = (concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="raft-sync")
                              if os.environ.get("RAFTQ_LOOP_SYNC") == "thread" else None)
         self._tick_handle = None
@@ -280,7 +284,7 @@ class LoopSyncObj:
                       self.serializer.lastFailure)
         if state == SERIALIZER_STATE.SERIALIZING or not self._compaction_due():
             return
-        j, index = self.journal, self.core.raftLastApplied
+        j, index = self.journal, self.raftLastApplied      # what the state machine holds
         start = j[0][1]
         if index - 1 <= start or index - 1 == self._compacted_at:
             return
@@ -453,9 +457,34 @@ class LoopSyncObj:
             links.send(m if m.snapshot is None else self._with_snapshot_data(m))
         if rd.messages_after_sync:
             links.flush()           # a follower's acknowledgement leaves before its applies
-        for e in rd.committed_entries:
-            self._apply(e)
+        self._to_apply.extend(rd.committed_entries)
         self.core.advance(rd)
+        self._apply_some()
+
+    def _apply_some(self):
+        """Apply committed entries for at most APPLY_SLICE_S, the rest in later turns of the loop.
+        Raft goes on meanwhile (the core was advanced: it votes, replicates and commits while a
+        restart's replay catches up, as the fork's tick applies in budgets), and so do HTTP and
+        the Raft link. The state machine is at `raftLastApplied`, the core may be ahead of it."""
+        queue, apply = self._to_apply, self._apply
+        end = time.perf_counter() + APPLY_SLICE_S
+        while queue:
+            apply(queue.popleft())
+            if queue and time.perf_counter() >= end:
+                if not self._apply_scheduled:
+                    self._apply_scheduled = True
+                    self.loop.call_soon(self._apply_more)
+                return
+
+    def _apply_more(self):
+        self._apply_scheduled = False
+        if self._destroyed or self._failed:
+            return
+        t0 = time.thread_time()
+        try:
+            self._apply_some()
+        finally:
+            self.raft_cpu_s += time.thread_time() - t0
 
     def _apply(self, e: Entry):
         waiting = self._callbacks.pop(e.index, None) if self._callbacks else None
@@ -496,6 +525,8 @@ class LoopSyncObj:
         j.add(*doc["raft"]["prev"])
         j.add(*doc["raft"]["last"])
         self.raftLastApplied = snap.index
+        while self._to_apply and self._to_apply[0].index <= snap.index:
+            self._to_apply.popleft()
         for index in [i for i in self._callbacks if i <= snap.index]:
             self._fail(self._callbacks.pop(index)[1], FAIL_REASON.UNKNOWN_OUTCOME)
 
