@@ -79,6 +79,7 @@ class LoopSyncObj:
         self.removedFromCluster = False
         self.membershipChangePending = False
         self.otherNodes = [SimpleNamespace(id=a) for a in sorted(others)]
+        self.members = sorted([self_addr, *others])      # fixed under this engine (no membership change)
         self.membership = {a: dict((conf.memberInfo or {}).get(a, {})) for a in [self_addr, *others]}
         self._register(self.consumers)
         self._callbacks: dict = {}          # index -> (term, callback, stamps)
@@ -133,7 +134,7 @@ class LoopSyncObj:
         self.diskFindings = self._check_disk()
         if len(j) == 0:
             j.add(b"\x01", 1, j.getCurrentTerm())          # the fork's first entry: every node has it
-        snapshot, self._snapshot_doc = self._load_snapshot()
+        snapshot = self._load_snapshot()
         entries = []
         for i in range(len(j)):
             cmd, idx, term = j[i]
@@ -212,13 +213,12 @@ class LoopSyncObj:
     def _load_snapshot(self):
         path = self.conf.fullDumpFile
         if not path or not os.path.exists(path):
-            return None, None
+            return None
         doc = self.serializer.deserialize()
         self._restore_consumers(doc)
         _, index, term = doc["raft"]["last"]
-        voters = frozenset([self.selfAddr, *[n.id for n in self.otherNodes]])
         # the file's bytes are read only when a follower needs them (_with_snapshot_data)
-        return Snapshot(index, term, voters, b""), doc
+        return Snapshot(index, term, frozenset(self.members), b"")
 
     def _upgrade_legacy(self, old):
         """Upstream's (data, last, prev, cluster) snapshot -> the document (as syncobj.py's
@@ -289,7 +289,7 @@ class LoopSyncObj:
         if index - 1 <= start or index - 1 == self._compacted_at:
             return
         prev, last = tuple(j[index - 1 - start]), tuple(j[index - start])
-        members = sorted([self.selfAddr, *[n.id for n in self.otherNodes]])
+        members = self.members
         raft = {"last": last, "prev": prev, "members": members,
                 "member_info": {a: dict(self.membership.get(a, {})) for a in members}, "code_version": 0}
         consumers = self.consumers
@@ -303,7 +303,7 @@ class LoopSyncObj:
         c, now = self.conf, time.monotonic()
         if len(self.journal) <= c.logCompactionMinEntries and now - self._last_compaction <= c.logCompactionMinTime:
             return False
-        members = sorted([self.selfAddr, *[n.id for n in self.otherNodes]])
+        members = self.members
         slot = c.logCompactionMinTime / len(members)
         start = int(now / c.logCompactionMinTime) * c.logCompactionMinTime + members.index(self.selfAddr) * slot
         return start <= now < start + max(0.3 * slot, 1.5)

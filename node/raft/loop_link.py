@@ -54,13 +54,12 @@ def _split(addr: str) -> tuple[str, int]:
 
 
 class _Peer:
-    __slots__ = ("addr", "writer", "frames", "connects")
+    __slots__ = ("addr", "writer", "frames")
 
     def __init__(self, addr):
         self.addr = addr
         self.writer = None
         self.frames: list = []
-        self.connects = 0
 
 
 class Links:
@@ -229,7 +228,6 @@ class Links:
         if old is not None:
             old.close()
         peer.writer, peer.frames = writer, []
-        peer.connects += 1
         self.conns.add(writer)
         buf = bytearray()
         try:
