@@ -453,7 +453,9 @@ TESTING = {
                             "problems and counted in `GET /v1/cluster` `invariant_violations` (null when off). A "
                             "check costs O(state), so N bounds it: after every entry while the state holds at most "
                             "N entries (jobs, dead letters, request ids), after every ⌈entries / N⌉-th beyond, about "
-                            "N entries' worth of checking per applied entry whatever the backlog. The test suite's "
+                            "N entries' worth of checking per applied entry whatever the backlog. None while the node's "
+                            "applies are more than 1,000 entries behind its commit index (a replay, a catch-up: "
+                            "checked at the first entry after). The test suite's "
                             "clusters and `raftq chaos` run with 1000 and fail on any violation. 0: off.",
                             minimum=0),
 }

@@ -43,6 +43,11 @@ log = logging.getLogger("raftq.raft.loop")
 
 _REGULAR, _NO_OP, _MEMBERSHIP, _VERSION = 0, 1, 2, 3
 APPLY_SLICE_S = 0.01        # the longest the loop applies committed entries before it runs anything else
+# A node whose applies are more than this many committed entries behind does not stand for
+# election: as a leader it would commit its clients' calls but answer them only once its
+# state machine caught up (a restart's replay), past their deadlines (docs/cluster.md
+# "Raft engines").
+APPLY_LAG_MAX = 1000
 _KINDS = {_REGULAR: EntryKind.REGULAR, _NO_OP: EntryKind.NO_OP, _MEMBERSHIP: EntryKind.MEMBERSHIP,
           _VERSION: EntryKind.REGULAR}
 
@@ -250,6 +255,7 @@ class LoopSyncObj:
         if self._destroyed or self._failed:
             return
         self._tick_handle = self.loop.call_later(self.tick_s, self._tick)
+        self.core.setEligible(self._may_stand())
         self.core.tick()
         self._ticks += 1
         try:
@@ -264,6 +270,15 @@ class LoopSyncObj:
             except Exception:                   # noqa: BLE001 - a hook never stops Raft
                 log.exception("tick callback failed")
         self._kick()
+
+    def _may_stand(self) -> bool:
+        """Whether this node may stand for election now, asked before each tick: not while its
+        applies are more than APPLY_LAG_MAX entries behind its commit index, nor when the node
+        says no (conf.electionEligible: its data disk below the free-space reserve)."""
+        if self.core.commitIndex - self.raftLastApplied > APPLY_LAG_MAX:
+            return False
+        eligible = self.conf.electionEligible
+        return eligible is None or bool(eligible())
 
     # ------------------------------------------------------------------ log compaction
     def _compaction(self):

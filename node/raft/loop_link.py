@@ -179,8 +179,8 @@ class Links:
                 self._refused(writer, False, r.reason)
             except asyncio.TimeoutError:
                 self._refused(writer, False, "handshake_timeout")
-            except (OSError, ValueError, asyncio.IncompleteReadError):
-                pass
+            except (OSError, ValueError, RuntimeError, asyncio.IncompleteReadError):
+                pass                # (RuntimeError: uvloop's write to a transport already closed)
             finally:
                 if writer is not None:
                     writer.close()
@@ -215,6 +215,8 @@ class Links:
         except asyncio.TimeoutError:
             self._refused(writer, True, "handshake_timeout")
         except (OSError, asyncio.IncompleteReadError, asyncio.CancelledError):
+            pass
+        except RuntimeError:        # uvloop: the answer written to a transport the pending cap closed
             pass
         finally:
             self.pending.pop(writer, None)

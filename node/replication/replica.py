@@ -34,6 +34,8 @@ log = logging.getLogger("raftq.replica")
 
 # How far behind the leader's reported commit index a node may be and still be ready (/readyz).
 READY_MAX_LAG = 64
+# [testing] check_invariants skips its checks while the applies are this far behind (a replay).
+REPLAY_LAG = 1000
 
 # The membership in force, as this node last saw it change (docs/cluster.md "Membership changes"):
 # read at start instead of the TOML's peer list once it exists.
@@ -146,13 +148,19 @@ class QueueState(SyncObjConsumer):
         letters, request ids), beyond that after every ceil(entries / N)-th, so a check costs about
         N entries' worth per applied entry. A violation never raises into the apply path: it is
         counted (`invariant_violations` in GET /v1/cluster) and logged CRITICAL with the problems
-        (once while they stay the same)."""
+        (once while they stay the same). While the applies are more than REPLAY_LAG entries behind
+        the commit index (a restart's replay, a catch-up) no check runs; the first entry applied
+        after it is checked: a replay with the checks took ten times as long, and kept a
+        cluster whose nodes all restarted without a leader that could answer."""
         m = self.machine
         budget = self.check_invariants
         size = len(m.jobs) + len(m.dlq) + len(m.rids)
         self.since_check += 1
         if size > budget and self.since_check * budget < size:
             return
+        s = self._syncObj
+        if s is not None and s.raftCommitIndex - s.raftLastApplied > REPLAY_LAG:
+            return          # a replay: checked once it has caught up (since_check has grown)
         self.since_check = 0
         failed = False
         try:

@@ -200,10 +200,11 @@ def _root_can_mount() -> bool:
 
 @skip_cluster
 @pytest.mark.skipif(not _root_can_mount(), reason="needs root and mkfs.ext4 (loop-mounted filesystems)")
-def test_below_the_reserve_writes_are_refused_leadership_moves_and_writes_resume(tmp_path):
+@pytest.mark.parametrize("engine", ["thread", "loop"])
+def test_below_the_reserve_writes_are_refused_leadership_moves_and_writes_resume(tmp_path, engine):
     reserve = 16 << 20
     disks = diskfaults.SmallDisks(tmp_path / "disks", size_bytes=96 << 20)
-    c = LocalCluster(tmp_path / "c", storage={"min_free_bytes": reserve})
+    c = LocalCluster(tmp_path / "c", storage={"min_free_bytes": reserve}, tuning={"raft_engine": engine})
     try:
         for i in range(c.n):
             disks.mount(c.ids[i], c.data_dir(i))

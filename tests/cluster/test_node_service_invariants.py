@@ -90,6 +90,22 @@ def test_a_large_state_is_checked_every_size_over_budget_entries(monkeypatch):
     assert len(calls) == 10                     # 35 entries, budget 10: every 4th apply
 
 
+def test_no_check_runs_during_a_replay_and_the_first_entry_after_it_is_checked(monkeypatch):
+    from types import SimpleNamespace
+    from raftq.node.replication.replica import REPLAY_LAG
+    s = state(10)
+    calls = []
+    monkeypatch.setattr(s.machine, "check_invariants", lambda: calls.append(1))
+    raft = s._syncObj = SimpleNamespace(raftCommitIndex=50_000, raftLastApplied=1)
+    for _ in range(100):
+        s._check_invariants()
+        raft.raftLastApplied += 1
+    assert calls == []                          # far behind the commit index: a replay
+    raft.raftLastApplied = raft.raftCommitIndex - REPLAY_LAG
+    s._check_invariants()
+    assert calls == [1]                         # caught up: checked at once
+
+
 def test_raftq_chaos_fails_a_run_whose_nodes_found_a_violation():
     from raftq.cluster.chaos.runner import add_core_invariants
     clean = {"valid": True, "invariants": []}
