@@ -454,7 +454,7 @@ TESTING = {
                             "check costs O(state), so N bounds it: after every entry while the state holds at most "
                             "N entries (jobs, dead letters, request ids), after every ⌈entries / N⌉-th beyond, about "
                             "N entries' worth of checking per applied entry whatever the backlog. None while the node's "
-                            "applies are more than 1,000 entries behind its commit index (a replay, a catch-up: "
+                            "applies are more than 64 entries behind its commit index (a replay, a catch-up: "
                             "checked at the first entry after). The test suite's "
                             "clusters and `raftq chaos` run with 1000 and fail on any violation. 0: off.",
                             minimum=0),

@@ -46,8 +46,9 @@ APPLY_SLICE_S = 0.01        # the longest the loop applies committed entries bef
 # A node whose applies are more than this many committed entries behind does not stand for
 # election: as a leader it would commit its clients' calls but answer them only once its
 # state machine caught up (a restart's replay), past their deadlines (docs/cluster.md
-# "Raft engines").
-APPLY_LAG_MAX = 1000
+# "Raft engines"). A caught-up node is at most a slice's entries behind (replica.py's
+# READY_MAX_LAG, the same bound), and one past it stands at the first tick it is back within.
+APPLY_LAG_MAX = 64
 _KINDS = {_REGULAR: EntryKind.REGULAR, _NO_OP: EntryKind.NO_OP, _MEMBERSHIP: EntryKind.MEMBERSHIP,
           _VERSION: EntryKind.REGULAR}
 

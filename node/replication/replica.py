@@ -34,8 +34,9 @@ log = logging.getLogger("raftq.replica")
 
 # How far behind the leader's reported commit index a node may be and still be ready (/readyz).
 READY_MAX_LAG = 64
-# [testing] check_invariants skips its checks while the applies are this far behind (a replay).
-REPLAY_LAG = 1000
+# [testing] check_invariants skips its checks while the applies are further behind than a
+# node that is ready (/readyz) may be: a replay, a catch-up.
+REPLAY_LAG = READY_MAX_LAG
 
 # The membership in force, as this node last saw it change (docs/cluster.md "Membership changes"):
 # read at start instead of the TOML's peer list once it exists.
@@ -148,7 +149,7 @@ class QueueState(SyncObjConsumer):
         letters, request ids), beyond that after every ceil(entries / N)-th, so a check costs about
         N entries' worth per applied entry. A violation never raises into the apply path: it is
         counted (`invariant_violations` in GET /v1/cluster) and logged CRITICAL with the problems
-        (once while they stay the same). While the applies are more than REPLAY_LAG entries behind
+        (once while they stay the same). While the applies are more than REPLAY_LAG (64) entries behind
         the commit index (a restart's replay, a catch-up) no check runs; the first entry applied
         after it is checked: a replay with the checks took ten times as long, and kept a
         cluster whose nodes all restarted without a leader that could answer."""
