@@ -98,6 +98,9 @@ def test_the_loop_engine_changes_membership_and_keeps_it_across_restarts_and_eng
     api = Api(c)
     for i in range(10):
         assert api.enqueue("q", idempotency_key=f"a{i}")[0] == 200
+    first = c.wait_leader()
+    # the leader dropped its log before a snapshot: the new node catches up from the snapshot
+    poll(lambda: (c.data_dir(first) / "raft.dump").exists(), 20, what="the leader's snapshot")
     new = c.add_node()          # a config naming n1..n3 and itself
     c.start(new)
     s, out = api.post("/v1/cluster/members", c.member(new), timeout=60)
