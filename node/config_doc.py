@@ -359,9 +359,8 @@ TUNING = {
     "raft_engine": Key("string", "What runs Raft. `thread`: the fork's tick thread (node/raft/syncobj.py). "
                        "`loop`: the pure Raft core driven from the node's event loop, one Ready per turn "
                        "(node/raft/loop.py): same journal and snapshot files, so a data dir is read by either; "
-                       "every node of a cluster must run the same engine, and `loop` does not change membership "
-                       "yet ([cluster.md](cluster.md#raft-engines)). `GET /v1/cluster` shows "
-                       "it.", choices=S.RAFT_ENGINES),
+                       "every node of a cluster must run the same engine ([cluster.md](cluster.md#raft-engines)). "
+                       "`GET /v1/cluster` shows it.", choices=S.RAFT_ENGINES),
     "max_connections": Key("integer", "Most HTTP connections (session WebSockets included) open on the node. A new "
                            "one beyond it closes the idle connection quiet the longest (keep-alive, or a request head still "
                            "arriving); when none is idle it is answered 503 `unavailable` and closed.",

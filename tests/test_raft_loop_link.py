@@ -125,3 +125,35 @@ async def test_a_frame_longer_than_the_bound_closes_the_connection():
         assert a.refusals["frame_too_large"] == 1
     finally:
         await a.close()
+
+
+async def test_peers_added_and_dropped_at_run_time_connect_and_are_closed():
+    # a membership change (docs/cluster.md "Membership changes"): a new member is dialed or
+    # accepted, a removed one's connection closed and its next connections refused
+    loop = asyncio.get_running_loop()
+    addr_a, addr_b = sorted(f"127.0.0.1:{p}" for p in free_ports(2))     # b dials: the larger address
+    got = []
+    a = Links(loop, addr_a, [], getEncryptor("s3cret"), got.append, retry_s=0.05)
+    b = Links(loop, addr_b, [addr_a], getEncryptor("s3cret"), got.append, retry_s=0.05)
+    await a.start()
+    await b.start()
+    try:
+        await _wait(lambda: a.refusals["unknown_peer"] >= 1)
+        assert not a.connected(addr_b) and not b.connected(addr_a)
+        a.set_peers([addr_b, addr_a])           # (its own address is never a peer)
+        assert list(a.peers) == [addr_b]
+        await _wait(lambda: a.connected(addr_b) and b.connected(addr_a))
+        m = Message(MessageType.REQUEST_VOTE, addr_a, addr_b, 2, last_log_index=1)
+        a.send(m)
+        a.flush()
+        await _wait(lambda: got == [m])
+        refused = a.refusals["unknown_peer"]
+        a.set_peers([])
+        await _wait(lambda: not b.connected(addr_a))
+        await _wait(lambda: a.refusals["unknown_peer"] > refused)      # b dials again, and is refused
+        assert not a.connected(addr_b) and a.peers == {}
+        b.set_peers([])                         # the dialing side stops dialing
+        assert b.dialers == {} and b.peers == {}
+    finally:
+        await a.close()
+        await b.close()

@@ -13,8 +13,12 @@ file and checks) and snapshots (raft.dump, node/raft/serializer.py, written by a
 the fork does); what it writes, a node of the thread engine reads, and the reverse. `LoopSyncObj` answers the part of SyncObj's interface
 that node/replication/replica.py reads, so the rest of the node does not know which engine runs.
 
-Not yet (docs/cluster.md "Raft engines"): membership changes and learners. The engine of every
-node of a cluster must be the same (their messages differ).
+Membership changes (docs/cluster.md "Membership changes") are the core's (the configuration in
+the log, in force once appended; learners); this module translates them to and from the fork's
+journal records and snapshot fields, keeps the Raft link's peers those the core talks to, and
+reports the membership to the node as the fork does (`membership`, `removedFromCluster`,
+`conf.onMembershipChanged`). The engine of every node of a cluster must be the same (their
+messages differ).
 """
 from __future__ import annotations
 
@@ -31,11 +35,12 @@ from types import SimpleNamespace
 
 from . import pickle
 from .config import FAIL_REASON
-from .core import (Config, CoreInUse, Entry, EntryKind, HardState, NotLeader, RaftCore, RaftState, Refused,
-                   Snapshot)
+from .core import (ChangeType, ConfChange, Config, CoreInUse, Entry, EntryKind, HardState, NotLeader, RaftCore,
+                   RaftState, Refused, Snapshot)
 from .encryptor import getEncryptor
 from .journal import StorageFailure, createJournal
 from .loop_link import Links
+from .pickle import loadsBuiltins
 from .config import SERIALIZER_STATE
 from .serializer import EXIT_EIO, SNAPSHOT_FORMAT, SNAPSHOT_VERSION, LegacyObject, Serializer, atomicReplace, verifyPath
 
@@ -55,15 +60,45 @@ _KINDS = {_REGULAR: EntryKind.REGULAR, _NO_OP: EntryKind.NO_OP, _MEMBERSHIP: Ent
 
 def _command(entry: Entry) -> bytes:
     """The journal's record of an entry: the fork's type byte, then the command."""
-    if entry.kind == EntryKind.NO_OP:
-        return b"\x01"
-    return entry.data
+    kind = entry.kind
+    if kind is EntryKind.REGULAR:
+        return entry.data
+    if kind is EntryKind.MEMBERSHIP:
+        return _fork_change_record(entry.data)
+    return b"\x01"
+
+
+def _fork_change_record(data: bytes) -> bytes:
+    """A core membership entry's data (a ConfChange) as the fork's journal record: type byte 2,
+    then the pickled ['add' | 'rem', address, address, info] (syncobj.py __membershipRequest), so
+    the thread engine replays it (docs/cluster.md "Raft engines")."""
+    change = ConfChange.decode(data)
+    request = [change.type.value, change.node, change.node]
+    if change.info is not None:
+        request.append(dict(change.info))
+    return bytes([_MEMBERSHIP]) + pickle.dumps(request)
+
+
+def _core_change_data(record: bytes) -> bytes | None:
+    """The fork's membership record (syncobj.py __parseChangeClusterRequest's) as a core
+    ConfChange's data; None when it is not one (read as a no-op, as the fork skips it)."""
+    try:
+        request = loadsBuiltins(bytes(record[1:]))
+        node = request[2] if len(request) >= 3 else request[1]
+        info = request[3] if len(request) >= 4 and isinstance(request[3], dict) else None
+        return ConfChange(ChangeType(request[0]), str(node), info).encode()
+    except Exception:                   # noqa: BLE001 - a record this engine cannot read
+        return None
 
 
 def _entry(command: bytes, index: int, term: int) -> Entry:
     kind = _KINDS.get(command[0] if command else _NO_OP, EntryKind.NO_OP)
-    if kind == EntryKind.MEMBERSHIP:
-        kind = EntryKind.NO_OP      # the fork's membership records: this engine keeps the peers configured
+    if kind is EntryKind.MEMBERSHIP:
+        data = _core_change_data(command)
+        if data is None:
+            log.error("journal entry %d: a membership record that does not read; taken as a no-op", index)
+            return Entry(index, term, b"\x01", EntryKind.NO_OP)
+        return Entry(index, term, data, kind)
     return Entry(index, term, bytes(command), kind)
 
 
@@ -82,11 +117,13 @@ class LoopSyncObj:
         self.tickThread = None
         self.raft_cpu_s = 0.0               # CPU of this loop's Raft work (turns, steps), applies included
         self.raftLastApplied = 0
-        self.removedFromCluster = False
-        self.membershipChangePending = False
-        self.otherNodes = [SimpleNamespace(id=a) for a in sorted(others)]
-        self.members = sorted([self_addr, *others])      # fixed under this engine (no membership change)
-        self.membership = {a: dict((conf.memberInfo or {}).get(a, {})) for a in [self_addr, *others]}
+        self.removedFromCluster = False         # this node applied its own removal (a committed 'rem' of it)
+        self.members = sorted([self_addr, *others])     # the members in force and this node (compaction slots)
+        self._info = {a: dict(i) for a, i in (conf.memberInfo or {}).items()}   # raft address -> {id, url}
+        self.membership = {a: dict(self._info.get(a, {})) for a in self.members}
+        self._reported = (self.membership, False)      # what onMembershipChanged last said
+        self._last_change = 0                   # the index of the last membership entry written
+        self._lead_from = None                  # leading: the log's end when it began (its no-op is there or before)
         self._register(self.consumers)
         self._callbacks: dict = {}          # index -> (term, callback, stamps)
         self._tick_callbacks: list = []
@@ -102,8 +139,10 @@ class LoopSyncObj:
         self._compacted_at = None           # the `prev` index of the last snapshot written
         self.journal = createJournal(conf.journalFile, self.durable, conf.journalObserver, conf.journalMemoryBytes)
         self.core = self._load(self_addr, others)
+        self._voters = self.core.voters
+        self.otherNodes = [SimpleNamespace(id=a) for a in sorted(self._voters - {self_addr})]
         enc = getEncryptor(conf.password) if conf.password else None
-        self.links = Links(loop, self_addr, others, enc, self._on_message, dial_map=conf.dialMap,
+        self.links = Links(loop, self_addr, sorted(self._voters), enc, self._on_message, dial_map=conf.dialMap,
                            retry_s=min(conf.connectionRetryTime, 0.2), handshake_timeout_s=conf.handshakeTimeout,
                            max_pending=conf.maxPendingConnections)
         self._snapshot_cache = None
@@ -146,6 +185,8 @@ class LoopSyncObj:
             cmd, idx, term = j[i]
             if snapshot is None or idx > snapshot.index:
                 entries.append(_entry(cmd, idx, term))
+                if entries[-1].kind is EntryKind.MEMBERSHIP:
+                    self._note_change(entries[-1])
         last = entries[-1] if entries else None
         last_term = last.term if last else (snapshot.term if snapshot else 0)
         unverified, vote = self._judge_disk(last.index if last else snapshot.index)
@@ -224,7 +265,20 @@ class LoopSyncObj:
         self._restore_consumers(doc)
         _, index, term = doc["raft"]["last"]
         # the file's bytes are read only when a follower needs them (_with_snapshot_data)
-        return Snapshot(index, term, frozenset(self.members), b"")
+        return Snapshot(index, term, frozenset(self._snapshot_members(doc) or self.members), b"")
+
+    def _snapshot_members(self, doc):
+        """The members a snapshot holds, and their info noted; None when it does not say (the
+        fork's __loadDumpFile: only a snapshot written under online membership change, with
+        `member_info`, says; `raftq restore`'s names no members, an older release's may name old
+        addresses: the members configured are in force then)."""
+        raft = doc["raft"]
+        if not raft.get("members") or "member_info" not in raft:
+            return None
+        for address, info in (raft.get("member_info") or {}).items():
+            if isinstance(info, dict):
+                self._info[address] = dict(info)
+        return list(raft["members"])
 
     def _upgrade_legacy(self, old):
         """Upstream's (data, last, prev, cluster) snapshot -> the document (as syncobj.py's
@@ -249,6 +303,7 @@ class LoopSyncObj:
             log.error("cannot listen on the Raft address %s: %s", self.selfAddr, e)
             raise
         self._tick_handle = self.loop.call_later(self.tick_s, self._tick)
+        self._report_membership()       # the journal's changes may have moved it from what was configured
         self._kick()
 
     # ------------------------------------------------------------------ the loop's inputs
@@ -262,6 +317,7 @@ class LoopSyncObj:
         try:
             if self._ticks % self._ticks_per_s == 0:
                 self.journal.onOneSecondTimer()
+                self._set_link_peers()          # a departing member the core stopped replicating to
             self._compaction()
         except StorageFailure as e:
             return self._storage_failed(e)
@@ -305,15 +361,26 @@ class LoopSyncObj:
         if index - 1 <= start or index - 1 == self._compacted_at:
             return
         prev, last = tuple(j[index - 1 - start]), tuple(j[index - start])
-        members = self.members
+        members = sorted(self._voters_at(index))
         raft = {"last": last, "prev": prev, "members": members,
-                "member_info": {a: dict(self.membership.get(a, {})) for a in members}, "code_version": 0}
+                "member_info": {a: dict(self._info[a]) for a in members if a in self._info}, "code_version": 0}
         consumers = self.consumers
 
         def build():            # in the forked child
             return {"format": SNAPSHOT_FORMAT, "version": SNAPSHOT_VERSION, "raft": raft,
                     "consumers": [c._serialize() for c in consumers]}
         self.serializer.serialize(build, prev[1])
+
+    def _voters_at(self, index) -> set:
+        """The configuration in force at `index` (a snapshot's): the one in force now with the
+        log's changes after `index` undone. Each added a node that was no voter or removed one
+        that was (the core refuses any other), so undoing one is its opposite."""
+        voters = set(self.core.voters)
+        for e in reversed(self.core.entries(index + 1)):
+            if e.kind is EntryKind.MEMBERSHIP:
+                change = ConfChange.decode(e.data)
+                (voters.discard if change.type == ChangeType.ADD else voters.add)(change.node)
+        return voters
 
     def _compaction_due(self) -> bool:
         c, now = self.conf, time.monotonic()
@@ -424,6 +491,8 @@ class LoopSyncObj:
             log.exception("Ready loop re-entered")
         self.links.flush()
         self._state_changed()
+        if self.core.voters is not self._voters:
+            self._config_changed()
 
     def _synced(self, rd, fut):
         self._syncing = False
@@ -449,8 +518,9 @@ class LoopSyncObj:
             start = j[0][1]
             if first - start < len(j):
                 j.deleteEntriesFrom(first - start)
+            regular = EntryKind.REGULAR
             for e in rd.entries:
-                j.add(_command(e), e.index, e.term)
+                j.add(e.data if e.kind is regular else self._record(e), e.index, e.term)
 
     def _finish(self, rd):
         """After the sync: the hard state, the answers that promise what is now on disk, the
@@ -514,6 +584,8 @@ class LoopSyncObj:
             cmd = pickle.loads(e.data[1:])
             func_id, args = (cmd, ()) if not isinstance(cmd, tuple) else (cmd[0], cmd[1])
             result = self._idToMethod[func_id](*args, _doApply=True)
+        elif e.kind is EntryKind.MEMBERSHIP:
+            self._change_applied(e)
         self.raftLastApplied = e.index
         if waiting is not None:
             stamps = waiting[2]
@@ -540,6 +612,7 @@ class LoopSyncObj:
         j.clear()
         j.add(*doc["raft"]["prev"])
         j.add(*doc["raft"]["last"])
+        self._snapshot_members(doc)             # (the core took the members from the message)
         self.raftLastApplied = snap.index
         while self._to_apply and self._to_apply[0].index <= snap.index:
             self._to_apply.popleft()
@@ -558,6 +631,8 @@ class LoopSyncObj:
             log.warning("no majority heard from for %.2f s: stepping down (term %d)",
                         self.core.conf.election_timeout_min * self.tick_s, term)
         self._led_term = term if state == RaftState.LEADER else None
+        self._lead_from = self.core.lastIndex if state == RaftState.LEADER else None
+        self._set_link_peers()          # a leader's learners and departing members are dropped with it
         hook = self.conf.onStateChanged
         if hook is not None:
             try:
@@ -641,23 +716,129 @@ class LoopSyncObj:
         if callback is not None:
             callback(True, FAIL_REASON.SUCCESS)
 
-    # membership changes: not under this engine yet (docs/cluster.md "Raft engines")
+    # ------------------------------------------------------------------ membership changes
+    # (docs/cluster.md "Membership changes"; the fork's are syncobj.py's addNodeToCluster,
+    # removeNodeFromCluster, addLearner, dropLearner, learnerMatchIndex, membershipChangePending)
     def addNodeToCluster(self, node, callback=None, info=None):
-        self._fail(callback, FAIL_REASON.REQUEST_DENIED)
+        self._propose_change(ChangeType.ADD, node, callback, info)
 
-    removeNodeFromCluster = addNodeToCluster
+    def removeNodeFromCluster(self, node, callback=None, info=None):
+        self._propose_change(ChangeType.REMOVE, node, callback, info)
+
+    def _propose_change(self, kind, node, callback, info):
+        """One change through the log; callback(None, FAIL_REASON) once it is applied, as for
+        any command (REQUEST_DENIED: another change or this leader's no-op is not committed)."""
+        if self._failed or self._destroyed:
+            return self._fail(callback, FAIL_REASON.NOT_LEADER)
+        try:
+            index, term = self.core.proposeChange(kind, getattr(node, "id", node), None if info is None else dict(info))
+        except NotLeader as e:
+            return self._fail(callback, FAIL_REASON.NOT_LEADER if e.leader else FAIL_REASON.MISSING_LEADER)
+        except Refused:
+            return self._fail(callback, FAIL_REASON.REQUEST_DENIED)
+        if callback is not None:
+            self._callbacks[index] = (term, callback, [time.perf_counter(), 0.0, 0.0])
+        self._kick()
+
+    @property
+    def membershipChangePending(self) -> bool:
+        """Whether a change would be refused now: this node does not lead, or its no-op or the
+        last change is not applied yet (the fork's rule: one change at a time)."""
+        if self._lead_from is None or self.core.state != RaftState.LEADER:
+            return True
+        return self.raftLastApplied < max(self._lead_from, self._last_change)
 
     def addLearner(self, node):
-        pass
+        """On the leader: replicate to `node` without counting it (the add's catch-up)."""
+        try:
+            self.core.addLearner(node)
+        except (NotLeader, Refused):
+            return                  # not the leader, or a member already: the fork ignores it too
+        self._set_link_peers()
+        self._kick()
 
     def dropLearner(self, node):
-        pass
+        self.core.dropLearner(node)
+        self._set_link_peers()
 
     def learnerMatchIndex(self, node):
-        return None
+        return self.core.learnerMatchIndex(node)
+
+    def _record(self, e: Entry) -> bytes:
+        """The journal record of an entry that is no command (a no-op, a membership change)."""
+        if e.kind is EntryKind.MEMBERSHIP:
+            self._note_change(e)
+        return _command(e)
+
+    def _note_change(self, e: Entry):
+        """A membership entry written to the journal (or read from it): its member's info."""
+        self._last_change = max(self._last_change, e.index)
+        change = ConfChange.decode(e.data)
+        if change.type == ChangeType.ADD and isinstance(change.info, dict):
+            self._info[change.node] = dict(change.info)
+
+    def _change_applied(self, e: Entry):
+        """A committed change applied: this node's own removal ends its membership (the node
+        stops: docs/cluster.md "Membership changes"). Never raises (an apply)."""
+        try:
+            change = ConfChange.decode(e.data)
+        except (ValueError, TypeError):         # pragma: no cover - the core decoded it when appended
+            return
+        if change.type == ChangeType.REMOVE and change.node == self.selfAddr and not self.removedFromCluster:
+            self._removed()
+
+    def _removed(self):
+        self.removedFromCluster = True
+        log.warning("this node (%s) was removed from the cluster", self.selfAddr)
+        self.loop.call_soon(self._report_membership)
+
+    def _config_changed(self):
+        """The configuration in the core's log changed (appended, cut, a snapshot installed)."""
+        self._voters = voters = self.core.voters
+        self.otherNodes = [SimpleNamespace(id=a) for a in sorted(voters - {self.selfAddr})]
+        self.members = sorted(voters | {self.selfAddr})
+        self._set_link_peers()
+        self._report_membership()
+
+    def _set_link_peers(self):
+        """The link's peers: the voters, and on a leader its learners and the removed members it
+        still tells of their removal (those the core replicates to)."""
+        core, links = self.core, self.links
+        wanted = set(core.voters) | core.learners
+        wanted.update(a for a in links.peers if core.progress(a) is not None)
+        wanted.discard(self.selfAddr)
+        if wanted != links.peers.keys():
+            links.set_peers(wanted)
+
+    def _report_membership(self):
+        """conf.onMembershipChanged when the members (with their info) or this node's removal
+        changed: replica.py records them in members.json."""
+        nodes = set(self._voters) - {self.selfAddr}
+        if not self.removedFromCluster:
+            nodes.add(self.selfAddr)
+        membership = {a: dict(self._info.get(a) or {}) for a in sorted(nodes)}
+        reported = (membership, self.removedFromCluster)
+        if reported == self._reported:
+            return
+        self.membership, self._reported = membership, reported
+        hook = self.conf.onMembershipChanged
+        if hook is not None:
+            try:
+                hook()
+            except Exception:               # noqa: BLE001 - a hook never stops Raft
+                log.exception("onMembershipChanged failed")
 
     def destroy(self):
+        """Stop Raft on this node. From another thread (a removed node's service stops it from
+        an executor) it is done on the loop, which owns the journal and the link."""
         if self._destroyed:
+            return
+        try:
+            on_loop = asyncio.get_running_loop() is self.loop
+        except RuntimeError:
+            on_loop = False
+        if not on_loop and self.loop.is_running():
+            self.loop.call_soon_threadsafe(self.destroy)
             return
         self._destroyed = True
         if self._tick_handle is not None:

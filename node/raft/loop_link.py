@@ -83,7 +83,7 @@ class Links:
         self.handshake_timeout_s = handshake_timeout_s
         self.max_pending = max_pending
         self.server = None
-        self.tasks: list = []
+        self.dialers: dict = {}         # peer address -> its dialing task (this node dials the smaller addresses)
         self.conns: set = set()
         self.pending: dict = {}         # incoming connections in their handshake -> their task, oldest first
         self.closed = False
@@ -95,12 +95,32 @@ class Links:
         host, port = _split(self.self_addr)
         self.server = await asyncio.start_server(self._accept, host, port, reuse_address=True)
         for peer in self.peers.values():
-            if self.self_addr > peer.addr:
-                self.tasks.append(self.loop.create_task(self._dial(peer)))
+            self._dial_if_ours(peer)
+
+    def _dial_if_ours(self, peer: _Peer):
+        if self.self_addr > peer.addr and not self.closed:
+            self.dialers[peer.addr] = self.loop.create_task(self._dial(peer))
 
     def connected(self, addr) -> bool:
         peer = self.peers.get(addr)
         return peer is not None and peer.writer is not None
+
+    def set_peers(self, addrs):
+        """The peers from now on (a membership change, a learner: docs/cluster.md "Membership
+        changes"): a new one is dialed or accepted, a dropped one's connection is closed and its
+        connections are refused from now on as an unknown peer's."""
+        wanted = set(addrs) - {self.self_addr}
+        for addr in wanted - set(self.peers):
+            peer = self.peers[addr] = _Peer(addr)
+            if self.server is not None:         # (before start() the start dials it)
+                self._dial_if_ours(peer)
+        for addr in set(self.peers) - wanted:
+            peer = self.peers.pop(addr)
+            dialer = self.dialers.pop(addr, None)
+            if dialer is not None:
+                dialer.cancel()
+            if peer.writer is not None:
+                peer.writer.close()
 
     # ------------------------------------------------------------------ framing
     def _frame(self, body: bytes) -> bytes:
@@ -160,8 +180,11 @@ class Links:
             w.write(b"".join(frames))
 
     # ------------------------------------------------------------------ connections
+    def _current(self, peer: _Peer) -> bool:
+        return not self.closed and self.peers.get(peer.addr) is peer
+
     async def _dial(self, peer: _Peer):
-        while not self.closed:
+        while self._current(peer):
             target = self.dial_map.get(peer.addr, peer.addr)
             writer = None
             try:
@@ -184,7 +207,7 @@ class Links:
             finally:
                 if writer is not None:
                     writer.close()
-            if not self.closed:
+            if self._current(peer):
                 await asyncio.sleep(self.retry_s)
 
     async def _accept(self, reader, writer):
@@ -226,6 +249,8 @@ class Links:
         """The connection is the pair's: messages both ways until it closes. Read in chunks and
         cut into frames here (one await per chunk, not two per frame: measured ≈ 10 µs a job on
         a follower with readexactly)."""
+        if not self._current(peer):
+            return          # dropped (set_peers) during the handshake
         old = peer.writer
         if old is not None:
             old.close()
@@ -271,7 +296,7 @@ class Links:
 
     async def close(self):
         self.closed = True
-        for t in self.tasks:
+        for t in self.dialers.values():
             t.cancel()
         for w in list(self.conns):
             w.close()

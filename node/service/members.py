@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import logging
 
-from ..core.errors import error
-
 log = logging.getLogger("raftq.node")
 
 
@@ -41,24 +39,10 @@ class Members:
         return self.membership.doing
 
     async def add_member(self, body, rid, who):
-        refused = self._engine_refuses_changes()
-        if refused is not None:
-            from ..replication.membership import parse_member
-            return parse_member(body)[1] or refused        # a bad body is said first, as always
         return await self.membership.add(body, rid, who)
 
     async def remove_member(self, member_id, rid, who, authorization=None):
-        refused = self._engine_refuses_changes()
-        return refused or await self.membership.remove(member_id, rid, authorization, who)
-
-    def _engine_refuses_changes(self):
-        """The Ready loop's Raft engine does not change membership yet (docs/cluster.md "Raft
-        engines"): said before anything is proposed."""
-        if self.replica.engine != "loop":
-            return None
-        return error("failed_precondition", "this cluster runs tuning.raft_engine = \"loop\", which does not change "
-                     "membership yet: restart every node with raft_engine = \"thread\" (the default; the data dirs "
-                     "are read as they are), then add or remove the member")
+        return await self.membership.remove(member_id, rid, authorization, who)
 
     def removed_reason(self) -> str:
         return (f"node {self.settings.node_id} was removed from the cluster: it serves nothing any more; ask "
