@@ -430,11 +430,15 @@ class LoopSyncObj:
     def _applyCommand(self, command, callback, commandType=None):
         if commandType is not None:
             command = bytes([commandType]) + command
-        core = self.core
+        self._submit(callback, self.core.propose, command)
+
+    def _submit(self, callback, propose, *args):
+        """A proposal (a command, a membership change) to the core; callback(result, FAIL_REASON)
+        once its entry is applied, or at once when the core refuses it."""
         if self._failed or self._destroyed:
             return self._fail(callback, FAIL_REASON.NOT_LEADER)
         try:
-            index, term = core.propose(command)
+            index, term = propose(*args)
         except NotLeader as e:
             return self._fail(callback, FAIL_REASON.NOT_LEADER if e.leader else FAIL_REASON.MISSING_LEADER)
         except Refused:
@@ -728,17 +732,8 @@ class LoopSyncObj:
     def _propose_change(self, kind, node, callback, info):
         """One change through the log; callback(None, FAIL_REASON) once it is applied, as for
         any command (REQUEST_DENIED: another change or this leader's no-op is not committed)."""
-        if self._failed or self._destroyed:
-            return self._fail(callback, FAIL_REASON.NOT_LEADER)
-        try:
-            index, term = self.core.proposeChange(kind, getattr(node, "id", node), None if info is None else dict(info))
-        except NotLeader as e:
-            return self._fail(callback, FAIL_REASON.NOT_LEADER if e.leader else FAIL_REASON.MISSING_LEADER)
-        except Refused:
-            return self._fail(callback, FAIL_REASON.REQUEST_DENIED)
-        if callback is not None:
-            self._callbacks[index] = (term, callback, [time.perf_counter(), 0.0, 0.0])
-        self._kick()
+        self._submit(callback, self.core.proposeChange, kind, getattr(node, "id", node),
+                     None if info is None else dict(info))
 
     @property
     def membershipChangePending(self) -> bool:
