@@ -237,10 +237,8 @@ class Links:
             self._refused(writer, True, r.reason)
         except asyncio.TimeoutError:
             self._refused(writer, True, "handshake_timeout")
-        except (OSError, asyncio.IncompleteReadError, asyncio.CancelledError):
-            pass
-        except RuntimeError:        # uvloop: the answer written to a transport the pending cap closed
-            pass
+        except (OSError, RuntimeError, asyncio.IncompleteReadError, asyncio.CancelledError):
+            pass                    # (RuntimeError: uvloop's write to a transport the pending cap closed)
         finally:
             self.pending.pop(writer, None)
             writer.close()
