@@ -237,7 +237,9 @@ async def test_lease_loss_cancels_the_handler_and_sends_nothing(client, cluster)
             cancelled.append(job.id)
             raise
 
-    w = Worker(client, ["lost"], {"block": blocker}, lease_ms=LEASE, wait_ms=300,
+    # One slot: while a handler blocks, the worker itself cannot reserve its lapsed job again
+    # (with 16 it sometimes did, and the rival then got attempt 3).
+    w = Worker(client, ["lost"], {"block": blocker}, lease_ms=LEASE, wait_ms=300, concurrency=1,
                on_outcome=lambda job, outcome, err: outcomes.append((job.id, outcome, err)))
     r = Running(w)
     async with Client(cluster.urls) as rival:
