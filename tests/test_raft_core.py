@@ -837,3 +837,71 @@ def test_a_wiped_follower_is_repaired_from_the_start():
         net.deliver()
     assert net['c'].lastIndex == 5 and leader.progress('c').match == 5
     assert [e.data for e in net.applied['c'] if e.kind == EntryKind.REGULAR] == [b'0', b'1', b'2', b'3']
+
+
+# -- a closed connection to the leader (peerLost: the loop engine's link reports it) ---------
+LOST = dataclasses.replace(CONF, leader_lost_stagger=3)
+KILLED_A = {(x, y) for x in 'abc' for y in 'abc' if 'a' in (x, y) and x != y}
+
+
+def _ticks_until_a_new_leader(net, nodes, cut, most):
+    for n in range(1, most + 1):
+        for i in nodes:
+            net.tick(i)
+        net.deliver(cut)
+        if any(net[i].state == RaftState.LEADER for i in nodes):
+            return n
+    return None
+
+
+def test_followers_that_lose_the_leaders_connection_elect_one_before_an_election_timeout():
+    net = Net(conf=LOST)
+    net.elect('a')
+    net.propose('a', b'x')
+    net.deliver()
+    for i in 'bc':
+        net[i].peerLost('a')
+        assert net[i].leader is None
+    n = _ticks_until_a_new_leader(net, 'bc', KILLED_A, LOST.election_timeout_min - 1)
+    assert n is not None and n < LOST.election_timeout_min
+    # b stands first (the followers stand in their addresses' order); one election, no split
+    assert net['b'].state == RaftState.LEADER and net['b'].term == 2
+    assert net['c'].votedForNodeId == 'b' and net['c'].term == 2
+
+
+def test_the_next_follower_stands_when_the_first_cannot_win():
+    net = Net(conf=LOST)
+    net.elect('a')
+    net.propose('a', b'x')
+    net.deliver(cut={('a', 'b')})                 # only c holds x: b's log is behind
+    assert net['c'].lastIndex > net['b'].lastIndex
+    for i in 'bc':
+        net[i].peerLost('a')
+    n = _ticks_until_a_new_leader(net, 'bc', KILLED_A, LOST.election_timeout_min - 1)
+    assert n is not None and net['c'].state == RaftState.LEADER and net['c'].term == 2
+
+
+def test_a_lost_connection_to_a_live_leader_deposes_nobody():
+    net = Net(conf=LOST)
+    leader = net.elect('a')
+    cut = {('a', 'c'), ('c', 'a')}                # c's connection to a is cut; b still hears a
+    net['c'].peerLost('a')
+    for _ in range(3 * LOST.election_timeout_max):
+        for i in 'abc':
+            net.tick(i)
+        net.deliver(cut)
+    assert leader.state == RaftState.LEADER and leader.term == 1 and net['b'].term == 1
+    assert net['c'].term == 1                     # its pre-votes were refused: b hears the leader
+
+
+def test_a_lost_connection_to_another_node_or_without_the_setting_changes_nothing():
+    for conf, lost in ((LOST, 'c'), (CONF, 'a')):
+        net = Net(conf=conf)
+        net.elect('a')
+        net.deliver()
+        b = net['b']
+        before = (b.leader, b.raftElectionDeadline)
+        b.peerLost(lost)
+        assert (b.leader, b.raftElectionDeadline) == before
+    net['a'].peerLost('b')                        # a leader losing a follower: still leads
+    assert net['a'].state == RaftState.LEADER

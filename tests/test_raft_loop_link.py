@@ -157,3 +157,26 @@ async def test_peers_added_and_dropped_at_run_time_connect_and_are_closed():
     finally:
         await a.close()
         await b.close()
+
+
+async def test_a_connection_the_peer_closes_is_reported_lost_one_this_side_closes_is_not():
+    # core.peerLost: a killed leader's sockets close at once, and its followers stand soon
+    loop = asyncio.get_running_loop()
+    addr_a, addr_b, addr_c = sorted(f"127.0.0.1:{p}" for p in free_ports(3))
+    lost = {addr_a: [], addr_b: [], addr_c: []}
+    links = {addr: Links(loop, addr, [x for x in lost if x != addr], getEncryptor("s3cret"), lambda m: None,
+                         retry_s=0.05, on_lost=lost[addr].append) for addr in lost}
+    a, b, c = links[addr_a], links[addr_b], links[addr_c]
+    for link in links.values():
+        await link.start()
+    try:
+        await _wait(lambda: a.connected(addr_b) and a.connected(addr_c) and b.connected(addr_c))
+        await b.close()                         # b goes: a accepted b's connection, c dialed b
+        await _wait(lambda: lost[addr_a] == [addr_b] and lost[addr_c] == [addr_b])
+        assert lost[addr_b] == []               # b closed them itself
+        c.set_peers([addr_b])                   # c drops a: its own choice, not a loss (for c)
+        await _wait(lambda: not a.connected(addr_c))
+        assert lost[addr_c] == [addr_b] and lost[addr_a] == [addr_b, addr_c]
+    finally:
+        for link in links.values():
+            await link.close()

@@ -191,6 +191,9 @@ class Config:
     departing_timeout: int = 500  # upstream's departingTimeout: replicate to a removed member this long at most
     pre_vote: bool = True
     check_quorum: bool = True
+    # peerLost: ticks between the ranks of the followers that stand early when their link to
+    # the leader closed (0: they wait out the election timeout, as upstream does)
+    leader_lost_stagger: int = 0
 
 
 class NotLeader(Exception):
@@ -442,6 +445,24 @@ class RaftCore:
             self._transferInProgress = False
             self._becomeFollower(m.term)
         self._HANDLERS[m.type](self, m)
+
+    def peerLost(self, node):
+        """The caller's connection to `node` closed (its process ended: the kernel closes a
+        killed process's sockets at once; or the network cut it). A follower that loses its
+        leader so stops counting on it: it grants pre-votes from now on, and stands after a
+        short delay instead of a whole election timeout (docs/cluster.md "Raft engines").
+        The followers stand in turn, by their addresses' order, `leader_lost_stagger` ticks
+        apart with a jitter within half of it, so that two of them rarely split the vote. Only
+        a hint: when the leader is alive, the others still hear it and refuse the pre-vote
+        (PreVote), and nobody's term moves."""
+        stagger = self.conf.leader_lost_stagger
+        if stagger <= 0 or self.raftState != RaftState.FOLLOWER or node != self.raftLeader:
+            return
+        self.raftLeader = None
+        self._lastLeaderContact = None
+        rank = sorted(self.voters - {node}).index(self.id) if self.id in self.voters else 0
+        soon = self._now + rank * stagger + self._rng.randint(1, max(1, stagger // 2))
+        self.raftElectionDeadline = min(self.raftElectionDeadline, soon)
 
     def propose(self, data, kind=EntryKind.REGULAR):
         """Append a command on the leader; returns (index, term): the entry applied at that index

@@ -54,6 +54,11 @@ APPLY_SLICE_S = 0.01        # the longest the loop applies committed entries bef
 # "Raft engines"). A caught-up node is at most a slice's entries behind (replica.py's
 # READY_MAX_LAG, the same bound), and one past it stands at the first tick it is back within.
 APPLY_LAG_MAX = 64
+# When a follower's connection to the leader closes (a killed leader's kernel closes its sockets
+# at once), the followers stand in turn this far apart instead of after an election timeout
+# (core.peerLost; docs/cluster.md "Raft engines"): the first within half of it, the next after
+# one more, so that two rarely split the vote.
+LEADER_LOST_STAGGER_S = 0.1
 _KINDS = {_REGULAR: EntryKind.REGULAR, _NO_OP: EntryKind.NO_OP, _MEMBERSHIP: EntryKind.MEMBERSHIP,
           _VERSION: EntryKind.REGULAR}
 
@@ -144,7 +149,7 @@ class LoopSyncObj:
         enc = getEncryptor(conf.password) if conf.password else None
         self.links = Links(loop, self_addr, sorted(self._voters), enc, self._on_message, dial_map=conf.dialMap,
                            retry_s=min(conf.connectionRetryTime, 0.2), handshake_timeout_s=conf.handshakeTimeout,
-                           max_pending=conf.maxPendingConnections)
+                           max_pending=conf.maxPendingConnections, on_lost=self._on_lost)
         self._snapshot_cache = None
         self._syncing = False
         self._to_apply = collections.deque()     # committed, not yet applied (_apply_some)
@@ -196,7 +201,8 @@ class LoopSyncObj:
         ticks = lambda s: max(1, round(s / self.tick_s))       # noqa: E731
         config = Config(election_timeout_min=ticks(c.raftMinTimeout), election_timeout_max=ticks(c.raftMaxTimeout),
                         heartbeat_interval=2, leader_fallback_timeout=ticks(c.leaderFallbackTimeout),
-                        max_append_bytes=c.appendEntriesBatchSizeBytes, retransmit_timeout=max(5, ticks(0.1)))
+                        max_append_bytes=c.appendEntriesBatchSizeBytes, retransmit_timeout=max(5, ticks(0.1)),
+                        leader_lost_stagger=ticks(LEADER_LOST_STAGGER_S))
         claim = unverified.get("claimed_commit", 0) if unverified is not None else None
         applied = snapshot.index if snapshot else 0
         self.raftLastApplied = applied
@@ -426,6 +432,11 @@ class LoopSyncObj:
         finally:
             self.raft_cpu_s += time.thread_time() - t0
         self._kick()
+
+    def _on_lost(self, addr):
+        """A peer's connection closed: if it was the leader's, stand soon (core.peerLost)."""
+        if not (self._destroyed or self._failed):
+            self.core.peerLost(addr)
 
     def _applyCommand(self, command, callback, commandType=None):
         if commandType is not None:

@@ -68,15 +68,18 @@ class Links:
     The dialer sends two handshake frames, its address and a random challenge; the other answers
     the challenge: with the cluster secret each side has shown the other it holds it before any
     message flows. `on_message(Message)` is called on the loop for every message read; `send`
-    queues a frame and `flush` writes what each peer has queued in one write (once per Ready)."""
+    queues a frame and `flush` writes what each peer has queued in one write (once per Ready).
+    `on_lost(addr)`, when given, is called on the loop when a peer's connection ends other than
+    by this side's choice (the peer closed or reset it, a read failed, a frame was refused)."""
 
     def __init__(self, loop, self_addr, peers, encryptor, on_message, *, dial_map=None, retry_s=0.2,
-                 max_buffered=64 << 20, handshake_timeout_s=5.0, max_pending=64):
+                 max_buffered=64 << 20, handshake_timeout_s=5.0, max_pending=64, on_lost=None):
         self.loop = loop
         self.self_addr = self_addr
         self.peers = {p: _Peer(p) for p in peers if p != self_addr}
         self.encryptor = encryptor
         self.on_message = on_message
+        self.on_lost = on_lost
         self.dial_map = dial_map or {}
         self.retry_s = retry_s
         self.max_buffered = max_buffered
@@ -270,8 +273,10 @@ class Links:
             pass
         finally:
             self.conns.discard(writer)
-            if peer.writer is writer:
+            if peer.writer is writer:       # (not replaced by a newer connection of the pair)
                 peer.writer, peer.frames = None, []
+                if self.on_lost is not None and self._current(peer):
+                    self.on_lost(peer.addr)
 
     def _frames_in(self, peer, buf) -> int:
         """Hand every whole frame in `buf` on; how many bytes they took."""

@@ -146,6 +146,10 @@ class Sim:
         # 1,000) caught a restarted node up on 300 entries in more than LIVENESS_MS, slow and right
         entries, inflight = self.rng.choice(((1, 8), (2, 4), (8, 1), (8, 3), (64, 1), (64, 8)))
         self.config = replace(CONFIG, max_append_entries=entries, max_inflight=inflight)
+        # a closed connection told to its other end (core.peerLost: a crash closes a node's
+        # connections at once, a partition cuts them), in some runs, from a stream of its own
+        self.lossRng = random.Random(seed * 13 + 1)
+        self.config = replace(self.config, leader_lost_stagger=self.lossRng.choice((0, 2, 4)))
         self.nodes = {i: Node(i, self.rng.choice((18, 19, 20, 20, 21, 22))) for i in self.ids}
         self.durationMs = durationMs
         self.verbose = verbose
@@ -342,6 +346,21 @@ class Sim:
         node.up, node.pending, node.core, node.pausedUntil = False, None, None, 0
         node.incarnation += 1
         self.log(f'{nodeId} crashes')
+        self.tellLost(nodeId, [i for i in self.ids if i != nodeId])
+
+    def tellLost(self, lost, nodes):
+        """Each of `nodes` learns, a network delay later, that its connection to `lost` closed."""
+        if self.config.leader_lost_stagger:
+            for nodeId in nodes:
+                incarnations = (self.nodes[lost].incarnation, self.nodes[nodeId].incarnation)
+                self.at(self.now + self.lossRng.randint(*self.delay), 'lost', nodeId, lost, incarnations)
+
+    def on_lost(self, nodeId, lost, incarnations):
+        node = self.nodes[nodeId]
+        if node.up and incarnations == (self.nodes[lost].incarnation, node.incarnation) \
+                and not self.stalled(node, 'lost', nodeId, lost, incarnations):
+            node.core.peerLost(lost)
+            self.drive(node)
 
     def tear(self, node):
         """A crash during a sync: none of it on disk, a prefix of the entries (the hard state is
@@ -626,6 +645,9 @@ class Sim:
                 pairs |= {(o, one) for o in others}
         self.cut |= pairs
         self.log(f'partition {how} {one if how != "split" else sorted(side)}')
+        for a, b in sorted(pairs):
+            if (b, a) in self.cut:      # both ways: the connection is cut (chaos's proxy does so)
+                self.tellLost(a, [b])
 
     def on_heal(self):
         self.cut.clear()

@@ -25,7 +25,9 @@ def _restart_all_with(c, engine):
 
 
 def test_the_loop_engine_serves_across_a_leader_kill_and_restarts_from_its_journal(make_cluster):
-    c = make_cluster(tuning={"raft_engine": "loop"})
+    # election timeouts of 4-8 s: the followers must elect a leader on the killed leader's closed
+    # connections (core.peerLost), not on their timers, to lead within 3 s of the kill
+    c = make_cluster(tuning={"raft_engine": "loop", "raft_min_timeout_s": 4.0, "raft_max_timeout_s": 8.0})
     api = Api(c)
     leader = c.wait_leader()
     assert {c.cluster_view(i, digest=False)["raft_engine"] for i in range(3)} == {"loop"}
@@ -39,9 +41,11 @@ def test_the_loop_engine_serves_across_a_leader_kill_and_restarts_from_its_journ
     held = got["jobs"]
     _digests(c)
 
+    term = c.cluster_view(leader, digest=False)["term"]
     c.kill(leader)
     survivors = [i for i in range(3) if i != leader]
-    new = c.wait_leader(10, among=survivors)
+    new = c.wait_leader(3, among=survivors)
+    assert c.cluster_view(new, digest=False)["term"] > term
     # the leases, attempts and dedup index came through: ack on the new leader with the attempt
     for job in held:
         s, out = api.post(f"/v1/jobs/{job['id']}/ack", {"attempt": job["attempt"]}, node=new)
