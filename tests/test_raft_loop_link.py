@@ -180,3 +180,30 @@ async def test_a_connection_the_peer_closes_is_reported_lost_one_this_side_close
     finally:
         for link in links.values():
             await link.close()
+
+
+async def test_a_connection_that_carried_messages_and_was_reset_is_dialed_again_at_once():
+    # so a live leader's followers see it back within LoopSyncObj's grace after a reset, long
+    # before the retry period (here 30 s) a failed dial waits
+    loop = asyncio.get_running_loop()
+    addr_a, addr_b = sorted(f"127.0.0.1:{p}" for p in free_ports(2))     # b dials
+    got, lost = [], []
+    a = Links(loop, addr_a, [addr_b], getEncryptor("s3cret"), got.append, retry_s=30, on_lost=lost.append)
+    b = Links(loop, addr_b, [addr_a], getEncryptor("s3cret"), got.append, retry_s=30)
+    await a.start()
+    await b.start()
+    try:
+        await _wait(lambda: a.connected(addr_b) and b.connected(addr_a))
+        m = Message(MessageType.REQUEST_VOTE, addr_b, addr_a, 2, last_log_index=1)
+        answer = Message(MessageType.RESPONSE_VOTE, addr_a, addr_b, 2, granted=True)
+        b.send(m)
+        b.flush()
+        a.send(answer)
+        a.flush()
+        await _wait(lambda: got == [m, answer] or got == [answer, m])
+        a.peers[addr_b].writer.transport.abort()        # a reset, as the chaos proxy's
+        await _wait(lambda: lost == [addr_b])
+        await _wait(lambda: a.connected(addr_b) and b.connected(addr_a))
+    finally:
+        await a.close()
+        await b.close()

@@ -55,9 +55,11 @@ APPLY_SLICE_S = 0.01        # the longest the loop applies committed entries bef
 # READY_MAX_LAG, the same bound), and one past it stands at the first tick it is back within.
 APPLY_LAG_MAX = 64
 # When a follower's connection to the leader closes (a killed leader's kernel closes its sockets
-# at once), the followers stand in turn this far apart instead of after an election timeout
-# (core.peerLost; docs/cluster.md "Raft engines"): the first within half of it, the next after
-# one more, so that two rarely split the vote.
+# at once) and is not back within LEADER_LOST_GRACE_S (a live leader's is: the dialing side dials
+# again at once after a reset), the followers stand in turn LEADER_LOST_STAGGER_S apart instead
+# of after an election timeout (core.peerLost; docs/cluster.md "Raft engines"): the first within
+# half of it, the next after one more, so that two rarely split the vote.
+LEADER_LOST_GRACE_S = 0.1
 LEADER_LOST_STAGGER_S = 0.1
 _KINDS = {_REGULAR: EntryKind.REGULAR, _NO_OP: EntryKind.NO_OP, _MEMBERSHIP: EntryKind.MEMBERSHIP,
           _VERSION: EntryKind.REGULAR}
@@ -434,8 +436,12 @@ class LoopSyncObj:
         self._kick()
 
     def _on_lost(self, addr):
-        """A peer's connection closed: if it was the leader's, stand soon (core.peerLost)."""
-        if not (self._destroyed or self._failed):
+        """A peer's connection closed: if it is not back within the grace and the peer was the
+        leader, stand soon (core.peerLost)."""
+        self.loop.call_later(LEADER_LOST_GRACE_S, self._still_lost, addr)
+
+    def _still_lost(self, addr):
+        if not (self._destroyed or self._failed or self.links.connected(addr)):
             self.core.peerLost(addr)
 
     def _applyCommand(self, command, callback, commandType=None):

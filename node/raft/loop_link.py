@@ -189,7 +189,7 @@ class Links:
     async def _dial(self, peer: _Peer):
         while self._current(peer):
             target = self.dial_map.get(peer.addr, peer.addr)
-            writer = None
+            writer, heard = None, False
             try:
                 host, port = _split(target)
                 reader, writer = await asyncio.open_connection(host, port)
@@ -200,7 +200,7 @@ class Links:
                 answer = await self._handshake_frame(reader)
                 if _load(answer) != ("answer", challenge):
                     raise _Refused("auth_failed")
-                await self._serve(peer, reader, writer, False)
+                heard = await self._serve(peer, reader, writer, False)
             except _Refused as r:
                 self._refused(writer, False, r.reason)
             except asyncio.TimeoutError:
@@ -210,7 +210,10 @@ class Links:
             finally:
                 if writer is not None:
                     writer.close()
-            if self._current(peer):
+            # A connection that carried messages and ended (a reset) is dialed again at once: the
+            # other side tells a live peer from a dead one by the connection coming back
+            # (LoopSyncObj._on_lost). A failed dial, or a connection that carried nothing, waits.
+            if self._current(peer) and not heard:
                 await asyncio.sleep(self.retry_s)
 
     async def _accept(self, reader, writer):
@@ -257,16 +260,17 @@ class Links:
             old.close()
         peer.writer, peer.frames = writer, []
         self.conns.add(writer)
-        buf = bytearray()
+        buf, heard = bytearray(), False
         try:
             while True:
                 data = await reader.read(1 << 20)
                 if not data:
-                    return
+                    break
                 buf += data
                 pos = self._frames_in(peer, buf)
                 if pos:
                     del buf[:pos]
+                    heard = True
         except _Refused as r:
             self._refused(writer, incoming, r.reason)
         except OSError:
@@ -277,6 +281,7 @@ class Links:
                 peer.writer, peer.frames = None, []
                 if self.on_lost is not None and self._current(peer):
                     self.on_lost(peer.addr)
+        return heard
 
     def _frames_in(self, peer, buf) -> int:
         """Hand every whole frame in `buf` on; how many bytes they took."""
