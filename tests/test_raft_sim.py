@@ -34,6 +34,7 @@ def test_hundreds_of_seeds_keep_raft_safe_and_live():
     assert totals['transfers_done'] > SEEDS and totals['transfers_done'] > 0.9 * totals['transfers']
     assert totals['added'] > SEEDS // 2 and totals['removed'] > SEEDS // 2 and totals['removals_told'] > SEEDS // 3
     assert totals['compactions'] > 10 * SEEDS and totals['installs'] > SEEDS
+    assert totals['losses_told'] > SEEDS            # closed connections told (core.peerLost)
     print(f'{SEEDS} seeds, {simulated / 1000:.0f} simulated s in {time.perf_counter() - start:.1f} s')
 
 

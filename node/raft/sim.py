@@ -13,7 +13,9 @@ never a change that leaves a majority of the new configuration down), log compac
 never, or a snapshot every 12, 40 or 100 applied entries, on every node; a follower that needs
 what was dropped installs the leader's), and a simulated clock (each node ticks at its own rate:
 clock skew). A message lives on one connection: a crash of
-either end loses it. Everything is drawn from one seed, so a seed replays exactly.
+either end loses it, and in some runs the other end is told, a network delay later, that the
+connection closed (core.peerLost; so is each end of a partition cut both ways). Everything is
+drawn from one seed, so a seed replays exactly.
 
 A run alternates chaos phases (faults on) with calm ones (every node up, the network whole, no
 loss; a minority of every configuration in play may stay down). Checked throughout: at most one
@@ -175,7 +177,8 @@ class Sim:
         self.transfer = None        # (target, term, time asked, leader) of the transfer under way
         self.counts = {'messages': 0, 'proposals': 0, 'acked': 0, 'crashes': 0, 'damaged': 0, 'pauses': 0, 'elections': 0,
                        'calm_phases': 0, 'transfers': 0, 'transfers_done': 0, 'learners': 0, 'added': 0,
-                       'removed': 0, 'removals_told': 0, 'compactions': 0, 'installs': 0, 'events': 0}
+                       'removed': 0, 'removals_told': 0, 'compactions': 0, 'installs': 0, 'events': 0,
+                       'losses_told': 0}
 
     # -- the event queue ----------------------------------------------------------------------
 
@@ -360,6 +363,7 @@ class Sim:
         if node.up and incarnations == (self.nodes[lost].incarnation, node.incarnation) \
                 and not self.stalled(node, 'lost', nodeId, lost, incarnations):
             node.core.peerLost(lost)
+            self.counts['losses_told'] += 1
             self.drive(node)
 
     def tear(self, node):
