@@ -9,15 +9,6 @@ class FAIL_REASON:
     REQUEST_DENIED = 6      #: Command denied
     UNKNOWN_OUTCOME = 7     #: Unknown outcome - Unknown outcome, might happen if a older command is tried to apply
 
-# raftq (docs/cluster.md "Raft engines"): when a follower's connection to its leader closes (a
-# killed leader's kernel closes its sockets at once) and is not back within LEADER_LOST_GRACE_S (a
-# live leader's is: the dialing side dials again at once after a reset), the followers stand in
-# turn LEADER_LOST_STAGGER_S apart, by their addresses' order, instead of after an election
-# timeout (the core's peerLost, syncobj.py's __checkLeaderLost): the first within half of it, the
-# next after one more, so that two rarely split the vote.
-LEADER_LOST_GRACE_S = 0.1
-LEADER_LOST_STAGGER_S = 0.1
-
 class SERIALIZER_STATE:
     NOT_SERIALIZING = 0     #: Serialization not started or already finished.
     SERIALIZING = 1         #: Serialization in progress.

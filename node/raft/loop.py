@@ -34,7 +34,7 @@ import time
 from types import SimpleNamespace
 
 from . import pickle
-from .config import FAIL_REASON, LEADER_LOST_GRACE_S, LEADER_LOST_STAGGER_S
+from .config import FAIL_REASON
 from .core import (ChangeType, ConfChange, Config, CoreInUse, Entry, EntryKind, HardState, NotLeader, RaftCore,
                    RaftState, Refused, Snapshot)
 from .encryptor import getEncryptor
@@ -54,6 +54,13 @@ APPLY_SLICE_S = 0.01        # the longest the loop applies committed entries bef
 # "Raft engines"). A caught-up node is at most a slice's entries behind (replica.py's
 # READY_MAX_LAG, the same bound), and one past it stands at the first tick it is back within.
 APPLY_LAG_MAX = 64
+# When a follower's connection to the leader closes (a killed leader's kernel closes its sockets
+# at once) and is not back within LEADER_LOST_GRACE_S (a live leader's is: the dialing side dials
+# again at once after a reset), the followers stand in turn LEADER_LOST_STAGGER_S apart instead
+# of after an election timeout (core.peerLost; docs/cluster.md "Raft engines"): the first within
+# half of it, the next after one more, so that two rarely split the vote.
+LEADER_LOST_GRACE_S = 0.1
+LEADER_LOST_STAGGER_S = 0.1
 _KINDS = {_REGULAR: EntryKind.REGULAR, _NO_OP: EntryKind.NO_OP, _MEMBERSHIP: EntryKind.MEMBERSHIP,
           _VERSION: EntryKind.REGULAR}
 

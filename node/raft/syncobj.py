@@ -22,7 +22,7 @@ from .serializer import Serializer, SERIALIZER_STATE, SNAPSHOT_FORMAT, SNAPSHOT_
 from .node import Node, TCPNode
 from .transport import Transport, TCPTransport, TransportNotReadyError
 from .journal import createJournal, StorageFailure
-from .config import SyncObjConf, FAIL_REASON, LEADER_LOST_GRACE_S, LEADER_LOST_STAGGER_S
+from .config import SyncObjConf, FAIL_REASON
 from .encryptor import HAS_CRYPTO, getEncryptor
 from .version import VERSION
 from .fast_queue import FastQueue
@@ -171,7 +171,6 @@ class SyncObj(object):
         self.__preVoteTerm = None           # the term a pre-vote in progress asks for
         self.__preVoters = set()            # who granted it (a set: a late answer of an earlier round counts once)
         self.__lastLeaderContact = 0.0      # when a leader of this term was last heard (monotonic)
-        self.__leaderLost = None            # (the leader, when its connection closed): __checkLeaderLost
         self.__lastPollEnd = monotonicTime()    # when the last round of message handling ended
         # raftq (set before the replicated methods are enumerated: dir() reads the properties)
         self.__sentIndex = 0        # the last index the leader's tick sent (see _onTick)
@@ -811,8 +810,6 @@ class SyncObj(object):
             self.__numOneSecondDumps += 1
             self.__raftLog.onOneSecondTimer()
 
-        if self.__leaderLost is not None:
-            self.__checkLeaderLost()
         if self.__raftState in (_RAFT_STATE.FOLLOWER, _RAFT_STATE.CANDIDATE) and self.__selfNode is not None:
             if self.__raftElectionDeadline < monotonicTime() and self.__connectedToAnyone() and \
                     self.__mayStandForElection():
@@ -1477,24 +1474,6 @@ class SyncObj(object):
 
     def __onNodeDisconnected(self, node):
         self.__connectedNodes.discard(node)
-        if node == self.__raftLeader and self.__raftState == _RAFT_STATE.FOLLOWER and self.__selfNode is not None:
-            self.__leaderLost = (node, monotonicTime())
-
-    def __checkLeaderLost(self):
-        """raftq (docs/cluster.md "Raft engines"; the core's peerLost): a follower whose
-        connection to its leader closed and is not back after LEADER_LOST_GRACE_S stops counting
-        on that leader (it grants pre-votes) and stands soon, the followers in turn by their
-        addresses' order. Only a hint: a live leader's other followers refuse the pre-vote."""
-        node, since = self.__leaderLost
-        if monotonicTime() - since < LEADER_LOST_GRACE_S:
-            return
-        self.__leaderLost = None
-        if node in self.__connectedNodes or node != self.__raftLeader or self.__raftState != _RAFT_STATE.FOLLOWER:
-            return
-        self.__lastLeaderContact = 0.0
-        standing = sorted([n.id for n in self.__otherNodes if n != node] + [self.__selfNode.id])
-        delay = (standing.index(self.__selfNode.id) + random.random() / 2) * LEADER_LOST_STAGGER_S
-        self.__raftElectionDeadline = min(self.__raftElectionDeadline, monotonicTime() + delay)
 
     def __getCurrentLogIndex(self):
         return self.__raftLog[-1][1]
