@@ -275,6 +275,9 @@ class Scale:
         self.say(f"backlog {size:,}: restart of every node to first write")
         out["restart_all_to_write"] = await self.restart_all()
         self.converge()
+        # what each node holds once it has replayed: against rss_mb (the fill's end) this is what
+        # a restart costs in memory (the target: within 10 %)
+        out["rss_mb_after_restart"] = [round(r / 2**20) if r else None for r in self.rss()]
         return out
 
 
@@ -372,5 +375,6 @@ def format_scale(result: dict) -> str:
                          f"{sec(t)} (journal {t.get('journal_bytes')} bytes cut at {t.get('cut_at')}, "
                          f"found {t.get('found')})")
         lines.append(f"  leader kill      first write after {sec(st['leader_kill_to_write'])}")
-        lines.append(f"  restart all      first write after {sec(st['restart_all_to_write'])}")
+        lines.append(f"  restart all      first write after {sec(st['restart_all_to_write'])}; "
+                     f"RSS per node after it {st.get('rss_mb_after_restart')} MB")
     return "\n".join(lines)

@@ -413,6 +413,7 @@ def test_bench_backlog_measures_every_figure_at_each_size_and_cleans_up(tmp_path
     assert 0 < full["beside_backlog"]["p50_ms"] <= full["beside_backlog"]["p99_ms"]
     for key in ("wiped_follower_catch_up", "leader_kill_to_write", "restart_all_to_write"):
         assert full[key]["seconds"] is not None and full[key]["seconds"] > 0, (key, full[key])
+    assert all(r and r > 0 for r in full["rss_mb_after_restart"]), full["rss_mb_after_restart"]
     assert not list(tmp_path.glob("raftq-scale-*")), "the cluster's directory was left behind"
 
 
