@@ -147,11 +147,11 @@ class Sim:
         # but at least 8 entries a round trip: one entry per round trip (seed 981 of the first
         # 1,000) caught a restarted node up on 300 entries in more than LIVENESS_MS, slow and right
         entries, inflight = self.rng.choice(((1, 8), (2, 4), (8, 1), (8, 3), (64, 1), (64, 8)))
-        self.config = replace(CONFIG, max_append_entries=entries, max_inflight=inflight)
         # a closed connection told to its other end (core.peerLost: a crash closes a node's
         # connections at once, a partition cuts them), in some runs, from a stream of its own
         self.lossRng = random.Random(seed * 13 + 1)
-        self.config = replace(self.config, leader_lost_stagger=self.lossRng.choice((0, 2, 4)))
+        self.config = replace(CONFIG, max_append_entries=entries, max_inflight=inflight,
+                              leader_lost_stagger=self.lossRng.choice((0, 2, 4)))
         self.nodes = {i: Node(i, self.rng.choice((18, 19, 20, 20, 21, 22))) for i in self.ids}
         self.durationMs = durationMs
         self.verbose = verbose
