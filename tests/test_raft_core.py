@@ -905,3 +905,76 @@ def test_a_lost_connection_to_another_node_or_without_the_setting_changes_nothin
         assert (b.leader, b.raftElectionDeadline) == before
     net['a'].peerLost('b')                        # a leader losing a follower: still leads
     assert net['a'].state == RaftState.LEADER
+
+
+class DiskReader:
+    """A core's storage (core.Storage) over the harness's disk: what the core let go of and asks
+    back must be there, the same entry."""
+
+    def __init__(self, net, i):
+        self.net, self.i, self.reads = net, i, 0
+
+    def data(self, index, term):
+        entry = self.net.disks[self.i][1][index - 1 - self.net.offsets.get(self.i, 0)]
+        assert (entry.index, entry.term) == (index, term)
+        self.reads += 1
+        return entry.data
+
+
+def net_with_storage(limit):
+    net = Net(conf=dataclasses.replace(CONF, log_memory_bytes=limit))
+    readers = {i: DiskReader(net, i) for i in 'abc'}
+    net.cores = {i: RaftCore(i, 'abc', random.Random(n), net['a'].conf, storage=readers[i])
+                 for n, i in enumerate('abc')}
+    return net, readers
+
+
+def test_a_core_with_a_storage_holds_its_newest_commands_and_reads_the_rest_back():
+    """etcd-io/raft's Storage: past log_memory_bytes the oldest persisted commands are let go
+    and read back when a follower far behind needs them; it gets the same commands."""
+    net, readers = net_with_storage(10)
+    a = net.elect('a')
+    cut = {('a', 'c'), ('c', 'a')}
+    datas = [b'%04d' % n for n in range(30)]
+    for d in datas:
+        net.propose('a', d)
+        net.deliver(cut)
+    assert a.heldBytes <= 10 + 4 and readers['a'].reads == 0      # nothing read back yet
+    assert [e.data for e in a.entries(2)] == datas                 # read back whole (entry 1: the no-op)
+    before = readers['a'].reads
+    for _ in range(30):
+        net.tick('a')
+        net.deliver()
+    assert [e.data for e in net.applied['c'] if e.kind == EntryKind.REGULAR] == datas
+    assert readers['a'].reads > before                             # c's catch-up read them back
+
+
+def test_a_core_never_lets_go_of_a_command_not_yet_on_disk():
+    net, readers = net_with_storage(0)
+    a = net.elect('a')
+    for d in (b'aaaa', b'bbbb', b'cccc'):
+        a.propose(d)
+    assert a.heldBytes == 12                     # not persisted: held whatever the limit
+    net.flush('a')
+    assert a.heldBytes == 4                      # persisted: all but the newest let go
+    assert [e.data for e in a.entries(2)] == [b'aaaa', b'bbbb', b'cccc']
+
+
+def test_a_follower_cut_back_keeps_its_count_of_held_bytes():
+    """A follower's uncommitted entries, let go and then cut by a new leader: what it holds is
+    what its log holds (the count never runs below what is there)."""
+    net, readers = net_with_storage(0)
+    net.elect('a')
+    cut = {('a', 'b'), ('a', 'c')}
+    net.propose('a', b'lost1', b'lost2')        # a's alone, then a is cut off
+    net.take(src='a')
+    net.forget_leader('c')
+    b = net.elect('b', cut=cut)
+    net.propose('b', b'kept1', b'kept2', b'kept3')
+    net.deliver(cut)
+    for _ in range(3):
+        net.tick('b')
+        net.deliver()
+    a = net['a']
+    assert [e.data for e in a.entries(2)] == [e.data for e in b.entries(2)]
+    assert 0 <= a.heldBytes <= max(len(e.data) for e in a.entries(a.lastIndex, a.lastIndex))

@@ -35,6 +35,7 @@ def test_hundreds_of_seeds_keep_raft_safe_and_live():
     assert totals['added'] > SEEDS // 2 and totals['removed'] > SEEDS // 2 and totals['removals_told'] > SEEDS // 3
     assert totals['compactions'] > 10 * SEEDS and totals['installs'] > SEEDS
     assert totals['losses_told'] > SEEDS            # closed connections told (core.peerLost)
+    assert totals['read_back'] > 100 * SEEDS        # commands a core let go of, read back (core.Storage)
     print(f'{SEEDS} seeds, {simulated / 1000:.0f} simulated s in {time.perf_counter() - start:.1f} s')
 
 

@@ -40,6 +40,12 @@ and what is left to the Ready loop (step 2). The caller also calls `compact(inde
 wrote and synced a snapshot of its state machine at an applied index (the core then sends it to
 a follower that needs what was dropped), and a Ready's `snapshot` (one installed from the
 leader) is persisted and restored before anything else of that Ready.
+
+The log's older entries (etcd-io/raft's Storage): a caller that gives a `storage` lets the core
+hold the commands of only its newest entries, `Config.log_memory_bytes` of them; an older
+command, on disk (the node persisted it), is let go and asked back through
+`storage.data(index, term)` when the core needs it again (an append to a follower far behind,
+an apply after a restart). Without a storage the core holds its whole log, as upstream did.
 """
 from __future__ import annotations
 
@@ -194,6 +200,9 @@ class Config:
     # peerLost: ticks between the ranks of the followers that stand early when their link to
     # the leader closed (0: they wait out the election timeout, as upstream does)
     leader_lost_stagger: int = 0
+    # with a storage: bytes of commands held in memory, the newest entries' (the rest are read
+    # back through it; membership entries and no-ops are always held: they are small)
+    log_memory_bytes: int = 32 << 20
 
 
 class NotLeader(Exception):
@@ -247,6 +256,14 @@ class Refusal(enum.Enum):
     SELF = 'self'                                   # the leader removing itself: transfer leadership first
 
 
+class Storage:
+    """What the core reads back of its persisted log (etcd-io/raft's Storage.Entries): the
+    command of the entry at `index`, which has `term`. It may raise (a disk that fails): the
+    error reaches the core's caller."""
+    def data(self, index, term):
+        raise NotImplementedError
+
+
 class Refused(Exception):
     """A request the leader refused; `reason` is a Refusal."""
     def __init__(self, reason):
@@ -263,8 +280,9 @@ class RaftCore:
     had claimed, or 0 when unknown."""
 
     def __init__(self, nodeId, voters, rng, config=None, hardState=None, entries=(), applied=0,
-                 unverifiedClaim=None, snapshot=None):
+                 unverifiedClaim=None, snapshot=None, storage=None):
         self.id = nodeId
+        self._storage = storage
         # (index, voters, change) of every configuration in the log; the first is the one before
         # the log's first entry (a node being added starts outside it: a learner; a snapshot's)
         self._snapshot = snapshot
@@ -278,13 +296,21 @@ class RaftCore:
         self._log = [Entry(base.index, base.term, kind=EntryKind.NO_OP)]
         self._log.extend(entries)
         self._checkContiguous(self._log)
+        # commands held from _heldFrom on (_heldBytes of them); before it, a storage's are let
+        # go (data None: the caller may pass them so, when it has a storage)
+        self._heldFrom, self._heldBytes = base.index + 1, 0
         for entry in entries:
             self._applyChange(entry)
+            if entry.data is None:
+                self._heldFrom, self._heldBytes = entry.index + 1, 0
+            else:
+                self._heldBytes += len(entry.data)
         self.raftCurrentTerm = hs.term
         self.votedForNodeId = hs.vote
         self.raftCommitIndex = min(max(hs.commit, base.index), self._lastIndex())
         self.raftLastApplied = min(max(applied, base.index), self.raftCommitIndex)
         self._stableIndex = self._lastIndex()
+        self._letGo()
         self._persisted = HardState(hs.term, hs.vote, self.raftCommitIndex)
         self._initVolatile(unverifiedClaim)
         self._onConfigChanged()
@@ -354,10 +380,45 @@ class RaftCore:
         return self._unverified is not None
 
     def entries(self, first=1, last=None):
-        """The log's entries first..last, from the snapshot's on at most (a copy)."""
+        """The log's entries first..last, from the snapshot's on at most (a copy), with their
+        commands (read back through the storage where the core let them go)."""
         first = max(first, self._log[0].index + 1)
         last = self._lastIndex() if last is None else last
-        return self._log[first - self._log[0].index:last - self._log[0].index + 1]
+        out = self._log[first - self._log[0].index:last - self._log[0].index + 1]
+        if first < self._heldFrom:
+            out = [self._whole(e) for e in out]
+        return out
+
+    @property
+    def heldBytes(self):
+        """Bytes of commands the core holds from its newest entries (with a storage; without
+        one, those of its whole log)."""
+        return self._heldBytes
+
+    def _whole(self, entry):
+        if entry.data is not None:
+            return entry
+        return Entry(entry.index, entry.term, self._storage.data(entry.index, entry.term), entry.kind)
+
+    def _letGo(self):
+        """With a storage: the oldest held commands past log_memory_bytes are let go, of
+        entries on disk only (the storage holds them); membership entries and no-ops are kept."""
+        if self._storage is None:
+            return
+        log, base, limit = self._log, self._log[0].index, self.conf.log_memory_bytes
+        held, pos, last = self._heldBytes, self._heldFrom - base, min(self._stableIndex, self._lastIndex() - 1) - base
+        while held > limit and pos <= last:
+            e = log[pos]
+            held -= len(e.data)
+            if e.kind == EntryKind.REGULAR:
+                log[pos] = Entry(e.index, e.term, None, e.kind)
+            pos += 1
+        self._heldBytes, self._heldFrom = held, pos + base
+
+    def _forget(self, first, last):
+        """Entries first..last leave the log (cut or compacted): their held bytes with them."""
+        base, lo = self._log[0].index, max(first, self._heldFrom)
+        self._heldBytes -= sum(len(e.data) for e in self._log[lo - base:last - base + 1])
 
     def progress(self, peer):
         return self._progress.get(peer)
@@ -396,6 +457,8 @@ class RaftCore:
         end = min(len(self._log), pos + self.conf.max_append_entries)
         size, out = 0, []
         for entry in self._log[pos:end]:
+            if entry.data is None:
+                entry = self._whole(entry)
             size += len(entry.data)
             if out and size > self.conf.max_append_bytes:
                 break
@@ -408,7 +471,9 @@ class RaftCore:
             # to carry on from (the fork logged it CRITICAL: "truncating already-applied").
             raise AssertionError(f'{self.id}: truncating committed entries from {index} '
                                  f'(commit index {self.raftCommitIndex})')
+        self._forget(index, self._lastIndex())
         del self._log[index - self._log[0].index:]
+        self._heldFrom = min(self._heldFrom, index)
         self._stableIndex = min(self._stableIndex, index - 1)
         self._rollBackChanges(index)
 
@@ -478,6 +543,7 @@ class RaftCore:
     def _appendEntry(self, data, kind):
         entry = Entry(self._lastIndex() + 1, self.raftCurrentTerm, data, kind)
         self._log.append(entry)
+        self._heldBytes += len(data)
         if self._applyChange(entry):
             self._onConfigChanged()
         return entry.index, entry.term
@@ -525,6 +591,11 @@ class RaftCore:
         """The configuration in force: the last one in the log, committed or not (thesis §4.1: a
         node uses the newest configuration in its log, applied when appended)."""
         return self._configs[-1][1]
+
+    def votersAt(self, index):
+        """The configuration in force at `index` (from the snapshot's on): the last change at
+        or before it (a snapshot's members)."""
+        return next(c[1] for c in reversed(self._configs) if c[0] <= index)
 
     @property
     def removedFromCluster(self):
@@ -649,6 +720,8 @@ class RaftCore:
         base = configs[-1]
         self._configs = [(index, base[1], base[2])] + [c for c in self._configs if c[0] > index]
         self._snapshot = Snapshot(index, term, base[1], data)
+        self._forget(start + 1, index)
+        self._heldFrom = max(self._heldFrom, index + 1)
         self._log = [Entry(index, term, kind=EntryKind.NO_OP)] + self._log[index - start + 1:]
 
     def _sendSnapshot(self, node, pr):
@@ -679,6 +752,7 @@ class RaftCore:
         # a member the snapshot's configuration leaves out was removed, and that is committed
         removed = self.id in self.voters and self.id not in snap.voters
         self._log = [Entry(snap.index, snap.term, kind=EntryKind.NO_OP)]
+        self._heldFrom, self._heldBytes = snap.index + 1, 0
         change = ConfChange(ChangeType.REMOVE, self.id) if removed else None
         self._configs = [(snap.index, frozenset(snap.voters), change)]
         self.raftCommitIndex = self.raftLastApplied = self._stableIndex = snap.index
@@ -721,6 +795,7 @@ class RaftCore:
         self._pending = None
         if rd.entries:
             self._markStable(rd.entries)
+            self._letGo()
         if rd.hard_state is not None:
             self._persisted = rd.hard_state
         if rd.committed_entries:
@@ -1102,6 +1177,7 @@ class RaftCore:
             if mine is not None:
                 self._deleteEntriesFrom(entry.index)
             self._log.extend(entries[pos:])
+            self._heldBytes += sum(len(e.data) for e in entries[pos:])
             if any([self._applyChange(e) for e in entries[pos:]]):
                 self._onConfigChanged()
             break

@@ -732,6 +732,16 @@ class FileJournal(Journal):
         """Bytes of commands held in memory (the rest are read back from the file)."""
         return self.__hotSize
 
+    @property
+    def heldFrom(self):
+        """raftq: entries [heldFrom:] hold their command in memory; older ones are read back."""
+        return self.__hotFrom
+
+    @property
+    def firstIndex(self):
+        """raftq: the Raft index of entry 0 (None when empty), without reading it back."""
+        return self.__journal[0][1] if self.__journal else None
+
     def __len__(self):
         return len(self.__journal)
 

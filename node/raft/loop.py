@@ -38,7 +38,7 @@ from .config import FAIL_REASON
 from .core import (ChangeType, ConfChange, Config, CoreInUse, Entry, EntryKind, HardState, NotLeader, RaftCore,
                    RaftState, Refused, Snapshot)
 from .encryptor import getEncryptor
-from .journal import StorageFailure, createJournal
+from .journal import HOT_BYTES, StorageFailure, createJournal
 from .loop_link import Links
 from .pickle import loadsBuiltins
 from .config import SERIALIZER_STATE
@@ -60,6 +60,9 @@ APPLY_LAG_MAX = 64
 # of after an election timeout (core.peerLost; docs/cluster.md "Raft engines"): the first within
 # half of it, the next after one more, so that two rarely split the vote.
 LEADER_LOST_GRACE_S = 0.1
+# a snapshot file's bytes, read to send it to a follower, are kept for its retransmissions, and
+# let go this long after the last
+SNAPSHOT_CACHE_S = 30.0
 LEADER_LOST_STAGGER_S = 0.1
 _KINDS = {_REGULAR: EntryKind.REGULAR, _NO_OP: EntryKind.NO_OP, _MEMBERSHIP: EntryKind.MEMBERSHIP,
           _VERSION: EntryKind.REGULAR}
@@ -109,6 +112,25 @@ def _entry(command: bytes, index: int, term: int) -> Entry:
     return Entry(index, term, bytes(command), kind)
 
 
+class JournalStorage:
+    """The core's storage (core.Storage) over the journal: an entry's command read back from
+    the file, checked (the journal's CRC, then its index and term: the core let go of only what
+    the journal holds)."""
+
+    def __init__(self, journal, path):
+        self.journal, self.path = journal, path
+
+    def data(self, index, term):
+        j = self.journal
+        first = j.firstIndex
+        cmd, idx, t = j[index - first] if first is not None and index >= first else (None, None, None)
+        if (idx, t) != (index, term):
+            raise StorageFailure(self.path,
+                                 f"read back entry {index} (term {term}): the journal holds {idx} (term {t})",
+                                 OSError(errno.EIO, os.strerror(errno.EIO)))
+        return _entry(cmd, idx, t).data
+
+
 class LoopSyncObj:
     """One node's Raft on the event loop; attribute names are SyncObj's where replica.py reads them."""
 
@@ -152,7 +174,7 @@ class LoopSyncObj:
         self.links = Links(loop, self_addr, sorted(self._voters), enc, self._on_message, dial_map=conf.dialMap,
                            retry_s=min(conf.connectionRetryTime, 0.2), handshake_timeout_s=conf.handshakeTimeout,
                            max_pending=conf.maxPendingConnections, on_lost=self._on_lost)
-        self._snapshot_cache = None
+        self._snapshot_cache, self._snapshot_used = None, 0.0     # the snapshot file's bytes, while sent
         self._syncing = False
         self._to_apply = collections.deque()     # committed, not yet applied (_apply_some)
         self._apply_scheduled = False
@@ -188,12 +210,19 @@ class LoopSyncObj:
             j.add(b"\x01", 1, j.getCurrentTerm())          # the fork's first entry: every node has it
         snapshot = self._load_snapshot()
         entries = []
+        # the commands the journal let go of (older than its newest journal_memory_bytes) the
+        # core lets go too, and reads back through it (JournalStorage) when it needs them
+        storage = JournalStorage(j, self.conf.journalFile) if hasattr(j, "heldFrom") else None
+        held_from = j.heldFrom if storage else 0
         for i in range(len(j)):
             cmd, idx, term = j[i]
             if snapshot is None or idx > snapshot.index:
-                entries.append(_entry(cmd, idx, term))
-                if entries[-1].kind is EntryKind.MEMBERSHIP:
-                    self._note_change(entries[-1])
+                entry = _entry(cmd, idx, term)
+                if entry.kind is EntryKind.MEMBERSHIP:
+                    self._note_change(entry)
+                elif i < held_from and entry.kind is EntryKind.REGULAR:
+                    entry = Entry(idx, term, None, entry.kind)
+                entries.append(entry)
         last = entries[-1] if entries else None
         last_term = last.term if last else (snapshot.term if snapshot else 0)
         unverified, vote = self._judge_disk(last.index if last else snapshot.index)
@@ -204,12 +233,13 @@ class LoopSyncObj:
         config = Config(election_timeout_min=ticks(c.raftMinTimeout), election_timeout_max=ticks(c.raftMaxTimeout),
                         heartbeat_interval=2, leader_fallback_timeout=ticks(c.leaderFallbackTimeout),
                         max_append_bytes=c.appendEntriesBatchSizeBytes, retransmit_timeout=max(5, ticks(0.1)),
-                        leader_lost_stagger=ticks(LEADER_LOST_STAGGER_S))
+                        leader_lost_stagger=ticks(LEADER_LOST_STAGGER_S),
+                        log_memory_bytes=HOT_BYTES if c.journalMemoryBytes is None else c.journalMemoryBytes)
         claim = unverified.get("claimed_commit", 0) if unverified is not None else None
         applied = snapshot.index if snapshot else 0
         self.raftLastApplied = applied
         return RaftCore(self_addr, frozenset([self_addr, *others]), random.Random(), config, hs, entries,
-                        applied=applied, unverifiedClaim=claim, snapshot=snapshot)
+                        applied=applied, unverifiedClaim=claim, snapshot=snapshot, storage=storage)
 
     def _check_disk(self) -> list:
         """syncobj.py's __checkDisk: what the journal found, a snapshot that does not verify (moved
@@ -320,9 +350,9 @@ class LoopSyncObj:
             return
         self._tick_handle = self.loop.call_later(self.tick_s, self._tick)
         self.core.setEligible(self._may_stand())
-        self.core.tick()
         self._ticks += 1
         try:
+            self.core.tick()            # a heartbeat may carry entries read back (JournalStorage)
             if self._ticks % self._ticks_per_s == 0:
                 self.journal.onOneSecondTimer()
                 self._set_link_peers()          # a departing member the core stopped replicating to
@@ -362,6 +392,8 @@ class LoopSyncObj:
                                      OSError(errno.EIO, os.strerror(errno.EIO)))
             log.error("a snapshot could not be written (exit %s): the journal keeps everything",
                       self.serializer.lastFailure)
+        if self._snapshot_cache is not None and time.monotonic() - self._snapshot_used > SNAPSHOT_CACHE_S:
+            self._snapshot_cache = None         # sent: not held for the node's lifetime
         if state == SERIALIZER_STATE.SERIALIZING or not self._compaction_due():
             return
         j, index = self.journal, self.raftLastApplied      # what the state machine holds
@@ -380,15 +412,8 @@ class LoopSyncObj:
         self.serializer.serialize(build, prev[1])
 
     def _voters_at(self, index) -> set:
-        """The configuration in force at `index` (a snapshot's): the one in force now with the
-        log's changes after `index` undone. Each added a node that was no voter or removed one
-        that was (the core refuses any other), so undoing one is its opposite."""
-        voters = set(self.core.voters)
-        for e in reversed(self.core.entries(index + 1)):
-            if e.kind is EntryKind.MEMBERSHIP:
-                change = ConfChange.decode(e.data)
-                (voters.discard if change.type == ChangeType.ADD else voters.add)(change.node)
-        return voters
+        """The configuration in force at `index` (a snapshot's)."""
+        return set(self.core.votersAt(index))
 
     def _compaction_due(self) -> bool:
         c, now = self.conf, time.monotonic()
@@ -420,6 +445,7 @@ class LoopSyncObj:
         if self._snapshot_cache is None or self._snapshot_cache[0] != key:
             with open(path, "rb") as f:
                 self._snapshot_cache = (key, f.read())
+        self._snapshot_used = time.monotonic()
         return dataclasses.replace(m, snapshot=dataclasses.replace(m.snapshot, data=self._snapshot_cache[1]))
 
     def _on_message(self, m):
@@ -431,6 +457,8 @@ class LoopSyncObj:
         except (ValueError, KeyError):
             log.warning("dropped a malformed Raft message from %s", m.src)
             return
+        except StorageFailure as e:     # an append to a follower behind reads entries back
+            return self._storage_failed(e)
         finally:
             self.raft_cpu_s += time.thread_time() - t0
         self._kick()

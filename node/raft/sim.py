@@ -112,6 +112,21 @@ class Disk:
             self.hard_state = hs
 
 
+class DiskStorage:
+    """A core's storage (core.Storage): its disk's entries; what it reads back must be the entry
+    the core asks for (the same index and term): it let go of only what it had persisted."""
+    def __init__(self, disk, counts):
+        self.disk, self.counts = disk, counts
+
+    def data(self, index, term):
+        pos = index - self.disk.first - 1
+        entry = self.disk.entries[pos] if 0 <= pos < len(self.disk.entries) else None
+        if entry is None or (entry.index, entry.term) != (index, term):
+            raise Violation(f'storage: the core asked for ({index}, term {term}), the disk holds {entry}')
+        self.counts['read_back'] += 1
+        return entry.data
+
+
 class Node:
     def __init__(self, nodeId, period):
         self.id = nodeId
@@ -150,8 +165,12 @@ class Sim:
         # a closed connection told to its other end (core.peerLost: a crash closes a node's
         # connections at once, a partition cuts them), in some runs, from a stream of its own
         self.lossRng = random.Random(seed * 13 + 1)
+        # the core holding only its newest commands (the rest read back from its disk), in
+        # some runs, from a stream of its own: None holds the whole log
+        self.memoryBytes = random.Random(seed * 11 + 5).choice((None, None, 0, 24, 200))
         self.config = replace(CONFIG, max_append_entries=entries, max_inflight=inflight,
-                              leader_lost_stagger=self.lossRng.choice((0, 2, 4)))
+                              leader_lost_stagger=self.lossRng.choice((0, 2, 4)),
+                              log_memory_bytes=self.memoryBytes or 0)
         self.nodes = {i: Node(i, self.rng.choice((18, 19, 20, 20, 21, 22))) for i in self.ids}
         self.durationMs = durationMs
         self.verbose = verbose
@@ -178,7 +197,7 @@ class Sim:
         self.counts = {'messages': 0, 'proposals': 0, 'acked': 0, 'crashes': 0, 'damaged': 0, 'pauses': 0, 'elections': 0,
                        'calm_phases': 0, 'transfers': 0, 'transfers_done': 0, 'learners': 0, 'added': 0,
                        'removed': 0, 'removals_told': 0, 'compactions': 0, 'installs': 0, 'events': 0,
-                       'losses_told': 0}
+                       'losses_told': 0, 'read_back': 0}
 
     # -- the event queue ----------------------------------------------------------------------
 
@@ -406,9 +425,11 @@ class Sim:
         node.incarnation += 1
         node.checkedCommit, node.folded = 0, (None, 0, None)
         snap = node.disk.snapshot
+        storage = None if self.memoryBytes is None else DiskStorage(node.disk, self.counts)
         node.core = RaftCore(nodeId, self.initial, random.Random(self.rng.getrandbits(64)), self.config,
                              hardState=node.disk.hard_state, entries=list(node.disk.entries),
-                             unverifiedClaim=node.disk.unverified, snapshot=snap, applied=node.disk.first)
+                             unverifiedClaim=node.disk.unverified, snapshot=snap, applied=node.disk.first,
+                             storage=storage)
         node.up, node.pending, node.applied, node.proposals = True, None, node.disk.first, []
         node.digest = snap.data if snap else b''
         self.at(self.now + self.rng.randint(1, node.period), 'tick', nodeId, node.incarnation)

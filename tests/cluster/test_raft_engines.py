@@ -26,8 +26,11 @@ def _restart_all_with(c, engine):
 
 def test_the_loop_engine_serves_across_a_leader_kill_and_restarts_from_its_journal(make_cluster):
     # election timeouts of 4-8 s: the followers must elect a leader on the killed leader's closed
-    # connections (core.peerLost), not on their timers, to lead within 3 s of the kill
-    c = make_cluster(tuning={"raft_engine": "loop", "raft_min_timeout_s": 4.0, "raft_max_timeout_s": 8.0})
+    # connections (core.peerLost), not on their timers, to lead within 3 s of the kill.
+    # journal_memory_bytes 1: the cores hold only their newest command; every other one they need
+    # (the restarted node's applies, the new leader's appends to it) is read back from the journal
+    c = make_cluster(tuning={"raft_engine": "loop", "raft_min_timeout_s": 4.0, "raft_max_timeout_s": 8.0,
+                             "journal_memory_bytes": 1})
     api = Api(c)
     leader = c.wait_leader()
     assert {c.cluster_view(i, digest=False)["raft_engine"] for i in range(3)} == {"loop"}
