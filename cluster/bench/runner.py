@@ -387,7 +387,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "WebSocket to the leader, as users' clients do; http: one plain HTTP connection per "
                         "producer and worker (default %(default)s).")
     p.add_argument("--raft-engine", choices=("thread", "loop"), default=None,
-                   help="with --local: the nodes' tuning.raft_engine (docs/cluster.md \"Raft engines\").")
+                   help="with --local or --backlog: the nodes' tuning.raft_engine (docs/cluster.md \"Raft engines\").")
+    p.add_argument("--tuning", action="append", default=[], metavar="KEY=VALUE",
+                   help="with --local or --backlog: a [tuning] setting of the nodes (docs/configuration.md), "
+                        "the value read as JSON when it is (a number, true) and as text otherwise; repeatable.")
     p.add_argument("--spread", action="store_true",
                    help="the producers and workers take the nodes in turn, each sending its calls to its own "
                         "node (followers forward to the leader what needs it), instead of all to the leader; "
@@ -450,6 +453,20 @@ def main(argv=None) -> int:
     return 0
 
 
+def _tuning(args) -> dict:
+    """--raft-engine and --tuning KEY=VALUE as the local cluster's [tuning] table."""
+    tuning = {"raft_engine": args.raft_engine} if args.raft_engine else {}
+    for item in args.tuning:
+        key, sep, text = item.partition("=")
+        if not sep or not key.strip():
+            raise SystemExit(f"raftq bench: --tuning takes KEY=VALUE, got {item!r}")
+        try:
+            tuning[key.strip()] = json.loads(text)
+        except ValueError:
+            tuning[key.strip()] = text
+    return tuning
+
+
 def _run_bench(args) -> dict | None:
     """The benchmark's phases on the cluster (--local: one started here and removed after);
     None when the cluster refused the requests (said on stderr)."""
@@ -458,7 +475,7 @@ def _run_bench(args) -> dict | None:
     tls = {}
     try:
         if args.local:
-            tuning = {"raft_engine": args.raft_engine} if args.raft_engine else None
+            tuning = _tuning(args) or None
             cluster = LocalCluster(tempfile.mkdtemp(prefix="raftq-bench-"), durability=args.durability,
                                    tls=args.tls, tuning=tuning).launch()
             urls = cluster.urls
@@ -562,7 +579,8 @@ def _main_backlog(p: argparse.ArgumentParser, args) -> int:
             print(f"raftq bench: {text}", file=sys.stderr, flush=True)
 
     made = args.dir is None
-    result = asyncio.run(run_scale(sizes, args.durability, not args.json, args.recovery_timeout, args.dir, say))
+    result = asyncio.run(run_scale(sizes, args.durability, not args.json, args.recovery_timeout, args.dir, say,
+                                   _tuning(args)))
     if made:
         shutil.rmtree(result["dir"], ignore_errors=True)
     print(json.dumps(result) if args.json else format_scale(result))

@@ -326,17 +326,17 @@ def state_machine_bytes_per_job(n: int = 50_000) -> int:
 
 
 async def run_scale(sizes: list[int], durability: str, progress: bool, recovery_timeout: float,
-                    directory: str | None, say) -> dict:
+                    directory: str | None, say, tuning: dict | None = None) -> dict:
     machine_per_job = state_machine_bytes_per_job()
     d = directory or tempfile.mkdtemp(prefix="raftq-scale-")
-    cluster = LocalCluster(d, durability=durability).launch()
+    cluster = LocalCluster(d, durability=durability, tuning=tuning).launch()
     try:
         s = Scale(cluster, progress, recovery_timeout, say)
         s.base_rss = s.rss()
         steps = []
         for size in sorted(sizes):
             steps.append(await s.step(size))
-        return {"durability": durability, "payload_bytes": len(PAYLOAD), "batch": BATCH, "producers": PRODUCERS,
+        return {"durability": durability, "tuning": cluster.tuning, "payload_bytes": len(PAYLOAD), "batch": BATCH, "producers": PRODUCERS,
                 "base_rss_mb": _mb(s.base_rss),
                 "state_machine_bytes_per_job": machine_per_job, "steps": steps, "dir": d}
     finally:
