@@ -240,3 +240,29 @@ def test_digest_equal_for_equal_histories_and_different_otherwise():
     assert a.m.digest() == b.m.digest()
     a.ack(jid, 1)
     assert a.m.digest() != b.m.digest()
+
+
+def test_a_restore_that_consumes_its_data_builds_the_same_machine_and_empties_the_lists():
+    """`consume` (a snapshot just read, node/replication/replica.py): the large lists are let go
+    row by row as the machine is built, and the machine is the one a plain restore builds."""
+    limits = Limits.build(storage={"dedup_window_ms": 10**6})
+    live = QueueMachine(limits)
+    new_id = _ids()
+    now = 1_000_000
+    for i in range(40):                 # priorities make a heap part, then a FIFO tail of equal ones
+        live.apply(now + i, C.enqueue({"queue": "q", "job_type": "t", "idempotency_key": f"k{i}",
+                                       "priority": i % 3 if i < 20 else 0}, limits, now + i, new_id, rid=f"r{i}"))
+    live.apply(now + 50, C.reserve({"queues": ["q"], "lease_ms": 100, "max_jobs": 3}, limits)[0])
+    data = live.to_builtins()
+    plain = QueueMachine.from_builtins(limits, pickle.loads(pickle.dumps(data)))
+    consumed = QueueMachine.from_builtins(limits, data, consume=True)
+    assert consumed.digest() == plain.digest() == live.digest()
+    assert consumed.to_builtins() == plain.to_builtins()
+    rows = data["queues"][0][2]
+    assert data["jobs"] and set(data["jobs"]) == {None} and rows and set(rows) == {None}
+    assert set(data["dedup"]) == {None} and set(data["rids"]) == {None}
+    t = now + 5000
+    assert consumed.apply(t, C.sweep()) == plain.apply(t, C.sweep())
+    got = [consumed.apply(t + 1, C.reserve({"queues": ["q"], "lease_ms": 100, "max_jobs": 50}, limits)[0]),
+           plain.apply(t + 1, C.reserve({"queues": ["q"], "lease_ms": 100, "max_jobs": 50}, limits)[0])]
+    assert got[0] == got[1] and len(got[0][1]["jobs"]) == 40      # the 3 leases lapsed: redelivered

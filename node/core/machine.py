@@ -509,8 +509,9 @@ class QueueMachine(UndoLog):
         return snapshot.to_builtins(self)
 
     @classmethod
-    def from_builtins(cls, limits: Limits, data: dict) -> "QueueMachine":
-        return snapshot.from_builtins(cls(limits), data)
+    def from_builtins(cls, limits: Limits, data: dict, consume: bool = False) -> "QueueMachine":
+        """The machine `data` describes; `consume`: the data is given up (snapshot.from_builtins)."""
+        return snapshot.from_builtins(cls(limits), data, consume)
 
     def __getstate__(self):
         # Pickling goes through the builtins form (release 0.1.0's snapshots pickled the machine,

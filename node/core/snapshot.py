@@ -227,14 +227,16 @@ def kept_result(op, kept) -> tuple:
     return tuple(kept)
 
 
-def from_builtins(m, data: dict):
-    """Fill the empty machine `m` from `to_builtins` data of a readable version."""
+def from_builtins(m, data: dict, consume: bool = False):
+    """Fill the empty machine `m` from `to_builtins` data of a readable version. `consume`: the
+    data is the caller's to give up (a snapshot just read): its large lists are emptied as they
+    are read (`_drain`)."""
     assert not m.jobs and not m.queues and not m.rids, "from_builtins fills a new machine only"
     if data.get("v") not in READABLE:
         raise ValueError(f"unknown snapshot version {data.get('v')!r}")
     m.clock, m.seq, m.ctr, m.applied = data["clock"], data["seq"], data["ctr"], data["applied"]
     jobs, specs = m.jobs, {}
-    for t in data["jobs"]:
+    for t in _drain(data["jobs"], consume):
         job = Job.from_tuple(t, specs)      # jobs enqueued alike share their spec again
         jobs[job.id] = job
     for rec in data["dlq"]:
@@ -243,7 +245,7 @@ def from_builtins(m, data: dict):
         m.dlq[job.id] = r
         m.dlq_by_queue.setdefault(job.queue, OrderedDict())[job.id] = r
     for name, counters, rows in data["queues"]:
-        m.queues[name] = _restored_queue(name, counters, rows, jobs)
+        m.queues[name] = _restored_queue(name, counters, rows, jobs, consume)
     for rec in m.dlq.values():          # derived from the store, not kept in the snapshot
         d = m.queues[rec.job.queue].dead_by_cause
         d[rec.cause] = d.get(rec.cause, 0) + 1
@@ -252,8 +254,8 @@ def from_builtins(m, data: dict):
     m.deadline_heap = [(a, b, jobs[i]) for a, b, i in data["deadlines"]]
     for h in (m.sched_heap, m.lease_heap, m.deadline_heap):
         heapq.heapify(h)
-    _restore_dedup(m, data)
-    _restore_request_ids(m, data)
+    _restore_dedup(m, data, consume)
+    _restore_request_ids(m, data, consume)
     cfg = data.get("config")
     if cfg is not None and cfg["version"] > 0:
         m.limits = Limits.from_doc(cfg["doc"])
@@ -277,7 +279,22 @@ def from_builtins(m, data: dict):
     return m
 
 
-def _restored_queue(name: str, counters: list, rows: list, jobs: dict) -> Queue:
+def _drain(rows: list, consume: bool, start: int = 0, stop: int | None = None):
+    """rows[start:stop], each let go by the list once handed out when `consume`: a restore's
+    builtins die while the machine is built, so their memory holds the machine's objects
+    instead of staying beside them (a 1M-job snapshot's rows are ≈ 500 MB; docs/performance.md
+    "A 1M backlog under the engines")."""
+    stop = len(rows) if stop is None else stop
+    if not consume:
+        yield from rows[start:stop]
+        return
+    for k in range(start, stop):
+        row = rows[k]
+        rows[k] = None
+        yield row
+
+
+def _restored_queue(name: str, counters: list, rows: list, jobs: dict, consume: bool = False) -> Queue:
     """A queue from its snapshot row: its counters, and its ready entries (-priority,
     enqueued_at, seq, job id), whose ascending tail (what was the FIFO) becomes the FIFO again;
     the rest is heapified."""
@@ -288,34 +305,35 @@ def _restored_queue(name: str, counters: list, rows: list, jobs: dict) -> Queue:
     while k > 0 and tuple(rows[k - 1]) < tuple(rows[k]):
         k -= 1
     k = max(k, 0)
-    q.ready_heap = [(a, b, c, jobs[i]) for a, b, c, i in rows[:k]]
+    q.ready_heap = [(a, b, c, jobs[i]) for a, b, c, i in _drain(rows, consume, 0, k)]
     heapq.heapify(q.ready_heap)
-    tail = rows[k:]
-    q.ready_fifo = deque([jobs[job_id] for _, _, _, job_id in tail])
-    q.fifo_seqs = deque([seq for _, _, seq, _ in tail])
-    q.fifo_tail = (tail[-1][0], tail[-1][1]) if tail else None
+    q.fifo_tail = (rows[-1][0], rows[-1][1]) if len(rows) > k else None
+    fifo, seqs = q.ready_fifo, q.fifo_seqs
+    for _, _, seq, job_id in _drain(rows, consume, k):
+        fifo.append(jobs[job_id])
+        seqs.append(seq)
     return q
 
 
-def _restore_dedup(m, data: dict) -> None:
+def _restore_dedup(m, data: dict, consume: bool = False) -> None:
     """The dedup records. Every record has exactly one live heap entry, so the heap is the
     records (`dedup_heap` names the same (expires, queue, key) set; it is written for older
     readers)."""
     m.dedup = {}
     buckets: dict = {}                  # the records of one (expires, queue) share their bucket again
-    for qname, key, job_id, expires in data["dedup"]:
+    for qname, key, job_id, expires in _drain(data["dedup"], consume):
         bucket = buckets.setdefault((expires, qname), (expires, qname))
         m.dedup.setdefault(qname, {})[key] = (bucket, key, job_id)
     m.dedup_heap = [r for keyed in m.dedup.values() for r in keyed.values()]
     heapq.heapify(m.dedup_heap)
 
 
-def _restore_request_ids(m, data: dict) -> None:
+def _restore_request_ids(m, data: dict, consume: bool = False) -> None:
     """The request-id records, and their expiry heap from `rid_fifo`: (expires, key) in expiry
     order, oldest first on ties. Orders below any later record's (those take `applied`, >= 0)
     keep that order; a sorted list is a heap."""
     m.rids = {_key(key): request_record(op, kept_result(op, kept), exp, *rest)
-              for key, op, kept, exp, *rest in data["rids"]}
+              for key, op, kept, exp, *rest in _drain(data["rids"], consume)}
     fifo = data["rid_fifo"]
     m.rid_heap = [(expires, i - len(fifo), _key(key)) for i, (expires, key) in enumerate(fifo)]
 

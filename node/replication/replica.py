@@ -185,7 +185,7 @@ class QueueState(SyncObjConsumer):
         return {"machine": self.machine.to_builtins(), "limits_fingerprint": self.limits.fingerprint()}
 
     def _deserialize(self, data):
-        machine = QueueMachine.from_builtins(self.limits, data["machine"])
+        machine = QueueMachine.from_builtins(self.limits, data["machine"], consume=True)     # read just now: ours
         if machine.config_version == 0:
             # No configuration in the snapshot (release 0.1.0, or a cluster not seeded yet): its
             # entries ran under the bootstrap, which is this node's TOML. From version 1 on the
