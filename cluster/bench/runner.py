@@ -388,7 +388,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "producer and worker (default %(default)s).")
     p.add_argument("--raft-engine", choices=("thread", "loop"), default=None,
                    help="with --local or --backlog: the nodes' tuning.raft_engine (docs/cluster.md \"Raft engines\").")
-    p.add_argument("--tuning", action="append", default=[], metavar="KEY=VALUE",
+    p.add_argument("--tuning", action="append", default=[], metavar="KEY=VALUE", type=_tuning_item,
                    help="with --local or --backlog: a [tuning] setting of the nodes (docs/configuration.md), "
                         "the value read as JSON when it is (a number, true) and as text otherwise; repeatable.")
     p.add_argument("--spread", action="store_true",
@@ -453,18 +453,20 @@ def main(argv=None) -> int:
     return 0
 
 
+def _tuning_item(item: str) -> tuple:
+    """--tuning KEY=VALUE: the value as JSON when it reads as JSON, as text otherwise."""
+    key, sep, text = item.partition("=")
+    if not sep or not key.strip():
+        raise argparse.ArgumentTypeError(f"takes KEY=VALUE, got {item!r}")
+    try:
+        return key.strip(), json.loads(text)
+    except ValueError:
+        return key.strip(), text
+
+
 def _tuning(args) -> dict:
-    """--raft-engine and --tuning KEY=VALUE as the local cluster's [tuning] table."""
-    tuning = {"raft_engine": args.raft_engine} if args.raft_engine else {}
-    for item in args.tuning:
-        key, sep, text = item.partition("=")
-        if not sep or not key.strip():
-            raise SystemExit(f"raftq bench: --tuning takes KEY=VALUE, got {item!r}")
-        try:
-            tuning[key.strip()] = json.loads(text)
-        except ValueError:
-            tuning[key.strip()] = text
-    return tuning
+    """--raft-engine and --tuning as the local cluster's [tuning] table."""
+    return {**({"raft_engine": args.raft_engine} if args.raft_engine else {}), **dict(args.tuning)}
 
 
 def _run_bench(args) -> dict | None:

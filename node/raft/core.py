@@ -202,7 +202,7 @@ class Config:
     leader_lost_stagger: int = 0
     # with a storage: bytes of commands held in memory, the newest entries' (the rest are read
     # back through it; membership entries and no-ops are always held: they are small)
-    log_memory_bytes: int = 32 << 20
+    log_memory_bytes: int = 16 << 20     # loop.py gives tuning.journal_memory_bytes
 
 
 class NotLeader(Exception):

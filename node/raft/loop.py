@@ -123,7 +123,8 @@ class JournalStorage:
     def data(self, index, term):
         j = self.journal
         first = j.firstIndex
-        cmd, idx, t = j[index - first] if first is not None and index >= first else (None, None, None)
+        held = first is not None and 0 <= index - first < len(j)
+        cmd, idx, t = j[index - first] if held else (None, None, None)
         if (idx, t) != (index, term):
             raise StorageFailure(self.path,
                                  f"read back entry {index} (term {term}): the journal holds {idx} (term {t})",

@@ -398,9 +398,10 @@ def test_bench_refuses_zero_baseline_rounds():
 
 def test_bench_backlog_measures_every_figure_at_each_size_and_cleans_up(tmp_path):
     code, out, err = raftq("bench", "--backlog", "0,600", "--recovery-timeout", "60", "--json",
-                           env={"TMPDIR": str(tmp_path)}, timeout=300)
+                           "--tuning", "raft_compression_level=1", env={"TMPDIR": str(tmp_path)}, timeout=300)
     assert code == 0, err
     result = json.loads(out)
+    assert result["tuning"].get("raft_compression_level") == 1       # --tuning reached the nodes' TOML
     assert [s["backlog"] for s in result["steps"]] == [0, 600]
     full = result["steps"][1]
     assert full["fill"]["jobs"] == 600 and full["fill"]["jobs_per_s"] > 0
@@ -422,6 +423,8 @@ def test_bench_backlog_refuses_bad_sizes_and_urls():
     assert code == 2 and "comma-separated job counts" in err
     code, out, err = raftq("bench", "--backlog", "10", "--urls", "http://127.0.0.1:1")
     assert code == 2 and "drop --urls" in err
+    code, out, err = raftq("bench", "--backlog", "10", "--tuning", "no_value")
+    assert code == 2 and "takes KEY=VALUE" in err
 
 
 # ---------------------------------------------------------------------------- configuration, keys, moves, audit
