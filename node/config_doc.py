@@ -338,7 +338,9 @@ TUNING = {
     "journal_memory_bytes": Key("integer", "Bytes of the newest Raft log entries kept in memory; older entries "
                                 "(until the next snapshot drops them) are read back from the journal file, "
                                 "checksum verified, when a follower far behind or a log compaction needs "
-                                "them. 16 MiB is about a second of the log at a fill's rate here (≈ 50,000 "
+                                "them (with `raft_engine = \"loop\"` the Raft core holds the same newest commands "
+                                "and reads older ones back the same way, [cluster.md](cluster.md#raft-engines)). "
+                                "16 MiB is about a second of the log at a fill's rate here (≈ 50,000 "
                                 "256-byte jobs/s); it counts in a node's memory per queued job (≈ 17 bytes a "
                                 "job at 1M jobs: [performance.md](performance.md)).", positive=True),
     "log_compaction_min_time_s": Key("number", "... and at least this many seconds passed since the last one.",

@@ -357,6 +357,18 @@ size (cluster/bench/scale.py).
 """
 
 
+def _local_cluster_options(p: argparse.ArgumentParser) -> None:
+    """What a cluster the bench starts itself (--local, --backlog) runs with."""
+    p.add_argument("--durability", choices=("fsync", "memory"), default="fsync",
+                   help="with --local or --backlog: the nodes' durability mode; fsync syncs the journal before "
+                        "answering, memory does not (default %(default)s).")
+    p.add_argument("--raft-engine", choices=("thread", "loop"), default=None,
+                   help="with --local or --backlog: the nodes' tuning.raft_engine (docs/cluster.md \"Raft engines\").")
+    p.add_argument("--tuning", action="append", metavar="KEY=VALUE", type=_tuning_item,
+                   help="with --local or --backlog: a [tuning] setting of the nodes (docs/configuration.md), "
+                        "the value read as JSON when it is (a number, true) and as text otherwise; repeatable.")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="raftq bench", description=DESCRIPTION,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -364,9 +376,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="comma-separated node URLs of a running cluster (give this or --local).")
     p.add_argument("--local", action="store_true",
                    help="start a fresh local 3-node cluster for the run, and remove it at the end.")
-    p.add_argument("--durability", choices=("fsync", "memory"), default="fsync",
-                   help="with --local or --backlog: the nodes' durability mode; fsync syncs the journal before "
-                        "answering, memory does not (default %(default)s).")
+    _local_cluster_options(p)
     p.add_argument("--jobs", type=int, default=20000, metavar="N",
                    help="jobs each phase moves: enqueue, drain, mixed, batched enqueue and batched drain each "
                         "take N (default %(default)s).")
@@ -386,11 +396,6 @@ def build_parser() -> argparse.ArgumentParser:
                    help="session: every producer and worker shares one client, its calls multiplexed over one "
                         "WebSocket to the leader, as users' clients do; http: one plain HTTP connection per "
                         "producer and worker (default %(default)s).")
-    p.add_argument("--raft-engine", choices=("thread", "loop"), default=None,
-                   help="with --local or --backlog: the nodes' tuning.raft_engine (docs/cluster.md \"Raft engines\").")
-    p.add_argument("--tuning", action="append", default=[], metavar="KEY=VALUE", type=_tuning_item,
-                   help="with --local or --backlog: a [tuning] setting of the nodes (docs/configuration.md), "
-                        "the value read as JSON when it is (a number, true) and as text otherwise; repeatable.")
     p.add_argument("--spread", action="store_true",
                    help="the producers and workers take the nodes in turn, each sending its calls to its own "
                         "node (followers forward to the leader what needs it), instead of all to the leader; "
@@ -466,7 +471,7 @@ def _tuning_item(item: str) -> tuple:
 
 def _tuning(args) -> dict:
     """--raft-engine and --tuning as the local cluster's [tuning] table."""
-    return {**({"raft_engine": args.raft_engine} if args.raft_engine else {}), **dict(args.tuning)}
+    return {**({"raft_engine": args.raft_engine} if args.raft_engine else {}), **dict(args.tuning or ())}
 
 
 def _run_bench(args) -> dict | None:
