@@ -244,6 +244,22 @@ def test_no_key_is_served_twice_in_a_row_while_another_has_a_ready_job_even_afte
     assert all(x != y for x, y in zip(got, got[1:])), got
 
 
+def test_jobs_without_a_key_served_at_one_level_leave_another_levels_turn_order_alone():
+    """Found by tests/test_core_gating_model.py: a job without a key handed out at one level,
+    whose next job is at another, moved that other level's virtual time (the level was read
+    after the queue's own index had moved), so a key there was served twice in a row."""
+    c = keyed()
+    put(c, "a", "a", "a")
+    put(c, None, None)
+    assert keys_of(take(c, 1)) == ["a"]            # level 0: a; the jobs without a key are next there
+    put(c, None, None, priority=1)
+    assert keys_of(take(c, 2)) == [None, None]     # level -1, then the index's next job is at level 0
+    put(c, None, priority=1)
+    assert keys_of(take(c, 1)) == [None]
+    assert keys_of(take(c, 2)) == [None, "a"]      # level 0: not a twice in a row
+    assert c.m.queues["q"].keys.vtimes[-1] == 2 * K.WEIGHT_SCALE
+
+
 # ---------------------------------------------------------------------------- bounds: key state exists only while needed
 def test_key_state_goes_with_the_last_job_and_a_queue_without_keyed_jobs_is_plain_again():
     c = keyed(key_concurrency=1)

@@ -513,10 +513,11 @@ def take(m, q, cap: int, kept: list, lease_ms: int, probe: int) -> None:
             continue
         kept.append(shown_fields(job))
         if key is not None:
-            vpass = key.vpass
+            # The level served: requeue may move the key to another level (its next job's).
+            level, vpass = key.vlevel, key.vpass
             keys.served(m, key)
             keys.requeue(m, q, qk, key)
-            keys.catch_up(m, qk, key.vlevel, vpass)
+            keys.catch_up(m, qk, level, vpass)
 
 
 # The literal spec positions of take's inline shown_fields.

@@ -95,6 +95,10 @@ async def roll_under_load(c: LocalCluster, new_env: dict):
         w = Worker(client, ["up"], {"w": work}, concurrency=4, wait_ms=500)
         producer, worker = asyncio.create_task(produce()), asyncio.create_task(w.run())
         await until(lambda: len(acked) > 100, 60, what="the load running on the old release")
+        # The old release compacts in the background: wait for its snapshots (a loaded machine
+        # may not have written one yet), so that every new node starts from one.
+        await until(lambda: all((c.data_dir(i) / "raft.dump").exists() for i in range(c.n)), 60,
+                    what="a snapshot written by the old release on every node")
         leader = await asyncio.to_thread(c.wait_leader, 30)
         for i in [j for j in range(c.n) if j != leader] + [leader]:
             before = len(returned)
