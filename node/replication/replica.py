@@ -2,8 +2,9 @@
 of Raft.
 
 Raft is raftq's fork of pysyncobj 0.3.17 in node/raft (node/raft/FORK.md says what changed and
-why). This module is the only one outside node/raft that imports it: the rest of the node goes
-through `Replica` (and `QueueState`, `FAIL_REASON`).
+why). This module is the only one outside node/raft that imports it (but for packed.py, which
+reads a snapshot's parts with its builtins-only unpickler): the rest of the node goes through
+`Replica` (and `QueueState`, `FAIL_REASON`).
 
 Threads: the fork's tick thread does all Raft work and runs `apply_batch` on every node; the
 asyncio loop only proposes and reads. `lock` keeps readers from seeing a half-applied batch.
@@ -21,7 +22,7 @@ import time
 
 import cryptography  # noqa: F401 - a node needs the server extra (the Raft link's AES-GCM), said at import
 
-from . import fault_hooks, sync_shadow
+from . import fault_hooks, packed, sync_shadow
 from ..core.invariants import InvariantViolation
 from ..core.machine import QueueMachine
 from ..raft import _RAFT_STATE, FAIL_REASON, StorageFailure, SyncObj, SyncObjConf, SyncObjConsumer, replicated
@@ -182,10 +183,13 @@ class QueueState(SyncObjConsumer):
     # ---------------------------------------------------------------- snapshots
     def _serialize(self):
         # Runs in the snapshot child the fork forks off the tick thread: builtins only.
-        return {"machine": self.machine.to_builtins(), "limits_fingerprint": self.limits.fingerprint()}
+        # The long lists in compressed parts, read back a part at a time (node/replication/packed.py).
+        machine, parts = packed.pack(self.machine.to_builtins())
+        return {"machine": machine, "packed": parts, "limits_fingerprint": self.limits.fingerprint()}
 
     def _deserialize(self, data):
-        machine = QueueMachine.from_builtins(self.limits, data["machine"], consume=True)     # read just now: ours
+        # Read just now: ours to let go of as the machine is built.
+        machine = QueueMachine.from_builtins(self.limits, packed.machine_of(data, consume=True), consume=True)
         if machine.config_version == 0:
             # No configuration in the snapshot (release 0.1.0, or a cluster not seeded yet): its
             # entries ran under the bootstrap, which is this node's TOML. From version 1 on the
