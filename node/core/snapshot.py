@@ -309,13 +309,17 @@ def _restored_queue(name: str, counters: list, rows: list, jobs: dict, consume: 
     while k > 0 and tuple(rows[k - 1]) < tuple(rows[k]):
         k -= 1
     k = max(k, 0)
-    q.ready_heap = [(a, b, c, jobs[i]) for a, b, c, i in _drain(rows, consume, 0, k)]
+    # An entry's seq is its job's (a row is written for a live entry only): the job's own int,
+    # not the row's, so that a consumed row leaves nothing of its own behind in the machine.
+    q.ready_heap = [(a, b, job.seq, job) for a, b, _, job in
+                    ((a, b, c, jobs[i]) for a, b, c, i in _drain(rows, consume, 0, k))]
     heapq.heapify(q.ready_heap)
     q.fifo_tail = (rows[-1][0], rows[-1][1]) if len(rows) > k else None
     fifo, seqs = q.ready_fifo, q.fifo_seqs
-    for _, _, seq, job_id in _drain(rows, consume, k):
-        fifo.append(jobs[job_id])
-        seqs.append(seq)
+    for _, _, _, job_id in _drain(rows, consume, k):
+        job = jobs[job_id]
+        fifo.append(job)
+        seqs.append(job.seq)
     return q
 
 
@@ -325,8 +329,12 @@ def _restore_dedup(m, data: dict, consume: bool = False) -> None:
     readers)."""
     m.dedup = {}
     buckets: dict = {}                  # the records of one (expires, queue) share their bucket again
+    jobs = m.jobs
     for qname, key, job_id, expires in _drain(data["dedup"], consume):
         bucket = buckets.setdefault((expires, qname), (expires, qname))
+        job = jobs.get(job_id)              # the job's own id when it is still there, as in a live
+        if job is not None:                 # machine (a restore's rows may hold copies of it)
+            job_id = job.id
         m.dedup.setdefault(qname, {})[key] = (bucket, key, job_id)
     m.dedup_heap = [r for keyed in m.dedup.values() for r in keyed.values()]
     heapq.heapify(m.dedup_heap)
