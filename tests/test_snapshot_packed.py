@@ -84,3 +84,24 @@ def test_packed_parts_are_smaller_than_the_whole_written_the_same_way():
         raft_pickle.dumpBuiltins(doc, out)
         return len(gzip.compress(out.getvalue(), 1))
     assert size({"machine": machine, "packed": parts}) < size({"machine": live.to_builtins()})
+
+
+def test_a_restored_machine_keeps_no_object_of_the_rows_where_its_jobs_have_one():
+    """The ready entries' seqs and the dedup records' job ids are the jobs' own objects after a
+    restore, as in the machine that lived: a copy from the rows would keep the memory the
+    document took (docs/performance.md "Snapshots at 1M")."""
+    limits, live = _machine(30)
+    restored = QueueMachine.from_builtins(limits, packed.machine_of(_document(live), consume=True), consume=True)
+    q = restored.queues["q"]
+    assert q.ready_heap and all(e[2] is e[3].seq for e in q.ready_heap)
+    fifo_limits = Limits.build()
+    m = QueueMachine(fifo_limits)
+    ids = itertools.count(1)
+    for i in range(20):
+        m.apply(1_000 + i, C.enqueue({"queue": "f", "job_type": "t"}, fifo_limits, 1_000 + i,
+                                     lambda: str(uuid.UUID(int=next(ids)))))
+    again = QueueMachine.from_builtins(fifo_limits, packed.machine_of(_document(m), consume=True), consume=True)
+    f = again.queues["f"]
+    assert len(f.ready_fifo) == 20 and all(s is j.seq for s, j in zip(f.fifo_seqs, f.ready_fifo))
+    records = [r for keyed in restored.dedup.values() for r in keyed.values()]
+    assert len(records) == 30 and all(r[2] is restored.jobs[r[2]].id for r in records)
