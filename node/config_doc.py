@@ -334,7 +334,10 @@ TUNING = {
     "max_inflight": Key("integer", "Most requests waiting for commit on a node; more are answered 429 "
                         "`overloaded`.", positive=True),
     "log_compaction_min_entries": Key("integer", "A snapshot is taken when the journal holds more entries than "
-                                      "this ...", positive=True),
+                                      "this, or `log_compaction_min_time_s` after the last one; each node takes "
+                                      "it in its own slot of that period (with three nodes the first 30 % of "
+                                      "each third), so the nodes of a cluster do not all write one at once.",
+                                      positive=True),
     "journal_memory_bytes": Key("integer", "Bytes of the newest Raft log entries kept in memory; older entries "
                                 "(until the next snapshot drops them) are read back from the journal file, "
                                 "checksum verified, when a follower far behind or a log compaction needs "
@@ -343,7 +346,8 @@ TUNING = {
                                 "16 MiB is about a second of the log at a fill's rate here (≈ 50,000 "
                                 "256-byte jobs/s); it counts in a node's memory per queued job (≈ 17 bytes a "
                                 "job at 1M jobs: [performance.md](performance.md)).", positive=True),
-    "log_compaction_min_time_s": Key("number", "... and at least this many seconds passed since the last one.",
+    "log_compaction_min_time_s": Key("number", "The period of the nodes' snapshot slots, and how long after its "
+                                     "last snapshot a node takes one however few entries its journal holds.",
                                      positive=True),
     "raft_compression_level": Key("integer", "zlib level of Raft messages; 0 sends them uncompressed (zlib costs "
                                   "≈ 100 µs per 18 KB batch at pysyncobj's default 3).", minimum=0, maximum=9),
