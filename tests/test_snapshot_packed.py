@@ -1,6 +1,7 @@
-"""A snapshot's machine in parts (node/replication/packed.py): the long lists written as
-compressed chunks and read back a chunk at a time build the machine a whole document builds;
-documents without parts (earlier snapshots, backups) read as before; a chunk is builtins only."""
+"""A snapshot's machine in parts (node/replication/replica.py `pack_machine`): the long lists
+written as compressed chunks and read back a chunk at a time build the machine a whole document
+builds; documents without parts (earlier snapshots, backups) read as before; a chunk is builtins
+only."""
 import io
 import pickle
 import uuid
@@ -13,7 +14,7 @@ from raftq.node.base import validate as C
 from raftq.node.core.limits import Limits
 from raftq.node.core.machine import QueueMachine
 from raftq.node.raft import pickle as raft_pickle
-from raftq.node.replication import packed
+from raftq.node.replication import replica as packed
 
 
 def _machine(n: int = 40) -> tuple[Limits, QueueMachine]:
@@ -30,7 +31,7 @@ def _machine(n: int = 40) -> tuple[Limits, QueueMachine]:
 
 
 def _document(m: QueueMachine) -> dict:
-    machine, parts = packed.pack(m.to_builtins())
+    machine, parts = packed.pack_machine(m.to_builtins())
     # As a snapshot file holds it: through the builtins-only pickler and back.
     out = io.BytesIO()
     raft_pickle.dumpBuiltins({"machine": machine, "packed": parts}, out)
@@ -77,7 +78,7 @@ def test_packed_parts_are_smaller_than_the_whole_written_the_same_way():
     the rows of alike jobs better (docs/performance.md "Snapshots at 1M")."""
     import gzip
     limits, live = _machine(2000)
-    machine, parts = packed.pack(live.to_builtins())
+    machine, parts = packed.pack_machine(live.to_builtins())
 
     def size(doc) -> int:
         out = io.BytesIO()

@@ -284,7 +284,7 @@ def _drain(rows: list, consume: bool, start: int = 0, stop: int | None = None):
     builtins die while the machine is built, so their memory holds the machine's objects
     instead of staying beside them (a 1M-job snapshot's rows are ≈ 500 MB; docs/performance.md
     "A 1M backlog under the engines"). An iterator (a snapshot read in parts,
-    node/replication/packed.py) is handed out as it comes."""
+    node/replication/replica.py `pack_machine`) is handed out as it comes."""
     if not isinstance(rows, list):
         yield from rows
         return

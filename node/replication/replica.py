@@ -2,9 +2,8 @@
 of Raft.
 
 Raft is raftq's fork of pysyncobj 0.3.17 in node/raft (node/raft/FORK.md says what changed and
-why). This module is the only one outside node/raft that imports it (but for packed.py, which
-reads a snapshot's parts with its builtins-only unpickler): the rest of the node goes through
-`Replica` (and `QueueState`, `FAIL_REASON`).
+why). This module is the only one outside node/raft that imports it: the rest of the node goes
+through `Replica` (and `QueueState`, `FAIL_REASON`).
 
 Threads: the fork's tick thread does all Raft work and runs `apply_batch` on every node; the
 asyncio loop only proposes and reads. `lock` keeps readers from seeing a half-applied batch.
@@ -14,18 +13,21 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import ctypes
+import io
 import json
 import logging
 import os
 import signal
 import threading
 import time
+import zlib
 
 import cryptography  # noqa: F401 - a node needs the server extra (the Raft link's AES-GCM), said at import
 
-from . import fault_hooks, packed, sync_shadow
+from . import fault_hooks, sync_shadow
 from ..core.invariants import InvariantViolation
 from ..core.machine import QueueMachine
+from ..raft import pickle as raft_pickle
 from ..raft import _RAFT_STATE, FAIL_REASON, StorageFailure, SyncObj, SyncObjConf, SyncObjConsumer, replicated
 from ..raft.serializer import atomicReplace, detachForkedChild
 from ..base.settings import Peer, Settings
@@ -78,6 +80,64 @@ LEGACY_SNAPSHOT_CLASSES = tuple((f"{package}.{module}", name)
                                 for package in ("node", "raftq.node")
                                 for module, name in (("machine", "QueueMachine"), ("limits", "Limits"),
                                                      ("limits", "QueueLimits")))
+
+
+# ---------------------------------------------------------------------------- snapshots in parts
+# The machine's longest lists written as compressed chunks, read back one chunk at a time while
+# the machine is built (docs/performance.md "Snapshots at 1M"). A snapshot document loaded whole
+# holds every job twice over while the machine is built from it (a 23-field row per job beside
+# the job), and CPython keeps the arenas the rows took while any object the machine keeps sits in
+# them. So the `jobs`, `dedup` and `rids` rows are written as chunks of `CHUNK_ROWS` rows, each a
+# builtins-only pickle compressed with zlib (level 1), and a restore decodes a chunk only when
+# the one before it is built into the machine. The document is then {"machine": the builtins
+# without those lists, "packed": {name: [chunk, ...]}, "limits_fingerprint": ...}; one without
+# "packed" (every snapshot before this format, and a backup) is read as before.
+PACKED = ("jobs", "dedup", "rids")
+CHUNK_ROWS = 4096
+# The dedup heap's rows are written for readers older than this format (node/core/snapshot.py),
+# which cannot read a packed document anyway: a packed one leaves them out.
+FOR_OLDER_READERS = ("dedup_heap",)
+
+
+def pack_machine(machine: dict) -> tuple[dict, dict]:
+    """(the machine's builtins without its long lists, {name: chunks}) of `to_builtins` data."""
+    rest = {k: v for k, v in machine.items() if k not in PACKED and k not in FOR_OLDER_READERS}
+    return rest, {name: [_chunk(rows[i:i + CHUNK_ROWS]) for i in range(0, len(rows), CHUNK_ROWS)]
+                  for name, rows in ((n, machine[n]) for n in PACKED)}
+
+
+def _chunk(rows: list) -> bytes:
+    out = io.BytesIO()
+    raft_pickle.dumpBuiltins(rows, out)
+    return zlib.compress(out.getvalue(), 1)
+
+
+def machine_of(doc: dict, consume: bool = False) -> dict:
+    """The machine builtins of a replica's snapshot document, packed or not. `consume`: the long
+    lists come back as iterators that decode a chunk at a time and let each chunk and row go
+    once handed out (for `from_builtins(consume=True)`); else as lists (for a reader that looks)."""
+    packed = doc.get("packed")
+    if packed is None:
+        return doc["machine"]
+    machine = dict(doc["machine"])
+    for name in PACKED:
+        rows = _rows(packed[name], consume)
+        machine[name] = rows if consume else list(rows)
+    return machine
+
+
+def _rows(chunks: list, consume: bool):
+    for k in range(len(chunks)):
+        chunk = chunks[k]
+        if consume:
+            chunks[k] = None
+        rows = raft_pickle.loadsBuiltins(zlib.decompress(chunk))
+        chunk = None
+        for i in range(len(rows)):
+            row = rows[i]
+            if consume:
+                rows[i] = None
+            yield row
 
 
 def _trim_heap() -> None:
@@ -194,13 +254,13 @@ class QueueState(SyncObjConsumer):
     # ---------------------------------------------------------------- snapshots
     def _serialize(self):
         # Runs in the snapshot child the fork forks off the tick thread: builtins only.
-        # The long lists in compressed parts, read back a part at a time (node/replication/packed.py).
-        machine, parts = packed.pack(self.machine.to_builtins())
+        # The long lists in compressed parts, read back a part at a time (pack_machine, above).
+        machine, parts = pack_machine(self.machine.to_builtins())
         return {"machine": machine, "packed": parts, "limits_fingerprint": self.limits.fingerprint()}
 
     def _deserialize(self, data):
         # Read just now: ours to let go of as the machine is built.
-        machine = QueueMachine.from_builtins(self.limits, packed.machine_of(data, consume=True), consume=True)
+        machine = QueueMachine.from_builtins(self.limits, machine_of(data, consume=True), consume=True)
         if machine.config_version == 0:
             # No configuration in the snapshot (release 0.1.0, or a cluster not seeded yet): its
             # entries ran under the bootstrap, which is this node's TOML. From version 1 on the

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from raftq.cluster.local import LocalCluster, http_json
-from raftq.node.replication import packed, replica
+from raftq.node.replication import replica
 from raftq.node.core.limits import Limits
 from raftq.node.raft import pickle as raft_pickle
 from raftq.node.raft import serializer
@@ -139,7 +139,7 @@ def test_a_fresh_snapshot_holds_builtins_only(tmp_path):
                 doc = raft_pickle.loadsBuiltins(snapshot_pickle(dump))
             except (OSError, EOFError):
                 return False
-            m = packed.machine_of(doc["consumers"][0])
+            m = replica.machine_of(doc["consumers"][0])
             return len(m["jobs"]) >= 30 and m["dlq"] and any(q[0] == "later" for q in m["queues"])
 
         poll(fresh, timeout=60, interval=0.5, what="a snapshot of it all on node 1")
@@ -150,7 +150,7 @@ def test_a_fresh_snapshot_holds_builtins_only(tmp_path):
     raw = snapshot_pickle(dump)
     doc = raft_pickle.loadsBuiltins(raw)
     (consumer,) = doc["consumers"]
-    # The machine's long lists are pickles of their own inside (node/replication/packed.py): the
+    # The machine's long lists are pickles of their own inside (node/replication/replica.py `pack_machine`): the
     # same holds for each.
     parts = [zlib.decompress(chunk) for chunks in consumer["packed"].values() for chunk in chunks]
     assert len(parts) >= 3
@@ -160,7 +160,7 @@ def test_a_fresh_snapshot_holds_builtins_only(tmp_path):
         assert paths == []
     assert (doc["format"], doc["version"]) == (SNAPSHOT_FORMAT, SNAPSHOT_VERSION)
     assert sorted(doc["raft"]["members"]) == sorted(f"127.0.0.1:{p}" for p in c.raft_ports)
-    machine = packed.machine_of(consumer)
+    machine = replica.machine_of(consumer)
     assert len(machine["jobs"]) >= 30 and machine["dlq"] and machine["dedup"] and machine["rids"]
 
 
