@@ -311,9 +311,11 @@ def _restored_queue(name: str, counters: list, rows: list, jobs: dict, consume: 
     k = max(k, 0)
     # An entry's seq is its job's (a row is written for a live entry only): the job's own int,
     # not the row's, so that a consumed row leaves nothing of its own behind in the machine.
-    q.ready_heap = [(a, b, job.seq, job) for a, b, _, job in
-                    ((a, b, c, jobs[i]) for a, b, c, i in _drain(rows, consume, 0, k))]
-    heapq.heapify(q.ready_heap)
+    heap = q.ready_heap = []
+    for a, b, _, job_id in _drain(rows, consume, 0, k):
+        job = jobs[job_id]
+        heap.append((a, b, job.seq, job))
+    heapq.heapify(heap)
     q.fifo_tail = (rows[-1][0], rows[-1][1]) if len(rows) > k else None
     fifo, seqs = q.ready_fifo, q.fifo_seqs
     for _, _, _, job_id in _drain(rows, consume, k):

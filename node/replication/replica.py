@@ -102,14 +102,16 @@ FOR_OLDER_READERS = ("dedup_heap",)
 def pack_machine(machine: dict) -> tuple[dict, dict]:
     """(the machine's builtins without its long lists, {name: chunks}) of `to_builtins` data."""
     rest = {k: v for k, v in machine.items() if k not in PACKED and k not in FOR_OLDER_READERS}
-    return rest, {name: [_chunk(rows[i:i + CHUNK_ROWS]) for i in range(0, len(rows), CHUNK_ROWS)]
-                  for name, rows in ((n, machine[n]) for n in PACKED)}
+    return rest, {name: _chunks(machine[name]) for name in PACKED}
 
 
-def _chunk(rows: list) -> bytes:
-    out = io.BytesIO()
-    raft_pickle.dumpBuiltins(rows, out)
-    return zlib.compress(out.getvalue(), 1)
+def _chunks(rows: list) -> list[bytes]:
+    out = []
+    for i in range(0, len(rows), CHUNK_ROWS):
+        f = io.BytesIO()
+        raft_pickle.dumpBuiltins(rows[i:i + CHUNK_ROWS], f)
+        out.append(zlib.compress(f.getvalue(), 1))
+    return out
 
 
 def machine_of(doc: dict, consume: bool = False) -> dict:
@@ -128,11 +130,9 @@ def machine_of(doc: dict, consume: bool = False) -> dict:
 
 def _rows(chunks: list, consume: bool):
     for k in range(len(chunks)):
-        chunk = chunks[k]
+        rows = raft_pickle.loadsBuiltins(zlib.decompress(chunks[k]))
         if consume:
             chunks[k] = None
-        rows = raft_pickle.loadsBuiltins(zlib.decompress(chunk))
-        chunk = None
         for i in range(len(rows)):
             row = rows[i]
             if consume:
